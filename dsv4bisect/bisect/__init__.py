@@ -1,0 +1,1 @@
+"""Noise-aware search for the culprit patch set, the trial ledger and the driver."""

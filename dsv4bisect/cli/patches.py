@@ -1,0 +1,86 @@
+"""`dsv4bisect patches list|show`: the built-in patches and what each one does."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from dsv4bisect.cli.options import Json
+from dsv4bisect.patching.registry import builtin_patches, get_patch
+from dsv4bisect.ui.console import stdout
+
+patches_app = typer.Typer(help="List the patches and show what each one does.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(patches_app, name="patches")
+
+
+def _variants(patch) -> str:
+    return ", ".join(v.name + (" (fault)" if v.fault else "") for v in patch.variants)
+
+
+@patches_app.command("list")
+def list_patches(
+    profile: Annotated[Optional[str], typer.Option(
+        "--profile", help="Show which patches are on, inert or required under this profile.")] = None,
+    json_out: Json = False,
+) -> None:
+    """List the built-in patches (and a profile's custom ones), in registry order."""
+    rows = [{"name": p.name, "tier": p.tier, "variants": [v.name for v in p.variants],
+             "faults": [v.name for v in p.variants if v.fault], "summary": p.summary}
+            for p in builtin_patches().values()]
+    if profile is not None:
+        from dsv4bisect.config.resolve import resolve
+
+        cfg = resolve(profile)
+        on = cfg.patch_set
+        rows = [{"name": c.name, "tier": c.tier, "variants": [c.variant], "faults": [],
+                 "summary": c.summary, "enabled": c.name in on,
+                 "variant": on.get(c.name), "inert": c.inert, "required": c.required}
+                for c in cfg.available]
+    if json_out:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"patches{f' under {profile}' if profile else ''}", title_justify="left")
+    table.add_column("patch")
+    table.add_column("tier", justify="right")
+    table.add_column("on" if profile else "variants (first = default)")
+    table.add_column("summary")
+    for row in rows:
+        if profile is None:
+            third = _variants(get_patch(row["name"]))
+        else:
+            third = (row["variant"] or "on") if row["enabled"] else "off"
+            third += " · inert" if row["inert"] else ""
+            third += " · required" if row["required"] else ""
+        table.add_row(row["name"], str(row["tier"]), third, row["summary"])
+    stdout().print(table)
+
+
+@patches_app.command("show")
+def show_patch(name: Annotated[str, typer.Argument(help="Patch name.")], json_out: Json = False) -> None:
+    """Show one patch: what it speeds up, its numerical risk, how to verify it, where it acts."""
+    patch = get_patch(name)
+    if json_out:
+        print(json.dumps({
+            "name": patch.name, "summary": patch.summary, "tier": patch.tier,
+            "touches": list(patch.touches), "reference": patch.reference,
+            "sglang_hooks": {k: list(v) for k, v in patch.sglang.hooks.items()},
+            "variants": [{"name": v.name, "summary": v.summary, "fault": v.fault}
+                         for v in patch.variants],
+            "inert_when": [c.reason for c in patch.inert_when],
+            "required_when": [c.reason for c in patch.required_when], "doc": patch.doc,
+        }, indent=2))
+        return
+    lines = [f"{patch.name} — {patch.summary}  (risk tier {patch.tier})", "", patch.doc.strip(),
+             "", "variants:"]
+    lines += [f"  {v.name}{' (FAULT)' if v.fault else ''}: {v.summary}" for v in patch.variants]
+    lines += ["", f"embedded engine: {patch.reference}"]
+    lines += [f"sglang {layout}: {', '.join(hooks)}" for layout, hooks in patch.sglang.hooks.items()]
+    lines += [f"inert when: {c.reason}" for c in patch.inert_when]
+    lines += [f"required when: {c.reason}" for c in patch.required_when]
+    print("\n".join(lines))

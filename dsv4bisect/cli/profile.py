@@ -1,0 +1,118 @@
+"""`dsv4bisect profile validate|show|new|schema`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+import yaml
+
+from dsv4bisect.cli.options import Disable, Enable, Json, Only, ProfileArg, Set, overrides
+from dsv4bisect.config.resolve import load_profile, resolve, resolve_loaded
+from dsv4bisect.errors import ConfigError, Dsv4BisectError, ExitCode
+from dsv4bisect.ui.console import console, stdout
+
+profile_app = typer.Typer(help="Validate, show, create profiles; export the schema.",
+                          no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(profile_app, name="profile")
+
+
+@profile_app.command("validate")
+def validate_cmd(
+    profiles: Annotated[list[str], typer.Argument(help="Profile files or built-in names.")],
+) -> None:
+    """Check profiles; each error is printed as file:line:col: message. Exit 5 if any is bad."""
+    bad = 0
+    for ref in profiles:
+        try:
+            cfg = resolve(ref)
+        except Dsv4BisectError as exc:
+            bad += 1
+            console().print(f"error: {exc.message}", markup=False, style="bold red")
+            if exc.hint:
+                console().print(f"hint: {exc.hint}", markup=False, style="yellow")
+            continue
+        note = f"  (cannot start: {cfg.cannot_start})" if cfg.cannot_start else ""
+        print(f"ok  {ref}  {cfg.profile}  fingerprint {cfg.fingerprint}{note}")
+    if bad:
+        raise typer.Exit(int(ExitCode.BAD_INPUT))
+
+
+@profile_app.command("show")
+def show_cmd(
+    profile: ProfileArg,
+    resolved: Annotated[bool, typer.Option("--resolved", help="Show the engine configuration: "
+                                           "processes, argv, env, patches, fingerprint.")] = False,
+    why: Annotated[bool, typer.Option("--why", help="Show which file or flag set each value.")] = False,
+    json_out: Json = False,
+    enable: Enable = None, disable: Disable = None, only: Only = None, sets: Set = None,
+) -> None:
+    """Show a profile after extends and overrides, or (--resolved) what it resolves to."""
+    loaded = load_profile(profile, overrides(enable, disable, only, sets))
+    if not resolved:
+        data = loaded.profile.model_dump(exclude={"extends"}, exclude_defaults=not why)
+        if json_out:
+            print(json.dumps(data, indent=2))
+        else:
+            print(yaml.safe_dump(data, sort_keys=False), end="")
+        if why:
+            _print_provenance(resolve_loaded(loaded).provenance, json_out)
+        return
+    cfg = resolve_loaded(loaded)
+    if json_out:
+        data = cfg.to_json()
+        if not why:
+            data.pop("provenance")
+        print(json.dumps(data, indent=2))
+        return
+    from dsv4bisect.cli.render_config import render_engine_config
+
+    render_engine_config(cfg, stdout())
+    if why:
+        _print_provenance(cfg.provenance, False)
+
+
+def _print_provenance(provenance: dict[str, str], json_out: bool) -> None:
+    if json_out:
+        return
+    width = max(map(len, provenance), default=0)
+    print("\n# where each value comes from")
+    for key, source in provenance.items():
+        print(f"{key.ljust(width)}  {source}")
+
+
+@profile_app.command("new")
+def new_cmd(
+    name: Annotated[str, typer.Argument(help="Name of the new profile (also its file name).")],
+    base: Annotated[Optional[str], typer.Option("--from", help="Extend this profile.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File to write.")] = None,
+) -> None:
+    """Write a commented starter profile that validates."""
+    from dsv4bisect.config.starter import starter_profile
+
+    path = output or Path(f"{name}.yaml")
+    if path.exists():
+        raise ConfigError(f"{path} exists", "choose another name or --output, or delete it")
+    if base is not None:
+        from dsv4bisect.config.layering import find_profile
+
+        find_profile(base)  # fail early on a missing base
+    path.write_text(starter_profile(name, base))
+    resolve(str(path))
+    console().print(f"wrote {path}", markup=False)
+
+
+@profile_app.command("schema")
+def schema_cmd() -> None:
+    """Print the profile JSON Schema (for editors: yaml-language-server $schema)."""
+    from dsv4bisect.config.schema import Profile
+
+    schema = Profile.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "dsv4bisect profile"
+    print(json.dumps(schema, indent=2))

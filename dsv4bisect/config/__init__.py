@@ -1,0 +1,1 @@
+"""Profiles: YAML with positions, extends, overrides, validation, resolution, diff."""

@@ -1,0 +1,90 @@
+"""What differs between two resolved configurations: patches, argv flag by flag, env, settings.
+
+Secrets (env names containing TOKEN, KEY, SECRET, PASSWORD, and the values of such flags) are
+redacted before comparison, so a diff never prints them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dsv4bisect.config.engine_config import REDACTED, EngineConfig, redact_argv
+from dsv4bisect.env import is_secret
+
+ABSENT = "(absent)"
+
+
+@dataclass(frozen=True)
+class Change:
+    section: str  # patches | process:<role> | env:<role> | probe | bisect | engine | fingerprint
+    key: str
+    a: Any
+    b: Any
+
+
+def argv_items(argv: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """`--flag value [value...]` pairs; leading tokens are the command; bare flags map to ''."""
+    items: dict[str, str] = {}
+    command: list[str] = []
+    flag: str | None = None
+    for token in argv:
+        if token.startswith("--"):
+            name, eq, value = token.partition("=")
+            flag = name
+            items[flag] = value if eq else ""
+        elif flag is None:
+            command.append(token)
+        else:
+            items[flag] = f"{items[flag]} {token}".strip()
+    if command:
+        items = {"(command)": " ".join(command), **items}
+    return items
+
+
+def _patches(cfg: EngineConfig) -> dict[str, str]:
+    return {p.name: p.variant + (" (fault)" if p.fault else "") for p in cfg.patches}
+
+
+def _compare(section: str, a: dict[str, Any], b: dict[str, Any], absent: str = ABSENT) -> list[Change]:
+    keys = list(dict.fromkeys([*a, *b]))
+    return [Change(section, k, a.get(k, absent), b.get(k, absent)) for k in keys
+            if a.get(k, absent) != b.get(k, absent)]
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, sub in value.items():
+            out.update(_flat(sub, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def _env(cfg: EngineConfig, role: str) -> dict[str, str]:
+    env = cfg.process(role).env_dict()
+    return {k: (REDACTED if is_secret(k) else v) for k, v in env.items()}
+
+
+def diff_configs(a: EngineConfig, b: EngineConfig) -> list[Change]:
+    changes: list[Change] = []
+    engine_a = {"kind": a.kind, "model": a.model, "served_model_name": a.served_model_name,
+                "startup_timeout_s": a.startup_timeout_s, "cannot_start": a.cannot_start}
+    engine_b = {"kind": b.kind, "model": b.model, "served_model_name": b.served_model_name,
+                "startup_timeout_s": b.startup_timeout_s, "cannot_start": b.cannot_start}
+    changes += _compare("engine", engine_a, engine_b)
+    changes += _compare("patches", _patches(a), _patches(b), absent="off")
+    roles_a = [p.role for p in a.processes]
+    roles_b = [p.role for p in b.processes]
+    for role in dict.fromkeys([*roles_a, *roles_b]):
+        if role not in roles_a or role not in roles_b:
+            changes.append(Change("processes", role, role in roles_a, role in roles_b))
+            continue
+        changes += _compare(f"process:{role}", argv_items(redact_argv(a.process(role).argv)),
+                            argv_items(redact_argv(b.process(role).argv)))
+        changes += _compare(f"env:{role}", _env(a, role), _env(b, role))
+    changes += _compare("probe", _flat(a.probe), _flat(b.probe))
+    changes += _compare("bisect", _flat(a.bisect), _flat(b.bisect))
+    if a.fingerprint != b.fingerprint:
+        changes.append(Change("fingerprint", "fingerprint", a.fingerprint, b.fingerprint))
+    return changes

@@ -1,0 +1,91 @@
+"""The fingerprint: one hash that identifies an experiment on any machine (DESIGN §4).
+
+It covers the canonical engine configuration (processes with symbolic ports, interpreter, model
+path and worktree path; patch set), the model's identity (its config.json and shard index, not
+its path), the engine's version (SGLang's installed version or the profile's; the embedded
+engine's source), the hash of the patch, kernel and plugin code, and the probe code version.
+Volatile fields (ports chosen `auto`, run directories, receipt paths, cache paths) are left out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # dsv4bisect/
+MODEL_ID_FILES = ("config.json", "model.safetensors.index.json", "hf_quant_config.json")
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+
+
+def digest(value: Any, length: int = 16) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:length]
+
+
+def _hash_files(labelled: list[tuple[str, Path]]) -> str:
+    """Hash of (label, content) pairs; labels are machine-independent relative names."""
+    h = hashlib.sha256()
+    for label, path in sorted(labelled):
+        h.update(label.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _sources(*subdirs: str) -> list[tuple[str, Path]]:
+    import dsv4bisect.kernels
+    import dsv4bisect.patches
+
+    roots = {
+        "patches": Path(dsv4bisect.patches.__file__).parent,
+        "kernels": Path(dsv4bisect.kernels.__file__).parent,
+    }
+    files: list[tuple[str, Path]] = []
+    for sub in subdirs:
+        root = roots.get(sub, PACKAGE_ROOT / sub)
+        if root.is_dir():
+            files += [(f"{sub}/{p.relative_to(root)}", p) for p in root.rglob("*.py")
+                      if "__pycache__" not in p.parts]
+    return files
+
+
+@cache
+def code_hash() -> str:
+    """The patch, kernel and plugin code: a change to any of them is a new experiment."""
+    files = _sources("patches", "kernels", "plugin")
+    return _hash_files(files) if files else "none"
+
+
+@cache
+def reference_engine_version() -> str:
+    """The embedded engine is versioned by its source (model, engine, server, tokenizer)."""
+    files = _sources("reference")
+    return "reference-" + (_hash_files(files) if files else "none")
+
+
+def installed_sglang_version() -> str | None:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def model_identity(path: str | None) -> dict[str, Any]:
+    """Content identity of a checkpoint directory (its config and shard index), not its path."""
+    if not path:
+        return {"model": None}
+    directory = Path(path).expanduser()
+    found = [directory / name for name in MODEL_ID_FILES if (directory / name).is_file()]
+    if not found:
+        return {"model": "unavailable-here", "name": directory.name}
+    return {"model": _hash_files([(p.name, p) for p in found])}
+
+
+def probe_version() -> int:
+    from dsv4bisect.probe.spec import PROBE_VERSION
+
+    return PROBE_VERSION

@@ -1,0 +1,162 @@
+"""The processes each engine kind starts, spelled exactly as the engine expects.
+
+SGLang facts (notes/sglang-dsv4.md §6): `python -m sglang.launch_server --model-path … --tp N
+--moe-runner-backend … --port …`; PD prefill adds `--disaggregation-mode prefill
+--disaggregation-bootstrap-port 8998`, decode `--disaggregation-mode decode`, and the router is
+`python -m sglang_router.launch_router --pd-disaggregation --prefill URL PORT --decode URL`.
+Readiness: `/health_generate` (a real one-token generation) on servers, `/health` on the router.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dsv4bisect.config.engine_config import ProcessSpec
+from dsv4bisect.config.schema import Engine, PDRole
+from dsv4bisect.env import PATCHES, PLUGIN_NAME, SGLANG_PLUGINS
+
+DEFAULT_REFERENCE_CHUNK = 2048
+
+
+@dataclass(frozen=True)
+class PatchDelivery:
+    """What the enabled patches add to the engine processes."""
+
+    wire: str  # DSV4BISECT_PATCHES value (built-in patches only)
+    env: dict[str, str]  # env contributed by patches (built-in SGLang env, custom env)
+    args: tuple[str, ...]  # server args contributed by patches
+    pythonpath: str | None  # source-patch worktree path to put first
+
+
+def build_processes(engine: Engine, delivery: PatchDelivery) -> tuple[str, tuple[ProcessSpec, ...]]:
+    """(entry role, processes) for the engine kind."""
+    if engine.kind == "reference":
+        return "server", (_reference(engine, delivery),)
+    if engine.kind == "command":
+        return "server", (_command(engine, delivery),)
+    if engine.pd is None:
+        return "server", (_sglang_server(engine, delivery, "server", engine.gpus, engine.tp, []),)
+    pd = engine.pd
+    prefill_args = ["--disaggregation-mode", "prefill",
+                    "--disaggregation-bootstrap-port", str(pd.prefill.bootstrap_port)]
+    decode_args = ["--disaggregation-mode", "decode"]
+    if pd.transfer_backend:
+        prefill_args += ["--disaggregation-transfer-backend", pd.transfer_backend]
+        decode_args += ["--disaggregation-transfer-backend", pd.transfer_backend]
+    prefill = _pd_server(engine, delivery, "prefill", pd.prefill, prefill_args)
+    decode = _pd_server(engine, delivery, "decode", pd.decode, decode_args)
+    return "router", (prefill, decode, _router(engine))
+
+
+def _python(engine: Engine, default: str) -> str:
+    return engine.python or default
+
+
+def _env(*layers: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    merged: dict[str, str] = {}
+    for layer in layers:
+        merged.update(layer)
+    return tuple(sorted(merged.items()))
+
+
+def _patch_env(engine: Engine, delivery: PatchDelivery, plugin: bool) -> dict[str, str]:
+    env = dict(delivery.env)
+    env[PATCHES] = delivery.wire
+    if plugin and delivery.wire:
+        others = [p for p in engine.env.get(SGLANG_PLUGINS, "").split(",") if p]
+        env[SGLANG_PLUGINS] = ",".join(dict.fromkeys(others + [PLUGIN_NAME]))
+    if delivery.pythonpath:
+        base = engine.env.get("PYTHONPATH")
+        env["PYTHONPATH"] = delivery.pythonpath + (f":{base}" if base else "")
+    return env
+
+
+def _reference(engine: Engine, delivery: PatchDelivery) -> ProcessSpec:
+    ref = engine.reference
+    checkpoint = ref.checkpoint if ref else "embedded"
+    argv = ["{python}", "-m", "dsv4bisect", "serve", "--host", engine.host,
+            "--port", "{port:server}", "--checkpoint", checkpoint,
+            "--moe-backend", engine.moe_backend,
+            "--chunk-size", str(engine.chunked_prefill_size or DEFAULT_REFERENCE_CHUNK)]
+    if ref is not None:
+        argv += ["--device", ref.device]
+        if ref.threads:
+            argv += ["--threads", str(ref.threads)]
+        if ref.max_model_len:
+            argv += ["--max-model-len", str(ref.max_model_len)]
+    if engine.served_model_name:
+        argv += ["--served-model-name", engine.served_model_name]
+    argv += [*engine.args, *delivery.args]
+    return ProcessSpec(
+        role="server", argv=tuple(argv), env=_env(engine.env, _patch_env(engine, delivery, False)),
+        gpus=tuple(engine.gpus or ()), port=_fixed(engine.port), ready_path="/health_generate",
+        gets_patches=True, schedulers=1,
+    )
+
+
+def _command(engine: Engine, delivery: PatchDelivery) -> ProcessSpec:
+    assert engine.command is not None  # the schema guarantees it for kind: command
+    argv = [a.replace("{port}", "{port:server}").replace("{host}", engine.host)
+            for a in engine.command.argv]
+    argv += [*engine.args, *delivery.args]
+    return ProcessSpec(
+        role="server", argv=tuple(argv), env=_env(engine.env, _patch_env(engine, delivery, False)),
+        gpus=tuple(engine.gpus or ()), port=_fixed(engine.port),
+        ready_path=engine.command.ready_path, gets_patches=False, schedulers=0,
+    )
+
+
+def _sglang_common(engine: Engine, role: str, tp: int) -> list[str]:
+    argv = [_python(engine, "python3"), "-m", "sglang.launch_server", "--model-path", "{model}",
+            "--host", engine.host, "--port", f"{{port:{role}}}", "--tp", str(tp)]
+    if engine.dp > 1:
+        argv += ["--dp", str(engine.dp), "--enable-dp-attention"]
+    argv += ["--moe-runner-backend", engine.moe_backend]
+    if engine.quantization:
+        argv += ["--quantization", engine.quantization]
+    if engine.chunked_prefill_size:
+        argv += ["--chunked-prefill-size", str(engine.chunked_prefill_size)]
+    if engine.served_model_name:
+        argv += ["--served-model-name", engine.served_model_name]
+    return argv
+
+
+def _sglang_server(
+    engine: Engine, delivery: PatchDelivery, role: str, gpus: list[int] | None, tp: int,
+    role_args: list[str], role_env: dict[str, str] | None = None, port: int | str | None = None,
+) -> ProcessSpec:
+    argv = _sglang_common(engine, role, tp) + role_args + [*engine.args, *delivery.args]
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus else {}
+    return ProcessSpec(
+        role=role, argv=tuple(argv),
+        env=_env(env, engine.env, role_env or {}, _patch_env(engine, delivery, True)),
+        gpus=tuple(gpus or ()), port=_fixed(engine.port if port is None else port),
+        ready_path="/health_generate", gets_patches=True, schedulers=tp * engine.dp,
+    )
+
+
+def _pd_server(
+    engine: Engine, delivery: PatchDelivery, role: str, spec: PDRole, extra: list[str]
+) -> ProcessSpec:
+    tp = spec.tp or len(spec.gpus)
+    return _sglang_server(engine, delivery, role, spec.gpus, tp, extra + list(spec.args),
+                          spec.env, spec.port)
+
+
+def _router(engine: Engine) -> ProcessSpec:
+    pd = engine.pd
+    assert pd is not None
+    host = engine.host
+    argv = [_python(engine, "python3"), "-m", "sglang_router.launch_router", "--pd-disaggregation",
+            "--prefill", f"http://{host}:{{port:prefill}}", str(pd.prefill.bootstrap_port),
+            "--decode", f"http://{host}:{{port:decode}}",
+            "--host", host, "--port", "{port:router}", "--policy", pd.router.policy,
+            *pd.router.args]
+    return ProcessSpec(
+        role="router", argv=tuple(argv), env=_env(pd.router.env), gpus=(),
+        port=_fixed(pd.router.port), ready_path="/health", gets_patches=False, schedulers=0,
+    )
+
+
+def _fixed(port: int | str | None) -> int | None:
+    return port if isinstance(port, int) else None

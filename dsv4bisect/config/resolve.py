@@ -1,0 +1,314 @@
+"""Profile + command-line overrides → `EngineConfig` (DESIGN §4).
+
+`--set key=value` edits the merged data before validation (so types are checked); `--only`,
+`--enable` and `--disable` then toggle patches; `--set patches.P.variant=V` also enables P.
+Every value keeps its provenance (file position or flag) for `profile show --why`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dsv4bisect.config import fingerprint as fp
+from dsv4bisect.config.engine_config import EngineConfig, PatchChoice
+from dsv4bisect.config.layering import (
+    Layered,
+    display_path,
+    find_profile,
+    load_layers,
+    set_value,
+)
+from dsv4bisect.config.processes import PatchDelivery, build_processes
+from dsv4bisect.config.schema import Profile
+from dsv4bisect.config.validate import error_at, validate
+from dsv4bisect.config.worktree import SourceChange, WorktreePlan, materialize, plan_worktree
+from dsv4bisect.errors import ConfigError, PatchError
+from dsv4bisect.patching.registry import builtin_patches, unknown_patch_hint
+from dsv4bisect.patching.spec import EngineContext
+from dsv4bisect.patching.wire import format_patch_set
+
+EMBEDDED_CHECKPOINT = fp.PACKAGE_ROOT / "reference" / "weights"
+
+
+@dataclass(frozen=True)
+class Overrides:
+    sets: tuple[str, ...] = ()  # "dotted.key=value"
+    enable: tuple[str, ...] = ()
+    disable: tuple[str, ...] = ()
+    only: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class LoadedProfile:
+    profile: Profile
+    layered: Layered
+
+
+def load_profile(ref: str, overrides: Overrides = Overrides()) -> LoadedProfile:
+    layered = load_layers(find_profile(ref))
+    _apply_overrides(layered, overrides)
+    profile = validate(layered)
+    _check_patch_names(profile, layered)
+    return LoadedProfile(profile, layered)
+
+
+def resolve(
+    ref: str, overrides: Overrides = Overrides(), *, materialize_worktree: bool = False
+) -> EngineConfig:
+    return resolve_loaded(load_profile(ref, overrides), materialize_worktree=materialize_worktree)
+
+
+def resolve_loaded(loaded: LoadedProfile, *, materialize_worktree: bool = False) -> EngineConfig:
+    profile, layered = loaded.profile, loaded.layered
+    engine = profile.engine
+    ctx = engine_context(profile)
+    available = _available_patches(profile, ctx)
+    enabled = tuple(_with_variant(p, profile, ctx) for p in available
+                    if p.name in profile.patches and profile.patches[p.name].enabled)
+    on = {p.name for p in enabled}
+    missing = [p for p in available if p.required and p.name not in on]
+    cannot_start = "; ".join(f"`{p.name}` is off but {p.required}" for p in missing) or None
+
+    plan = _worktree_plan(profile, layered, enabled)
+    if plan is not None and materialize_worktree:
+        materialize(plan)
+    delivery = _delivery(profile, enabled, plan)
+    entry, processes = build_processes(engine, delivery)
+    config = EngineConfig(
+        profile=profile.name, kind=engine.kind, host=engine.host, entry_role=entry,
+        processes=processes, patches=enabled, available=available, model=engine.model,
+        served_model_name=engine.served_model_name, api_key_env=engine.api_key_env,
+        startup_timeout_s=engine.startup_timeout_s, probe=profile.probe.model_dump(),
+        bisect=profile.bisect.model_dump(), cannot_start=cannot_start,
+        worktree=str(plan.path) if plan else None,
+        provenance=_provenance(profile, layered),
+    )
+    identity = _identity(profile, config, plan)
+    return _replace(config, identity=identity, fingerprint=fp.digest(identity))
+
+
+def engine_context(profile: Profile) -> EngineContext:
+    engine = profile.engine
+    version_text = (fp.installed_sglang_version() or engine.sglang_version
+                    if engine.kind == "sglang" else None)
+    return EngineContext(
+        kind=engine.kind,
+        moe_backend=engine.moe_backend,
+        sglang_version=_parse_version(version_text),
+        expert_quant=engine.expert_quant,
+    )
+
+
+def _parse_version(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    parts = []
+    for piece in text.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) or None
+
+
+def _available_patches(profile: Profile, ctx: EngineContext) -> tuple[PatchChoice, ...]:
+    out = [
+        PatchChoice(name=p.name, variant=p.default_variant, fault=False, builtin=True,
+                    tier=p.tier, summary=p.summary, inert=p.inert_reason(ctx),
+                    required=p.required_reason(ctx))
+        for p in builtin_patches().values()
+    ]
+    out += [
+        PatchChoice(name=name, variant="custom", fault=False, builtin=False, tier=c.tier,
+                    summary=c.summary)
+        for name, c in profile.custom_patches.items()
+    ]
+    return tuple(out)
+
+
+def _with_variant(choice: PatchChoice, profile: Profile, ctx: EngineContext) -> PatchChoice:
+    if not choice.builtin:
+        return choice
+    patch = builtin_patches()[choice.name]
+    variant = patch.variant(profile.patches[choice.name].variant)
+    assert variant is not None  # checked by _check_patch_names
+    return _replace(choice, variant=variant.name, fault=variant.fault,
+                    inert=patch.inert_reason(ctx, variant.name))
+
+
+def _delivery(profile: Profile, enabled: tuple[PatchChoice, ...],
+              plan: WorktreePlan | None) -> PatchDelivery:
+    builtins = builtin_patches()
+    env: dict[str, str] = {}
+    args: list[str] = []
+    for choice in enabled:
+        if choice.builtin:
+            if profile.engine.kind == "sglang":
+                env.update(builtins[choice.name].sglang.env)
+                args += builtins[choice.name].sglang.args
+        else:
+            custom = profile.custom_patches[choice.name]
+            env.update(custom.env)
+            args += custom.args
+    wire = format_patch_set({c.name: c.variant for c in enabled if c.builtin}, builtins)
+    pythonpath = None
+    if plan is not None:
+        pythonpath = "{worktree}/" + str(plan.pythonpath.relative_to(plan.path))
+    return PatchDelivery(wire, env, tuple(args), pythonpath)
+
+
+def _worktree_plan(profile: Profile, layered: Layered,
+                   enabled: tuple[PatchChoice, ...]) -> WorktreePlan | None:
+    # Diff paths are relative to the profile file that declared the source.
+    dirs = {display_path(path): path.parent for path in layered.files}
+    changes = []
+    for choice in enabled:
+        custom = profile.custom_patches.get(choice.name)
+        if custom is not None and custom.source is not None:
+            where = layered.source_of(("custom_patches", choice.name, "source"))
+            base_dir = dirs.get(getattr(where, "file", ""), Path.cwd())
+            changes.append(SourceChange(choice.name, custom.source, base_dir))
+    return plan_worktree(changes) if changes else None
+
+
+def _identity(profile: Profile, config: EngineConfig, plan: WorktreePlan | None) -> dict[str, Any]:
+    engine = profile.engine
+    if engine.kind == "reference":
+        checkpoint = engine.reference.checkpoint if engine.reference else "embedded"
+        model = _reference_model_identity(checkpoint)
+        version: Any = fp.reference_engine_version()
+    elif engine.kind == "sglang":
+        model = fp.model_identity(engine.model)
+        version = {"sglang": fp.installed_sglang_version() or engine.sglang_version or "unknown"}
+    else:
+        model, version = {"model": engine.model}, {"command": "unversioned"}
+    return {
+        "kind": engine.kind,
+        "processes": [
+            {"role": p.role, "argv": list(p.argv), "env": dict(p.env), "gpus": list(p.gpus)}
+            for p in config.processes
+        ],
+        "patches": [[p.name, p.variant] for p in config.patches],
+        "custom_patches": {k: v.model_dump() for k, v in profile.custom_patches.items()
+                           if k in config.patch_set},
+        "worktree": plan.identity if plan else None,
+        "model": model,
+        "engine_version": version,
+        "code": fp.code_hash(),
+        "probe_version": fp.probe_version(),
+    }
+
+
+def _reference_model_identity(checkpoint: str) -> dict[str, Any]:
+    if checkpoint == "random":
+        return {"model": "random-tiny-seed0"}
+    if checkpoint == "embedded":
+        return fp.model_identity(str(EMBEDDED_CHECKPOINT))
+    return fp.model_identity(checkpoint)
+
+
+def _provenance(profile: Profile, layered: Layered) -> dict[str, str]:
+    out: dict[str, str] = {}
+
+    def walk(value: Any, path: tuple[Any, ...]) -> None:
+        if isinstance(value, dict) and value:
+            for key, sub in value.items():
+                walk(sub, path + (key,))
+            return
+        source = layered.provenance.get(path)
+        out[".".join(map(str, path))] = str(source) if source is not None else "default"
+
+    walk(profile.model_dump(exclude={"extends"}), ())
+    return out
+
+
+def _replace(obj: Any, **changes: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(obj, **changes)
+
+
+# ---- overrides --------------------------------------------------------------------------------
+
+def _apply_overrides(layered: Layered, ov: Overrides) -> None:
+    _expand_bool_toggles(layered)
+    variant_sets: set[str] = set()
+    for item in ov.sets:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item}: expected key=value", "e.g. --set engine.tp=4")
+        path = set_value(layered, key.strip(), value.strip(), source=f"--set {item}")
+        if len(path) == 3 and path[0] == "patches" and path[2] == "variant":
+            variant_sets.add(str(path[1]))
+    known = _known_names(layered)
+    for name in [*(ov.only or ()), *ov.enable, *ov.disable]:
+        if name not in known:
+            raise PatchError(f"unknown patch `{name}`", unknown_patch_hint(name, dict.fromkeys(known)))
+    clash = set(ov.enable) & set(ov.disable)
+    if clash:
+        raise PatchError(f"`{sorted(clash)[0]}` is both enabled and disabled", "drop one flag")
+    if ov.only is not None:
+        for name in known:
+            _toggle(layered, name, name in ov.only, f"--only {','.join(ov.only)}")
+    for name in variant_sets:
+        if not (ov.only is not None and name not in ov.only) and name not in ov.disable:
+            _toggle(layered, name, True, f"--set patches.{name}.variant")
+    for name in ov.enable:
+        _toggle(layered, name, True, f"--enable {name}")
+    for name in ov.disable:
+        _toggle(layered, name, False, f"--disable {name}")
+
+
+def _expand_bool_toggles(layered: Layered) -> None:
+    """`P: true` becomes `P: {enabled: true}` so that --set patches.P.variant=V can apply."""
+    patches = layered.data.get("patches")
+    if not isinstance(patches, dict):
+        return
+    for name, value in patches.items():
+        if isinstance(value, bool):
+            patches[name] = {"enabled": value}
+            mark = layered.provenance.get(("patches", name))
+            if mark is not None:
+                layered.provenance[("patches", name, "enabled")] = mark
+
+
+def _known_names(layered: Layered) -> list[str]:
+    custom = layered.data.get("custom_patches") or {}
+    return list(builtin_patches()) + [str(k) for k in custom if isinstance(custom, dict)]
+
+
+def _toggle(layered: Layered, name: str, enabled: bool, source: str) -> None:
+    patches = layered.data.setdefault("patches", {})
+    if not isinstance(patches, dict):
+        raise ConfigError(f"{source}: `patches` is not a mapping", "fix the profile's patches")
+    current = patches.get(name)
+    entry = dict(current) if isinstance(current, dict) else {}
+    entry["enabled"] = enabled
+    patches[name] = entry
+    layered.provenance[("patches", name, "enabled")] = source
+
+
+def _check_patch_names(profile: Profile, layered: Layered) -> None:
+    builtins = builtin_patches()
+    for name in profile.custom_patches:
+        if name in builtins:
+            raise error_at(layered, ("custom_patches", name),
+                           "a custom patch cannot reuse a built-in patch's name", "rename it")
+    known = dict.fromkeys([*builtins, *profile.custom_patches])
+    for name, toggle in profile.patches.items():
+        if name not in known:
+            raise error_at(layered, ("patches", name), f"unknown patch `{name}`",
+                           unknown_patch_hint(name, known))
+        if toggle.variant is None:
+            continue
+        if name not in builtins:
+            raise error_at(layered, ("patches", name, "variant"),
+                           "custom patches have no variants", "remove `variant`")
+        patch = builtins[name]
+        if patch.variant(toggle.variant) is None:
+            names = [v.name for v in patch.variants]
+            raise error_at(layered, ("patches", name, "variant"),
+                           f"patch `{name}` has no variant `{toggle.variant}`",
+                           f"variants of {name}: {', '.join(names)}")

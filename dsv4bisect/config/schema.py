@@ -1,0 +1,197 @@
+"""The profile schema (DESIGN §4): strict pydantic models, unknown keys are errors.
+
+A profile is data. These models only check shape and types; what the values mean (which patches
+exist, which processes to start) is decided by `resolve.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+SCHEMA_VERSION = 1
+
+Port = Union[Annotated[int, Field(ge=1, le=65535)], Literal["auto"]]
+
+
+def _env_values(value: Any) -> Any:
+    """Env values are strings; numbers are written as YAML reads them (`X: 1` → "1")."""
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, item in value.items():
+        if isinstance(item, bool):
+            raise ValueError(f"env `{key}`: write booleans as strings (\"1\", \"true\")")
+        out[key] = str(item) if isinstance(item, (int, float)) else item
+    return out
+
+
+EnvMap = Annotated[dict[str, str], BeforeValidator(_env_values)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PDRole(Strict):
+    """One server of a prefill/decode pair."""
+
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    tp: Annotated[int, Field(ge=1)] | None = None  # default: one rank per GPU
+    port: Port = "auto"
+    args: list[str] = []
+    env: EnvMap = {}
+
+
+class PrefillRole(PDRole):
+    bootstrap_port: Annotated[int, Field(ge=1, le=65535)] = 8998
+
+
+class Router(Strict):
+    port: Port = "auto"
+    policy: str = "round_robin"
+    args: list[str] = []
+    env: EnvMap = {}
+
+
+class PD(Strict):
+    """Prefill/decode disaggregation on one node: two SGLang servers and the router."""
+
+    prefill: PrefillRole
+    decode: PDRole
+    router: Router = Router()
+    transfer_backend: str | None = None  # mooncake (SGLang's default) | nixl | mori
+
+
+class ReferenceSettings(Strict):
+    """The embedded engine (`dsv4bisect serve`)."""
+
+    checkpoint: str = "embedded"  # "embedded" (shipped), "random" (seed 0 tiny), or a directory
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: Annotated[int, Field(ge=1)] | None = None
+    max_model_len: Annotated[int, Field(ge=64)] | None = None
+
+
+class CommandSettings(Strict):
+    """Any server: argv may use {port} and {host}; readiness by GET on ready_path."""
+
+    argv: list[str] = Field(min_length=1)
+    ready_path: str = "/health"
+
+
+class Engine(Strict):
+    kind: Literal["reference", "sglang", "command"]
+    model: str | None = None  # SGLang --model-path
+    served_model_name: str | None = None
+    api_key_env: str | None = None  # name of the env var holding the API key, never the key
+    sglang_version: str | None = None  # the deployment's SGLang, for patch conditions
+    expert_quant: Literal["nvfp4", "mxfp4", "fp8", "bf16"] | None = None
+    python: str | None = None  # interpreter for engine processes (default: this one / python3)
+    host: str = "127.0.0.1"
+    port: Port = "auto"
+    gpus: list[Annotated[int, Field(ge=0)]] | None = None
+    tp: Annotated[int, Field(ge=1)] = 1
+    dp: Annotated[int, Field(ge=1)] = 1
+    moe_backend: str = "triton"
+    quantization: str | None = None
+    chunked_prefill_size: Annotated[int, Field(ge=1)] | None = None
+    env: EnvMap = {}
+    args: list[str] = []
+    startup_timeout_s: Annotated[float, Field(gt=0)] = 1800.0
+    pd: PD | None = None
+    reference: ReferenceSettings | None = None
+    command: CommandSettings | None = None
+
+    @model_validator(mode="after")
+    def _kind_sections(self) -> Engine:
+        if self.kind != "sglang" and self.pd is not None:
+            raise ValueError("`pd` is only valid with kind: sglang")
+        if self.kind != "reference" and self.reference is not None:
+            raise ValueError("`reference` is only valid with kind: reference")
+        if self.kind == "command" and self.command is None:
+            raise ValueError("kind: command needs a `command` section with argv")
+        if self.kind != "command" and self.command is not None:
+            raise ValueError("`command` is only valid with kind: command")
+        if self.kind == "sglang" and not self.model:
+            raise ValueError("kind: sglang needs `model` (the --model-path)")
+        return self
+
+
+class PatchToggle(Strict):
+    enabled: bool = True
+    variant: str | None = None
+
+
+class SourcePatch(Strict):
+    """A source change to the engine: a diff file or a commit range of a git checkout."""
+
+    repo: str  # git checkout of the engine (e.g. an SGLang clone)
+    diff: str | None = None  # path of a unified diff, relative to the profile file
+    commits: str | None = None  # "A..B" in `repo`
+    base: str = "HEAD"  # what the worktree starts from
+    pythonpath: str = "python"  # subdirectory put first on PYTHONPATH (SGLang keeps its package there)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SourcePatch:
+        if (self.diff is None) == (self.commits is None):
+            raise ValueError("a source patch needs exactly one of `diff` or `commits`")
+        if self.commits is not None and ".." not in self.commits:
+            raise ValueError("`commits` must be a range A..B")
+        return self
+
+
+class CustomPatch(Strict):
+    """A user's own patch; it resolves, diffs and bisects like the built-ins."""
+
+    summary: str
+    tier: Annotated[int, Field(ge=1, le=3)] = 2
+    env: EnvMap = {}
+    args: list[str] = []
+    source: SourcePatch | None = None
+
+    @model_validator(mode="after")
+    def _delivers_something(self) -> CustomPatch:
+        if not (self.env or self.args or self.source):
+            raise ValueError("a custom patch needs env, args or source")
+        return self
+
+
+class ProbeSettings(Strict):
+    tier: Literal["ci", "smoke", "standard", "deep"] = "smoke"
+    families: list[str] | None = None  # default: the tier's
+    lengths: list[Annotated[int, Field(ge=16)]] | None = None
+    depths: list[Annotated[float, Field(ge=0, le=1)]] | None = None
+    seed: int = 0
+    warm: bool = False
+    thinking: bool = False
+    request_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+
+
+class BisectSettings(Strict):
+    candidates: list[str] | None = None
+    good: list[str] | None = None  # patches on at the good end (default: the required ones)
+    confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95
+    max_trials: Annotated[int, Field(ge=1)] | None = None
+    parallel: Annotated[int, Field(ge=1)] = 1
+    warn_as: Literal["fail", "pass"] = "fail"
+    priors: dict[str, Annotated[float, Field(gt=0)]] | None = None
+
+
+class Profile(Strict):
+    schema_version: Literal[1]
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = ""
+    extends: str | None = None
+    engine: Engine
+    patches: dict[str, PatchToggle] = {}
+    custom_patches: dict[str, CustomPatch] = {}
+    probe: ProbeSettings = ProbeSettings()
+    bisect: BisectSettings = BisectSettings()
+
+    @field_validator("patches", mode="before")
+    @classmethod
+    def _bool_toggles(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: {"enabled": v} if isinstance(v, bool) else v for k, v in value.items()}
+        return value

@@ -1,0 +1,1 @@
+"""Launching engine processes (reference, sglang, command), readiness, receipts, teardown."""

@@ -1,0 +1,25 @@
+"""Every environment variable dsv4bisect reads or sets, in one place."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PATCHES = "DSV4BISECT_PATCHES"  # wire format, read by `serve` and the SGLang plugin
+RECEIPTS = "DSV4BISECT_RECEIPTS"  # directory where engine processes write receipts
+ROLE = "DSV4BISECT_ROLE"  # the role of an engine process (server, prefill, decode)
+CACHE = "DSV4BISECT_CACHE"  # cache root (worktrees, baselines, the ledger); default ~/.cache/dsv4bisect
+SGLANG_PLUGINS = "SGLANG_PLUGINS"  # SGLang's whitelist of plugin entry points
+PLUGIN_NAME = "dsv4bisect"
+
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get(CACHE)
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "dsv4bisect"
+
+
+def is_secret(name: str) -> bool:
+    upper = name.upper().replace("-", "_")
+    return any(marker in upper for marker in SECRET_MARKERS)

@@ -1,0 +1,1 @@
+"""Patch declarations, the registry and the patch-set wire format."""

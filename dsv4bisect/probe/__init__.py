@@ -1,0 +1,1 @@
+"""The long-context coherence probe: seeded multi-turn families, paired statistics, verdicts."""

@@ -1,0 +1,1 @@
+"""The embedded engine: a faithful small DeepSeek-V4 in PyTorch, served over SGLang's API subset."""

@@ -1,0 +1,1 @@
+"""Rendering run and bisect results: terminal, markdown, JSON, plots."""

@@ -1,0 +1,1 @@
+"""Rich console on stderr: the only module that creates Console objects."""

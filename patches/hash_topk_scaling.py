@@ -1,0 +1,79 @@
+"""hash-topk-scaling — HashTopK applies `routed_scaling_factor` to its top-k weights.
+
+Speeds up: lets the hash-routed MoE layers (layers 0–2) run on expert methods that fuse the
+routed scaling into top-k (`should_fuse_routed_scaling_factor_in_topk`, true for
+`ModelOptNvFp4FusedMoEMethod`). Stock SGLang ≤ 0.5.13 asserts "not implemented" in
+`HashTopK.__init__`, so an NVFP4 checkpoint cannot even build its hash layers without it.
+
+Numerical risk (tier 1): the factor must be applied exactly once per MoE layer. Applied in
+top-k *and* in the runner (the stock NVFP4 + marlin path multiplies in `moe_sum_reduce` too) the
+routed output is too large by rsf (×1.5 on Flash, ×2.5 on Pro); applied nowhere it is too small.
+The correct variant moves the multiplication, so it equals stock within fp32 rounding.
+
+How to verify: `dsv4bisect microtest hash-topk-scaling` (where rsf is applied, per MoE layer and
+runner choice); the runtime contract check in the plugin receipts (per layer: exactly one of
+top-k or runner scales; `topk_weights.sum(-1)` ≈ rsf iff top-k scales).
+
+Upstream site: `sglang.srt.layers.moe.hash_topk.HashTopK` (`__init__` assert, `forward`);
+implemented upstream from 0.5.14 on, where the default variant is inert.
+"""
+
+from __future__ import annotations
+
+from dsv4bisect.patching.spec import (
+    Condition,
+    EngineContext,
+    Patch,
+    SglangDelivery,
+    Variant,
+    version_at_least,
+    version_at_most,
+)
+
+
+def _nvfp4_on_stock(ctx: EngineContext) -> bool:
+    return ctx.kind == "sglang" and ctx.expert_quant == "nvfp4" and version_at_most((0, 5, 13))(ctx)
+
+
+def _upstream_has_it(ctx: EngineContext) -> bool:
+    return ctx.kind == "sglang" and version_at_least((0, 5, 14))(ctx)
+
+
+PATCH = Patch(
+    name="hash-topk-scaling",
+    summary="HashTopK multiplies top-k weights by routed_scaling_factor (stock asserts)",
+    tier=1,
+    touches=("moe.hash_topk", "moe.routed_scaling"),
+    reference="routed_scaling_factor moves from the MoE runner's weighted sum into HashTopK's weights",
+    sglang=SglangDelivery(
+        hooks={
+            "0.5.13": (
+                "sglang.srt.layers.moe.hash_topk.HashTopK.__init__",
+                "sglang.srt.layers.moe.hash_topk.HashTopK.forward",
+            ),
+            "0.5.14": ("sglang.srt.layers.moe.hash_topk.HashTopK.forward",),
+        }
+    ),
+    variants=(
+        Variant("topk", "HashTopK scales its weights by rsf; the runner does not (applied once)"),
+        Variant(
+            "double-scale",
+            "HashTopK and the runner both apply rsf (stock NVFP4 + marlin bug): routed output × rsf",
+            fault=True,
+        ),
+    ),
+    inert_when=(
+        Condition(
+            "SGLang >= 0.5.14 already applies rsf in HashTopK (the default variant changes nothing)",
+            _upstream_has_it,
+            variants=("topk",),
+        ),
+    ),
+    required_when=(
+        Condition(
+            "SGLang <= 0.5.13 cannot build NVFP4 hash-routed MoE layers without it (HashTopK assert)",
+            _nvfp4_on_stock,
+        ),
+    ),
+    doc=__doc__ or "",
+)

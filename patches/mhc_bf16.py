@@ -1,0 +1,39 @@
+"""mhc-bf16 — the mHC hyper-connection mixing GEMM in bf16 instead of fp32.
+
+Speeds up: `hc_pre`, the [T, 4·4096] × [24, 16384]ᵀ GEMM that computes the 24 mixing logits of
+every hyper-connection site (two per layer, 86 sites on DeepSeek-V4-Flash). In fp32 it is a
+K=16384 reduction that dominates small-batch decode on SM120, where SGLang forces the fp32 torch
+path (`SGLANG_OPT_USE_TILELANG_MHC_PRE=False`, `SGLANG_OPT_DEEPGEMM_HC_PRENORM=False`).
+
+Numerical risk (tier 1): bf16 operands give the mixes a relative error near 2⁻⁸. The mixes are
+scaled by `hc_scale` and pushed through sigmoid (pre/post) and a 20-iteration Sinkhorn (comb), so
+the error reaches the stream collapse, the post gates and the doubly-stochastic residual mixing at
+every site, and compounds through the residual streams with depth and context.
+
+How to verify: `dsv4bisect microtest mhc-bf16` (relative error of mixes, pre/post/comb and the
+collapsed stream per layer against fp32 with the real `hc_fn`); drift probe KL on long transcripts.
+
+Upstream site (SGLang 0.5.13): `sglang.srt.models.deepseek_v4.DeepseekV4DecoderLayer.hc_pre`
+(inner `hc_pre_torch_impl`: `F.linear(x.float(), hc_fn) * rsqrt(mean(x²)+eps)`), followed by
+`sglang.srt.layers.mhc.hc_split_sinkhorn`.
+"""
+
+from __future__ import annotations
+
+from dsv4bisect.patching.spec import Patch, SglangDelivery, Variant
+
+PATCH = Patch(
+    name="mhc-bf16",
+    summary="mHC mixing GEMM (hc_pre) with bf16 operands instead of fp32",
+    tier=1,
+    touches=("mhc.hc_pre", "mhc.sinkhorn-inputs"),
+    reference="hc_pre mixes m = (x·fnᵀ)·rsqrt(mean(x²)+eps) with bf16 operands, output rounded to bf16",
+    sglang=SglangDelivery(
+        hooks={
+            "0.5.13": ("sglang.srt.models.deepseek_v4.DeepseekV4DecoderLayer.hc_pre",),
+            "0.5.14": ("sglang.srt.models.deepseek_v4.DeepseekV4DecoderLayer.hc_pre",),
+        }
+    ),
+    variants=(Variant("bf16", "bf16 operands, fp32 accumulation, mixes rounded to bf16"),),
+    doc=__doc__ or "",
+)

@@ -1,0 +1,48 @@
+"""mma-decode — split-K tensor-core ("MMA") decode attention for DeepSeek-V4's MQA.
+
+Speeds up: sparse decode attention. DeepSeek-V4 attends with 64 query heads that share one
+512-dim K=V head, so the heads form the M dimension of a matrix product and tensor cores apply.
+The stock SM120 kernel (`flash_mla_sparse_decode_triton`, "tiled V2") runs one program per
+(token, head) with vector multiply-reduce and no split over keys; the patch splits every key list
+(top-k compressed entries, sliding-window pages) into 64-key chunks, computes each chunk's
+partial output and log-sum-exp with `tl.dot`, and merges the partials.
+
+Numerical risk (tier 2): partial outputs are kept in bf16 and merged by LSE, one rounding per
+split, so the error grows with the number of splits — with context length on the HCA layers
+(ratio 128), which attend to every compressed entry (1024 entries = 16 splits at 128K). On SM120
+SGLang 0.5.13 also sends extend batches of up to 11673 query tokens through this kernel, so
+prefill (and teacher-forced scoring) sees it too.
+
+How to verify: `dsv4bisect microtest mma-decode` (error against fp32 attention as a function of
+context length); the `merge-no-rescale` fault variant shows what a broken merge looks like: it is
+exact for one split and wrong as soon as a query needs two.
+
+Upstream site: `sglang.srt.layers.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120`
+(called from `DeepseekV4AttnBackend.forward`; FP8 "MODEL1" paged KV: 448 FP8-E4M3 nope dims with a
+UE8M0 scale per 64 and 64 bf16 rope dims).
+"""
+
+from __future__ import annotations
+
+from dsv4bisect.patching.spec import Patch, SglangDelivery, Variant
+
+_TARGET = "sglang.srt.layers.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120"
+
+PATCH = Patch(
+    name="mma-decode",
+    summary="split-K tensor-core decode attention (64-key splits, bf16 partials, LSE merge)",
+    tier=2,
+    touches=("attention.sparse_decode", "attention.prefill<=11673"),
+    reference="attention over each key list split into 64-key chunks, bf16 partials, fp32 LSE merge",
+    sglang=SglangDelivery(hooks={"0.5.13": (_TARGET,), "0.5.14": (_TARGET,)}),
+    variants=(
+        Variant("split-k", "64-key splits, partial outputs in bf16, LSE merge in fp32"),
+        Variant("split-k-fp32", "the same splits with fp32 partials (isolates the bf16 rounding)"),
+        Variant(
+            "merge-no-rescale",
+            "merges partials by their local sums without rescaling to the global max",
+            fault=True,
+        ),
+    ),
+    doc=__doc__ or "",
+)

@@ -1,0 +1,43 @@
+"""nvfp4-dispatch — hybrid FP8 + NVFP4 quant-method dispatch, per layer.
+
+Speeds up: lets a hybrid checkpoint (NVFP4 routed experts, FP8 attention / shared experts / MTP,
+as `nvidia/DeepSeek-V4-Flash-NVFP4`) load each layer with its own method: routed experts run the
+NVFP4 grouped GEMM (W4A4: E2M1 values, an E4M3 scale per 16, an fp32 global scale), the rest FP8.
+
+Numerical risk (tier 3): which layers get NVFP4 decides three things at once: who applies
+`routed_scaling_factor` (`should_fuse_routed_scaling_factor_in_topk` is true for
+`ModelOptNvFp4FusedMoEMethod`), whether the SwiGLU clamp runs (the `cutlass_moe_fp4` path that
+`--moe-runner-backend triton` selects has none), and the FP4 quantisation of expert activations.
+
+How to verify: `dsv4bisect microtest nvfp4-dispatch` (per-layer method map; NVFP4 quantisation
+error of the expert weights); the plugin logs per layer the method, runner and `should_fuse…`.
+
+Upstream site: `ModelOptFp4Config.get_quant_method` / `ModelOptMixedPrecisionConfig.get_quant_method`
+(`sglang.srt.layers.quantization.modelopt_quant`) and `FusedMoE.__init__`, which derives
+`should_fuse_routed_scaling_factor_in_topk` from the chosen method.
+"""
+
+from __future__ import annotations
+
+from dsv4bisect.patching.spec import Patch, SglangDelivery, Variant
+
+_QUANT = "sglang.srt.layers.quantization.modelopt_quant"
+_HOOKS = (
+    f"{_QUANT}.ModelOptFp4Config.get_quant_method",
+    f"{_QUANT}.ModelOptMixedPrecisionConfig.get_quant_method",
+    "sglang.srt.layers.moe.fused_moe_triton.layer.FusedMoE.__init__",
+)
+
+PATCH = Patch(
+    name="nvfp4-dispatch",
+    summary="hybrid FP8 + NVFP4 quant-method dispatch per layer (NVFP4 routed experts)",
+    tier=3,
+    touches=("moe.experts.quant", "moe.routed_scaling", "moe.clamp"),
+    reference="routed experts fake-quantised to NVFP4 (weights and activations) on the mapped layers",
+    sglang=SglangDelivery(hooks={"0.5.13": _HOOKS, "0.5.14": _HOOKS}),
+    variants=(
+        Variant("hybrid", "NVFP4 W4A4 routed experts on every MoE layer; everything else as stored"),
+        Variant("weights-only", "NVFP4 expert weights, unquantised activations (W4A16)"),
+    ),
+    doc=__doc__ or "",
+)

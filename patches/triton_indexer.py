@@ -1,0 +1,39 @@
+"""triton-indexer — the lightning indexer's logits by a Triton kernel instead of torch.
+
+Speeds up: the CSA indexer scores `score[b,s] = kv_scale[s] · Σ_h w[b,h] · relu(q[b,h]·k[s])`
+over the paged FP8 indexer K cache, followed by top-512 block selection. On SM120 SGLang forces
+the torch fallback (`SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=True`), which gathers and upcasts the whole
+cache to fp32 and runs a `bmm` (memory ∝ batch · pages · 64 · 128 · 4 B; it OOMs on long prefill
+chunks). The kernel streams the pages instead.
+
+Numerical risk (tier 2): the kernel rounds the per-head dot products to bf16 before
+relu·weight·sum. At long context tens of thousands of compressed blocks compete for 512 slots,
+and bf16 rounding reorders near-ties, so the CSA layers attend to different blocks.
+
+How to verify: `dsv4bisect microtest triton-indexer` (top-k selection overlap fp32 vs bf16 as a
+function of context length with the real indexer weights).
+
+Upstream site: module global `sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120`
+(looked up at call time by `C4IndexerBackendMixin.forward_c4_indexer`); keep
+`SGLANG_FP8_PAGED_MQA_LOGITS_TORCH` true so no DeepGEMM metadata is built.
+"""
+
+from __future__ import annotations
+
+from dsv4bisect.patching.spec import Patch, SglangDelivery, Variant
+
+_TARGET = "sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120"
+
+PATCH = Patch(
+    name="triton-indexer",
+    summary="Triton indexer logits (bf16 dot products) for CSA top-k block selection",
+    tier=2,
+    touches=("indexer.logits", "indexer.topk-selection"),
+    reference="indexer per-head dot products rounded to bf16 before relu·weight·sum and top-k",
+    sglang=SglangDelivery(hooks={"0.5.13": (_TARGET,), "0.5.14": (_TARGET,)}),
+    variants=(
+        Variant("bf16", "per-head dot products rounded to bf16 before relu·weight·sum"),
+        Variant("fp32", "fp32 accumulation throughout (only the summation order changes)"),
+    ),
+    doc=__doc__ or "",
+)

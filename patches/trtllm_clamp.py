@@ -1,0 +1,52 @@
+"""trtllm-clamp — the DeepSeek-V4 SwiGLU clamp on the flashinfer TRT-LLM NVFP4 MoE path.
+
+Speeds up: nothing by itself; it makes the fast flashinfer TRT-LLM NVFP4 MoE kernel correct for
+DeepSeek-V4, whose experts clamp gate to ≤ `swiglu_limit` (10) and up to ±10 before SiLU·up.
+Stock SGLang 0.5.13 never sets `gemm1_clamp_limit` for DeepSeek-V4, so that path runs unclamped.
+
+Numerical risk (tier 3): the kernel clamps the GEMM-1 output *before* applying the per-expert
+dequantisation alpha, so the limit must be `swiglu_limit / g1_alphas` per expert. A patch that
+passes the raw limit clamps at `limit · alpha` — for NVFP4 alphas (products of tiny global
+scales) that crushes every routed expert. Inert under `--moe-runner-backend triton` (the seed
+deployment's), which never reaches the TRT-LLM branch.
+
+How to verify: `dsv4bisect microtest trtllm-clamp` (share of gate/up activations beyond the limit
+per layer, and the error when the alpha is ignored).
+
+Upstream site: `ModelOptNvFp4FusedMoEMethod.process_weights_after_loading`
+(`sglang.srt.layers.quantization.modelopt_quant`; upstream 0.5.14 sets
+`layer.gemm1_clamp_limit = swiglu_limit / g1_alphas`).
+"""
+
+from __future__ import annotations
+
+from dsv4bisect.patching.spec import TRTLLM_BACKENDS, Condition, Patch, SglangDelivery, Variant
+
+_TARGET = (
+    "sglang.srt.layers.quantization.modelopt_quant."
+    "ModelOptNvFp4FusedMoEMethod.process_weights_after_loading"
+)
+
+PATCH = Patch(
+    name="trtllm-clamp",
+    summary="SwiGLU clamp (swiglu_limit / per-expert alpha) on the flashinfer TRT-LLM NVFP4 MoE path",
+    tier=3,
+    touches=("moe.clamp[trtllm]",),
+    reference="routed-expert SwiGLU clamp on NVFP4 layers when the MoE backend is TRT-LLM",
+    sglang=SglangDelivery(hooks={"0.5.13": (_TARGET,), "0.5.14": (_TARGET,)}),
+    variants=(
+        Variant("alpha", "clamp limit swiglu_limit / g1_alpha per expert (upstream 0.5.14)"),
+        Variant(
+            "ignore-alpha",
+            "raw swiglu_limit on the pre-alpha GEMM output: clamps at limit·alpha",
+            fault=True,
+        ),
+    ),
+    inert_when=(
+        Condition(
+            "the MoE runner backend is not flashinfer TRT-LLM, so the clamp site is never reached",
+            lambda ctx: ctx.moe_backend is not None and ctx.moe_backend not in TRTLLM_BACKENDS,
+        ),
+    ),
+    doc=__doc__ or "",
+)

@@ -1,0 +1,105 @@
+"""The command line as a user runs it: real processes, stdout for results, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+BROKEN = Path(__file__).parents[1] / "data" / "broken"
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dsv4bisect", *args], capture_output=True,
+                          text=True, cwd=cwd)
+
+
+def test_import_of_cli_loads_no_torch() -> None:
+    code = ("import sys, dsv4bisect.cli, dsv4bisect.config.resolve; "
+            "heavy = [m for m in ('torch', 'triton', 'sglang', 'numpy') if m in sys.modules]; "
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_help_lists_commands() -> None:
+    proc = _cli("--help")
+    assert proc.returncode == 0
+    for command in ("patches", "profile", "diff-config"):
+        assert command in proc.stdout
+
+
+def test_resolved_json_has_fingerprint_patches_processes() -> None:
+    proc = _cli("profile", "show", "dsv4-flash-pd8-all", "--resolved", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert len(data["fingerprint"]) == 16
+    assert [p["name"] for p in data["patches"]][:2] == ["mhc-bf16", "hash-topk-scaling"]
+    assert [p["role"] for p in data["processes"]] == ["prefill", "decode", "router"]
+    for proc_ in data["processes"]:
+        assert {"role", "argv", "env"} <= proc_.keys()
+
+
+def test_show_why_reports_sources_of_values() -> None:
+    proc = _cli("profile", "show", "reference-all", "--why", "--set", "engine.tp=2")
+    assert proc.returncode == 0, proc.stderr
+    assert "engine.tp" in proc.stdout and "--set engine.tp=2" in proc.stdout
+    assert "builtin:reference-all.yaml:" in proc.stdout
+
+
+def test_validate_broken_profile_is_one_line_error_and_exit_5() -> None:
+    proc = _cli("profile", "validate", str(BROKEN / "unknown_key.yaml"))
+    assert proc.returncode == 5
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("error: ") and ":8:3: " in lines[0]
+    assert lines[1].startswith("hint: ") and len(lines) == 2
+    assert "Traceback" not in proc.stderr
+
+
+def test_unknown_patch_flag_exit_5() -> None:
+    proc = _cli("profile", "show", "reference", "--enable", "mma-decod")
+    assert proc.returncode == 5
+    assert "did you mean `mma-decode`" in proc.stderr
+
+
+def test_profile_new_writes_a_starter_that_validates(tmp_path: Path) -> None:
+    proc = _cli("profile", "new", "mine", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "mine.yaml").read_text()
+    assert "# " in text and "mma-decode: false" in text
+    assert _cli("profile", "validate", "mine.yaml", cwd=tmp_path).returncode == 0
+    proc = _cli("profile", "new", "child", "--from", "reference-all", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert _cli("profile", "validate", "child.yaml", cwd=tmp_path).returncode == 0
+    assert _cli("profile", "new", "mine", cwd=tmp_path).returncode == 5  # no overwrite
+
+
+def test_schema_is_json_schema_with_strict_objects() -> None:
+    proc = _cli("profile", "schema")
+    schema = json.loads(proc.stdout)
+    assert schema["title"] == "dsv4bisect profile"
+    assert schema["additionalProperties"] is False
+    assert "engine" in schema["properties"]
+
+
+def test_patches_list_and_show() -> None:
+    listing = _cli("patches", "list", "--json")
+    names = [row["name"] for row in json.loads(listing.stdout)]
+    assert len(names) == 6
+    shown = _cli("patches", "show", "trtllm-clamp")
+    assert shown.returncode == 0 and "ignore-alpha (FAULT)" in shown.stdout
+    under = json.loads(_cli("patches", "list", "--profile", "reference-all", "--json").stdout)
+    clamp = next(r for r in under if r["name"] == "trtllm-clamp")
+    assert clamp["enabled"] and clamp["inert"]
+
+
+def test_shipped_profiles_are_plain_yaml_with_comments() -> None:
+    from dsv4bisect.config.layering import builtin_dir
+
+    for path in builtin_dir().glob("*.yaml"):
+        text = path.read_text()
+        assert text.lstrip().startswith("#"), path
+        yaml.safe_load(text)
