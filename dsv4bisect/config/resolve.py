@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.config import fingerprint as fp
+from dsv4bisect.config.checkpoints import EMBEDDED_CHECKPOINT
 from dsv4bisect.config.engine_config import EngineConfig, PatchChoice
 from dsv4bisect.config.layering import (
     Layered,
@@ -29,7 +30,6 @@ from dsv4bisect.patching.registry import builtin_patches, unknown_patch_hint
 from dsv4bisect.patching.spec import EngineContext
 from dsv4bisect.patching.wire import format_patch_set
 
-EMBEDDED_CHECKPOINT = fp.PACKAGE_ROOT / "reference" / "weights"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,202 @@
+"""Start the processes of an `EngineConfig`, wait until they are ready, stop them all.
+
+Each process runs in its own process group (session) with its own log file; readiness is a GET
+on its `ready_path` that answers 200, within the profile's startup timeout. A process that exits
+before it is ready is a crash (`EngineCrashed`, with the last lines of its log); a timeout without
+a crash, or a port held by someone else, is infrastructure (`EngineError`, exit 125). `stop()`
+sends SIGTERM to every group, waits a grace period, then SIGKILLs — on normal exit, exceptions,
+Ctrl-C and SIGTERM alike, so no engine is left holding a port or a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from dsv4bisect import env as envvars
+from dsv4bisect.config.engine_config import EngineConfig, ProcessSpec
+from dsv4bisect.engines.logs import redact_file, redact_text, secret_values, tail
+from dsv4bisect.errors import EngineError
+
+GRACE_S = 10.0
+POLL_S = 0.25
+EventFn = Callable[[str, str, str], None]  # (role, state, last log line)
+
+
+class EngineCrashed(EngineError):
+    """An engine process exited before it was ready, or while it was being probed."""
+
+    def __init__(self, role: str, returncode: int | None, log_tail: str, log_path: Path) -> None:
+        super().__init__(
+            f"engine process `{role}` exited with code {returncode}\n{log_tail}",
+            f"full log: {log_path}",
+        )
+        self.role, self.returncode, self.log_tail, self.log_path = role, returncode, log_tail, log_path
+
+
+@dataclass
+class Running:
+    spec: ProcessSpec  # materialized: real ports and paths
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    url: str
+    state: str = "starting"  # starting | ready | exited
+
+
+@dataclass
+class Launch:
+    """Context manager around the processes of one engine configuration."""
+
+    cfg: EngineConfig
+    run_dir: Path
+    on_event: EventFn | None = None
+    procs: list[Running] = field(default_factory=list)
+
+    def __enter__(self) -> Launch:
+        try:
+            self.start()
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        return next(p.url for p in self.procs if p.spec.role == self.cfg.entry_role)
+
+    @property
+    def receipts_dir(self) -> Path:
+        return self.run_dir / "receipts"
+
+    def start(self) -> None:
+        if self.cfg.cannot_start:
+            raise EngineError(f"configuration cannot start: {self.cfg.cannot_start}",
+                              "enable the required patch, or pick another good end")
+        ports = {p.role: p.port or free_port(self.cfg.host) for p in self.cfg.processes}
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.receipts_dir.mkdir(parents=True, exist_ok=True)
+        for spec in self.cfg.materialize(ports, sys.executable):
+            self.procs.append(self._spawn(spec, ports[spec.role]))
+
+    def _spawn(self, spec: ProcessSpec, port: int) -> Running:
+        log_path = self.run_dir / "logs" / f"{spec.role}.log"
+        environ = {**os.environ, **dict(spec.env), envvars.ROLE: spec.role,
+                   envvars.RECEIPTS: str(self.receipts_dir.resolve()),
+                   "PYTHONUNBUFFERED": "1"}
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(  # argv list, never a shell
+                list(spec.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=environ, start_new_session=True,
+            )
+        self._event(spec.role, "starting", "")
+        return Running(spec, popen, log_path, f"http://{self.cfg.host}:{port}")
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        pending = list(self.procs)
+        while pending:
+            for proc in list(pending):
+                self.check_alive(proc)
+                if _answers(proc.url + proc.spec.ready_path):
+                    proc.state = "ready"
+                    pending.remove(proc)
+                    self._event(proc.spec.role, "ready", self._tail(proc, 1))
+                else:
+                    self._event(proc.spec.role, "starting", self._tail(proc, 1))
+            if pending and time.monotonic() > deadline:
+                stuck = pending[0]
+                raise EngineError(
+                    f"`{stuck.spec.role}` not ready after {self.cfg.startup_timeout_s:.0f} s "
+                    f"(GET {stuck.spec.ready_path})\n{self._tail(stuck, 20)}",
+                    f"raise engine.startup_timeout_s, or read {stuck.log_path}",
+                )
+            if pending:
+                time.sleep(POLL_S)
+
+    def check_alive(self, proc: Running | None = None) -> None:
+        """Raise if a process died: `EngineError` when its port was taken, else `EngineCrashed`."""
+        for p in [proc] if proc else self.procs:
+            code = p.popen.poll()
+            if code is None:
+                continue
+            p.state = "exited"
+            self._event(p.spec.role, "exited", self._tail(p, 1))
+            log = self._tail(p, 20)
+            # `dsv4bisect serve` exits 125 for infrastructure (port busy); SGLang says so in its log.
+            if code == 125 or (_bind_failure(log) and p.spec.port is not None
+                               and not port_is_free(self.cfg.host, p.spec.port)):
+                raise EngineError(f"`{p.spec.role}` could not start (exit {code}): port "
+                                  f"{p.spec.port} unavailable?\n{log}",
+                                  "another process holds the port; stop it or use port auto")
+            raise EngineCrashed(p.spec.role, code, log, p.log_path)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            _signal_group(p.popen, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        for p in self.procs:
+            try:
+                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(p.popen, signal.SIGKILL)
+                p.popen.wait()
+            _signal_group(p.popen, signal.SIGKILL)  # children the leader left behind
+            redact_file(p.log_path, secret_values(os.environ, dict(p.spec.env)))
+            if p.state != "exited":
+                p.state = "stopped"
+                self._event(p.spec.role, "stopped", "")
+
+    def _tail(self, proc: Running, lines: int) -> str:
+        return redact_text(tail(proc.log_path, lines), secret_values(os.environ, dict(proc.spec.env)))
+
+    def _event(self, role: str, state: str, line: str) -> None:
+        if self.on_event is not None:
+            self.on_event(role, state, line)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _bind_failure(log: str) -> bool:
+    text = log.lower()
+    return "address already in use" in text or "errno 98" in text or "could not bind" in text
+
+
+def _signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(popen.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True

@@ -1,0 +1,46 @@
+"""Engine logs: tails for error messages, and redaction of secrets before they are kept."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from dsv4bisect.env import is_secret
+
+REDACTED = "***"
+
+
+def tail(path: Path, lines: int = 20, max_bytes: int = 64_000) -> str:
+    """The last `lines` lines of a log (reads at most `max_bytes` from the end)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def secret_values(*envs: Mapping[str, str]) -> list[str]:
+    """Values of secret-named variables (TOKEN, KEY, SECRET, PASSWORD), longest first."""
+    values = {v for env in envs for k, v in env.items() if is_secret(k) and len(v) >= 4}
+    return sorted(values, key=len, reverse=True)
+
+
+def redact_text(text: str, secrets: Iterable[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def redact_file(path: Path, secrets: Iterable[str]) -> None:
+    secrets = list(secrets)
+    if not secrets or not path.is_file():
+        return
+    text = path.read_text(errors="replace")
+    clean = redact_text(text, secrets)
+    if clean != text:
+        path.write_text(clean)

@@ -1,0 +1,115 @@
+"""The launcher with real processes: readiness, patch verification, crashes, timeouts, cleanup."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from dsv4bisect.config.resolve import Overrides, resolve
+from dsv4bisect.engines.launcher import EngineCrashed, Launch
+from dsv4bisect.engines.verify import server_info, verify_reference_patches
+from dsv4bisect.errors import EngineError, ExitCode, PatchError
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it holds no port or GPU.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def _command_profile(tmp_path: Path, argv: list[str], ready: str = "/health",
+                     timeout: float = 60) -> str:
+    path = tmp_path / "cmd.yaml"
+    items = "".join(f"\n      - {a!r}" for a in argv)
+    path.write_text(f"schema_version: 1\nname: cmd\nengine:\n  kind: command\n"
+                    f"  startup_timeout_s: {timeout}\n  command:\n    ready_path: {ready}\n"
+                    f"    argv:{items}\n")
+    return str(path)
+
+
+def test_reference_engine_starts_verifies_patches_and_stops(tmp_path: Path) -> None:
+    cfg = resolve("reference-all")
+    events: list[tuple[str, str]] = []
+    with Launch(cfg, tmp_path, on_event=lambda r, s, _: events.append((r, s))) as launch:
+        pid = launch.procs[0].popen.pid
+        info = server_info(launch.url)
+        verify_reference_patches(cfg, info)
+        assert requests.get(launch.url + "/health", timeout=5).status_code == 200
+    assert not _alive(pid)
+    assert ("server", "ready") in events and events[-1] == ("server", "stopped")
+    assert (tmp_path / "logs" / "server.log").read_text()
+
+
+def test_patch_mismatch_is_an_error(tmp_path: Path) -> None:
+    cfg = resolve("reference")
+    other = resolve("reference", Overrides(enable=("mhc-bf16",)))
+    with Launch(cfg, tmp_path) as launch:
+        with pytest.raises(PatchError, match="did not take effect"):
+            verify_reference_patches(other, server_info(launch.url))
+
+
+def test_busy_port_is_cannot_test_with_the_log_tail(tmp_path: Path) -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        cfg = resolve("reference", Overrides(sets=(f"engine.port={port}",)))
+        with pytest.raises(EngineError) as info:
+            Launch(cfg, tmp_path).__enter__()
+        assert info.value.exit_code == ExitCode.CANNOT_TEST
+        assert not isinstance(info.value, EngineCrashed)
+        assert "error:" in info.value.message  # the engine's own message, from its log
+    finally:
+        holder.close()
+
+
+def test_engine_that_never_becomes_healthy_times_out_with_the_log_tail(tmp_path: Path) -> None:
+    # http.server answers 404 on /health forever: alive, never ready.
+    argv = [sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1"]
+    cfg = resolve(_command_profile(tmp_path, argv, timeout=3))
+    launch = Launch(cfg, tmp_path / "run")
+    with pytest.raises(EngineError) as info:
+        launch.__enter__()
+    assert info.value.exit_code == ExitCode.CANNOT_TEST
+    assert "not ready after 3 s" in info.value.message
+    assert "GET /health" in info.value.message and "404" in info.value.message
+    assert not _alive(launch.procs[0].popen.pid)
+
+
+def test_crash_at_start_is_a_crash_with_the_log_tail(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", "import sys; print('cuda init failed'); sys.exit(3)"]
+    cfg = resolve(_command_profile(tmp_path, argv))
+    with pytest.raises(EngineCrashed) as info:
+        Launch(cfg, tmp_path / "run").__enter__()
+    assert info.value.returncode == 3 and "cuda init failed" in info.value.log_tail
+
+
+def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
+    # A server that starts a grandchild; stop() must take both down.
+    code = ("import subprocess, sys, http.server\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            "open(sys.argv[2], 'w').write(str(child.pid))\n"
+            "class H(http.server.BaseHTTPRequestHandler):\n"
+            "    def do_GET(self):\n"
+            "        self.send_response(200); self.end_headers()\n"
+            "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
+    pid_file = tmp_path / "child.pid"
+    argv = [sys.executable, "-c", code, "{port}", str(pid_file)]
+    cfg = resolve(_command_profile(tmp_path, argv))
+    with Launch(cfg, tmp_path / "run") as launch:
+        leader = launch.procs[0].popen.pid
+        child = int(pid_file.read_text())
+        assert _alive(child)
+    assert not _alive(leader) and not _alive(child)
