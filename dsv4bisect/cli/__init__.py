@@ -24,9 +24,9 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from dsv4bisect.cli import diff, patches, profile
+    from dsv4bisect.cli import diff, patches, profile, serve
 
-    for module in (patches, profile, diff):
+    for module in (patches, profile, diff, serve):
         module.register(app)
 
 

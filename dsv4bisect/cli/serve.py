@@ -1,0 +1,87 @@
+"""`dsv4bisect serve`: the embedded reference engine behind SGLang's HTTP API subset."""
+
+from __future__ import annotations
+
+import logging
+import os
+from enum import Enum
+from typing import Annotated, Any, Optional
+
+import typer
+
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port).")] = 30000,
+    checkpoint: Annotated[str, typer.Option(
+        metavar="embedded|random|DIR", help="`embedded` (the shipped trained checkpoint), "
+        "`random` (seed-0 random tiny model) or a checkpoint directory (config.json + "
+        "safetensors).")] = "embedded",
+    device: Annotated[Device, typer.Option(help="Where the model runs.")] = Device.auto,
+    chunk_size: Annotated[int, typer.Option(min=1, help="Chunked-prefill size in tokens.")] = 2048,
+    moe_backend: Annotated[str, typer.Option(
+        metavar="NAME", help="The MoE runner backend to emulate (triton, flashinfer_trtllm, ...)."
+    )] = "triton",
+    threads: Annotated[Optional[int], typer.Option(min=1, help="CPU threads for torch.")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(
+        min=2, help="Context length (default: the engine's).")] = None,
+    served_model_name: Annotated[Optional[str], typer.Option(
+        metavar="NAME", help="Model id in /v1/models and responses.")] = None,
+) -> None:
+    """Serve the embedded DeepSeek-V4 reference engine on SGLang's HTTP API subset.
+
+    The patch set comes from DSV4BISECT_PATCHES, exactly as the SGLang plugin reads it. Stops
+    cleanly on SIGTERM or Ctrl-C.
+    """
+    from dsv4bisect.patching.registry import builtin_patches
+    from dsv4bisect.patching.wire import ENV_VAR, parse_patch_set
+    from dsv4bisect.reference.server import ServeOptions
+    from dsv4bisect.reference.server import serve as run_server
+
+    from dsv4bisect.config.checkpoints import checkpoint_dir
+
+    patches = parse_patch_set(os.environ.get(ENV_VAR, ""), builtin_patches())
+    directory = checkpoint_dir(checkpoint)
+    _log_requests_to_stderr()
+    opts = ServeOptions(
+        host=host, port=port, checkpoint=None if directory is None else str(directory),
+        device=device.value, chunk_size=chunk_size, moe_backend=moe_backend, threads=threads,
+        max_model_len=max_model_len, served_model_name=served_model_name, patches=patches,
+    )
+    run_server(opts, _print_ready)
+
+
+def _print_ready(url: str, info: dict[str, Any]) -> None:
+    from dsv4bisect.ui.console import console
+
+    patches = info.get("patches") or {}
+    listing = ", ".join(f"{k}:{v}" for k, v in patches.items()) or "none"
+    console().print(
+        f"ready: dsv4bisect reference engine on {url} (model {info.get('served_model_name')}, "
+        f"device {info.get('device')}, max_model_len {info.get('max_model_len')}, "
+        f"patches {listing})",
+        markup=False, highlight=False,
+    )
+    console().file.flush()
+
+
+def _log_requests_to_stderr() -> None:
+    """One plain line per request on stderr, unless the app already configured logging."""
+    if logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger = logging.getLogger("dsv4bisect.reference")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

@@ -1,0 +1,232 @@
+"""The endpoints' logic: SGLang's request and response shapes over one `Generator`.
+
+OpenAI chat/completions (`serving_chat.py`, `serving_completions.py` shapes), SGLang's native
+`/generate` (`meta_info` as the tokenizer manager builds it), `/tokenize` (SGLang's, plus vLLM's
+`messages` form), `/v1/models` and `/server_info`. HTTP plumbing lives in `reference/server.py`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dsv4bisect.reference.chat import ChatFormatError, apply_chat_template, normalize_messages
+from dsv4bisect.reference.generation import GenOutput, Generator, GenSpec, finite
+from dsv4bisect.reference.request_body import ApiError, Body, check_sampling, is_int_list
+from dsv4bisect.reference.tokenizer import ByteTokenizer
+
+CHAT_UNSUPPORTED = ("top_p", "top_k", "min_p", "n", "presence_penalty", "frequency_penalty",
+                    "repetition_penalty", "min_tokens", "stream", "logit_bias", "regex", "ebnf",
+                    "stop_regex", "custom_logit_processor", "tools", "response_format", "lora_path")
+COMPLETION_UNSUPPORTED = (*CHAT_UNSUPPORTED, "best_of", "json_schema", "suffix")
+SAMPLING_PARAMS = ("max_new_tokens", "temperature", "stop", "stop_token_ids", "ignore_eos",
+                   "no_stop_trim", "skip_special_tokens", "spaces_between_special_tokens",
+                   "sampling_seed", "top_p", "top_k", "min_p", "n", "min_new_tokens",
+                   "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                   "regex", "ebnf", "json_schema", "structural_tag", "stop_regex",
+                   "custom_params")
+WEIGHT_VERSION = "default"
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    served_model_name: str
+    max_model_len: int
+    server_info: dict[str, Any]  # engine.info() plus the server's own settings
+
+
+def new_id(prefix: str = "") -> str:
+    return prefix + uuid.uuid4().hex
+
+
+def _usage(prompt: int, completion: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+            "completion_tokens": completion, "prompt_tokens_details": None, "reasoning_tokens": 0}
+
+
+def _check_thinking(body: Body) -> None:
+    kwargs = body.get("chat_template_kwargs", {})
+    if not isinstance(kwargs, dict):
+        raise ApiError("`chat_template_kwargs` must be an object")
+    effort = body.get("reasoning_effort")
+    if any(kwargs.get(k) is True for k in ("thinking", "enable_thinking")) or effort not in (
+        None, "none"
+    ):
+        raise ApiError("the embedded engine has no thinking mode; send "
+                       '`chat_template_kwargs: {"thinking": false}` or leave it unset')
+
+
+class Api:
+    """Endpoint handlers; each takes a parsed JSON body and returns a JSON-able value."""
+
+    def __init__(self, generator: Generator, config: ApiConfig) -> None:
+        self.gen = generator
+        self.tok: ByteTokenizer = generator.tokenizer
+        self.cfg = config
+
+    # ---- shared checks ---------------------------------------------------------------------
+
+    def _prompt_ids(self, ids: Sequence[int], what: str = "input_ids") -> tuple[int, ...]:
+        if not ids:
+            raise ApiError(f"`{what}` is empty")
+        try:
+            self.tok.check_ids(ids)
+        except ValueError as exc:
+            raise ApiError(f"`{what}`: {exc}") from None
+        return tuple(ids)
+
+    def _encode(self, text: str, *, add_bos: bool) -> tuple[int, ...]:
+        try:
+            return tuple(self.tok.encode(text, add_bos=add_bos))
+        except UnicodeEncodeError:
+            raise ApiError("the text is not valid Unicode (it has a lone surrogate)") from None
+
+    def _max_new(self, prompt: int, requested: int | None) -> int:
+        limit = self.cfg.max_model_len
+        if prompt >= limit:
+            raise ApiError(f"The input ({prompt} tokens) is longer than the model's context "
+                           f"length ({limit} tokens).")
+        if requested is None:
+            return limit - prompt
+        if prompt + requested > limit:
+            raise ApiError(
+                f"Requested token count exceeds the model's maximum context length of {limit} "
+                f"tokens. You requested a total of {prompt + requested} tokens: {prompt} tokens "
+                f"from the input messages and {requested} tokens for the completion. Please "
+                "reduce the number of tokens in the input messages or the completion to fit "
+                "within the limit."
+            )
+        return requested
+
+    def _chat_prompt(self, body: Body, *, generation_prompt: bool = True) -> tuple[int, ...]:
+        _check_thinking(body)
+        try:
+            messages = normalize_messages(body.data.get("messages"))
+            return tuple(apply_chat_template(
+                messages, generation_prompt,
+                continue_final=body.get_bool("continue_final_message", False),
+            ))
+        except ChatFormatError as exc:
+            raise ApiError(str(exc)) from None
+
+    def _stops(self, body: Body) -> dict[str, Any]:
+        return {
+            "stop": body.get_strs("stop"),
+            "stop_token_ids": body.get_ints("stop_token_ids") or (),
+            "ignore_eos": body.get_bool("ignore_eos", False),
+            "no_stop_trim": body.get_bool("no_stop_trim", False),
+            "skip_special_tokens": body.get_bool("skip_special_tokens", True),
+        }
+
+    # ---- OpenAI chat and completions -------------------------------------------------------
+
+    def chat(self, data: object) -> dict[str, Any]:
+        body = Body(data)
+        check_sampling(body, CHAT_UNSUPPORTED)
+        prompt = self._chat_prompt(body)
+        if "input_ids" in body:  # SGLang: pre-tokenized prompt bypasses the template
+            prompt = self._prompt_ids(body.get_ints("input_ids") or ())
+        requested = body.get_int("max_completion_tokens", None, minimum=1)
+        if requested is None:
+            requested = body.get_int("max_tokens", None, minimum=1)
+        logprobs = body.get_bool("logprobs", False)
+        top = body.get_int("top_logprobs", 0, minimum=0) if logprobs else 0
+        out = self.gen.run(GenSpec(
+            prompt, self._max_new(len(prompt), requested), **self._stops(body),
+            return_logprob=logprobs, top_logprobs_num=top,
+        ))
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": out.text or None,
+                        "reasoning_content": None, "tool_calls": None},
+            "logprobs": self._chat_logprobs(out, top) if logprobs else None,
+            "finish_reason": out.finish_reason["type"],
+            "matched_stop": out.finish_reason.get("matched"),
+        }
+        if body.get_bool("return_prompt_token_ids", False):
+            choice["prompt_token_ids"] = list(prompt)
+        if body.get_bool("return_token_ids", False):
+            choice["token_ids"] = out.output_ids
+        return {
+            "id": new_id("chatcmpl-"), "object": "chat.completion", "created": int(time.time()),
+            "model": body.get_str("model", self.cfg.served_model_name), "choices": [choice],
+            "usage": _usage(len(prompt), len(out.output_ids)),
+            "metadata": {"weight_version": WEIGHT_VERSION},
+        }
+
+    def _top_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        return {"token": self.tok.token_text(token_id),
+                "bytes": list(self.tok.token_bytes(token_id)), "logprob": finite(logprob)}
+
+    def _chat_logprobs(self, out: GenOutput, top: int) -> dict[str, Any]:
+        content = []
+        for token_id, lp, alts in zip(out.output_ids, out.output_logprobs, out.output_top):
+            entry = self._top_entry(token_id, 0.0) | {"logprob": lp}
+            entry["top_logprobs"] = [self._top_entry(t, x) for t, x in alts[:top]]
+            content.append(entry)
+        return {"content": content}
+
+    def _completion_prompts(self, body: Body) -> list[tuple[tuple[int, ...], str]]:
+        prompt = body.data.get("prompt")
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        elif is_int_list(prompt):
+            prompt = [prompt]
+        if not isinstance(prompt, list) or not prompt:
+            raise ApiError("Prompt cannot be empty")
+        out = []
+        for p in prompt:
+            if isinstance(p, str) and p:
+                out.append((self._encode(p, add_bos=True), p))
+            elif is_int_list(p):
+                ids = self._prompt_ids(p, "prompt")
+                out.append((ids, self.tok.decode(ids, skip_special_tokens=True)))
+            else:
+                raise ApiError("`prompt` must be a non-empty string, a list of token ids, or a "
+                               "list of either")
+        return out
+
+    def completions(self, data: object) -> dict[str, Any]:
+        body = Body(data)
+        check_sampling(body, COMPLETION_UNSUPPORTED)
+        echo = body.get_bool("echo", False)
+        logprobs = body.get_int("logprobs", None, minimum=0)
+        requested = body.get_int("max_tokens", 16, minimum=1)
+        choices, n_prompt, n_out = [], 0, 0
+        for index, (ids, text) in enumerate(self._completion_prompts(body)):
+            out = self.gen.run(GenSpec(
+                ids, self._max_new(len(ids), requested), **self._stops(body),
+                return_logprob=logprobs is not None, top_logprobs_num=logprobs or 0,
+                logprob_start_len=0 if echo and logprobs is not None else -1,
+            ))
+            choices.append({
+                "index": index, "text": (text if echo else "") + out.text,
+                "logprobs": None if logprobs is None else self._legacy_logprobs(out, echo,
+                                                                                logprobs),
+                "finish_reason": out.finish_reason["type"],
+                "matched_stop": out.finish_reason.get("matched"),
+            })
+            n_prompt, n_out = n_prompt + len(ids), n_out + len(out.output_ids)
+        return {
+            "id": new_id("cmpl-"), "object": "text_completion", "created": int(time.time()),
+            "model": body.get_str("model", self.cfg.served_model_name), "choices": choices,
+            "usage": _usage(n_prompt, n_out), "metadata": {"weight_version": WEIGHT_VERSION},
+        }
+
+    def _legacy_logprobs(self, out: GenOutput, echo: bool, top: int) -> dict[str, Any]:
+        """OpenAI completions logprobs (SGLang: text_offset is -1, top is a text-keyed dict)."""
+        ids, lps, alts = list(out.output_ids), list(out.output_logprobs), list(out.output_top)
+        if echo:
+            ids, lps = out.input_ids + ids, out.input_logprobs + lps
+            alts = [a or [] for a in out.input_top] + alts
+        tops = []
+        for i, alt in enumerate(alts[: len(ids)] if top else []):
+            entry: dict[str, float | None] = {}
+            for t, x in alt[:top]:
+                entry.setdefault(self.tok.token_text(t), finite(x))
+            tops.append(None if echo and i == 0 else entry)
+        return {"text_offset": [-1] * len(ids), "token_logprobs": lps,
+                "tokens": [self.tok.token_text(t) for t in ids], "top_logprobs": tops}

@@ -1,0 +1,706 @@
+"""A faithful small DeepSeek-V4 in fp32 PyTorch (one readable file, gpt-fast style).
+
+Module names equal DeepSeek's checkpoint names, so `state_dict()` keys are the tensor names of a
+DeepSeek-V4 checkpoint (`embed.weight`, `layers.3.attn.compressor.ape`, `layers.0.ffn.gate.tid2eid`,
+`layers.5.ffn.experts.7.w1.weight`, `mtp.0.e_proj.weight`, ...).
+
+Per token: embed -> hc_mult identical residual streams -> per layer two mHC sites (attention, MoE)
+-> hc_head -> RMSNorm -> head. Attention is MQA (one shared K=V head) with a per-head sink over a
+compact key list per query: the layer's visible compressed entries (CSA: the lightning indexer's
+top-k; HCA: all of them) followed by the sliding window. The kernels in `dsv4bisect.kernels` do
+the attention, indexer logits and mHC mixes (PyTorch references on CPU, Triton on CUDA), and the
+`Numerics` of a patch set swaps their modes (see docs/reference-engine.md, "Patches").
+Shapes: T tokens of one forward call, H heads, D head_dim, n = hc_mult streams.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dsv4bisect.kernels.indexer import indexer_logits_ref, indexer_topk
+from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref
+from dsv4bisect.kernels.nvfp4 import E2M1_MAX, E4M3_MAX, default_global_scale, nvfp4_fake_quant
+from dsv4bisect.kernels.sparse_attention import sparse_attention_ref
+from dsv4bisect.reference.cache import CompressorState, LayerCache, ModelCache
+from dsv4bisect.reference.config import CSA_RATIO, ModelArgs, Numerics, RopeScaling
+
+# ---- kernels per device -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ops:
+    """Kernel entry points: the PyTorch references on CPU, the Triton wrappers on CUDA."""
+
+    attention: Callable[..., torch.Tensor]
+    indexer_patched: Callable[..., torch.Tensor]  # the triton-indexer patch's logits
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> Ops:
+        if device.type == "cuda":
+            from dsv4bisect.kernels.indexer import indexer_logits
+            from dsv4bisect.kernels.sparse_attention import sparse_attention
+
+            return cls(sparse_attention, indexer_logits)
+        return cls(sparse_attention_ref, indexer_logits_ref)
+
+
+# ---- rotary embedding ---------------------------------------------------------------------------
+
+
+class Rope:
+    """Interleaved RoPE (pairs 2i, 2i+1) on the last `rope_dim` dims; YaRN interpolation of the
+    frequencies when `scaling` is set (compressed layers), with no attention mscale."""
+
+    def __init__(self, rope_dim: int, base: float, scaling: RopeScaling | None) -> None:
+        cpu = torch.device("cpu")  # also when the model is built under torch.device("meta")
+        dims = torch.arange(0, rope_dim, 2, dtype=torch.float32, device=cpu)
+        freqs = 1.0 / (base ** (dims / rope_dim))
+        if scaling is not None:
+            low, high = _yarn_range(scaling, rope_dim, base)
+            ramp = ((dims / 2 - low) / (high - low)).clamp(0, 1)
+            smooth = 1.0 - ramp  # 1: keep the frequency (high-frequency dims), 0: divide by factor
+            freqs = freqs / scaling.factor * (1.0 - smooth) + freqs * smooth
+        self.inv_freq = freqs  # [rope_dim / 2]
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] -> cos, sin [T, rope_dim / 2] fp32."""
+        angles = torch.outer(positions.float(), self.inv_freq.to(positions.device))
+        return angles.cos(), angles.sin()
+
+
+def _yarn_range(s: RopeScaling, dim: int, base: float) -> tuple[float, float]:
+    def dim_of(rotations: float) -> float:
+        return (
+            dim
+            * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi))
+            / (2 * math.log(base))
+        )
+
+    low = max(math.floor(dim_of(s.beta_fast)), 0)
+    high = min(math.ceil(dim_of(s.beta_slow)), dim - 1)
+    return float(low), float(high) + (0.001 if high == low else 0.0)
+
+
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inverse: bool = False
+) -> torch.Tensor:
+    """Rotate the last 2·cos.shape[-1] dims of x [T, D] or [T, H, D]; cos/sin [T, rd/2]."""
+    rd = 2 * cos.shape[-1]
+    if x.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]
+    if inverse:
+        sin = -sin
+    pairs = x[..., -rd:].unflatten(-1, (-1, 2))
+    a, b = pairs[..., 0], pairs[..., 1]
+    rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+    return torch.cat((x[..., :-rd], rot), dim=-1)
+
+
+# ---- small building blocks ----------------------------------------------------------------------
+
+
+def _param(*shape: int) -> nn.Parameter:
+    """Uninitialised frozen storage (inference only): a checkpoint or the seeded init fills it."""
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """y = x·Wᵀ with W [out, in] (no bias in DeepSeek-V4); no init of its own."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = n_in, n_out
+        self.weight = _param(n_out, n_in)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab: int, dim: int) -> None:
+        super().__init__()
+        self.weight = _param(vocab, dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens, self.weight)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = _param(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+_linear = Linear
+
+
+@dataclass(frozen=True)
+class Step:
+    """What every layer needs about the T tokens of one forward call (positions start..start+T)."""
+
+    tokens: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    main_rope: tuple[torch.Tensor, torch.Tensor]  # SWA-only layers: rope_theta, no YaRN
+    compress_rope: tuple[
+        torch.Tensor, torch.Tensor
+    ]  # compressed layers: compress_rope_theta + YaRN
+    compress_rope_fn: Rope  # for compressed entries at their window positions
+    numerics: Numerics
+    ops: Ops
+
+
+# ---- mHC ----------------------------------------------------------------------------------------
+
+
+def hc_split_sinkhorn(
+    mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, n: int, iters: int, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """mixes [T, (2+n)·n] -> pre [T, n], post [T, n], comb [T, n, n] (doubly stochastic)."""
+    T = mixes.shape[0]
+    pre = torch.sigmoid(mixes[:, :n] * scale[0] + base[:n]) + eps
+    post = 2.0 * torch.sigmoid(mixes[:, n : 2 * n] * scale[1] + base[n : 2 * n])
+    logits = mixes[:, 2 * n :].view(T, n, n) * scale[2] + base[2 * n :].view(n, n)
+    # c[j, k, t]: tokens contiguous, so each normalisation is n vector adds and a divide
+    c = torch.softmax(logits, dim=-1).add_(eps).permute(1, 2, 0).contiguous()
+    c.div_(c.sum(0, keepdim=True).add_(eps))  # columns, then (rows, columns) x iters-1
+    for _ in range(iters - 1):
+        c.div_(c.sum(1, keepdim=True).add_(eps))
+        c.div_(c.sum(0, keepdim=True).add_(eps))
+    return pre, post, c.permute(2, 0, 1)
+
+
+def hc_pre(
+    h: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    a: ModelArgs,
+    mode: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h [T, n, dim] -> collapsed input x [T, dim], post [T, n], comb [T, n, n]."""
+    mixes = mhc_mixes_ref(h.flatten(1), fn, a.rms_norm_eps, mode=mode)  # [T, (2+n)·n]
+    pre, post, comb = hc_split_sinkhorn(
+        mixes, scale, base, a.hc_mult, a.hc_sinkhorn_iters, a.hc_eps
+    )
+    return (pre[..., None] * h).sum(1), post, comb
+
+
+def hc_post(
+    o: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+) -> torch.Tensor:
+    """H'_k = post_k·o + Σ_j comb[j, k]·H_j. o [T, dim], h [T, n, dim] -> [T, n, dim]."""
+    return torch.baddbmm(post[..., None] * o[:, None, :], comb.transpose(1, 2), h)
+
+
+def hc_head(
+    h: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, a: ModelArgs
+) -> torch.Tensor:
+    """Final collapse of the streams (fp32 mixes, no post/comb). h [T, n, dim] -> [T, dim]."""
+    mixes = mhc_mixes_ref(h.flatten(1), fn, a.rms_norm_eps, mode="fp32")  # [T, n]
+    pre = torch.sigmoid(mixes * scale + base) + a.hc_eps
+    return (pre[..., None] * h).sum(1)
+
+
+# ---- compressed KV ------------------------------------------------------------------------------
+
+
+class Compressor(nn.Module):
+    """Softmax-gated pooling of `ratio` tokens into one entry (per channel, gate + `ape`), then
+    RMSNorm and RoPE at the window's first position. Ratio 4 (CSA) uses the overlapping scheme:
+    each token emits two halves; entry w pools Ca of window w-1 and Cb of window w (8 slots)."""
+
+    def __init__(self, a: ModelArgs, head_dim: int, ratio: int) -> None:
+        super().__init__()
+        self.ratio, self.head_dim = ratio, head_dim
+        self.overlap = ratio == CSA_RATIO
+        coff = 2 if self.overlap else 1
+        self.wkv = _linear(a.hidden_size, coff * head_dim)
+        self.wgate = _linear(a.hidden_size, coff * head_dim)
+        self.ape = _param(ratio, coff * head_dim)
+        self.norm = RMSNorm(head_dim, a.rms_norm_eps)
+
+    def new_state(self, device: torch.device) -> CompressorState:
+        return CompressorState.create(self.ratio, self.wkv.out_features, self.head_dim, device)
+
+    def forward(self, x: torch.Tensor, step: Step, state: CompressorState) -> None:
+        """Append the entries of every window completed by these tokens to `state.entries`."""
+        r = self.ratio
+        kv = self.wkv(x)  # [T, coff·d]
+        score = self.wgate(x) + self.ape[step.positions % r]
+        kv = torch.cat((state.pending_kv, kv))  # starts at position n_entries·r
+        score = torch.cat((state.pending_score, score))
+        n_win = kv.shape[0] // r
+        state.pending_kv, state.pending_score = kv[n_win * r :], score[n_win * r :]
+        if n_win == 0:
+            return
+        kv = kv[: n_win * r].view(n_win, r, -1)
+        score = score[: n_win * r].view(n_win, r, -1)
+        if self.overlap:
+            kv, score = self._overlap(kv, score, state)  # [n_win, 2r, d]
+        pooled = (kv * torch.softmax(score, dim=1)).sum(1)  # [n_win, d]
+        first = state.n_entries
+        positions = (first + torch.arange(n_win, device=x.device)) * r
+        cos, sin = step.compress_rope_fn.cos_sin(positions)
+        state.entries.append(apply_rope(self.norm(pooled), cos, sin))
+
+    def _overlap(
+        self, kv: torch.Tensor, score: torch.Tensor, state: CompressorState
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[n_win, r, 2d] -> slots [n_win, 2r, d]: Ca of the previous window, then Cb."""
+        d = self.head_dim
+        if state.prev_kv is None:  # window 0 of the sequence: its Ca slots weigh 0
+            prev_kv = kv.new_zeros(1, self.ratio, d)
+            prev_score = score.new_full((1, self.ratio, d), float("-inf"))
+        else:
+            prev_kv, prev_score = state.prev_kv[None], state.prev_score[None]
+        state.prev_kv, state.prev_score = kv[-1, :, :d].clone(), score[-1, :, :d].clone()
+        ca_kv = torch.cat((prev_kv, kv[:-1, :, :d]))
+        ca_score = torch.cat((prev_score, score[:-1, :, :d]))
+        return torch.cat((ca_kv, kv[:, :, d:]), 1), torch.cat((ca_score, score[:, :, d:]), 1)
+
+
+class Indexer(nn.Module):
+    """Lightning indexer of a CSA layer: its own ratio-4 compressor at index_head_dim, and
+    score[t, s] = Σ_h w[t, h]·relu(q[t, h]·k[s]) over visible entries -> top-k entry ids."""
+
+    def __init__(self, a: ModelArgs) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim, self.topk = a.index_n_heads, a.index_head_dim, a.index_topk
+        self.wq_b = _linear(a.q_lora_rank, a.index_n_heads * a.index_head_dim)
+        self.weights_proj = _linear(a.hidden_size, a.index_n_heads)
+        self.compressor = Compressor(a, a.index_head_dim, CSA_RATIO)
+
+    def forward(
+        self, x: torch.Tensor, qr: torch.Tensor, step: Step, state: CompressorState
+    ) -> torch.Tensor:
+        """-> [T, index_topk] entry ids, valid first, -1 where fewer entries are visible."""
+        self.compressor(x, step, state)
+        keys = state.entries.view()  # [S, d_I]
+        T = x.shape[0]
+        if keys.shape[0] == 0:
+            return torch.full((T, self.topk), -1, dtype=torch.int64, device=x.device)
+        q = apply_rope(self.wq_b(qr).view(T, self.n_heads, self.head_dim), *step.compress_rope)
+        w = self.weights_proj(x) * (self.head_dim**-0.5 * self.n_heads**-0.5)  # [T, H_I]
+        n_visible = torch.clamp((step.positions + 1) // CSA_RATIO, max=keys.shape[0])
+        mode = step.numerics.indexer_mode
+        logits_fn = indexer_logits_ref if mode is None else step.ops.indexer_patched
+        scores = logits_fn(q, w, keys, n_visible, mode=mode or "fp32")  # [T, S]
+        return indexer_topk(scores, self.topk)
+
+
+def key_lists(
+    positions: torch.Tensor,
+    window: int,
+    window_start: int,
+    comp_row0: int,
+    n_comp: torch.Tensor,
+    comp_ids: torch.Tensor | None,
+) -> torch.Tensor:
+    """Compact key lists [T, K] of pool rows: the query's compressed entries first (comp_ids
+    [T, C], valid first; None = entries 0..n_comp-1), then its window tokens oldest first
+    (pool row = position - window_start), then -1."""
+    n_win = torch.clamp(positions + 1, max=window)  # [T]
+    total = n_comp + n_win
+    K = int(total.max())
+    j = torch.arange(K, device=positions.device)[None, :]
+    nc = n_comp[:, None]
+    if comp_ids is None:
+        comp_rows = comp_row0 + j
+    else:
+        ids = F.pad(comp_ids, (0, max(0, K - comp_ids.shape[1])), value=-1)[:, :K]
+        comp_rows = comp_row0 + ids
+    win_rows = (positions - n_win + 1 - window_start)[:, None] + (j - nc)
+    out = torch.where(j < total[:, None], win_rows, -1)
+    return torch.where(j < nc, comp_rows, out)
+
+
+# ---- attention ----------------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    """MQA with q low-rank path, per-head sink, sliding window ∪ compressed entries, V = K."""
+
+    def __init__(self, a: ModelArgs, layer_id: int) -> None:
+        super().__init__()
+        self.a, self.layer_id = a, layer_id
+        self.ratio, self.kind = a.ratio(layer_id), a.layer_kind(layer_id)
+        H, D = a.num_attention_heads, a.head_dim
+        self.wq_a = _linear(a.hidden_size, a.q_lora_rank)
+        self.q_norm = RMSNorm(a.q_lora_rank, a.rms_norm_eps)
+        self.wq_b = _linear(a.q_lora_rank, H * D)
+        self.wkv = _linear(a.hidden_size, D)
+        self.kv_norm = RMSNorm(D, a.rms_norm_eps)
+        self.wo_a = _linear(H * D // a.o_groups, a.o_groups * a.o_lora_rank)
+        self.wo_b = _linear(a.o_groups * a.o_lora_rank, a.hidden_size)
+        self.attn_sink = _param(H)
+        self.compressor = Compressor(a, D, self.ratio) if self.ratio else None
+        self.indexer = Indexer(a) if self.kind == "csa" else None
+
+    def new_cache(self, device: torch.device) -> LayerCache:
+        empty = torch.empty(0, self.a.head_dim, dtype=torch.float32, device=device)
+        comp = self.compressor.new_state(device) if self.compressor is not None else None
+        index = self.indexer.compressor.new_state(device) if self.indexer is not None else None
+        return LayerCache(empty, 0, comp, index)
+
+    def forward(self, x: torch.Tensor, step: Step, cache: LayerCache) -> torch.Tensor:
+        """x [T, dim] (normed) -> [T, dim]; appends to `cache`."""
+        a, T = self.a, x.shape[0]
+        H, D = a.num_attention_heads, a.head_dim
+        cos, sin = step.compress_rope if self.ratio else step.main_rope
+        qr = self.q_norm(self.wq_a(x))  # [T, q_lora]; also the indexer's query input
+        q = self.wq_b(qr).view(T, H, D)
+        q = apply_rope(
+            q * torch.rsqrt(q.square().mean(-1, keepdim=True) + a.rms_norm_eps), cos, sin
+        )
+        kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)  # [T, D]
+        window = torch.cat((cache.window, kv))  # row r <-> position window_start + r
+        window_start = int(step.positions[0]) - cache.window.shape[0]
+        n_comp = torch.zeros_like(step.positions)
+        comp_ids, entries = None, window.new_empty(0, D)
+        if self.compressor is not None:
+            self.compressor(x, step, cache.comp)
+            entries = cache.comp.entries.view()  # [m, D]
+            n_comp = torch.clamp((step.positions + 1) // self.ratio, max=entries.shape[0])
+        if self.indexer is not None:
+            comp_ids = self.indexer(x, qr, step, cache.index)  # [T, topk]
+            n_comp = (comp_ids >= 0).sum(1)
+        pool = torch.cat((window, entries))  # [w + m, D]
+        idx = key_lists(
+            step.positions, a.sliding_window, window_start, window.shape[0], n_comp, comp_ids
+        )
+        split, partial, merge = step.numerics.attention
+        o = step.ops.attention(
+            q,
+            pool,
+            idx.to(torch.int32),
+            self.attn_sink,
+            D**-0.5,
+            split=split,
+            partial_dtype=getattr(torch, partial),
+            merge=merge,
+        )  # [T, H, D]
+        self._keep_window(cache, window, int(step.positions[-1]) + 1)
+        o = apply_rope(o, cos, sin, inverse=True).reshape(T, a.o_groups, -1)
+        wo_a = self.wo_a.weight.view(a.o_groups, a.o_lora_rank, -1)
+        o = torch.einsum("tgd,grd->tgr", o, wo_a).reshape(T, -1)  # grouped low-rank output
+        return self.wo_b(o)
+
+    def _keep_window(self, cache: LayerCache, window: torch.Tensor, end: int) -> None:
+        keep = min(self.a.sliding_window - 1, window.shape[0])
+        cache.window = window[window.shape[0] - keep :].clone()
+        cache.window_start = end - keep
+
+
+# ---- MoE ----------------------------------------------------------------------------------------
+
+
+class Gate(nn.Module):
+    """Router: hash layers select by `tid2eid[token]`, the others by top-k of score + bias."""
+
+    def __init__(self, a: ModelArgs, layer_id: int) -> None:
+        super().__init__()
+        self.a, self.is_hash = a, a.is_hash_layer(layer_id)
+        self.weight = _param(a.n_routed_experts, a.hidden_size)
+        if self.is_hash:
+            self.register_buffer(
+                "tid2eid", torch.empty(a.vocab_size, a.num_experts_per_tok, dtype=torch.int64)
+            )
+        else:
+            self.bias = _param(a.n_routed_experts)  # selection only
+
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, dim] -> normalised weights [T, k] fp32 (no rsf), expert ids [T, k]."""
+        logits = x @ self.weight.T
+        func = self.a.scoring_func
+        scores = (
+            torch.sigmoid(logits)
+            if func == "sigmoid"
+            else logits.softmax(-1)
+            if func == "softmax"
+            else F.softplus(logits).sqrt()
+        )
+        if self.is_hash:
+            ids = self.tid2eid[tokens]
+        else:
+            ids = torch.topk(scores + self.bias, self.a.num_experts_per_tok, dim=-1).indices
+        w = scores.gather(1, ids)
+        if self.a.norm_topk_prob or func != "softmax":
+            w = w / w.sum(-1, keepdim=True)
+        return w, ids
+
+
+class Expert(nn.Module):
+    def __init__(self, dim: int, inter: int) -> None:
+        super().__init__()
+        self.w1, self.w2, self.w3 = _linear(dim, inter), _linear(inter, dim), _linear(dim, inter)
+
+
+@dataclass(frozen=True)
+class QuantExpert:
+    """An expert's NVFP4 fake-quantised weights and the global scales of w1 and w3."""
+
+    w1: torch.Tensor
+    w2: torch.Tensor
+    w3: torch.Tensor
+    g1: float
+    g3: float
+
+
+def swiglu(
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    limit: float | None,
+    alpha: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """silu(gate)·up with DeepSeek-V4's clamp (gate <= limit, |up| <= limit). `alpha`
+    (per-row [T, 1] for gate and up) scales the limit: the TRT-LLM ignore-alpha fault."""
+    if limit is not None and limit > 0 and alpha is None:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    elif limit is not None and limit > 0:
+        lg, lu = limit * alpha[0], limit * alpha[1]  # [T, 1] each
+        gate, up = torch.minimum(gate, lg), torch.maximum(torch.minimum(up, lu), -lu)
+    return F.silu(gate) * up
+
+
+def _row_global_scale(x: torch.Tensor) -> torch.Tensor:
+    """Dynamic per-token NVFP4 global scale amax(row) / (6·448): [T, 1]."""
+    return x.abs().amax(-1, keepdim=True) / (E2M1_MAX * E4M3_MAX)
+
+
+class MoE(nn.Module):
+    """Routed experts (weighted, routed_scaling_factor exactly once) + unscaled shared expert."""
+
+    def __init__(
+        self, a: ModelArgs, layer_id: int, expert_ids: Sequence[int] | None = None
+    ) -> None:
+        super().__init__()
+        self.a, self.layer_id = a, layer_id
+        ids = range(a.n_routed_experts) if expert_ids is None else expert_ids
+        self.gate = Gate(a, layer_id)
+        self.experts = nn.ModuleDict(
+            {str(e): Expert(a.hidden_size, a.moe_intermediate_size) for e in ids}
+        )
+        self.shared_experts = Expert(a.hidden_size, a.n_shared_experts * a.moe_intermediate_size)
+        self._quant: dict[int, QuantExpert] = {}
+
+    def prepare(self, numerics: Numerics) -> None:
+        """Fake-quantise the routed experts to NVFP4 when the dispatch map says so (per load)."""
+        self._quant = {}
+        if not (numerics.nvfp4_on(self.layer_id) and self.layer_id < self.a.num_hidden_layers):
+            return
+        for key, ex in self.experts.items():
+            w1, w2, w3 = ex.w1.weight, ex.w2.weight, ex.w3.weight
+            g1, g2, g3 = (default_global_scale(w) for w in (w1, w2, w3))
+            self._quant[int(key)] = QuantExpert(
+                nvfp4_fake_quant(w1, global_scale=g1),
+                nvfp4_fake_quant(w2, global_scale=g2),
+                nvfp4_fake_quant(w3, global_scale=g3),
+                float(g1),
+                float(g3),
+            )
+
+    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        a, hash_mode = self.a, step.numerics.hash_scaling
+        w, ids = self.gate(x, step.tokens)
+        scale_in_topk = self.gate.is_hash and hash_mode in ("topk", "double-scale")
+        scale_in_runner = not (self.gate.is_hash and hash_mode == "topk")
+        if scale_in_topk:
+            w = w * a.routed_scaling_factor
+        routed = self._routed(x, w, ids, step.numerics)
+        if scale_in_runner:
+            routed = routed * a.routed_scaling_factor
+        sh = self.shared_experts
+        return routed + sh.w2(swiglu(sh.w1(x), sh.w3(x), a.swiglu_limit))
+
+    def _routed(
+        self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, numerics: Numerics
+    ) -> torch.Tensor:
+        """Σ_k w_k·expert_{ids_k}(x), one batched pass per expert that has tokens."""
+        k = ids.shape[1]
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.a.n_routed_experts).tolist()
+        rows_all, w_all = order // k, w.flatten()[order]
+        clamp = numerics.routed_clamp(self.layer_id) if self._quant else "limit"
+        act_quant = bool(self._quant) and numerics.nvfp4 == "hybrid"
+        out, start = torch.zeros_like(x), 0
+        for e, c in enumerate(counts):
+            if c == 0:
+                continue
+            rows, we = rows_all[start : start + c], w_all[start : start + c]
+            start += c
+            y = self._expert(e, x[rows], clamp, act_quant)
+            out.index_add_(0, rows, y * we[:, None])
+        return out
+
+    def _expert(self, e: int, xe: torch.Tensor, clamp: str, act_quant: bool) -> torch.Tensor:
+        if str(e) not in self.experts:
+            raise KeyError(f"layer {self.layer_id}: expert {e} was not built (partial layer)")
+        q = self._quant.get(e)
+        ex = self.experts[str(e)]
+        w1, w2, w3 = (q.w1, q.w2, q.w3) if q else (ex.w1.weight, ex.w2.weight, ex.w3.weight)
+        a_scale = torch.ones(xe.shape[0], 1, dtype=xe.dtype, device=xe.device)
+        if act_quant:  # W4A4: the GEMM input is NVFP4 too, with a dynamic per-token global scale
+            a_scale = _row_global_scale(xe)
+            xe = nvfp4_fake_quant(xe, global_scale=a_scale)
+        gate, up = xe @ w1.T, xe @ w3.T
+        limit = None if clamp == "none" else self.a.swiglu_limit
+        alpha = (a_scale * q.g1, a_scale * q.g3) if clamp == "limit*alpha" and q else None
+        h = swiglu(gate, up, limit, alpha)
+        if act_quant:
+            h = nvfp4_fake_quant(h, global_scale=_row_global_scale(h))
+        return h @ w2.T
+
+
+# ---- decoder block, MTP, model ------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    """One decoder layer: mHC around attention, then mHC around the MoE."""
+
+    def __init__(
+        self, a: ModelArgs, layer_id: int, expert_ids: Sequence[int] | None = None
+    ) -> None:
+        super().__init__()
+        self.a, self.layer_id = a, layer_id
+        n, mix = a.hc_mult, (2 + a.hc_mult) * a.hc_mult
+        self.attn_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.ffn_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        for site in ("attn", "ffn"):
+            setattr(self, f"hc_{site}_fn", _param(mix, n * a.hidden_size))
+            setattr(self, f"hc_{site}_base", _param(mix))
+            setattr(self, f"hc_{site}_scale", _param(3))
+        self.attn = Attention(a, layer_id)
+        self.ffn = MoE(a, layer_id, expert_ids)
+
+    def forward(self, h: torch.Tensor, step: Step, cache: LayerCache) -> torch.Tensor:
+        """h [T, n, dim] -> [T, n, dim]."""
+        mode = step.numerics.mhc_mode
+        x, post, comb = hc_pre(
+            h, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, self.a, mode
+        )
+        h = hc_post(self.attn(self.attn_norm(x), step, cache), h, post, comb)
+        x, post, comb = hc_pre(h, self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, self.a, mode)
+        return hc_post(self.ffn(self.ffn_norm(x), step), h, post, comb)
+
+
+class MTPBlock(Block):
+    """Multi-token prediction: a SWA decoder layer on the main model's final streams mixed with
+    the next token's embedding, with its own hc_head and norm and the shared head."""
+
+    def __init__(self, a: ModelArgs, layer_id: int) -> None:
+        super().__init__(a, layer_id)
+        self.e_proj = _linear(a.hidden_size, a.hidden_size)
+        self.h_proj = _linear(a.hidden_size, a.hidden_size)
+        self.enorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.hnorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.hc_head_fn = _param(a.hc_mult, a.hc_mult * a.hidden_size)
+        self.hc_head_base = _param(a.hc_mult)
+        self.hc_head_scale = _param(1)
+
+
+class Transformer(nn.Module):
+    """DeepSeek-V4 causal LM. Build with `build_model`; set the patch set with `configure`."""
+
+    def __init__(self, a: ModelArgs) -> None:
+        super().__init__()
+        self.a = a
+        self.embed = Embedding(a.vocab_size, a.hidden_size)
+        self.layers = nn.ModuleList(Block(a, i) for i in range(a.num_hidden_layers))
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.head = _linear(a.hidden_size, a.vocab_size)
+        self.hc_head_fn = _param(a.hc_mult, a.hc_mult * a.hidden_size)
+        self.hc_head_base = _param(a.hc_mult)
+        self.hc_head_scale = _param(1)
+        L = a.num_hidden_layers
+        self.mtp = nn.ModuleList(MTPBlock(a, L + i) for i in range(a.num_nextn_predict_layers))
+        self.rope_main = Rope(a.qk_rope_head_dim, a.rope_theta, None)
+        self.rope_compress = Rope(a.qk_rope_head_dim, a.compress_rope_theta, a.rope_scaling)
+        self.numerics, self.ops = Numerics(), Ops.for_device(torch.device("cpu"))
+
+    def configure(self, numerics: Numerics) -> None:
+        """Install a patch set (after the weights are loaded: NVFP4 weights are derived here)."""
+        self.numerics = numerics
+        self.ops = Ops.for_device(self.embed.weight.device)
+        for block in [*self.layers, *self.mtp]:
+            block.ffn.prepare(numerics)
+
+    def new_cache(self) -> ModelCache:
+        device = self.embed.weight.device
+        return ModelCache([blk.attn.new_cache(device) for blk in self.layers])
+
+    def _step(self, tokens: torch.Tensor, start: int) -> Step:
+        positions = torch.arange(start, start + tokens.shape[0], device=tokens.device)
+        return Step(
+            tokens,
+            positions,
+            self.rope_main.cos_sin(positions),
+            self.rope_compress.cos_sin(positions),
+            self.rope_compress,
+            self.numerics,
+            self.ops,
+        )
+
+    def forward_hidden(self, tokens: torch.Tensor, cache: ModelCache) -> torch.Tensor:
+        """tokens [T] (the next T of the sequence) -> final streams [T, n, dim]; updates cache."""
+        step = self._step(tokens, cache.n_tokens)
+        h = self.embed(tokens)[:, None, :].expand(-1, self.a.hc_mult, -1)  # identical streams
+        for block, layer_cache in zip(self.layers, cache.layers, strict=True):
+            h = block(h, step, layer_cache)
+        cache.n_tokens += tokens.shape[0]
+        return h
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final streams [T, n, dim] -> logits [T, vocab] fp32."""
+        x = hc_head(h, self.hc_head_fn, self.hc_head_scale, self.hc_head_base, self.a)
+        return self.head(self.norm(x))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Full recompute: tokens [T] -> logits [T, vocab]."""
+        return self.logits(self.forward_hidden(tokens, self.new_cache()))
+
+    def mtp_logits(
+        self, h: torch.Tensor, next_tokens: torch.Tensor, depth: int = 0
+    ) -> torch.Tensor:
+        """MTP module `depth` over a whole sequence (full recompute, not used for serving).
+        h: main final streams [T, n, dim] for tokens 0..T-1; next_tokens [T] = tokens 1..T.
+        Returns logits [T, vocab] predicting tokens 2..T+1."""
+        blk = self.mtp[depth]
+        step = self._step(next_tokens, 0)
+        e = blk.e_proj(blk.enorm(self.embed(next_tokens)))  # [T, dim]
+        x = blk.h_proj(blk.hnorm(h)) + e[:, None, :]  # [T, n, dim]
+        x = Block.forward(blk, x, step, blk.attn.new_cache(h.device))
+        y = hc_head(x, blk.hc_head_fn, blk.hc_head_scale, blk.hc_head_base, self.a)
+        return self.head(blk.norm(y))
+
+
+def build_model(a: ModelArgs, device: torch.device | str = "cpu") -> Transformer:
+    """An uninitialised model (fill it with `checkpoint.init_model` or `checkpoint.load_into`)."""
+    with torch.device(device):
+        model = Transformer(a)
+    model.ops = Ops.for_device(torch.device(device))
+    return model.eval()
+
+
+def build_block(
+    a: ModelArgs,
+    layer_id: int,
+    *,
+    expert_ids: Sequence[int] | None = None,
+    device: torch.device | str = "cpu",
+) -> Block:
+    """One uninitialised decoder layer (e.g. a real `flash` layer with a subset of experts)."""
+    with torch.device(device):
+        block = Block(a, layer_id, expert_ids)
+    return block.eval()

@@ -1,0 +1,158 @@
+"""SGLang's native endpoints on top of the OpenAI ones: `/generate`, `/tokenize`, info, health.
+
+`/generate` reports log-probs as SGLang's tokenizer manager does: entries `[logprob, token_id,
+text|null]` (text only with `return_text_in_logprobs`), input entries starting at
+`logprob_start_len` with the first one null, top-k lists as lists of such entries.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dsv4bisect.reference.api import SAMPLING_PARAMS, WEIGHT_VERSION, Api, new_id
+from dsv4bisect.reference.generation import GenOutput, GenSpec, TopList, finite
+from dsv4bisect.reference.request_body import ApiError, Body, check_sampling, is_int_list
+from dsv4bisect.reference.tokenizer import BOS_ID
+
+GENERATE_UNSUPPORTED = ("top_p", "top_k", "min_p", "n", "min_new_tokens", "presence_penalty",
+                        "frequency_penalty", "repetition_penalty", "logit_bias", "regex", "ebnf",
+                        "json_schema", "structural_tag", "stop_regex")
+
+
+class ServerApi(Api):
+    """Every endpoint the reference server serves."""
+
+    def generate(self, data: object) -> dict[str, Any] | list[dict[str, Any]]:
+        body = Body(data)
+        body.require("stream", (False,), "streaming is not supported by the embedded engine")
+        prompts, batched = self._generate_prompts(body)
+        sp = Body(body.get("sampling_params", {}), "`sampling_params`")
+        unknown = sp.unknown(SAMPLING_PARAMS)
+        if unknown:
+            raise ApiError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+        check_sampling(sp, GENERATE_UNSUPPORTED)
+        requested = sp.get_int("max_new_tokens", 128, minimum=0)
+        logprob = body.get_bool("return_logprob", False)
+        start = body.get_int("logprob_start_len", -1, minimum=-1)
+        top = body.get_int("top_logprobs_num", 0, minimum=0)
+        token_ids = body.get_ints("token_ids_logprob")
+        if token_ids is not None:
+            self._prompt_ids(token_ids, "token_ids_logprob")
+        rid = body.get("rid")
+        results = []
+        for i, ids in enumerate(prompts):
+            if logprob and start >= len(ids):
+                raise ApiError(f"logprob_start_len ({start}) is higher than the number of input "
+                               f"tokens ({len(ids)}). Request with a lower logprob_start_len.")
+            tic = time.perf_counter()
+            out = self.gen.run(GenSpec(
+                ids, self._max_new(len(ids), requested), **self._stops(sp),
+                return_logprob=logprob, logprob_start_len=start,
+                top_logprobs_num=top if logprob else 0,
+                token_ids_logprob=token_ids if logprob else None,
+            ))
+            meta: dict[str, Any] = {
+                "id": _rid(rid, i, batched), "finish_reason": out.finish_reason,
+                "prompt_tokens": len(ids), "weight_version": WEIGHT_VERSION,
+                "total_retractions": 0,
+            }
+            if logprob:
+                with_text = body.get_bool("return_text_in_logprobs", False)
+                meta |= self._logprob_meta(out, top, token_ids, with_text)
+            meta |= {"completion_tokens": len(out.output_ids), "cached_tokens": 0,
+                     "e2e_latency": time.perf_counter() - tic}
+            results.append({"text": out.text, "output_ids": out.output_ids, "meta_info": meta})
+        return results if batched else results[0]
+
+    def _generate_prompts(self, body: Body) -> tuple[list[tuple[int, ...]], bool]:
+        text, ids = body.data.get("text"), body.data.get("input_ids")
+        if (text is None) == (ids is None):
+            raise ApiError("Either text or input_ids should be provided (exactly one).")
+        if isinstance(text, str):
+            return [self._encode(text, add_bos=True)], False
+        if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+            return [self._encode(t, add_bos=True) for t in text], True
+        if is_int_list(ids):
+            return [self._prompt_ids(ids)], False
+        if isinstance(ids, list) and ids and all(is_int_list(x) for x in ids):
+            return [self._prompt_ids(x) for x in ids], True
+        raise ApiError("`text` must be a string or a list of strings; `input_ids` a list of "
+                       "token ids or a list of such lists")
+
+    def _entry(self, lp: float | None, token_id: int, with_text: bool) -> list[Any]:
+        return [lp, token_id, self.tok.token_text(token_id) if with_text else None]
+
+    def _tops(self, alts: list[TopList | None], top: int, with_text: bool) -> list[Any]:
+        return [None if a is None else [self._entry(finite(x), t, with_text) for t, x in a[:top]]
+                for a in alts]
+
+    def _chosen(self, alts: list[TopList | None], ids: tuple[int, ...], with_text: bool
+                ) -> list[Any]:
+        out: list[Any] = []
+        for alt in alts:
+            table = dict(alt) if alt is not None else None
+            out.append(None if table is None else
+                       [self._entry(finite(table[t]) if t in table else None, t, with_text)
+                        for t in ids])
+        return out
+
+    def _logprob_meta(self, out: GenOutput, top: int, token_ids: tuple[int, ...] | None,
+                      with_text: bool) -> dict[str, Any]:
+        out_alts: list[TopList | None] = list(out.output_top)
+        meta: dict[str, Any] = {
+            "input_token_logprobs": [self._entry(lp, t, with_text)
+                                     for lp, t in zip(out.input_logprobs, out.input_ids)],
+            "output_token_logprobs": [self._entry(lp, t, with_text)
+                                      for lp, t in zip(out.output_logprobs, out.output_ids)],
+        }
+        if top > 0:
+            meta["input_top_logprobs"] = self._tops(out.input_top, top, with_text)
+            meta["output_top_logprobs"] = self._tops(out_alts, top, with_text)
+        if token_ids is not None:
+            meta["input_token_ids_logprobs"] = self._chosen(out.input_top, token_ids, with_text)
+            meta["output_token_ids_logprobs"] = self._chosen(out_alts, token_ids, with_text)
+        return meta
+
+    def tokenize(self, data: object) -> dict[str, Any]:
+        body = Body(data)
+        if ("prompt" in body) == ("messages" in body):
+            raise ApiError("Exactly one of 'prompt' or 'messages' must be provided.")
+        if "messages" in body:
+            tokens: Any = list(self._chat_prompt(
+                body, generation_prompt=body.get_bool("add_generation_prompt", True)))
+            count: Any = len(tokens)
+        else:
+            add_bos = body.get_bool("add_special_tokens", True)
+            prompt = body.data["prompt"]
+            if isinstance(prompt, str):
+                tokens = list(self._encode(prompt, add_bos=add_bos))
+                count = len(tokens)
+            elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+                tokens = [list(self._encode(p, add_bos=add_bos)) for p in prompt]
+                count = [len(t) for t in tokens]
+            else:
+                raise ApiError("`prompt` must be a string or a list of strings")
+        return {"tokens": tokens, "count": count, "max_model_len": self.cfg.max_model_len}
+
+    def models(self) -> dict[str, Any]:
+        name = self.cfg.served_model_name
+        return {"object": "list", "data": [{
+            "id": name, "object": "model", "created": int(time.time()), "owned_by": "dsv4bisect",
+            "root": name, "parent": None, "max_model_len": self.cfg.max_model_len,
+        }]}
+
+    def server_info(self) -> dict[str, Any]:
+        return dict(self.cfg.server_info)
+
+    def health_generate(self) -> None:
+        """One real greedy token from `[bos]` (SGLang generates from `input_ids=[0]`)."""
+        self.gen.run(GenSpec((BOS_ID,), max_new_tokens=1))
+
+
+def _rid(rid: object, index: int, batched: bool) -> str:
+    if batched and isinstance(rid, list) and index < len(rid) and isinstance(rid[index], str):
+        return rid[index]
+    if not batched and isinstance(rid, str):
+        return rid
+    return new_id()

@@ -1,0 +1,169 @@
+"""Typed reading of JSON request bodies, with SGLang-style 400 messages.
+
+SGLang's request models ignore fields they do not know, so the server does too; but a field it
+knows and the embedded engine cannot honour (sampling, streaming, tools, n > 1 ...) is a 400
+rather than a silent no-op, so a probe never measures something other than what it asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any, overload
+
+
+class ApiError(Exception):
+    """A request the server refuses; becomes a JSON error body with `status`."""
+
+    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.err_type = err_type
+
+
+def show(value: object) -> str:
+    """A request value as the client wrote it (JSON), shortened."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+GREEDY_ONLY = "only greedy decoding (temperature 0) is supported by the embedded engine"
+
+
+def _same(value: object, allowed: object) -> bool:
+    """Equality that keeps bools apart from numbers (JSON `true` is not `1`)."""
+    if isinstance(value, bool) or isinstance(allowed, bool) or value is None or allowed is None:
+        return value is allowed
+    return bool(value == allowed)
+
+
+class Body:
+    """A JSON object with typed getters; every mistake raises ApiError(400)."""
+
+    def __init__(self, data: object, where: str = "request") -> None:
+        if not isinstance(data, dict):
+            raise ApiError(f"{where} must be a JSON object")
+        self.data: dict[str, Any] = data
+        self.where = where
+
+    def __contains__(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.data.get(key)
+        return default if value is None else value
+
+    @overload
+    def get_int(self, key: str, default: int, *, minimum: int | None = None) -> int: ...
+
+    @overload
+    def get_int(self, key: str, default: None, *, minimum: int | None = None) -> int | None: ...
+
+    def get_int(self, key: str, default: int | None, *, minimum: int | None = None) -> int | None:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ApiError(f"`{key}` must be an integer, got {show(value)}")
+        if minimum is not None and value < minimum:
+            raise ApiError(f"`{key}` must be >= {minimum}, got {value}")
+        return value
+
+    def get_bool(self, key: str, default: bool) -> bool:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ApiError(f"`{key}` must be a boolean, got {show(value)}")
+        return value
+
+    def get_str(self, key: str, default: str | None = None) -> str | None:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise ApiError(f"`{key}` must be a string, got {show(value)}")
+        return value
+
+    def get_strs(self, key: str) -> tuple[str, ...]:
+        """A string or a list of strings (OpenAI's `stop`)."""
+        value = self.data.get(key)
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ApiError(f"`{key}` must be a string or a list of strings")
+
+    def get_ints(self, key: str) -> tuple[int, ...] | None:
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not is_int_list(value):
+            raise ApiError(f"`{key}` must be a list of integers")
+        return tuple(value)
+
+    def require(self, key: str, allowed: Iterable[object], why: str | None = None) -> None:
+        """Refuse a known field whose value the embedded engine cannot honour."""
+        value = self.data.get(key)
+        allowed = tuple(allowed)
+        if value is None or any(_same(value, a) for a in allowed):
+            return
+        shown = ", ".join(show(a) for a in allowed if a is not None)
+        raise ApiError(why or f"`{key}`={show(value)} is not supported by the embedded engine "
+                              f"(supported: {shown or 'unset'})")
+
+    def require_greedy(self) -> None:
+        temperature = self.data.get("temperature")
+        if temperature is None:
+            return
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise ApiError(f"`temperature` must be a number, got {show(temperature)}")
+        if temperature != 0:
+            raise ApiError(f"{GREEDY_ONLY}; got temperature {temperature}")
+
+    def unknown(self, known: Iterable[str]) -> list[str]:
+        return sorted(set(self.data) - set(known))
+
+
+def is_int_list(value: object) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    )
+
+
+# Known OpenAI/SGLang sampling fields and the only values the greedy engine honours. Leaving a
+# field unset (or null) is always fine.
+SAMPLING_DEFAULTS: dict[str, tuple[object, ...]] = {
+    "top_p": (1,),
+    "top_k": (-1, 0, 1),
+    "min_p": (0,),
+    "n": (1,),
+    "best_of": (1,),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "repetition_penalty": (1,),
+    "min_tokens": (0,),
+    "min_new_tokens": (0,),
+    "stream": (False,),
+    "logit_bias": ({},),
+    "regex": (),
+    "ebnf": (),
+    "json_schema": (),
+    "structural_tag": (),
+    "stop_regex": (),
+    "custom_logit_processor": (),
+    "tools": ([],),
+    "response_format": ({"type": "text"},),
+    "suffix": ("",),
+    "lora_path": (),
+}
+
+
+def check_sampling(body: Body, keys: Iterable[str]) -> None:
+    """Greedy only, and no sampling feature the engine would silently ignore."""
+    body.require_greedy()
+    for key in keys:
+        body.require(key, SAMPLING_DEFAULTS[key])

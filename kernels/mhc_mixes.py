@@ -1,0 +1,187 @@
+"""mHC mixes: `m = (x · fnᵀ) · rsqrt(mean(x², -1) + eps)` (patch 1 site).
+
+x is the flattened residual state [T, n·D] (n = 4 streams), fn the mixing projection [M, n·D]
+fp32 (M = (2 + n)·n = 24 at a layer's hc_pre, n = 4 at hc_head). The rsqrt factor is an
+unweighted RMSNorm folded in after the GEMM. Output [T, M] fp32.
+
+Rounding, per mode (what the reference does, step by step):
+- `fp32`: x and fn upcast to fp32, product accumulated in fp32, fp32 rsqrt factor, fp32 out.
+  This is SGLang's torch `hc_pre` path on SM120.
+- `bf16` (the patch): x and fn are rounded to bf16 (round-to-nearest-even), their product is
+  accumulated in fp32 (bf16×bf16 products are exact in fp32), the [T, M] product is rounded to
+  bf16 (the GEMM's bf16 output), then multiplied in fp32 by the rsqrt factor, which is computed
+  in fp32 from the un-rounded x (SGLang takes the norm from x, not from the GEMM operands).
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+import torch
+
+from ._triton import install_helpers, interpreter_active, next_pow2, require_triton
+
+try:  # guarded: the reference imports without Triton
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = tl = None
+
+MODES = ("fp32", "bf16")
+
+
+def check_mhc_args(x: torch.Tensor, fn: torch.Tensor, eps: float, mode: str) -> None:
+    """Validate shapes and options shared by the reference and the Triton wrapper."""
+    if x.dim() != 2:
+        raise ValueError(f"x must be [T, n*D], got shape {tuple(x.shape)}")
+    if fn.dim() != 2 or fn.shape[1] != x.shape[1]:
+        raise ValueError(f"fn must be [M, {x.shape[1]}], got {tuple(fn.shape)}")
+    if not eps >= 0.0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+
+def mhc_mixes_ref(
+    x: torch.Tensor, fn: torch.Tensor, eps: float, *, mode: str = "fp32"
+) -> torch.Tensor:
+    """PyTorch reference. x: [T, n·D] (any float dtype), fn: [M, n·D] -> [T, M] fp32."""
+    check_mhc_args(x, fn, eps, mode)
+    xf = x.float()
+    rs = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)  # [T, 1], fp32 from fp32 x
+    if mode == "fp32":
+        prod = xf @ fn.float().T
+    else:
+        xb = xf.to(torch.bfloat16).float()
+        fb = fn.float().to(torch.bfloat16).float()
+        prod = (xb @ fb.T).to(torch.bfloat16).float()  # fp32 accumulate, bf16 output
+    return prod * rs
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton: one pass over x (bandwidth-bound GEMV-like reduction) fused with the sum of squares;
+# grid (token blocks, K splits); with K splits a small second kernel adds the partials.
+# ----------------------------------------------------------------------------------------------
+round_bf16 = None  # a jitted helper, bound by install_helpers() when the kernels are built
+
+
+@functools.cache
+def _kernels(interpret: bool) -> SimpleNamespace:
+    """Build the jitted kernels once per mode (see `_triton.jit_helpers`)."""
+    install_helpers(globals(), interpret)
+
+    @triton.jit
+    def mixes_kernel(
+        x_ptr, fn_ptr, out_ptr, part_ptr, sq_ptr,
+        T, M, KD, K_PER_SPLIT, eps,
+        stride_xt, stride_fm, stride_ot,
+        BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+        OP_DTYPE: tl.constexpr, PREC: tl.constexpr, ROUND_OPS: tl.constexpr, FUSED: tl.constexpr,
+    ):
+        pid_t = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        offs_m = tl.arange(0, BLOCK_M)
+        tmask = offs_t < T
+        mmask = offs_m < M
+        acc = tl.zeros([BLOCK_T, BLOCK_M], dtype=tl.float32)
+        ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+        k_lo = pid_k * K_PER_SPLIT
+        for k0 in range(k_lo, k_lo + K_PER_SPLIT, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            kmask = offs_k < KD
+            x = tl.load(x_ptr + offs_t[:, None].to(tl.int64) * stride_xt + offs_k[None, :],
+                        mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            f = tl.load(fn_ptr + offs_m[:, None] * stride_fm + offs_k[None, :],
+                        mask=mmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            ss += tl.sum(x * x, 1)  # the norm uses the unrounded x
+            if ROUND_OPS:
+                x = round_bf16(x)
+                f = round_bf16(f)
+            acc += tl.dot(x.to(OP_DTYPE), tl.trans(f.to(OP_DTYPE)), input_precision=PREC)
+        if FUSED:
+            if ROUND_OPS:  # the bf16 GEMM output
+                acc = round_bf16(acc)
+            out = acc * tl.math.rsqrt(ss / KD + eps)[:, None]
+            tl.store(out_ptr + offs_t[:, None] * stride_ot + offs_m[None, :], out,
+                     mask=tmask[:, None] & mmask[None, :])
+        else:  # partials [KSPLIT, T, BLOCK_M] and [KSPLIT, T]
+            base = pid_k.to(tl.int64) * T + offs_t
+            tl.store(part_ptr + base[:, None] * BLOCK_M + offs_m[None, :], acc, mask=tmask[:, None])
+            tl.store(sq_ptr + base, ss, mask=tmask)
+
+    @triton.jit
+    def reduce_kernel(
+        part_ptr, sq_ptr, out_ptr, T, M, KD, KSPLIT, eps, stride_ot,
+        BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, ROUND_OUT: tl.constexpr,
+    ):
+        offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        offs_m = tl.arange(0, BLOCK_M)
+        tmask = offs_t < T
+        acc = tl.zeros([BLOCK_T, BLOCK_M], dtype=tl.float32)
+        ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+        for k in range(KSPLIT):
+            base = k * T + offs_t.to(tl.int64)
+            acc += tl.load(part_ptr + base[:, None] * BLOCK_M + offs_m[None, :],
+                           mask=tmask[:, None], other=0.0)
+            ss += tl.load(sq_ptr + base, mask=tmask, other=0.0)
+        if ROUND_OUT:  # the bf16 GEMM output
+            acc = round_bf16(acc)
+        out = acc * tl.math.rsqrt(ss / KD + eps)[:, None]
+        tl.store(out_ptr + offs_t[:, None] * stride_ot + offs_m[None, :], out,
+                 mask=tmask[:, None] & (offs_m < M)[None, :])
+
+    return SimpleNamespace(mixes=mixes_kernel, reduce=reduce_kernel)
+
+
+def mhc_mixes(
+    x: torch.Tensor,
+    fn: torch.Tensor,
+    eps: float,
+    *,
+    mode: str = "fp32",
+    out: torch.Tensor | None = None,
+    k_splits: int | None = None,
+) -> torch.Tensor:
+    """Triton mHC mixes, same contract as `mhc_mixes_ref` (CUDA tensors, or CPU tensors under
+    TRITON_INTERPRET=1). On the GPU the fp32 mode multiplies with 3 TF32 tensor-core products
+    (tf32x3, ~fp32 accuracy) instead of fp32 FMAs. `k_splits` splits the n·D reduction over
+    programs (default: enough programs to fill the GPU when T is small); `out` (optional,
+    [T, M] fp32) gets the result."""
+    check_mhc_args(x, fn, eps, mode)
+    require_triton(x, fn)
+    T, KD = x.shape
+    M = fn.shape[0]
+    if out is None:
+        out = torch.empty(T, M, dtype=torch.float32, device=x.device)
+    elif out.shape != (T, M) or out.dtype != torch.float32 or out.stride(-1) != 1:
+        raise ValueError(f"out must be a [{T}, {M}] fp32 tensor with unit last stride")
+    if T == 0:
+        return out
+    x, fn = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, fn))
+    interp = interpreter_active()
+    block_t, block_k, block_m = (16 if T <= 16 else 64), 64, max(16, next_pow2(M))
+    n_tblocks = triton.cdiv(T, block_t)
+    if k_splits is None:  # aim for ~2 programs per SM of an H200 (132 SMs)
+        k_splits = 1 if interp else max(1, min(triton.cdiv(KD, 1024), 264 // n_tblocks))
+    k_per = triton.cdiv(triton.cdiv(KD, k_splits), block_k) * block_k
+    k_splits = triton.cdiv(KD, k_per)
+    fused = k_splits == 1
+    part = out if fused else torch.empty(k_splits, T, block_m, device=x.device)
+    sq = out if fused else torch.empty(k_splits, T, device=x.device)
+    ks = _kernels(interp)
+    bf16 = mode == "bf16"
+    ks.mixes[(n_tblocks, k_splits)](
+        x, fn, out, part, sq, T, M, KD, k_per, float(eps),
+        x.stride(0), fn.stride(0), out.stride(0),
+        BLOCK_T=block_t, BLOCK_M=block_m, BLOCK_K=block_k,
+        OP_DTYPE=tl.bfloat16 if bf16 and not interp else tl.float32, ROUND_OPS=bf16, FUSED=fused,
+        PREC="ieee" if interp else "tf32x3",  # fp32 operands: 3 TF32 MMAs ≈ fp32 accuracy
+    )
+    if not fused:
+        ks.reduce[(n_tblocks,)](
+            part, sq, out, T, M, KD, k_splits, float(eps), out.stride(0),
+            BLOCK_T=block_t, BLOCK_M=block_m, ROUND_OUT=bf16,
+        )
+    return out
