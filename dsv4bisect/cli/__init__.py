@@ -24,9 +24,9 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from dsv4bisect.cli import diff, patches, profile, serve
+    from dsv4bisect.cli import diff, patches, probe, profile, serve
 
-    for module in (patches, profile, diff, serve):
+    for module in (patches, profile, diff, probe, serve):
         module.register(app)
 
 

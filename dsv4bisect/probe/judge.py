@@ -1,0 +1,239 @@
+"""The verdict rule (DESIGN §6, probe-anchors §6.4): paired against the baseline, A/A as floor.
+
+1. A/A: baseline vs its repeat. A significantly lopsided A/A (two-sided exact McNemar
+   p < ALPHA_AA) means the baseline is not stable: CANNOT_TEST.
+2. Hard signatures (garbage, empty, runaway repetition, wrong last character) in the candidate
+   on cases the baseline got right in both A/A runs, in >= 2 distinct seeds: FAIL at once.
+3. Accuracy families with evidence (the baseline got at least 7 answers right — fewer can never
+   reach significance): exact one-sided McNemar pooled over them, FAIL at p < 0.01; per cell
+   (cell × arm) Holm-adjusted, FAIL at p_holm < 0.05. Families without evidence say so.
+4. Drift (teacher-forced, candidate vs baseline, floor = repeat vs baseline): FAIL beyond the
+   hard gate, WARN between the floor and it.
+5. Otherwise PASS, provided something carried evidence; if nothing did, CANNOT_TEST.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from dsv4bisect.errors import ConfigError
+from dsv4bisect.probe import verdict as V
+from dsv4bisect.probe.drift import compare, summarise
+from dsv4bisect.probe.power import accuracy_power
+from dsv4bisect.probe.run import ProbeRun
+from dsv4bisect.probe.stats import holm, mcnemar_one_sided, mcnemar_two_sided
+from dsv4bisect.probe.stats import min_significant_discordant as min_b
+
+Pair = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]  # baseline, repeat, candidate rows
+
+
+def _pairs(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun, reasons: list[str]) -> list[Pair]:
+    cand_rows, rep_rows = cand.rows_by_key(), rep.rows_by_key() if rep else {}
+    pairs, missing = [], 0
+    for key, row in base.rows_by_key().items():
+        if row["family"] == "drift":
+            continue
+        other = cand_rows.get(key)
+        if other is None or (rep is not None and key not in rep_rows):
+            missing += 1
+            continue
+        pairs.append((row, rep_rows.get(key, row), other))
+    if missing:
+        reasons.append(f"{missing} baseline requests have no counterpart in the other runs")
+    return pairs
+
+
+def _families(pairs: list[Pair], has_repeat: bool) -> dict[str, V.FamilyResult]:
+    grouped: dict[str, list[Pair]] = defaultdict(list)
+    for p in pairs:
+        grouped[p[0]["family"]].append(p)
+    out = {}
+    for fam, ps in grouped.items():
+        n = len(ps)
+        br = sum(bool(b["correct"]) for b, _, _ in ps)
+        lost = sum(bool(b["correct"]) and not c["correct"] for b, _, c in ps)
+        gained = sum(not b["correct"] and bool(c["correct"]) for b, _, c in ps)
+        out[fam] = V.FamilyResult(
+            fam, n, br / n, sum(bool(c["correct"]) for _, _, c in ps) / n,
+            sum(bool(r["correct"]) for _, r, _ in ps) / n if has_repeat else None, br, lost,
+            gained,
+            mcnemar_one_sided(lost, gained), br >= min_b(V.ALPHA_OVERALL))
+    return out
+
+
+def _cells(pairs: list[Pair], families: set[str]) -> list[V.CellResult]:
+    grouped: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for b, _, c in pairs:
+        if b["family"] not in families:
+            continue
+        acc = grouped[(b["cell"], b["arm"])]
+        acc[0] += 1
+        acc[1] += bool(b["correct"]) and not c["correct"]
+        acc[2] += not b["correct"] and bool(c["correct"])
+    keys = sorted(grouped)
+    ps = [mcnemar_one_sided(grouped[k][1], grouped[k][2]) for k in keys]
+    adj = holm(ps)
+    return [V.CellResult(k[0], k[1], grouped[k][0], grouped[k][1], grouped[k][2], p, a,
+                         a < V.ALPHA_CELL) for k, p, a in zip(keys, ps, adj)]
+
+
+def _signature_seeds(pairs: list[Pair], pick: int) -> dict[str, list[int]]:
+    """Hard signatures of run `pick` (1 = repeat, 2 = candidate) where the baseline was stably
+    right and showed no such signature itself."""
+    seen: dict[str, set[int]] = defaultdict(set)
+    for p in pairs:
+        b, r = p[0], p[1]
+        if not (b["correct"] and r["correct"]):
+            continue
+        for sig in set(p[pick].get("signatures") or ()) - set(b.get("signatures") or ()):
+            seen[sig].add(int(b["seed"]))
+    return {k: sorted(v) for k, v in sorted(seen.items())}
+
+
+def _gate(kl: float, top1: float, aa_kl: float, aa_top1: float) -> tuple[str, dict[str, float]]:
+    gates = {"warn_kl": max(V.DRIFT_KL_AA_FACTOR_WARN * aa_kl, V.DRIFT_WARN_KL),
+             "fail_kl": max(V.DRIFT_KL_AA_FACTOR_FAIL * aa_kl, V.DRIFT_FAIL_KL),
+             "warn_top1": aa_top1 - V.DRIFT_WARN_TOP1_DROP,
+             "fail_top1": aa_top1 - V.DRIFT_FAIL_TOP1_DROP}
+    if kl > gates["fail_kl"] or top1 < gates["fail_top1"]:
+        return "fail", gates
+    if kl > gates["warn_kl"] or top1 < gates["warn_top1"]:
+        return "warn", gates
+    return "pass", gates
+
+
+def _drift(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> dict[str, Any]:
+    ref = base.drift_by_case()
+    cand_cmp = [compare(ref[d.case_id], d) for d in cand.drift if d.case_id in ref]
+    rep_cmp = [compare(ref[d.case_id], d) for d in rep.drift if d.case_id in ref] if rep else []
+    got, floor = summarise(cand_cmp), summarise(rep_cmp)
+    if got is None:
+        return {"status": "absent"}
+    aa_kl = floor.kl_mean if floor else 0.0
+    aa_top1 = floor.top1_agreement if floor else 1.0
+    views = [("all positions", got.kl_mean, got.top1_agreement, aa_kl, aa_top1)]
+    for key, b in got.by_position.items():
+        if b["n"] >= V.DRIFT_MIN_BUCKET:
+            fb = floor.by_position.get(key) if floor else None
+            views.append((f"positions {key}", b["kl_mean"], b["top1_agreement"],
+                          fb["kl_mean"] if fb else aa_kl, fb["top1_agreement"] if fb else aa_top1))
+    rank = {"pass": 0, "warn": 1, "fail": 2}
+    worst, key = None, (-1, 0.0)
+    for where, kl, top1, fkl, ftop1 in views:
+        status, gates = _gate(kl, top1, fkl, ftop1)
+        # Severity: how far past the fail gates, so the trigger names the clearest view.
+        severity = max(kl / gates["fail_kl"], (ftop1 - top1) / V.DRIFT_FAIL_TOP1_DROP)
+        if (rank[status], severity) > key:
+            key = (rank[status], severity)
+            worst = {"status": status, "where": where, "kl_mean": kl, "top1_agreement": top1,
+                     "gates": gates}
+    assert worst is not None  # views always holds "all positions"
+    return {"status": worst["status"], "trigger": worst, "candidate": got.to_dict(),
+            "floor": floor.to_dict() if floor else None, "gates": worst["gates"]}
+
+
+def _drift_reason(d: dict[str, Any]) -> str:
+    t, g, c = d["trigger"], d["gates"], d["candidate"]
+    return (f"drift {d['status'].upper()} ({t['where']}): mean KL {t['kl_mean']:.3g} nats "
+            f"(warn > {g['warn_kl']:.3g}, fail > {g['fail_kl']:.3g}), top-1 agreement "
+            f"{t['top1_agreement']:.2%} (warn < {g['warn_top1']:.2%}, fail < "
+            f"{g['fail_top1']:.2%})"
+            + (f"; first divergence at token {c['first_divergence']}"
+               if c["first_divergence"] is not None else ""))
+
+
+def _check_specs(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> None:
+    specs = {(r.spec.spec_hash(), r.spec.seed_block) for r in (base, rep, cand) if r is not None}
+    if len(specs) != 1:
+        raise ConfigError("the runs to judge were collected with different probe specs",
+                          "probe baseline, repeat and candidate with the same tier and seed block")
+
+
+def _aa(pairs: list[Pair], rep: ProbeRun | None) -> dict[str, Any]:
+    aa_b = sum(bool(b["correct"]) and not r["correct"] for b, r, _ in pairs)
+    aa_c = sum(not b["correct"] and bool(r["correct"]) for b, r, _ in pairs)
+    return {"n": len(pairs), "flips": aa_b + aa_c, "b": aa_b, "c": aa_c,
+            "p_value": mcnemar_two_sided(aa_b, aa_c), "repeat": rep is not None}
+
+
+def _signature_rule(pairs: list[Pair], fails: list[str], reasons: list[str]) -> dict[str, Any]:
+    sig_cand, sig_rep = _signature_seeds(pairs, 2), _signature_seeds(pairs, 1)
+    n_cand = len({s for seeds in sig_cand.values() for s in seeds})
+    n_rep = len({s for seeds in sig_rep.values() for s in seeds})
+    hard = n_cand >= V.HARD_SIGNATURE_SEEDS and n_rep < V.HARD_SIGNATURE_SEEDS
+    if hard:
+        fails.append("hard signatures where the baseline was right: " + ", ".join(
+            f"{k} (seeds {', '.join(map(str, v[:4]))}{'…' if len(v) > 4 else ''})"
+            for k, v in sig_cand.items()))
+    elif n_rep >= V.HARD_SIGNATURE_SEEDS:
+        reasons.append("the A/A repeat itself shows hard signatures: signature rule suspended")
+    return {"candidate": sig_cand, "repeat": sig_rep, "hard_fail": hard}
+
+
+def decide(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> V.Verdict:
+    """Apply the rule; the verdict carries every number it used."""
+    _check_specs(base, rep, cand)
+    reasons: list[str] = []
+    fails: list[str] = []
+    pairs = _pairs(base, rep, cand, reasons)
+    probe = {"tier": base.spec.tier, "spec_hash": base.spec.spec_hash(),
+             "seed_block": base.spec.seed_block,
+             "probe_version": base.spec.to_dict()["probe_version"]}
+    aa = _aa(pairs, rep)
+    if rep is None:
+        reasons.append("no A/A repeat: the noise floor is taken as zero")
+    families = _families(pairs, rep is not None)
+    with_evidence = {f for f, r in families.items() if r.evidence}
+    cells = _cells(pairs, with_evidence)
+    drift = _drift(base, rep, cand)
+    if aa["p_value"] < V.ALPHA_AA:
+        return V.Verdict(V.CANNOT_TEST, (
+            f"the baseline disagrees with its own repeat ({aa['b']} lost, {aa['c']} gained, "
+            f"p = {aa['p_value']:.2g}): no stable noise floor", *reasons), probe,
+            families, {}, tuple(cells), {}, drift, aa, {})
+    signatures = _signature_rule(pairs, fails, reasons)
+    overall = _overall(pairs, with_evidence, families, fails, reasons)
+    fails += [f"cell {c.cell} ({c.arm}): lost {c.b}, gained {c.c}, Holm p = {c.p_holm:.2g}"
+              for c in cells if c.failed]
+    if drift["status"] != "absent":
+        (fails if drift["status"] == "fail" else reasons).append(_drift_reason(drift))
+    power = accuracy_power(overall.get("baseline_right", 0), overall.get("baseline_accuracy"),
+                           overall.get("b", 0))
+    if fails:
+        outcome = V.FAIL
+    elif drift["status"] == "warn":
+        outcome = V.WARN
+    elif with_evidence or drift["status"] != "absent":
+        outcome = V.PASS
+        if with_evidence:
+            reasons.insert(0, f"no significant loss; {power['statement']}")
+    else:
+        outcome = V.CANNOT_TEST
+        reasons.insert(0, "no evidence: the baseline answered too few cases right and there "
+                          "is no drift family")
+    return V.Verdict(outcome, (*fails, *reasons), probe, families, overall, tuple(cells),
+                     signatures, drift, aa, power)
+
+
+def _overall(pairs: list[Pair], with_evidence: set[str], families: dict[str, V.FamilyResult],
+             fails: list[str], reasons: list[str]) -> dict[str, Any]:
+    for fam, r in sorted(families.items()):
+        if not r.evidence:
+            reasons.append(f"{fam}: no evidence (baseline right in {r.baseline_right}/{r.n}; "
+                           f"at least {min_b(V.ALPHA_OVERALL)} needed)"
+                           + ("; drift decides" if not with_evidence else ""))
+    used = [p for p in pairs if p[0]["family"] in with_evidence]
+    if not used:
+        return {"n": 0, "b": 0, "c": 0, "p_value": 1.0, "alpha": V.ALPHA_OVERALL, "families": []}
+    b = sum(bool(x["correct"]) and not c["correct"] for x, _, c in used)
+    c_ = sum(not x["correct"] and bool(c["correct"]) for x, _, c in used)
+    right = sum(bool(x["correct"]) for x, _, _ in used)
+    p = mcnemar_one_sided(b, c_)
+    if p < V.ALPHA_OVERALL:
+        fails.append(f"accuracy: lost {b}, gained {c_} of {len(used)} paired answers "
+                     f"(exact McNemar p = {p:.2g} < {V.ALPHA_OVERALL})")
+    return {"n": len(used), "b": b, "c": c_, "p_value": p, "alpha": V.ALPHA_OVERALL,
+            "families": sorted(with_evidence), "baseline_right": right,
+            "baseline_accuracy": right / len(used),
+            "candidate_accuracy": sum(bool(c["correct"]) for _, _, c in used) / len(used)}

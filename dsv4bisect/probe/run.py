@@ -1,0 +1,124 @@
+"""A probe run: the cases, one row per request, drift records; saved as a directory.
+
+Directory layout (`ProbeRun.save(dir)`, read back by `ProbeRun.load(dir)`):
+
+    run.json      spec, spec hash, probe version, server facts (secrets redacted), notes, timing
+    cases.jsonl   the exact conversations (so a candidate gets byte-identical requests)
+    rows.jsonl    one row per request: case id, family, cell, seed, arm, prompt_tokens,
+                  expected, output, correct, first_wrong_char, signatures, latency, ...
+    drift.jsonl   teacher-forced scores per drift transcript (token ids, logprobs, top-k)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from dsv4bisect.errors import ConfigError
+from dsv4bisect.probe.drift import DriftRecord
+from dsv4bisect.probe.grid import Case
+from dsv4bisect.probe.spec import PROBE_VERSION, ProbeSpec
+
+RUN_SCHEMA = "dsv4bisect.probe-run/1"
+_SECRET = re.compile(r"(?i)(api[_-]?key|secret|password|passwd|token$|^auth|credential)")
+
+
+def redact(data: Any) -> Any:
+    """Copy of nested data with the values of secret-looking keys replaced by '***'."""
+    if isinstance(data, dict):
+        return {k: "***" if _SECRET.search(str(k)) and v not in (None, "", False)
+                else redact(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [redact(v) for v in data]
+    return data
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """Everything one probe of one server produced."""
+
+    spec: ProbeSpec
+    url: str
+    server: dict[str, Any]  # model, max_model_len, compress_ratios, info (redacted)
+    cases: tuple[Case, ...]
+    rows: tuple[dict[str, Any], ...]
+    drift: tuple[DriftRecord, ...] = ()
+    notes: tuple[str, ...] = ()
+    timing: dict[str, float] = field(default_factory=dict)
+    path: str | None = None  # set by save() and load()
+
+    def rows_by_key(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """Rows keyed by (case_id, arm): the pairing key across runs."""
+        return {(r["case_id"], r["arm"]): r for r in self.rows}
+
+    def drift_by_case(self) -> dict[str, DriftRecord]:
+        return {d.case_id: d for d in self.drift}
+
+    def case(self, case_id: str) -> Case:
+        for c in self.cases:
+            if c.case_id == case_id:
+                return c
+        raise KeyError(case_id)
+
+    def save(self, directory: str | os.PathLike[str]) -> ProbeRun:
+        """Write the run directory (atomically per file); returns the run with `path` set."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        head = {"schema": RUN_SCHEMA, "probe_version": PROBE_VERSION,
+                "spec_hash": self.spec.spec_hash(), "seed_block": self.spec.seed_block,
+                "spec": self.spec.to_dict(), "url": self.url,
+                "server": redact(self.server), "notes": list(self.notes), "timing": self.timing,
+                "counts": {"cases": len(self.cases), "rows": len(self.rows),
+                           "drift": len(self.drift)}}
+        _write(out / "run.json", json.dumps(head, indent=2) + "\n")
+        _write(out / "cases.jsonl", _jsonl(c.to_dict() for c in self.cases))
+        _write(out / "rows.jsonl", _jsonl(self.rows))
+        _write(out / "drift.jsonl", _jsonl(d.to_dict() for d in self.drift))
+        return replace(self, path=str(out))
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> ProbeRun:
+        """Read a directory written by `save`; a missing or foreign directory is a ConfigError."""
+        src = Path(directory)
+        try:
+            head = json.loads((src / "run.json").read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"`{src}` is not a probe run directory (no run.json)",
+                              "pass a directory written by `dsv4bisect probe --out`") from exc
+        except ValueError as exc:
+            raise ConfigError(f"`{src / 'run.json'}` is not valid JSON: {exc}") from exc
+        if head.get("schema") != RUN_SCHEMA:
+            raise ConfigError(f"`{src}` holds a {head.get('schema')!r} run, expected {RUN_SCHEMA}")
+        spec = ProbeSpec.from_dict(head["spec"])
+        if spec.spec_hash() != head.get("spec_hash"):
+            raise ConfigError(f"`{src}`: the saved spec does not match its hash",
+                              "the run directory was edited or written by another version")
+        return cls(spec, head["url"], head.get("server", {}),
+                   tuple(Case.from_dict(d) for d in _read_jsonl(src / "cases.jsonl")),
+                   tuple(_read_jsonl(src / "rows.jsonl")),
+                   tuple(DriftRecord.from_dict(d) for d in _read_jsonl(src / "drift.jsonl")),
+                   tuple(head.get("notes", [])), head.get("timing", {}), str(src))
+
+
+def _jsonl(items: Iterable[dict[str, Any]]) -> str:
+    return "".join(json.dumps(i, separators=(",", ":")) + "\n" for i in items)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except ValueError as exc:
+        raise ConfigError(f"`{path}` is not valid JSONL: {exc}") from exc
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,107 @@
+"""Probe a running candidate against a baseline server or a saved baseline run.
+
+The output directory holds `baseline/`, `baseline-repeat/` (the A/A noise floor) and
+`candidate/` (each a `ProbeRun` directory) and `verdict.json`. A saved baseline is either one
+run directory (`run.json` inside) or such an output directory (its `baseline/` and, when present,
+`baseline-repeat/` are used).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsv4bisect.errors import ConfigError
+from dsv4bisect.probe.run import ProbeRun
+from dsv4bisect.probe.runner import ProbeProgress, collect, judge
+from dsv4bisect.probe.spec import ProbeSpec, tier_spec
+from dsv4bisect.probe.verdict import Verdict
+
+DEFAULT_TIER = "smoke"
+StageProgress = Callable[[str, ProbeProgress], None]
+
+
+@dataclass(frozen=True)
+class ProbeSession:
+    baseline: ProbeRun
+    repeat: ProbeRun | None
+    candidate: ProbeRun
+    verdict: Verdict
+    out_dir: Path
+
+
+@dataclass(frozen=True)
+class BaselineSource:
+    spec: ProbeSpec
+    url: str | None  # a live baseline server
+    run: ProbeRun | None = None  # or a saved one
+    repeat: ProbeRun | None = None
+
+
+def is_url(text: str) -> bool:
+    return text.startswith(("http://", "https://"))
+
+
+def resolve_baseline(baseline: str, tier: str | None,
+                     families: tuple[str, ...] | None) -> BaselineSource:
+    """Turn `--baseline URL|RUN_DIR` (+ tier, families) into a spec and a source."""
+    if is_url(baseline):
+        return BaselineSource(tier_spec(tier or DEFAULT_TIER, families=families), baseline)
+    root = Path(baseline)
+    if (root / "run.json").exists():
+        run, repeat = ProbeRun.load(root), None
+    elif (root / "baseline" / "run.json").exists():
+        run = ProbeRun.load(root / "baseline")
+        rep_dir = root / "baseline-repeat"
+        repeat = ProbeRun.load(rep_dir) if (rep_dir / "run.json").exists() else None
+    else:
+        raise ConfigError(f"--baseline `{baseline}` is neither a URL nor a probe run directory",
+                          "pass http://HOST:PORT of the good server, or a directory written "
+                          "by `dsv4bisect probe --out`")
+    spec = run.spec
+    if tier is not None and tier != spec.tier:
+        raise ConfigError(f"the saved baseline was probed with tier `{spec.tier}`, not `{tier}`",
+                          f"drop --tier, or pass --tier {spec.tier}")
+    if families is not None and tuple(families) != spec.families:
+        raise ConfigError(f"the saved baseline covers families {','.join(spec.families)}",
+                          "drop --families to use the baseline's families")
+    return BaselineSource(spec, None, run, repeat)
+
+
+def probe_against(url: str, source: BaselineSource, out_dir: str | os.PathLike[str], *,
+                  api_key: str | None = None,
+                  on_progress: StageProgress | None = None) -> ProbeSession:
+    """Collect baseline (+ A/A repeat) when live, then the candidate; save all; judge."""
+    out = Path(out_dir)
+
+    def stage(name: str) -> Callable[[ProbeProgress], None] | None:
+        return (lambda p: on_progress(name, p)) if on_progress else None
+
+    if source.url is not None:
+        base = collect(source.url, source.spec, api_key=api_key,
+                       on_progress=stage("baseline")).save(out / "baseline")
+        repeat: ProbeRun | None = collect(
+            source.url, source.spec, reference_run=base, api_key=api_key,
+            on_progress=stage("A/A repeat")).save(out / "baseline-repeat")
+    else:
+        assert source.run is not None  # resolve_baseline gives a url or a run
+        base, repeat = source.run, source.repeat
+    cand = collect(url, source.spec, reference_run=base, api_key=api_key,
+                   on_progress=stage("candidate")).save(out / "candidate")
+    verdict = judge(base, repeat, cand).with_evidence(
+        baseline=base.path, baseline_repeat=repeat.path if repeat else None,
+        candidate=cand.path)
+    write_verdict(out, verdict)
+    return ProbeSession(base, repeat, cand, verdict, out)
+
+
+def write_verdict(out_dir: str | os.PathLike[str], verdict: Verdict) -> Path:
+    path = Path(out_dir) / "verdict.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(verdict.to_dict(), indent=2) + "\n")
+    os.replace(tmp, path)
+    return path

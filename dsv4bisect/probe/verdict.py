@@ -1,0 +1,120 @@
+"""The probe's verdict: a frozen value with its evidence and a stable JSON form.
+
+JSON (`Verdict.to_dict()`, schema `dsv4bisect.verdict/1`; docs/probe.md documents every field):
+
+    verdict        PASS | FAIL | WARN | CANNOT_TEST
+    exit_code      0 | 1 | 4 | 125 (git bisect run: good, bad, -, skip)
+    reasons        human sentences, most important first
+    probe          {tier, spec_hash, seed_block, probe_version}
+    families.<f>   {n, baseline_accuracy, candidate_accuracy, repeat_accuracy, baseline_right,
+                    b, c, p_value, evidence}
+    overall        {n, b, c, p_value, alpha, families}
+    cells[]        {cell, arm, n, b, c, p_value, p_holm, failed}
+    signatures     {candidate: {name: [seeds]}, repeat: {...}, hard_fail: bool}
+    drift          {status, candidate: {kl_mean, kl_p99, top1_agreement, ...}, floor: {...},
+                    gates: {...}}
+    aa             {n, flips, b, c, p_value}
+    power          {alpha, n_baseline_right, baseline_accuracy, min_detectable_loss_rate,
+                    min_detectable_drop, zero_loss_bound, statement}
+    evidence       {baseline, baseline_repeat, candidate, heatmap}: paths or null
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from dsv4bisect.errors import ExitCode
+
+VERDICT_SCHEMA = "dsv4bisect.verdict/1"
+PASS, FAIL, WARN, CANNOT_TEST = "PASS", "FAIL", "WARN", "CANNOT_TEST"
+EXIT_CODES = {PASS: ExitCode.OK, FAIL: ExitCode.FAIL, WARN: ExitCode.WARN,
+              CANNOT_TEST: ExitCode.CANNOT_TEST}
+
+# -- the decision rule's constants (docs/probe.md "Verdict rule" says why each number) ----------
+# A bisect runs ~10-20 trials; 1 % false FAIL per trial keeps a whole search mostly clean, and the
+# search's noise model absorbs the rest. With c = 0 this needs b >= 7 lost answers (2^-7 < 0.01).
+ALPHA_OVERALL = 0.01
+ALPHA_CELL = 0.05  # family-wise over cells, Holm step-down
+ALPHA_AA = 0.01  # two-sided: an A/A this lopsided means the baseline itself is not stable
+HARD_SIGNATURE_SEEDS = 2  # distinct seeds with a hard signature where the baseline was right
+# Drift gates (docs/probe.md "Drift gates" has the calibration table). Checked on all scored
+# positions and on each position bucket with at least DRIFT_MIN_BUCKET positions, so a fault
+# that only shows at long context is not diluted by the short prefix.
+DRIFT_WARN_KL = 1e-3  # nats/token: llama.cpp's q8_0-vs-f16 level; more is worth a flag
+DRIFT_FAIL_KL = 0.02  # nats/token: q4-class damage on real models
+DRIFT_KL_AA_FACTOR_WARN = 4.0  # a noisy server: warn only when well above its own A/A
+DRIFT_KL_AA_FACTOR_FAIL = 10.0
+DRIFT_WARN_TOP1_DROP = 0.01  # fraction of positions whose argmax flips, beyond the A/A's
+DRIFT_FAIL_TOP1_DROP = 0.03
+DRIFT_MIN_BUCKET = 256  # positions; the top-1 SE at 98 % agreement is then < 1 pp
+
+@dataclass(frozen=True)
+class FamilyResult:
+    family: str
+    n: int
+    baseline_accuracy: float | None
+    candidate_accuracy: float | None
+    repeat_accuracy: float | None
+    baseline_right: int
+    b: int  # baseline right, candidate wrong
+    c: int  # baseline wrong, candidate right
+    p_value: float
+    evidence: bool
+
+
+@dataclass(frozen=True)
+class CellResult:
+    cell: str
+    arm: str
+    n: int
+    b: int
+    c: int
+    p_value: float
+    p_holm: float
+    failed: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """PASS/FAIL/WARN/CANNOT_TEST with everything that led to it."""
+
+    verdict: str
+    reasons: tuple[str, ...]
+    probe: dict[str, Any]
+    families: dict[str, FamilyResult] = field(default_factory=dict)
+    overall: dict[str, Any] = field(default_factory=dict)
+    cells: tuple[CellResult, ...] = ()
+    signatures: dict[str, Any] = field(default_factory=dict)
+    drift: dict[str, Any] = field(default_factory=dict)
+    aa: dict[str, Any] = field(default_factory=dict)
+    power: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return int(EXIT_CODES[self.verdict])
+
+    def with_evidence(self, **paths: str | None) -> Verdict:
+        return dataclasses.replace(self, evidence={**self.evidence, **paths})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": VERDICT_SCHEMA, "verdict": self.verdict, "exit_code": self.exit_code,
+            "reasons": list(self.reasons), "probe": self.probe,
+            "families": {k: dataclasses.asdict(v) for k, v in self.families.items()},
+            "overall": self.overall, "cells": [dataclasses.asdict(c) for c in self.cells],
+            "signatures": self.signatures, "drift": self.drift, "aa": self.aa,
+            "power": self.power, "evidence": self.evidence,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Verdict:
+        if d.get("schema") != VERDICT_SCHEMA:
+            raise ValueError(f"not a {VERDICT_SCHEMA} document")
+        return cls(d["verdict"], tuple(d["reasons"]), d["probe"],
+                   {k: FamilyResult(**v) for k, v in d.get("families", {}).items()},
+                   d.get("overall", {}), tuple(CellResult(**c) for c in d.get("cells", [])),
+                   d.get("signatures", {}), d.get("drift", {}), d.get("aa", {}),
+                   d.get("power", {}), d.get("evidence", {}))
