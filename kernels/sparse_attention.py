@@ -428,8 +428,8 @@ def _kernels(interpret: bool) -> SimpleNamespace:
                      other=0.0).to(tl.float32)
         qb = tl.load(q_ptr + t * stride_qt + h * stride_qh + offs_b, mask=offs_b < D,
                      other=0.0).to(tl.float32)
-        m_i = float("-inf")
-        l_i = 0.0
+        m_i = tl.full([], float("-inf"), tl.float32)
+        l_i = tl.full([], 0.0, tl.float32)
         acc_a = tl.zeros([BLOCK_A], tl.float32)
         acc_b = tl.zeros([BLOCK_B], tl.float32)
         for n0 in range(0, K, BLOCK_T):

@@ -35,9 +35,11 @@ from dsv4bisect.reference.config import CSA_RATIO, ModelArgs, Numerics, RopeScal
 
 @dataclass(frozen=True)
 class Ops:
-    """Kernel entry points: the PyTorch references on CPU, the Triton wrappers on CUDA."""
+    """Kernel entry points: the PyTorch references on CPU, the Triton wrappers on CUDA.
+    Training swaps in differentiable versions (`reference/training/ops.py`)."""
 
     attention: Callable[..., torch.Tensor]
+    indexer: Callable[..., torch.Tensor]  # the stock fp32 indexer logits
     indexer_patched: Callable[..., torch.Tensor]  # the triton-indexer patch's logits
 
     @classmethod
@@ -46,8 +48,8 @@ class Ops:
             from dsv4bisect.kernels.indexer import indexer_logits
             from dsv4bisect.kernels.sparse_attention import sparse_attention
 
-            return cls(sparse_attention, indexer_logits)
-        return cls(sparse_attention_ref, indexer_logits_ref)
+            return cls(sparse_attention, indexer_logits_ref, indexer_logits)
+        return cls(sparse_attention_ref, indexer_logits_ref, indexer_logits_ref)
 
 
 # ---- rotary embedding ---------------------------------------------------------------------------
@@ -146,17 +148,29 @@ _linear = Linear
 
 @dataclass(frozen=True)
 class Step:
-    """What every layer needs about the T tokens of one forward call (positions start..start+T)."""
+    """What every layer needs about one forward call: `batch` sequences of T tokens each, at
+    positions start..start+T. Token-wise ops see the batch flattened ([batch·T, ...]);
+    sequence-wise ops (compressors, indexer, key lists) run per sequence."""
 
-    tokens: torch.Tensor  # [T] int64
-    positions: torch.Tensor  # [T] int64
-    main_rope: tuple[torch.Tensor, torch.Tensor]  # SWA-only layers: rope_theta, no YaRN
-    compress_rope: tuple[
-        torch.Tensor, torch.Tensor
-    ]  # compressed layers: compress_rope_theta + YaRN
+    tokens: torch.Tensor  # [batch·T] int64
+    positions: torch.Tensor  # [T] int64, shared by every sequence of the batch
+    main_rope: tuple[torch.Tensor, torch.Tensor]  # [batch·T, rd/2]; SWA-only layers, no YaRN
+    compress_rope: tuple[torch.Tensor, torch.Tensor]  # [batch·T, rd/2]; compressed layers + YaRN
+    seq_compress_rope: tuple[torch.Tensor, torch.Tensor]  # [T, rd/2]: per-sequence (indexer)
     compress_rope_fn: Rope  # for compressed entries at their window positions
     numerics: Numerics
     ops: Ops
+    batch: int = 1
+    train: TrainHooks | None = None
+
+
+@dataclass
+class TrainHooks:
+    """Training-only behaviour, collected while the forward runs (see reference/training/)."""
+
+    dense_csa: bool = False  # CSA layers attend every visible entry (indexer warm-up)
+    indexer_losses: list[torch.Tensor] | None = None  # KL(attention over entries || indexer)
+    expert_loads: dict[int, torch.Tensor] | None = None  # layer -> tokens routed per expert
 
 
 # ---- mHC ----------------------------------------------------------------------------------------
@@ -280,21 +294,31 @@ class Indexer(nn.Module):
         self.weights_proj = _linear(a.hidden_size, a.index_n_heads)
         self.compressor = Compressor(a, a.index_head_dim, CSA_RATIO)
 
-    def forward(
+    def scores(
         self, x: torch.Tensor, qr: torch.Tensor, step: Step, state: CompressorState
-    ) -> torch.Tensor:
-        """-> [T, index_topk] entry ids, valid first, -1 where fewer entries are visible."""
+    ) -> torch.Tensor | None:
+        """One sequence: x [T, dim], qr [T, q_lora] -> scores [T, S] fp32 (-inf where not yet
+        visible), or None while no entry exists. Appends this chunk's entries to `state`."""
         self.compressor(x, step, state)
         keys = state.entries.view()  # [S, d_I]
         T = x.shape[0]
         if keys.shape[0] == 0:
-            return torch.full((T, self.topk), -1, dtype=torch.int64, device=x.device)
-        q = apply_rope(self.wq_b(qr).view(T, self.n_heads, self.head_dim), *step.compress_rope)
+            return None
+        q = self.wq_b(qr).view(T, self.n_heads, self.head_dim)
+        q = apply_rope(q, *step.seq_compress_rope)
         w = self.weights_proj(x) * (self.head_dim**-0.5 * self.n_heads**-0.5)  # [T, H_I]
         n_visible = torch.clamp((step.positions + 1) // CSA_RATIO, max=keys.shape[0])
         mode = step.numerics.indexer_mode
-        logits_fn = indexer_logits_ref if mode is None else step.ops.indexer_patched
-        scores = logits_fn(q, w, keys, n_visible, mode=mode or "fp32")  # [T, S]
+        logits_fn = step.ops.indexer if mode is None else step.ops.indexer_patched
+        return logits_fn(q, w, keys, n_visible, mode=mode or "fp32")  # [T, S]
+
+    def forward(
+        self, x: torch.Tensor, qr: torch.Tensor, step: Step, state: CompressorState
+    ) -> torch.Tensor:
+        """-> [T, index_topk] entry ids, valid first, -1 where fewer entries are visible."""
+        scores = self.scores(x, qr, step, state)
+        if scores is None:
+            return torch.full((x.shape[0], self.topk), -1, dtype=torch.int64, device=x.device)
         return indexer_topk(scores, self.topk)
 
 
@@ -322,6 +346,27 @@ def key_lists(
     win_rows = (positions - n_win + 1 - window_start)[:, None] + (j - nc)
     out = torch.where(j < total[:, None], win_rows, -1)
     return torch.where(j < nc, comp_rows, out)
+
+
+def indexer_distillation(
+    q: torch.Tensor, entries: torch.Tensor, scores: torch.Tensor, n_visible: torch.Tensor
+) -> torch.Tensor:
+    """KL(main attention over compressed entries || indexer), the lightning indexer's training
+    signal (DeepSeek-V3.2): the target is the heads' mean attention distribution over the
+    visible entries (detached); scores [T, S] are the indexer's logits. Mean over queries that
+    see at least one entry. q [T, H, D], entries [S, D]."""
+    S = scores.shape[1]
+    visible = torch.arange(S, device=q.device)[None, :] < n_visible[:, None]  # [T, S]
+    rows = visible.any(1)
+    if not bool(rows.any()):
+        return scores.new_zeros(())
+    with torch.no_grad():
+        logits = torch.einsum("thd,sd->ths", q[rows], entries[:S]) * q.shape[-1] ** -0.5
+        logits = logits.masked_fill(~visible[rows][:, None, :], float("-inf"))
+        target = torch.softmax(logits, dim=-1).mean(1)  # [T', S]
+    log_q = torch.log_softmax(scores[rows].masked_fill(~visible[rows], float("-inf")), dim=-1)
+    kl = target * (torch.log(target.clamp_min(1e-12)) - log_q.clamp_min(-1e4))
+    return kl.masked_fill(~visible[rows], 0.0).sum(-1).mean()
 
 
 # ---- attention ----------------------------------------------------------------------------------
@@ -352,17 +397,54 @@ class Attention(nn.Module):
         index = self.indexer.compressor.new_state(device) if self.indexer is not None else None
         return LayerCache(empty, 0, comp, index)
 
-    def forward(self, x: torch.Tensor, step: Step, cache: LayerCache) -> torch.Tensor:
-        """x [T, dim] (normed) -> [T, dim]; appends to `cache`."""
-        a, T = self.a, x.shape[0]
+    def forward(
+        self, x: torch.Tensor, step: Step, cache: LayerCache | list[LayerCache]
+    ) -> torch.Tensor:
+        """x [B·T, dim] (normed; B = len(cache) sequences) -> [B·T, dim]; appends to the
+        caches. Every sequence gets its own key pool; one attention call covers the batch."""
+        a, N = self.a, x.shape[0]
         H, D = a.num_attention_heads, a.head_dim
         cos, sin = step.compress_rope if self.ratio else step.main_rope
-        qr = self.q_norm(self.wq_a(x))  # [T, q_lora]; also the indexer's query input
-        q = self.wq_b(qr).view(T, H, D)
+        qr = self.q_norm(self.wq_a(x))  # [N, q_lora]; also the indexer's query input
+        q = self.wq_b(qr).view(N, H, D)
         q = apply_rope(
             q * torch.rsqrt(q.square().mean(-1, keepdim=True) + a.rms_norm_eps), cos, sin
         )
-        kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)  # [T, D]
+        kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)  # [N, D]
+        caches = cache if isinstance(cache, list) else [cache]
+        T = N // len(caches)
+        pools, lists, offset = [], [], 0
+        for b, seq_cache in enumerate(caches):
+            rows = slice(b * T, (b + 1) * T)
+            pool, idx = self._keys(x[rows], qr[rows], q[rows], kv[rows], step, seq_cache)
+            lists.append(torch.where(idx >= 0, idx + offset, -1))
+            pools.append(pool)
+            offset += pool.shape[0]
+        width = max(i.shape[1] for i in lists)
+        idx = torch.cat([F.pad(i, (0, width - i.shape[1]), value=-1) for i in lists])
+        split, partial, merge = step.numerics.attention
+        o = step.ops.attention(
+            q,
+            torch.cat(pools),
+            idx.to(torch.int32),
+            self.attn_sink,
+            D**-0.5,
+            split=split,
+            partial_dtype=getattr(torch, partial),
+            merge=merge,
+        )  # [N, H, D]
+        o = apply_rope(o, cos, sin, inverse=True).reshape(N, a.o_groups, -1)
+        wo_a = self.wo_a.weight.view(a.o_groups, a.o_lora_rank, -1)
+        o = torch.einsum("tgd,grd->tgr", o, wo_a).reshape(N, -1)  # grouped low-rank output
+        return self.wo_b(o)
+
+    def _keys(
+        self, x: torch.Tensor, qr: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, step: Step,
+        cache: LayerCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's key pool [w + m, D] (window rows, then compressed entries) and key
+        lists [T, K]; runs its compressors and indexer and updates its cache."""
+        a, D = self.a, self.a.head_dim
         window = torch.cat((cache.window, kv))  # row r <-> position window_start + r
         window_start = int(step.positions[0]) - cache.window.shape[0]
         n_comp = torch.zeros_like(step.positions)
@@ -372,28 +454,35 @@ class Attention(nn.Module):
             entries = cache.comp.entries.view()  # [m, D]
             n_comp = torch.clamp((step.positions + 1) // self.ratio, max=entries.shape[0])
         if self.indexer is not None:
-            comp_ids = self.indexer(x, qr, step, cache.index)  # [T, topk]
-            n_comp = (comp_ids >= 0).sum(1)
+            comp_ids, n_comp = self._select(x, qr, q, entries, n_comp, step, cache)
         pool = torch.cat((window, entries))  # [w + m, D]
         idx = key_lists(
             step.positions, a.sliding_window, window_start, window.shape[0], n_comp, comp_ids
         )
-        split, partial, merge = step.numerics.attention
-        o = step.ops.attention(
-            q,
-            pool,
-            idx.to(torch.int32),
-            self.attn_sink,
-            D**-0.5,
-            split=split,
-            partial_dtype=getattr(torch, partial),
-            merge=merge,
-        )  # [T, H, D]
         self._keep_window(cache, window, int(step.positions[-1]) + 1)
-        o = apply_rope(o, cos, sin, inverse=True).reshape(T, a.o_groups, -1)
-        wo_a = self.wo_a.weight.view(a.o_groups, a.o_lora_rank, -1)
-        o = torch.einsum("tgd,grd->tgr", o, wo_a).reshape(T, -1)  # grouped low-rank output
-        return self.wo_b(o)
+        return pool, idx
+
+    def _select(
+        self, x: torch.Tensor, qr: torch.Tensor, q: torch.Tensor, entries: torch.Tensor,
+        n_comp: torch.Tensor, step: Step, cache: LayerCache,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """CSA: the indexer's top-k entries (comp_ids [T, topk], their count [T]); in training,
+        every visible entry (dense warm-up) and the indexer's distillation loss."""
+        train = step.train
+        if train is None:
+            comp_ids = self.indexer(x, qr, step, cache.index)
+            return comp_ids, (comp_ids >= 0).sum(1)
+        scores = self.indexer.scores(x, qr, step, cache.index)
+        if train.indexer_losses is not None and scores is not None:
+            train.indexer_losses.append(indexer_distillation(q, entries, scores, n_comp))
+        if train.dense_csa:
+            return None, n_comp
+        if scores is None:
+            T = x.shape[0]
+            return torch.full((T, self.indexer.topk), -1, dtype=torch.int64,
+                              device=x.device), torch.zeros_like(n_comp)
+        comp_ids = indexer_topk(scores, self.indexer.topk)
+        return comp_ids, (comp_ids >= 0).sum(1)
 
     def _keep_window(self, cache: LayerCache, window: torch.Tensor, end: int) -> None:
         keep = min(self.a.sliding_window - 1, window.shape[0])
@@ -512,6 +601,9 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         a, hash_mode = self.a, step.numerics.hash_scaling
         w, ids = self.gate(x, step.tokens)
+        if step.train is not None and step.train.expert_loads is not None:
+            step.train.expert_loads[self.layer_id] = torch.bincount(
+                ids.flatten(), minlength=a.n_routed_experts)
         scale_in_topk = self.gate.is_hash and hash_mode in ("topk", "double-scale")
         scale_in_runner = not (self.gate.is_hash and hash_mode == "topk")
         if scale_in_topk:
@@ -583,8 +675,10 @@ class Block(nn.Module):
         self.attn = Attention(a, layer_id)
         self.ffn = MoE(a, layer_id, expert_ids)
 
-    def forward(self, h: torch.Tensor, step: Step, cache: LayerCache) -> torch.Tensor:
-        """h [T, n, dim] -> [T, n, dim]."""
+    def forward(
+        self, h: torch.Tensor, step: Step, cache: LayerCache | list[LayerCache]
+    ) -> torch.Tensor:
+        """h [T, n, dim] -> [T, n, dim] (T: every token of the step, batch flattened)."""
         mode = step.numerics.mhc_mode
         x, post, comb = hc_pre(
             h, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, self.a, mode
@@ -640,16 +734,25 @@ class Transformer(nn.Module):
         device = self.embed.weight.device
         return ModelCache([blk.attn.new_cache(device) for blk in self.layers])
 
-    def _step(self, tokens: torch.Tensor, start: int) -> Step:
-        positions = torch.arange(start, start + tokens.shape[0], device=tokens.device)
+    def _step(
+        self, tokens: torch.Tensor, start: int, batch: int = 1, train: TrainHooks | None = None
+    ) -> Step:
+        """tokens [batch·T] (sequences flattened), all at positions start..start+T."""
+        T = tokens.shape[0] // batch
+        positions = torch.arange(start, start + T, device=tokens.device)
+        flat = positions.repeat(batch)
+        seq_compress = self.rope_compress.cos_sin(positions)
         return Step(
             tokens,
             positions,
-            self.rope_main.cos_sin(positions),
-            self.rope_compress.cos_sin(positions),
+            self.rope_main.cos_sin(flat),
+            self.rope_compress.cos_sin(flat) if batch > 1 else seq_compress,
+            seq_compress,
             self.rope_compress,
             self.numerics,
             self.ops,
+            batch,
+            train,
         )
 
     def forward_hidden(self, tokens: torch.Tensor, cache: ModelCache) -> torch.Tensor:
@@ -669,6 +772,18 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Full recompute: tokens [T] -> logits [T, vocab]."""
         return self.logits(self.forward_hidden(tokens, self.new_cache()))
+
+    def forward_batch(self, tokens: torch.Tensor, train: TrainHooks | None = None) -> torch.Tensor:
+        """Full recompute of B sequences of equal length: tokens [B, T] -> logits [B, T, vocab]
+        (for training; each sequence gets its own cache, token-wise ops run batched)."""
+        B, T = tokens.shape
+        caches = [self.new_cache() for _ in range(B)]
+        flat = tokens.reshape(-1)
+        step = self._step(flat, 0, B, train)
+        h = self.embed(flat)[:, None, :].expand(-1, self.a.hc_mult, -1)
+        for i, block in enumerate(self.layers):
+            h = block(h, step, [c.layers[i] for c in caches])
+        return self.logits(h).view(B, T, -1)
 
     def mtp_logits(
         self, h: torch.Tensor, next_tokens: torch.Tensor, depth: int = 0

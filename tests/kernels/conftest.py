@@ -5,12 +5,20 @@ runs, is enough."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:  # a plain checkout (e.g. the GPU box) where the package is not pip-installed
+    import dsv4bisect.kernels  # noqa: F401
+except ImportError:
+    import dsv4bisect
+
+    dsv4bisect.__path__.append(str(Path(__file__).resolve().parents[2]))
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -191,7 +193,7 @@ def captured_attention(model, patches: dict[str, str], tokens: torch.Tensor) -> 
         calls.append((q, kv, indices, sink, scale))
         return real(q, kv, indices, sink, scale, **kw)
 
-    model.ops = Ops(record, model.ops.indexer_patched)
+    model.ops = dataclasses.replace(model.ops, attention=record)
     with torch.inference_mode():
         model(tokens)
     return calls
