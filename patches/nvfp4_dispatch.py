@@ -19,7 +19,7 @@ Upstream site: `ModelOptFp4Config.get_quant_method` / `ModelOptMixedPrecisionCon
 
 from __future__ import annotations
 
-from dsv4bisect.patching.spec import Patch, SglangDelivery, Variant
+from dsv4bisect.patching.spec import Condition, Patch, SglangDelivery, Variant
 
 _QUANT = "sglang.srt.layers.quantization.modelopt_quant"
 _HOOKS = (
@@ -38,6 +38,13 @@ PATCH = Patch(
     variants=(
         Variant("hybrid", "NVFP4 W4A4 routed experts on every MoE layer; everything else as stored"),
         Variant("weights-only", "NVFP4 expert weights, unquantised activations (W4A16)"),
+    ),
+    inert_when=(
+        Condition(
+            "SGLang 0.5.13+ already dispatches FP8/NVFP4 per layer; the hook only records the "
+            "per-layer map (bring your own dispatch change as a custom source patch)",
+            lambda ctx: ctx.kind == "sglang",
+        ),
     ),
     doc=__doc__ or "",
 )

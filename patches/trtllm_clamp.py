@@ -26,6 +26,12 @@ _TARGET = (
     "sglang.srt.layers.quantization.modelopt_quant."
     "ModelOptNvFp4FusedMoEMethod.process_weights_after_loading"
 )
+# 0.5.13 passes `full(runner_config.gemm1_clamp_limit)` to the flashinfer kernel entries it
+# imports at call time; the per-expert division happens around those entries.
+_KERNELS = (
+    "flashinfer.fused_moe.trtllm_fp4_block_scale_moe",
+    "flashinfer.fused_moe.trtllm_fp4_block_scale_routed_moe",
+)
 
 PATCH = Patch(
     name="trtllm-clamp",
@@ -33,7 +39,7 @@ PATCH = Patch(
     tier=3,
     touches=("moe.clamp[trtllm]",),
     reference="routed-expert SwiGLU clamp on NVFP4 layers when the MoE backend is TRT-LLM",
-    sglang=SglangDelivery(hooks={"0.5.13": (_TARGET,), "0.5.14": (_TARGET,)}),
+    sglang=SglangDelivery(hooks={"0.5.13": (_TARGET, *_KERNELS), "0.5.14": (_TARGET,)}),
     variants=(
         Variant("alpha", "clamp limit swiglu_limit / g1_alpha per expert (upstream 0.5.14)"),
         Variant(

@@ -131,7 +131,9 @@ def _sglang_server(
         role=role, argv=tuple(argv),
         env=_env(env, engine.env, role_env or {}, _patch_env(engine, delivery, True)),
         gpus=tuple(gpus or ()), port=_fixed(engine.port if port is None else port),
-        ready_path="/health_generate", gets_patches=True, schedulers=tp * engine.dp,
+        # dp > 1 always comes with --enable-dp-attention, under which SGLang starts `tp`
+        # schedulers in all (the DP ranks split them), not tp × dp.
+        ready_path="/health_generate", gets_patches=True, schedulers=tp,
     )
 
 

@@ -1,0 +1,63 @@
+"""The dsv4bisect SGLang plugin: installs the hooks of the patches named in DSV4BISECT_PATCHES.
+
+SGLang runs every general plugin of the entry-point group `sglang.srt.plugins` that
+`SGLANG_PLUGINS` whitelists, in the engine's main process and at the top of each scheduler
+process (`run_scheduler_process`), before the model is built and before CUDA graphs are
+captured. `main()` is that entry point. In a scheduler it reads the patch set (wire format,
+`dsv4bisect.patching.wire`), detects the SGLang version and hook layout, installs exactly those
+patches' hooks and writes one receipt per patch into DSV4BISECT_RECEIPTS. With no patches it
+installs nothing and writes nothing. Outside a scheduler (no model is built there) it does
+nothing. This module imports no torch and no SGLang; the hook modules do, when installing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from dsv4bisect import env as envvars
+
+logger = logging.getLogger("dsv4bisect.plugin")
+
+
+class PluginRefused(RuntimeError):
+    """Raised after writing the receipts when a requested patch could not be installed, so
+    SGLang's log shows the failure too (SGLang logs a plugin's exception and goes on)."""
+
+
+def main() -> None:
+    """Entry point (`sglang.srt.plugins`: `dsv4bisect = dsv4bisect.plugin:main`)."""
+    wire = os.environ.get(envvars.PATCHES, "").strip()
+    if not wire:
+        return  # nothing requested: install nothing, change nothing
+    from dsv4bisect.plugin.context import current_process
+
+    process = current_process()
+    if process.kind != "scheduler":
+        logger.info("dsv4bisect: not a scheduler process (no model here); no hooks installed")
+        return
+    run(wire, process)
+
+
+def run(wire: str, process: object) -> list[object]:
+    """Parse, detect, install, write receipts; raise PluginRefused if anything was refused."""
+    from dsv4bisect.patching.registry import builtin_patches
+    from dsv4bisect.patching.wire import parse_patch_set
+    from dsv4bisect.plugin.install import install_patches
+    from dsv4bisect.plugin.receipts import OK_STATES, ReceiptWriter
+    from dsv4bisect.plugin.versions import detect_sglang
+
+    known = builtin_patches()
+    patches = parse_patch_set(wire, known)  # PatchError on unknown names: SGLang logs it
+    directory = os.environ.get(envvars.RECEIPTS)
+    writer = ReceiptWriter(Path(directory) if directory else None, process)  # type: ignore[arg-type]
+    declared = {name: dict(p.sglang.hooks) for name, p in known.items()}
+    receipts = install_patches(patches, detect_sglang(), writer, declared)
+    bad = [r for r in receipts if r.state not in OK_STATES]
+    for r in receipts:
+        logger.info("dsv4bisect: %s:%s %s%s", r.patch, r.variant, r.state,
+                    f" ({r.reason})" if r.reason else "")
+    if bad:
+        raise PluginRefused("; ".join(f"{r.patch}: {r.state}: {r.reason}" for r in bad))
+    return list(receipts)

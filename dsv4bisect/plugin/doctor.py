@@ -1,0 +1,196 @@
+"""`dsv4bisect doctor`: is this machine ready to run a profile's patches on SGLang?
+
+Checks, each a row with what to fix: the SGLang version in the engine's Python (or none) and
+its hook layout; the dsv4bisect entry point visible to that Python; every hook target of the
+profile's patches resolvable with the expected signature — by import in the engine's Python
+when SGLang is installed there, else statically (AST) in a source tree or wheel given with
+`--sglang-src`; the GPUs visible (nvidia-smi) and the env flags SGLang forces on them for
+DeepSeek-V4 (notes §1.3), with the patches whose SGLang path those GPUs never take; fixed ports
+free. Pure functions returning rows: no Typer, no Rich, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsv4bisect.plugin.static import SourceTree, call_keywords, result_index
+from dsv4bisect.plugin.targets import CALL_CONTRACTS, CONTRACT_TARGET, SIGNATURES
+from dsv4bisect.plugin.versions import layout_for
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+SM120_FORCED = {  # server_args.py, DeepseekV4ForCausalLM on SM120 (0.5.13 and 0.5.14)
+    "SGLANG_OPT_USE_TILELANG_MHC_PRE": "False", "SGLANG_OPT_DEEPGEMM_HC_PRENORM": "False",
+    "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "True", "SGLANG_OPT_USE_TOPK_V2": "False",
+    "SGLANG_OPT_FP8_WO_A_GEMM": "False", "--moe-runner-backend auto": "marlin",
+}
+SM120_ONLY = {"mma-decode": "the SM120 decode entry (flash_mla_with_kvcache_sm120)",
+              "triton-indexer": "the SM120 torch indexer (fp8_paged_mqa_logits_torch_sm120)"}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+    fix: str = ""
+
+
+def _py(python: str, code: str, timeout: float = 120) -> tuple[int, str]:
+    try:
+        p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, str(exc)
+    return p.returncode, (p.stdout if p.returncode == 0 else p.stderr).strip()
+
+
+def sglang_version(python: str) -> str | None:
+    """The sglang distribution's version in `python`, or None when it is not installed."""
+    code, out = _py(python, "import importlib.metadata as m; print(m.version('sglang'))")
+    return out.splitlines()[-1] if code == 0 and out else None
+
+
+def check_entry_point(python: str) -> Check:
+    code, out = _py(python, "from importlib.metadata import entry_points as e; print([x.value "
+                            "for x in e(group='sglang.srt.plugins') if x.name=='dsv4bisect'])")
+    if code == 0 and "dsv4bisect.plugin" in out:
+        return Check("plugin entry point", OK, f"{python}: {out}")
+    return Check("plugin entry point", FAIL, f"{python}: not registered ({out[-200:]})",
+                 "pip install dsv4bisect into the engine's Python (same env as SGLang)")
+
+
+def target_checks(targets: Mapping[str, Iterable[str]], layout: str,
+                  src: SourceTree | None, python: str | None) -> list[Check]:
+    """One row per (patch, target): static when `src` is given, else by import in `python`."""
+    table = SIGNATURES[layout]
+    rows: list[Check] = []
+    runtime: dict[str, str | None] = {}
+    if src is None and python is not None:
+        runtime = _runtime_check([t for ts in targets.values() for t in ts], layout, python)
+    for patch, ts in targets.items():
+        for t in ts:
+            sig = table.get(t)
+            name = f"{patch}: {t.rsplit('.', 2)[-2]}.{t.rsplit('.', 1)[-1]}"
+            if src is None:
+                why = runtime.get(t, "not checked")
+                how = "import"
+            elif sig is not None and sig.external:
+                rows.append(Check(name, OK, "outside SGLang: its SGLang call site is checked"))
+                continue
+            else:
+                found = src.resolve(t)
+                why = found if isinstance(found, str) else (
+                    sig.mismatch(found.param_names) if sig else "no expected signature")
+                how = "AST"
+            rows.append(Check(name, FAIL if why else OK, f"{how}: {why or 'as expected'}",
+                              "" if not why else "this SGLang moved the target: use a supported "
+                              "SGLang (0.5.13, 0.5.14) or update dsv4bisect"))
+    return rows
+
+
+def _runtime_check(targets: list[str], layout: str, python: str) -> dict[str, str | None]:
+    code = ("import json; from dsv4bisect.plugin.install import check_targets; "
+            f"print(json.dumps({{t: check_targets([t], {layout!r}) for t in {targets!r}}}))")
+    status, out = _py(python, code, timeout=600)
+    if status != 0:
+        return {t: f"import check failed: {out[-300:]}" for t in targets}
+    return json.loads(out.splitlines()[-1])
+
+
+def contract_checks(patches: Iterable[str], layout: str, src: SourceTree) -> list[Check]:
+    rows = []
+    for key, contracts in CALL_CONTRACTS.items():
+        patch, _, only = key.partition("@")
+        if patch not in patches or (only and only != layout):
+            continue
+        for c in contracts:
+            calls = src.calls(c.module, c.callee, within=c.within)
+            bad = [] if calls else ["no call site"]
+            for call in calls:
+                kw = set(call_keywords(call))
+                if (kw != c.keywords) if c.exact else not c.keywords <= kw:
+                    bad.append(f"keywords {sorted(kw)}")
+                if c.index is not None and result_index(call, src.tree(c.module)) != c.index:
+                    bad.append(f"result not indexed [{c.index}]")
+            rows.append(Check(f"{patch}: call {c.callee}", FAIL if bad else OK,
+                              f"AST: {'; '.join(bad) or 'as expected'} ({c.why})"))
+    return rows
+
+
+def gpus() -> tuple[list[dict[str, str]], str]:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return [], "nvidia-smi not found"
+    try:
+        p = subprocess.run([smi, "--query-gpu=index,name,compute_cap,memory.used,memory.total",
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], str(exc)
+    if p.returncode != 0:
+        return [], p.stderr.strip()[-200:]
+    keys = ("index", "name", "compute_cap", "memory_used", "memory_total")
+    return [dict(zip(keys, (f.strip() for f in line.split(",")))) for line in
+            p.stdout.strip().splitlines() if line.strip()], ""
+
+
+def gpu_checks(found: list[dict[str, str]], why: str, patches: Iterable[str]) -> list[Check]:
+    if not found:
+        return [Check("GPUs", WARN, why or "no GPU visible",
+                      "run doctor on the GPU node that will serve the model")]
+    rows = [Check("GPUs", OK, "; ".join(f"{g['index']}: {g['name']} sm_{g['compute_cap']} "
+                                        f"({g['memory_used']} / {g['memory_total']})"
+                                        for g in found))]
+    sm120 = all(g["compute_cap"].startswith("12.") for g in found)
+    if sm120:
+        flags = ", ".join(f"{k}={v}" for k, v in SM120_FORCED.items())
+        rows.append(Check("SGLang forces (SM120, DeepSeek-V4)", OK, flags,
+                          "these override your env; the patches are delivered as hooks"))
+    else:
+        caps = sorted({g["compute_cap"] for g in found})
+        for p in patches:
+            if p in SM120_ONLY:
+                rows.append(Check(f"{p}: path reached", FAIL, f"GPUs sm_{'/'.join(caps)}: "
+                                  f"SGLang uses {SM120_ONLY[p]} only on SM120",
+                                  f"disable {p} here (its receipts would say never called)"))
+    return rows
+
+
+def port_checks(host: str, ports: Iterable[tuple[str, int]]) -> list[Check]:
+    from dsv4bisect.engines.launcher import port_is_free
+
+    rows = []
+    for label, port in ports:
+        free = port_is_free(host, port)
+        rows.append(Check(f"port {port} ({label})", OK if free else FAIL,
+                          f"{host}:{port} {'free' if free else 'in use'}",
+                          "" if free else "stop what holds it or use port: auto"))
+    return rows
+
+
+Declared = Mapping[str, Mapping[str, tuple[str, ...]]]  # patch -> layout -> hook targets
+
+
+def all_targets(patches: Iterable[str], layout: str,
+                declared: Declared) -> dict[str, tuple[str, ...]]:
+    out = {p: tuple(declared[p].get(layout, ())) for p in patches}
+    out["(contract check)"] = (CONTRACT_TARGET,)
+    return out
+
+
+def source_tree(path: str | None) -> SourceTree | None:
+    return None if path is None else SourceTree(Path(path))
+
+
+def layout_check(version: str | None, where: str) -> tuple[Check, str | None]:
+    if version is None:
+        return Check("SGLang", FAIL, f"not installed ({where})",
+                     "install SGLang next to dsv4bisect, or give --sglang-src"), None
+    layout, why = layout_for(version)
+    if layout is None:
+        return Check("SGLang", FAIL, f"{version} ({where}): {why}",
+                     "use SGLang 0.5.13 or newer"), None
+    return Check("SGLang", OK, f"{version} ({where}), hook layout {layout}"), layout

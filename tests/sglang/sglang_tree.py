@@ -1,0 +1,249 @@
+"""A minimal `sglang` package in sys.modules, built from a downloaded wheel's own source.
+
+SGLang cannot be imported here (it needs CUDA libraries and dozens of dependencies), but the
+pieces the hooks touch are plain Python. This helper loads them from the wheel at test time:
+whole files where they import only the standard library and torch (`hook_registry.py`,
+`flash_mla_sm120.py`), and otherwise single classes or functions extracted by AST
+(`HashTopK`, `DeepseekV4DecoderLayer.hc_pre`, `fp8_paged_mqa_logits_torch_sm120`, …), executed
+in a namespace that provides what their SGLang imports would (flags off, identity maps, the
+NamedTuple they return). The only op supplied here is `hc_split_sinkhorn`, a TileLang GPU
+kernel: `sinkhorn_torch` below is its torch transcription and serves both sides of every
+comparison (SGLang's `hc_pre` and the hook call it the same way). Nothing from the wheel is
+written to disk.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dsv4bisect.plugin.static import SourceTree
+
+
+class Flag:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def get(self) -> Any:
+        return self.value
+
+
+class Envs(SimpleNamespace):
+    """Stand-in for `sglang.srt.environ.envs`: every flag read by the extracted code is off
+    (the torch paths), unless set."""
+
+    def __getattr__(self, name: str) -> Flag:
+        return Flag(False)
+
+
+class StandardTopKOutput(NamedTuple):  # the fields of sglang.srt.layers.moe.topk's type
+    topk_weights: torch.Tensor
+    topk_ids: torch.Tensor
+    router_logits: torch.Tensor
+
+
+def sinkhorn_torch(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
+                   hc_mult: int = 4, sinkhorn_iters: int = 20, eps: float = 1e-6
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """torch transcription of SGLang's TileLang `hc_split_sinkhorn` kernel.
+    mixes [b, s, (2+n)·n] fp32 -> pre [b, s, n], post [b, s, n], comb [b, s, n, n]."""
+    n = hc_mult
+    m = mixes.float()
+    pre = torch.sigmoid(m[..., :n] * hc_scale[0] + hc_base[:n]) + eps
+    post = 2 * torch.sigmoid(m[..., n:2 * n] * hc_scale[1] + hc_base[n:2 * n])
+    c = (m[..., 2 * n:] * hc_scale[2] + hc_base[2 * n:]).unflatten(-1, (n, n))
+    c = torch.exp(c - c.amax(-1, keepdim=True))
+    c = c / c.sum(-1, keepdim=True) + eps
+    c = c / (c.sum(-2, keepdim=True) + eps)
+    for _ in range(sinkhorn_iters - 1):
+        c = c / (c.sum(-1, keepdim=True) + eps)
+        c = c / (c.sum(-2, keepdim=True) + eps)
+    return pre, post, c
+
+
+def extract(source: str, names: list[str], within: str | None = None) -> str:
+    """Source of the named top-level (or `within`-class) definitions, decorators included."""
+    tree = ast.parse(source)
+    body = tree.body
+    if within is not None:
+        cls = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == within)
+        body = cls.body
+    parts = []
+    for name in names:
+        node = next((n for n in body if getattr(n, "name", None) == name
+                     or any(getattr(t, "id", None) == name for t in getattr(n, "targets", []))),
+                    None)
+        if node is None:
+            raise KeyError(f"{name} not found in the wheel source")
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        lines = source.splitlines()[start - 1: node.end_lineno]
+        indent = len(lines[0]) - len(lines[0].lstrip())
+        parts.append("\n".join(line[indent:] for line in lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def _module(name: str, **attrs: Any) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    mod.__dict__.update(attrs)
+    return mod
+
+
+BASE = {"torch": torch, "nn": nn, "F": F, "Optional": Optional, "Tuple": Tuple, "Any": Any,
+        "math": math, "logging": __import__("logging")}
+
+
+class SglangTree:
+    """Context manager: puts the synthetic `sglang` modules into sys.modules, then removes
+    them (and anything imported under `sglang`) on exit."""
+
+    def __init__(self, wheel: str | Path) -> None:
+        self.src = SourceTree(wheel)
+        self.version = self.src.version()
+        self.modules: dict[str, types.ModuleType] = {}
+
+    def __enter__(self) -> SglangTree:
+        if any(m == "sglang" or m.startswith("sglang.") for m in sys.modules):
+            raise RuntimeError("a real or synthetic sglang is already imported")
+        self._build()
+        for name, mod in self.modules.items():
+            sys.modules[name] = mod
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+            del sys.modules[name]
+
+    def _add(self, name: str, mod: types.ModuleType) -> types.ModuleType:
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            cur = ".".join(parts[:i])
+            if i == len(parts):
+                self.modules[cur] = mod
+            elif cur not in self.modules:
+                self.modules[cur] = _module(cur, __path__=[])
+            if i > 1:
+                setattr(self.modules[".".join(parts[:i - 1])], parts[i - 1], self.modules[cur])
+        return mod
+
+    def _exec(self, name: str, code: str, ns: dict[str, Any]) -> types.ModuleType:
+        mod = self._add(name, _module(name))
+        mod.__dict__.update(BASE, **ns)
+        exec(compile(code, f"<{self.src.root.name}:{name}>", "exec"), mod.__dict__)
+        return mod
+
+    def whole(self, name: str) -> types.ModuleType:
+        src = self.src.source(name)
+        assert src is not None, name
+        return self._exec(name, src, {"__name__": name})
+
+    def _build(self) -> None:
+        self.whole("sglang.srt.plugins.hook_registry")
+        old = os.environ.get("SGLANG_SM120_TRITON_FLASHMLA")
+        os.environ["SGLANG_SM120_TRITON_FLASHMLA"] = "0"  # SGLang's pure-torch reference
+        try:
+            self.whole("sglang.srt.layers.attention.flash_mla_sm120")
+        finally:
+            if old is None:
+                os.environ.pop("SGLANG_SM120_TRITON_FLASHMLA")
+            else:
+                os.environ["SGLANG_SM120_TRITON_FLASHMLA"] = old
+        self._add("sglang.srt.layers.mhc", _module("sglang.srt.layers.mhc",
+                                                  hc_split_sinkhorn=sinkhorn_torch))
+        self._add("sglang.srt.server_args", _module(
+            "sglang.srt.server_args",
+            get_global_server_args=lambda: SimpleNamespace(enable_deepep_waterfill=False)))
+        self._hash_topk()
+        self._indexer()
+        self._deepseek_v4()
+        self._add("sglang.srt.models.deepseek_v2", _module("sglang.srt.models.deepseek_v2",
+                                                          DeepseekV2MoE=make_deepseek_v2_moe()))
+
+    def _hash_topk(self) -> None:
+        name = "sglang.srt.layers.moe.hash_topk"
+        ns = dict(envs=Envs(), StandardTopKOutput=StandardTopKOutput,
+                  ExpertLocationDispatchInfo=object,
+                  topk_ids_logical_to_physical=lambda ids, info, *rest: ids,
+                  _mask_topk_ids_padded_region=lambda *a: None,
+                  _zero_topk_weights_padded_region=lambda *a: None,
+                  get_global_expert_distribution_recorder=lambda: SimpleNamespace(
+                      on_select_experts=lambda **k: None),
+                  is_hip=lambda: False, is_npu=lambda: False, _is_hip=False, _is_npu=False,
+                  logger=__import__("logging").getLogger(name))
+        self._exec(name, extract(self.src.source(name) or "", ["HashTopK"]), ns)
+
+    def _indexer(self) -> None:
+        name = "sglang.srt.layers.attention.dsv4.indexer"
+        code = extract(self.src.source(name) or "", ["fp8_paged_mqa_logits_torch_sm120"])
+        self._exec(name, code, {"FP8_DTYPE": torch.float8_e4m3fn})
+
+    def _deepseek_v4(self) -> None:
+        name = "sglang.srt.models.deepseek_v4"
+        src = self.src.source(name) or ""
+        hc_pre = extract(src, ["hc_pre"], within="DeepseekV4DecoderLayer")
+        fused = extract(src, ["_is_fused_mhc_post_pre_enabled"])
+        code = fused + "\n\nclass DeepseekV4DecoderLayer(nn.Module):\n" + "\n".join(
+            "    " + line for line in hc_pre.splitlines()) + "\n"
+        ns = dict(envs=Envs(), _is_hip=False, _is_npu=False, npu_hc_pre=None,
+                  ForwardBatch=object, compile_in_capture_mode=lambda f: f,
+                  _MHC_POST_MULT_VALUE=2.0)
+        self._exec(name, code, ns)
+
+
+def decoder_layer(cls: type, hc_mult: int = 4, eps: float = 1e-6, iters: int = 20) -> Any:
+    """An instance of the synthetic DeepseekV4DecoderLayer with the attributes hc_pre reads."""
+    layer = cls.__new__(cls)
+    nn.Module.__init__(layer)
+    layer.hc_mult, layer.rms_norm_eps, layer.hc_eps, layer.hc_sinkhorn_iters = (
+        hc_mult, eps, eps, iters)
+    return layer
+
+
+def make_deepseek_v2_moe() -> type:
+    """A fresh stand-in class per tree (hooks are applied to the class object)."""
+
+    class ModelOptNvFp4FusedMoEMethod:
+        """Stand-in named like SGLang's NVFP4 MoE method (the contract keys on the class name)."""
+
+        _moe_runner_backend = "triton"
+
+
+    class Fp8MoEMethod:
+        _moe_runner_backend = "triton"
+
+
+    class DeepseekV2MoE(nn.Module):
+        """Stand-in for SGLang's DeepseekV2MoE (whose construction needs a GPU and a distributed
+        setup): same signature, and the attributes the routed-scaling contract reads, with the
+        real extracted HashTopK on hash layers. `config.nvfp4` picks the experts' method."""
+
+        def __init__(self, config: Any, layer_id: int, quant_config: Any = None, prefix: str = "",
+                     alt_stream: Any = None, is_nextn: bool = False, is_deepseek_v4: bool = False,
+                     dsa_enable_prefill_cp: bool = False, mla_enable_prefill_cp: bool = False):
+            super().__init__()
+            self.layer_id = layer_id
+            self.is_hash = layer_id < config.num_hash_layers
+            method = ModelOptNvFp4FusedMoEMethod() if config.nvfp4 else Fp8MoEMethod()
+            self.experts = SimpleNamespace(
+                quant_method=method, should_fuse_routed_scaling_factor_in_topk=config.nvfp4,
+                moe_runner_config=SimpleNamespace(routed_scaling_factor=1.5, swiglu_limit=10.0))
+            if self.is_hash:
+                from sglang.srt.layers.moe.hash_topk import HashTopK
+
+                self.topk = HashTopK(topk=6, num_experts=16, num_fused_shared_experts=0,
+                                     vocab_size=64, routed_scaling_factor=1.5,
+                                     apply_routed_scaling_factor_on_output=config.nvfp4)
+            else:
+                self.topk = SimpleNamespace(topk_config=SimpleNamespace(
+                    apply_routed_scaling_factor_on_output=config.nvfp4))
+
+    return DeepseekV2MoE

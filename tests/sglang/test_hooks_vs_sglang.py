@@ -1,0 +1,211 @@
+"""The hooks against SGLang's own pure-torch versions of the ops they replace (CPU).
+
+Each test builds a synthetic `sglang` from the downloaded wheel (tests/sglang/sglang_tree.py),
+keeps SGLang's original function, installs the patch through the real installer and SGLang's
+real HookRegistry, and compares: SGLang itself is the reference.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from hookenv import by_patch, install
+from sglang_tree import SglangTree, decoder_layer
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@pytest.fixture
+def tree(wheel):
+    with SglangTree(wheel) as t:
+        yield t
+
+
+# ------------------------------------------------------------------------------ mhc-bf16
+def _hc_inputs(T: int, D: int = 256, n: int = 4, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, n, D, generator=g).to(torch.bfloat16)
+    fn = torch.randn(24, n * D, generator=g) * (n * D) ** -0.5
+    scale = torch.tensor([0.8, 1.1, 0.9])
+    base = torch.randn(24, generator=g) * 0.1
+    return x, fn, scale, base
+
+
+def test_mhc_bf16_hook_keeps_the_contract_and_only_rounds_the_gemm(tree):
+    from dsv4bisect.plugin.hooks_mhc import hc_pre as hook_hc_pre
+    import sglang.srt.models.deepseek_v4 as v4
+
+    cls = v4.DeepseekV4DecoderLayer
+    layer = decoder_layer(cls)
+    x, fn, scale, base = _hc_inputs(33)
+    ref = cls.hc_pre(layer, x, fn, scale, base)  # SGLang's torch path (fp32 GEMM)
+    same = hook_hc_pre(layer, x, fn, scale, base, mode="fp32")
+    for a, b in zip(same[:3], ref[:3]):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert rel(a, b) < 1e-5
+    assert same[3] is ref[3] is False
+    receipts, _ = install(tree.version, {"mhc-bf16": "bf16"})
+    assert by_patch(receipts)["mhc-bf16"].state == "installed"
+    got = cls.hc_pre(layer, x, fn, scale, base)  # now the hook, bf16 mixes
+    errs = [rel(a, b) for a, b in zip(got[:3], ref[:3])]
+    assert all(1e-6 < e < 3e-2 for e in errs), errs  # bf16 rounding, nothing else
+    empty = cls.hc_pre(layer, x[:0], fn, scale, base)
+    assert [t.shape for t in empty[:3]] == [(0, 256), (0, 4), (0, 4, 4)]
+
+
+# ----------------------------------------------------------------------- hash-topk-scaling
+def _hash_topk(cls, apply: bool, vocab: int = 64, experts: int = 16, rsf: float = 1.5):
+    return cls(topk=6, num_experts=experts, num_fused_shared_experts=0, vocab_size=vocab,
+               routed_scaling_factor=rsf, apply_routed_scaling_factor_on_output=apply)
+
+
+def _route(m, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 64, (20,), generator=g)
+    logits = torch.randn(20, 16, generator=g)
+    return m(torch.zeros(20, 8), logits, ids)
+
+
+def test_hash_topk_scaling_matches_upstream_0514(wheel):
+    from wheels import wheel_of
+
+    with SglangTree(wheel_of("0.5.14")):
+        import sglang.srt.layers.moe.hash_topk as h14
+
+        upstream = _route(_hash_topk(h14.HashTopK, True))
+        unscaled = _route(_hash_topk(h14.HashTopK, False))
+    assert torch.allclose(upstream.topk_weights.sum(-1), torch.full((20,), 1.5))
+    with SglangTree(wheel_of("0.5.13")) as t13:
+        import sglang.srt.layers.moe.hash_topk as h13
+
+        with pytest.raises(AssertionError, match="not implemented"):
+            _hash_topk(h13.HashTopK, True)  # stock 0.5.13
+        receipts, _ = install(t13.version, {"hash-topk-scaling": "topk"})
+        assert by_patch(receipts)["hash-topk-scaling"].state == "installed"
+        ours = _route(_hash_topk(h13.HashTopK, True))
+        off = _route(_hash_topk(h13.HashTopK, False))
+    assert torch.equal(ours.topk_ids, upstream.topk_ids)
+    assert torch.equal(ours.topk_weights, upstream.topk_weights)
+    assert torch.equal(off.topk_weights, unscaled.topk_weights)
+
+
+@pytest.mark.parametrize("apply", [False, True])
+def test_double_scale_fault_is_one_rsf_too_many(wheel, apply):
+    """`double-scale` multiplies HashTopK's weights by rsf on top of the correct scaling."""
+    def weights(variant: str | None) -> torch.Tensor:
+        with SglangTree(wheel) as t:
+            import sglang.srt.layers.moe.hash_topk as h
+
+            if variant is not None:
+                install(t.version, {"hash-topk-scaling": variant})
+            return _route(_hash_topk(h.HashTopK, apply)).topk_weights
+
+    good = weights("topk" if SglangTree(wheel).version == "0.5.13" else None)
+    assert torch.allclose(weights("double-scale"), good * 1.5, rtol=1e-6)
+
+
+# -------------------------------------------------------------------------------- mma-decode
+def _paged_case(B: int, H: int, n_swa: int, n_extra: int, seed: int = 0):
+    """Synthetic FP8 MODEL1 pages in SGLang's layout (SWA page 256, C4 page 64) and
+    SGLang-style decode arguments."""
+    from dsv4bisect.kernels.sparse_attention import model1_pack
+
+    g = torch.Generator().manual_seed(seed)
+    swa_rows, extra_rows = 600, 300
+    swa = model1_pack(torch.randn(swa_rows, 512, generator=g), 256)  # [pages, page_bytes]
+    ext = model1_pack(torch.randn(extra_rows, 512, generator=g), 64)
+
+    def view(raw, P):  # SGLang passes a [pages, P, 1, bytes/token] fp8 view with page stride
+        return raw.view(torch.float8_e4m3fn).as_strided((raw.shape[0], P, 1, 584),
+                                                        (raw.shape[1], 584, 584, 1))
+
+    idx = torch.randint(0, swa_rows, (B, 1, n_swa), generator=g, dtype=torch.int32)
+    idx[0, 0, -3:] = -1
+    eidx = torch.randint(0, extra_rows, (B, 1, n_extra), generator=g, dtype=torch.int32)
+    kw = dict(q=(torch.randn(B, 1, H, 512, generator=g) * 0.3).to(torch.bfloat16),
+              k_cache=view(swa, 256), head_dim_v=512, softmax_scale=512 ** -0.5,
+              indices=idx, topk_length=torch.randint(n_swa // 2, n_swa + 1, (B,), generator=g,
+                                                     dtype=torch.int32),
+              attn_sink=torch.randn(H, generator=g), extra_k_cache=view(ext, 64),
+              extra_indices_in_kvcache=eidx, extra_topk_length=torch.full((B,), n_extra,
+                                                                          dtype=torch.int32))
+    return kw
+
+
+@pytest.mark.parametrize("variant,lo,hi", [("split-k-fp32", 0.0, 2e-5),
+                                           ("split-k", 1e-5, 2e-2),
+                                           ("merge-no-rescale", 5e-2, 10.0)])
+def test_mma_decode_against_sglang_torch_decode(tree, variant, lo, hi):
+    import sglang.srt.layers.attention.flash_mla_sm120 as mla
+
+    kw = _paged_case(B=3, H=8, n_swa=128, n_extra=200)
+    ref_out, ref_lse = mla.flash_mla_with_kvcache_sm120(**kw)  # SGLang's torch fallback
+    assert mla._sm120_default_backend == "torch"
+    receipts, _ = install(tree.version, {"mma-decode": variant})
+    assert by_patch(receipts)["mma-decode"].state == "installed"
+    out, lse = mla.flash_mla_with_kvcache_sm120(**kw)
+    assert out.shape == ref_out.shape and out.dtype == torch.bfloat16 and lse is None
+    assert lo <= rel(out, ref_out) < hi, rel(out, ref_out)
+
+
+def test_mma_decode_kernel_interpreted_matches_sglang(tree, monkeypatch):
+    """The Triton kernel itself (TRITON_INTERPRET=1), small shape, through the hook."""
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available():
+        assert os.environ.get("TRITON_INTERPRET") == "1"  # set by conftest before any kernel
+    monkeypatch.setenv("DSV4BISECT_PLUGIN_KERNELS", "triton")
+    import sglang.srt.layers.attention.flash_mla_sm120 as mla
+
+    kw = _paged_case(B=1, H=16, n_swa=70, n_extra=20, seed=3)
+    ref_out, _ = mla.flash_mla_with_kvcache_sm120(**kw)
+    install(tree.version, {"mma-decode": "split-k-fp32"})
+    out, _ = mla.flash_mla_with_kvcache_sm120(**kw)
+    assert rel(out, ref_out) < 1e-2  # interpreted operands are bf16-rounded like the GPU's
+
+
+# ---------------------------------------------------------------------------- triton-indexer
+def _indexer_case(B: int, H: int, max_seq: int, seed: int = 0):
+    from dsv4bisect.kernels.indexer import pack_indexer_pages
+
+    g = torch.Generator().manual_seed(seed)
+    n_pages = math.ceil(max_seq / 64)
+    pages = pack_indexer_pages(torch.randn(n_pages * 64 * B, 128, generator=g))
+    perm = torch.randperm(pages.shape[0], generator=g)[: B * n_pages].view(B, n_pages)
+    q = (torch.randn(B, 1, H, 128, generator=g) * 4).to(torch.float8_e4m3fn)
+    w = torch.randn(B, H, generator=g) * 128 ** -0.5 * H ** -0.5
+    lens = torch.randint(1, max_seq + 1, (B, 1), generator=g, dtype=torch.int32)
+    return q, pages, w, lens, perm.to(torch.int32), max_seq
+
+
+@pytest.mark.parametrize("variant,lo,hi", [("fp32", 0.0, 1e-5), ("bf16", 1e-5, 1e-2)])
+def test_triton_indexer_against_sglang_torch_logits(tree, variant, lo, hi):
+    import sglang.srt.layers.attention.dsv4.indexer as ix
+
+    q, pages, w, lens, pt, max_seq = _indexer_case(B=4, H=16, max_seq=300)
+    ref = ix.fp8_paged_mqa_logits_torch_sm120(q, pages, w, lens, pt, None, max_seq, False)
+    install(tree.version, {"triton-indexer": variant})
+    got = ix.fp8_paged_mqa_logits_torch_sm120(q, pages, w, lens, pt, None, max_seq, False)
+    assert got.shape == ref.shape == (4, max_seq) and got.dtype == torch.float32
+    assert torch.equal(torch.isinf(got), torch.isinf(ref))
+    fin = torch.isfinite(ref)
+    assert lo <= rel(got[fin], ref[fin]) < hi
+
+
+def test_triton_indexer_kernel_interpreted_matches_sglang(tree, monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("DSV4BISECT_PLUGIN_KERNELS", "triton")
+    import sglang.srt.layers.attention.dsv4.indexer as ix
+
+    q, pages, w, lens, pt, max_seq = _indexer_case(B=2, H=16, max_seq=130, seed=5)
+    ref = ix.fp8_paged_mqa_logits_torch_sm120(q, pages, w, lens, pt, None, max_seq, False)
+    install(tree.version, {"triton-indexer": "fp32"})
+    got = ix.fp8_paged_mqa_logits_torch_sm120(q, pages, w, lens, pt, None, max_seq, False)
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(got)) and rel(got[fin], ref[fin]) < 1e-5
