@@ -2,9 +2,10 @@
 fields) and safetensors shards under DeepSeek's tensor names, plus `model.safetensors.index.json`.
 
 - `CheckpointReader` reads tensors lazily by name (`safe_open`, one shard header at a time; never a
-  whole file) from one file or sharded shards. `get_weight` dequantises DeepSeek's stored formats
-  to fp32: FP8-E4M3 weights with a `.scale` sidecar per 128x128 block, and FP4-E2M1 experts
-  (two codes per byte, low nibble first) with a `.scale` per 32 values (UE8M0 power-of-two scales).
+  whole file) from one file or sharded shards. `get_weight` dequantises the stored formats to
+  fp32 (`quant_formats`): FP8-E4M3 with 128x128 block scales (UE8M0 or fp32) or ModelOpt
+  per-tensor scales, MXFP4 experts (E2M1 + a UE8M0 scale per 32), NVFP4 (E2M1 + an E4M3 scale
+  per 16 + an fp32 global scale, ModelOpt layout).
 - `save_checkpoint` writes config.json, shards of at most `max_shard_bytes` and the index.
 - `init_module` / `random_model` give a deterministic random model from a seed (each tensor from
   its own generator seeded by (seed, name), so one layer initialises identically alone or whole).
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from dsv4bisect.errors import ConfigError
+from dsv4bisect.reference import quant_formats
 from dsv4bisect.reference.config import ModelArgs
 from dsv4bisect.reference.model import Block, Transformer, build_block, build_model
 
@@ -38,6 +39,13 @@ FP8_BLOCK = 128  # DeepSeek's weight_block_size [128, 128]
 FP4_GROUP = 32  # MXFP4 experts: one UE8M0 scale per 32 values
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _HINT = "a DeepSeek-V4 checkpoint is a directory with config.json and *.safetensors shards"
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F8_E8M0": torch.float8_e8m0fnu, "F4": torch.float4_e2m1fn_x2, "I64": torch.int64,
+    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 def read_config(path: str | Path) -> ModelArgs:
@@ -102,16 +110,25 @@ class CheckpointReader:
         """The tensor as stored."""
         return self._handle(self._file(name)).get_tensor(name)
 
+    def dtype(self, name: str) -> torch.dtype:
+        """The stored dtype of `name`, from the shard header (no tensor data is read)."""
+        code = self._handle(self._file(name)).get_slice(name).get_dtype()
+        return _SAFETENSORS_DTYPES[code]
+
+    def stored_format(self, name: str) -> str:
+        """How `name` is stored (`fp8-block`, `mxfp4`, `nvfp4`, `bf16`, ...; see
+        `quant_formats`), from headers only."""
+        sidecars = {role: (self.dtype(n), self.shape(n))
+                    for role, n in quant_formats.sidecar_names(name).items() if n in self}
+        return quant_formats.classify(name, self.dtype(name), self.shape(name), sidecars)
+
     def get_weight(self, name: str) -> torch.Tensor:
-        """The tensor as the model uses it: fp32 (dequantised from FP8/FP4 with its `.scale`
-        sidecar when stored so), integers as int64."""
-        t = self.get(name)
-        scale_name = name[: -len(".weight")] + ".scale" if name.endswith(".weight") else None
-        if scale_name is not None and scale_name in self:
-            return _dequantize(name, t, self.get(scale_name))
-        if not t.dtype.is_floating_point:
-            return t.long()
-        return t.float()
+        """The tensor as the model uses it: fp32 (dequantised from FP8 / MXFP4 / NVFP4 with its
+        sidecars when stored so, see `quant_formats`), integers as int64."""
+        fmt = self.stored_format(name)
+        sidecars = {role: self.get(n) for role, n in quant_formats.sidecar_names(name).items()
+                    if n in self and role != "input_scale"}
+        return quant_formats.dequantize(name, fmt, self.get(name), sidecars)
 
     def _file(self, name: str) -> Path:
         if name not in self._where:
@@ -129,45 +146,6 @@ class CheckpointReader:
 
 
 # ---- DeepSeek storage formats -------------------------------------------------------------------
-
-
-def _scale_values(scale: torch.Tensor) -> torch.Tensor:
-    """UE8M0 scales stored as float8_e8m0fnu or raw uint8 exponents (2^(b-127)), or floats."""
-    if scale.dtype == torch.uint8:
-        return torch.exp2(scale.float() - 127.0)
-    return scale.float()
-
-
-def _dequantize(name: str, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    s = _scale_values(scale)
-    if w.dtype == torch.float8_e4m3fn:  # FP8 weight, one scale per 128x128 block
-        rows, cols = w.shape
-        if s.shape != (math.ceil(rows / FP8_BLOCK), math.ceil(cols / FP8_BLOCK)):
-            raise ConfigError(
-                f"`{name}`: FP8 scale shape {tuple(s.shape)} does not match "
-                f"{FP8_BLOCK}x{FP8_BLOCK} blocks of {tuple(w.shape)}",
-                _HINT,
-            )
-        if (
-            rows % FP8_BLOCK == 0 and cols % FP8_BLOCK == 0
-        ):  # broadcast over [R/128, 128, C/128, 128]
-            blocks = w.float().view(rows // FP8_BLOCK, FP8_BLOCK, cols // FP8_BLOCK, FP8_BLOCK)
-            return (blocks * s[:, None, :, None]).view(rows, cols)
-        full = s.repeat_interleave(FP8_BLOCK, 0)[:rows].repeat_interleave(FP8_BLOCK, 1)[:, :cols]
-        return w.float() * full
-    if w.dtype in (torch.int8, torch.uint8, torch.float4_e2m1fn_x2):  # FP4, 2 codes per byte
-        codes = w.view(torch.uint8)
-        lut = torch.tensor(_E2M1 + tuple(-v for v in _E2M1))
-        rows, n_in = codes.shape[0], 2 * codes.shape[1]
-        if s.shape[0] != rows or n_in % s.shape[1]:
-            raise ConfigError(
-                f"`{name}`: FP4 scale shape {tuple(s.shape)} does not match {rows} x {n_in} values",
-                _HINT,
-            )
-        vals = torch.empty(rows, n_in)
-        vals[:, 0::2], vals[:, 1::2] = lut[(codes & 0x0F).long()], lut[(codes >> 4).long()]
-        return (vals.view(rows, s.shape[1], -1) * s[..., None]).view(rows, n_in)
-    raise ConfigError(f"`{name}` has a `.scale` sidecar but dtype {w.dtype}", _HINT)
 
 
 def to_deepseek_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -333,7 +311,7 @@ def load_into(
         )
     if reject_unknown:
         known = {prefix + k for k in expected}
-        sidecars = {n[: -len(".weight")] + ".scale" for n in known if n.endswith(".weight")}
+        sidecars = {side for n in known for side in quant_formats.sidecar_names(n).values()}
         unknown = sorted(n for n in available if n.startswith(prefix) and n not in known | sidecars)
         if unknown:
             raise ConfigError(
