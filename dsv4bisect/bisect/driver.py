@@ -1,0 +1,318 @@
+"""The bisect loop: ask the search, look up the ledger, run what is missing, record, repeat.
+
+Everything that touches the outside world is here; the search stays pure. The driver decides
+what a trial means for the search: WARN is FAIL unless `warn_as="pass"`; CANNOT_TEST is
+retried once, then SKIP (routed around); two crashes of a configuration are a FAIL with
+signature "crash" (at the good end they are SKIP: the good end must be testable).
+A resume replays the ledger into a fresh search; the search is deterministic given its
+records, so the same trials come back in the same order and none is run twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsv4bisect.bisect.events import (
+    Event,
+    StepDecided,
+    TrialFinished,
+    TrialStarted,
+    progress_of,
+    result_json,
+)
+from dsv4bisect.bisect.evidence import record_noise_evidence
+from dsv4bisect.bisect.ledger import Ledger, NoiseEstimate, StepRow, TrialKey
+from dsv4bisect.bisect.records import Outcome
+from dsv4bisect.bisect.runner import CRASH, Runner, TrialResult, Verdict
+from dsv4bisect.bisect.search import Search, SearchResult, Status
+from dsv4bisect.bisect.spec import BisectSpec
+from dsv4bisect.errors import BisectError
+
+RUN_FILE = "bisect.json"  # in the run directory: the run id and the ledger it lives in
+
+
+@dataclass(frozen=True)
+class BisectOutcome:
+    run_id: str
+    run_dir: Path
+    spec: BisectSpec
+    result: SearchResult
+    steps: tuple[StepRow, ...]  # the search's records, in order (report: every trial)
+    trials_run: int  # trials this invocation launched (the rest came from the ledger)
+    measured_noise: NoiseEstimate
+
+
+@dataclass(frozen=True)
+class _Slot:
+    step: int
+    subset: frozenset[str]
+    seed_block: int
+    key: TrialKey
+    patches: dict[str, str]
+
+
+@dataclass(frozen=True)
+class _Decision:
+    outcome: Outcome
+    signature: str | None
+    trial_id: int | None
+    reused: bool
+
+
+def start_bisect(
+    spec: BisectSpec,
+    runner: Runner,
+    ledger: Ledger,
+    run_dir: str | Path,
+    on_event: Callable[[Event], None] | None = None,
+) -> BisectOutcome:
+    """Start a bisect in `run_dir` (created), recorded in `ledger`."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if (run_dir / RUN_FILE).exists():
+        raise BisectError(f"`{run_dir}` already holds a bisect", "resume it with --resume")
+    settings = {**spec.to_json(), "probe": runner.probe_hash}
+    run_id = ledger.create_run(run_dir, settings)
+    (run_dir / RUN_FILE).write_text(
+        json.dumps({"run_id": run_id, "ledger": str(ledger.path.resolve())}, indent=2) + "\n"
+    )
+    return _Driver(spec, runner, ledger, run_id, run_dir, on_event).drive()
+
+
+def resume_bisect(
+    run_dir: str | Path,
+    runner: Runner,
+    on_event: Callable[[Event], None] | None = None,
+    ledger: Ledger | None = None,
+) -> BisectOutcome:
+    """Continue the bisect of `run_dir`; finished trials are reused, interrupted ones re-run.
+    Without `ledger`, the ledger named in the run directory is opened (and closed)."""
+    run_dir = Path(run_dir)
+    try:
+        info = json.loads((run_dir / RUN_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise BisectError(
+            f"`{run_dir}` is not a bisect run directory ({exc})",
+            f"pass the directory that holds {RUN_FILE}",
+        ) from exc
+    own = ledger is None
+    ledger = ledger or Ledger.open(info["ledger"])
+    try:
+        run = ledger.get_run(info["run_id"])
+        if run.settings.get("probe") != runner.probe_hash:
+            raise BisectError(
+                "the probe (or test command) differs from the one this bisect started with",
+                "start a new bisect, or resume with the same one",
+            )
+        spec = BisectSpec.from_json(run.settings)
+        ledger.abandon_running(run.id)
+        return _Driver(spec, runner, ledger, run.id, run_dir, on_event).drive()
+    finally:
+        if own:
+            ledger.close()
+
+
+class _Driver:
+    def __init__(
+        self,
+        spec: BisectSpec,
+        runner: Runner,
+        ledger: Ledger,
+        run_id: str,
+        run_dir: Path,
+        on_event: Callable[[Event], None] | None,
+    ) -> None:
+        self.spec, self.runner, self.ledger = spec, runner, ledger
+        self.run_id, self.run_dir = run_id, run_dir
+        self.emit = on_event or (lambda event: None)
+        self.trials_run = 0
+        self.launched: set[int] = set()  # trial ids run by this invocation
+
+    def drive(self) -> BisectOutcome:
+        search = self.spec.search()
+        seen: Counter[frozenset[str]] = Counter()
+        step = 0
+        pool = ThreadPoolExecutor(self.spec.parallel) if self.spec.parallel > 1 else None
+        clean = False
+        try:
+            while proposals := search.next():
+                self.emit(progress_of(search))
+                slots = []
+                for subset in proposals:
+                    slots.append(self._slot(step, subset, seen[subset]))
+                    seen[subset] += 1  # a re-test in this bisect draws the next seed block
+                    step += 1
+                for slot, decision in zip(slots, self._run_round(slots, pool)):
+                    search.record(slot.subset, decision.outcome)
+                    self.ledger.put_step(
+                        self.run_id,
+                        StepRow(
+                            slot.step,
+                            slot.subset,
+                            slot.seed_block,
+                            decision.outcome.value,
+                            decision.signature,
+                            decision.trial_id,
+                        ),
+                    )
+                    self.emit(
+                        StepDecided(
+                            slot.step,
+                            slot.subset,
+                            slot.seed_block,
+                            decision.outcome,
+                            decision.signature,
+                            decision.reused,
+                        )
+                    )
+            clean = True
+        finally:
+            if pool is not None:  # on an error, do not wait for the other workers
+                pool.shutdown(wait=clean, cancel_futures=not clean)
+        return self._finish(search)
+
+    def _slot(self, step: int, subset: frozenset[str], block: int) -> _Slot:
+        patches = self.spec.patches_for(subset)
+        key = TrialKey(self.runner.fingerprint(patches), self.runner.probe_hash, block)
+        return _Slot(step, subset, block, key, patches)
+
+    def _run_round(self, slots: list[_Slot], pool: ThreadPoolExecutor | None) -> list[_Decision]:
+        decided: dict[int, _Decision] = {}
+        while True:
+            todo = []
+            for slot in slots:
+                if slot.step not in decided:
+                    decision = self._decide(slot)
+                    if decision is None:
+                        todo.append(slot)
+                    else:
+                        decided[slot.step] = decision
+            if not todo:
+                return [decided[s.step] for s in slots]
+            self._launch(todo, pool)
+
+    def _decide(self, slot: _Slot) -> _Decision | None:
+        """The outcome of a slot from the ledger, or None when a trial must run."""
+        done = self.ledger.definitive(slot.key)
+        if done is not None:
+            reused = done.id not in self.launched
+            return _Decision(self._outcome(done.verdict), done.signature, done.id, reused)
+        attempts = self.ledger.attempts(self.run_id, slot.key)
+        if len(attempts) < 2:
+            return None
+        last = attempts[-1]
+        crashed = all(a.signature == CRASH for a in attempts)
+        if crashed and slot.subset:  # a patch that crashes the engine is a culprit
+            return _Decision(Outcome.FAIL, CRASH, last.id, False)
+        return _Decision(Outcome.SKIP, last.signature, last.id, False)
+
+    def _outcome(self, verdict: str | None) -> Outcome:
+        if verdict == Verdict.PASS.value or (
+            verdict == Verdict.WARN.value and self.spec.warn_as == "pass"
+        ):
+            return Outcome.PASS
+        return Outcome.FAIL
+
+    def _launch(self, slots: list[_Slot], pool: ThreadPoolExecutor | None) -> None:
+        started = []
+        for slot in slots:
+            attempt = len(self.ledger.attempts(self.run_id, slot.key)) + 1
+            trial_dir = (
+                self.run_dir
+                / "trials"
+                / f"{slot.step:03d}-{slot.key.fingerprint[:8]}-b{slot.seed_block}-a{attempt}"
+            )
+            trial_dir.mkdir(parents=True, exist_ok=True)
+            trial_id = self.ledger.start_trial(
+                self.run_id, slot.step, slot.key, attempt, slot.patches, slot.subset, str(trial_dir)
+            )
+            self.emit(
+                TrialStarted(
+                    slot.step, slot.subset, dict(slot.patches), slot.seed_block, attempt, trial_dir
+                )
+            )
+            started.append((slot, attempt, trial_id, trial_dir))
+        if pool is None:
+            for slot, attempt, trial_id, trial_dir in started:
+                try:
+                    result = self._call(slot, trial_dir)
+                except BaseException:
+                    self.ledger.abort_trial(trial_id)
+                    raise
+                self._store(slot, attempt, trial_id, result)
+            return
+        futures = [pool.submit(self._call, s, d) for s, _, _, d in started]
+        error: Exception | None = None
+        pending = {trial_id for _, _, trial_id, _ in started}
+        try:
+            for (slot, attempt, trial_id, _), future in zip(started, futures):
+                try:
+                    result = future.result()
+                except Exception as exc:  # noqa: BLE001 - keep the others finished, re-raise
+                    error = error or exc
+                    continue
+                self._store(slot, attempt, trial_id, result)
+                pending.discard(trial_id)
+        finally:  # an error, or Ctrl-C while waiting: unfinished trials run again on resume
+            for trial_id in sorted(pending):
+                self.ledger.abort_trial(trial_id)
+        if error is not None:
+            raise error
+
+    def _call(self, slot: _Slot, trial_dir: Path) -> TrialResult:
+        return self.runner.run(dict(slot.patches), slot.seed_block, trial_dir)
+
+    def _store(self, slot: _Slot, attempt: int, trial_id: int, result: TrialResult) -> None:
+        self.ledger.finish_trial(
+            trial_id,
+            Verdict(result.verdict).value,
+            result.signature,
+            result.details,
+            result.duration_s,
+            result.throughput,
+            result.log_path,
+        )
+        for aa in result.aa_verdicts:
+            if aa is not Verdict.CANNOT_TEST:
+                self.ledger.add_noise_evidence(
+                    self.runner.probe_hash,
+                    "aa",
+                    "pass",
+                    self._outcome(aa.value).value,
+                    fingerprint=slot.key.fingerprint,
+                    run_id=self.run_id,
+                    trial_id=trial_id,
+                )
+        self.trials_run += 1
+        self.launched.add(trial_id)
+        self.emit(TrialFinished(slot.step, slot.subset, slot.seed_block, attempt, result))
+
+    def _finish(self, search: Search) -> BisectOutcome:
+        result = search.result()
+        self.emit(progress_of(search))
+        steps = tuple(self.ledger.steps(self.run_id))
+        if result.status is not Status.RUNNING:
+            self.ledger.finish_run(self.run_id, result.status.value, result_json(result))
+            if search.ends_known and not self.ledger.has_noise_evidence(self.run_id):
+                record_noise_evidence(
+                    self.ledger,
+                    self.runner.probe_hash,
+                    self.run_id,
+                    self.spec.candidates,
+                    result,
+                    steps,
+                )
+        return BisectOutcome(
+            self.run_id,
+            self.run_dir,
+            self.spec,
+            result,
+            steps,
+            self.trials_run,
+            self.ledger.measured_noise(self.runner.probe_hash),
+        )

@@ -1,0 +1,314 @@
+"""The trial ledger: SQLite in WAL mode, every write committed before the next step.
+
+Trials are keyed by (configuration fingerprint, probe spec hash, seed block). A trial with a
+definitive verdict (PASS, FAIL, WARN) is never run again for the same key, by any bisect; a
+deliberate re-test of a configuration draws the next seed block. Attempts that could not test
+(CANNOT_TEST, crashes) belong to the bisect run that made them. A trial is written as
+`running` before it starts, so a bisect killed at any point (kill -9, power loss: synchronous
+FULL) finds it on resume and runs it again. Noise evidence (A/A runs, end checks, re-tests)
+accumulates across bisects.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dsv4bisect.bisect.ledger_rows import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    NoiseEstimate,
+    RunRow,
+    StepRow,
+    TrialKey,
+    TrialRow,
+    trial_from_row,
+)
+from dsv4bisect.errors import BisectError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+
+class Ledger:
+    """One SQLite file; open it with `Ledger.open(path)`. Use from one thread."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self._conn = conn
+        self.path = path
+
+    @classmethod
+    def open(cls, path: str | Path) -> Ledger:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.executescript(SCHEMA)
+            found = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise BisectError(
+                f"cannot open the ledger `{path}`: {exc}",
+                "point --ledger at a writable file, or move the broken one",
+            ) from exc
+        if found is None:
+            conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif int(found[0]) != SCHEMA_VERSION:
+            raise BisectError(
+                f"ledger `{path}` has schema {found[0]}, expected {SCHEMA_VERSION}",
+                "use a ledger written by this version of dsv4bisect",
+            )
+        return cls(conn, path)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def journal_mode(self) -> str:
+        return str(self._conn.execute("PRAGMA journal_mode").fetchone()[0])
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    # -- runs ----------------------------------------------------------------------------------
+    def create_run(self, run_dir: str | Path, settings: Mapping[str, Any]) -> str:
+        run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO runs VALUES (?, ?, ?, ?, 'running', NULL)",
+                (run_id, str(run_dir), time.time(), json.dumps(dict(settings))),
+            )
+        return run_id
+
+    def get_run(self, run_id: str) -> RunRow:
+        row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise BisectError(
+                f"no bisect run `{run_id}` in ledger `{self.path}`",
+                "check --resume points at the run directory of that bisect",
+            )
+        return RunRow(
+            row["id"],
+            row["run_dir"],
+            row["created"],
+            json.loads(row["settings"]),
+            row["status"],
+            json.loads(row["result"]) if row["result"] else None,
+        )
+
+    def finish_run(self, run_id: str, status: str, result: Mapping[str, Any]) -> None:
+        with self._tx() as c:
+            c.execute(
+                "UPDATE runs SET status = ?, result = ? WHERE id = ?",
+                (status, json.dumps(dict(result)), run_id),
+            )
+
+    # -- trials --------------------------------------------------------------------------------
+    def start_trial(
+        self,
+        run_id: str,
+        step: int,
+        key: TrialKey,
+        attempt: int,
+        patches: Mapping[str, str],
+        subset: frozenset[str],
+        trial_dir: str,
+    ) -> int:
+        with self._tx() as c:
+            cur = c.execute(
+                "INSERT INTO trials (run_id, step, fingerprint, probe, seed_block, attempt, "
+                "patches, subset, status, trial_dir, started) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)",
+                (
+                    run_id,
+                    step,
+                    key.fingerprint,
+                    key.probe,
+                    key.seed_block,
+                    attempt,
+                    json.dumps(dict(patches)),
+                    json.dumps(sorted(subset)),
+                    trial_dir,
+                    time.time(),
+                ),
+            )
+            return int(cur.lastrowid or 0)
+
+    def finish_trial(
+        self,
+        trial_id: int,
+        verdict: str,
+        signature: str | None,
+        details: Mapping[str, Any],
+        duration_s: float,
+        throughput: float | None,
+        log_path: str | None,
+    ) -> None:
+        with self._tx() as c:
+            c.execute(
+                "UPDATE trials SET status = 'done', verdict = ?, signature = ?, details = ?, "
+                "duration_s = ?, throughput = ?, log_path = ?, finished = ? WHERE id = ?",
+                (
+                    verdict,
+                    signature,
+                    json.dumps(dict(details), default=str),
+                    duration_s,
+                    throughput,
+                    log_path,
+                    time.time(),
+                    trial_id,
+                ),
+            )
+
+    def abort_trial(self, trial_id: int) -> None:
+        """The trial was interrupted (not finished): a resume runs it again."""
+        with self._tx() as c:
+            c.execute(
+                "UPDATE trials SET status = 'aborted', finished = ? WHERE id = ?",
+                (time.time(), trial_id),
+            )
+
+    def abandon_running(self, run_id: str) -> int:
+        """On resume: trials left `running` by a killed bisect are marked abandoned."""
+        with self._tx() as c:
+            cur = c.execute(
+                "UPDATE trials SET status = 'abandoned' WHERE run_id = ? AND status = 'running'",
+                (run_id,),
+            )
+            return cur.rowcount
+
+    def definitive(self, key: TrialKey) -> TrialRow | None:
+        """The finished PASS/FAIL/WARN trial for this key, from any bisect."""
+        row = self._conn.execute(
+            "SELECT * FROM trials WHERE fingerprint = ? AND probe = ? AND seed_block = ? AND "
+            "status = 'done' AND verdict IN ('PASS', 'FAIL', 'WARN')",
+            (key.fingerprint, key.probe, key.seed_block),
+        ).fetchone()
+        return trial_from_row(row) if row else None
+
+    def attempts(self, run_id: str, key: TrialKey) -> list[TrialRow]:
+        """This run's finished attempts for the key that did not test (CANNOT_TEST, crash)."""
+        rows = self._conn.execute(
+            "SELECT * FROM trials WHERE run_id = ? AND fingerprint = ? AND probe = ? AND "
+            "seed_block = ? AND status = 'done' AND verdict = 'CANNOT_TEST' ORDER BY id",
+            (run_id, key.fingerprint, key.probe, key.seed_block),
+        ).fetchall()
+        return [trial_from_row(r) for r in rows]
+
+    def trials(self, run_id: str) -> list[TrialRow]:
+        """Every trial row this run wrote (reused trials of other runs are in `steps`)."""
+        rows = self._conn.execute(
+            "SELECT * FROM trials WHERE run_id = ? ORDER BY id", (run_id,)
+        ).fetchall()
+        return [trial_from_row(r) for r in rows]
+
+    def trial(self, trial_id: int) -> TrialRow:
+        row = self._conn.execute("SELECT * FROM trials WHERE id = ?", (trial_id,)).fetchone()
+        if row is None:
+            raise BisectError(f"no trial {trial_id} in ledger `{self.path}`", None)
+        return trial_from_row(row)
+
+    # -- the search's records ------------------------------------------------------------------
+    def put_step(self, run_id: str, step: StepRow) -> None:
+        with self._tx() as c:
+            c.execute(
+                "INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    step.step,
+                    json.dumps(sorted(step.subset)),
+                    step.seed_block,
+                    step.outcome,
+                    step.signature,
+                    step.trial_id,
+                ),
+            )
+
+    def steps(self, run_id: str) -> list[StepRow]:
+        rows = self._conn.execute(
+            "SELECT * FROM steps WHERE run_id = ? ORDER BY step", (run_id,)
+        ).fetchall()
+        return [
+            StepRow(
+                r["step"],
+                frozenset(json.loads(r["subset"])),
+                r["seed_block"],
+                r["outcome"],
+                r["signature"],
+                r["trial_id"],
+            )
+            for r in rows
+        ]
+
+    # -- noise ---------------------------------------------------------------------------------
+    def add_noise_evidence(
+        self,
+        probe: str,
+        source: str,
+        truth: str,
+        outcome: str,
+        *,
+        fingerprint: str | None = None,
+        run_id: str | None = None,
+        trial_id: int | None = None,
+    ) -> None:
+        """One probe run on a configuration whose truth ('pass'/'fail') is known: an A/A
+        comparison ('aa'), an end check of a bisect whose ends differ ('end'), or a re-test
+        ('retest')."""
+        if truth not in ("pass", "fail") or outcome not in ("pass", "fail"):
+            raise BisectError(f"noise evidence needs pass/fail, got {truth!r}/{outcome!r}", None)
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO noise_evidence (probe, source, truth, outcome, fingerprint, "
+                "run_id, trial_id, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (probe, source, truth, outcome, fingerprint, run_id, trial_id, time.time()),
+            )
+
+    def has_noise_evidence(self, run_id: str, sources: Sequence[str] = ("end", "retest")) -> bool:
+        marks = ",".join("?" * len(sources))
+        row = self._conn.execute(
+            f"SELECT 1 FROM noise_evidence WHERE run_id = ? AND source IN ({marks}) LIMIT 1",
+            (run_id, *sources),
+        ).fetchone()
+        return row is not None
+
+    def measured_noise(self, probe: str, sources: Sequence[str] | None = None) -> NoiseEstimate:
+        query = (
+            "SELECT truth, outcome, COUNT(*) AS n FROM noise_evidence WHERE probe = ?"
+            + (f" AND source IN ({','.join('?' * len(sources))})" if sources else "")
+            + " GROUP BY truth, outcome"
+        )
+        counts = {
+            (r["truth"], r["outcome"]): r["n"]
+            for r in self._conn.execute(query, (probe, *(sources or ())))
+        }
+        good = counts.get(("pass", "pass"), 0) + counts.get(("pass", "fail"), 0)
+        bad = counts.get(("fail", "fail"), 0) + counts.get(("fail", "pass"), 0)
+        return NoiseEstimate(
+            good, counts.get(("pass", "fail"), 0), bad, counts.get(("fail", "pass"), 0)
+        )
+
+
+__all__ = ["Ledger", "NoiseEstimate", "RunRow", "StepRow", "TrialKey", "TrialRow"]

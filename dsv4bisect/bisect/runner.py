@@ -1,0 +1,51 @@
+"""The contract between the bisect driver and whatever evaluates a configuration.
+
+A `Runner` launches (or otherwise evaluates) one patch set and returns a `TrialResult`. It never
+decides what a crash or an infrastructure error means for the search: it reports them (verdict
+CANNOT_TEST, signature "crash" for an engine crash) and the driver decides (retry once; a
+repeated crash away from the good end is a FAIL with signature "crash").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+CRASH = "crash"
+
+
+class Verdict(str, Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    WARN = "WARN"  # drift only; FAIL for the search unless warn_as="pass"
+    CANNOT_TEST = "CANNOT_TEST"  # infrastructure (port, health timeout, unreachable) or crash
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    verdict: Verdict
+    signature: str | None = None  # e.g. "crash", "garbage", "timeout"
+    duration_s: float = 0.0
+    details: Mapping[str, Any] = field(default_factory=dict)  # scores / evidence (JSON-able)
+    throughput: float | None = None  # tokens/s measured during the trial, if any
+    log_path: str | None = None
+    # Verdicts of A/A comparisons (the good configuration against itself) the runner made
+    # inside this trial; each is noise evidence (a FAIL there is a false fail).
+    aa_verdicts: tuple[Verdict, ...] = ()
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Evaluates configurations. `probe_hash` identifies what is measured (the probe spec and
+    its version); `fingerprint` identifies the configuration (for the engine runner: the
+    resolved engine configuration's fingerprint). Both are part of the ledger key."""
+
+    @property
+    def probe_hash(self) -> str: ...
+
+    def fingerprint(self, patches: Mapping[str, str]) -> str: ...
+
+    def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult: ...

@@ -1,0 +1,304 @@
+"""The noise-aware culprit search: a pure object (no I/O, no clock, no randomness).
+
+`Search` keeps a posterior over culprit sets (singles, interacting pairs, optionally triples)
+and three catch-alls (hypotheses.py), proposes subsets by expected information per launch
+(design.py), and is deterministic given its records: replaying the same records into a fresh
+`Search` gives the same proposals, which is how the driver resumes.
+
+Phases: `ends` (∅ and the full set, repeated under noise until they are known to differ),
+`search` (until one hypothesis holds `confidence` of the posterior), `confirm` (confirm.py:
+each member removed must pass), `done`. Every trial of every phase counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from dsv4bisect.bisect import confirm
+from dsv4bisect.bisect.confirm import Check
+from dsv4bisect.bisect.design import Noise, RoundDesign, capacity, entropy, flips
+from dsv4bisect.bisect.hypotheses import (
+    BAD_END_PASSES,
+    GOOD_END_FAILS,
+    Hypothesis,
+    HypothesisSpace,
+    Priors,
+)
+from dsv4bisect.bisect.records import Outcome, Record
+from dsv4bisect.bisect.results import SearchResult, Status, describe
+from dsv4bisect.bisect.settings import validate_settings
+
+NOISELESS = Noise()
+DEFAULT_PRIORS = Priors()
+
+# Error rates below this are taken as this in the likelihood, so that a noiseless search
+# survives a contradiction (the least-contradicted hypothesis wins) instead of dividing by 0.
+_FLOOR = 1e-6
+
+
+class Search:
+    """Posterior search over culprit sets; see the module docstring and docs/bisect.md."""
+
+    def __init__(
+        self,
+        candidates: Sequence[str],
+        *,
+        noise: Noise = NOISELESS,
+        confidence: float = 0.95,
+        max_trials: int | None = None,
+        parallel: int = 1,
+        max_order: int = 2,
+        priors: Priors = DEFAULT_PRIORS,
+        design_discount: float = 0.03,
+    ) -> None:
+        validate_settings(
+            candidates, noise, confidence, max_trials, parallel, max_order, design_discount
+        )
+        self.noise, self.confidence = noise, confidence
+        self.max_trials, self.parallel = max_trials, parallel
+        self.design_discount = design_discount
+        self.space = HypothesisSpace(candidates, max_order, priors)
+        self._log_post = self.space.log_prior.copy()
+        self._records: list[Record] = []
+        self._skipped: set[frozenset[str]] = set()
+        self._ends_known = False
+        self._confident_since: dict[int, int] = {}  # hypothesis -> first record after it led
+        self._cache: tuple[int, list[frozenset[str]]] | None = None
+        self._post: np.ndarray | None = None  # posterior of the current records
+        self._checks_cache: dict[int, tuple[Check, ...]] = {}  # likewise, per hypothesis
+        a, b = (min(max(r, _FLOOR), 1 - _FLOOR) for r in (noise.false_fail, noise.false_pass))
+        self._loglik = np.log(np.array([[1 - a, b], [a, 1 - b]]))  # [observed, true]
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        return self.space.candidates
+
+    @property
+    def records(self) -> tuple[Record, ...]:
+        return tuple(self._records)
+
+    @property
+    def trials_used(self) -> int:
+        return len(self._records)
+
+    def posterior(self) -> np.ndarray:
+        """[H + 3] probabilities: culprit sets, then good-end-fails, bad-end-passes, unexplained."""
+        if self._post is None:
+            p = np.exp(self._log_post - self._log_post.max())
+            self._post = p / p.sum()
+        return self._post.copy()
+
+    def top(self, k: int = 5) -> list[tuple[Hypothesis, float]]:
+        post = self.posterior()
+        order = np.argsort(-post, kind="stable")[:k]
+        return [(self.space.hypothesis(int(i)), float(post[i])) for i in order]
+
+    def marginals(self) -> dict[str, float]:
+        """P(candidate belongs to the culprit set)."""
+        probs = self.posterior()[: self.space.n_sets] @ self.space.members_f
+        return {c: float(p) for c, p in zip(self.candidates, probs)}
+
+    @property
+    def ends_known(self) -> bool:
+        """Whether the good and bad ends are known to differ (at the requested confidence)."""
+        return self._ends_known
+
+    @property
+    def phase(self) -> str:
+        if self._stop_reason() is not None:
+            return "done"
+        if self._confirming() is not None:
+            return "confirm"
+        return "search" if self._ends_known else "ends"
+
+    # -- the protocol --------------------------------------------------------------------------
+    def record(self, subset: frozenset[str] | set[str], outcome: Outcome | str) -> None:
+        """Add one observation: PASS, FAIL, or SKIP (could not test; routed around)."""
+        outcome, subset = Outcome(outcome), frozenset(subset)
+        mask = self.space.mask(subset)
+        self._records.append(Record(subset, outcome))
+        self._cache, self._post = None, None
+        self._checks_cache.clear()
+        if outcome is Outcome.SKIP:
+            self._skipped.add(subset)
+            return
+        self._log_post += self._likelihood(mask, outcome)
+        self._log_post -= self._log_post.max()
+        if not self._ends_known and self._ends_differ():
+            self._ends_known = True
+        lead = self._confident()
+        if lead is not None:
+            self._confident_since.setdefault(lead, len(self._records))
+
+    def next(self) -> list[frozenset[str]]:
+        """Up to `parallel` subsets to test next; empty when the search is over."""
+        if self._cache is None or self._cache[0] != len(self._records):
+            proposals = self._propose() if self._stop_reason() is None else []
+            self._cache = (len(self._records), proposals)
+        return list(self._cache[1])
+
+    def result(self) -> SearchResult:
+        post = self.posterior()
+        best = int(np.argmax(post))
+        hyp = self.space.hypothesis(best)
+        status = self._stop_reason() or (Status.RUNNING if self.next() else Status.UNTESTABLE)
+        return SearchResult(
+            status=status,
+            culprits=hyp.members if hyp.is_set else None,
+            posterior=float(post[best]),
+            top=tuple(self.top(5)),
+            checks=self._checks(best),
+            trials_used=self.trials_used,
+            message=describe(status, hyp, float(post[best])),
+        )
+
+    def remaining(self) -> int:
+        """A rough estimate of the trials still needed (plan.py simulates it properly)."""
+        if self._stop_reason() is not None:
+            return 0
+        lead = self._confirming()
+        if lead is not None:
+            return max(1, len(self._pending(lead)))
+        stop = entropy(np.array([self.confidence, 1 - self.confidence]))
+        bits = max(float(entropy(self.posterior()) - stop), 0.0)
+        return max(1, math.ceil(bits / max(capacity(self.noise), 1e-3)) + (not self._ends_known))
+
+    # -- conclusions ---------------------------------------------------------------------------
+    def _confident(self) -> int | None:
+        post = self.posterior()
+        best = int(np.argmax(post))
+        return best if post[best] >= self.confidence else None
+
+    def _confirming(self) -> int | None:
+        """The confident hypothesis whose checks still need trials, if any."""
+        lead = self._confident()
+        if lead is None or not (self._ends_known or self._is_end_catch_all(lead)):
+            return None
+        return lead if self._pending(lead) else None
+
+    def _is_end_catch_all(self, index: int) -> bool:
+        return self.space.hypothesis(index).kind in (GOOD_END_FAILS, BAD_END_PASSES)
+
+    def _checks(self, index: int) -> tuple[Check, ...]:
+        if index not in self._checks_cache:
+            self._checks_cache[index] = self._compute_checks(index)
+        return self._checks_cache[index]
+
+    def _compute_checks(self, index: int) -> tuple[Check, ...]:
+        noiseless = self.noise.false_fail == 0 and self.noise.false_pass == 0
+        evidence = confirm.Evidence(
+            records=self._records,
+            loglik=self._loglik,
+            confidence=self.confidence,
+            fresh_from=0 if noiseless else self._confident_since.get(index, len(self._records)),
+            good_end_established=bool(self.posterior()[-3] <= 1 - self.confidence),
+            candidates=self.candidates,
+            max_order=self.space.max_order,
+        )
+        return confirm.checks_for(self.space.hypothesis(index), evidence)
+
+    def _pending(self, index: int) -> list[frozenset[str]]:
+        return confirm.pending(self._checks(index), self._skipped, self.candidates)
+
+    def _stop_reason(self) -> Status | None:
+        lead = self._confident()
+        if (
+            lead is not None
+            and (self._ends_known or self._is_end_catch_all(lead))
+            and not self._pending(lead)
+        ):  # confirmed, or nothing could confirm it
+            kind = self.space.hypothesis(lead).kind
+            return Status.FOUND if kind == "set" else Status(kind)
+        if self.max_trials is not None and self.trials_used >= self.max_trials:
+            return Status.BUDGET
+        return None
+
+    # -- proposals -----------------------------------------------------------------------------
+    def _propose(self) -> list[frozenset[str]]:
+        k = self.parallel
+        if self.max_trials is not None:
+            k = min(k, self.max_trials - self.trials_used)
+        lead = self._confirming()
+        if lead is not None:
+            return self._pending(lead)[:k]
+        if not self._ends_known:
+            return self._propose_ends(RoundDesign(self.space, self.posterior(), self.noise), k)
+        design = RoundDesign(self.space, self._design_posterior(), self.noise)
+        out: list[frozenset[str]] = []
+        avoid = self._skipped_masks()
+        for _ in range(k):
+            options = self._options(design)
+            choice = design.choose(options, avoid)
+            if choice is None and avoid:  # route around skipped subsets: one-element changes
+                choice = design.choose([f for o in options for f in flips(o)], avoid)
+            if choice is None:
+                break
+            design.commit(choice)
+            out.append(self.space.subset(choice))
+        return out
+
+    def _propose_ends(self, design: RoundDesign, k: int) -> list[frozenset[str]]:
+        seen = {r.subset for r in self._records if r.outcome is not Outcome.SKIP}
+        ends = (frozenset(), frozenset(self.candidates))
+        if any(end in self._skipped and end not in seen for end in ends):
+            return []  # an end that cannot be tested: the search cannot start
+        out = [end for end in ends if end not in seen][:k]
+        for end in out:
+            design.commit(self.space.mask(end))
+        while len(out) < k:
+            choice = design.choose([self.space.mask(e) for e in ends], self._skipped_masks())
+            if choice is None:
+                break
+            design.commit(choice)
+            out.append(self.space.subset(choice))
+        return out
+
+    def _design_posterior(self) -> np.ndarray:
+        """The posterior the design sees: culprit sets of order k weighted by
+        `design_discount`^(k-1), so tests split the simplest explanations first and an
+        interaction is chased once the singles are ruled out (docs/bisect.md has the figures).
+        The stopping rule always uses the true posterior."""
+        post = self.posterior()
+        post[: self.space.n_sets] *= self.design_discount ** (self.space.sizes - 1)
+        return post / post.sum()
+
+    def _options(self, design: RoundDesign) -> list[np.ndarray]:
+        """Candidate subsets, best first on ties: the top culprit set alone (in the endgame it
+        splits the posterior as well as anything and also shows the set fails on its own),
+        then greedy constructions from ∅ and from the top set, then the two ends."""
+        empty = np.zeros(len(self.candidates), np.uint8)
+        ends = [empty, self.space.mask(frozenset(self.candidates))]
+        best = self.top(1)[0][0]
+        if not best.is_set:
+            return [design.grow(empty), *ends]
+        alone = self.space.mask(best.members)
+        return [alone, design.grow(empty), design.grow(alone), *ends]
+
+    def _skipped_masks(self) -> set[bytes]:
+        return {self.space.mask(s).tobytes() for s in self._skipped}
+
+    def _likelihood(self, mask: np.ndarray, outcome: Outcome) -> np.ndarray:
+        """[H + 3] log P(outcome | hypothesis) for one trial of `mask`."""
+        obs = 1 if outcome is Outcome.FAIL else 0
+        sets = np.where(self.space.contained(mask), self._loglik[obs, 1], self._loglik[obs, 0])
+        if not mask.any():
+            other = self._loglik[obs, 0]  # `unexplained` still has a passing good end
+        elif mask.all():
+            other = self._loglik[obs, 1]  # ... and a failing bad end
+        else:
+            other = math.log(0.5)
+        return np.concatenate([sets, [self._loglik[obs, 1], self._loglik[obs, 0], other]])
+
+    def _ends_differ(self) -> bool:
+        seen = {r.subset for r in self._records if r.outcome is not Outcome.SKIP}
+        if frozenset() not in seen or frozenset(self.candidates) not in seen:
+            return False
+        post = self.posterior()
+        return float(post[-3] + post[-2]) <= 1 - self.confidence
+
+
+__all__ = ["Check", "Noise", "Outcome", "Priors", "Record", "Search", "SearchResult", "Status"]

@@ -1,0 +1,111 @@
+"""What a bisect is asked: the candidates, the two ends, and the search settings.
+
+A configuration is named by the subset S of candidates switched to their bad-end state; every
+other patch keeps its good-end state (so an inert patch left out of the candidates runs as at
+the good end).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dsv4bisect.bisect.design import Noise
+from dsv4bisect.bisect.hypotheses import Priors
+from dsv4bisect.bisect.search import Search
+from dsv4bisect.errors import BisectError
+
+SPEC_VERSION = 1
+DEFAULT_NOISE = Noise(0.05, 0.05)  # a probe's error rates when none were measured or given
+
+
+@dataclass(frozen=True)
+class BisectSpec:
+    candidates: tuple[str, ...]
+    good: Mapping[str, str]  # patch -> variant at the good end
+    bad: Mapping[str, str]  # patch -> variant at the bad end
+    noise: Noise = DEFAULT_NOISE
+    confidence: float = 0.95
+    max_trials: int | None = None
+    parallel: int = 1
+    max_order: int = 2
+    weights: Mapping[str, float] = field(default_factory=dict)  # prior weight per candidate
+    order_mass: tuple[float, ...] | None = None  # prior mass on singles, pairs (, triples)
+    warn_as: str = "fail"  # how WARN counts: "fail" or "pass"
+    design_discount: float = 0.03  # see docs/bisect.md, "Singles first"; 1.0 turns it off
+
+    def __post_init__(self) -> None:
+        if self.warn_as not in ("fail", "pass"):
+            raise BisectError(f"warn_as is `{self.warn_as}`", "use `fail` or `pass`")
+        for name in self.candidates:
+            if self.good.get(name) == self.bad.get(name):
+                raise BisectError(
+                    f"candidate `{name}` is the same at the good and bad ends",
+                    "candidates are the patches that differ between the ends",
+                )
+
+    def patches_for(self, subset: frozenset[str]) -> dict[str, str]:
+        """The patch set of a configuration: `subset` at its bad-end state, the rest good."""
+        unknown = subset - set(self.candidates)
+        if unknown:
+            raise BisectError(f"`{min(unknown)}` is not a candidate of this bisect", None)
+        out = {name: v for name, v in self.good.items() if name not in subset}
+        out.update({name: self.bad[name] for name in subset if name in self.bad})
+        return out
+
+    def search(self) -> Search:
+        """A fresh search with these settings (replaying the ledger's records into it resumes)."""
+        return Search(
+            self.candidates,
+            noise=self.noise,
+            confidence=self.confidence,
+            max_trials=self.max_trials,
+            parallel=self.parallel,
+            max_order=self.max_order,
+            priors=Priors(order_mass=self.order_mass, weights=dict(self.weights)),
+            design_discount=self.design_discount,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": SPEC_VERSION,
+            "candidates": list(self.candidates),
+            "good": dict(self.good),
+            "bad": dict(self.bad),
+            "noise": {"false_fail": self.noise.false_fail, "false_pass": self.noise.false_pass},
+            "confidence": self.confidence,
+            "max_trials": self.max_trials,
+            "parallel": self.parallel,
+            "max_order": self.max_order,
+            "weights": dict(self.weights),
+            "order_mass": list(self.order_mass) if self.order_mass else None,
+            "warn_as": self.warn_as,
+            "design_discount": self.design_discount,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BisectSpec:
+        if data.get("version") != SPEC_VERSION:
+            raise BisectError(
+                f"bisect settings version {data.get('version')} is not supported",
+                "start a new bisect with this version of dsv4bisect",
+            )
+        return cls(
+            candidates=tuple(data["candidates"]),
+            good=dict(data["good"]),
+            bad=dict(data["bad"]),
+            noise=Noise(data["noise"]["false_fail"], data["noise"]["false_pass"]),
+            confidence=data["confidence"],
+            max_trials=data["max_trials"],
+            parallel=data["parallel"],
+            max_order=data["max_order"],
+            weights=dict(data["weights"]),
+            order_mass=tuple(data["order_mass"]) if data["order_mass"] else None,
+            warn_as=data["warn_as"],
+            design_discount=data["design_discount"],
+        )
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True)

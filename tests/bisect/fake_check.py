@@ -1,0 +1,31 @@
+"""A `--test-cmd` for the tests: exits 1 when every culprit is in DSV4BISECT_PATCHES.
+
+usage: fake_check.py LOG CULPRITS   (sleeps FAKE_CHECK_DELAY seconds, default 0)
+Appends `start <patches> <block>` before and `end <patches> <block> <good|bad>` after a delay,
+so a test can count invocations and kill the bisect while a trial is running.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def main() -> int:
+    log, culprits = sys.argv[1], [c for c in sys.argv[2].split(",") if c]
+    delay = float(os.environ.get("FAKE_CHECK_DELAY", "0"))
+    patches = os.environ["DSV4BISECT_PATCHES"]
+    block = os.environ["DSV4BISECT_SEED_BLOCK"]
+    names = {item.split(":")[0] for item in patches.split(",") if item}
+    with open(log, "a") as f:
+        f.write(f"start {patches or '-'} {block}\n")
+    time.sleep(delay)
+    bad = all(c in names for c in culprits)
+    with open(log, "a") as f:
+        f.write(f"end {patches or '-'} {block} {'bad' if bad else 'good'}\n")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

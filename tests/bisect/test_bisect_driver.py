@@ -1,0 +1,267 @@
+"""The driver: ledger lookups, verdict mapping, retries, crashes, resume, parallel rounds."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from dsv4bisect.bisect.design import Noise
+from dsv4bisect.bisect.driver import RUN_FILE, resume_bisect, start_bisect
+from dsv4bisect.bisect.events import Progress, StepDecided, TrialFinished, TrialStarted
+from dsv4bisect.bisect.ledger import Ledger
+from dsv4bisect.bisect.runner import CRASH, Runner, TrialResult, Verdict
+from dsv4bisect.bisect.search import Status
+from dsv4bisect.bisect.spec import BisectSpec
+from dsv4bisect.errors import BisectError
+
+NAMES = ("a", "b", "c", "d", "e", "f", "g", "h")
+NOISELESS = Noise()
+
+
+class OracleRunner:
+    """Evaluates a patch set against a hidden culprit set, like an engine with a faulty patch.
+
+    Outcomes flip at the given rates, deterministically per (patch set, seed block), so a re-test
+    with another seed block can disagree and the same key always gives the same answer."""
+
+    def __init__(
+        self,
+        culprits: set[str],
+        *,
+        noise: Noise = NOISELESS,
+        probe: str = "oracle-v1",
+        verdicts: dict[frozenset[str], list[TrialResult]] | None = None,
+        interrupt_at: int | None = None,
+        aa: tuple[Verdict, ...] = (),
+    ) -> None:
+        self.culprits, self.noise, self._probe = frozenset(culprits), noise, probe
+        self.verdicts = verdicts or {}
+        self.interrupt_at = interrupt_at
+        self.aa = aa
+        self.calls: list[tuple[frozenset[str], int]] = []
+        self.lock = threading.Lock()
+
+    @property
+    def probe_hash(self) -> str:
+        return self._probe
+
+    def fingerprint(self, patches) -> str:
+        return hashlib.sha256(json.dumps(sorted(patches.items())).encode()).hexdigest()[:16]
+
+    def run(self, patches, seed_block, trial_dir):
+        on = frozenset(patches)
+        with self.lock:
+            self.calls.append((on, seed_block))
+            if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+                raise KeyboardInterrupt
+            scripted = self.verdicts.get(on)
+            attempt = sum(1 for s, b in self.calls if s == on and b == seed_block)
+        assert trial_dir.is_dir()
+        if scripted:
+            return scripted[min(attempt, len(scripted)) - 1]
+        rng = random.Random(f"{self.fingerprint(patches)}/{seed_block}")
+        fails = self.culprits <= on
+        flip = rng.random() < (self.noise.false_pass if fails else self.noise.false_fail)
+        verdict = Verdict.FAIL if fails != flip else Verdict.PASS
+        return TrialResult(
+            verdict, None, 1.0, {"on": sorted(on)}, throughput=42.0, aa_verdicts=self.aa
+        )
+
+
+def spec(**kwargs) -> BisectSpec:
+    base = {"candidates": NAMES, "good": {}, "bad": {n: "on" for n in NAMES}, "noise": NOISELESS}
+    return BisectSpec(**{**base, **kwargs})
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    with Ledger.open(tmp_path / "ledger.sqlite") as led:
+        yield led
+
+
+def test_finds_the_culprit_and_records_every_step(ledger, tmp_path):
+    runner = OracleRunner({"c"})
+    events = []
+    out = start_bisect(spec(), runner, ledger, tmp_path / "run", events.append)
+    assert out.result.status is Status.FOUND and out.result.culprits == {"c"}
+    assert out.trials_run == len(runner.calls) == len(out.steps) == out.result.trials_used
+    assert [s.subset for s in out.steps[:2]] == [frozenset(), frozenset(NAMES)]
+    kinds = Counter(type(e) for e in events)
+    assert kinds[TrialStarted] == kinds[TrialFinished] == kinds[StepDecided] == out.trials_run
+    assert isinstance(events[-1], Progress) and events[-1].phase == "done"
+    assert json.loads((tmp_path / "run" / RUN_FILE).read_text())["run_id"] == out.run_id
+    run = ledger.get_run(out.run_id)
+    assert run.status == "found" and run.result["culprits"] == ["c"]
+    rows = ledger.trials(out.run_id)
+    assert all(r.status == "done" and r.throughput == 42.0 for r in rows)
+    assert all(Path(r.trial_dir).is_dir() for r in rows)
+
+
+def test_a_second_bisect_reuses_every_finished_trial(ledger, tmp_path):
+    start_bisect(spec(), OracleRunner({"c", "f"}), ledger, tmp_path / "one")
+    again = OracleRunner({"c", "f"})
+    out = start_bisect(spec(), again, ledger, tmp_path / "two")
+    assert out.result.culprits == {"c", "f"}
+    assert again.calls == [] and out.trials_run == 0
+
+
+def test_warn_counts_as_fail_unless_told_otherwise(ledger, tmp_path):
+    warn = TrialResult(Verdict.WARN, None, 1.0)
+
+    def runner():
+        r = OracleRunner({"none of them"})
+        r.verdicts = {s: [warn] for s in _supersets({"e"})}
+        return r
+
+    out = start_bisect(spec(), runner(), ledger, tmp_path / "fail")
+    assert out.result.culprits == {"e"}
+    other = OracleRunner({"none of them"}, probe="oracle-v2")
+    other.verdicts = runner().verdicts
+    out = start_bisect(spec(warn_as="pass"), other, ledger, tmp_path / "pass")
+    assert out.result.status is Status.BAD_END_PASSES
+
+
+def _supersets(core: set[str]) -> list[frozenset[str]]:
+    rest = [n for n in NAMES if n not in core]
+    return [
+        frozenset(core) | {n for i, n in enumerate(rest) if mask >> i & 1}
+        for mask in range(1 << len(rest))
+    ]
+
+
+def test_cannot_test_is_retried_once_then_skipped(ledger, tmp_path):
+    infra = TrialResult(Verdict.CANNOT_TEST, None, 1.0, {"why": "port busy"})
+    runner = OracleRunner({"b"})
+    flaky = frozenset("abcd")  # fails to launch once, then works
+    dead = frozenset("efgh")  # never launches
+    runner.verdicts = {flaky: [infra, TrialResult(Verdict.FAIL)], dead: [infra, infra]}
+    out = start_bisect(spec(), runner, ledger, tmp_path / "run")
+    assert out.result.culprits == {"b"}
+    outcomes = {s.subset: s.outcome for s in out.steps}
+    if flaky in outcomes:
+        assert outcomes[flaky] == "fail" and runner.calls.count((flaky, 0)) == 2
+    if dead in outcomes:
+        assert outcomes[dead] == "skip" and runner.calls.count((dead, 0)) == 2
+
+
+def test_a_patch_that_crashes_the_engine_is_the_culprit(ledger, tmp_path):
+    crash = TrialResult(Verdict.CANNOT_TEST, CRASH, 1.0)
+    runner = OracleRunner({"none of them"})
+    runner.verdicts = {s: [crash, crash] for s in _supersets({"g"})}
+    out = start_bisect(spec(), runner, ledger, tmp_path / "run")
+    assert out.result.status is Status.FOUND and out.result.culprits == {"g"}
+    crashed = [s for s in out.steps if s.signature == CRASH]
+    assert crashed and all(s.outcome == "fail" for s in crashed)
+
+
+def test_a_good_end_that_crashes_cannot_be_tested(ledger, tmp_path):
+    crash = TrialResult(Verdict.CANNOT_TEST, CRASH, 1.0)
+    runner = OracleRunner({"a"})
+    runner.verdicts = {frozenset(): [crash, crash]}
+    out = start_bisect(spec(), runner, ledger, tmp_path / "run")
+    assert out.result.status is Status.UNTESTABLE
+    assert [s.outcome for s in out.steps] == ["skip"]
+
+
+def test_an_interrupted_bisect_resumes_without_repeating_finished_trials(ledger, tmp_path):
+    reference = OracleRunner({"b", "h"})
+    expected = start_bisect(spec(), reference, ledger, tmp_path / "ref").result
+    with Ledger.open(tmp_path / "fresh.sqlite") as fresh:
+        first = OracleRunner({"b", "h"}, interrupt_at=6)
+        with pytest.raises(KeyboardInterrupt):
+            start_bisect(spec(), first, fresh, tmp_path / "run")
+        statuses = Counter(r.status for r in fresh.trials(_run_id(tmp_path / "run")))
+        assert statuses == {"done": 5, "aborted": 1}
+        second = OracleRunner({"b", "h"})
+        out = resume_bisect(tmp_path / "run", second, ledger=fresh)
+    assert out.result.culprits == expected.culprits
+    finished_before = set(first.calls[:5])
+    assert not finished_before & set(second.calls)
+    assert second.calls[0] == first.calls[5]  # the interrupted trial runs again
+    assert len(first.calls) - 1 + len(second.calls) == len(reference.calls)
+
+
+def _run_id(run_dir: Path) -> str:
+    return json.loads((run_dir / RUN_FILE).read_text())["run_id"]
+
+
+def test_resume_refuses_a_different_probe(ledger, tmp_path):
+    start_bisect(spec(), OracleRunner({"a"}), ledger, tmp_path / "run")
+    with pytest.raises(BisectError, match="differs"):
+        resume_bisect(tmp_path / "run", OracleRunner({"a"}, probe="other"), ledger=ledger)
+    with pytest.raises(BisectError, match="already holds"):
+        start_bisect(spec(), OracleRunner({"a"}), ledger, tmp_path / "run")
+    with pytest.raises(BisectError, match="not a bisect run directory"):
+        resume_bisect(tmp_path / "elsewhere", OracleRunner({"a"}), ledger=ledger)
+
+
+def test_retests_draw_fresh_seed_blocks(ledger, tmp_path):
+    runner = OracleRunner({"d"}, noise=Noise(0.15, 0.15))
+    out = start_bisect(spec(noise=Noise(0.15, 0.15)), runner, ledger, tmp_path / "run")
+    blocks: dict[frozenset[str], list[int]] = {}
+    for s in out.steps:
+        blocks.setdefault(s.subset, []).append(s.seed_block)
+    assert any(len(b) > 1 for b in blocks.values())  # the noisy search re-tested something
+    for b in blocks.values():
+        assert b == list(range(len(b)))
+    assert len(set(runner.calls)) == len(runner.calls)  # no (patch set, block) twice
+
+
+def test_noise_evidence_from_ends_and_aa_runs(ledger, tmp_path):
+    runner = OracleRunner({"a"}, aa=(Verdict.PASS, Verdict.FAIL))
+    out = start_bisect(spec(), runner, ledger, tmp_path / "run")
+    est = out.measured_noise
+    ends = sum(1 for s in out.steps if s.subset in (frozenset(), frozenset(NAMES)))
+    assert est.good_runs == 2 * out.trials_run + sum(1 for s in out.steps if not s.subset)
+    assert est.false_fails == out.trials_run  # one failing A/A comparison per trial
+    assert est.bad_runs == ends - sum(1 for s in out.steps if not s.subset)
+
+
+def test_parallel_rounds_run_concurrently_and_find_the_pair(ledger, tmp_path):
+    runner = OracleRunner({"a", "d"})
+    out = start_bisect(spec(parallel=3), runner, ledger, tmp_path / "run")
+    assert out.result.culprits == {"a", "d"}
+    assert out.result.trials_used == len(runner.calls)
+
+
+def test_patch_sets_take_bad_variants_for_the_subset_and_good_ones_elsewhere():
+    s = BisectSpec(
+        candidates=("mma-decode", "trtllm-clamp"),
+        good={"mma-decode": "split-k", "mhc-bf16": "bf16", "trtllm-clamp": "alpha"},
+        bad={"mma-decode": "merge-no-rescale", "mhc-bf16": "bf16"},
+    )
+    assert s.patches_for(frozenset()) == s.good
+    assert s.patches_for(frozenset({"mma-decode", "trtllm-clamp"})) == {
+        "mma-decode": "merge-no-rescale",
+        "mhc-bf16": "bf16",
+    }
+    assert BisectSpec.from_json(s.to_json()) == s
+    with pytest.raises(BisectError, match="same at the good and bad ends"):
+        BisectSpec(candidates=("mhc-bf16",), good={"mhc-bf16": "bf16"}, bad={"mhc-bf16": "bf16"})
+
+
+def test_the_oracle_runner_satisfies_the_protocol():
+    assert isinstance(OracleRunner(set()), Runner)
+
+
+class AbortingRunner(OracleRunner):
+    """A runner whose command aborts the bisect (exit >= 128) on the bad end."""
+
+    def run(self, patches, seed_block, trial_dir):
+        if frozenset(patches) == frozenset(NAMES):
+            raise BisectError("the test command exited 130: aborting the bisect", None)
+        return super().run(patches, seed_block, trial_dir)
+
+
+def test_an_abort_in_a_parallel_round_keeps_the_other_trial(ledger, tmp_path):
+    with pytest.raises(BisectError, match="aborting"):
+        start_bisect(spec(parallel=2), AbortingRunner({"a"}), ledger, tmp_path / "run")
+    rows = ledger.trials(_run_id(tmp_path / "run"))
+    assert sorted(r.status for r in rows) == ["aborted", "done"]
+    assert [r.subset for r in rows if r.status == "done"] == [frozenset()]
