@@ -41,6 +41,7 @@ class Ops:
     attention: Callable[..., torch.Tensor]
     indexer: Callable[..., torch.Tensor]  # the stock fp32 indexer logits
     indexer_patched: Callable[..., torch.Tensor]  # the triton-indexer patch's logits
+    sinkhorn: Callable[..., tuple[torch.Tensor, ...]] | None = None  # None: hc_split_sinkhorn
 
     @classmethod
     def for_device(cls, device: torch.device) -> Ops:
@@ -169,6 +170,7 @@ class TrainHooks:
     """Training-only behaviour, collected while the forward runs (see reference/training/)."""
 
     dense_csa: bool = False  # CSA layers attend every visible entry (indexer warm-up)
+    dense_experts: bool = False  # every routed expert on every token, weighted (fewer launches)
     indexer_losses: list[torch.Tensor] | None = None  # KL(attention over entries || indexer)
     expert_loads: dict[int, torch.Tensor] | None = None  # layer -> tokens routed per expert
 
@@ -184,12 +186,19 @@ def hc_split_sinkhorn(
     pre = torch.sigmoid(mixes[:, :n] * scale[0] + base[:n]) + eps
     post = 2.0 * torch.sigmoid(mixes[:, n : 2 * n] * scale[1] + base[n : 2 * n])
     logits = mixes[:, 2 * n :].view(T, n, n) * scale[2] + base[2 * n :].view(n, n)
+    # In place for speed at inference; out of place when autograd needs the intermediates.
+    inplace = not (torch.is_grad_enabled() and mixes.requires_grad)
+
+    def normalise(c: torch.Tensor, dim: int) -> torch.Tensor:
+        total = c.sum(dim, keepdim=True) + eps
+        return c.div_(total) if inplace else c / total
+
     # c[j, k, t]: tokens contiguous, so each normalisation is n vector adds and a divide
-    c = torch.softmax(logits, dim=-1).add_(eps).permute(1, 2, 0).contiguous()
-    c.div_(c.sum(0, keepdim=True).add_(eps))  # columns, then (rows, columns) x iters-1
+    c = torch.softmax(logits, dim=-1)
+    c = (c.add_(eps) if inplace else c + eps).permute(1, 2, 0).contiguous()
+    c = normalise(c, 0)  # columns, then (rows, columns) x iters-1
     for _ in range(iters - 1):
-        c.div_(c.sum(1, keepdim=True).add_(eps))
-        c.div_(c.sum(0, keepdim=True).add_(eps))
+        c = normalise(normalise(c, 1), 0)
     return pre, post, c.permute(2, 0, 1)
 
 
@@ -200,10 +209,12 @@ def hc_pre(
     base: torch.Tensor,
     a: ModelArgs,
     mode: str,
+    sinkhorn: Callable[..., tuple[torch.Tensor, ...]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """h [T, n, dim] -> collapsed input x [T, dim], post [T, n], comb [T, n, n]."""
+    """h [T, n, dim] -> collapsed input x [T, dim], post [T, n], comb [T, n, n].
+    `sinkhorn` replaces `hc_split_sinkhorn` (training uses a compiled one on CUDA)."""
     mixes = mhc_mixes_ref(h.flatten(1), fn, a.rms_norm_eps, mode=mode)  # [T, (2+n)·n]
-    pre, post, comb = hc_split_sinkhorn(
+    pre, post, comb = (sinkhorn or hc_split_sinkhorn)(
         mixes, scale, base, a.hc_mult, a.hc_sinkhorn_iters, a.hc_eps
     )
     return (pre[..., None] * h).sum(1), post, comb
@@ -246,41 +257,47 @@ class Compressor(nn.Module):
     def new_state(self, device: torch.device) -> CompressorState:
         return CompressorState.create(self.ratio, self.wkv.out_features, self.head_dim, device)
 
-    def forward(self, x: torch.Tensor, step: Step, state: CompressorState) -> None:
-        """Append the entries of every window completed by these tokens to `state.entries`."""
-        r = self.ratio
-        kv = self.wkv(x)  # [T, coff·d]
+    def forward(self, x: torch.Tensor, step: Step, states: list[CompressorState]) -> None:
+        """x [B, T, dim]: the next T tokens of B sequences whose states are at the same point.
+        Append each sequence's entries of every window these tokens complete to its state."""
+        r, B = self.ratio, x.shape[0]
+        kv = self.wkv(x)  # [B, T, coff·d]
         score = self.wgate(x) + self.ape[step.positions % r]
-        kv = torch.cat((state.pending_kv, kv))  # starts at position n_entries·r
-        score = torch.cat((state.pending_score, score))
-        n_win = kv.shape[0] // r
-        state.pending_kv, state.pending_score = kv[n_win * r :], score[n_win * r :]
+        kv = torch.cat((torch.stack([s.pending_kv for s in states]), kv), 1)  # from n_entries·r
+        score = torch.cat((torch.stack([s.pending_score for s in states]), score), 1)
+        n_win = kv.shape[1] // r
+        for b, state in enumerate(states):
+            state.pending_kv, state.pending_score = kv[b, n_win * r :], score[b, n_win * r :]
         if n_win == 0:
             return
-        kv = kv[: n_win * r].view(n_win, r, -1)
-        score = score[: n_win * r].view(n_win, r, -1)
+        kv = kv[:, : n_win * r].view(B, n_win, r, -1)
+        score = score[:, : n_win * r].view(B, n_win, r, -1)
         if self.overlap:
-            kv, score = self._overlap(kv, score, state)  # [n_win, 2r, d]
-        pooled = (kv * torch.softmax(score, dim=1)).sum(1)  # [n_win, d]
-        first = state.n_entries
+            kv, score = self._overlap(kv, score, states)  # [B, n_win, 2r, d]
+        pooled = (kv * torch.softmax(score, dim=2)).sum(2)  # [B, n_win, d]
+        first = states[0].n_entries
         positions = (first + torch.arange(n_win, device=x.device)) * r
         cos, sin = step.compress_rope_fn.cos_sin(positions)
-        state.entries.append(apply_rope(self.norm(pooled), cos, sin))
+        entries = apply_rope(self.norm(pooled).transpose(0, 1), cos, sin)  # [n_win, B, d]
+        for b, state in enumerate(states):
+            state.entries.append(entries[:, b])
 
     def _overlap(
-        self, kv: torch.Tensor, score: torch.Tensor, state: CompressorState
+        self, kv: torch.Tensor, score: torch.Tensor, states: list[CompressorState]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[n_win, r, 2d] -> slots [n_win, 2r, d]: Ca of the previous window, then Cb."""
-        d = self.head_dim
-        if state.prev_kv is None:  # window 0 of the sequence: its Ca slots weigh 0
-            prev_kv = kv.new_zeros(1, self.ratio, d)
-            prev_score = score.new_full((1, self.ratio, d), float("-inf"))
+        """[B, n_win, r, 2d] -> slots [B, n_win, 2r, d]: Ca of the previous window, then Cb."""
+        d, B = self.head_dim, kv.shape[0]
+        if states[0].prev_kv is None:  # window 0 of the sequences: its Ca slots weigh 0
+            prev_kv = kv.new_zeros(B, 1, self.ratio, d)
+            prev_score = score.new_full((B, 1, self.ratio, d), float("-inf"))
         else:
-            prev_kv, prev_score = state.prev_kv[None], state.prev_score[None]
-        state.prev_kv, state.prev_score = kv[-1, :, :d].clone(), score[-1, :, :d].clone()
-        ca_kv = torch.cat((prev_kv, kv[:-1, :, :d]))
-        ca_score = torch.cat((prev_score, score[:-1, :, :d]))
-        return torch.cat((ca_kv, kv[:, :, d:]), 1), torch.cat((ca_score, score[:, :, d:]), 1)
+            prev_kv = torch.stack([s.prev_kv for s in states])[:, None]
+            prev_score = torch.stack([s.prev_score for s in states])[:, None]
+        for b, state in enumerate(states):
+            state.prev_kv, state.prev_score = kv[b, -1, :, :d].clone(), score[b, -1, :, :d].clone()
+        ca_kv = torch.cat((prev_kv, kv[:, :-1, :, :d]), 1)
+        ca_score = torch.cat((prev_score, score[:, :-1, :, :d]), 1)
+        return torch.cat((ca_kv, kv[..., d:]), 2), torch.cat((ca_score, score[..., d:]), 2)
 
 
 class Indexer(nn.Module):
@@ -295,31 +312,36 @@ class Indexer(nn.Module):
         self.compressor = Compressor(a, a.index_head_dim, CSA_RATIO)
 
     def scores(
-        self, x: torch.Tensor, qr: torch.Tensor, step: Step, state: CompressorState
+        self, x: torch.Tensor, qr: torch.Tensor, step: Step, states: list[CompressorState]
     ) -> torch.Tensor | None:
-        """One sequence: x [T, dim], qr [T, q_lora] -> scores [T, S] fp32 (-inf where not yet
-        visible), or None while no entry exists. Appends this chunk's entries to `state`."""
-        self.compressor(x, step, state)
-        keys = state.entries.view()  # [S, d_I]
-        T = x.shape[0]
-        if keys.shape[0] == 0:
+        """B sequences: x [B, T, dim], qr [B, T, q_lora] -> scores [B, T, S] fp32 (-inf where
+        not yet visible), or None while no entry exists. Appends this chunk's entries."""
+        self.compressor(x, step, states)
+        B, T = x.shape[:2]
+        S = states[0].n_entries
+        if S == 0:
             return None
-        q = self.wq_b(qr).view(T, self.n_heads, self.head_dim)
-        q = apply_rope(q, *step.seq_compress_rope)
-        w = self.weights_proj(x) * (self.head_dim**-0.5 * self.n_heads**-0.5)  # [T, H_I]
-        n_visible = torch.clamp((step.positions + 1) // CSA_RATIO, max=keys.shape[0])
+        q = self.wq_b(qr).view(B, T, self.n_heads, self.head_dim)
+        q = apply_rope(q.view(B * T, self.n_heads, self.head_dim), *step.compress_rope)
+        w = self.weights_proj(x) * (self.head_dim**-0.5 * self.n_heads**-0.5)  # [B, T, H_I]
+        n_visible = torch.clamp((step.positions + 1) // CSA_RATIO, max=S)
         mode = step.numerics.indexer_mode
         logits_fn = step.ops.indexer if mode is None else step.ops.indexer_patched
-        return logits_fn(q, w, keys, n_visible, mode=mode or "fp32")  # [T, S]
+        q = q.view(B, T, self.n_heads, self.head_dim)
+        return torch.stack([  # [B, T, S]; the kernels take one sequence at a time
+            logits_fn(q[b], w[b], states[b].entries.view(), n_visible, mode=mode or "fp32")
+            for b in range(B)
+        ])
 
     def forward(
-        self, x: torch.Tensor, qr: torch.Tensor, step: Step, state: CompressorState
+        self, x: torch.Tensor, qr: torch.Tensor, step: Step, states: list[CompressorState]
     ) -> torch.Tensor:
-        """-> [T, index_topk] entry ids, valid first, -1 where fewer entries are visible."""
-        scores = self.scores(x, qr, step, state)
+        """-> [B, T, index_topk] entry ids, valid first, -1 where fewer entries are visible."""
+        scores = self.scores(x, qr, step, states)
+        B, T = x.shape[:2]
         if scores is None:
-            return torch.full((x.shape[0], self.topk), -1, dtype=torch.int64, device=x.device)
-        return indexer_topk(scores, self.topk)
+            return torch.full((B, T, self.topk), -1, dtype=torch.int64, device=x.device)
+        return indexer_topk(scores.view(B * T, -1), self.topk).view(B, T, -1)
 
 
 def key_lists(
@@ -330,21 +352,21 @@ def key_lists(
     n_comp: torch.Tensor,
     comp_ids: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Compact key lists [T, K] of pool rows: the query's compressed entries first (comp_ids
-    [T, C], valid first; None = entries 0..n_comp-1), then its window tokens oldest first
-    (pool row = position - window_start), then -1."""
+    """Compact key lists [..., T, K] of pool rows: the query's compressed entries first (comp_ids
+    [..., T, C], valid first; None = entries 0..n_comp-1), then its window tokens oldest first
+    (pool row = position - window_start), then -1. positions [T]; n_comp [..., T]."""
     n_win = torch.clamp(positions + 1, max=window)  # [T]
     total = n_comp + n_win
     K = int(total.max())
-    j = torch.arange(K, device=positions.device)[None, :]
-    nc = n_comp[:, None]
+    j = torch.arange(K, device=positions.device)
+    nc = n_comp[..., None]
     if comp_ids is None:
         comp_rows = comp_row0 + j
     else:
-        ids = F.pad(comp_ids, (0, max(0, K - comp_ids.shape[1])), value=-1)[:, :K]
+        ids = F.pad(comp_ids, (0, max(0, K - comp_ids.shape[-1])), value=-1)[..., :K]
         comp_rows = comp_row0 + ids
     win_rows = (positions - n_win + 1 - window_start)[:, None] + (j - nc)
-    out = torch.where(j < total[:, None], win_rows, -1)
+    out = torch.where(j < total[..., None], win_rows, -1)
     return torch.where(j < nc, comp_rows, out)
 
 
@@ -353,20 +375,21 @@ def indexer_distillation(
 ) -> torch.Tensor:
     """KL(main attention over compressed entries || indexer), the lightning indexer's training
     signal (DeepSeek-V3.2): the target is the heads' mean attention distribution over the
-    visible entries (detached); scores [T, S] are the indexer's logits. Mean over queries that
-    see at least one entry. q [T, H, D], entries [S, D]."""
-    S = scores.shape[1]
+    visible entries (detached); scores [B, T, S] are the indexer's logits. Mean over queries
+    that see at least one entry. q [B, T, H, D], entries [B, S, D], n_visible [T]."""
+    S = scores.shape[-1]
     visible = torch.arange(S, device=q.device)[None, :] < n_visible[:, None]  # [T, S]
     rows = visible.any(1)
     if not bool(rows.any()):
         return scores.new_zeros(())
+    vis = visible[rows]  # [T', S]
     with torch.no_grad():
-        logits = torch.einsum("thd,sd->ths", q[rows], entries[:S]) * q.shape[-1] ** -0.5
-        logits = logits.masked_fill(~visible[rows][:, None, :], float("-inf"))
-        target = torch.softmax(logits, dim=-1).mean(1)  # [T', S]
-    log_q = torch.log_softmax(scores[rows].masked_fill(~visible[rows], float("-inf")), dim=-1)
+        logits = torch.einsum("bthd,bsd->bths", q[:, rows], entries[:, :S]) * q.shape[-1] ** -0.5
+        logits = logits.masked_fill(~vis[None, :, None, :], float("-inf"))
+        target = torch.softmax(logits, dim=-1).mean(2)  # [B, T', S]
+    log_q = torch.log_softmax(scores[:, rows].masked_fill(~vis, float("-inf")), dim=-1)
     kl = target * (torch.log(target.clamp_min(1e-12)) - log_q.clamp_min(-1e4))
-    return kl.masked_fill(~visible[rows], 0.0).sum(-1).mean()
+    return kl.masked_fill(~vis, 0.0).sum(-1).mean()
 
 
 # ---- attention ----------------------------------------------------------------------------------
@@ -400,10 +423,13 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, step: Step, cache: LayerCache | list[LayerCache]
     ) -> torch.Tensor:
-        """x [B·T, dim] (normed; B = len(cache) sequences) -> [B·T, dim]; appends to the
-        caches. Every sequence gets its own key pool; one attention call covers the batch."""
+        """x [B·T, dim] (normed; B = len(cache) sequences at the same position) -> [B·T, dim];
+        appends to the caches. Each sequence has its own key pool; one attention call."""
         a, N = self.a, x.shape[0]
         H, D = a.num_attention_heads, a.head_dim
+        caches = cache if isinstance(cache, list) else [cache]
+        B = len(caches)
+        T = N // B
         cos, sin = step.compress_rope if self.ratio else step.main_rope
         qr = self.q_norm(self.wq_a(x))  # [N, q_lora]; also the indexer's query input
         q = self.wq_b(qr).view(N, H, D)
@@ -411,21 +437,14 @@ class Attention(nn.Module):
             q * torch.rsqrt(q.square().mean(-1, keepdim=True) + a.rms_norm_eps), cos, sin
         )
         kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)  # [N, D]
-        caches = cache if isinstance(cache, list) else [cache]
-        T = N // len(caches)
-        pools, lists, offset = [], [], 0
-        for b, seq_cache in enumerate(caches):
-            rows = slice(b * T, (b + 1) * T)
-            pool, idx = self._keys(x[rows], qr[rows], q[rows], kv[rows], step, seq_cache)
-            lists.append(torch.where(idx >= 0, idx + offset, -1))
-            pools.append(pool)
-            offset += pool.shape[0]
-        width = max(i.shape[1] for i in lists)
-        idx = torch.cat([F.pad(i, (0, width - i.shape[1]), value=-1) for i in lists])
+        pool, idx = self._keys(x.view(B, T, -1), qr.view(B, T, -1), q.view(B, T, H, D),
+                               kv.view(B, T, D), step, caches)  # [B, P, D], [B, T, K]
+        rows = torch.arange(B, device=x.device)[:, None, None] * pool.shape[1]
+        idx = torch.where(idx >= 0, idx + rows, -1).reshape(N, -1)
         split, partial, merge = step.numerics.attention
         o = step.ops.attention(
             q,
-            torch.cat(pools),
+            pool.reshape(-1, D),
             idx.to(torch.int32),
             self.attn_sink,
             D**-0.5,
@@ -440,54 +459,53 @@ class Attention(nn.Module):
 
     def _keys(
         self, x: torch.Tensor, qr: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, step: Step,
-        cache: LayerCache,
+        caches: list[LayerCache],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One sequence's key pool [w + m, D] (window rows, then compressed entries) and key
-        lists [T, K]; runs its compressors and indexer and updates its cache."""
-        a, D = self.a, self.a.head_dim
-        window = torch.cat((cache.window, kv))  # row r <-> position window_start + r
-        window_start = int(step.positions[0]) - cache.window.shape[0]
+        """The key pools [B, w + m, D] (window rows, then compressed entries) and key lists
+        [B, T, K]; runs the compressors and the indexer and updates the caches."""
+        a, D, B = self.a, self.a.head_dim, len(caches)
+        window = torch.cat((torch.stack([c.window for c in caches]), kv), 1)  # [B, W, D]
+        window_start = int(step.positions[0]) - caches[0].window.shape[0]
         n_comp = torch.zeros_like(step.positions)
-        comp_ids, entries = None, window.new_empty(0, D)
+        comp_ids, entries = None, window.new_empty(B, 0, D)
         if self.compressor is not None:
-            self.compressor(x, step, cache.comp)
-            entries = cache.comp.entries.view()  # [m, D]
-            n_comp = torch.clamp((step.positions + 1) // self.ratio, max=entries.shape[0])
+            self.compressor(x, step, [c.comp for c in caches])
+            entries = torch.stack([c.comp.entries.view() for c in caches])  # [B, m, D]
+            n_comp = torch.clamp((step.positions + 1) // self.ratio, max=entries.shape[1])
         if self.indexer is not None:
-            comp_ids, n_comp = self._select(x, qr, q, entries, n_comp, step, cache)
-        pool = torch.cat((window, entries))  # [w + m, D]
+            comp_ids, n_comp = self._select(x, qr, q, entries, n_comp, step, caches)
+        pool = torch.cat((window, entries), 1)
         idx = key_lists(
-            step.positions, a.sliding_window, window_start, window.shape[0], n_comp, comp_ids
+            step.positions, a.sliding_window, window_start, window.shape[1], n_comp, comp_ids
         )
-        self._keep_window(cache, window, int(step.positions[-1]) + 1)
-        return pool, idx
+        keep = min(a.sliding_window - 1, window.shape[1])
+        end = int(step.positions[-1]) + 1
+        for b, cache in enumerate(caches):
+            cache.window = window[b, window.shape[1] - keep :].clone()
+            cache.window_start = end - keep
+        return pool, idx.expand(B, *idx.shape[-2:])
 
     def _select(
         self, x: torch.Tensor, qr: torch.Tensor, q: torch.Tensor, entries: torch.Tensor,
-        n_comp: torch.Tensor, step: Step, cache: LayerCache,
+        n_comp: torch.Tensor, step: Step, caches: list[LayerCache],
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """CSA: the indexer's top-k entries (comp_ids [T, topk], their count [T]); in training,
-        every visible entry (dense warm-up) and the indexer's distillation loss."""
-        train = step.train
+        """CSA: the indexer's top-k entries (comp_ids [B, T, topk], their count [B, T]); in
+        training, every visible entry (dense warm-up) and the indexer's distillation loss."""
+        train, states = step.train, [c.index for c in caches]
         if train is None:
-            comp_ids = self.indexer(x, qr, step, cache.index)
-            return comp_ids, (comp_ids >= 0).sum(1)
-        scores = self.indexer.scores(x, qr, step, cache.index)
+            comp_ids = self.indexer(x, qr, step, states)
+            return comp_ids, (comp_ids >= 0).sum(-1)
+        scores = self.indexer.scores(x, qr, step, states)
         if train.indexer_losses is not None and scores is not None:
             train.indexer_losses.append(indexer_distillation(q, entries, scores, n_comp))
         if train.dense_csa:
             return None, n_comp
+        B, T = x.shape[:2]
         if scores is None:
-            T = x.shape[0]
-            return torch.full((T, self.indexer.topk), -1, dtype=torch.int64,
-                              device=x.device), torch.zeros_like(n_comp)
-        comp_ids = indexer_topk(scores, self.indexer.topk)
-        return comp_ids, (comp_ids >= 0).sum(1)
-
-    def _keep_window(self, cache: LayerCache, window: torch.Tensor, end: int) -> None:
-        keep = min(self.a.sliding_window - 1, window.shape[0])
-        cache.window = window[window.shape[0] - keep :].clone()
-        cache.window_start = end - keep
+            ids = torch.full((B, T, self.indexer.topk), -1, dtype=torch.int64, device=x.device)
+        else:
+            ids = indexer_topk(scores.view(B * T, -1), self.indexer.topk).view(B, T, -1)
+        return ids, (ids >= 0).sum(-1)
 
 
 # ---- MoE ----------------------------------------------------------------------------------------
@@ -608,11 +626,27 @@ class MoE(nn.Module):
         scale_in_runner = not (self.gate.is_hash and hash_mode == "topk")
         if scale_in_topk:
             w = w * a.routed_scaling_factor
-        routed = self._routed(x, w, ids, step.numerics)
+        if step.train is not None and step.train.dense_experts:
+            routed = self._routed_dense(x, w, ids)
+        else:
+            routed = self._routed(x, w, ids, step.numerics)
         if scale_in_runner:
             routed = routed * a.routed_scaling_factor
         sh = self.shared_experts
         return routed + sh.w2(swiglu(sh.w1(x), sh.w3(x), a.swiglu_limit))
+
+    def _routed_dense(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Training: every expert on every token, weighted by the (sparse) routing weights.
+        The same sum as `_routed` in a few batched GEMMs instead of a launch-bound loop over
+        experts (tiny experts make the extra FLOPs free). x [N, dim] -> [N, dim]."""
+        E = self.a.n_routed_experts
+        dense_w = x.new_zeros(x.shape[0], E).scatter_add(1, ids, w)  # [N, E]
+        w1 = torch.stack([self.experts[str(e)].w1.weight for e in range(E)])  # [E, F, dim]
+        w3 = torch.stack([self.experts[str(e)].w3.weight for e in range(E)])
+        w2 = torch.stack([self.experts[str(e)].w2.weight for e in range(E)])  # [E, dim, F]
+        h = swiglu(torch.einsum("nd,efd->enf", x, w1), torch.einsum("nd,efd->enf", x, w3),
+                   self.a.swiglu_limit)
+        return torch.einsum("enf,edf,ne->nd", h, w2, dense_w)
 
     def _routed(
         self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, numerics: Numerics
@@ -680,11 +714,14 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         """h [T, n, dim] -> [T, n, dim] (T: every token of the step, batch flattened)."""
         mode = step.numerics.mhc_mode
+        sk = step.ops.sinkhorn
         x, post, comb = hc_pre(
-            h, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, self.a, mode
+            h, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, self.a, mode, sk
         )
         h = hc_post(self.attn(self.attn_norm(x), step, cache), h, post, comb)
-        x, post, comb = hc_pre(h, self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, self.a, mode)
+        x, post, comb = hc_pre(
+            h, self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, self.a, mode, sk
+        )
         return hc_post(self.ffn(self.ffn_norm(x), step), h, post, comb)
 
 

@@ -222,8 +222,8 @@ def test_compressor_matches_the_per_window_formula_in_chunks(model, layer: int, 
     want = direct_entries(comp, x, model.rope_compress, TINY.rms_norm_eps)
     for chunk in (90, 7, 1):  # one pass, chunks that split windows, token by token
         state = comp.new_state(x.device)
-        for s in range(0, 90, chunk):
-            comp(x[s : s + chunk], model._step(tokens(90)[s : s + chunk], s), state)
+        for s in range(0, 90, chunk):  # one sequence: x [1, chunk, dim], a list of one state
+            comp(x[None, s : s + chunk], model._step(tokens(90)[s : s + chunk], s), [state])
         assert state.n_entries == 90 // comp.ratio
         torch.testing.assert_close(state.entries.view(), want, rtol=1e-5, atol=1e-5)
 
@@ -378,7 +378,7 @@ ids = torch.randint(2, 512, (48,), generator=torch.Generator().manual_seed(4))
 for patches in ({}, {"mma-decode": "split-k-fp32", "triton-indexer": "fp32"}):
     model.configure(Numerics.from_patches(patches))
     want = model(ids)
-    model.ops = Ops(sparse_attention, indexer_logits)
+    model.ops = Ops(sparse_attention, indexer_logits, indexer_logits)
     print(float((model(ids) - want).norm() / want.norm()))
 """
 

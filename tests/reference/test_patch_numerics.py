@@ -250,7 +250,7 @@ def test_triton_indexer_bf16_keeps_most_selections_and_flips_some(model) -> None
     picks = {}
     for mode in ("off", "bf16"):
         handle = model.layers[2].attn.indexer.register_forward_hook(
-            lambda mod, inp, out, mode=mode: picks.__setitem__(mode, out.clone())
+            lambda mod, inp, out, mode=mode: picks.__setitem__(mode, out[0].clone())
         )
         logits(model, {} if mode == "off" else {"triton-indexer": "bf16"}, tokens)
         handle.remove()
