@@ -61,18 +61,26 @@ def jit_helpers(interpret: bool) -> SimpleNamespace:
     interpreted: Triton fixes the mode when a function is decorated, and the two cannot call
     each other, so every kernel file builds its kernels in a cached builder keyed like this).
 
-    Rounding is done on the bits, not with `.to()`: Triton's interpreter does not round to
-    nearest-even when it casts fp32 to bf16 or fp8, and these helpers give the same bits on the
-    GPU and in the interpreter.
+    `round_bf16` rounds fp32 to the nearest bf16 (ties to even). Compiled, that is the hardware
+    conversion (`cvt.rn.bf16.f32` on sm_80+); Triton's interpreter does not round to nearest-even
+    when it casts fp32 to bf16 or fp8, so there it is done on the bits (the same values).
+    `round_e4m3` is done on the bits in both modes.
     """
-    del interpret  # part of the cache key only
+    if interpret:
 
-    @triton.jit
-    def round_bf16(x):
-        """fp32 -> the nearest bf16 value (ties to even), returned as fp32. Finite x."""
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        return b.to(tl.float32, bitcast=True)
+        @triton.jit
+        def round_bf16(x):
+            """fp32 -> the nearest bf16 value (ties to even), returned as fp32. Finite x."""
+            b = x.to(tl.uint32, bitcast=True)
+            b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+            return b.to(tl.float32, bitcast=True)
+
+    else:
+
+        @triton.jit
+        def round_bf16(x):
+            """fp32 -> the nearest bf16 value (ties to even), returned as fp32."""
+            return x.to(tl.bfloat16).to(tl.float32)
 
     @triton.jit
     def round_e4m3(s):

@@ -288,36 +288,54 @@ def _paged_kernels(interpret: bool) -> SimpleNamespace:
     @triton.jit
     def paged_kernel(
         q_ptr, pages_ptr, w_ptr, lens_ptr, pt_ptr, out_ptr,
-        H, max_seq_len, stride_qb, stride_wb, stride_pt, stride_ob,
+        H, max_seq_len, n_pages, PPP, stride_qb, stride_wb, stride_pt, stride_ob,
         BLOCK_H: tl.constexpr, OP_DTYPE: tl.constexpr, BF16_DOTS: tl.constexpr,
     ):
-        # program (token b, logical page p): 64 keys × all heads, heads as tl.dot's M.
+        # program (token b, run r): logical pages [r·PPP, r·PPP + PPP), 64 keys each. Keys are
+        # tl.dot's M (64 = one wgmma warp group), heads its N: the head sum is a row reduction
+        # inside the MMA layout. q and w are loaded once per run; the next page's physical id
+        # is loaded one iteration ahead, so the pipeliner (num_stages >= 3) keeps the next
+        # pages' copies in flight while one page computes.
         b = tl.program_id(0).to(tl.int64)
-        p = tl.program_id(1)
-        offs_s = p * 64 + tl.arange(0, 64)
+        p_lo = tl.program_id(1) * PPP
+        p_hi = tl.minimum(p_lo + PPP, n_pages)
         seq_len = tl.load(lens_ptr + b)
-        acc = tl.zeros([64], tl.float32)
-        if p * 64 < seq_len:
-            page = tl.load(pt_ptr + b * stride_pt + p).to(tl.int64)
+        offs_h = tl.arange(0, BLOCK_H)
+        hmask = offs_h < H
+        offs_d = tl.arange(0, 128)
+        offs_k = tl.arange(0, 64)
+        qh = tl.load(q_ptr + b * stride_qb + offs_h[:, None] * 128 + offs_d[None, :],
+                     mask=hmask[:, None], other=0)
+        qt = tl.trans(qh.to(tl.float8e4nv, bitcast=True).to(OP_DTYPE))  # [128, BLOCK_H]
+        w = tl.load(w_ptr + b * stride_wb + offs_h, mask=hmask, other=0.0)
+        pt_row = pt_ptr + b * stride_pt
+        page = tl.load(pt_row + p_lo, mask=p_lo * 64 < seq_len, other=0).to(tl.int64)
+        for p in range(p_lo, p_hi):
+            nxt = tl.load(pt_row + p + 1, mask=(p + 1) * 64 < seq_len, other=0).to(tl.int64)
             base = pages_ptr + tl.maximum(page, 0) * 8448
-            offs_d = tl.arange(0, 128)
-            kt = tl.load(base + tl.arange(0, 64)[:, None] * 128 + offs_d[None, :])
+            keys = p * 64 + offs_k
+            kmask = keys < seq_len
+            kt = tl.load(base + offs_k[:, None] * 128 + offs_d[None, :], mask=kmask[:, None],
+                         other=0)
             kt = kt.to(tl.float8e4nv, bitcast=True).to(OP_DTYPE)  # [64, 128]
-            scale = tl.load((base + 8192).to(tl.pointer_type(tl.float32)) + tl.arange(0, 64))
-            offs_h = tl.arange(0, BLOCK_H)
-            hmask = offs_h < H
-            qh = tl.load(q_ptr + b * stride_qb + offs_h[:, None] * 128 + offs_d[None, :],
-                         mask=hmask[:, None], other=0)
-            qh = qh.to(tl.float8e4nv, bitcast=True).to(OP_DTYPE)  # [BLOCK_H, 128]
-            dots = tl.dot(qh, tl.trans(kt), input_precision="ieee")  # [BLOCK_H, 64]
+            scale = tl.load((base + 8192).to(tl.pointer_type(tl.float32)) + offs_k, mask=kmask,
+                            other=0.0)
+            dots = tl.dot(kt, qt, input_precision="ieee")  # [64 keys, BLOCK_H]
             if BF16_DOTS:
                 dots = round_bf16(dots)
-            w = tl.load(w_ptr + b * stride_wb + offs_h, mask=hmask, other=0.0)
-            acc = tl.sum(tl.maximum(dots, 0.0) * w[:, None], 0) * scale
-        res = tl.where(offs_s < seq_len, acc, float("-inf"))
-        tl.store(out_ptr + b * stride_ob + offs_s, res, mask=offs_s < max_seq_len)
+            acc = tl.sum(tl.maximum(dots, 0.0) * w[None, :], 1) * scale
+            res = tl.where(kmask, acc, float("-inf"))
+            tl.store(out_ptr + b * stride_ob + keys, res, mask=keys < max_seq_len)
+            page = nxt
 
     return SimpleNamespace(paged=paged_kernel)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def indexer_logits_paged(
@@ -331,9 +349,11 @@ def indexer_logits_paged(
     mode: str = "fp32",
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Triton indexer logits over SGLang's paged FP8 K (the `fp8_paged_mqa_logits` contract):
-    fp8 × fp8 tensor-core dots (exact products, fp32 accumulation); `mode="bf16"` rounds the
-    per-head dots to bf16. Same numbers as `indexer_logits_paged_ref`."""
+    """Triton indexer logits over SGLang's paged FP8 K (the `fp8_paged_mqa_logits` contract).
+    `mode="fp32"`: the e4m3 operands converted to bf16 (exactly) on bf16 tensor cores, fp32
+    accumulation: the fp32 reference within ~1e-6. `mode="bf16"`: fp8 tensor cores (Hopper's
+    fp8 MMA keeps ~14 accumulator bits, below the bf16 rounding that follows), the per-head
+    dots rounded to bf16. Same numbers as `indexer_logits_paged_ref`."""
     _check_paged(q_fp8, pages, weight, seq_lens, page_table, mode)
     require_triton(q_fp8, pages, weight, seq_lens, page_table)
     B, H, _ = q_fp8.shape
@@ -346,10 +366,16 @@ def indexer_logits_paged(
     lens = seq_lens.to(torch.int32).contiguous()
     pt = page_table.to(torch.int32).contiguous()
     w = weight.float().contiguous()
-    grid = (B, triton.cdiv(max_seq_len, IDX_PAGE))
+    n_pages = triton.cdiv(max_seq_len, IDX_PAGE)
+    # ~4 programs of 4 warps per SM in flight; a run of pages shares one load of q and w
+    ppp = max(1, triton.cdiv(B * n_pages, 4 * _sm_count(q.device)))
+    grid = (B, triton.cdiv(n_pages, ppp))
+    # fp32 mode: fp8 -> bf16 is exact, so bf16 tensor cores give exact products with fp32
+    # accumulation (fp8 tensor cores accumulate with ~14 bits on Hopper: 1e-4 relative)
+    op = tl.float32 if interp else (tl.bfloat16 if mode == "fp32" else tl.float8e4nv)
     _paged_kernels(interp).paged[grid](
-        q, pages, w, lens, pt, out, H, max_seq_len, q.stride(0), w.stride(0), pt.stride(0),
-        out.stride(0), BLOCK_H=max(16, next_pow2(H)),
-        OP_DTYPE=tl.float32 if interp else tl.float8e4nv, BF16_DOTS=mode == "bf16",
+        q, pages, w, lens, pt, out, H, max_seq_len, n_pages, ppp, q.stride(0), w.stride(0),
+        pt.stride(0), out.stride(0), BLOCK_H=max(16, next_pow2(H)), OP_DTYPE=op,
+        BF16_DOTS=mode == "bf16", num_warps=4, num_stages=3,
     )
     return out

@@ -77,8 +77,15 @@ def _kernels(interpret: bool) -> SimpleNamespace:
         T, M, KD, K_PER_SPLIT, eps,
         stride_xt, stride_fm, stride_ot,
         BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-        OP_DTYPE: tl.constexpr, PREC: tl.constexpr, ROUND_OPS: tl.constexpr, FUSED: tl.constexpr,
+        DOTS: tl.constexpr, ROUND_OPS: tl.constexpr, ROUND_OUT: tl.constexpr,
+        FUSED: tl.constexpr,
     ):
+        # program (token block, K split); x [BLOCK_T, BLOCK_K] is the MMA's A (tokens = M, one
+        # or two wgmma warp groups), fnᵀ [BLOCK_K, BLOCK_M] its B. DOTS (compiled):
+        #   "bf16"   the patch: x and fn as bf16 operands (x straight from its load when bf16)
+        #   "bf16x3" fp32 mode with bf16 x: fn = f1 + f2 + f3 in bf16 (24 bits), three bf16
+        #            MMAs with exact products - fp32 accuracy at 3 bf16 MMAs
+        #   "tf32x3" fp32 mode with fp32 x; "ieee" the interpreter (ROUND_OPS: bf16 values)
         pid_t = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -92,16 +99,30 @@ def _kernels(interpret: bool) -> SimpleNamespace:
             offs_k = k0 + tl.arange(0, BLOCK_K)
             kmask = offs_k < KD
             x = tl.load(x_ptr + offs_t[:, None].to(tl.int64) * stride_xt + offs_k[None, :],
-                        mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+                        mask=tmask[:, None] & kmask[None, :], other=0.0)
             f = tl.load(fn_ptr + offs_m[:, None] * stride_fm + offs_k[None, :],
                         mask=mmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-            ss += tl.sum(x * x, 1)  # the norm uses the unrounded x
-            if ROUND_OPS:
-                x = round_bf16(x)
-                f = round_bf16(f)
-            acc += tl.dot(x.to(OP_DTYPE), tl.trans(f.to(OP_DTYPE)), input_precision=PREC)
+            xf = x.to(tl.float32)
+            ss += tl.sum(xf * xf, 1)  # the norm uses the unrounded x
+            if DOTS == "bf16":
+                acc = tl.dot(x.to(tl.bfloat16), tl.trans(f.to(tl.bfloat16)), acc)
+            elif DOTS == "bf16x3":
+                f1 = f.to(tl.bfloat16)
+                r = f - f1.to(tl.float32)
+                f2 = r.to(tl.bfloat16)
+                f3 = (r - f2.to(tl.float32)).to(tl.bfloat16)
+                acc = tl.dot(x, tl.trans(f1), acc)
+                acc = tl.dot(x, tl.trans(f2), acc)
+                acc = tl.dot(x, tl.trans(f3), acc)
+            elif DOTS == "tf32x3":
+                acc = tl.dot(xf, tl.trans(f), acc, input_precision="tf32x3")
+            else:
+                if ROUND_OPS:
+                    xf = round_bf16(xf)
+                    f = round_bf16(f)
+                acc = tl.dot(xf, tl.trans(f), acc, input_precision="ieee")
         if FUSED:
-            if ROUND_OPS:  # the bf16 GEMM output
+            if ROUND_OUT:  # the bf16 GEMM output
                 acc = round_bf16(acc)
             out = acc * tl.math.rsqrt(ss / KD + eps)[:, None]
             tl.store(out_ptr + offs_t[:, None] * stride_ot + offs_m[None, :], out,
@@ -135,6 +156,14 @@ def _kernels(interpret: bool) -> SimpleNamespace:
     return SimpleNamespace(mixes=mixes_kernel, reduce=reduce_kernel)
 
 
+@functools.cache
+def _small_smem(device: torch.device) -> bool:
+    """SM86/89/120: ~100 KB of shared memory per block (the H200: 227 KB)."""
+    if device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device) in {(8, 6), (8, 7), (8, 9), (12, 0), (12, 1)}
+
+
 def mhc_mixes(
     x: torch.Tensor,
     fn: torch.Tensor,
@@ -145,8 +174,9 @@ def mhc_mixes(
     k_splits: int | None = None,
 ) -> torch.Tensor:
     """Triton mHC mixes, same contract as `mhc_mixes_ref` (CUDA tensors, or CPU tensors under
-    TRITON_INTERPRET=1). On the GPU the fp32 mode multiplies with 3 TF32 tensor-core products
-    (tf32x3, ~fp32 accuracy) instead of fp32 FMAs. `k_splits` splits the n·D reduction over
+    TRITON_INTERPRET=1). On the GPU the fp32 mode runs on tensor cores at fp32 accuracy: with
+    bf16 x, fn split into three bf16 parts (three exact-product bf16 MMAs); with fp32 x, 3 TF32
+    products (tf32x3). `k_splits` splits the n·D reduction over
     programs (default: enough programs to fill the GPU when T is small); `out` (optional,
     [T, M] fp32) gets the result."""
     check_mhc_args(x, fn, eps, mode)
@@ -161,9 +191,20 @@ def mhc_mixes(
         return out
     x, fn = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, fn))
     interp = interpreter_active()
-    block_t, block_k, block_m = (16 if T <= 16 else 64), 64, max(16, next_pow2(M))
+    bf16 = mode == "bf16"
+    if interp:
+        dots = "ieee"
+    elif bf16:
+        dots = "bf16"
+    else:
+        dots = "bf16x3" if x.dtype == torch.bfloat16 else "tf32x3"
+    # 128 tokens × 128 of n·D per step on 8 warps (x 32 KB + fn 16 KB per stage, 3 stages:
+    # 106-123 KB; GPUs with ~100 KB of shared memory per block take the 64 × 64 tiles)
+    big = T > 64 and not interp and not _small_smem(x.device)
+    block_t, block_k = (128, 128) if big else ((16 if T <= 16 else 64), 64)
+    block_m = max(16, next_pow2(M))
     n_tblocks = triton.cdiv(T, block_t)
-    if k_splits is None:  # aim for ~2 programs per SM of an H200 (132 SMs)
+    if k_splits is None:  # ~2 programs per SM (132 on an H200)
         k_splits = 1 if interp else max(1, min(triton.cdiv(KD, 1024), 264 // n_tblocks))
     k_per = triton.cdiv(triton.cdiv(KD, k_splits), block_k) * block_k
     k_splits = triton.cdiv(KD, k_per)
@@ -171,13 +212,11 @@ def mhc_mixes(
     part = out if fused else torch.empty(k_splits, T, block_m, device=x.device)
     sq = out if fused else torch.empty(k_splits, T, device=x.device)
     ks = _kernels(interp)
-    bf16 = mode == "bf16"
     ks.mixes[(n_tblocks, k_splits)](
         x, fn, out, part, sq, T, M, KD, k_per, float(eps),
         x.stride(0), fn.stride(0), out.stride(0),
-        BLOCK_T=block_t, BLOCK_M=block_m, BLOCK_K=block_k,
-        OP_DTYPE=tl.bfloat16 if bf16 and not interp else tl.float32, ROUND_OPS=bf16, FUSED=fused,
-        PREC="ieee" if interp else "tf32x3",  # fp32 operands: 3 TF32 MMAs ≈ fp32 accuracy
+        BLOCK_T=block_t, BLOCK_M=block_m, BLOCK_K=block_k, DOTS=dots, ROUND_OPS=bf16 and interp,
+        ROUND_OUT=bf16, FUSED=fused, num_warps=8 if big else 4, num_stages=3,
     )
     if not fused:
         ks.reduce[(n_tblocks,)](

@@ -324,91 +324,454 @@ def sparse_attention_fp8_ref(
                                 partial_dtype=partial_dtype, merge=merge)
 
 
+
 # ----------------------------------------------------------------------------------------------
-# Triton. Split-K "MMA" kernel: grid (query tokens, splits, head blocks); heads are tl.dot's M
-# dimension; a split = TILES tiles of TILE_N list positions with an online softmax inside;
-# partial out (bf16 or fp32) + fp32 LSE per split to scratch; a merge kernel combines them and
-# applies the sink. Rows have two parts: A (dims [0, A_DIM): the whole row in the dense layout,
-# the FP8 nope dims in MODEL1) and B (MODEL1's bf16 rope dims; none in the dense layout, where
-# HAS_B is off and its 16-wide tile is fully masked).
+# Triton. Split-K "MMA" kernel: a program owns (head block, query token, run of units), where a
+# unit is one patch split (SPLIT_TILES tiles of TILE_N list positions) or, on the exact path,
+# one tile. Heads are tl.dot's M dimension (64 heads = one wgmma warp group on sm_90); rows are
+# read in CHUNK-column pieces (4 × 128 for 512 dims) that serve both dots, so a [64, 512] fp32
+# accumulator is 4 register tensors and the K=V tile is one shared-memory buffer per stage.
+# Patch numerics (SPLIT_TILES ≥ 1): each split's partial is rounded (bf16) and merged by LSE in
+# registers (online, fp32), so per-split partials never touch device memory; a program writes one
+# fp32 partial for its whole run, and a small merge kernel combines the runs (S_prog of them) and
+# applies the sink. With one run per token (S_prog = 1) the split kernel finishes the token itself.
 # ----------------------------------------------------------------------------------------------
 TRITON_TILES = (16, 32, 64)  # tl.dot needs N >= 16; splits are whole multiples of a tile
 _SCRATCH_BYTES = 512 << 20  # bound on the partials buffer: queries are launched in blocks
+_MAX_GRID_Y = 65535
 round_bf16 = None  # a jitted helper, bound by install_helpers() when the kernels are built
+# device helpers, bound to triton.jit(<name>_py) in _kernels (see _DEVICE_HELPERS)
+_k_ids = _k_chunk = _k_scores = _k_pv = _k_op = _k_exact_run = _k_close = _k_fold = None
+_k_patch_run = _k_finish = None
+
+
+def _k_op_py(x, ROUND_OPS: tl.constexpr, OP_DTYPE: tl.constexpr):
+    """A dot operand: bf16 on the GPU (the cast rounds to nearest even); under the interpreter
+    fp32 holding the bf16-rounded value (ROUND_OPS), as its bf16 dots are unusable."""
+    if ROUND_OPS:
+        x = round_bf16(x.to(tl.float32))
+    return x.to(OP_DTYPE)
+
+
+def _k_ids_py(u, jj, N0, id0, K0, id1, K1, TILE_N: tl.constexpr, ST: tl.constexpr,
+              TWO: tl.constexpr):
+    """Row ids of tile jj of unit u of the token's concatenated list (source 0's N0 units,
+    then source 1's) -> [TILE_N] int32, -1 past the source's list. id1 is source 1's list as
+    an element offset from id0 (a select between two pointers would lose their alignment)."""
+    if TWO:
+        first = u < N0
+        offs = (tl.where(first, u, u - N0) * ST + jj) * TILE_N + tl.arange(0, TILE_N)
+        ids = tl.load(id0 + tl.where(first, 0, id1) + offs,
+                      mask=offs < tl.where(first, K0, K1), other=-1)
+    else:
+        offs = (u * ST + jj) * TILE_N + tl.arange(0, TILE_N)
+        ids = tl.load(id0 + offs, mask=offs < K0, other=-1)
+    return ids
+
+
+def _k_chunk_py(kv_ptr, idx, valid, skv, psh, pby, c: tl.constexpr, CHUNK: tl.constexpr,
+                D: tl.constexpr, A_DIM: tl.constexpr, FP8: tl.constexpr,
+                ROUND_OPS: tl.constexpr, OP_DTYPE: tl.constexpr):
+    """Columns [c·CHUNK, (c+1)·CHUNK) of key rows `idx` -> [n, CHUNK] dot operand, 0 where the
+    key is invalid or past D. Dense rows: kv_ptr + idx·skv. MODEL1 (FP8, CHUNK = 128): pages of
+    2^psh tokens and pby bytes; nope = e4m3 × 2^(ue8m0 − 127) per 64 dims, and the 64 bf16 rope
+    dims fill the second half of the last chunk (dims 448..511)."""
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    if FP8:
+        r = tl.where(valid, idx, 0)
+        page = r >> psh
+        slot = r & ((1 << psh) - 1)
+        data = kv_ptr + page * pby + slot * 576  # [n] uint8 pointers: the token's row
+        raw = tl.load(data[:, None] + cols[None, :],
+                      mask=valid[:, None] & (cols < A_DIM)[None, :], other=0)
+        # the row's 8 scale bytes as one int64 (a single 8-byte copy, pipelined like the
+        # data); byte g = the UE8M0 exponent of dims [64g, 64g + 64)
+        sc = (kv_ptr + page * pby + (576 << psh) + slot * 8).to(tl.pointer_type(tl.int64))
+        e8 = tl.load(sc, mask=valid, other=0x7F7F7F7F7F7F7F7F)
+        e_lo = ((e8 >> (16 * c)) & 0xFF).to(tl.int32)
+        e_hi = ((e8 >> (16 * c + 8)) & 0xFF).to(tl.int32)
+        e = tl.where((tl.arange(0, CHUNK) < 64)[None, :], e_lo[:, None], e_hi[:, None])
+        # e4m3 values and powers of two are exact in bf16, and so is their product
+        k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * (e << 23).to(tl.float32,
+                                                                                  bitcast=True)
+        if c * CHUNK + CHUNK > A_DIM:
+            rope = (data + A_DIM).to(tl.pointer_type(tl.bfloat16))
+            rmask = valid[:, None] & ((cols >= A_DIM) & (cols < D))[None, :]
+            kr = tl.load(rope[:, None] + (cols - A_DIM)[None, :], mask=rmask, other=0.0)
+            k = tl.where((cols < A_DIM)[None, :], k, kr.to(tl.float32))
+    else:
+        k = tl.load(kv_ptr + idx[:, None] * skv + cols[None, :],
+                    mask=valid[:, None] & (cols < D)[None, :], other=0.0)
+    if ROUND_OPS:  # interpreter: bf16 rows arrive as fp32 (already bf16 values)
+        k = k.to(tl.float32)
+    return k.to(OP_DTYPE)
+
+
+def _k_scores_py(q0, q1, q2, q3, u, idx, N0, kv0, skv0, psh0, pby0, kv1, skv1, psh1, pby1,
+                 scale, CHUNK: tl.constexpr, NCH: tl.constexpr, D: tl.constexpr,
+                 A_DIM: tl.constexpr, FP8: tl.constexpr, ROUND_OPS: tl.constexpr,
+                 OP_DTYPE: tl.constexpr, PREC: tl.constexpr, TWO: tl.constexpr):
+    """Tile of unit u with row ids idx [TILE_N] (-1 = no key): logits x = scale·q·k
+    [BLOCK_H, TILE_N] (-inf = no key) and the tile's row chunks k0..k3 [TILE_N, CHUNK] (the
+    value dot reuses them: K = V)."""
+    if TWO:
+        first = u < N0
+        kv = kv0 + tl.where(first, 0, kv1)  # kv1: source 1 as an element offset from kv0
+        skv = tl.where(first, skv0, skv1)
+        psh = tl.where(first, psh0, psh1)
+        pby = tl.where(first, pby0, pby1).to(tl.int64)
+    else:
+        kv = kv0
+        skv = skv0
+        psh = psh0
+        pby = pby0.to(tl.int64)
+    valid = idx >= 0
+    idx = idx.to(tl.int64)
+    k0 = _k_chunk(kv, idx, valid, skv, psh, pby, 0, CHUNK, D, A_DIM, FP8, ROUND_OPS, OP_DTYPE)
+    x = tl.dot(q0, tl.trans(k0), input_precision=PREC)
+    k1 = k0
+    k2 = k0
+    k3 = k0
+    if NCH > 1:
+        k1 = _k_chunk(kv, idx, valid, skv, psh, pby, 1, CHUNK, D, A_DIM, FP8, ROUND_OPS,
+                      OP_DTYPE)
+        x = tl.dot(q1, tl.trans(k1), x, input_precision=PREC)
+    if NCH > 2:
+        k2 = _k_chunk(kv, idx, valid, skv, psh, pby, 2, CHUNK, D, A_DIM, FP8, ROUND_OPS,
+                      OP_DTYPE)
+        x = tl.dot(q2, tl.trans(k2), x, input_precision=PREC)
+    if NCH > 3:
+        k3 = _k_chunk(kv, idx, valid, skv, psh, pby, 3, CHUNK, D, A_DIM, FP8, ROUND_OPS,
+                      OP_DTYPE)
+        x = tl.dot(q3, tl.trans(k3), x, input_precision=PREC)
+    x = tl.where(valid[None, :], x * scale, float("-inf"))
+    return x, k0, k1, k2, k3
+
+
+def _k_pv_py(p, k0, k1, k2, k3, a0, a1, a2, a3, alpha, NCH: tl.constexpr, PREC: tl.constexpr,
+             FIRST: tl.constexpr):
+    """a_c = a_c·alpha + p·k_c per column chunk; FIRST starts fresh accumulators (a_c and
+    alpha ignored)."""
+    if FIRST:
+        a0 = tl.dot(p, k0, input_precision=PREC)
+        a1 = a0
+        a2 = a0
+        a3 = a0
+        if NCH > 1:
+            a1 = tl.dot(p, k1, input_precision=PREC)
+        if NCH > 2:
+            a2 = tl.dot(p, k2, input_precision=PREC)
+        if NCH > 3:
+            a3 = tl.dot(p, k3, input_precision=PREC)
+    else:
+        a0 = tl.dot(p, k0, a0 * alpha[:, None], input_precision=PREC)
+        if NCH > 1:
+            a1 = tl.dot(p, k1, a1 * alpha[:, None], input_precision=PREC)
+        if NCH > 2:
+            a2 = tl.dot(p, k2, a2 * alpha[:, None], input_precision=PREC)
+        if NCH > 3:
+            a3 = tl.dot(p, k3, a3 * alpha[:, None], input_precision=PREC)
+    return a0, a1, a2, a3
+
+
+def _k_exact_run_py(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, lo, hi, N0, id0, K0, id1, K1,
+                    kv0, skv0, psh0, pby0, kv1, skv1, psh1, pby1, scale,
+                    TILE_N: tl.constexpr, CHUNK: tl.constexpr, NCH: tl.constexpr,
+                    D: tl.constexpr, A_DIM: tl.constexpr, FP8: tl.constexpr,
+                    ROUND_OPS: tl.constexpr, OP_DTYPE: tl.constexpr, PREC: tl.constexpr,
+                    TWO: tl.constexpr):
+    """Tiles [lo, hi) into a running fp32 online softmax (the exact path). The next tile's
+    row ids are loaded one iteration ahead: the key loads then depend on a loop-carried value
+    only, and Triton's pipeliner (num_stages >= 3) keeps the next tiles' copies in flight
+    while this one computes (with the ids loaded in the same iteration it waits for every copy
+    before computing)."""
+    idx = _k_ids(lo, 0, N0, id0, K0, id1, K1, TILE_N, 1, TWO)
+    for u in range(lo, hi):
+        idx_next = _k_ids(u + 1, 0, N0, id0, K0, id1, K1, TILE_N, 1, TWO)
+        x, k0, k1, k2, k3 = _k_scores(q0, q1, q2, q3, u, idx, N0, kv0, skv0, psh0, pby0, kv1,
+                                      skv1, psh1, pby1, scale, CHUNK, NCH, D, A_DIM, FP8,
+                                      ROUND_OPS, OP_DTYPE, PREC, TWO)
+        idx = idx_next
+        m_new = tl.maximum(m_i, tl.max(x, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_use)  # 0 while nothing was seen
+        p = tl.exp(x - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        a0, a1, a2, a3 = _k_pv(_k_op(p, ROUND_OPS, OP_DTYPE), k0, k1, k2, k3, a0, a1, a2, a3,
+                               alpha, NCH, PREC, False)
+        m_i = m_new
+    return m_i, l_i, a0, a1, a2, a3
+
+
+def _k_close_py(m_use, l_s, big_m, tot, den, l0, NO_RESCALE: tl.constexpr):
+    """Close a split (running max m_use, sum l_s): 1/l_s, and its weight w in the running merge
+    with the rescale alpha of what was merged before. LSE merge: w = exp(lse_s − M'),
+    alpha = exp(M − M'); the fault: w = l_s / l0 (l0 = the first non-empty split's sum, so a
+    lone split keeps weight 1 exactly), alpha = 1. `tot` = Σ exp(lse_s − M) in both (the LSE
+    for the sink), `den` = Σ l_s / l0 (the fault's normaliser)."""
+    has = l_s > 0
+    inv = tl.math.div_rn(tl.full(l_s.shape, 1.0, tl.float32), tl.where(has, l_s, 1.0))
+    lse_s = tl.where(has, m_use + tl.log(tl.where(has, l_s, 1.0)), float("-inf"))
+    m_new = tl.maximum(big_m, lse_s)
+    m_fix = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(big_m - m_fix)
+    w = tl.exp(lse_s - m_fix)  # 1 for the largest split so far, 0 for an empty one
+    tot = tot * alpha + w
+    if NO_RESCALE:
+        l0 = tl.where(l0 > 0, l0, l_s)
+        w = tl.where(has, tl.math.div_rn(l_s, tl.where(l0 > 0, l0, 1.0)), 0.0)
+        den = den + w
+        alpha = tl.full(alpha.shape, 1.0, tl.float32)
+    return inv, alpha, w, m_new, tot, den, l0
+
+
+def _k_fold_py(a, t, inv, alpha, w, ROUND_PARTIAL: tl.constexpr):
+    """a·alpha + w·o_s with the split's partial o_s = t / l_s, rounded to bf16 (the patch)."""
+    o = t * inv[:, None]
+    if ROUND_PARTIAL:
+        o = round_bf16(o)
+    return a * alpha[:, None] + w[:, None] * o
+
+
+def _k_patch_run_py(q0, q1, q2, q3, big_m, tot, den, l0, a0, a1, a2, a3, lo, hi, N0, id0, K0,
+                    id1, K1, kv0, skv0, psh0, pby0, kv1, skv1, psh1, pby1, scale,
+                    TILE_N: tl.constexpr, CHUNK: tl.constexpr, NCH: tl.constexpr,
+                    D: tl.constexpr, A_DIM: tl.constexpr, FP8: tl.constexpr,
+                    ROUND_OPS: tl.constexpr, OP_DTYPE: tl.constexpr, PREC: tl.constexpr,
+                    SPLIT_TILES: tl.constexpr, ROUND_PARTIAL: tl.constexpr,
+                    NO_RESCALE: tl.constexpr, TWO: tl.constexpr):
+    """Splits [lo, hi), each SPLIT_TILES tiles: the split's partial o_s = Σ p·v / l_s, rounded
+    to bf16 (ROUND_PARTIAL), is merged at once into the running fp32 merge (see _k_close).
+    With one tile per split the split closes before its value dots, so each chunk's p·v is
+    folded as soon as it is computed (one [BLOCK_H, CHUNK] temporary)."""
+    idx = _k_ids(lo, 0, N0, id0, K0, id1, K1, TILE_N, SPLIT_TILES, TWO)
+    for u in range(lo, hi):
+        if SPLIT_TILES == 1:
+            idx_next = _k_ids(u + 1, 0, N0, id0, K0, id1, K1, TILE_N, 1, TWO)  # _k_exact_run
+            x, k0, k1, k2, k3 = _k_scores(q0, q1, q2, q3, u, idx, N0, kv0, skv0, psh0, pby0,
+                                          kv1, skv1, psh1, pby1, scale, CHUNK, NCH, D, A_DIM,
+                                          FP8, ROUND_OPS, OP_DTYPE, PREC, TWO)
+            idx = idx_next
+            m_s = tl.max(x, 1)
+            m_use = tl.where(m_s == float("-inf"), 0.0, m_s)
+            p = tl.exp(x - m_use[:, None])
+            inv, alpha, w, big_m, tot, den, l0 = _k_close(m_use, tl.sum(p, 1), big_m, tot, den,
+                                                          l0, NO_RESCALE)
+            pb = _k_op(p, ROUND_OPS, OP_DTYPE)
+            a0 = _k_fold(a0, tl.dot(pb, k0, input_precision=PREC), inv, alpha, w, ROUND_PARTIAL)
+            if NCH > 1:
+                a1 = _k_fold(a1, tl.dot(pb, k1, input_precision=PREC), inv, alpha, w,
+                             ROUND_PARTIAL)
+            if NCH > 2:
+                a2 = _k_fold(a2, tl.dot(pb, k2, input_precision=PREC), inv, alpha, w,
+                             ROUND_PARTIAL)
+            if NCH > 3:
+                a3 = _k_fold(a3, tl.dot(pb, k3, input_precision=PREC), inv, alpha, w,
+                             ROUND_PARTIAL)
+        else:
+            for jj in tl.static_range(SPLIT_TILES):
+                ids = _k_ids(u, jj, N0, id0, K0, id1, K1, TILE_N, SPLIT_TILES, TWO)
+                x, k0, k1, k2, k3 = _k_scores(q0, q1, q2, q3, u, ids, N0, kv0, skv0, psh0,
+                                              pby0, kv1, skv1, psh1, pby1, scale, CHUNK, NCH,
+                                              D, A_DIM, FP8, ROUND_OPS, OP_DTYPE, PREC, TWO)
+                if jj == 0:
+                    m_s = tl.max(x, 1)
+                    m_use = tl.where(m_s == float("-inf"), 0.0, m_s)
+                    p = tl.exp(x - m_use[:, None])
+                    l_s = tl.sum(p, 1)
+                    t0, t1, t2, t3 = _k_pv(_k_op(p, ROUND_OPS, OP_DTYPE), k0, k1, k2, k3,
+                                           l_s, l_s, l_s, l_s, l_s, NCH, PREC, True)
+                else:
+                    m_prev = m_s  # -inf while the split has seen no key: beta = 0
+                    m_s = tl.maximum(m_s, tl.max(x, 1))
+                    m_use = tl.where(m_s == float("-inf"), 0.0, m_s)
+                    beta = tl.exp(m_prev - m_use)
+                    p = tl.exp(x - m_use[:, None])
+                    l_s = l_s * beta + tl.sum(p, 1)
+                    t0, t1, t2, t3 = _k_pv(_k_op(p, ROUND_OPS, OP_DTYPE), k0, k1, k2, k3,
+                                           t0, t1, t2, t3, beta, NCH, PREC, False)
+            inv, alpha, w, big_m, tot, den, l0 = _k_close(m_use, l_s, big_m, tot, den, l0,
+                                                          NO_RESCALE)
+            a0 = _k_fold(a0, t0, inv, alpha, w, ROUND_PARTIAL)
+            if NCH > 1:
+                a1 = _k_fold(a1, t1, inv, alpha, w, ROUND_PARTIAL)
+            if NCH > 2:
+                a2 = _k_fold(a2, t2, inv, alpha, w, ROUND_PARTIAL)
+            if NCH > 3:
+                a3 = _k_fold(a3, t3, inv, alpha, w, ROUND_PARTIAL)
+    return big_m, tot, den, l0, a0, a1, a2, a3
+
+
+def _k_finish_py(a, c: tl.constexpr, norm, keep, dst, offs_h, hmask, CHUNK: tl.constexpr,
+                 D: tl.constexpr, ROUND_OUT: tl.constexpr, stride_h):
+    """Store chunk c of a / norm (· keep, rounded to bf16 when ROUND_OUT) at dst[h, cols]."""
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    o = tl.math.div_rn(a, tl.broadcast_to(norm[:, None], a.shape)) * keep[:, None]
+    if ROUND_OUT:
+        o = round_bf16(o)
+    tl.store(dst + offs_h[:, None] * stride_h + cols[None, :], o,
+             mask=hmask[:, None] & (cols < D)[None, :])
+
+
+_DEVICE_HELPERS = ("_load_rows", "_k_op", "_k_ids", "_k_chunk", "_k_scores", "_k_pv",
+                   "_k_exact_run", "_k_close", "_k_fold", "_k_patch_run", "_k_finish")
 
 
 @functools.cache
 def _kernels(interpret: bool) -> SimpleNamespace:
     """Build the jitted kernels once per mode (see `_triton.jit_helpers`)."""
     install_helpers(globals(), interpret)
-    globals()["_load_rows"] = triton.jit(_load_rows_py)
+    for name in _DEVICE_HELPERS:
+        globals()[name] = triton.jit(globals()[name + "_py"])
 
     @triton.jit
     def split_partials(
-        q_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, lsum_ptr,
-        H, K, S_total, s_offset, scale, stride_qt, stride_qh, stride_kv, stride_it, TILES,
-        D: tl.constexpr, A_DIM: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
-        HAS_B: tl.constexpr, FP8: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
-        TILE_N: tl.constexpr, BLOCK_H: tl.constexpr,
-        OP_DTYPE: tl.constexpr, ROUND_OPS: tl.constexpr, ROUND_PARTIAL: tl.constexpr,
+        q_ptr, kv0_ptr, idx0_ptr, o_ptr, lse_ptr, lsum_ptr, sink_ptr, out_ptr,
+        kv1_off, idx1_off, H, K0, K1, N0, N1, UPP, S_prog, scale, psh0, pby0, psh1, pby1,
+        stride_qt, stride_qh, stride_kv0, stride_kv1, stride_i0, stride_i1, stride_ot, stride_oh,
+        D: tl.constexpr, A_DIM: tl.constexpr, CHUNK: tl.constexpr, NCH: tl.constexpr,
+        FP8: tl.constexpr, TWO_SOURCES: tl.constexpr, TILE_N: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        SPLIT_TILES: tl.constexpr, OP_DTYPE: tl.constexpr, ROUND_OPS: tl.constexpr,
+        ROUND_PARTIAL: tl.constexpr, NO_RESCALE: tl.constexpr, FINAL: tl.constexpr,
     ):
-        t = tl.program_id(0).to(tl.int64)
-        s = tl.program_id(1)
-        offs_h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+        # program (head block, token t, run s): units [s·UPP, s·UPP + UPP) of the token's
+        # concatenated unit list (source 0's N0 units, then source 1's N1). Source 1's cache and
+        # lists are passed as element offsets from source 0's (kv1_off, idx1_off).
+        offs_h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+        t = tl.program_id(1).to(tl.int64)
+        s = tl.program_id(2)
         hmask = offs_h < H
-        offs_a = tl.arange(0, BLOCK_A)
-        offs_b = A_DIM + tl.arange(0, BLOCK_B)
         q_rows = q_ptr + t * stride_qt + offs_h[:, None] * stride_qh
-        qa = tl.load(q_rows + offs_a[None, :], mask=hmask[:, None] & (offs_a < A_DIM)[None, :],
-                     other=0.0).to(tl.float32)
-        qb = tl.load(q_rows + offs_b[None, :], mask=hmask[:, None] & (offs_b < D)[None, :],
-                     other=0.0).to(tl.float32)
-        if ROUND_OPS:  # bf16 operands: q is rounded as the kv rows already are
-            qa = round_bf16(qa)
-            qb = round_bf16(qb)
-        qa = qa.to(OP_DTYPE)
-        qb = qb.to(OP_DTYPE)
-        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
-        acc_a = tl.zeros([BLOCK_H, BLOCK_A], tl.float32)
-        acc_b = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
-        for j in range(TILES):
-            offs_n = (s * TILES + j) * TILE_N + tl.arange(0, TILE_N)
-            idx = tl.load(idx_ptr + t * stride_it + offs_n, mask=offs_n < K, other=-1).to(tl.int64)
-            valid = idx >= 0
-            ka, kb = _load_rows(kv_ptr, idx, valid, stride_kv, offs_a, offs_b, A_DIM, D,
-                                FP8, PAGE, PAGE_BYTES)
-            ka = ka.to(OP_DTYPE)
-            kb = kb.to(OP_DTYPE)
-            x = tl.dot(qa, tl.trans(ka), input_precision="ieee")
-            if HAS_B:
-                x += tl.dot(qb, tl.trans(kb), input_precision="ieee")
-            x = tl.where(valid[None, :], x * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(x, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_i - m_use)  # 0 on the first tile
-            p = tl.exp(x - m_use[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if ROUND_OPS:
-                p = round_bf16(p)
-            acc_a = acc_a * alpha[:, None] + tl.dot(p.to(OP_DTYPE), ka, input_precision="ieee")
-            if HAS_B:
-                acc_b = acc_b * alpha[:, None] + tl.dot(p.to(OP_DTYPE), kb, input_precision="ieee")
-            m_i = m_new
-        l_div = tl.where(l_i > 0, l_i, 1.0)
-        oa = tl.math.div_rn(acc_a, tl.broadcast_to(l_div[:, None], acc_a.shape))
-        ob = tl.math.div_rn(acc_b, tl.broadcast_to(l_div[:, None], acc_b.shape))
-        if ROUND_PARTIAL:
-            oa = round_bf16(oa)
-            ob = round_bf16(ob)
-        row = (t * S_total + s_offset + s) * H + offs_h  # rows of the [T, S_total, H] scratch
-        tl.store(o_ptr + row[:, None] * D + offs_a[None, :], oa,
-                 mask=hmask[:, None] & (offs_a < A_DIM)[None, :])
-        tl.store(o_ptr + row[:, None] * D + offs_b[None, :], ob,
-                 mask=hmask[:, None] & (offs_b < D)[None, :])
-        m_i = tl.where(m_i == float("-inf"), 0.0, m_i)
-        tl.store(lse_ptr + row, tl.where(l_i > 0, m_i + tl.log(l_div), float("-inf")), mask=hmask)
-        tl.store(lsum_ptr + row, l_i, mask=hmask)
+        cq = tl.arange(0, CHUNK)
+        q0 = _k_op(tl.load(q_rows + cq[None, :], mask=hmask[:, None] & (cq < D)[None, :],
+                           other=0.0), ROUND_OPS, OP_DTYPE)
+        q1 = q0
+        q2 = q0
+        q3 = q0
+        if NCH > 1:
+            q1 = _k_op(tl.load(q_rows + CHUNK + cq[None, :],
+                               mask=hmask[:, None] & (CHUNK + cq < D)[None, :], other=0.0),
+                       ROUND_OPS, OP_DTYPE)
+        if NCH > 2:
+            q2 = _k_op(tl.load(q_rows + 2 * CHUNK + cq[None, :],
+                               mask=hmask[:, None] & (2 * CHUNK + cq < D)[None, :], other=0.0),
+                       ROUND_OPS, OP_DTYPE)
+        if NCH > 3:
+            q3 = _k_op(tl.load(q_rows + 3 * CHUNK + cq[None, :],
+                               mask=hmask[:, None] & (3 * CHUNK + cq < D)[None, :], other=0.0),
+                       ROUND_OPS, OP_DTYPE)
+        lo = s * UPP
+        hi = tl.minimum(lo + UPP, N0 + N1)
+        id0 = idx0_ptr + t * stride_i0
+        id1 = idx1_off + t * stride_i1 - t * stride_i0  # offset from id0
+        v0 = tl.full([BLOCK_H], float("-inf"), tl.float32)  # m_i (exact) / running max M
+        v1 = tl.zeros([BLOCK_H], tl.float32)  # l_i (exact) / tot
+        v2 = tl.zeros([BLOCK_H], tl.float32)  # den (fault)
+        v3 = tl.zeros([BLOCK_H], tl.float32)  # l0 (fault)
+        a0 = tl.zeros([BLOCK_H, CHUNK], tl.float32)
+        a1 = tl.zeros([BLOCK_H, CHUNK], tl.float32)
+        a2 = tl.zeros([BLOCK_H, CHUNK], tl.float32)
+        a3 = tl.zeros([BLOCK_H, CHUNK], tl.float32)
+        if SPLIT_TILES == 0:
+            v0, v1, a0, a1, a2, a3 = _k_exact_run(
+                q0, q1, q2, q3, v0, v1, a0, a1, a2, a3, lo, hi, N0, id0, K0, id1, K1,
+                kv0_ptr, stride_kv0, psh0, pby0, kv1_off, stride_kv1, psh1, pby1, scale,
+                TILE_N, CHUNK, NCH, D, A_DIM, FP8, ROUND_OPS, OP_DTYPE, "ieee", TWO_SOURCES)
+            norm = tl.where(v1 > 0, v1, 1.0)
+            v2 = v1  # lsum = l
+            v3 = tl.full([BLOCK_H], 1.0, tl.float32)
+        else:
+            v0, v1, v2, v3, a0, a1, a2, a3 = _k_patch_run(
+                q0, q1, q2, q3, v0, v1, v2, v3, a0, a1, a2, a3, lo, hi, N0, id0, K0, id1, K1,
+                kv0_ptr, stride_kv0, psh0, pby0, kv1_off, stride_kv1, psh1, pby1, scale,
+                TILE_N, CHUNK, NCH, D, A_DIM, FP8, ROUND_OPS, OP_DTYPE, "ieee", SPLIT_TILES,
+                ROUND_PARTIAL, NO_RESCALE, TWO_SOURCES)
+            if NO_RESCALE:
+                norm = tl.where(v2 > 0, v2, 1.0)
+            else:
+                norm = tl.where(v1 > 0, v1, 1.0)
+        # lse of the run: M + log(tot) (exact: m + log(l)); lsum = Σ l_s (fault weights)
+        m_fin = tl.where(v0 == float("-inf"), 0.0, v0)
+        lse = tl.where(v1 > 0, m_fin + tl.log(tl.where(v1 > 0, v1, 1.0)), float("-inf"))
+        if FINAL:  # one run per token: apply the sink, write the output
+            sink = tl.load(sink_ptr + offs_h, mask=hmask, other=0.0).to(tl.float32)
+            top = tl.maximum(lse, sink)
+            top = tl.where(top == float("-inf"), 0.0, top)
+            lae = top + tl.log(tl.exp(lse - top) + tl.exp(sink - top))
+            keep = tl.where(lse > float("-inf"), tl.exp(lse - lae), 0.0)
+            dst = out_ptr + t * stride_ot
+            sh = stride_oh
+            rnd = ROUND_PARTIAL
+        else:  # partial of this run: [T, S_prog, H, D] fp32 + lse, lsum [T, S_prog, H]
+            keep = tl.full([BLOCK_H], 1.0, tl.float32)
+            row = (t * S_prog + s) * H
+            dst = o_ptr + row * D
+            sh = D
+            rnd = False
+            tl.store(lse_ptr + row + offs_h, lse, mask=hmask)
+            tl.store(lsum_ptr + row + offs_h, v2 * v3, mask=hmask)
+        _k_finish(a0, 0, norm, keep, dst, offs_h, hmask, CHUNK, D, rnd, sh)
+        if NCH > 1:
+            _k_finish(a1, 1, norm, keep, dst, offs_h, hmask, CHUNK, D, rnd, sh)
+        if NCH > 2:
+            _k_finish(a2, 2, norm, keep, dst, offs_h, hmask, CHUNK, D, rnd, sh)
+        if NCH > 3:
+            _k_finish(a3, 3, norm, keep, dst, offs_h, hmask, CHUNK, D, rnd, sh)
+
+    @triton.jit
+    def merge_partials(
+        o_ptr, lse_ptr, lsum_ptr, sink_ptr, out_ptr,
+        H, D, S, stride_ot, stride_oh,
+        NO_RESCALE: tl.constexpr, ROUND_OUT: tl.constexpr,
+        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        # program (head h, token t, d block): merge the S partials o [T, S, H, D] of (t, h),
+        # BLOCK_S at a time (one wide load each), then apply the sink.
+        h = tl.program_id(0)
+        t = tl.program_id(1).to(tl.int64)
+        offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+        dmask = offs_d < D
+        offs_s = tl.arange(0, BLOCK_S)
+        big_m = tl.full([], float("-inf"), tl.float32)
+        for s0 in range(0, S, BLOCK_S):
+            smask = s0 + offs_s < S
+            lse = tl.load(lse_ptr + (t * S + s0 + offs_s) * H + h, mask=smask, other=float("-inf"))
+            big_m = tl.maximum(big_m, tl.max(lse, 0))
+        big_m = tl.where(big_m == float("-inf"), 0.0, big_m)
+        tot = tl.zeros([], tl.float32)
+        den = tl.zeros([], tl.float32)
+        for s0 in range(0, S, BLOCK_S):
+            rows = (t * S + s0 + offs_s) * H + h
+            smask = s0 + offs_s < S
+            w = tl.exp(tl.load(lse_ptr + rows, mask=smask, other=float("-inf")) - big_m)
+            tot += tl.sum(w, 0)
+            if NO_RESCALE:  # the fault: local sums, no exp(m_s - M) factor
+                w = tl.load(lsum_ptr + rows, mask=smask, other=0.0)
+            den += tl.sum(w, 0)
+        den = tl.where(den > 0, den, 1.0)
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        for s0 in range(0, S, BLOCK_S):  # Σ_s (w_s / Σ w)·o_s: a lone partial gets weight 1
+            rows = (t * S + s0 + offs_s) * H + h
+            smask = s0 + offs_s < S
+            if NO_RESCALE:
+                w = tl.load(lsum_ptr + rows, mask=smask, other=0.0)
+            else:
+                w = tl.exp(tl.load(lse_ptr + rows, mask=smask, other=float("-inf")) - big_m)
+            o = tl.load(o_ptr + rows[:, None] * D + offs_d[None, :],
+                        mask=smask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+            acc += tl.sum(tl.math.div_rn(w, tl.broadcast_to(den, w.shape))[:, None] * o, 0)
+        # sink: out *= exp(LSE - logaddexp(LSE, sink)), LSE = M + log Σ exp(lse_s - M)
+        lse_all = tl.where(tot > 0, big_m + tl.log(tl.where(tot > 0, tot, 1.0)), float("-inf"))
+        sink = tl.load(sink_ptr + h).to(tl.float32)
+        top = tl.maximum(lse_all, sink)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        lae = top + tl.log(tl.exp(lse_all - top) + tl.exp(sink - top))
+        keep = tl.where(lse_all > float("-inf"), tl.exp(lse_all - lae), 0.0)
+        out = acc * keep
+        if ROUND_OUT:
+            out = round_bf16(out)
+        tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d, out, mask=dmask)
 
     @triton.jit
     def baseline_partial(
@@ -464,57 +827,6 @@ def _kernels(interpret: bool) -> SimpleNamespace:
         tl.store(lse_ptr + row, tl.where(l_i > 0, m_i + tl.log(l_div), float("-inf")))
         tl.store(lsum_ptr + row, l_i)
 
-    @triton.jit
-    def merge_partials(
-        o_ptr, lse_ptr, lsum_ptr, sink_ptr, out_ptr,
-        H, D, S, stride_ot, stride_oh,
-        NO_RESCALE: tl.constexpr, ROUND_OUT: tl.constexpr,
-        BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    ):
-        # program (t, d-chunk, head block): merge the S partials of query t, then the sink.
-        t = tl.program_id(0).to(tl.int64)
-        offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-        offs_h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
-        hmask = offs_h < H
-        dmask = offs_d < D
-        big_m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        for s in range(S):
-            lse = tl.load(lse_ptr + (t * S + s) * H + offs_h, mask=hmask, other=float("-inf"))
-            big_m = tl.maximum(big_m, lse)
-        big_m = tl.where(big_m == float("-inf"), 0.0, big_m)
-        tot = tl.zeros([BLOCK_H], tl.float32)
-        den = tl.zeros([BLOCK_H], tl.float32)
-        for s in range(S):
-            lse = tl.load(lse_ptr + (t * S + s) * H + offs_h, mask=hmask, other=float("-inf"))
-            w = tl.exp(lse - big_m)
-            tot += w
-            if NO_RESCALE:  # the fault: local sums, no exp(m_s - M) factor
-                w = tl.load(lsum_ptr + (t * S + s) * H + offs_h, mask=hmask, other=0.0)
-            den += w
-        den = tl.where(den > 0, den, 1.0)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-        for s in range(S):  # Σ_s (w_s / Σ w)·o_s: a lone split gets weight 1 exactly
-            row = (t * S + s) * H + offs_h
-            if NO_RESCALE:
-                w = tl.load(lsum_ptr + row, mask=hmask, other=0.0)
-            else:
-                w = tl.exp(tl.load(lse_ptr + row, mask=hmask, other=float("-inf")) - big_m)
-            o = tl.load(o_ptr + row[:, None] * D + offs_d[None, :],
-                        mask=hmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-            acc += tl.math.div_rn(w, den)[:, None] * o
-        # sink: out *= exp(LSE - logaddexp(LSE, sink)), LSE = M + log Σ exp(lse_s - M)
-        lse_all = tl.where(tot > 0, big_m + tl.log(tl.where(tot > 0, tot, 1.0)), float("-inf"))
-        sink = tl.load(sink_ptr + offs_h, mask=hmask, other=0.0).to(tl.float32)
-        top = tl.maximum(lse_all, sink)
-        top = tl.where(top == float("-inf"), 0.0, top)
-        lae = top + tl.log(tl.exp(lse_all - top) + tl.exp(sink - top))
-        keep = tl.where(lse_all > float("-inf"), tl.exp(lse_all - lae), 0.0)
-        out = acc * keep[:, None]
-        if ROUND_OUT:
-            out = round_bf16(out)
-        tl.store(out_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :], out,
-                 mask=hmask[:, None] & dmask[None, :])
-
     return SimpleNamespace(split_partials=split_partials, baseline_partial=baseline_partial,
                            merge_partials=merge_partials)
 
@@ -549,8 +861,10 @@ _load_rows = None  # bound to triton.jit(_load_rows_py) when the kernels are bui
 @dataclass(frozen=True)
 class AttnConfig:
     """Launch configuration of the split-K kernel (None = the built-in choice for the shape).
-    tile_n: keys per tile (16/32/64); tiles: tiles per split on the exact path (a patch split
-    fixes its own: split / tile_n)."""
+    tile_n: keys per tile (16/32/64); block_h: heads per program (tl.dot's M: 64 = one wgmma
+    warp group on sm_90); tiles: tiles per program (the run a program merges in registers; a
+    multiple of split / tile_n on the patch path); num_warps / num_stages: Triton's launch
+    options (num_stages = software-pipelining depth of the key-tile loads)."""
 
     tile_n: int | None = None
     block_h: int | None = None
@@ -570,37 +884,105 @@ class _Source:
     page_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """How one call is laid out: tiles of `tile` keys, `split_tiles` per patch split (0 = the
+    exact path), `units` per source (splits or tiles), `upp` units per program, `s_prog`
+    programs (runs) per token and head block."""
+
+    tile: int
+    split_tiles: int
+    block_h: int
+    chunk: int
+    units: tuple[int, ...]
+    upp: int
+    s_prog: int
+    num_warps: int
+    num_stages: int
+
+
 def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Scratch allocation (a seam for tests, which poison scratch with NaN)."""
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _max_tile(D: int, device: torch.device) -> int:
-    """Keys per tile: 64, or 32 for 512-dim rows on GPUs with ~100 KB of shared memory per
-    block (SM86/89/120: a 64×512 bf16 key tile in two operand layouts needs 128 KB)."""
-    if D < 256 or device.type != "cuda":
-        return 64
-    return 32 if torch.cuda.get_device_capability(device) in {(8, 6), (8, 7), (8, 9), (12, 0),
-                                                               (12, 1)} else 64
+@functools.cache
+def _device_facts(device: torch.device) -> tuple[int, bool]:
+    """(multiprocessors, small shared memory): SM86/89/120 have ~100 KB per block, sm_80/90
+    ~164/227 KB. The interpreter counts 4 'SMs' so that small tests take the multi-run path."""
+    if device.type != "cuda":
+        return 4, False
+    props = torch.cuda.get_device_properties(device)
+    small = (props.major, props.minor) in {(8, 6), (8, 7), (8, 9), (12, 0), (12, 1)}
+    return props.multi_processor_count, small
 
 
-def _plan_tiles(split: int | None, srcs: list[_Source], T: int, hblocks: int,
-                max_tile: int) -> tuple[int, int]:
-    """(TILE_N, TILES). A patch split is TILES tiles of TILE_N keys. The exact path
-    (split=None, fp32 partials) picks TILES so that the grid has ~2 programs per SM of an H200
-    without producing many more partials than needed."""
+@functools.cache
+def _runs_per_token(units: int, work: int, slots: int) -> int:
+    """Programs per (token, head block) for `units` units each: the fewest programs that
+    minimise waves × units per program (1 program per SM slot per wave), counting a merge
+    pass (partials written and re-read) as one unit."""
+    best, best_cost = 1, math.inf
+    for s in range(1, min(units, max(1, 4 * slots // work)) + 1):
+        upp = math.ceil(units / s)
+        s_eff = math.ceil(units / upp)
+        cost = math.ceil(work * s_eff / slots) * upp + (1 if s_eff > 1 else 0)
+        if cost < best_cost:
+            best, best_cost = s_eff, cost
+    return best
+
+
+def _plan(split: int | None, srcs: list[_Source], T: int, H: int, D: int, low: bool,
+          device: torch.device, cfg: AttnConfig) -> _Plan:
+    """Launch layout (AttnConfig fields override). Wide rows (D = 512) on the H200:
+    - 64 heads (one wgmma warp group, 8 warps; q in shared memory, 64 KB): the exact path
+      takes 32-key tiles 3 stages deep (loads two tiles ahead, 160 KB); a 64-key patch split
+      is one 64-key tile, 2 stages (192 KB; the copy of the next tile is issued after this
+      tile's dots, so load and compute alternate - 3 stages would need 256 KB).
+    - 16-32 heads (mma.sync): 64-key tiles, 3 stages (q 16-32 KB + 192 KB).
+    - fp32 rows (the tests' exact reference path): 16 heads, 32-key tiles, 1 stage.
+    - ~100 KB GPUs (SM86/89/120): <= 32 heads, 32-key tiles, 2 stages (1 for MODEL1), no wgmma.
+    Programs per token: enough runs to fill the SMs once (see _runs_per_token)."""
+    n_sm, small_smem = _device_facts(device)
+    wide = D >= 256
+    block_h = cfg.block_h or min(64, max(16, next_pow2(H)))
+    if cfg.block_h is None and wide and not low:
+        block_h = 16  # fp32 dots run on FMA units: keep the operands small
+    if cfg.block_h is None and wide and small_smem:
+        block_h = min(block_h, 32)  # q of 64 heads alone would take 64 of the ~100 KB
+    if small_smem or not low:
+        tile = 32 if wide else 64
+    else:
+        tile = 32 if wide and block_h >= 64 and split is None else 64
+    tile = cfg.tile_n or tile
+    split_tiles = 0
     if split is not None:
-        tile = min(split, max_tile)
-        return tile, split // tile
-    n_tiles = max(math.ceil(s.indices.shape[1] / max_tile) for s in srcs)
-    want_splits = max(1, math.ceil(264 / max(1, T * hblocks)))
-    return max_tile, max(1, math.ceil(n_tiles / want_splits))
+        tile = min(tile, split)
+        split_tiles = split // tile
+    if cfg.block_h is None and wide and split_tiles > 1:
+        block_h = min(block_h, 32)  # a split of several tiles keeps a second accumulator set
+    chunk = min(128, max(16, next_pow2(D)))
+    units = tuple(math.ceil(s.indices.shape[1] / (split or tile)) for s in srcs)
+    total = max(1, sum(units))
+    work = T * math.ceil(H / block_h)
+    if cfg.tiles:
+        upp = max(1, cfg.tiles // max(1, split_tiles))
+    else:
+        upp = math.ceil(total / _runs_per_token(total, work, n_sm))
+    num_warps = cfg.num_warps or (8 if block_h >= 32 and wide and low else 4)
+    if not wide:
+        stages = 2
+    elif small_smem or not low:
+        stages = 1 if (srcs[0].fp8 or not low) else 2
+    else:
+        stages = 2 if block_h >= 64 and tile >= 64 else 3
+    return _Plan(tile, split_tiles, block_h, chunk, units, upp, math.ceil(total / upp),
+                 num_warps, cfg.num_stages or stages)
 
 
 def _launch(q, srcs, sink, scale, *, split, pdt, merge, out, baseline,
             config: AttnConfig | None = None) -> torch.Tensor:
-    """Run split (or baseline) partials for every source, then the merge, into out [T, H, D]."""
-    cfg = config or AttnConfig()
+    """Run the split-K kernel (or the baseline) for every source into out [T, H, D]."""
     T, H, D = q.shape
     if out is None:
         out = torch.empty(T, H, D, dtype=torch.float32, device=q.device)
@@ -613,49 +995,103 @@ def _launch(q, srcs, sink, scale, *, split, pdt, merge, out, baseline,
     install_helpers(globals(), interp)
     q = q if q.stride(-1) == 1 else q.contiguous()
     sink = sink.contiguous()
-    fp8 = srcs[0].fp8
-    a_dim, b_dim = (NOPE, ROPE) if fp8 else (D, 0)
-    low = fp8 or srcs[0].data.dtype in (torch.bfloat16, torch.float16)
-    block_h = cfg.block_h or min(max(16, next_pow2(H)), 32 if D >= 256 else 64)
-    hblocks = math.ceil(H / block_h)
-    tile, tiles = _plan_tiles(split, srcs, T, hblocks, cfg.tile_n or _max_tile(D, q.device))
-    if split is None and cfg.tiles:
-        tiles = cfg.tiles
-    # wide rows: 8 warps hold the [block_h, 512] fp32 accumulator in registers; one pipeline
-    # stage, as the key tile (64 or 32 keys × 512 bf16) already fills most shared memory
-    launch = dict(num_warps=cfg.num_warps or (8 if D >= 256 else 4),
-                  num_stages=cfg.num_stages or (1 if D >= 256 else 2))
-    n_split = [1 if baseline else max(1, math.ceil(s.indices.shape[1] / (tile * tiles)))
-               for s in srcs]
-    S = sum(n_split)
-    consts = dict(D=D, A_DIM=a_dim, BLOCK_A=max(16, next_pow2(a_dim)), BLOCK_B=max(16, b_dim),
-                  HAS_B=b_dim > 0, FP8=fp8)
-    rows = max(1, min(T, _SCRATCH_BYTES // (S * H * (D * pdt.itemsize + 8))))
+    two = len(srcs) > 1  # the kernel reaches source 1's lists from source 0's: one dtype
+    srcs = [s if s.indices.stride(-1) == 1 and not (two and s.indices.dtype != torch.int32)
+            else _Source(s.data, s.indices.to(torch.int32 if two else s.indices.dtype)
+                         .contiguous(), s.fp8, s.page, s.page_bytes) for s in srcs]
+    if baseline:
+        return _launch_baseline(ks, q, srcs, sink, scale, out)
+    if len(srcs) > 2:
+        raise ValueError(f"the split-K kernel takes one or two key sources, got {len(srcs)}")
+    if D > 512:
+        raise ValueError(f"the split-K kernel supports head dims up to 512, got {D}")
+    low = srcs[0].fp8 or srcs[0].data.dtype in (torch.bfloat16, torch.float16)
+    if low and not interp and q.dtype != torch.bfloat16:
+        q = q.to(torch.bfloat16)  # the operand the kernel rounds to anyway; loaded as is, wgmma
+        #                           reads it from shared memory instead of 128 registers/thread
+    p = _plan(split, srcs, T, H, D, low, q.device, config or AttnConfig())
+    final = p.s_prog == 1
+    consts = dict(D=D, A_DIM=NOPE if srcs[0].fp8 else D, CHUNK=p.chunk,
+                  NCH=math.ceil(D / p.chunk), FP8=srcs[0].fp8, TWO_SOURCES=len(srcs) > 1,
+                  TILE_N=p.tile, BLOCK_H=p.block_h, SPLIT_TILES=p.split_tiles,
+                  OP_DTYPE=tl.bfloat16 if low and not interp else tl.float32,
+                  ROUND_OPS=low and interp, ROUND_PARTIAL=pdt == torch.bfloat16,
+                  NO_RESCALE=merge == "no-rescale", FINAL=final,
+                  num_warps=p.num_warps, num_stages=p.num_stages)
+    per_row = 1 if final else p.s_prog * H * (D * 4 + 8)
+    rows = max(1, min(T, _MAX_GRID_Y, _SCRATCH_BYTES // per_row))
     for t0 in range(0, T, rows):
         tb = min(rows, T - t0)
-        o = _alloc((tb, S, H, D), pdt, q.device)
+        if final:  # no partials: the placeholders are never touched
+            o = lse = lsum = out
+        else:
+            o = _alloc((tb, p.s_prog, H, D), torch.float32, q.device)
+            lse = _alloc((tb, p.s_prog, H), torch.float32, q.device)
+            lsum = _alloc((tb, p.s_prog, H), torch.float32, q.device)
+        _split_call(ks, p, q[t0:], srcs, t0, tb, o, lse, lsum, sink, out[t0:], scale, consts)
+        if not final:
+            _merge(ks, o, lse, lsum, sink, out[t0:], merge, pdt == torch.bfloat16)
+    return out
+
+
+def _split_call(ks, p: _Plan, q, srcs, t0, tb, o, lse, lsum, sink, out, scale, consts) -> None:
+    """One split_partials launch for queries [t0, t0 + tb): source 1 (if any) is passed as
+    element offsets from source 0's cache and lists."""
+    s0, s1 = srcs[0], srcs[-1]
+    i0, i1 = s0.indices[t0 : t0 + tb], s1.indices[t0 : t0 + tb]
+    two = len(srcs) > 1
+    ks.split_partials[(math.ceil(q.shape[1] / p.block_h), tb, p.s_prog)](
+        q, s0.data, i0, o, lse, lsum, sink, out,
+        _elements_between(s0.data, s1.data), _elements_between(i0, i1),
+        q.shape[1], i0.shape[1], i1.shape[1] if two else 0, p.units[0],
+        p.units[1] if two else 0, p.upp, p.s_prog, float(scale),
+        s0.page.bit_length() - 1, s0.page_bytes, s1.page.bit_length() - 1, s1.page_bytes,
+        q.stride(0), q.stride(1), s0.data.stride(0), s1.data.stride(0),
+        i0.stride(0), i1.stride(0), out.stride(0), out.stride(1), **consts)
+
+
+def _elements_between(a: torch.Tensor, b: torch.Tensor) -> int:
+    """b's first element as an offset in elements from a's (same dtype, same device): the
+    kernel addresses a second source from the first source's pointer."""
+    if a.dtype != b.dtype:
+        raise ValueError(f"two key sources must share a dtype, got {a.dtype} and {b.dtype}")
+    delta = b.data_ptr() - a.data_ptr()
+    if delta % a.element_size():
+        raise ValueError("key sources must be aligned to their element size")
+    return delta // a.element_size()
+
+
+def _merge(ks, o, lse, lsum, sink, out, merge: str, round_out: bool) -> None:
+    """Merge partials o [T, S, H, D] (+ lse, lsum [T, S, H]) into out [T, H, D], with the sink."""
+    T, S, H, D = o.shape
+    block_d = min(128, max(16, next_pow2(D)))
+    ks.merge_partials[(H, T, math.ceil(D / block_d))](
+        o, lse, lsum, sink, out, H, D, S, out.stride(0), out.stride(1),
+        NO_RESCALE=merge == "no-rescale", ROUND_OUT=round_out,
+        BLOCK_S=min(32, max(2, next_pow2(S))), BLOCK_D=block_d)
+
+
+def _launch_baseline(ks, q, srcs, sink, scale, out) -> torch.Tensor:
+    """Non-MMA baseline: one program per (token, head) and source, bf16 partials, merged."""
+    T, H, D = q.shape
+    fp8 = srcs[0].fp8
+    a_dim, b_dim = (NOPE, ROPE) if fp8 else (D, 0)
+    consts = dict(D=D, A_DIM=a_dim, BLOCK_A=max(16, next_pow2(a_dim)), BLOCK_B=max(16, b_dim),
+                  HAS_B=b_dim > 0, FP8=fp8)
+    S = len(srcs)
+    rows = max(1, min(T, _MAX_GRID_Y, _SCRATCH_BYTES // (S * H * (D * 2 + 8))))
+    for t0 in range(0, T, rows):
+        tb = min(rows, T - t0)
+        o = _alloc((tb, S, H, D), torch.bfloat16, q.device)
         lse = _alloc((tb, S, H), torch.float32, q.device)
         lsum = _alloc((tb, S, H), torch.float32, q.device)
-        s_off = 0
-        for src, ns in zip(srcs, n_split):
+        for s_off, src in enumerate(srcs):
             idx = src.indices[t0 : t0 + tb]
-            idx = idx if idx.stride(-1) == 1 else idx.contiguous()
-            args = (q[t0:], src.data, idx, o, lse, lsum, H, idx.shape[1], S, s_off, float(scale),
-                    q.stride(0), q.stride(1), src.data.stride(0), idx.stride(0))
-            geo = dict(consts, PAGE=src.page, PAGE_BYTES=src.page_bytes)
-            if baseline:
-                ks.baseline_partial[(tb, H)](*args, **geo, BLOCK_T=16,
-                                             ROUND_PARTIAL=pdt == torch.bfloat16)
-            else:
-                ks.split_partials[(tb, ns, hblocks)](
-                    *args, tiles, **geo, TILE_N=tile, BLOCK_H=block_h,
-                    OP_DTYPE=tl.bfloat16 if low and not interp else tl.float32, ROUND_OPS=low,
-                    ROUND_PARTIAL=pdt == torch.bfloat16, **launch)
-            s_off += ns
-        ks.merge_partials[(tb, math.ceil(D / 64), hblocks)](
-            o, lse, lsum, sink, out[t0:], H, D, S, out.stride(0), out.stride(1),
-            NO_RESCALE=merge == "no-rescale", ROUND_OUT=pdt == torch.bfloat16,
-            BLOCK_H=block_h, BLOCK_D=64)
+            ks.baseline_partial[(tb, H)](
+                q[t0:], src.data, idx, o, lse, lsum, H, idx.shape[1], S, s_off, float(scale),
+                q.stride(0), q.stride(1), src.data.stride(0), idx.stride(0), **consts,
+                PAGE=src.page, PAGE_BYTES=src.page_bytes, BLOCK_T=16, ROUND_PARTIAL=True)
+        _merge(ks, o, lse, lsum, sink, out[t0:], "lse", True)
     return out
 
 

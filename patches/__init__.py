@@ -8,3 +8,7 @@ PATCH_MODULES = (
     "nvfp4_dispatch",
     "trtllm_clamp",
 )
+
+# Registered only when DSV4BISECT_TEST_PATCHES=1: a deliberately broken interacting pair for
+# end-to-end tests of the search on the embedded engine.
+TEST_PATCH_MODULES = ("_canary_a", "_canary_b")

@@ -7,24 +7,32 @@ import-time registration. Importing it imports no torch (patch modules are decla
 from __future__ import annotations
 
 import importlib
+import os
+from collections.abc import Mapping
 from functools import cache
 from types import MappingProxyType
-from collections.abc import Mapping
 
 from dsv4bisect.errors import PatchError, did_you_mean
 from dsv4bisect.patching.spec import Patch
 
+TEST_PATCHES_ENV = "DSV4BISECT_TEST_PATCHES"
+
+
+def builtin_patches() -> Mapping[str, Patch]:
+    """Name -> Patch, in registry order (plus the test-only pair when DSV4BISECT_TEST_PATCHES=1)."""
+    return _registry(os.environ.get(TEST_PATCHES_ENV) == "1")
+
 
 @cache
-def builtin_patches() -> Mapping[str, Patch]:
-    """Name -> Patch, in registry order."""
-    from dsv4bisect.patches import PATCH_MODULES
+def _registry(with_test_patches: bool) -> Mapping[str, Patch]:
+    from dsv4bisect.patches import PATCH_MODULES, TEST_PATCH_MODULES
 
+    modules = PATCH_MODULES + (TEST_PATCH_MODULES if with_test_patches else ())
     out: dict[str, Patch] = {}
-    for module_name in PATCH_MODULES:
+    for module_name in modules:
         module = importlib.import_module(f"dsv4bisect.patches.{module_name}")
         patch: Patch = module.PATCH
-        if patch.name != module_name.replace("_", "-"):
+        if patch.name != module_name.strip("_").replace("_", "-"):
             raise RuntimeError(f"patch module {module_name} declares name {patch.name}")
         if patch.name in out:
             raise RuntimeError(f"duplicate patch name {patch.name}")

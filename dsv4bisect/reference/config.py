@@ -380,6 +380,11 @@ class Numerics:
             return "none" if variant is None else "limit" if variant == "alpha" else "limit*alpha"
         return "none" if self.moe_backend in NVFP4_UNCLAMPED_BACKENDS else "limit"
 
+    @property
+    def canary_pair(self) -> bool:
+        """The test-only interacting pair (DSV4BISECT_TEST_PATCHES=1): both on breaks the model."""
+        return "canary-a" in self.patches and "canary-b" in self.patches
+
     def describe(self) -> dict[str, Any]:
         return {
             "patches": dict(self.patches),

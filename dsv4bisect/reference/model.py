@@ -804,6 +804,8 @@ class Transformer(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final streams [T, n, dim] -> logits [T, vocab] fp32."""
         x = hc_head(h, self.hc_head_fn, self.hc_head_scale, self.hc_head_base, self.a)
+        if self.numerics.canary_pair:  # test-only fault pair: every logit equal
+            x = x * 0.0
         return self.head(self.norm(x))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -112,7 +112,7 @@ def test_gpu_flash_shapes(K):
     """DeepSeek-V4-Flash decode: 64 heads, one 512-dim K=V head, bf16 KV; the bf16-partial
     error stays at the bf16 level at every context length and the fp32 path is exact."""
     q, kv, idx, sink = inputs(5, 8, 64, 512, max(K, 1024), K, "cuda", kv_dtype=torch.bfloat16)
-    ref = sa.sparse_attention_ref(q.cpu(), kv.cpu(), idx.cpu(), sink.cpu(), 512**-0.5)
+    ref = sa.sparse_attention_ref(q, kv, idx, sink, 512**-0.5).cpu()  # fp32 torch on the GPU
     for kw, lo, hi in ((dict(split=64, partial_dtype=torch.bfloat16), 1e-3, 1e-2),
                        (dict(split=64, merge="no-rescale"), 1e-2, 1.0)):
         assert lo < rel(run(q, kv, idx, sink, 512**-0.5, **kw).cpu(), ref) < hi
@@ -197,8 +197,7 @@ def test_gpu_fp8_sparse_flash_shapes(B):
     srcs = [sa.PagedKV(c4, sel.cuda(), 64), sa.PagedKV(swa, win.cuda(), 256)]
     q = torch.randn(B, 64, 512, generator=g).cuda()
     sink = torch.randn(64, generator=g).cuda()
-    cpu = [sa.PagedKV(s.cache.cpu(), s.indices.cpu(), s.page_size) for s in srcs]
-    ref = sa.sparse_attention_fp8_ref(q.cpu(), cpu, sink.cpu(), 512**-0.5)
+    ref = sa.sparse_attention_fp8_ref(q, srcs, sink, 512**-0.5).cpu()
     for kw in ({}, dict(split=64, partial_dtype=torch.bfloat16)):
         out = sa.sparse_attention_fp8(q, srcs, sink, 512**-0.5, **kw).cpu()
         assert 1e-4 < rel(out, ref) < 1e-2
