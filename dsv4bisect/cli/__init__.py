@@ -24,9 +24,19 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from dsv4bisect.cli import diff, patches, probe, profile, serve
+    from dsv4bisect.cli import (
+        diff,
+        doctor,
+        microtest,
+        patches,
+        probe,
+        profile,
+        report,
+        run,
+        serve,
+    )
 
-    for module in (patches, profile, diff, probe, serve):
+    for module in (patches, profile, diff, run, probe, report, microtest, doctor, serve):
         module.register(app)
 
 

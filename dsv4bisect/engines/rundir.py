@@ -1,12 +1,19 @@
 """Run directories: where a run or bisect keeps its resolved configs, logs, receipts and results.
 
-Layout of `dsv4bisect run` (DESIGN §9):
-    <run>/run.json                 what was asked (profile, overrides, tier) and when
+Layout of `dsv4bisect run` (DESIGN §9; docs/run.md):
+    <run>/run.json                 what was asked (profile, overrides, tier), versions, when,
+                                   status, timing per stage, wall time (dsv4bisect/run/record.py)
     <run>/<arm>/config.json        resolved EngineConfig of each arm (baseline, candidate)
-    <run>/<arm>/logs/<role>.log    one log per engine process (secrets redacted)
-    <run>/<arm>/receipts/          receipts written by engine processes
-    <run>/<arm>/rows.jsonl         probe rows of that arm
+    <run>/<arm>/logs/<role>.log    one log per engine process (secrets redacted); a relaunch
+                                   after a crash appends to it below a `--- dsv4bisect:` line
+    <run>/<arm>/receipts/          receipts written by engine processes (receipts-attemptN/:
+                                   those of a launch that crashed)
+    <run>/<arm>/run.json, cases.jsonl, rows.jsonl, drift.jsonl
+                                   the arm's probe run (`ProbeRun.save`)
+    <run>/baseline-repeat/         the A/A repeat's probe run (same engine as baseline/)
     <run>/verdict.json, report.md, heatmap.png
+A reused baseline is copied in from the cache with the logs of the launch that measured it;
+`<run>/baseline` is a saved baseline for `dsv4bisect probe URL --baseline <run>/baseline`.
 """
 
 from __future__ import annotations

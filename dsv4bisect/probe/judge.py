@@ -26,22 +26,38 @@ from dsv4bisect.probe.stats import holm, mcnemar_one_sided, mcnemar_two_sided
 from dsv4bisect.probe.stats import min_significant_discordant as min_b
 
 Pair = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]  # baseline, repeat, candidate rows
+_STANDIN = "_aa_standin"  # marks a baseline row standing in for a request the repeat skipped
 
 
 def _pairs(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun, reasons: list[str]) -> list[Pair]:
+    """Baseline/repeat/candidate rows by (case_id, arm). A request the repeat did not cover (a
+    partial A/A, e.g. `dsv4bisect run`'s smoke subset) keeps its pair with the baseline row as
+    its own repeat, marked `_STANDIN`; `_repeated` leaves those out of every A/A figure."""
     cand_rows, rep_rows = cand.rows_by_key(), rep.rows_by_key() if rep else {}
-    pairs, missing = [], 0
+    pairs, missing, unrepeated = [], 0, 0
     for key, row in base.rows_by_key().items():
         if row["family"] == "drift":
             continue
         other = cand_rows.get(key)
-        if other is None or (rep is not None and key not in rep_rows):
+        if other is None:
             missing += 1
             continue
-        pairs.append((row, rep_rows.get(key, row), other))
+        if rep is not None and key not in rep_rows:
+            unrepeated += 1
+            pairs.append((row, {**row, _STANDIN: True}, other))
+        else:
+            pairs.append((row, rep_rows.get(key, row), other))
     if missing:
-        reasons.append(f"{missing} baseline requests have no counterpart in the other runs")
+        reasons.append(f"{missing} baseline requests have no counterpart in the candidate run")
+    if unrepeated:
+        reasons.append(f"the A/A repeat covers {len(pairs) - unrepeated} of {len(pairs)} "
+                       "paired requests; the noise floor comes from those")
     return pairs
+
+
+def _repeated(pairs: list[Pair]) -> list[Pair]:
+    """Pairs whose repeat row is a real second run (not the baseline row standing in)."""
+    return [p for p in pairs if not p[1].get(_STANDIN)]
 
 
 def _families(pairs: list[Pair], has_repeat: bool) -> dict[str, V.FamilyResult]:
@@ -56,10 +72,15 @@ def _families(pairs: list[Pair], has_repeat: bool) -> dict[str, V.FamilyResult]:
         gained = sum(not b["correct"] and bool(c["correct"]) for b, _, c in ps)
         out[fam] = V.FamilyResult(
             fam, n, br / n, sum(bool(c["correct"]) for _, _, c in ps) / n,
-            sum(bool(r["correct"]) for _, r, _ in ps) / n if has_repeat else None, br, lost,
+            _repeat_accuracy(ps) if has_repeat else None, br, lost,
             gained,
             mcnemar_one_sided(lost, gained), br >= min_b(V.ALPHA_OVERALL))
     return out
+
+
+def _repeat_accuracy(ps: list[Pair]) -> float | None:
+    repeated = _repeated(ps)
+    return sum(bool(r["correct"]) for _, r, _ in repeated) / len(repeated) if repeated else None
 
 
 def _cells(pairs: list[Pair], families: set[str]) -> list[V.CellResult]:
@@ -151,6 +172,7 @@ def _check_specs(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> None:
 
 
 def _aa(pairs: list[Pair], rep: ProbeRun | None) -> dict[str, Any]:
+    pairs = _repeated(pairs)
     aa_b = sum(bool(b["correct"]) and not r["correct"] for b, r, _ in pairs)
     aa_c = sum(not b["correct"] and bool(r["correct"]) for b, r, _ in pairs)
     return {"n": len(pairs), "flips": aa_b + aa_c, "b": aa_b, "c": aa_c,

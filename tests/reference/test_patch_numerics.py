@@ -13,7 +13,7 @@ from dsv4bisect.kernels.sparse_attention import sparse_attention_ref
 from dsv4bisect.reference import model as model_module
 from dsv4bisect.reference.checkpoint import random_model
 from dsv4bisect.reference.config import ModelArgs, Numerics
-from dsv4bisect.reference.model import Ops, swiglu
+from dsv4bisect.reference.model import swiglu
 
 TINY = ModelArgs.preset("tiny")
 RSF = TINY.routed_scaling_factor

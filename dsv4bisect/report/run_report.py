@@ -1,0 +1,375 @@
+"""A run's report, rendered from the files of its run directory (pure: no engine, no probe).
+
+`load_run(dir)` reads run.json, verdict.json and both arms' config.json; `render_markdown` gives
+report.md; `terminal_lines` gives the short summary a terminal shows, as (text, style) pairs so
+that this module needs no Rich (the CLI prints them). `dsv4bisect report RUN_DIR` re-renders any
+of the three from the same files.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dsv4bisect.errors import ConfigError
+from dsv4bisect.probe.verdict import Verdict
+
+Line = tuple[str, "str | None"]  # text, style name (None: plain)
+STYLES = {"PASS": "bold green", "FAIL": "bold red", "WARN": "bold yellow",
+          "CANNOT_TEST": "bold magenta"}
+ARMS = ("baseline", "candidate")
+
+
+@dataclass(frozen=True)
+class RunView:
+    """Everything a report shows, as read from a run directory."""
+
+    run_dir: Path
+    run: dict[str, Any]
+    verdict: Verdict | None  # None while running, or when interrupted before a verdict
+    configs: dict[str, dict[str, Any]]  # arm -> config.json (what was resolved)
+
+    @property
+    def status(self) -> str:
+        return str(self.run.get("status", "unknown"))
+
+
+def load_run(run_dir: str | Path) -> RunView:
+    """Read a run directory written by `dsv4bisect run`; anything else is a ConfigError."""
+    root = Path(run_dir)
+    try:
+        run = json.loads((root / "run.json").read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"`{root}` is not a run directory (no run.json)",
+                          "pass a directory written by `dsv4bisect run`") from None
+    except ValueError as exc:
+        raise ConfigError(f"`{root / 'run.json'}` is not valid JSON: {exc}") from None
+    if run.get("schema") != "dsv4bisect.run/1":
+        raise ConfigError(f"`{root}` holds a {run.get('schema')!r} document, not a run",
+                          "`dsv4bisect report` reads directories written by `dsv4bisect run`")
+    verdict = None
+    if (root / "verdict.json").exists():
+        try:
+            verdict = Verdict.from_dict(json.loads((root / "verdict.json").read_text()))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"`{root / 'verdict.json'}` is not a verdict: {exc}") from None
+    configs = {}
+    for arm in ARMS:
+        path = root / arm / "config.json"
+        if path.exists():
+            configs[arm] = json.loads(path.read_text())
+    return RunView(root, run, verdict, configs)
+
+
+def verdict_json(view: RunView) -> dict[str, Any]:
+    """The verdict JSON (`--json`), or the run's status when it has no verdict."""
+    if view.verdict is not None:
+        return view.verdict.to_dict()
+    return {"verdict": None, "status": view.status, "exit_code": view.run.get("exit_code"),
+            "error": view.run.get("error")}
+
+
+# -- small formatting helpers -------------------------------------------------------------------
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _num(x: Any, fmt: str = ".3g") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _patches(arm: dict[str, Any]) -> str:
+    faults, inert = set(arm.get("faults") or ()), set(arm.get("inert") or ())
+    out = []
+    for name, variant in (arm.get("patch_set") or {}).items():
+        item = name if variant == _default_variant(name) else f"{name}:{variant}"
+        item += (" †" if name in faults else "") + (" (inert)" if name in inert else "")
+        out.append(item)
+    return ", ".join(out) or "none"
+
+
+def _default_variant(name: str) -> str | None:
+    from dsv4bisect.patching.registry import builtin_patches
+
+    patch = builtin_patches().get(name)
+    return patch.default_variant if patch else None
+
+
+def reproduce_command(run: dict[str, Any]) -> str:
+    """The `dsv4bisect run` command line that asks the same question again."""
+    argv = ["dsv4bisect", "run", str(run.get("profile")), "--tier", str(run.get("tier"))]
+    ov = run.get("overrides") or {}
+    for s in ov.get("sets") or ():
+        argv += ["--set", s]
+    for name in ov.get("enable") or ():
+        argv += ["--enable", name]
+    for name in ov.get("disable") or ():
+        argv += ["--disable", name]
+    if ov.get("only") is not None:
+        argv += ["--only", ",".join(ov["only"])]
+    return shlex.join(argv)
+
+
+def _headline(view: RunView) -> str:
+    if view.verdict is not None:
+        return view.verdict.verdict
+    return {"interrupted": "INTERRUPTED", "error": "ERROR"}.get(view.status, view.status.upper())
+
+
+# -- terminal -----------------------------------------------------------------------------------
+def terminal_lines(view: RunView) -> list[Line]:
+    """The summary a terminal shows after a run (and `dsv4bisect report` without flags)."""
+    run, v = view.run, view.verdict
+    head = _headline(view)
+    probe = run.get("probe") or {}
+    wall = run.get("wall_s")
+    lines: list[Line] = [(f"{head}  {run.get('profile')} ({probe.get('tier')} tier, spec "
+                          f"{probe.get('spec_hash')}, seed block {probe.get('seed_block')}"
+                          + (f", {wall:.0f} s" if isinstance(wall, (int, float)) else "") + ")",
+                          STYLES.get(head, "bold"))]
+    arms = run.get("arms") or {}
+    for arm in ARMS:
+        a = arms.get(arm) or {}
+        cached = " (cached baseline)" if a.get("cached") else ""
+        lines.append((f"  {arm:<9} {_patches(a)}  [{a.get('fingerprint')}]{cached}", None))
+    if v is not None:
+        lines += _terminal_verdict(v)
+    elif run.get("error"):
+        lines.append((f"  error: {run['error'].get('message')}", "red"))
+    lines.append((f"run dir: {view.run_dir}", "dim"))
+    return lines
+
+
+def _terminal_verdict(v: Verdict) -> list[Line]:
+    out: list[Line] = []
+    for fam, r in v.families.items():
+        acc = f"{_pct(r.baseline_accuracy)} → {_pct(r.candidate_accuracy)}"
+        text = (f"  {fam:<9} {acc:<12} n={r.n:<4} lost {r.b}, gained {r.c}, "
+                f"p={r.p_value:.2g}{'' if r.evidence else '  (no evidence)'}")
+        out.append((text, None))
+    cand = (v.drift or {}).get("candidate")
+    if cand:
+        text = (f"  drift     {v.drift['status']}: mean KL {cand['kl_mean']:.3g} nats, top-1 "
+                f"agreement {cand['top1_agreement']:.2%} over {cand['n_positions']} "
+                f"positions of {cand['n_cases']} transcripts")
+        out.append((text, None))
+    for reason in v.reasons:
+        first, _, rest = reason.partition("\n")
+        out.append((f"  - {first}", None))
+        out += [(f"    {line}", "dim") for line in rest.splitlines()]
+    return out
+
+
+# -- markdown -----------------------------------------------------------------------------------
+def render_markdown(view: RunView) -> str:
+    """report.md: the verdict, both configurations, accuracy, drift, crashes, timing, files."""
+    parts = [_md_head(view), _md_reasons(view), _md_configs(view)]
+    v = view.verdict
+    if v is not None:
+        parts += [_md_families(v), _md_drift(v), _md_cells(v), _md_signatures(v), _md_aa(view, v),
+                  _md_power(v)]
+    parts += [_md_crashes(view), _md_timing(view), _md_files(view), _md_reproduce(view)]
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def _md_head(view: RunView) -> str:
+    run, probe = view.run, view.run.get("probe") or {}
+    versions = run.get("versions") or {}
+    code = view.verdict.exit_code if view.verdict else run.get("exit_code")
+    wall = run.get("wall_s")
+    return "\n".join([
+        f"# dsv4bisect run: {_headline(view)}",
+        "",
+        (f"- profile `{run.get('profile')}`, tier `{probe.get('tier')}` (spec "
+         f"`{probe.get('spec_hash')}`, seed block {probe.get('seed_block')}, families "
+         f"{', '.join(probe.get('families') or [])})"),
+        f"- exit code {code}; status `{view.status}`; started {run.get('started_at')}, "
+        f"finished {run.get('finished_at')}"
+        + (f", wall time {wall:.1f} s" if isinstance(wall, (int, float)) else ""),
+        (f"- dsv4bisect {versions.get('dsv4bisect')}, probe version "
+         f"{versions.get('probe_version')}, Python {versions.get('python')}"),
+    ])
+
+
+def _md_reasons(view: RunView) -> str:
+    v = view.verdict
+    if v is None:
+        err = view.run.get("error") or {}
+        if not err:
+            return ""
+        return f"## Error\n\n```\n{err.get('message')}\n```" + (
+            f"\n\nhint: {err['hint']}" if err.get("hint") else "")
+    lines = [f"## Verdict: {v.verdict}", ""]
+    for reason in v.reasons:
+        first, _, rest = reason.partition("\n")
+        lines += [f"- {first}", *_md_block(rest)]
+    return "\n".join(lines)
+
+
+def _md_block(text: str) -> list[str]:
+    """A log tail under a list item, fenced."""
+    if not text.strip():
+        return []
+    return ["", "  ```", *[f"  {line}" for line in text.splitlines()], "  ```", ""]
+
+
+def _md_configs(view: RunView) -> str:
+    arms = view.run.get("arms") or {}
+    rows = [("patches", _patches), ("fingerprint", lambda a: f"`{a.get('fingerprint')}`"),
+            ("engine kind", lambda a: str(a.get("kind"))),
+            ("launch attempts", lambda a: str(a.get("attempts"))),
+            ("ready after (s)", lambda a: ", ".join(f"{s:.1f}" for s in a.get("launch_s") or [])
+             or "-"),
+            ("crashes", lambda a: str(len(a.get("crashes") or [])))]
+    out = ["## Configurations", "", "| | good end (baseline) | candidate |", "| --- | --- | --- |"]
+    for label, get in rows:
+        out.append(f"| {label} | {get(arms.get('baseline') or {})} | "
+                   f"{get(arms.get('candidate') or {})} |")
+    cached = (arms.get("baseline") or {}).get("cached")
+    out.append("")
+    if cached:
+        out.append(f"The baseline was reused from the cache (`{cached['path']}`, made "
+                   f"{cached['created_at']}); `--no-cache` measures it again.")
+    elif view.status == "done":
+        out.append("The baseline was measured in this run; the candidate ran on its own engine.")
+    if any((arms.get(a) or {}).get("faults") for a in ARMS):
+        out.append("† fault variant (reproduces a known failure mode).")
+    if any((arms.get(a) or {}).get("inert") for a in ARMS):
+        out.append("(inert): cannot change anything on this engine (see `dsv4bisect patches "
+                   "show NAME`).")
+    return "\n".join(out)
+
+
+def _md_families(v: Verdict) -> str:
+    if not v.families:
+        return ""
+    out = ["## Accuracy", "",
+           ("| family | n | baseline | candidate | A/A repeat | lost | gained | p (McNemar) "
+            "| evidence |"),
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for fam, r in v.families.items():
+        out.append(f"| {fam} | {r.n} | {_pct(r.baseline_accuracy)} | "
+                   f"{_pct(r.candidate_accuracy)} | {_pct(r.repeat_accuracy)} | {r.b} | {r.c} | "
+                   f"{r.p_value:.3g} | {'yes' if r.evidence else 'no'} |")
+    o = v.overall
+    if o.get("n"):
+        out.append(f"\nPooled over {', '.join(o.get('families', []))}: lost {o['b']}, gained "
+                   f"{o['c']} of {o['n']}, p = {o['p_value']:.3g} (FAIL below {o['alpha']}).")
+    out.append("\nAccuracy by length × depth (baseline, candidate, difference): `heatmap.png`.")
+    return "\n".join(out)
+
+
+def _md_drift(v: Verdict) -> str:
+    d = v.drift or {}
+    cand = d.get("candidate")
+    if not cand:
+        return ""
+    floor = d.get("floor") or {}
+    out = ["## Drift (teacher-forced)", "",
+           f"Status **{d.get('status')}**" + (f", decided at {d['trigger']['where']}"
+                                              if d.get("trigger") else "") + ".", "",
+           ("| | transcripts | positions | mean KL | p99 KL | max KL | top-1 agreement "
+            "| first divergence |"),
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for label, s in (("candidate vs baseline", cand), ("A/A floor", floor)):
+        if s:
+            out.append(f"| {label} | {s['n_cases']} | {s['n_positions']} | {_num(s['kl_mean'])} "
+                       f"| {_num(s['kl_p99'])} | {_num(s['kl_max'])} | "
+                       f"{s['top1_agreement']:.2%} | {_num(s['first_divergence'], '')} |")
+    g = d.get("gates") or {}
+    if g:
+        out.append(f"\nGates: mean KL warn > {g['warn_kl']:.3g}, fail > {g['fail_kl']:.3g}; "
+                   f"top-1 warn < {g['warn_top1']:.2%}, fail < {g['fail_top1']:.2%}.")
+    out += ["", "| positions | n | mean KL | top-1 agreement | NLL baseline | NLL candidate |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for bucket, b in (cand.get("by_position") or {}).items():
+        out.append(f"| {bucket} | {b['n']} | {_num(b['kl_mean'])} | {b['top1_agreement']:.2%} | "
+                   f"{b['nll_ref']:.3f} | {b['nll_other']:.3f} |")
+    return "\n".join(out)
+
+
+def _md_cells(v: Verdict) -> str:
+    failed = [c for c in v.cells if c.failed]
+    if not failed:
+        return ""
+    out = ["## Failing cells", "", "| cell | arm | n | lost | gained | p | Holm p |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    out += [f"| {c.cell} | {c.arm} | {c.n} | {c.b} | {c.c} | {c.p_value:.3g} | {c.p_holm:.3g} |"
+            for c in failed]
+    return "\n".join(out)
+
+
+def _md_signatures(v: Verdict) -> str:
+    sigs = (v.signatures or {}).get("candidate") or {}
+    if not sigs:
+        return ""
+    out = ["## Hard signatures (candidate, where the baseline was right)", ""]
+    out += [f"- `{name}` in seeds {', '.join(map(str, seeds))}" for name, seeds in sigs.items()]
+    return "\n".join(out)
+
+
+def _md_aa(view: RunView, v: Verdict) -> str:
+    aa, meta = v.aa or {}, view.run.get("aa") or {}
+    if not aa:
+        return ""
+    text = (f"## A/A noise floor\n\n{aa.get('n')} repeated accuracy requests, {aa.get('flips')} "
+            f"flips (lost {aa.get('b')}, gained {aa.get('c')}), two-sided p = "
+            f"{_num(aa.get('p_value'))}.")
+    if not aa.get("repeat"):
+        text += " There was no repeat: the floor is taken as zero."
+    if meta.get("subset"):
+        text += f" {meta['subset']}."
+    return text
+
+
+def _md_power(v: Verdict) -> str:
+    statement = (v.power or {}).get("statement")
+    return f"## Power\n\n{statement}." if statement else ""
+
+
+def _md_crashes(view: RunView) -> str:
+    out = []
+    for arm in ARMS:
+        for c in ((view.run.get("arms") or {}).get(arm) or {}).get("crashes") or ():
+            when = "while starting" if c["phase"] == "start" else "while being probed"
+            out += [(f"- {arm}, attempt {c['attempt']}: `{c['role']}` exited with code "
+                     f"{c['returncode']} {when} (log `{c['log_path']}`)"),
+                    *_md_block(str(c["log_tail"]))]
+    return "## Crashes\n\n" + "\n".join(out).rstrip() if out else ""
+
+
+def _md_timing(view: RunView) -> str:
+    t = view.run.get("timing") or {}
+    names = (("baseline_s", "baseline probe (incl. launch)"),
+             ("repeat_s", "A/A repeat"), ("candidate_s", "candidate probe (incl. launch)"),
+             ("report_s", "heatmap and report"))
+    rows = [f"| {label} | {t[k]:.1f} |" for k, label in names if isinstance(t.get(k), (int, float))]
+    if not rows:
+        return ""
+    wall = view.run.get("wall_s")
+    if isinstance(wall, (int, float)):
+        rows.append(f"| **wall time** | {wall:.1f} |")
+    how = ("The candidate's engine started with the good end's, and the A/A repeat ran beside "
+           "the candidate's probe (two engines, one core each)." if t.get("overlapped")
+           else "One engine at a time.")
+    return "\n".join(["## Timing", "", "| stage | seconds |", "| --- | ---: |", *rows, "", how])
+
+
+FILES = (("run.json", "what was asked, versions, timestamps, timing"),
+         ("verdict.json", "the verdict with its evidence (schema dsv4bisect.verdict/1)"),
+         ("heatmap.png", "accuracy by length × depth: baseline, candidate, difference"),
+         ("baseline/", "good end: config.json, logs/, receipts/, probe rows"),
+         ("baseline-repeat/", "the A/A repeat's probe rows"),
+         ("candidate/", "candidate: config.json, logs/, receipts/, probe rows"))
+
+
+def _md_files(view: RunView) -> str:
+    present = [f"- `{n}`: {what}" for n, what in FILES if (view.run_dir / n).exists()]
+    return "## Files\n\n" + "\n".join(present) if present else ""
+
+
+def _md_reproduce(view: RunView) -> str:
+    return f"## Reproduce\n\n```\n{reproduce_command(view.run)}\n```"

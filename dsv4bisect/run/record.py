@@ -1,0 +1,132 @@
+"""`run.json`: what was asked, with which versions, when, how long each stage took, how it ended.
+
+Written when the run starts (`status: running`) and rewritten atomically as it ends (`done`,
+`interrupted` or `error`), so a killed run still says what it was. Schema `dsv4bisect.run/1`:
+
+    status            running | done | interrupted | error
+    command           argv as typed (or as the caller passed it)
+    profile, tier     the profile reference and the probe tier used
+    overrides         {sets, enable, disable, only} of the candidate; good_overrides of the good end
+    use_cache         false with --no-cache
+    versions          {dsv4bisect, python, platform, probe_version, engine (the candidate's)}
+    probe             {tier, spec_hash, seed_block, families, lengths}
+    arms.<arm>        baseline | candidate: {profile, fingerprint, kind, patch_set, faults[],
+                      inert[], attempts, launch_s[], crashes[], port_retries, cached (the cache
+                      entry the baseline came from, or null)}
+    aa                {repeat (bool), subset (a note, or null)}
+    timing            {baseline_s, repeat_s, candidate_s, overlapped (A/A repeat beside the
+                      candidate), report_s}
+    started_at, finished_at, wall_s
+    verdict, exit_code, error {message, hint} (on error), notes[]
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import dsv4bisect
+from dsv4bisect.config.engine_config import EngineConfig
+from dsv4bisect.config.resolve import Overrides
+from dsv4bisect.engines.rundir import write_json
+from dsv4bisect.probe.spec import PROBE_VERSION, ProbeSpec
+
+RUN_SCHEMA = "dsv4bisect.run/1"
+RUN_FILE = "run.json"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _overrides(ov: Overrides) -> dict[str, Any]:
+    return {"sets": list(ov.sets), "enable": list(ov.enable), "disable": list(ov.disable),
+            "only": None if ov.only is None else list(ov.only)}
+
+
+def arm_summary(cfg: EngineConfig) -> dict[str, Any]:
+    return {"profile": cfg.profile, "fingerprint": cfg.fingerprint, "kind": cfg.kind,
+            "patch_set": cfg.patch_set,
+            "faults": [p.name for p in cfg.patches if p.fault],
+            "inert": [p.name for p in cfg.patches if p.inert],
+            "attempts": 0, "launch_s": [], "crashes": [], "port_retries": 0, "cached": None}
+
+
+@dataclass
+class RunRecord:
+    """The mutable document behind run.json; `save()` after every change that matters."""
+
+    path: Path
+    doc: dict[str, Any] = field(default_factory=dict)
+    t0: float = field(default_factory=time.perf_counter)
+    # The A/A repeat's thread records its timing while the main thread records the candidate's.
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    @classmethod
+    def begin(cls, run_dir: Path, *, command: list[str], profile: str, overrides: Overrides,
+              good_overrides: Overrides, use_cache: bool, spec: ProbeSpec,
+              good: EngineConfig, candidate: EngineConfig) -> RunRecord:
+        doc = {
+            "schema": RUN_SCHEMA, "status": "running", "command": command, "profile": profile,
+            "tier": spec.tier, "overrides": _overrides(overrides),
+            "good_overrides": _overrides(good_overrides), "use_cache": use_cache,
+            "versions": {"dsv4bisect": dsv4bisect.__version__, "python": sys.version.split()[0],
+                         "platform": platform.platform(), "probe_version": PROBE_VERSION,
+                         "engine": candidate.identity.get("engine_version")},
+            "probe": {"tier": spec.tier, "spec_hash": spec.spec_hash(),
+                      "seed_block": spec.seed_block, "families": list(spec.families),
+                      "lengths": list(spec.lengths)},
+            "arms": {"baseline": arm_summary(good), "candidate": arm_summary(candidate)},
+            "aa": {"repeat": False, "subset": None},
+            "timing": {"overlapped": False},
+            "started_at": _now(), "finished_at": None, "wall_s": None,
+            "verdict": None, "exit_code": None, "notes": [],
+        }
+        record = cls(run_dir / RUN_FILE, doc)
+        record.save()
+        return record
+
+    def note(self, text: str) -> None:
+        with self.lock:
+            self.doc["notes"].append(text)
+
+    def set(self, key: str, value: Any) -> None:
+        with self.lock:
+            self.doc[key] = value
+
+    def arm(self, name: str) -> dict[str, Any]:
+        with self.lock:
+            return dict(self.doc["arms"][name])
+
+    def update_arm(self, name: str, **fields: Any) -> None:
+        with self.lock:
+            self.doc["arms"][name].update(fields)
+
+    def time(self, key: str, value: float | bool) -> None:
+        with self.lock:
+            self.doc["timing"][key] = round(value, 3) if not isinstance(value, bool) else value
+
+    def finish(self, status: str, *, verdict: str | None = None, exit_code: int | None = None,
+               error: tuple[str, str | None] | None = None) -> None:
+        with self.lock:
+            self.doc.update(status=status, finished_at=_now(),
+                            wall_s=round(time.perf_counter() - self.t0, 3),
+                            verdict=verdict, exit_code=exit_code)
+            if error is not None:
+                self.doc["error"] = {"message": error[0], "hint": error[1]}
+            self.save()
+
+    def save(self) -> None:
+        with self.lock:
+            write_json(self.path, self.doc)
+
+
+def load_record(run_dir: Path) -> dict[str, Any]:
+    return dict(json.loads((run_dir / RUN_FILE).read_text()))

@@ -1,0 +1,126 @@
+"""`dsv4bisect run`: resolve both ends, launch, probe, judge, write the run directory.
+
+The loop (docs/run.md):
+1. Resolve the candidate and its good end (`ends.py`); one that cannot start is exit 5.
+2. Baseline = the good end probed once plus an A/A repeat, reused from the cache when the same
+   (fingerprint, spec hash, seed block) was measured before (unless `--no-cache`).
+3. The candidate is always launched as its own engine, even when its fingerprint equals the
+   good end's, and probed with the baseline's exact requests (`trial.py` schedules the engines).
+4. Judge, render the heatmap, write verdict.json, report.md and run.json.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsv4bisect.config.engine_config import EngineConfig
+from dsv4bisect.config.resolve import Overrides
+from dsv4bisect.engines.rundir import new_run_dir, save_config
+from dsv4bisect.errors import ConfigError, Dsv4BisectError, ExitCode
+from dsv4bisect.probe.session import write_verdict
+from dsv4bisect.probe.verdict import Verdict
+from dsv4bisect.run.arm import Cancelled, Supervisor
+from dsv4bisect.run.ends import probe_spec, resolve_ends
+from dsv4bisect.run.events import EventSink, Notice, ignore
+from dsv4bisect.run.record import RunRecord
+from dsv4bisect.run.signals import shielded
+from dsv4bisect.run.trial import Trial
+
+DEFAULT_PROFILE = "reference-all"
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    profile: str = DEFAULT_PROFILE
+    overrides: Overrides = field(default_factory=Overrides)
+    tier: str | None = None  # None: the profile's probe.tier
+    seed_block: int | None = None  # a deliberate re-test draws a fresh block (the bisect does)
+    runs_root: Path = Path("runs")
+    use_cache: bool = True
+    command: tuple[str, ...] = ()  # argv as typed, for run.json
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run_dir: Path
+    verdict: Verdict
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code
+
+
+def run(request: RunRequest, on_event: EventSink = ignore) -> RunOutcome:
+    """The whole loop; a `Verdict` for every outcome of the trial. Bad input raises (exit 5),
+    Ctrl-C/SIGTERM raise KeyboardInterrupt after every engine is stopped (exit 130)."""
+    ends = resolve_ends(request.profile, request.overrides)
+    spec = probe_spec(ends.candidate, request.tier)
+    if request.seed_block is not None:
+        spec = spec.replace(seed_block=request.seed_block)
+    api_key = _api_key(ends.candidate)
+    run_dir = new_run_dir(request.runs_root, ends.candidate.profile, ends.candidate.fingerprint)
+    save_config(run_dir / "baseline", ends.good)
+    save_config(run_dir / "candidate", ends.candidate)
+    record = RunRecord.begin(
+        run_dir, command=list(request.command), profile=request.profile,
+        overrides=request.overrides, good_overrides=ends.good_overrides,
+        use_cache=request.use_cache, spec=spec, good=ends.good, candidate=ends.candidate)
+    on_event(Notice(f"run directory: {run_dir}", run_dir=str(run_dir)))
+    trial = Trial(ends, spec, run_dir, record, Supervisor(), on_event, api_key, request.use_cache)
+    try:
+        verdict = trial.run()
+    except (KeyboardInterrupt, Cancelled):
+        _abort(trial, record, "interrupted", int(ExitCode.INTERRUPTED))
+        raise KeyboardInterrupt() from None
+    except Dsv4BisectError as exc:
+        _abort(trial, record, "error", int(exc.exit_code), (exc.message, exc.hint))
+        raise
+    except BaseException:
+        _abort(trial, record, "error", int(ExitCode.INTERNAL), ("internal error", None))
+        raise
+    with shielded():
+        trial.stop()
+    return RunOutcome(run_dir, _finish(run_dir, record, trial, verdict))
+
+
+def _abort(trial: Trial, record: RunRecord, status: str, code: int,
+           error: tuple[str, str | None] | None = None) -> None:
+    """Stop every engine (a second Ctrl-C cannot cut this short) and say how the run ended."""
+    with shielded():
+        trial.stop()
+        record.finish(status, exit_code=code, error=error)
+
+
+def _api_key(cfg: EngineConfig) -> str | None:
+    if not cfg.api_key_env:
+        return None
+    key = os.environ.get(cfg.api_key_env)
+    if not key:
+        raise ConfigError(f"the profile names engine.api_key_env `{cfg.api_key_env}`, which is "
+                          "not set", f"export {cfg.api_key_env}=<key>")
+    return key
+
+
+def _finish(run_dir: Path, record: RunRecord, trial: Trial, verdict: Verdict) -> Verdict:
+    """Heatmap, verdict.json (with its evidence paths), run.json, report.md."""
+    from dsv4bisect.report.heatmap import PLOTS_SKIPPED, render_heatmap
+    from dsv4bisect.report.run_report import load_run, render_markdown
+
+    t0 = time.perf_counter()
+    runs = {"baseline": trial.base, "baseline_repeat": trial.repeat, "candidate": trial.cand}
+    verdict = verdict.with_evidence(**{k: r.path if r else None for k, r in runs.items()})
+    png = None
+    if trial.base is not None and trial.cand is not None:
+        png = render_heatmap(trial.base.rows, trial.cand.rows, run_dir / "heatmap.png",
+                             title=f"{verdict.verdict}: {record.doc['profile']}")
+        if png is None:
+            record.note(PLOTS_SKIPPED)
+    verdict = verdict.with_evidence(heatmap=str(png) if png else None)
+    write_verdict(run_dir, verdict)
+    record.time("report_s", time.perf_counter() - t0)
+    record.finish("done", verdict=verdict.verdict, exit_code=verdict.exit_code)
+    (run_dir / "report.md").write_text(render_markdown(load_run(run_dir)))
+    return verdict
