@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dsv4bisect.bisect.events import (
     Event,
@@ -70,17 +71,20 @@ def start_bisect(
     ledger: Ledger,
     run_dir: str | Path,
     on_event: Callable[[Event], None] | None = None,
+    request: Mapping[str, Any] | None = None,
 ) -> BisectOutcome:
-    """Start a bisect in `run_dir` (created), recorded in `ledger`."""
+    """Start a bisect in `run_dir` (created), recorded in `ledger`. `request` (JSON-able: what
+    the caller needs to rebuild its runner on resume) is kept in the run file."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / RUN_FILE).exists():
         raise BisectError(f"`{run_dir}` already holds a bisect", "resume it with --resume")
     settings = {**spec.to_json(), "probe": runner.probe_hash}
     run_id = ledger.create_run(run_dir, settings)
-    (run_dir / RUN_FILE).write_text(
-        json.dumps({"run_id": run_id, "ledger": str(ledger.path.resolve())}, indent=2) + "\n"
-    )
+    info: dict[str, Any] = {"run_id": run_id, "ledger": str(ledger.path.resolve())}
+    if request is not None:
+        info["request"] = dict(request)
+    (run_dir / RUN_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return _Driver(spec, runner, ledger, run_id, run_dir, on_event).drive()
 
 
@@ -93,13 +97,7 @@ def resume_bisect(
     """Continue the bisect of `run_dir`; finished trials are reused, interrupted ones re-run.
     Without `ledger`, the ledger named in the run directory is opened (and closed)."""
     run_dir = Path(run_dir)
-    try:
-        info = json.loads((run_dir / RUN_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        raise BisectError(
-            f"`{run_dir}` is not a bisect run directory ({exc})",
-            f"pass the directory that holds {RUN_FILE}",
-        ) from exc
+    info = read_run_file(run_dir)
     own = ledger is None
     ledger = ledger or Ledger.open(info["ledger"])
     try:
@@ -115,6 +113,21 @@ def resume_bisect(
     finally:
         if own:
             ledger.close()
+
+
+def read_run_file(run_dir: str | Path) -> dict[str, Any]:
+    """The run file of a bisect run directory: run id, ledger path, the caller's request."""
+    path = Path(run_dir) / RUN_FILE
+    try:
+        info = json.loads(path.read_text())
+        if not isinstance(info, dict) or "run_id" not in info or "ledger" not in info:
+            raise ValueError("no run id or ledger in it")
+    except (OSError, ValueError) as exc:
+        raise BisectError(
+            f"`{run_dir}` is not a bisect run directory ({exc})",
+            f"pass the directory that holds {RUN_FILE}",
+        ) from exc
+    return info
 
 
 class _Driver:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import typer
-from click.testing import Result
+from typer.testing import Result
 from typer.testing import CliRunner
 
 from dsv4bisect.cli.probe import register
