@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import typer
-from typer.testing import Result
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from dsv4bisect.cli.probe import register
 from dsv4bisect.errors import ConfigError, ProbeError
