@@ -140,13 +140,16 @@ def fp8_inputs(seed, T, H, dev):
 @pytest.mark.parametrize("kw", MODES[:3], ids=["exact", "split-fp32", "split-bf16"])
 def test_fp8_pages_read_like_dense_bf16_rows(dev, poisoned_scratch, kw):
     """The MODEL1 page decoder gives the same numbers as the dense kernel on the dequantized
-    rows (same tensor-core numerics), and stays at the bf16 level against the fp32 reference."""
+    rows (same tensor-core numerics; bf16 partials to their rounding), and stays at the bf16 level against the fp32 reference."""
     q, srcs, sink, dense, lists = fp8_inputs(1, 3, 4, dev)
     out = torch.full(q.shape, float("nan"), device=dev)
     got = sa.sparse_attention_fp8(q, srcs, sink, 0.05, out=out, **kw)
     assert got is out and not torch.isnan(out).any()
     same = run(q, dense, lists, sink, 0.05, **kw)
-    assert rel(out.cpu(), same.cpu()) < 1e-6
+    # The page decoder splits per source, the dense kernel over the padded concatenated list:
+    # the split boundaries differ, so bf16 partials round differently (H200: 6.3e-5).
+    same_tol = 1e-6 if kw.get("partial_dtype") is None else 1e-3
+    assert rel(out.cpu(), same.cpu()) < same_tol
     ref = sa.sparse_attention_fp8_ref(q.cpu(), [sa.PagedKV(s.cache.cpu(), s.indices.cpu(),
                                                            s.page_size) for s in srcs],
                                       sink.cpu(), 0.05, **kw)
