@@ -17,7 +17,6 @@ from dsv4bisect.reference.checkpoint import (
     init_module,
     load_layer,
     load_model,
-    random_model,
     save_checkpoint,
     state_tensors,
     to_deepseek_fp4,
@@ -27,19 +26,6 @@ from dsv4bisect.reference.config import ModelArgs, Numerics
 from dsv4bisect.reference.model import build_block
 
 TINY = ModelArgs.preset("tiny")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return random_model(TINY, seed=0)
 
 
 @pytest.fixture(scope="module")

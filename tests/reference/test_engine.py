@@ -16,14 +16,6 @@ from dsv4bisect.reference.engine import ReferenceEngine, RequestError, _top
 TINY = ModelArgs.preset("tiny")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def engine() -> ReferenceEngine:
     return ReferenceEngine.load(None, device="cpu")

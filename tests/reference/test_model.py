@@ -26,22 +26,6 @@ from dsv4bisect.reference.model import (
 TINY = ModelArgs.preset("tiny")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Other processes share the 2 cores; one thread keeps timings stable (results are exact)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    m = random_model(TINY, seed=0)
-    m.configure(Numerics())
-    return m
-
-
 def tokens(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(2, TINY.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
 

@@ -6,30 +6,16 @@ import dataclasses
 
 import pytest
 import torch
-
-from dsv4bisect.errors import ConfigError, PatchError
 from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref
 from dsv4bisect.kernels.sparse_attention import sparse_attention_ref
+
+from dsv4bisect.errors import ConfigError, PatchError
 from dsv4bisect.reference import model as model_module
-from dsv4bisect.reference.checkpoint import random_model
 from dsv4bisect.reference.config import ModelArgs, Numerics
 from dsv4bisect.reference.model import swiglu
 
 TINY = ModelArgs.preset("tiny")
 RSF = TINY.routed_scaling_factor
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return random_model(TINY, seed=0)
 
 
 def ids(n: int, seed: int = 0) -> torch.Tensor:
