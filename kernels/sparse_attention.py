@@ -31,7 +31,6 @@ except ImportError:  # pragma: no cover - exercised on machines without Triton
 
 from ._triton import install_helpers, interpreter_active, next_pow2, require_triton
 
-
 MERGES = ("lse", "no-rescale")
 PARTIAL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _BLOCK_BYTES = 64 << 20  # working-set budget of one query block in the reference

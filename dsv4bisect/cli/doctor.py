@@ -34,8 +34,8 @@ def doctor(
 
     Exit 0 when all is well (warnings allowed), 1 when something must be fixed, 5 on bad input.
     """
-    from dsv4bisect.plugin import doctor as d
     from dsv4bisect.patching.registry import builtin_patches
+    from dsv4bisect.plugin import doctor as d
 
     patches, host, ports, engine_py = list(builtin_patches()), "127.0.0.1", [], None
     if profile is not None:

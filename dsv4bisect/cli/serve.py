@@ -10,7 +10,6 @@ from typing import Annotated, Any, Optional
 import typer
 
 
-
 class Device(str, Enum):
     auto = "auto"
     cpu = "cpu"
@@ -44,12 +43,11 @@ def serve(
     The patch set comes from DSV4BISECT_PATCHES, exactly as the SGLang plugin reads it. Stops
     cleanly on SIGTERM or Ctrl-C.
     """
+    from dsv4bisect.config.checkpoints import checkpoint_dir
     from dsv4bisect.patching.registry import builtin_patches
     from dsv4bisect.patching.wire import ENV_VAR, parse_patch_set
     from dsv4bisect.reference.server import ServeOptions
     from dsv4bisect.reference.server import serve as run_server
-
-    from dsv4bisect.config.checkpoints import checkpoint_dir
 
     patches = parse_patch_set(os.environ.get(ENV_VAR, ""), builtin_patches())
     directory = checkpoint_dir(checkpoint)

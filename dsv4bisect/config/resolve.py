@@ -31,7 +31,6 @@ from dsv4bisect.patching.spec import EngineContext
 from dsv4bisect.patching.wire import format_patch_set
 
 
-
 @dataclass(frozen=True)
 class Overrides:
     sets: tuple[str, ...] = ()  # "dotted.key=value"

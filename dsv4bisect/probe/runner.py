@@ -27,7 +27,6 @@ from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.probe.vocab import PROBE_VOCAB
 
 
-
 class _DriftUnsupported(Exception):
     """The server lacks what the drift family needs; the family is skipped with a note."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsv4bisect.reference.chat import ChatFormatError, apply_chat_template, normalize_messages
-from dsv4bisect.reference.generation import GenOutput, Generator, GenSpec, finite
+from dsv4bisect.reference.generation import Generator, GenOutput, GenSpec, finite
 from dsv4bisect.reference.request_body import ApiError, Body, check_sampling, is_int_list
 from dsv4bisect.reference.tokenizer import ByteTokenizer
 

@@ -230,8 +230,12 @@ def test_model1_pack_unpack_roundtrip():
 
 
 def test_fp8_ref_equals_dense_ref_on_dequantized_rows():
-    from dsv4bisect.kernels.sparse_attention import (PagedKV, model1_pack, model1_unpack,
-                                                     sparse_attention_fp8_ref)
+    from dsv4bisect.kernels.sparse_attention import (
+        PagedKV,
+        model1_pack,
+        model1_unpack,
+        sparse_attention_fp8_ref,
+    )
 
     g = torch.Generator().manual_seed(1)
     kv1, kv2 = torch.randn(200, 512, generator=g), torch.randn(40, 512, generator=g)

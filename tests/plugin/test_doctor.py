@@ -7,10 +7,10 @@ import socket
 
 import pytest
 from typer.testing import CliRunner
+from wheels import fetch_wheel
 
 from dsv4bisect.cli import app
 from dsv4bisect.cli import doctor as doctor_cli
-from wheels import fetch_wheel
 
 if "doctor" not in {c.name for c in app.registered_commands}:
     doctor_cli.register(app)  # until the lead registers it in dsv4bisect.cli

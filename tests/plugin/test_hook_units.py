@@ -7,8 +7,13 @@ from types import SimpleNamespace
 import pytest
 
 from dsv4bisect.plugin import contract
-from dsv4bisect.plugin.hooks_quant import (_limit_to_runner, _raw_limit_0514, clamp_plan,
-                                           dispatch_plan, divide_by_alpha)
+from dsv4bisect.plugin.hooks_quant import (
+    _limit_to_runner,
+    _raw_limit_0514,
+    clamp_plan,
+    dispatch_plan,
+    divide_by_alpha,
+)
 from dsv4bisect.plugin.versions import layout_for, parse_version
 
 torch = pytest.importorskip("torch")

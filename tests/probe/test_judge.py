@@ -10,8 +10,8 @@ import pytest
 
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.drift import DriftRecord
-from dsv4bisect.probe.runner import judge
 from dsv4bisect.probe.run import ProbeRun
+from dsv4bisect.probe.runner import judge
 from dsv4bisect.probe.spec import tier_spec
 from dsv4bisect.probe.verdict import Verdict
 

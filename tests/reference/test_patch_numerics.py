@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 import torch
-from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref
-from dsv4bisect.kernels.sparse_attention import sparse_attention_ref
 
 from dsv4bisect.errors import ConfigError, PatchError
+from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref
+from dsv4bisect.kernels.sparse_attention import sparse_attention_ref
 from dsv4bisect.reference import model as model_module
 from dsv4bisect.reference.config import ModelArgs, Numerics
 from dsv4bisect.reference.model import swiglu

@@ -37,7 +37,6 @@ except ImportError:  # a plain checkout: patches/ and kernels/ live at the top
     dsv4bisect.__path__.append(str(ROOT))
 
 import torch  # noqa: E402
-
 from hookenv import install  # noqa: E402
 from sglang_tree import SglangTree, decoder_layer  # noqa: E402
 

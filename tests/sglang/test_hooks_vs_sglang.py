@@ -12,7 +12,6 @@ import os
 
 import pytest
 import torch
-
 from hookenv import by_patch, install
 from sglang_tree import SglangTree, decoder_layer
 
@@ -39,8 +38,9 @@ def _hc_inputs(T: int, D: int = 256, n: int = 4, seed: int = 0):
 
 
 def test_mhc_bf16_hook_keeps_the_contract_and_only_rounds_the_gemm(tree):
-    from dsv4bisect.plugin.hooks_mhc import hc_pre as hook_hc_pre
     import sglang.srt.models.deepseek_v4 as v4
+
+    from dsv4bisect.plugin.hooks_mhc import hc_pre as hook_hc_pre
 
     cls = v4.DeepseekV4DecoderLayer
     layer = decoder_layer(cls)

@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
+from hookenv import PROC, install
+from sglang_tree import SglangTree, decoder_layer
 from wheels import wheel_of
+
 from dsv4bisect.config.resolve import Overrides, resolve
 from dsv4bisect.engines.receipts import check_receipts
 from dsv4bisect.errors import PatchError
-from hookenv import PROC, install
-from sglang_tree import SglangTree, decoder_layer
 
 PATCHES = {"mhc-bf16": "bf16", "hash-topk-scaling": "double-scale"}
 
