@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.bisect import remedy as rem
 from dsv4bisect.bisect.events import (
     Event,
     StepDecided,
@@ -46,6 +47,7 @@ class BisectOutcome:
     steps: tuple[StepRow, ...]  # the search's records, in order (report: every trial)
     trials_run: int  # trials this invocation launched (the rest came from the ledger)
     measured_noise: NoiseEstimate
+    remedy: rem.Remedy | None = None  # the bad end without the culprits (remedy.py)
 
 
 @dataclass(frozen=True)
@@ -183,11 +185,33 @@ class _Driver:
                             decision.reused,
                         )
                     )
+            remedy = self._remedy(search, step, seen, pool)
             clean = True
         finally:
             if pool is not None:  # on an error, do not wait for the other workers
                 pool.shutdown(wait=clean, cancel_futures=not clean)
-        return self._finish(search)
+        return self._finish(search, remedy)
+
+    def _remedy(self, search: Search, step: int, seen: Counter[frozenset[str]],
+                pool: ThreadPoolExecutor | None) -> rem.Remedy | None:
+        """After a culprit set is found: the bad end without it (remedy.py). Its trials are
+        keyed in the ledger like any other (a resume repeats none) but are not search records."""
+        result = search.result()
+        subset = rem.remedy_subset(self.spec.candidates, result.culprits)
+        if result.status is not Status.FOUND or not subset:
+            return None
+        outcomes = rem.prior_outcomes(search.records, subset)
+        own = 0
+        while rem.needs_more(outcomes, own):
+            slot = self._slot(step, subset, seen[subset])
+            seen[subset] += 1
+            step += 1
+            own += 1
+            decision = self._run_round([slot], pool)[0]
+            outcomes.append(decision.outcome)
+            self.emit(StepDecided(slot.step, slot.subset, slot.seed_block, decision.outcome,
+                                  decision.signature, decision.reused))
+        return rem.Remedy(subset, tuple(outcomes), own)
 
     def _slot(self, step: int, subset: frozenset[str], block: int) -> _Slot:
         patches = self.spec.patches_for(subset)
@@ -305,12 +329,14 @@ class _Driver:
         self.launched.add(trial_id)
         self.emit(TrialFinished(slot.step, slot.subset, slot.seed_block, attempt, result))
 
-    def _finish(self, search: Search) -> BisectOutcome:
+    def _finish(self, search: Search, remedy: rem.Remedy | None) -> BisectOutcome:
         result = search.result()
         self.emit(progress_of(search))
         steps = tuple(self.ledger.steps(self.run_id))
         if result.status is not Status.RUNNING:
-            self.ledger.finish_run(self.run_id, result.status.value, result_json(result))
+            doc = result_json(result)
+            doc["remedy"] = remedy.to_json() if remedy is not None else None
+            self.ledger.finish_run(self.run_id, result.status.value, doc)
             if search.ends_known and not self.ledger.has_noise_evidence(self.run_id):
                 record_noise_evidence(
                     self.ledger,
@@ -328,4 +354,5 @@ class _Driver:
             steps,
             self.trials_run,
             self.ledger.measured_noise(self.runner.probe_hash),
+            remedy,
         )

@@ -25,6 +25,7 @@ app = typer.Typer(
 
 def _register_commands() -> None:
     from dsv4bisect.cli import (
+        bisect,
         diff,
         doctor,
         microtest,
@@ -36,7 +37,8 @@ def _register_commands() -> None:
         serve,
     )
 
-    for module in (patches, profile, diff, run, probe, report, microtest, doctor, serve):
+    for module in (patches, profile, diff, run, bisect, probe, report, microtest, doctor,
+                   serve):
         module.register(app)
 
 

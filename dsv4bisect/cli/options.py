@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Annotated, Optional
 
 import typer
@@ -20,6 +21,16 @@ Set = Annotated[Optional[list[str]], typer.Option(
     help="Override a profile key, e.g. engine.tp=4 (repeatable); "
          "--set patches.P.variant=V also enables P.")]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+
+
+class Format(str, Enum):
+    """`--format`: what to print on stdout besides the summary on stderr."""
+
+    md = "md"
+
+
+FormatOpt = Annotated[Optional[Format], typer.Option(
+    "--format", help="md: print the markdown report (report.md) on stdout.")]
 
 
 def overrides(enable: list[str] | None, disable: list[str] | None, only: str | None,

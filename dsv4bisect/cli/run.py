@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -19,17 +18,13 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from dsv4bisect.cli.options import Disable, Enable, Json, Only, Set, overrides
+from dsv4bisect.cli.options import Disable, Enable, Format, FormatOpt, Json, Only, Set, overrides
 from dsv4bisect.report.run_report import load_run, render_markdown, terminal_lines
 from dsv4bisect.run.events import EngineEvent, Notice, ProbeEvent, RunEvent
 from dsv4bisect.run.session import DEFAULT_PROFILE, RunRequest
 from dsv4bisect.run.session import run as run_session
 from dsv4bisect.run.signals import interrupts
 from dsv4bisect.ui.console import console, stdout
-
-
-class Format(str, Enum):
-    md = "md"
 
 
 def register(app: typer.Typer) -> None:
@@ -44,8 +39,7 @@ def run(
         help="Probe tier: ci, smoke, standard, deep (default: the profile's probe.tier).")
     ] = None,
     json_out: Json = False,
-    fmt: Annotated[Optional[Format], typer.Option(
-        "--format", help="md: print report.md on stdout.")] = None,
+    fmt: FormatOpt = None,
     out: Annotated[Path, typer.Option(
         "--out", metavar="RUNS_ROOT", help="Where run directories are created.")
     ] = Path("runs"),

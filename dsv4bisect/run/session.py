@@ -60,7 +60,7 @@ def run(request: RunRequest, on_event: EventSink = ignore) -> RunOutcome:
     spec = probe_spec(ends.candidate, request.tier)
     if request.seed_block is not None:
         spec = spec.replace(seed_block=request.seed_block)
-    api_key = _api_key(ends.candidate)
+    api_key = api_key_of(ends.candidate)
     run_dir = new_run_dir(request.runs_root, ends.candidate.profile, ends.candidate.fingerprint)
     save_config(run_dir / "baseline", ends.good)
     save_config(run_dir / "candidate", ends.candidate)
@@ -70,6 +70,12 @@ def run(request: RunRequest, on_event: EventSink = ignore) -> RunOutcome:
         use_cache=request.use_cache, spec=spec, good=ends.good, candidate=ends.candidate)
     on_event(Notice(f"run directory: {run_dir}", run_dir=str(run_dir)))
     trial = Trial(ends, spec, run_dir, record, Supervisor(), on_event, api_key, request.use_cache)
+    return RunOutcome(run_dir, finish(run_dir, record, trial, judge_trial(trial, record)))
+
+
+def judge_trial(trial: Trial, record: RunRecord) -> Verdict:
+    """`trial.run()`, then every engine stopped however it ends (the bisect's runner uses it
+    too). Ctrl-C/SIGTERM re-raise KeyboardInterrupt once the run record says `interrupted`."""
     try:
         verdict = trial.run()
     except (KeyboardInterrupt, Cancelled):
@@ -83,7 +89,7 @@ def run(request: RunRequest, on_event: EventSink = ignore) -> RunOutcome:
         raise
     with shielded():
         trial.stop()
-    return RunOutcome(run_dir, _finish(run_dir, record, trial, verdict))
+    return verdict
 
 
 def _abort(trial: Trial, record: RunRecord, status: str, code: int,
@@ -94,7 +100,7 @@ def _abort(trial: Trial, record: RunRecord, status: str, code: int,
         record.finish(status, exit_code=code, error=error)
 
 
-def _api_key(cfg: EngineConfig) -> str | None:
+def api_key_of(cfg: EngineConfig) -> str | None:
     if not cfg.api_key_env:
         return None
     key = os.environ.get(cfg.api_key_env)
@@ -104,7 +110,7 @@ def _api_key(cfg: EngineConfig) -> str | None:
     return key
 
 
-def _finish(run_dir: Path, record: RunRecord, trial: Trial, verdict: Verdict) -> Verdict:
+def finish(run_dir: Path, record: RunRecord, trial: Trial, verdict: Verdict) -> Verdict:
     """Heatmap, verdict.json (with its evidence paths), run.json, report.md."""
     from dsv4bisect.report.heatmap import PLOTS_SKIPPED, render_heatmap
     from dsv4bisect.report.run_report import load_run, render_markdown

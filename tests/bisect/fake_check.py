@@ -1,6 +1,7 @@
 """A `--test-cmd` for the tests: exits 1 when every culprit is in DSV4BISECT_PATCHES.
 
 usage: fake_check.py LOG CULPRITS   (sleeps FAKE_CHECK_DELAY seconds, default 0)
+CULPRITS: `a,b` fails when a and b are both on; `a|b` when either is (independent culprits).
 Appends `start <patches> <block>` before and `end <patches> <block> <good|bad>` after a delay,
 so a test can count invocations and kill the bisect while a trial is running.
 """
@@ -13,7 +14,7 @@ import time
 
 
 def main() -> int:
-    log, culprits = sys.argv[1], [c for c in sys.argv[2].split(",") if c]
+    log, groups = sys.argv[1], [[c for c in g.split(",") if c] for g in sys.argv[2].split("|")]
     delay = float(os.environ.get("FAKE_CHECK_DELAY", "0"))
     patches = os.environ["DSV4BISECT_PATCHES"]
     block = os.environ["DSV4BISECT_SEED_BLOCK"]
@@ -21,7 +22,7 @@ def main() -> int:
     with open(log, "a") as f:
         f.write(f"start {patches or '-'} {block}\n")
     time.sleep(delay)
-    bad = all(c in names for c in culprits)
+    bad = any(all(c in names for c in group) for group in groups)
     with open(log, "a") as f:
         f.write(f"end {patches or '-'} {block} {'bad' if bad else 'good'}\n")
     return 1 if bad else 0

@@ -90,7 +90,12 @@ def test_finds_the_culprit_and_records_every_step(ledger, tmp_path):
     events = []
     out = start_bisect(spec(), runner, ledger, tmp_path / "run", events.append)
     assert out.result.status is Status.FOUND and out.result.culprits == {"c"}
-    assert out.trials_run == len(runner.calls) == len(out.steps) == out.result.trials_used
+    # the search's trials, then the remedy check: the bad end without "c" passes, once
+    assert out.remedy is not None and out.remedy.verdict == "passes"
+    assert out.remedy.subset == frozenset(NAMES) - {"c"} and out.remedy.trials_run == 1
+    assert runner.calls[-1] == (out.remedy.subset, 0)
+    assert out.trials_run == len(runner.calls) == len(out.steps) + 1
+    assert len(out.steps) == out.result.trials_used
     assert [s.subset for s in out.steps[:2]] == [frozenset(), frozenset(NAMES)]
     kinds = Counter(type(e) for e in events)
     assert kinds[TrialStarted] == kinds[TrialFinished] == kinds[StepDecided] == out.trials_run
@@ -227,7 +232,7 @@ def test_parallel_rounds_run_concurrently_and_find_the_pair(ledger, tmp_path):
     runner = OracleRunner({"a", "d"})
     out = start_bisect(spec(parallel=3), runner, ledger, tmp_path / "run")
     assert out.result.culprits == {"a", "d"}
-    assert out.result.trials_used == len(runner.calls)
+    assert out.result.trials_used + out.remedy.trials_run == len(runner.calls)
 
 
 def test_patch_sets_take_bad_variants_for_the_subset_and_good_ones_elsewhere():

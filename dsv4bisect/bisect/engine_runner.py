@@ -1,0 +1,232 @@
+"""The engine+probe runner: the `Runner` of docs/bisect.md on top of `dsv4bisect run`'s trial.
+
+One trial is the configuration "good end + these patches" (`question.patch_overrides`) launched
+on its own engine and judged against the good end's baseline for the seed block (run/trial.py).
+The baseline (the good end probed once plus its A/A repeat) lives in the baseline cache, so the
+good end is probed once per seed block, whatever the number of trials.
+
+Crashes: run/trial.py already relaunches a crashed engine once; a candidate that crashes again
+is FAIL `crash` there, and the runner reports it as such (a definitive FAIL, so the driver does
+not launch it twice more). A good end that crashes twice is CANNOT_TEST `crash` (the driver
+retries once, then skips: the good end must be testable).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from dsv4bisect.bisect.question import base_sets, patch_overrides
+from dsv4bisect.bisect.runner import CRASH, TrialResult, Verdict
+from dsv4bisect.config.engine_config import EngineConfig
+from dsv4bisect.config.resolve import Overrides, resolve
+from dsv4bisect.engines.rundir import new_run_dir, save_config
+from dsv4bisect.errors import ConfigError
+from dsv4bisect.probe import verdict as V
+from dsv4bisect.run import session
+from dsv4bisect.run.arm import Supervisor
+from dsv4bisect.run.ends import Ends, good_overrides, probe_spec
+from dsv4bisect.run.events import EventSink, ignore
+from dsv4bisect.run.record import RunRecord
+from dsv4bisect.run.trial import Trial
+
+
+class EngineRunner:
+    """Launch each configuration on its own engine and judge it against the good end."""
+
+    def __init__(self, profile: str, good: Mapping[str, str], *, sets: Sequence[str] = (),
+                 tier: str | None = None, use_cache: bool = True,
+                 on_event: EventSink = ignore) -> None:
+        self.profile, self.sets, self.tier = profile, base_sets(sets), tier
+        self.use_cache, self.on_event = use_cache, on_event
+        self._lock = threading.Lock()
+        self._configs: dict[tuple[tuple[str, str], ...], EngineConfig] = {}
+        self._active: set[Supervisor] = set()
+        self.good = dict(good)
+        self.good_cfg = self.config(self.good)
+        if self.good_cfg.cannot_start:
+            raise ConfigError(f"the good end cannot start: {self.good_cfg.cannot_start}",
+                              "keep the required patch on at the good end")
+        self.good_overrides = patch_overrides(self.good, self.sets)
+        self.spec = probe_spec(self.good_cfg, tier)
+        self.api_key = session.api_key_of(self.good_cfg)
+        default_good = resolve(profile, good_overrides(self.good_cfg, Overrides(self.sets)))
+        self._run_has_good = default_good.fingerprint == self.good_cfg.fingerprint
+
+    # -- the Runner protocol ------------------------------------------------------------------
+    @property
+    def probe_hash(self) -> str:
+        """The probe spec and the good end it judges against: a verdict means both."""
+        text = json.dumps({"runner": "engine", "spec": self.spec.spec_hash(),
+                           "good": self.good_cfg.fingerprint}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def fingerprint(self, patches: Mapping[str, str]) -> str:
+        return self.config(patches).fingerprint
+
+    def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult:
+        t0 = time.perf_counter()
+        cfg = self.config(patches)
+        if cfg.cannot_start:
+            raise ConfigError(f"configuration {patches} cannot start: {cfg.cannot_start}",
+                              "keep required patches at their good-end state")
+        spec = self.spec.replace(seed_block=seed_block)
+        run_dir = new_run_dir(trial_dir, cfg.profile, cfg.fingerprint)
+        save_config(run_dir / "baseline", self.good_cfg)
+        save_config(run_dir / "candidate", cfg)
+        record = RunRecord.begin(
+            run_dir, command=self.run_argv(patches), profile=self.profile,
+            overrides=patch_overrides(patches, self.sets), good_overrides=self.good_overrides,
+            use_cache=self.use_cache, spec=spec, good=self.good_cfg, candidate=cfg)
+        supervisor = Supervisor()
+        with self._lock:
+            self._active.add(supervisor)
+        trial = Trial(Ends(self.good_cfg, cfg, self.good_overrides), spec, run_dir, record,
+                      supervisor, self.on_event, self.api_key, self.use_cache)
+        try:
+            verdict = session.judge_trial(trial, record)
+        finally:
+            with self._lock:
+                self._active.discard(supervisor)
+        verdict = session.finish(run_dir, record, trial, verdict)
+        return trial_result(verdict, trial, run_dir, time.perf_counter() - t0,
+                            self.reproduce(patches, seed_block))
+
+    # -- helpers ------------------------------------------------------------------------------
+    def config(self, patches: Mapping[str, str]) -> EngineConfig:
+        key = tuple(sorted(patches.items()))
+        with self._lock:
+            if key not in self._configs:
+                self._configs[key] = resolve(self.profile, patch_overrides(patches, self.sets))
+            return self._configs[key]
+
+    def stop_all(self) -> None:
+        """Stop the engines of every trial in flight (Ctrl-C with parallel trials)."""
+        with self._lock:
+            active = list(self._active)
+        for supervisor in active:
+            supervisor.stop_all()
+
+    def run_argv(self, patches: Mapping[str, str]) -> list[str]:
+        """`dsv4bisect run` for this patch set (against `run`'s own good end)."""
+        ov = patch_overrides(patches, self.sets)
+        argv = ["dsv4bisect", "run", self.profile, "--tier", self.spec.tier,
+                "--only", ",".join(ov.only or ())]
+        for item in ov.sets:
+            argv += ["--set", item]
+        return argv
+
+    def reproduce(self, patches: Mapping[str, str], seed_block: int = 0) -> str:
+        """The `dsv4bisect run` command that asks the same question (notes where it cannot)."""
+        argv = self.run_argv(patches)
+        notes = []
+        if not self._run_has_good:
+            notes.append("judged against the bisect's --good end, which `run` cannot take")
+        if seed_block:
+            notes.append(f"seed block {seed_block}, which `run` has no option for")
+        return shlex.join(argv) + (f"  # {'; '.join(notes)}" if notes else "")
+
+
+def signature_of(verdict: V.Verdict) -> str | None:
+    """A short name for why a trial did not pass: crash, drift, a hard signature, accuracy."""
+    if verdict.signatures.get("crash"):
+        return CRASH
+    if verdict.verdict == V.PASS:
+        return None
+    if verdict.verdict == V.CANNOT_TEST:
+        return "infrastructure"
+    if verdict.drift.get("status") in ("fail", "warn"):
+        return "drift"
+    hard = verdict.signatures.get("candidate") or {}
+    if verdict.signatures.get("hard_fail") and hard:
+        return str(next(iter(hard)))
+    return "accuracy"
+
+
+def trial_result(verdict: V.Verdict, trial: Trial, run_dir: Path, duration_s: float,
+                 command: str) -> TrialResult:
+    """The bisect's view of one `run`: verdict, signature, scores, the A/A made on the way."""
+    cached = trial.record.arm("baseline")["cached"] is not None
+    aa: tuple[Verdict, ...] = ()
+    if not cached and trial.base is not None and trial.repeat is not None:
+        try:
+            aa = (Verdict(_aa_verdict(trial)),)
+        except ConfigError:  # the two runs cannot be paired: no A/A evidence from this trial
+            aa = ()
+    drift = verdict.drift
+    trigger = drift.get("trigger") or {}
+    details = {
+        "verdict": verdict.verdict,
+        "reasons": list(verdict.reasons[:4]),
+        "families": {f: {"baseline_accuracy": r.baseline_accuracy,
+                         "candidate_accuracy": r.candidate_accuracy, "lost": r.b,
+                         "gained": r.c, "p_value": r.p_value, "evidence": r.evidence}
+                     for f, r in verdict.families.items()},
+        "drift": {"status": drift.get("status"), "where": trigger.get("where"),
+                  "kl_mean": trigger.get("kl_mean"),
+                  "top1_agreement": trigger.get("top1_agreement")},
+        "aa": dict(verdict.aa),
+        "baseline_cached": cached,
+        "run_dir": str(run_dir),
+        "command": command,
+    }
+    return TrialResult(Verdict(verdict.verdict), signature_of(verdict), duration_s, details,
+                       _throughput(trial), _log_path(run_dir), aa)
+
+
+def _aa_verdict(trial: Trial) -> str:
+    """The good end judged against itself (its repeat as the candidate, no floor)."""
+    from dsv4bisect.probe.judge import decide
+
+    assert trial.base is not None and trial.repeat is not None
+    return decide(trial.base, None, trial.repeat).verdict
+
+
+def _throughput(trial: Trial) -> float | None:
+    run = trial.cand
+    if run is None or not run.timing.get("total_s"):
+        return None
+    tokens = sum(int(r.get("prompt_tokens") or 0) + int(r.get("completion_tokens") or 0)
+                 for r in run.rows)
+    return round(tokens / float(run.timing["total_s"]), 1)
+
+
+def _log_path(run_dir: Path) -> str | None:
+    logs = sorted((run_dir / "candidate" / "logs").glob("*.log"))
+    return str(logs[0]) if logs else None
+
+
+def reap_orphans(trial_dir: Path) -> list[int]:
+    """Stop engines a killed bisect left running for a trial (`kill -9` gives it no chance to).
+
+    An engine process names its receipts directory, inside its trial's directory, in its
+    environment; each is the leader of its own process group (the launcher starts a session).
+    Linux only (reads /proc); elsewhere nothing is found.
+    """
+    import os
+    import signal
+
+    marker = f"DSV4BISECT_RECEIPTS={trial_dir.resolve()}/".encode()
+    found = []
+    proc = Path("/proc")
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    for pid in found:
+        try:
+            group = os.getpgid(pid)
+            if group != os.getpgrp():  # never our own group
+                os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return found

@@ -1,0 +1,287 @@
+"""`dsv4bisect bisect [PROFILE]`: find the patch, or interacting pair, that breaks the probe.
+
+Resolves the question (bisect/engine_runner.py: the ends, the candidates less the inert ones),
+prints the plan line, drives the search (bisect/driver.py) with the engine+probe runner or
+`--test-cmd`, shows the posterior live on stderr, and writes report.md, report.json and
+posterior.png into the run directory. Exit codes (docs/bisect.md): 0 culprit found, 1 the
+ends do not differ or the search ends unexplained or over budget, 5 bad input, 125 cannot
+test, 130 interrupted (resumable with --resume).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from dsv4bisect.bisect.engine_runner import EngineRunner, reap_orphans
+from dsv4bisect.bisect.question import Question, resolve_question
+from dsv4bisect.bisect.runner import Runner
+from dsv4bisect.bisect.testcmd import TestCommandRunner
+from dsv4bisect.cli.bisect_display import BisectDisplay
+from dsv4bisect.cli.options import Disable, Enable, Format, FormatOpt, Json, Only, Set, overrides
+from dsv4bisect.engines.rundir import new_run_dir
+from dsv4bisect.errors import BisectError, ExitCode
+from dsv4bisect.run.session import DEFAULT_PROFILE
+from dsv4bisect.run.signals import interrupts
+from dsv4bisect.ui.console import console, stdout
+
+if TYPE_CHECKING:  # the search needs numpy: imported when a bisect runs, not with the CLI
+    from dsv4bisect.bisect.design import Noise
+    from dsv4bisect.bisect.driver import BisectOutcome
+    from dsv4bisect.bisect.plan import Plan
+    from dsv4bisect.bisect.spec import BisectSpec
+
+LEDGER = "ledger.sqlite"  # in RUNS_ROOT unless --ledger: shared, so no bisect repeats a trial
+PROBE_COST_S = {"ci": 20.0, "smoke": 60.0, "standard": 1200.0, "deep": 3600.0}
+EXIT = {"found": ExitCode.OK, "untestable": ExitCode.CANNOT_TEST}  # the rest: 1
+
+
+class WarnAs(str, Enum):
+    fail = "fail"
+    passed = "pass"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bisect")(bisect)
+
+
+Opt = typer.Option
+
+
+def bisect(
+    profile: Annotated[str, typer.Argument(help="Profile (default: reference-all).")
+                       ] = DEFAULT_PROFILE,
+    tier: Annotated[str | None, Opt(help="Probe tier (default: the profile's).")] = None,
+    good: Annotated[str | None, Opt(metavar="P[:V],...|none", help="The good end's patches "
+                                       "(default: all off except the required ones).")] = None,
+    bad: Annotated[str | None, Opt(metavar="P[:V],...|none", help="The bad end's patches "
+                                      "(default: the profile's, with the overrides).")] = None,
+    candidates: Annotated[str | None, Opt(metavar="P,Q", help="Search only these.")] = None,
+    confidence: Annotated[float | None, Opt(help="Stop at this posterior (0.95).")] = None,
+    max_trials: Annotated[int | None, Opt(help="Budget of probe runs.")] = None,
+    parallel: Annotated[int | None, Opt(help="Trials per round (K).")] = None,
+    warn_as: Annotated[WarnAs | None, Opt(help="How a WARN counts (default fail).")] = None,
+    test_cmd: Annotated[str | None, Opt(help="Judge with this shell command instead: "
+                                           "exit 0 good, 125 skip, 1-127 bad.")] = None,
+    plan_only: Annotated[bool, Opt("--plan", help="Simulate and print the plan; launch "
+                                   "nothing.")] = False,
+    resume: Annotated[Path | None, Opt(metavar="RUN_DIR", help="Continue a bisect.")] = None,
+    out: Annotated[Path, Opt("--out", metavar="RUNS_ROOT")] = Path("runs"),
+    ledger_path: Annotated[Path | None, Opt("--ledger", help="Default RUNS_ROOT/ledger.sqlite"
+                                               )] = None,
+    false_fail: Annotated[float | None, Opt(help="Probe false-FAIL rate (default: measured "
+                                               "in the ledger, else 0.05).")] = None,
+    false_pass: Annotated[float | None, Opt(help="Probe false-PASS rate (likewise).")] = None,
+    launch_cost: Annotated[float | None, Opt(help="Seconds per launch, for --plan.")] = None,
+    probe_cost: Annotated[float | None, Opt(help="Seconds per probe, for --plan.")] = None,
+    no_cache: Annotated[bool, Opt("--no-cache", help="Measure baselines again.")] = False,
+    json_out: Json = False,
+    fmt: FormatOpt = None,
+    enable: Enable = None, disable: Disable = None, only: Only = None, sets: Set = None,
+) -> None:
+    """Find which patch (or interacting pair) makes the bad end fail where the good end passes.
+
+    Exit codes: 0 culprit named at the confidence, 1 ends do not differ / unexplained / over
+    budget, 5 bad input, 125 cannot test, 130 interrupted (prints the --resume command).
+    """
+    from dsv4bisect.bisect.driver import start_bisect
+    from dsv4bisect.bisect.ledger import Ledger
+
+    display = BisectDisplay()
+    if resume is not None:
+        outcome = _resume(resume, display)
+    else:
+        ov = overrides(enable, disable, only, sets)
+        question = resolve_question(profile, ov, good, bad, candidates)
+        runner = _runner(question, test_cmd, tier, not no_cache, display)
+        noise, where = _noise(runner, ledger_path or out / LEDGER, false_fail, false_pass)
+        spec = _spec(question, noise, confidence, max_trials, parallel, warn_as)
+        _say_question(question, noise, where)
+        costs = _costs(question, runner, tier, launch_cost, probe_cost)
+        estimate = _plan(spec, costs, trials=100 if plan_only else 30)
+        if plan_only:
+            _show_plan(estimate, costs, json_out)
+            raise typer.Exit(0)
+        console().print(_plan_line(estimate, costs), markup=False, highlight=False)
+        run_dir = new_run_dir(out, "bisect-" + Path(profile).stem, runner.probe_hash)
+        request = {"profile": profile, "sets": list(question.sets), "tier": tier,
+                   "test_cmd": test_cmd, "use_cache": not no_cache,
+                   "left_out": [list(x) for x in question.left_out],
+                   "command": ["dsv4bisect", *sys.argv[1:]]}
+        with Ledger.open(ledger_path or out / LEDGER) as ledger:
+            outcome = _drive(runner, run_dir, display, lambda: start_bisect(
+                spec, runner, ledger, run_dir, display, request=request))
+    _finish(outcome, json_out, fmt)
+
+
+def _drive(runner: Runner, run_dir: Path, display: BisectDisplay, go: Any) -> BisectOutcome:
+    try:
+        with interrupts(), display:
+            return go()  # type: ignore[no-any-return]
+    except KeyboardInterrupt:
+        if isinstance(runner, EngineRunner):
+            runner.stop_all()  # trials in worker threads (--parallel): their engines too
+        console().print(f"interrupted: finished trials are kept in the ledger; resume with\n"
+                        f"  dsv4bisect bisect --resume {run_dir}", style="yellow",
+                        markup=False)
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+
+
+def _resume(run_dir: Path, display: BisectDisplay) -> BisectOutcome:
+    from dsv4bisect.bisect.driver import read_run_file, resume_bisect
+    from dsv4bisect.bisect.ledger import Ledger
+    from dsv4bisect.bisect.spec import BisectSpec
+
+    info = read_run_file(run_dir)
+    request = info.get("request")
+    if not request:
+        raise BisectError(f"`{run_dir}` was not started by `dsv4bisect bisect`",
+                          "resume it from code with resume_bisect() and its runner")
+    with Ledger.open(info["ledger"]) as ledger:
+        spec = BisectSpec.from_json(ledger.get_run(info["run_id"]).settings)
+        runner: Runner
+        if request.get("test_cmd"):
+            runner = TestCommandRunner(request["test_cmd"])
+        else:
+            runner = EngineRunner(request["profile"], spec.good, sets=request.get("sets") or (),
+                                  tier=request.get("tier"), use_cache=request["use_cache"],
+                                  on_event=display.run_event)
+            for row in ledger.trials(info["run_id"]):  # engines orphaned by a kill -9
+                if row.status == "running" and row.trial_dir:
+                    for pid in reap_orphans(Path(row.trial_dir)):
+                        display.note(f"stopped engine {pid} left by the interrupted trial")
+        console().print(f"resuming {run_dir}: finished trials come from the ledger",
+                        style="dim", markup=False)
+        return _drive(runner, run_dir, display,
+                      lambda: resume_bisect(run_dir, runner, display, ledger=ledger))
+
+
+def _runner(q: Question, test_cmd: str | None, tier: str | None, use_cache: bool,
+            display: BisectDisplay) -> Runner:
+    if test_cmd is not None:
+        return TestCommandRunner(test_cmd)
+    return EngineRunner(q.profile, q.good, sets=q.sets, tier=tier, use_cache=use_cache,
+                        on_event=display.run_event)
+
+
+def _noise(runner: Runner, ledger_path: Path, ff: float | None,
+           fp: float | None) -> tuple[Noise, str]:
+    from dsv4bisect.bisect.design import Noise
+    from dsv4bisect.bisect.ledger import Ledger
+    from dsv4bisect.bisect.spec import DEFAULT_NOISE
+
+    measured = None
+    if ledger_path.exists():  # --plan creates nothing
+        with Ledger.open(ledger_path) as ledger:
+            measured = ledger.measured_noise(runner.probe_hash)
+    base = measured.noise(fallback=DEFAULT_NOISE) if measured else DEFAULT_NOISE
+    noise = Noise(base.false_fail if ff is None else ff, base.false_pass if fp is None else fp)
+    if ff is not None and fp is not None:
+        return noise, "given"
+    if measured and (measured.good_runs >= 5 or measured.bad_runs >= 5):
+        return noise, (f"measured: {measured.good_runs} runs known good, {measured.bad_runs} "
+                       "known bad")
+    return noise, "default" if ff is None and fp is None else "partly given"
+
+
+def _spec(q: Question, noise: Noise, confidence: float | None, max_trials: int | None,
+          parallel: int | None, warn_as: WarnAs | None) -> BisectSpec:
+    from dsv4bisect.bisect.hypotheses import tier_weights
+    from dsv4bisect.bisect.settings import validate_settings
+    from dsv4bisect.bisect.spec import BisectSpec
+
+    cfg = q.bisect
+    weights = tier_weights(q.tiers)
+    weights.update({k: v for k, v in (cfg.get("priors") or {}).items() if k in weights})
+    spec = BisectSpec(
+        candidates=q.candidates, good=q.good, bad=q.bad, noise=noise,
+        confidence=confidence if confidence is not None else cfg.get("confidence", 0.95),
+        max_trials=max_trials if max_trials is not None else cfg.get("max_trials"),
+        parallel=parallel if parallel is not None else cfg.get("parallel", 1),
+        weights=weights, warn_as=warn_as.value if warn_as else cfg.get("warn_as", "fail"))
+    validate_settings(spec.candidates, spec.noise, spec.confidence, spec.max_trials,
+                      spec.parallel, spec.max_order, spec.design_discount)
+    return spec
+
+
+def _costs(q: Question, runner: Runner, tier: str | None, launch: float | None,
+           probe: float | None) -> tuple[float, float, str]:
+    if isinstance(runner, EngineRunner):
+        kind = runner.good_cfg.kind
+        default_launch = 10.0 if kind == "reference" else 600.0
+        default_probe = PROBE_COST_S.get(runner.spec.tier, 600.0)
+    else:
+        default_launch, default_probe = 0.0, 60.0
+    given = launch is not None or probe is not None
+    return (default_launch if launch is None else launch,
+            default_probe if probe is None else probe, "given" if given else "assumed")
+
+
+def _plan(spec: BisectSpec, costs: tuple[float, float, str], trials: int) -> Plan:
+    from dsv4bisect.bisect.hypotheses import Priors
+    from dsv4bisect.bisect.plan import plan
+
+    return plan(len(spec.candidates), spec.noise, costs[0], costs[1], spec.confidence,
+                spec.parallel, spec.max_order, trials=trials, max_trials=spec.max_trials,
+                priors=Priors(weights=dict(spec.weights)), candidates=spec.candidates)
+
+
+def _plan_line(p: Plan, costs: tuple[float, float, str]) -> str:
+    return (f"plan: {p.n_candidates} candidates, expected launches {p.mean_launches:.1f} "
+            f"(p90 {p.p90_launches:.0f}), wall ≈ {_dur(p.mean_wall_s)} (p90 "
+            f"{_dur(p.p90_wall_s)}; {costs[2]} {costs[0]:.0f} s launch + {costs[1]:.0f} s "
+            f"probe), P(correct) {p.p_correct:.2f}"
+            + (f"\nwarning: {p.warning}" if p.warning else ""))
+
+
+def _show_plan(p: Plan, costs: tuple[float, float, str], json_out: bool) -> None:
+    if json_out:
+        print(json.dumps({
+            "n_candidates": p.n_candidates, "noise": {"false_fail": p.noise.false_fail,
+                                                      "false_pass": p.noise.false_pass},
+            "runs": p.runs, "mean_launches": p.mean_launches, "p90_launches": p.p90_launches,
+            "max_launches": p.max_launches, "mean_wall_s": p.mean_wall_s,
+            "p90_wall_s": p.p90_wall_s, "p_correct": p.p_correct,
+            "p_ends_separated": p.p_ends_separated, "end_checks_needed": p.end_checks_needed,
+            "bits_per_trial": p.bits_per_trial, "launch_cost_s": costs[0],
+            "probe_cost_s": costs[1], "warning": p.warning}, indent=2))
+        return
+    console().print(_plan_line(p, costs) + f"\n(simulated {p.runs} searches; end checks "
+                    f"needed on evidence alone: {p.end_checks_needed}; "
+                    f"{p.bits_per_trial:.2f} bits per trial; nothing was launched)",
+                    markup=False, highlight=False)
+
+
+def _say_question(q: Question, noise: Noise, where: str) -> None:
+    con = console()
+    con.print(f"candidates ({len(q.candidates)}): {', '.join(q.candidates)}", markup=False)
+    for name, why in q.left_out:
+        con.print(f"left out: {name} ({why})", style="dim", markup=False)
+    con.print(f"noise: false fail {noise.false_fail:.3g}, false pass {noise.false_pass:.3g} "
+              f"({where})", style="dim", markup=False)
+
+
+def _finish(outcome: BisectOutcome, json_out: bool, fmt: Format | None) -> None:
+    from dsv4bisect.report import bisect_report as report
+
+    view = report.load_bisect(outcome.run_dir)
+    report.write_report(view)
+    con = console()
+    for text, style in report.terminal_lines(view):
+        con.print(text, style=style, markup=False, highlight=False)
+    if json_out:
+        print((outcome.run_dir / "report.json").read_text(), end="")
+    elif fmt is Format.md:
+        stdout().file.write((outcome.run_dir / "report.md").read_text())
+    raise typer.Exit(int(EXIT.get(outcome.result.status.value, ExitCode.FAIL)))
+
+
+def _dur(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"

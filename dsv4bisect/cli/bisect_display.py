@@ -1,0 +1,115 @@
+"""The bisect's live view on stderr (Rich), fed by the driver's and the engine runner's events."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Group, RenderableType
+from rich.live import Live
+from rich.text import Text
+
+from dsv4bisect.run.events import EngineEvent, Notice, ProbeEvent, RunEvent
+from dsv4bisect.ui.console import console
+
+if TYPE_CHECKING:
+    from dsv4bisect.bisect.events import Event
+
+
+class BisectDisplay:
+    """Live view on stderr: the posterior's top hypotheses, the trial running (engine and probe
+    stage), the trials so far. Thread-safe (runner events come from probe threads). Off a
+    terminal: one plain line per trial started, finished and decided, and per new leader."""
+
+    def __init__(self) -> None:
+        self._con = console()
+        self._lock = threading.Lock()
+        self._live: Live | None = None
+        self._progress: Any = None  # the last bisect Progress event
+        self._current: tuple[str, float] | None = None  # label, start time
+        self._stage = ""
+        self._done: list[str] = []
+        self._leader = ""
+
+    def __enter__(self) -> BisectDisplay:  # noqa: PYI034 - a plain class, not subclassed
+        if self._con.is_terminal:
+            self._live = Live(get_renderable=self._render, console=self._con,
+                              refresh_per_second=4)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+            self._live = None
+
+    def note(self, text: str, style: str | None = "dim") -> None:
+        target = self._live.console if self._live is not None else self._con
+        target.print(text, style=style, markup=False, highlight=False)
+
+    def __call__(self, event: Event) -> None:
+        from dsv4bisect.bisect.events import Progress, StepDecided, TrialFinished, TrialStarted
+
+        with self._lock:
+            if isinstance(event, Progress):
+                self._progress = event
+                leader = f"{event.top[0][0]} {event.top[0][1]:.3f}" if event.top else ""
+                if self._live is None and event.top and event.top[0][0] != self._leader:
+                    self.note(f"leading: {leader} (phase {event.phase}, ~{event.remaining} "
+                              "more trials)")
+                self._leader = event.top[0][0] if event.top else ""
+            elif isinstance(event, TrialStarted):
+                what = subset_label(event.subset)
+                again = f", attempt {event.attempt}" if event.attempt > 1 else ""
+                label = f"trial {event.step}: {what} (seed block {event.seed_block}{again})"
+                self._current = (label, time.monotonic())
+                if self._live is None:
+                    self.note(self._current[0] + " ...", None)
+            elif isinstance(event, TrialFinished):
+                r = event.result
+                text = (f"trial {event.step}: {r.verdict.value}"
+                        + (f" ({r.signature})" if r.signature else "")
+                        + f" in {r.duration_s:.0f} s")
+                self._current, self._stage = None, ""
+                if self._live is None:
+                    self.note(text, None)
+            elif isinstance(event, StepDecided):
+                src = " (from the ledger)" if event.reused else ""
+                what = subset_label(event.subset)
+                line = f"step {event.step}: {what} -> {event.outcome.value}{src}"
+                self._done.append(line)
+                if self._live is None:
+                    self.note(line, "dim")
+
+    def run_event(self, event: RunEvent) -> None:
+        """What the engine runner's trial reports (engines starting, probe stages, notices)."""
+        with self._lock:
+            if isinstance(event, EngineEvent):
+                self._stage = f"{event.arm} {event.role}: {event.state}"
+            elif isinstance(event, ProbeEvent):
+                p = event.progress
+                self._stage = f"{event.stage}: {p.done}/{p.total}"
+            elif isinstance(event, Notice) and event.level == "warn":
+                self.note(event.text, "yellow")
+
+    def _render(self) -> RenderableType:
+        with self._lock:
+            parts: list[RenderableType] = []
+            p = self._progress
+            if p is not None:
+                parts.append(Text(f"bisect: {p.phase}, {p.trials_used} trials, "
+                                  f"~{p.remaining} to go", style="bold"))
+                for name, prob in p.top:
+                    bar = "█" * round(prob * 30)
+                    parts.append(Text(f"  {prob:6.3f} {bar:<30} {name}"))
+            if self._current is not None:
+                label, t0 = self._current
+                parts.append(Text(f"{label}  {time.monotonic() - t0:.0f} s  {self._stage}",
+                                  style="yellow", no_wrap=True, overflow="ellipsis"))
+            parts += [Text(line, style="dim") for line in self._done[-8:]]
+            return Group(*parts)
+
+
+def subset_label(subset: frozenset[str]) -> str:
+    return "{" + ", ".join(sorted(subset)) + "}" if subset else "good end"

@@ -1,0 +1,171 @@
+"""`dsv4bisect bisect` through the real CLI process: bad input, `--plan`, and `--test-cmd`
+bisects that name a single culprit and an interacting pair (fast: the check is a script)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+CHECK = HERE / "fake_check.py"  # exits 1 when every listed culprit is in DSV4BISECT_PATCHES
+NOISELESS = ("--false-fail", "0", "--false-pass", "0")
+
+
+def cli(*args: str | Path, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "dsv4bisect", "bisect", *map(str, args)],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def check_cmd(log: Path, culprits: str) -> str:
+    return f"{sys.executable} {CHECK} {log} {shlex.quote(culprits)}"
+
+
+def calls(log: Path) -> int:
+    return sum(line.startswith("start") for line in log.read_text().splitlines()) \
+        if log.exists() else 0
+
+
+def assert_bad_input(r: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert r.returncode == 5, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[-2].startswith("error:") and lines[-1].startswith("hint:"), r.stderr
+    assert "Traceback" not in r.stderr
+    for word in words:
+        assert word in r.stderr
+
+
+def test_unknown_candidate_is_bad_input(tmp_path: Path) -> None:
+    r = cli("--candidates", "mma-decod", "--test-cmd", "true", "--out", tmp_path / "runs",
+            cwd=tmp_path)
+    assert_bad_input(r, "unknown patch `mma-decod`", "did you mean `mma-decode`")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_equal_ends_are_bad_input(tmp_path: Path) -> None:
+    r = cli("--good", "mma-decode", "--bad", "mma-decode", "--test-cmd", "true",
+            "--out", tmp_path / "runs", cwd=tmp_path)
+    assert_bad_input(r, "the good and bad ends are the same configuration")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_candidate_that_does_not_differ_is_bad_input(tmp_path: Path) -> None:
+    r = cli("--good", "mma-decode", "--candidates", "mma-decode", "--test-cmd", "true",
+            "--out", tmp_path / "runs", cwd=tmp_path)
+    assert_bad_input(r, "`mma-decode` is the same at the good and bad ends")
+
+
+def test_resume_of_a_directory_that_is_not_a_bisect_is_bad_input(tmp_path: Path) -> None:
+    (tmp_path / "somerun").mkdir()
+    (tmp_path / "somerun" / "run.json").write_text('{"schema": "dsv4bisect.run/1"}')
+    r = cli("--resume", tmp_path / "somerun", cwd=tmp_path)
+    assert_bad_input(r, "is not a bisect run directory")
+
+
+def test_plan_prints_numbers_and_launches_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "calls.log"
+    r = cli("--plan", "--test-cmd", check_cmd(log, "mma-decode"), "--probe-cost", "30",
+            "--out", tmp_path / "runs", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "candidates (5): mhc-bf16, hash-topk-scaling, mma-decode" in r.stderr
+    assert "left out: trtllm-clamp (inert:" in r.stderr
+    assert "expected launches" in r.stderr and "P(correct)" in r.stderr
+    assert "nothing was launched" in r.stderr
+    as_json = cli("--plan", "--json", "--test-cmd", check_cmd(log, "mma-decode"),
+                  "--probe-cost", "30", "--launch-cost", "10", "--out", tmp_path / "runs",
+                  cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    p = json.loads(as_json.stdout)
+    assert p["n_candidates"] == 5 and 2 < p["mean_launches"] < 30
+    assert p["p90_launches"] >= p["mean_launches"] * 0.5 and 0.9 <= p["p_correct"] <= 1
+    # wall time: rounds x (launch + probe), one launch per round here
+    assert p["mean_wall_s"] == pytest.approx(p["mean_launches"] * 40, rel=1e-6)
+    assert not log.exists() and not (tmp_path / "runs").exists()
+
+
+def _bisect(tmp_path: Path, culprits: str, *extra: str) -> tuple[dict, Path]:
+    log = tmp_path / "calls.log"
+    r = cli("--test-cmd", check_cmd(log, culprits), *NOISELESS, "--json",
+            "--out", tmp_path / "runs", *extra, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "plan:" in r.stderr and "FOUND" in r.stderr
+    report = json.loads(r.stdout)
+    return report, Path(report["run_dir"])
+
+
+def test_test_cmd_finds_a_single_culprit_and_writes_the_report(tmp_path: Path) -> None:
+    report, run_dir = _bisect(tmp_path, "triton-indexer")
+    assert report["status"] == "found" and report["culprits"] == ["triton-indexer"]
+    assert report["posterior"] >= 0.95
+    for name in ("bisect.json", "report.md", "report.json", "posterior.png"):
+        assert (run_dir / name).exists(), name
+    trials = report["trials"]
+    assert trials[0]["subset"] == [] and trials[0]["verdict"] == "PASS"
+    assert len(trials[1]["subset"]) == 5 and trials[1]["verdict"] == "FAIL"
+    assert report["remedy"] == {"subset": ["hash-topk-scaling", "mhc-bf16", "mma-decode",
+                                           "nvfp4-dispatch"], "verdict": "passes",
+                                "outcomes": ["pass"], "trials_run": 1}
+    assert len(trials) + 1 == calls(tmp_path / "calls.log") <= 7  # + the remedy check
+    assert all(t["reproduce"].startswith("DSV4BISECT_PATCHES=") for t in trials)
+    md = (run_dir / "report.md").read_text()
+    assert md.startswith("# dsv4bisect bisect: found — culprit {triton-indexer}")
+    assert "| patches | `triton-indexer` | off | bf16 |" in md  # diff-config of the neighbours
+    again = subprocess.run([sys.executable, "-m", "dsv4bisect", "report", str(run_dir),
+                            "--json"], capture_output=True, text=True, timeout=60, check=False)
+    assert again.returncode == 0 and json.loads(again.stdout)["culprits"] == ["triton-indexer"]
+
+
+def test_a_second_independent_culprit_is_reported_with_the_command_to_find_it(
+        tmp_path: Path) -> None:
+    report, run_dir = _bisect(tmp_path, "hash-topk-scaling|nvfp4-dispatch")
+    (first,) = report["culprits"]
+    assert first in ("hash-topk-scaling", "nvfp4-dispatch")
+    assert report["remedy"]["verdict"] == "fails" and report["remedy"]["outcomes"] == [
+        "fail", "fail"]
+    md = (run_dir / "report.md").read_text()
+    rest = [n for n in ("mhc-bf16", "hash-topk-scaling", "mma-decode", "triton-indexer",
+                        "nvfp4-dispatch") if n != first]
+    assert f"--candidates {','.join(rest)}" in md
+    log = tmp_path / "again.log"
+    again = cli("--test-cmd", check_cmd(log, "hash-topk-scaling|nvfp4-dispatch"), *NOISELESS,
+                "--json", "--out", tmp_path / "runs2", "--candidates", ",".join(rest),
+                cwd=tmp_path)
+    second = json.loads(again.stdout)
+    assert again.returncode == 0 and second["culprits"] == sorted(
+        {"hash-topk-scaling", "nvfp4-dispatch"} - {first})
+    assert second["remedy"]["verdict"] == "passes"
+
+
+def test_test_cmd_finds_an_interacting_pair(tmp_path: Path) -> None:
+    report, _ = _bisect(tmp_path, "mhc-bf16,nvfp4-dispatch")
+    assert report["culprits"] == ["mhc-bf16", "nvfp4-dispatch"]
+    checks = {c["member"]: c["confirmed"] for c in report["checks"] if c["member"]}
+    assert checks == {"mhc-bf16": True, "nvfp4-dispatch": True}  # each member needed
+
+
+def test_a_second_bisect_of_the_same_question_launches_nothing(tmp_path: Path) -> None:
+    first, _ = _bisect(tmp_path, "mma-decode")
+    before = calls(tmp_path / "calls.log")
+    second, _ = _bisect(tmp_path, "mma-decode")
+    assert calls(tmp_path / "calls.log") == before
+    assert second["culprits"] == first["culprits"] == ["mma-decode"]
+    assert {t["source"] for t in second["trials"]} == {"ledger"}
+    assert second["bound"]["launches"] == 0
+
+
+def test_ends_that_do_not_differ_exit_1(tmp_path: Path) -> None:
+    r = cli("--test-cmd", "true", *NOISELESS, "--out", tmp_path / "runs", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "the bad end passes" in r.stderr
+
+
+def test_a_good_end_that_cannot_be_tested_exits_125(tmp_path: Path) -> None:
+    r = cli("--test-cmd", "exit 125", *NOISELESS, "--out", tmp_path / "runs", cwd=tmp_path)
+    assert r.returncode == 125, r.stderr
+    assert "UNTESTABLE" in r.stderr
