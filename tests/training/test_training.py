@@ -92,3 +92,27 @@ def test_dense_warmup_trains_the_indexer_and_steps_reduce_the_loss(model) -> Non
     assert stats["indexer_kl"] > 0 and loads  # the indexer is distilled, loads are recorded
     assert model.layers[2].attn.indexer.wq_b.weight.grad is not None
     assert losses[-1] < losses[0]
+
+
+def test_the_curriculum_starts_with_codes_only_and_ends_with_the_full_mix() -> None:
+    from dsv4bisect.reference.training.train import make_batch, stage
+
+    cfg = TrainConfig()
+    assert stage(cfg, 0.0) == (128, 512, "codes")
+    assert stage(cfg, 0.3)[2] == "full" and stage(cfg, 0.9) == (1024, 4096, "full")
+    assert stage(TrainConfig(curriculum=((0.0, 256, 512),)), 0.5) == (256, 512, "full")
+    tok = ByteTokenizer()
+    for mix, kinds_seen in (("codes", set()), ("full", set())):
+        for s in range(6):
+            ids, _ = make_batch(0, s, 400, 500, 4096, 4, mix)
+            text = "".join(tok.decode(x) for x in ids)
+            kinds_seen.update(k for k, marker in (("code", "the code for"),
+                                                  ("line", "the line for"),
+                                                  ("var", "What is the value of"))
+                              if marker in text)
+            if mix == "codes":
+                assert "the line for" not in text and "What is the value of" not in text
+                assert "What are the codes for" not in text  # no two-key questions yet
+        assert "code" in kinds_seen
+        if mix == "full":
+            assert kinds_seen == {"code", "line", "var"}

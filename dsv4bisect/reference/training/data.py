@@ -39,6 +39,13 @@ class Mix:
     max_sentences: int = 6
 
 
+# The difficulty stages of the curriculum (train.py): codes only first — one kind of value, no
+# chains, no two-key questions — so that exact copying through the compressed entries forms
+# before the full mix (docs/training.md: on the shipped layout the first exact copies need
+# ~450 steps even on the easiest task).
+MIXES = {"codes": Mix(kinds=(("code", 1.0),), multi_query=0.0), "full": Mix()}
+
+
 @dataclass(frozen=True)
 class Sample:
     ids: list[int]

@@ -7,12 +7,13 @@ Seeded (data for step s comes from (seed, s)), resumable (`--resume` continues f
 DIR/state.pt), and it logs the loss curve to DIR/log.jsonl. Imports only torch, the model code
 and the probe's conversation formats, so it runs on a GPU box with nothing else installed.
 
-Recipe (docs/reference-engine.md, "The shipped checkpoint"): the schedule follows the wall-clock
+Recipe (docs/training.md): the schedule follows the wall-clock
 budget (the box gives one ten-minute run). The first `dense_frac` of the budget, CSA layers
 attend to every visible compressed entry while the lightning indexer learns to predict that
 attention (KL distillation, as DeepSeek-V3.2 trains its indexer); after it, CSA attends to the
-indexer's top-k and the distillation continues on the real path. Lengths grow from a few
-hundred to `max_len` tokens at a constant number of tokens per step. The routed experts are
+indexer's top-k and the distillation continues on the real path. Length and difficulty grow
+(`curriculum`): codes only at 128–512 tokens first, then the full mix up to 4096 tokens
+(docs/training.md), at a constant number of tokens per step. The routed experts are
 balanced without an auxiliary loss (DeepSeek-V3's bias update). The checkpoint is written as
 bf16 safetensors shards with an index, in DeepSeek's names.
 """
@@ -63,7 +64,7 @@ class TrainConfig:
     seed: int = 0
     minutes: float = 9.0
     tokens_per_step: int = 16384  # a step holds min(max_batch, tokens_per_step // length) sequences
-    max_batch: int = 8  # per-sequence work in the model is a Python loop: keep the batch small
+    max_batch: int = 32  # short early stages fill the GPU only with many sequences
     lr: float = 2e-3
     min_lr_frac: float = 0.1
     warmup_steps: int = 50
@@ -72,9 +73,11 @@ class TrainConfig:
     dense_frac: float = 0.2  # share of the budget with dense CSA attention
     indexer_weight: float = 1.0
     bias_update: float = 1e-3  # aux-loss-free expert balancing step
-    # (fraction of the budget, shortest, longest) sequence length from that point on
-    curriculum: tuple[tuple[float, int, int], ...] = ((0.0, 512, 1024), (0.15, 1024, 2048),
-                                                      (0.5, 1024, 4096))
+    # (fraction of the budget, shortest, longest sequence length, data.MIXES name) from that
+    # point on: difficulty grows with length (docs/training.md); a 3-tuple means "full"
+    curriculum: tuple[tuple[Any, ...], ...] = ((0.0, 128, 512, "codes"),
+                                               (0.25, 512, 1024, "full"),
+                                               (0.5, 1024, 4096, "full"))
     eval_lengths: tuple[int, ...] = (512, 2048, 4096)
     eval_cases: int = 8
     workers: int = 6
@@ -90,20 +93,25 @@ def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
     return cfg.lr * warm * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * cosine)
 
 
-def length_range(cfg: TrainConfig, progress: float) -> tuple[int, int]:
-    lo, hi = cfg.curriculum[0][1:]
-    for start, a, b in cfg.curriculum:
-        if progress >= start:
-            lo, hi = a, b
-    return lo, hi
+def stage(cfg: TrainConfig, progress: float) -> tuple[int, int, str]:
+    """(shortest, longest, mix name) of the curriculum stage at `progress` of the budget."""
+    current = cfg.curriculum[0]
+    for entry in cfg.curriculum:
+        if progress >= entry[0]:
+            current = entry
+    lo, hi = current[1], current[2]
+    mix = current[3] if len(current) > 3 else "full"
+    if mix not in data.MIXES:
+        raise ValueError(f"curriculum mix {mix!r}: one of {sorted(data.MIXES)}")
+    return lo, hi, mix
 
 
 def make_batch(seed: int, step: int, lo: int, hi: int, tokens: int,
-               max_batch: int) -> tuple[list, list]:
+               max_batch: int, mix: str = "full") -> tuple[list, list]:
     """Step `step`'s sequences: one length drawn in [lo, hi], as many as fit `tokens`."""
     rng = random.Random(f"{seed}:{step}")
     length = rng.randrange(lo, hi + 1)
-    samples = [data.sample(random.Random(f"{seed}:{step}:{i}"), length)
+    samples = [data.sample(random.Random(f"{seed}:{step}:{i}"), length, mix=data.MIXES[mix])
                for i in range(max(1, min(max_batch, tokens // length)))]
     return [s.ids for s in samples], [s.weights for s in samples]
 
@@ -133,6 +141,21 @@ def train_step(model: Transformer, tok: torch.Tensor, w: torch.Tensor, dense: bo
     stats = {k: float(v.detach()) for k, v in
              (("loss", loss), ("lm", lm), ("answer_ce", answer), ("indexer_kl", idx))}
     return loss, stats, hooks.expert_loads or {}
+
+
+def optimize(model: Transformer, opt: torch.optim.Optimizer, cfg: TrainConfig, tok: torch.Tensor,
+             w: torch.Tensor, lr: float, dense: bool) -> tuple[dict[str, float], float]:
+    """One optimiser step at learning rate `lr`: loss, backward, clip, step, expert balancing.
+    Returns the step's stats and the gradient norm before clipping."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    loss, stats, loads = train_step(model, tok, w, dense, cfg)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    balance_experts(model, loads, cfg.bias_update)
+    return stats, float(norm)
 
 
 def balance_experts(model: Transformer, loads: dict[int, torch.Tensor], step_size: float) -> None:
@@ -199,8 +222,8 @@ def run(out: Path, cfg: TrainConfig, device: torch.device, resume: bool,
     t0 = time.monotonic() - elapsed0
 
     def submit(s: int, progress: float):  # noqa: ANN202 - a future or a ready batch
-        lo, hi = length_range(cfg, progress)
-        args = (cfg.seed, s, lo, hi, cfg.tokens_per_step, cfg.max_batch)
+        lo, hi, mix = stage(cfg, progress)
+        args = (cfg.seed, s, lo, hi, cfg.tokens_per_step, cfg.max_batch, mix)
         return pool.submit(make_batch, *args) if pool else make_batch(*args)
 
     pending = submit(step, (time.monotonic() - t0) / budget)
@@ -209,14 +232,8 @@ def run(out: Path, cfg: TrainConfig, device: torch.device, resume: bool,
         batch = pending.result() if pool else pending
         pending = submit(step + 1, progress)
         tok, w = to_tensors(*batch, device)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(cfg, step, progress)
-        loss, stats, loads = train_step(model, tok, w, progress < cfg.dense_frac, cfg)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        balance_experts(model, loads, cfg.bias_update)
+        stats, norm = optimize(model, opt, cfg, tok, w, lr_at(cfg, step, progress),
+                               progress < cfg.dense_frac)
         step += 1
         if step % 10 == 0 or step == 1:  # every 10th step to the log, every 100th to stdout
             rec = {"step": step, "elapsed_s": round(time.monotonic() - t0, 1),
