@@ -102,6 +102,20 @@ def test_engine_bisect_names_the_fault_variant(tmp_path: Path) -> None:
     assert not engine_pids(run_dir)
 
 
+@pytest.mark.slow  # about 70 s: two engines per round on the 2-core CPU
+def test_parallel_rounds_run_engines_at_once_and_find_the_same_culprit(tmp_path: Path) -> None:
+    r, wall = bisect(tmp_path, *SINGLE, "--parallel", "2")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    print(f"parallel single-culprit bisect: {wall:.0f} s, {len(report['trials'])} trials")
+    assert report["culprits"] == ["hash-topk-scaling"] and report["posterior"] >= 0.95
+    rows = [row for row in ledger_rows(tmp_path / "runs") if row["status"] == "done"]
+    overlapping = [(a["step"], b["step"]) for a in rows for b in rows
+                   if a["id"] < b["id"] and b["started"] < a["finished"]]
+    assert overlapping, "no two trials ran at the same time"
+    assert not engine_pids(Path(report["run_dir"]))
+
+
 @pytest.mark.slow  # two bisects, about 15 launches: 3.5 minutes on the 2-core CPU
 def test_all_six_on_with_a_fault_names_both_culprits_in_two_rounds(tmp_path: Path) -> None:
     """The issue's scenario as it stands on the random checkpoint: with the six patches on and
