@@ -294,6 +294,13 @@ class Ledger:
         ).fetchone()
         return row is not None
 
+    def trial_durations(self, probe: str) -> list[float]:
+        """Wall times of the finished trials measured with `probe` (what `--plan` costs a trial)."""
+        rows = self._conn.execute(
+            "SELECT duration_s FROM trials WHERE probe = ? AND status = 'done' "
+            "AND duration_s IS NOT NULL ORDER BY id", (probe,)).fetchall()
+        return [float(r["duration_s"]) for r in rows]
+
     def measured_noise(self, probe: str, sources: Sequence[str] | None = None) -> NoiseEstimate:
         query = (
             "SELECT truth, outcome, COUNT(*) AS n FROM noise_evidence WHERE probe = ?"

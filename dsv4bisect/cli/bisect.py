@@ -102,7 +102,7 @@ def bisect(
         noise, where = _noise(runner, ledger_path or out / LEDGER, false_fail, false_pass)
         spec = _spec(question, noise, confidence, max_trials, parallel, warn_as)
         _say_question(question, noise, where)
-        costs = _costs(question, runner, tier, launch_cost, probe_cost)
+        costs = _costs(runner, ledger_path or out / LEDGER, launch_cost, probe_cost)
         estimate = _plan(spec, costs, trials=100 if plan_only else 30)
         if plan_only:
             _show_plan(estimate, costs, json_out)
@@ -209,17 +209,30 @@ def _spec(q: Question, noise: Noise, confidence: float | None, max_trials: int |
     return spec
 
 
-def _costs(q: Question, runner: Runner, tier: str | None, launch: float | None,
+MIN_MEASURED = 3  # finished trials of this probe before --plan trusts their median
+
+
+def _costs(runner: Runner, ledger_path: Path, launch: float | None,
            probe: float | None) -> tuple[float, float, str]:
+    """(launch s, probe s, where from): the given ones; else the median of this probe's
+    finished trials in the ledger (one trial = launch + probe); else assumed per engine kind
+    and tier."""
     if isinstance(runner, EngineRunner):
-        kind = runner.good_cfg.kind
-        default_launch = 10.0 if kind == "reference" else 600.0
-        default_probe = PROBE_COST_S.get(runner.spec.tier, 600.0)
+        default = (10.0 if runner.good_cfg.kind == "reference" else 600.0,
+                   PROBE_COST_S.get(runner.spec.tier, 600.0))
     else:
-        default_launch, default_probe = 0.0, 60.0
-    given = launch is not None or probe is not None
-    return (default_launch if launch is None else launch,
-            default_probe if probe is None else probe, "given" if given else "assumed")
+        default = (0.0, 60.0)
+    if launch is not None or probe is not None:
+        return (default[0] if launch is None else launch,
+                default[1] if probe is None else probe, "given")
+    if ledger_path.exists():  # --plan creates nothing
+        from dsv4bisect.bisect.ledger import Ledger
+
+        with Ledger.open(ledger_path) as ledger:
+            durations = sorted(ledger.trial_durations(runner.probe_hash))
+        if len(durations) >= MIN_MEASURED:
+            return 0.0, durations[len(durations) // 2], f"median of {len(durations)} trials:"
+    return default[0], default[1], "assumed"
 
 
 def _plan(spec: BisectSpec, costs: tuple[float, float, str], trials: int) -> Plan:
@@ -234,9 +247,15 @@ def _plan(spec: BisectSpec, costs: tuple[float, float, str], trials: int) -> Pla
 def _plan_line(p: Plan, costs: tuple[float, float, str]) -> str:
     return (f"plan: {p.n_candidates} candidates, expected launches {p.mean_launches:.1f} "
             f"(p90 {p.p90_launches:.0f}), wall ≈ {_dur(p.mean_wall_s)} (p90 "
-            f"{_dur(p.p90_wall_s)}; {costs[2]} {costs[0]:.0f} s launch + {costs[1]:.0f} s "
-            f"probe), P(correct) {p.p_correct:.2f}"
+            f"{_dur(p.p90_wall_s)}; {_cost_text(costs)}), P(correct) {p.p_correct:.2f}"
             + (f"\nwarning: {p.warning}" if p.warning else ""))
+
+
+def _cost_text(costs: tuple[float, float, str]) -> str:
+    launch, probe, where = costs
+    if where.startswith("median"):
+        return f"{where} {probe:.0f} s per trial"
+    return f"{where} {launch:.0f} s launch + {probe:.0f} s probe"
 
 
 def _show_plan(p: Plan, costs: tuple[float, float, str], json_out: bool) -> None:

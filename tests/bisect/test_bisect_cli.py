@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -97,6 +98,18 @@ def _bisect(tmp_path: Path, culprits: str, *extra: str) -> tuple[dict, Path]:
     assert "plan:" in r.stderr and "FOUND" in r.stderr
     report = json.loads(r.stdout)
     return report, Path(report["run_dir"])
+
+
+def test_plan_costs_a_trial_by_the_ledger_once_trials_were_measured(tmp_path: Path) -> None:
+    log = tmp_path / "calls.log"
+    cmd = check_cmd(log, "mma-decode")
+    before = cli("--plan", "--test-cmd", cmd, "--out", tmp_path / "runs", cwd=tmp_path)
+    assert before.returncode == 0 and "assumed 0 s launch + 60 s probe" in before.stderr
+    ran = cli("--test-cmd", cmd, *NOISELESS, "--out", tmp_path / "runs", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    after = cli("--plan", "--test-cmd", cmd, "--out", tmp_path / "runs", cwd=tmp_path)
+    assert after.returncode == 0, after.stderr
+    assert re.search(r"median of \d+ trials: 0 s per trial", after.stderr), after.stderr
 
 
 def test_test_cmd_finds_a_single_culprit_and_writes_the_report(tmp_path: Path) -> None:
