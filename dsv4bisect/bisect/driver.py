@@ -4,6 +4,7 @@ Everything that touches the outside world is here; the search stays pure. The dr
 what a trial means for the search: WARN is FAIL unless `warn_as="pass"`; CANNOT_TEST is
 retried once, then SKIP (routed around); two crashes of a configuration are a FAIL with
 signature "crash" (at the good end they are SKIP: the good end must be testable).
+After a `found` result the remedy check (remedy.py) runs the bad end without the culprits.
 A resume replays the ledger into a fresh search; the search is deterministic given its
 records, so the same trials come back in the same order and none is run twice.
 """
