@@ -1,8 +1,19 @@
-"""Shared test setup: markers, an isolated cache directory, and the GPU skip."""
+"""Shared test setup: markers, an isolated cache directory, the GPU skip, and Hypothesis.
+
+Property tests draw the same examples on every run (`derandomize`), so CI passes or fails on
+the code, not on the draw; `HYPOTHESIS_PROFILE=explore` draws fresh examples to hunt for more.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

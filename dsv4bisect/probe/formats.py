@@ -159,8 +159,9 @@ def vartrack_content(rng: random.Random, vocab: Vocabulary, depth: float, *, hop
     decoy = draw_code(rng, vocab, VAR_DIGITS)
     while decoy == value:
         decoy = draw_code(rng, vocab, VAR_DIGITS)
-    # Later hops sit after the value, evenly between `depth` and the end, so order is kept.
-    step = (0.98 - depth) / (hops + 1)
+    # Later hops sit after the value, evenly between `depth` and the end, so order is kept (at
+    # depth >= 0.98 they share the value's depth; the layout keeps equal depths in chain order).
+    step = max(0.0, 0.98 - depth) / (hops + 1)
     plants = [Plant(assign_text(chain[0], value), depth, "needle")]
     plants += [Plant(assign_text(chain[i], chain[i - 1]), round(depth + i * step, 4), "hop")
                for i in range(1, hops + 1)]

@@ -131,3 +131,16 @@ def test_any_target_is_hit_exactly(target: int, turns: int, depth: float, seed: 
     text = " ".join(m["content"] for m in lay.messages)
     positions = [text.index(p.text) for p in content.plants if p.role != "distractor"]
     assert positions == sorted(positions)  # needle / chain order survives the layout
+
+
+@pytest.mark.parametrize("depth", [0.98, 0.99, 1.0])
+def test_a_variable_chain_planted_at_the_very_end_keeps_its_order(depth: float) -> None:
+    """Found by the property test above: at depth > 0.98 the hops went before the value."""
+    cal = calibrate(byte_count, PROBE_VOCAB)
+    rng = random.Random(0)
+    content = formats.vartrack_content(rng, PROBE_VOCAB, depth, hops=2)
+    lay = layout(content, turns=1, target=300, rng=rng, vocab=PROBE_VOCAB, calib=cal,
+                 count=byte_count)
+    text = " ".join(m["content"] for m in lay.messages)
+    positions = [text.index(p.text) for p in content.plants if p.role != "distractor"]
+    assert positions == sorted(positions)
