@@ -15,14 +15,20 @@ from __future__ import annotations
 
 from dsv4bisect.patching.spec import Patch, SglangDelivery, Variant
 
-PATCH = Patch(
-    name="canary-a",
-    summary="test only: with canary-b, zeroes the final hidden state (an interacting pair)",
-    tier=3,
-    touches=("test-only",),
-    reference="nothing alone; with canary-b the final hidden state is zeroed",
-    sglang=SglangDelivery(hooks={}),
-    variants=(Variant("on", "inert alone", fault=True),),
-    doc=__doc__ or "",
-    test_only=True,
-)
+
+def canary_patch(name: str, partner: str, doc: str) -> Patch:
+    """One half of the pair; `partner` is the other half (the pair is symmetric)."""
+    return Patch(
+        name=name,
+        summary=f"test only: with {partner}, zeroes the final hidden state (an interacting pair)",
+        tier=3,
+        touches=("test-only",),
+        reference=f"nothing alone; with {partner} the final hidden state is zeroed",
+        sglang=SglangDelivery(hooks={}),
+        variants=(Variant("on", "inert alone", fault=True),),
+        doc=doc,
+        test_only=True,
+    )
+
+
+PATCH = canary_patch("canary-a", "canary-b", __doc__ or "")

@@ -13,16 +13,6 @@ Upstream site: none. Registered only when DSV4BISECT_TEST_PATCHES=1 (never in a 
 
 from __future__ import annotations
 
-from dsv4bisect.patching.spec import Patch, SglangDelivery, Variant
+from dsv4bisect.patches._canary_a import canary_patch
 
-PATCH = Patch(
-    name="canary-b",
-    summary="test only: with canary-a, zeroes the final hidden state (an interacting pair)",
-    tier=3,
-    touches=("test-only",),
-    reference="nothing alone; with canary-a the final hidden state is zeroed",
-    sglang=SglangDelivery(hooks={}),
-    variants=(Variant("on", "inert alone", fault=True),),
-    doc=__doc__ or "",
-    test_only=True,
-)
+PATCH = canary_patch("canary-b", "canary-a", __doc__ or "")
