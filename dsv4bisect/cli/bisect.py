@@ -33,6 +33,7 @@ from dsv4bisect.ui.console import console, stdout
 if TYPE_CHECKING:  # the search needs numpy: imported when a bisect runs, not with the CLI
     from dsv4bisect.bisect.design import Noise
     from dsv4bisect.bisect.driver import BisectOutcome
+    from dsv4bisect.bisect.ledger import NoiseEstimate
     from dsv4bisect.bisect.plan import Plan
     from dsv4bisect.bisect.spec import BisectSpec
 
@@ -99,10 +100,11 @@ def bisect(
         ov = overrides(enable, disable, only, sets)
         question = resolve_question(profile, ov, good, bad, candidates)
         runner = _runner(question, test_cmd, tier, not no_cache, display)
-        noise, where = _noise(runner, ledger_path or out / LEDGER, false_fail, false_pass)
+        measured, durations = _history(runner, ledger_path or out / LEDGER)
+        noise, where = _noise(measured, false_fail, false_pass)
         spec = _spec(question, noise, confidence, max_trials, parallel, warn_as)
         _say_question(question, noise, where)
-        costs = _costs(runner, ledger_path or out / LEDGER, launch_cost, probe_cost)
+        costs = _costs(runner, durations, launch_cost, probe_cost)
         estimate = _plan(spec, costs, trials=100 if plan_only else 30)
         if plan_only:
             _show_plan(estimate, costs, json_out)
@@ -169,16 +171,22 @@ def _runner(q: Question, test_cmd: str | None, tier: str | None, use_cache: bool
                         on_event=display.run_event)
 
 
-def _noise(runner: Runner, ledger_path: Path, ff: float | None,
+def _history(runner: Runner, ledger_path: Path) -> tuple[NoiseEstimate | None, list[float]]:
+    """What the ledger measured with this probe before: noise rates and trial wall times."""
+    if not ledger_path.exists():  # --plan creates nothing
+        return None, []
+    from dsv4bisect.bisect.ledger import Ledger
+
+    with Ledger.open(ledger_path) as ledger:
+        return (ledger.measured_noise(runner.probe_hash),
+                ledger.trial_durations(runner.probe_hash))
+
+
+def _noise(measured: NoiseEstimate | None, ff: float | None,
            fp: float | None) -> tuple[Noise, str]:
     from dsv4bisect.bisect.design import Noise
-    from dsv4bisect.bisect.ledger import Ledger
     from dsv4bisect.bisect.spec import DEFAULT_NOISE
 
-    measured = None
-    if ledger_path.exists():  # --plan creates nothing
-        with Ledger.open(ledger_path) as ledger:
-            measured = ledger.measured_noise(runner.probe_hash)
     base = measured.noise(fallback=DEFAULT_NOISE) if measured else DEFAULT_NOISE
     noise = Noise(base.false_fail if ff is None else ff, base.false_pass if fp is None else fp)
     if ff is not None and fp is not None:
@@ -212,7 +220,7 @@ def _spec(q: Question, noise: Noise, confidence: float | None, max_trials: int |
 MIN_MEASURED = 3  # finished trials of this probe before --plan trusts their median
 
 
-def _costs(runner: Runner, ledger_path: Path, launch: float | None,
+def _costs(runner: Runner, durations: list[float], launch: float | None,
            probe: float | None) -> tuple[float, float, str]:
     """(launch s, probe s, where from): the given ones; else the median of this probe's
     finished trials in the ledger (one trial = launch + probe); else assumed per engine kind
@@ -225,13 +233,9 @@ def _costs(runner: Runner, ledger_path: Path, launch: float | None,
     if launch is not None or probe is not None:
         return (default[0] if launch is None else launch,
                 default[1] if probe is None else probe, "given")
-    if ledger_path.exists():  # --plan creates nothing
-        from dsv4bisect.bisect.ledger import Ledger
-
-        with Ledger.open(ledger_path) as ledger:
-            durations = sorted(ledger.trial_durations(runner.probe_hash))
-        if len(durations) >= MIN_MEASURED:
-            return 0.0, durations[len(durations) // 2], f"median of {len(durations)} trials:"
+    if len(durations) >= MIN_MEASURED:
+        ordered = sorted(durations)
+        return 0.0, ordered[len(ordered) // 2], f"median of {len(ordered)} trials:"
     return default[0], default[1], "assumed"
 
 
