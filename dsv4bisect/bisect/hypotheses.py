@@ -105,13 +105,6 @@ class HypothesisSpace:
         cols = np.flatnonzero(self.members[i])
         return Hypothesis("set", frozenset(self.candidates[c] for c in cols))
 
-    def row_of(self, members: frozenset[str]) -> int | None:
-        """The row of a culprit set, or None if it is not in the space."""
-        mask = self.mask(members)
-        size = int(mask.sum())
-        hits = np.flatnonzero((self.sizes == size) & (self.members_f @ mask == size))
-        return int(hits[0]) if hits.size else None
-
     def mask(self, subset: frozenset[str] | set[str]) -> np.ndarray:
         """[n] uint8 indicator of a subset; unknown names raise BisectError."""
         mask = np.zeros(len(self.candidates), dtype=np.uint8)

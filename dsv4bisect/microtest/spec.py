@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from dsv4bisect.reference.config import ModelArgs
 
 DEFAULT_CONTEXTS = (1024, 8192, 32768, 131072)
-LAYER_KEYWORDS = ("auto", "all", "swa", "csa", "hca", "hash", "last")
 _LAYER_HINT = ("--layers takes layer numbers, ranges and kinds, e.g. `0,2-4`, `csa`, `hash`, "
                "`last`, `all` or `auto` (the first layer of each kind, the first score-routed "
                "layer and the last layer)")

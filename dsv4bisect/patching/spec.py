@@ -13,8 +13,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-ENGINE_KINDS = ("reference", "sglang", "command")
-
 # MoE runner backends whose NVFP4 path is the flashinfer TRT-LLM kernel.
 TRTLLM_BACKENDS = frozenset({"flashinfer_trtllm", "flashinfer_trtllm_routed"})
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = 1
-STATES = ("installed", "inert", "refused", "failed")
 OK_STATES = ("installed", "inert")
 CONTRACT = "routed-scaling-contract"  # the `patch` field of contract records
 
