@@ -37,8 +37,9 @@ import torch
 from dsv4bisect.reference.checkpoint import random_model
 from dsv4bisect.reference.config import ModelArgs
 from dsv4bisect.reference.model import Transformer
-from dsv4bisect.reference.tokenizer import BYTE_OFFSET, EOS_ID
+from dsv4bisect.reference.tokenizer import BYTE_OFFSET
 from dsv4bisect.reference.training import data
+from dsv4bisect.reference.training.eval import final_answer_scores
 from dsv4bisect.reference.training.ops import training_ops
 from dsv4bisect.reference.training.train import (
     MODEL_CHANGES,
@@ -82,32 +83,8 @@ def guess_ce(ids: list[int], weights: list[float]) -> float:
     return total / max(n, 1)
 
 
-def final_answer_mask(weights: torch.Tensor) -> torch.Tensor:
-    """[B, T] bool: the last answer span of each row (the final question's answer and eos)."""
-    ans = weights >= data.ANSWER
-    mask = torch.zeros_like(ans)
-    for b in range(ans.shape[0]):
-        idx = ans[b].nonzero().flatten().tolist()
-        j = len(idx) - 1
-        while j > 0 and idx[j - 1] == idx[j] - 1:
-            j -= 1
-        mask[b, idx[j:]] = True
-    return mask
-
-
-@torch.no_grad()
 def evaluate(model: Transformer, tok: torch.Tensor, w: torch.Tensor) -> dict[str, float]:
-    """Final-question retrieval on held-out rows through the inference path (top-k indexer)."""
-    logits = model.forward_batch(tok, None)[:, :-1]
-    target, mask = tok[:, 1:], final_answer_mask(w)[:, 1:]
-    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
-    hit = (logits.argmax(-1) == target) | ~mask
-    first = mask & ~torch.cat((mask[:, :1] & False, mask[:, :-1]), 1)  # first answer digit
-    digit = mask & (target != EOS_ID)
-    return {"eval_exact": float(hit.all(1).float().mean()),
-            "eval_digit_acc": float(((logits.argmax(-1) == target) & digit).sum() / digit.sum()),
-            "eval_answer_ce": float((ce * mask).sum() / mask.sum()),
-            "eval_first_digit_ce": float((ce * first).sum() / first.sum())}
+    return {f"eval_{k}": v for k, v in final_answer_scores(model, tok, w).items()}
 
 
 def evaluate_all(model: Transformer, held: dict[int, tuple[torch.Tensor, ...]]) -> dict:

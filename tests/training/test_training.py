@@ -99,7 +99,7 @@ def test_the_curriculum_starts_with_codes_only_and_ends_with_the_full_mix() -> N
 
     cfg = TrainConfig()
     assert stage(cfg, 0.0) == (128, 512, "codes")
-    assert stage(cfg, 0.3)[2] == "full" and stage(cfg, 0.9) == (1024, 4096, "full")
+    assert stage(cfg, 0.3)[2] == "copy" and stage(cfg, 0.9) == (1024, 4096, "full")
     assert stage(TrainConfig(curriculum=((0.0, 256, 512),)), 0.5) == (256, 512, "full")
     tok = ByteTokenizer()
     for mix, kinds_seen in (("codes", set()), ("full", set())):
@@ -116,3 +116,49 @@ def test_the_curriculum_starts_with_codes_only_and_ends_with_the_full_mix() -> N
         assert "code" in kinds_seen
         if mix == "full":
             assert kinds_seen == {"code", "line", "var"}
+
+
+def test_a_stage_ends_at_its_gate_or_at_the_next_deadline() -> None:
+    from dsv4bisect.reference.training.train import next_stage
+
+    cfg = TrainConfig(gate=0.6, min_stage_steps=300)  # deadlines 0, 0.3, 0.5, 0.65
+    assert next_stage(cfg, 0, 0.1, 400, 0.7) == 1  # passed the gate after enough steps
+    assert next_stage(cfg, 0, 0.1, 200, 0.9) == 0  # too few steps in the stage
+    assert next_stage(cfg, 0, 0.1, 400, 0.5) == 0  # below the gate
+    assert next_stage(cfg, 0, 0.31, 10, None) == 1  # the deadline moves on regardless
+    assert next_stage(cfg, 1, 0.7, 10, 0.0) == 3  # a late stage catches up with the clock
+    assert next_stage(cfg, 3, 0.9, 900, 1.0) == 3  # the last stage stays
+
+
+def test_resumable_state_round_trips_in_small_shards(tmp_path) -> None:
+    from dsv4bisect.reference.training.train import (
+        SHARD_BYTES,
+        load_state,
+        optimize,
+        optimizer,
+        save_state,
+        trainable,
+    )
+
+    cfg = TrainConfig()
+    a = random_model(cfg.model_args(), 0)
+    a.ops = training_ops()
+    opt = optimizer(trainable(a), cfg)
+    sample = data.sample(random.Random(5), 200)
+    tok, w = torch.tensor([sample.ids]), torch.tensor([sample.weights])
+    optimize(a, opt, cfg, tok, w, 1e-3, True)
+    save_state(tmp_path / "state", a, opt, {"step": 1})
+    shards = sorted((tmp_path / "state").glob("shard-*.pt"))
+    assert len(shards) > 1 and all(f.stat().st_size <= SHARD_BYTES + (1 << 20) for f in shards)
+    b = random_model(cfg.model_args(), 1)
+    opt_b = optimizer(trainable(b), cfg)
+    meta = load_state(tmp_path / "state", b, opt_b, torch.device("cpu"))
+    assert meta["step"] == 1
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+    sa, sb = opt.state_dict()["state"], opt_b.state_dict()["state"]
+    assert sa.keys() == sb.keys()
+    for i in sa:  # the second moment in bf16, the first restarts at zero
+        x, y = sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"]
+        assert torch.allclose(x, y, rtol=1e-2, atol=1e-36)  # atol: fp32 subnormals
+        assert not sb[i]["exp_avg"].any()

@@ -42,8 +42,10 @@ class Mix:
 # The difficulty stages of the curriculum (train.py): codes only first — one kind of value, no
 # chains, no two-key questions — so that exact copying through the compressed entries forms
 # before the full mix (docs/training.md: on the shipped layout the first exact copies need
-# ~450 steps even on the easiest task).
-MIXES = {"codes": Mix(kinds=(("code", 1.0),), multi_query=0.0), "full": Mix()}
+# ~450 steps even on the easiest task); then codes and copy lines; then everything.
+MIXES = {"codes": Mix(kinds=(("code", 1.0),), multi_query=0.0),
+         "copy": Mix(kinds=(("code", 0.6), ("line", 0.4)), multi_query=0.0),
+         "full": Mix()}
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,9 @@
 
 Held-out = another seed of the training generator (training vocabulary): the probe's own
 vocabulary stays unseen until `dsv4bisect run` measures the shipped checkpoint with it.
+Two measures: `final_answer_scores` (one batched teacher-forced forward; exact match over the
+answer and its eos equals greedy exact match, so it is cheap enough to gate the curriculum on)
+and `retrieval_accuracy` (greedy decoding through the KV cache, as the engine serves).
 """
 
 from __future__ import annotations
@@ -16,6 +19,36 @@ from dsv4bisect.reference.tokenizer import EOS_ID, ByteTokenizer
 from dsv4bisect.reference.training import data
 
 _TOK = ByteTokenizer()
+
+
+def final_answer_mask(weights: torch.Tensor) -> torch.Tensor:
+    """[B, T] bool: the last answer span of each row (the final question's answer and eos)."""
+    ans = weights >= data.ANSWER
+    mask = torch.zeros_like(ans)
+    for b in range(ans.shape[0]):
+        idx = ans[b].nonzero().flatten().tolist()
+        j = len(idx) - 1
+        while j > 0 and idx[j - 1] == idx[j] - 1:
+            j -= 1
+        mask[b, idx[j:]] = True
+    return mask
+
+
+@torch.no_grad()
+def final_answer_scores(model: Transformer, tok: torch.Tensor,
+                        w: torch.Tensor) -> dict[str, float]:
+    """Final-question retrieval of B held-out rows through the inference path (indexer top-k).
+    tok, w: [B, T] tokens and loss weights (`train.to_tensors`)."""
+    logits = model.forward_batch(tok, None)[:, :-1]
+    target, mask = tok[:, 1:], final_answer_mask(w)[:, 1:]
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    right = logits.argmax(-1) == target
+    first = mask & ~torch.cat((mask[:, :1] & False, mask[:, :-1]), 1)  # first answer token
+    digit = mask & (target != EOS_ID)
+    return {"exact": float((right | ~mask).all(1).float().mean()),
+            "digit_acc": float((right & digit).sum() / digit.sum()),
+            "answer_ce": float((ce * mask).sum() / mask.sum()),
+            "first_digit_ce": float((ce * first).sum() / first.sum())}
 
 
 def greedy(model: Transformer, prompt: list[int], max_new: int) -> list[int]:

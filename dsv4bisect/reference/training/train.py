@@ -1,21 +1,24 @@
 """Train the embedded engine's checkpoint to retrieve facts from long multi-turn conversations.
 
-    python -m dsv4bisect.reference.training.train --out DIR [--minutes 9] [--device cuda]
-        [--resume] [--config FILE.json]
+    python -m dsv4bisect.reference.training.train --out DIR [--minutes 24] [--stop-after 8.5]
+        [--device cuda] [--resume] [--config FILE.json]
 
-Seeded (data for step s comes from (seed, s)), resumable (`--resume` continues from
-DIR/state.pt), and it logs the loss curve to DIR/log.jsonl. Imports only torch, the model code
-and the probe's conversation formats, so it runs on a GPU box with nothing else installed.
+Seeded (data for step s comes from (seed, s)), resumable (`--resume` continues from the shards
+in DIR/state/, each under 12 MB so a run can move between machines in pieces), and it logs the
+loss curve to DIR/log.jsonl. Imports only torch, the model code and the probe's conversation
+formats, so it runs on a GPU box with nothing else installed.
 
-Recipe (docs/training.md): the schedule follows the wall-clock
-budget (the box gives one ten-minute run). The first `dense_frac` of the budget, CSA layers
-attend to every visible compressed entry while the lightning indexer learns to predict that
-attention (KL distillation, as DeepSeek-V3.2 trains its indexer); after it, CSA attends to the
-indexer's top-k and the distillation continues on the real path. Length and difficulty grow
-(`curriculum`): codes only at 128–512 tokens first, then the full mix up to 4096 tokens
-(docs/training.md), at a constant number of tokens per step. The routed experts are
-balanced without an auxiliary loss (DeepSeek-V3's bias update). The checkpoint is written as
-bf16 safetensors shards with an index, in DeepSeek's names.
+Recipe (docs/training.md): the learning-rate schedule follows the whole wall-clock budget
+(`--minutes`, summed over resumed runs; `--stop-after` ends one run early with everything
+saved). The first `dense_frac` of the budget, CSA layers attend to every visible compressed
+entry while the lightning indexer learns to predict that attention (KL distillation, as
+DeepSeek-V3.2 trains its indexer); after it, CSA attends to the indexer's top-k and the
+distillation continues on the real path. Length and difficulty grow (`curriculum`): codes only
+at short lengths first, then copy lines, then the full mix up to 4096 tokens. A stage ends when
+held-out exact retrieval of its own task reaches `gate` (after `min_stage_steps`), or at the
+next stage's deadline. The routed experts are balanced without an auxiliary loss (DeepSeek-V3's
+bias update). The checkpoint is written as bf16 safetensors shards with an index, in DeepSeek's
+names.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from dsv4bisect.reference.config import ModelArgs
 from dsv4bisect.reference.model import TrainHooks, Transformer
 from dsv4bisect.reference.tokenizer import PAD_ID
 from dsv4bisect.reference.training import data
-from dsv4bisect.reference.training.eval import retrieval_accuracy
+from dsv4bisect.reference.training.eval import final_answer_scores, retrieval_accuracy
 from dsv4bisect.reference.training.ops import training_ops
 
 # The shipped architecture: `tiny` with a 32-token window and 32 indexer picks, so a CSA key
@@ -73,11 +76,16 @@ class TrainConfig:
     dense_frac: float = 0.2  # share of the budget with dense CSA attention
     indexer_weight: float = 1.0
     bias_update: float = 1e-3  # aux-loss-free expert balancing step
-    # (fraction of the budget, shortest, longest sequence length, data.MIXES name) from that
-    # point on: difficulty grows with length (docs/training.md); a 3-tuple means "full"
+    # (deadline as a fraction of the budget, shortest, longest sequence length, data.MIXES
+    # name): difficulty grows with length (docs/training.md); a 3-tuple means "full"
     curriculum: tuple[tuple[Any, ...], ...] = ((0.0, 128, 512, "codes"),
-                                               (0.25, 512, 1024, "full"),
-                                               (0.5, 1024, 4096, "full"))
+                                               (0.3, 256, 1024, "copy"),
+                                               (0.5, 512, 2048, "full"),
+                                               (0.65, 1024, 4096, "full"))
+    gate: float = 0.6  # held-out exact retrieval of a stage's task that moves on early
+    min_stage_steps: int = 300
+    eval_every: int = 100  # steps between held-out evaluations (the gate, the log)
+    gate_cases: int = 32
     eval_lengths: tuple[int, ...] = (512, 2048, 4096)
     eval_cases: int = 8
     workers: int = 6
@@ -93,17 +101,32 @@ def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
     return cfg.lr * warm * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * cosine)
 
 
-def stage(cfg: TrainConfig, progress: float) -> tuple[int, int, str]:
-    """(shortest, longest, mix name) of the curriculum stage at `progress` of the budget."""
-    current = cfg.curriculum[0]
-    for entry in cfg.curriculum:
-        if progress >= entry[0]:
-            current = entry
-    lo, hi = current[1], current[2]
-    mix = current[3] if len(current) > 3 else "full"
+def stage_spec(cfg: TrainConfig, index: int) -> tuple[int, int, str]:
+    """(shortest, longest, mix name) of curriculum stage `index`."""
+    entry = cfg.curriculum[index]
+    mix = entry[3] if len(entry) > 3 else "full"
     if mix not in data.MIXES:
         raise ValueError(f"curriculum mix {mix!r}: one of {sorted(data.MIXES)}")
-    return lo, hi, mix
+    return entry[1], entry[2], mix
+
+
+def stage(cfg: TrainConfig, progress: float) -> tuple[int, int, str]:
+    """The stage whose deadline `progress` of the budget has passed (no gate)."""
+    return stage_spec(cfg, deadline_stage(cfg, progress))
+
+
+def deadline_stage(cfg: TrainConfig, progress: float) -> int:
+    return max(i for i, entry in enumerate(cfg.curriculum) if progress >= entry[0] or i == 0)
+
+
+def next_stage(cfg: TrainConfig, current: int, progress: float, steps_in_stage: int,
+               exact: float | None) -> int:
+    """The curriculum stage after an evaluation: on when the held-out exact retrieval of the
+    current stage's task passed the gate (and the stage had its minimum steps), or when the
+    next stage's deadline has passed."""
+    passed = exact is not None and exact >= cfg.gate and steps_in_stage >= cfg.min_stage_steps
+    gated = min(current + 1, len(cfg.curriculum) - 1) if passed else current
+    return max(gated, deadline_stage(cfg, progress))
 
 
 def make_batch(seed: int, step: int, lo: int, hi: int, tokens: int,
@@ -186,17 +209,79 @@ def optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim
                              lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-def save(out: Path, model: Transformer, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+SHARD_BYTES = 12 << 20  # resumable state in pieces small enough to move between machines
+
+
+def save_state(directory: Path, model: Transformer, opt: torch.optim.Optimizer,
+               meta: dict[str, Any]) -> None:
+    """What `--resume` needs, as torch files of at most SHARD_BYTES (40 MB in all for the
+    shipped model, small enough to come back from a GPU box): fp32 weights, AdamW's second
+    moment in bf16 (its rounding is far below the step noise) and meta.json. The first moment
+    is left out: it restarts at zero and rebuilds within ~10 steps (beta1 = 0.9)."""
+    opt_sd = opt.state_dict()
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    for i, st in opt_sd["state"].items():
+        tensors[f"opt.{i}.step"] = torch.as_tensor(st["step"]).float().cpu()
+        tensors[f"opt.{i}.exp_avg_sq"] = st["exp_avg_sq"].to(torch.bfloat16)
+    tmp = directory.with_name(directory.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    for old in tmp.glob("*"):
+        old.unlink()
+    shard: dict[str, torch.Tensor] = {}
+    size, n = 0, 0
+    for name, t in list(tensors.items()) + [("", None)]:
+        nbytes = 0 if t is None else t.numel() * t.element_size()
+        if shard and (t is None or size + nbytes > SHARD_BYTES):
+            n += 1
+            torch.save({k: v.cpu() for k, v in shard.items()}, tmp / f"shard-{n:03d}.pt")
+            shard, size = {}, 0
+        if t is not None:
+            shard[name], size = t, size + nbytes
+    meta = {**meta, "shards": n, "param_groups": opt_sd["param_groups"]}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    if directory.exists():
+        for old in directory.glob("*"):
+            old.unlink()
+        directory.rmdir()
+    tmp.replace(directory)
+
+
+def load_state(directory: Path, model: Transformer, opt: torch.optim.Optimizer,
+               device: torch.device) -> dict[str, Any]:
+    """Restore `save_state`'s weights and optimiser moments; returns its meta."""
+    meta = json.loads((directory / "meta.json").read_text())
+    tensors: dict[str, torch.Tensor] = {}
+    for i in range(1, meta["shards"] + 1):
+        tensors.update(torch.load(directory / f"shard-{i:03d}.pt", map_location=device))
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for k, v in tensors.items():
+        if k.startswith("opt."):
+            _, i, field_name = k.split(".")
+            state.setdefault(int(i), {})[field_name] = v.cpu() if field_name == "step" else v
+    for st in state.values():
+        st["exp_avg"] = torch.zeros_like(st["exp_avg_sq"])
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return meta
+
+
+def save(out: Path, model: Transformer, opt: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
     bf16 = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v)
             for k, v in state_tensors(model).items()}
     save_checkpoint(out / "checkpoint", model.a, bf16, max_shard_bytes=8 << 20)
-    tmp = out / "state.pt.tmp"
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), **state}, tmp)
-    tmp.replace(out / "state.pt")
+    save_state(out / "state", model, opt, meta)
+
+
+def held_out(cfg: TrainConfig, index: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Held-out rows of stage `index`'s task at its longest length (another seed)."""
+    _, hi, mix = stage_spec(cfg, index)
+    rows = [data.sample(random.Random(f"held:{cfg.seed}:{index}:{i}"), hi, mix=data.MIXES[mix])
+            for i in range(cfg.gate_cases)]
+    return to_tensors([r.ids for r in rows], [r.weights for r in rows], device)
 
 
 def run(out: Path, cfg: TrainConfig, device: torch.device, resume: bool,
-        init_from: Path | None = None) -> dict[str, Any]:
+        init_from: Path | None = None, stop_after: float | None = None) -> dict[str, Any]:
     # Data workers fork before CUDA is initialised in this process.
     pool = ProcessPoolExecutor(cfg.workers) if cfg.workers > 0 else None
     torch.manual_seed(cfg.seed)
@@ -211,46 +296,73 @@ def run(out: Path, cfg: TrainConfig, device: torch.device, resume: bool,
     model.ops = training_ops(device)
     model.train()
     opt = optimizer(trainable(model), cfg)
-    step, elapsed0 = 0, 0.0
-    if resume and (out / "state.pt").exists():
-        st = torch.load(out / "state.pt", map_location=device, weights_only=False)
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["opt"])
-        step, elapsed0 = st["step"], st["elapsed_s"]
+    step, elapsed0, current, stage_start = 0, 0.0, 0, 0
+    if resume and (out / "state" / "meta.json").exists():
+        meta = load_state(out / "state", model, opt, device)
+        step, elapsed0 = meta["step"], meta["elapsed_s"]
+        current, stage_start = meta["stage"], meta["stage_start"]
     budget = cfg.minutes * 60
     log = (out / "log.jsonl").open("a")
     t0 = time.monotonic() - elapsed0
+    run_end = time.monotonic() + (stop_after * 60 if stop_after else budget)
+    held = held_out(cfg, current, device)
 
-    def submit(s: int, progress: float):  # noqa: ANN202 - a future or a ready batch
-        lo, hi, mix = stage(cfg, progress)
-        args = (cfg.seed, s, lo, hi, cfg.tokens_per_step, cfg.max_batch, mix)
-        return pool.submit(make_batch, *args) if pool else make_batch(*args)
+    ahead: dict[int, Any] = {}  # step -> its batch (a future with workers): data keeps ahead
 
-    pending = submit(step, (time.monotonic() - t0) / budget)
-    while (time.monotonic() - t0) < budget:
+    def batch_for(s: int) -> tuple[list, list]:
+        for k in range(s, s + max(1, cfg.workers)):
+            if k not in ahead:
+                lo, hi, mix = stage_spec(cfg, current)
+                args = (cfg.seed, k, lo, hi, cfg.tokens_per_step, cfg.max_batch, mix)
+                ahead[k] = pool.submit(make_batch, *args) if pool else args
+        got = ahead.pop(s)
+        return got.result() if pool else make_batch(*got)
+
+    while (time.monotonic() - t0) < budget and time.monotonic() < run_end:
         progress = (time.monotonic() - t0) / budget
-        batch = pending.result() if pool else pending
-        pending = submit(step + 1, progress)
-        tok, w = to_tensors(*batch, device)
+        tok, w = to_tensors(*batch_for(step), device)
         stats, norm = optimize(model, opt, cfg, tok, w, lr_at(cfg, step, progress),
                                progress < cfg.dense_frac)
         step += 1
-        if step % 10 == 0 or step == 1:  # every 10th step to the log, every 100th to stdout
-            rec = {"step": step, "elapsed_s": round(time.monotonic() - t0, 1),
-                   "seq_len": tok.shape[1], "batch": tok.shape[0], "lr": lr_at(cfg, step, progress),
-                   "grad_norm": float(norm), "dense_csa": progress < cfg.dense_frac, **stats}
+        rec: dict[str, Any] = {}
+        if step % cfg.eval_every == 0:
+            model.eval()
+            scores = final_answer_scores(model, *held)
+            model.train()
+            rec = {f"eval_{k}": round(v, 4) for k, v in scores.items()}
+            following = next_stage(cfg, current, progress, step - stage_start, scores["exact"])
+        else:
+            following = max(current, deadline_stage(cfg, progress))
+        if following != current:
+            by_gate = rec.get("eval_exact", 0.0) >= cfg.gate
+            rec["stage_done"] = {"stage": current, "steps": step - stage_start,
+                                 "by": "gate" if by_gate else "deadline"}
+            current, stage_start = following, step
+            held = held_out(cfg, current, device)
+            for f in ahead.values():  # batches drawn for the old stage
+                if pool:
+                    f.cancel()
+            ahead.clear()
+        if step % 10 == 0 or step == 1 or rec:  # every 10th step to the log
+            rec = {"step": step, "elapsed_s": round(time.monotonic() - t0, 1), "stage": current,
+                   "seq_len": tok.shape[1], "batch": tok.shape[0],
+                   "lr": lr_at(cfg, step, progress), "grad_norm": round(norm, 3),
+                   "dense_csa": progress < cfg.dense_frac,
+                   **{k: round(v, 4) for k, v in stats.items()}, **rec}
             log.write(json.dumps(rec) + "\n")
             log.flush()
-            if step % 100 == 0 or step == 1:
+            if step % cfg.eval_every == 0 or step == 1 or "stage_done" in rec:
                 print(json.dumps(rec), flush=True)
     if pool:
         pool.shutdown(cancel_futures=True)
     elapsed = time.monotonic() - t0
-    save(out, model, opt, {"step": step, "elapsed_s": elapsed, "config": dataclasses.asdict(cfg)})
+    save(out, model, opt, {"step": step, "elapsed_s": elapsed, "stage": current,
+                           "stage_start": stage_start, "config": dataclasses.asdict(cfg)})
     model.eval()
     with torch.no_grad():
         acc = retrieval_accuracy(model, cfg.seed + 1, cfg.eval_lengths, cfg.eval_cases)
-    summary = {"steps": step, "elapsed_s": round(elapsed, 1), "eval": acc}
+    summary = {"steps": step, "elapsed_s": round(elapsed, 1), "stage": current,
+               "finished": elapsed >= budget, "eval": acc}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -260,7 +372,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--minutes", type=float, default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--resume", action="store_true", help="continue from OUT/state.pt")
+    ap.add_argument("--stop-after", type=float, default=None,
+                    help="end this run after so many minutes, everything saved (resume later)")
+    ap.add_argument("--resume", action="store_true", help="continue from OUT/state/")
     ap.add_argument("--init-from", type=Path, help="start from this checkpoint's weights")
     ap.add_argument("--config", type=Path, help="JSON with TrainConfig fields to override")
     a = ap.parse_args()
@@ -271,7 +385,7 @@ def main() -> None:
         cfg = dataclasses.replace(cfg, minutes=a.minutes)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-    print(json.dumps(run(a.out, cfg, torch.device(a.device), a.resume, a.init_from), indent=2))
+    print(json.dumps(run(a.out, cfg, torch.device(a.device), a.resume, a.init_from, a.stop_after), indent=2))
 
 
 if __name__ == "__main__":
