@@ -94,6 +94,25 @@ def is_repetition(text: str, finish_reason: str | None) -> bool:
     return False
 
 
+def _glued(ch: str) -> bool:
+    """A character that would make a value part of a longer one: `3116079` inside `31160797`
+    is another code, `ab12-cd34` inside `ab12-cd34-ef` another line."""
+    return ch.isalnum() or ch in "-_"
+
+
+def contains_value(text: str, value: str) -> bool:
+    """`value` appears in `text` as a whole: verbatim, not glued to a longer alphanumeric run."""
+    start = text.find(value)
+    while start >= 0:
+        end = start + len(value)
+        before = text[start - 1] if start else " "
+        after = text[end] if end < len(text) else " "
+        if not _glued(before) and not _glued(after):
+            return True
+        start = text.find(value, start + 1)
+    return False
+
+
 def has_wrong_last_char(value: str, text: str) -> bool:
     """`value` minus its last character appears, followed by a different alphanumeric."""
     if len(value) < 4 or value in text:
@@ -127,7 +146,7 @@ def score(output: str, expected: str, values: tuple[str, ...],
     text = answer_text(output)
     got = normalise(text)
     return Score(
-        correct=bool(values) and all(v in text for v in values),
+        correct=bool(values) and all(contains_value(text, v) for v in values),
         exact=got == expected,
         first_wrong_char=first_wrong_char(expected, got),
         edit_distance=round(edit_distance(expected, got), 4),

@@ -18,7 +18,7 @@ from typing import Any
 
 from dsv4bisect.errors import ConfigError, did_you_mean
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2  # 2: a value glued to more characters is not correct
 
 ACCURACY_FAMILIES = ("needle", "copy", "vartrack")
 FAMILIES = (*ACCURACY_FAMILIES, "drift")

@@ -16,6 +16,16 @@ def test_correct_exact_and_wrapped_answers() -> None:
     assert s.correct and not s.exact and s.signatures == ()
 
 
+def test_a_value_glued_to_more_characters_is_another_value() -> None:
+    # A decoder that fails to stop after the value answers with a different, longer code.
+    assert not score("31160797", "3116079", ("3116079",)).correct
+    assert not score("x3116079", "3116079", ("3116079",)).correct
+    assert not score("ab12c-dd34e-ef", "ab12c-dd34e", ("ab12c-dd34e",)).correct
+    assert score("31160797 or 3116079", "3116079", ("3116079",)).correct  # one whole occurrence
+    assert score("(3116079)", "3116079", ("3116079",)).correct
+    assert score("codes: 1234567,7654321", "1234567, 7654321", ("1234567", "7654321")).correct
+
+
 def test_multi_query_needs_every_value() -> None:
     assert score("1234567, 7654321", "1234567, 7654321", ("1234567", "7654321")).correct
     assert not score("1234567", "1234567, 7654321", ("1234567", "7654321")).correct
