@@ -24,7 +24,7 @@ engine:
   chunked_prefill_size: 2048
   startup_timeout_s: 120
   reference:
-    checkpoint: random     # embedded | random | a checkpoint directory
+    checkpoint: embedded   # embedded (trained, shipped) | random | a checkpoint directory
     device: auto           # auto | cpu | cuda
   # kind: sglang needs `model:` (--model-path) and usually tp, gpus, sglang_version, expert_quant;
   # `pd:` with prefill/decode/router sections disaggregates prefill and decode on one node.
