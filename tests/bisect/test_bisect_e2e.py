@@ -1,8 +1,8 @@
 """`dsv4bisect bisect` end to end on the embedded engine: real engines, the ci probe tier.
 
-On the random checkpoint (docs/probe.md, calibration table) `nvfp4-dispatch`'s fake-quant moves
-the logits as much as the double-scale fault, and the real bf16 patches WARN on near-tie flips,
-so the single-culprit bisect leaves nvfp4-dispatch out (`--candidates`) and counts WARN as pass;
+On the shipped checkpoint (docs/reference-engine.md) as on the random one (docs/probe.md)
+`nvfp4-dispatch`'s fake-quant fails the drift gate on its own and bf16 patches can WARN, so the
+single-culprit bisect leaves nvfp4-dispatch out (`--candidates`) and counts WARN as pass;
 the six-patch case (slow) finds both culprits in two rounds through the remedy check.
 Each test asserts that no engine process of the bisect is left (by PID, like tests/run).
 docs/bisect.md has the measured wall times.

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 SMOKE_BUDGET_S = 120.0
 
 
-def test_default_run_fails_the_six_patches_on_drift_within_the_smoke_budget(
+def test_default_run_fails_the_six_patches_within_the_smoke_budget(
         tmp_path: Path) -> None:
     quiet = os.getloadavg()[0] < 1.0
     t0 = time.monotonic()
@@ -26,9 +26,13 @@ def test_default_run_fails_the_six_patches_on_drift_within_the_smoke_budget(
     assert r.returncode == 1, r.stderr
     v = load(only_run_dir(tmp_path / "runs") / "verdict.json")
     assert v["verdict"] == "FAIL" and v["probe"]["tier"] == "smoke"
-    assert v["drift"]["status"] == "fail"  # random weights: drift decides
-    assert {f for f, r in v["families"].items() if not r["evidence"]} == {"needle", "copy",
-                                                                           "vartrack"}
+    # The shipped checkpoint answers needle and copy; NVFP4 experts move its logits (drift FAIL,
+    # docs/reference-engine.md) while retrieval holds.
+    assert v["drift"]["status"] == "fail"
+    for family in ("needle", "copy"):
+        assert v["families"][family]["evidence"], family
+        assert v["families"][family]["baseline_accuracy"] >= 0.9, family
+    assert v["aa"]["flips"] == 0
     assert any("A/A repeat covers 18 of 36" in x for x in v["reasons"])
     doc = load(only_run_dir(tmp_path / "runs") / "run.json")
     assert doc["timing"]["overlapped"] and doc["arms"]["candidate"]["attempts"] == 1
