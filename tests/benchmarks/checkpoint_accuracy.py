@@ -72,19 +72,21 @@ def parse_patches(specs: list[str]) -> dict[str, str]:
     return out
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
-    spec = tier_spec("smoke").replace(
-        families=tuple(args.families.split(",")), lengths=tuple(map(int, args.lengths.split(","))),
-        depths=tuple(map(float, args.depths.split(","))), cases_per_cell=args.cases,
-        seed=args.seed)
-    cases = build_cases(spec, PROBE_VOCAB, _count, calibrate(_count, PROBE_VOCAB),
-                        args.ratios)
-    patches = parse_patches(args.patch)
+def measure(patches: dict[str, str], *, checkpoint: str = str(EMBEDDED_CHECKPOINT),
+            moe_backend: str = "triton", families: tuple[str, ...] = ("needle", "copy"),
+            lengths: tuple[int, ...] = (512, 1024, 2048, 4096),
+            depths: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9), cases: int = 20,
+            seed: int = 0, ratios: tuple[int, ...] = (4, 16), workers: int = 2) -> dict[str, Any]:
+    """Answer the probe's cases of `families` × `lengths` × `depths` (`cases` each) with the
+    engine under `patches` (name -> variant); accuracy per family and cell, every case."""
+    spec = tier_spec("smoke").replace(families=families, lengths=lengths, depths=depths,
+                                      cases_per_cell=cases, seed=seed)
+    cases_ = build_cases(spec, PROBE_VOCAB, _count, calibrate(_count, PROBE_VOCAB), ratios)
     start = time.monotonic()
     # Longest first so the two workers finish together.
-    todo = sorted((c.to_dict() for c in cases), key=lambda d: -d["prompt_tokens"])
-    with ProcessPoolExecutor(args.workers, initializer=_load,
-                             initargs=(args.checkpoint, patches, args.moe_backend)) as pool:
+    todo = sorted((c.to_dict() for c in cases_), key=lambda d: -d["prompt_tokens"])
+    with ProcessPoolExecutor(workers, initializer=_load,
+                             initargs=(checkpoint, patches, moe_backend)) as pool:
         results = list(pool.map(_answer, todo, chunksize=4))
     # [correct, exact, n] per family and cell; `correct` is the probe's criterion
     table: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0]))
@@ -93,9 +95,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             table[r["family"]][key][0] += r["correct"]
             table[r["family"]][key][1] += r["exact"]
             table[r["family"]][key][2] += 1
-    return {"patches": patches, "moe_backend": args.moe_backend, "checkpoint": args.checkpoint,
-            "spec": {"lengths": spec.lengths, "depths": spec.depths, "cases": args.cases,
-                     "seed": args.seed, "distractors": spec.distractors,
+    return {"patches": patches, "moe_backend": moe_backend, "checkpoint": checkpoint,
+            "spec": {"lengths": spec.lengths, "depths": spec.depths, "cases": cases,
+                     "seed": seed, "distractors": spec.distractors,
                      "copy_chars": spec.copy_chars, "turns": spec.turns},
             "seconds": round(time.monotonic() - start, 1),
             "accuracy": {fam: {k: round(v[0] / v[2], 4) for k, v in cells.items()}
@@ -135,11 +137,15 @@ def main() -> None:
                     help="compress ratios for the jitter (the embedded model's)")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--json", help="write the full result (every case) here")
-    args = ap.parse_args()
-    result = measure(args)
+    a = ap.parse_args()
+    result = measure(parse_patches(a.patch), checkpoint=a.checkpoint, moe_backend=a.moe_backend,
+                     families=tuple(a.families.split(",")),
+                     lengths=tuple(map(int, a.lengths.split(","))),
+                     depths=tuple(map(float, a.depths.split(","))), cases=a.cases, seed=a.seed,
+                     ratios=a.ratios, workers=a.workers)
     print(render(result), file=sys.stderr)
-    if args.json:
-        with open(args.json, "w") as f:
+    if a.json:
+        with open(a.json, "w") as f:
             json.dump(result, f, indent=1)
     print(json.dumps({k: result[k] for k in ("patches", "moe_backend", "seconds", "accuracy")}))
 

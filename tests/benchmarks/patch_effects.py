@@ -16,7 +16,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -60,11 +59,8 @@ def run_cli(patch: str | None, variant: str | None, backend: str,
 def measure(label: str, patch: str | None, variant: str | None, backend: str,
             also: tuple[str, ...], cases: int) -> dict[str, Any]:
     specs = [*also, f"{patch}={variant}"] if patch else []
-    args = SimpleNamespace(
-        checkpoint=str(ca.EMBEDDED_CHECKPOINT), patch=specs, moe_backend=backend,
-        families="needle,copy", lengths=",".join(map(str, LENGTHS)), depths="0.1,0.5,0.9",
-        cases=cases, seed=1, ratios=(4, 16), workers=2)
-    acc = ca.measure(args)
+    acc = ca.measure(ca.parse_patches(specs), moe_backend=backend, lengths=LENGTHS,
+                     depths=(0.1, 0.5, 0.9), cases=cases, seed=1)
     acc.pop("cases")
     return {"label": label, "accuracy": acc, "run": run_cli(patch, variant, backend, also)}
 

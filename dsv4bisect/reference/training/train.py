@@ -28,6 +28,7 @@ import dataclasses
 import json
 import math
 import random
+import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -223,26 +224,23 @@ def save_state(directory: Path, model: Transformer, opt: torch.optim.Optimizer,
     for i, st in opt_sd["state"].items():
         tensors[f"opt.{i}.step"] = torch.as_tensor(st["step"]).float().cpu()
         tensors[f"opt.{i}.exp_avg_sq"] = st["exp_avg_sq"].to(torch.bfloat16)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t.cpu()
+        size += nbytes
     tmp = directory.with_name(directory.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    for old in tmp.glob("*"):
-        old.unlink()
-    shard: dict[str, torch.Tensor] = {}
-    size, n = 0, 0
-    for name, t in list(tensors.items()) + [("", None)]:
-        nbytes = 0 if t is None else t.numel() * t.element_size()
-        if shard and (t is None or size + nbytes > SHARD_BYTES):
-            n += 1
-            torch.save({k: v.cpu() for k, v in shard.items()}, tmp / f"shard-{n:03d}.pt")
-            shard, size = {}, 0
-        if t is not None:
-            shard[name], size = t, size + nbytes
-    meta = {**meta, "shards": n, "param_groups": opt_sd["param_groups"]}
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for n, shard in enumerate(shards, 1):
+        torch.save(shard, tmp / f"shard-{n:03d}.pt")
+    meta = {**meta, "shards": len(shards), "param_groups": opt_sd["param_groups"]}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    if directory.exists():
-        for old in directory.glob("*"):
-            old.unlink()
-        directory.rmdir()
+    shutil.rmtree(directory, ignore_errors=True)
     tmp.replace(directory)
 
 
@@ -339,8 +337,8 @@ def run(out: Path, cfg: TrainConfig, device: torch.device, resume: bool,
                                  "by": "gate" if by_gate else "deadline"}
             current, stage_start = following, step
             held = held_out(cfg, current, device)
-            for f in ahead.values():  # batches drawn for the old stage
-                if pool:
+            if pool:  # batches drawn for the old stage
+                for f in ahead.values():
                     f.cancel()
             ahead.clear()
         if step % 10 == 0 or step == 1 or rec:  # every 10th step to the log
