@@ -4,9 +4,9 @@
 # Each run continues from runs/NAME/state/ (left on the box by the last call, or unpacked from
 # carry/NAME-state.tar.part-* when the box is fresh) and stops after STOP_MINUTES with its
 # state saved. Back in $OUT: every run's log and summary, and the state of the run that got
-# furthest (curriculum stage, then held-out exact), as 15 MB tar parts, and the bf16 checkpoint
-# of every run that has finished its budget (one tar each, ~13 MB): what comes back from the box
-# is at most 8 files of 16 MiB.
+# furthest (curriculum stage, then held-out exact) as 15 MB tar parts while some run is still
+# training, and the bf16 checkpoint of every run that has finished its budget (one tar each,
+# ~13 MB): what comes back from the box is at most 8 files of 16 MiB, 64 MiB in all.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT" runs
@@ -32,13 +32,17 @@ for spec in "$@"; do
   gpu=$((gpu + 1))
 done
 wait
+unfinished=0
 for name in "${names[@]}"; do
   echo "== $name"; tail -n 25 "runs/$name/stdout.log"
   tar cf "$OUT/$name-log.tar" -C runs "$name/log.jsonl" "$name/summary.json" "$name/stdout.log" "$name/train_config.json" 2>/dev/null
   if grep -q '"finished": true' "runs/$name/summary.json" 2>/dev/null; then
     tar cf "$OUT/$name-checkpoint.tar" -C runs "$name/checkpoint"
+  else
+    unfinished=1
   fi
 done
+if [ "$unfinished" = 0 ]; then ls -la "$OUT"; exit 0; fi
 best=$(python3 - "${names[@]}" <<'PY'
 import json, sys
 def rank(name):
