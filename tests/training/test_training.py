@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +22,7 @@ from dsv4bisect.reference.training.train import TrainConfig, train_step
 from dsv4bisect.reference.training.vocab import TRAIN_VOCAB
 
 TOK = ByteTokenizer()
+RECIPES = Path(__file__).parents[1] / "benchmarks" / "train_recipes"
 
 
 def test_training_vocabulary_is_disjoint_from_the_probe() -> None:
@@ -128,6 +132,16 @@ def test_a_stage_ends_at_its_gate_or_at_the_next_deadline() -> None:
     assert next_stage(cfg, 0, 0.31, 10, None) == 1  # the deadline moves on regardless
     assert next_stage(cfg, 1, 0.7, 10, 0.0) == 3  # a late stage catches up with the clock
     assert next_stage(cfg, 3, 0.9, 900, 1.0) == 3  # the last stage stays
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.json")), ids=lambda p: p.stem)
+def test_every_recipe_loads_and_keeps_the_shipped_mechanisms(recipe) -> None:
+    """`--config RECIPE` must not fail on a GPU box, and a recipe changes the model's size or
+    routing, never drops a DeepSeek-V4 mechanism (hash layers, CSA + HCA, mHC)."""
+    cfg = dataclasses.replace(TrainConfig(), **json.loads(recipe.read_text()))
+    a = cfg.model_args()
+    assert a.num_hash_layers == 3 and a.hc_mult == 4 and a.index_topk > 0
+    assert {4, 16} <= set(a.compress_ratios) and 0 < a.num_experts_per_tok <= a.n_routed_experts
 
 
 def test_resumable_state_round_trips_in_small_shards(tmp_path) -> None:
