@@ -331,8 +331,8 @@ def run(out: Path, cfg: TrainConfig, device: torch.device, resume: bool,
             following = next_stage(cfg, current, progress, step - stage_start, scores["exact"])
         else:
             following = max(current, deadline_stage(cfg, progress))
-        if following != current:
-            by_gate = rec.get("eval_exact", 0.0) >= cfg.gate
+        if following != current:  # by the gate only where the clock alone would not have moved
+            by_gate = following > max(current, deadline_stage(cfg, progress))
             rec["stage_done"] = {"stage": current, "steps": step - stage_start,
                                  "by": "gate" if by_gate else "deadline"}
             current, stage_start = following, step
