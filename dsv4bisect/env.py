@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 PATCHES = "DSV4BISECT_PATCHES"  # wire format, read by `serve` and the SGLang plugin
+SWITCHES = "DSV4BISECT_SWITCHES"  # VAR=V,... the upstream switches as set (checked by the plugin)
+ALLOW_UNVERIFIED_SGLANG = "DSV4BISECT_ALLOW_UNVERIFIED_SGLANG"  # 1: run on an unverified SGLang
 RECEIPTS = "DSV4BISECT_RECEIPTS"  # directory where engine processes write receipts
 ROLE = "DSV4BISECT_ROLE"  # the role of an engine process (server, prefill, decode)
 CACHE = "DSV4BISECT_CACHE"  # cache root (worktrees, baselines, the ledger); default ~/.cache/dsv4bisect

@@ -29,9 +29,11 @@ except ImportError:  # pragma: no cover
     triton = tl = None
 
 MODES = ("fp32", "bf16")
+REF_MODES = (*MODES, "tf32")  # the PyTorch reference also models TF32 operands
 
 
-def check_mhc_args(x: torch.Tensor, fn: torch.Tensor, eps: float, mode: str) -> None:
+def check_mhc_args(x: torch.Tensor, fn: torch.Tensor, eps: float, mode: str,
+                   modes: tuple[str, ...] = MODES) -> None:
     """Validate shapes and options shared by the reference and the Triton wrapper."""
     if x.dim() != 2:
         raise ValueError(f"x must be [T, n*D], got shape {tuple(x.shape)}")
@@ -39,19 +41,31 @@ def check_mhc_args(x: torch.Tensor, fn: torch.Tensor, eps: float, mode: str) -> 
         raise ValueError(f"fn must be [M, {x.shape[1]}], got {tuple(fn.shape)}")
     if not eps >= 0.0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode not in modes:
+        raise ValueError(f"mode must be one of {modes}, got {mode!r}")
+
+
+def round_tf32(t: torch.Tensor) -> torch.Tensor:
+    """fp32 -> the nearest TF32 value (13 low mantissa bits cleared, ties to even), as fp32."""
+    bits = t.contiguous().view(torch.int32)
+    lsb = (bits >> 13) & 1
+    rounded = (bits + 0xFFF + lsb) & ~0x1FFF
+    return torch.where(torch.isfinite(t), rounded.view(torch.float32), t)
 
 
 def mhc_mixes_ref(
     x: torch.Tensor, fn: torch.Tensor, eps: float, *, mode: str = "fp32"
 ) -> torch.Tensor:
-    """PyTorch reference. x: [T, n·D] (any float dtype), fn: [M, n·D] -> [T, M] fp32."""
-    check_mhc_args(x, fn, eps, mode)
+    """PyTorch reference. x: [T, n·D] (any float dtype), fn: [M, n·D] -> [T, M] fp32.
+    `tf32` (reference only: SGLang's FlashInfer mHC as the embedded engine models it) rounds
+    both operands to TF32 (10-bit mantissa, round to nearest even) before an fp32 GEMM."""
+    check_mhc_args(x, fn, eps, mode, REF_MODES)
     xf = x.float()
     rs = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)  # [T, 1], fp32 from fp32 x
     if mode == "fp32":
         prod = xf @ fn.float().T
+    elif mode == "tf32":
+        prod = round_tf32(xf) @ round_tf32(fn.float()).T
     else:
         xb = xf.to(torch.bfloat16).float()
         fb = fn.float().to(torch.bfloat16).float()

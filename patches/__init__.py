@@ -7,6 +7,14 @@ PATCH_MODULES = (
     "triton_indexer",
     "nvfp4_dispatch",
     "trtllm_clamp",
+    # SGLang's own DeepSeek-V4 speed switches (delivered as env vars on the releases that have
+    # them; docs/sglang.md has the per-release table)
+    "fused_mhc_post_pre",
+    "flashinfer_mhc",
+    "tilelang_indexer",
+    "sm120_flashmla_backend",
+    "fused_hash_topk",
+    "fp8_wo_a_gemm",
 )
 
 # Registered only when DSV4BISECT_TEST_PATCHES=1: a deliberately broken interacting pair for

@@ -29,6 +29,7 @@ from dsv4bisect.patching.spec import (
     version_at_least,
     version_at_most,
 )
+from dsv4bisect.plugin.versions import LAYOUTS
 
 
 def _nvfp4_on_stock(ctx: EngineContext) -> bool:
@@ -51,7 +52,8 @@ PATCH = Patch(
                 "sglang.srt.layers.moe.hash_topk.HashTopK.__init__",
                 "sglang.srt.layers.moe.hash_topk.HashTopK.forward",
             ),
-            "0.5.14": ("sglang.srt.layers.moe.hash_topk.HashTopK.forward",),
+            **{layout: ("sglang.srt.layers.moe.hash_topk.HashTopK.forward",)
+               for layout in LAYOUTS[1:]},
         }
     ),
     variants=(

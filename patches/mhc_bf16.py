@@ -15,12 +15,16 @@ collapsed stream per layer against fp32 with the real `hc_fn`); drift probe KL o
 
 Upstream site (SGLang 0.5.13): `sglang.srt.models.deepseek_v4.DeepseekV4DecoderLayer.hc_pre`
 (inner `hc_pre_torch_impl`: `F.linear(x.float(), hc_fn) * rsqrt(mean(x²)+eps)`), followed by
-`sglang.srt.layers.mhc.hc_split_sinkhorn`.
+`sglang.srt.layers.mhc.hc_split_sinkhorn` (`sglang.kernels.ops.layernorm.mhc` from 0.5.16; from
+0.5.23 `hc_pre` sits on `DeepseekV4DecoderLayerBase`). Needs `fused-mhc-post-pre` off: from
+0.5.18 SGLang turns the fused post+pre kernel on by default on SM120, and it bypasses `hc_pre`.
 """
 
 from __future__ import annotations
 
-from dsv4bisect.patching.spec import Patch, SglangDelivery, Variant
+from dsv4bisect.patching.spec import Mask, Patch, SglangDelivery, Variant
+from dsv4bisect.plugin.targets import hc_pre_target
+from dsv4bisect.plugin.versions import LAYOUTS
 
 PATCH = Patch(
     name="mhc-bf16",
@@ -29,11 +33,10 @@ PATCH = Patch(
     touches=("mhc.hc_pre", "mhc.sinkhorn-inputs"),
     reference="hc_pre mixes m = (x·fnᵀ)·rsqrt(mean(x²)+eps) with bf16 operands, output rounded to bf16",
     sglang=SglangDelivery(
-        hooks={
-            "0.5.13": ("sglang.srt.models.deepseek_v4.DeepseekV4DecoderLayer.hc_pre",),
-            "0.5.14": ("sglang.srt.models.deepseek_v4.DeepseekV4DecoderLayer.hc_pre",),
-        }
+        hooks={layout: (hc_pre_target(layout),) for layout in LAYOUTS}
     ),
     variants=(Variant("bf16", "bf16 operands, fp32 accumulation, mixes rounded to bf16"),),
+    masked_by=(Mask("fused-mhc-post-pre", "SGLang's fused mHC post+pre kernel bypasses hc_pre on "
+                    "every layer after the first, so the hook would act at one site of 86"),),
     doc=__doc__ or "",
 )

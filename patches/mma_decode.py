@@ -24,9 +24,10 @@ UE8M0 scale per 64 and 64 bf16 rope dims).
 
 from __future__ import annotations
 
-from dsv4bisect.patching.spec import Patch, SglangDelivery, Variant
+from dsv4bisect.patching.spec import Patch, SglangDelivery, SglangRule, Variant
+from dsv4bisect.plugin.targets import mla_module
+from dsv4bisect.plugin.versions import LAYOUTS
 
-_TARGET = "sglang.srt.layers.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120"
 
 PATCH = Patch(
     name="mma-decode",
@@ -34,7 +35,13 @@ PATCH = Patch(
     tier=2,
     touches=("attention.sparse_decode", "attention.prefill<=11673"),
     reference="attention over each key list split into 64-key chunks, bf16 partials, fp32 LSE merge",
-    sglang=SglangDelivery(hooks={"0.5.13": (_TARGET,), "0.5.14": (_TARGET,)}),
+    sglang=SglangDelivery(
+        hooks={layout: (f"{mla_module(layout)}.flash_mla_with_kvcache_sm120",)
+               for layout in LAYOUTS},
+        rules=(SglangRule((0, 5, 13), None, "absent", archs=("sm100", "sm90"), evidence=(
+            "SGLang calls flash_mla_with_kvcache_sm120 only on SM120 (deepseek_v4_backend.py); "
+            "other GPUs decode through FlashMLA/DeepGEMM")),),
+    ),
     variants=(
         Variant("split-k", "64-key splits, partial outputs in bf16, LSE merge in fp32"),
         Variant("split-k-fp32", "the same splits with fp32 partials (isolates the bf16 rounding)"),

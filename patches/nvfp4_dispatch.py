@@ -20,6 +20,7 @@ Upstream site: `ModelOptFp4Config.get_quant_method` / `ModelOptMixedPrecisionCon
 from __future__ import annotations
 
 from dsv4bisect.patching.spec import Condition, Patch, SglangDelivery, Variant
+from dsv4bisect.plugin.versions import LAYOUTS
 
 _QUANT = "sglang.srt.layers.quantization.modelopt_quant"
 _HOOKS = (
@@ -34,7 +35,7 @@ PATCH = Patch(
     tier=3,
     touches=("moe.experts.quant", "moe.routed_scaling", "moe.clamp"),
     reference="routed experts fake-quantised to NVFP4 (weights and activations) on the mapped layers",
-    sglang=SglangDelivery(hooks={"0.5.13": _HOOKS, "0.5.14": _HOOKS}),
+    sglang=SglangDelivery(hooks={layout: _HOOKS for layout in LAYOUTS}),
     variants=(
         Variant("hybrid", "NVFP4 W4A4 routed experts on every MoE layer; everything else as stored"),
         Variant("weights-only", "NVFP4 expert weights, unquantised activations (W4A16)"),

@@ -13,6 +13,11 @@ and bf16 rounding reorders near-ties, so the CSA layers attend to different bloc
 How to verify: `dsv4bisect microtest triton-indexer` (top-k selection overlap fp32 vs bf16 as a
 function of context length with the real indexer weights).
 
+From SGLang 0.5.16 the stock torch indexer itself computes the dot products as a bf16 `bmm`
+(`kv_value.to(torch.bfloat16)`), so stock is no longer the fp32 path: the `bf16` variant is
+close to it (CPU: within 1e-7 relative; H200: 7.5e-4, where cuBLAS's bf16 GEMM rounds
+differently from the kernel) and `fp32` is the more exact of the two (1.7e-3 from stock).
+
 Upstream site: module global `sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120`
 (looked up at call time by `C4IndexerBackendMixin.forward_c4_indexer`); keep
 `SGLANG_FP8_PAGED_MQA_LOGITS_TORCH` true so no DeepGEMM metadata is built.
@@ -20,7 +25,8 @@ Upstream site: module global `sglang.srt.layers.attention.dsv4.indexer.fp8_paged
 
 from __future__ import annotations
 
-from dsv4bisect.patching.spec import Patch, SglangDelivery, Variant
+from dsv4bisect.patching.spec import Mask, Patch, SglangDelivery, SglangRule, Variant
+from dsv4bisect.plugin.versions import LAYOUTS
 
 _TARGET = "sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120"
 
@@ -30,10 +36,23 @@ PATCH = Patch(
     tier=2,
     touches=("indexer.logits", "indexer.topk-selection"),
     reference="indexer per-head dot products rounded to bf16 before relu·weight·sum and top-k",
-    sglang=SglangDelivery(hooks={"0.5.13": (_TARGET,), "0.5.14": (_TARGET,)}),
+    sglang=SglangDelivery(
+        hooks={layout: (_TARGET,) for layout in LAYOUTS},
+        rules=(
+            SglangRule((0, 5, 13), None, "absent", archs=("sm100", "sm90"), evidence=(
+                "the torch indexer fp8_paged_mqa_logits_torch_sm120 is SGLang's SM120 path; "
+                "other GPUs score with DeepGEMM's fp8_paged_mqa_logits")),
+            SglangRule((0, 5, 16), (0, 5, 19), "upstream", archs=("sm120",), evidence=(
+                "SGLang 0.5.16-0.5.19 set SGLANG_OPT_USE_TILELANG_INDEXER=True on SM120 "
+                "unconditionally (server_args.py / arg_groups/model_hook.py), and the TileLang "
+                "branch comes before the hooked torch indexer (dsv4/indexer.py): never called")),
+        ),
+    ),
     variants=(
         Variant("bf16", "per-head dot products rounded to bf16 before relu·weight·sum"),
         Variant("fp32", "fp32 accumulation throughout (only the summation order changes)"),
     ),
+    masked_by=(Mask("tilelang-indexer", "SGLang's TileLang indexer branch is taken before the "
+                    "hooked torch indexer, which is then never called"),),
     doc=__doc__ or "",
 )

@@ -21,6 +21,7 @@ Upstream site: `ModelOptNvFp4FusedMoEMethod.process_weights_after_loading`
 from __future__ import annotations
 
 from dsv4bisect.patching.spec import TRTLLM_BACKENDS, Condition, Patch, SglangDelivery, Variant
+from dsv4bisect.plugin.versions import LAYOUTS
 
 _TARGET = (
     "sglang.srt.layers.quantization.modelopt_quant."
@@ -39,7 +40,8 @@ PATCH = Patch(
     tier=3,
     touches=("moe.clamp[trtllm]",),
     reference="routed-expert SwiGLU clamp on NVFP4 layers when the MoE backend is TRT-LLM",
-    sglang=SglangDelivery(hooks={"0.5.13": (_TARGET, *_KERNELS), "0.5.14": (_TARGET,)}),
+    sglang=SglangDelivery(hooks={"0.5.13": (_TARGET, *_KERNELS),
+                                **{layout: (_TARGET,) for layout in LAYOUTS[1:]}}),
     variants=(
         Variant("alpha", "clamp limit swiglu_limit / g1_alpha per expert (upstream 0.5.14)"),
         Variant(

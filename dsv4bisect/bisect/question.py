@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dsv4bisect.config.engine_config import EngineConfig, PatchChoice
@@ -32,6 +32,7 @@ class Question:
     left_out: tuple[tuple[str, str], ...]  # (patch, why) for patches that differ, not searched
     tiers: dict[str, int]  # candidate -> risk tier (the prior)
     bisect: dict[str, Any]  # the profile's `bisect` settings (defaults for the CLI's options)
+    deliveries: dict[str, str] = field(default_factory=dict)  # candidate -> how "on" reaches it
 
 
 def base_sets(sets: Sequence[str]) -> tuple[str, ...]:
@@ -116,8 +117,10 @@ def resolve_question(profile: str, overrides: Overrides, good: str | None = None
                               "; ".join(f"{n}: {inert[n]}" for n in differ))
     left = tuple((n, f"inert: {inert[n]}" if inert[n] else "not in --candidates")
                  for n in differ if n not in chosen)
+    bad_choices = {p.name: p for p in ends["bad"].patches}
+    deliveries = {n: bad_choices[n].delivery for n in chosen if n in bad_choices}
     return Question(profile, sets, good_set, bad_set, tuple(chosen), left,
-                    {n: known[n].tier for n in chosen}, dict(shaped.bisect))
+                    {n: known[n].tier for n in chosen}, dict(shaped.bisect), deliveries)
 
 
 def _inert(name: str, ends: Mapping[str, EngineConfig]) -> str | None:

@@ -283,6 +283,9 @@ def _show_plan(p: Plan, costs: tuple[float, float, str], json_out: bool) -> None
 def _say_question(q: Question, noise: Noise, where: str) -> None:
     con = console()
     con.print(f"candidates ({len(q.candidates)}): {', '.join(q.candidates)}", markup=False)
+    for name in q.candidates:
+        if q.deliveries.get(name, "reference") != "reference":
+            con.print(f"  {name}: {q.deliveries[name]}", markup=False, highlight=False)
     for name, why in q.left_out:
         con.print(f"left out: {name} ({why})", style="dim", markup=False)
     con.print(f"noise: false fail {noise.false_fail:.3g}, false pass {noise.false_pass:.3g} "

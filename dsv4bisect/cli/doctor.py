@@ -28,10 +28,16 @@ def doctor(
         help="Check hook targets statically in this SGLang source tree or wheel file.")] = None,
     python: Annotated[Optional[str], typer.Option(
         "--python", metavar="EXE", help="The engine's Python (default: the profile's).")] = None,
+    allow_unverified: Annotated[bool, typer.Option(
+        "--allow-unverified-sglang",
+        help="Warn instead of failing on an SGLang release dsv4bisect has not verified.")] = False,
     json_out: Json = False,
 ) -> None:
     """Check SGLang, the plugin, every hook target, GPUs, forced env flags and ports.
 
+    The SGLang row says whether the release is one dsv4bisect verified (0.5.13 to 0.5.23); an
+    unverified one (newer, or a dev build) is checked statically and then refused with one
+    line, unless --allow-unverified-sglang (or the profile's engine.allow_unverified_sglang).
     Exit 0 when all is well (warnings allowed), 1 when something must be fixed, 5 on bad input.
     """
     from dsv4bisect.patching.registry import builtin_patches
@@ -41,8 +47,12 @@ def doctor(
     if profile is not None:
         from dsv4bisect.config.resolve import resolve
 
+        from dsv4bisect.config.resolve import load_profile
+
         cfg = resolve(profile)
-        patches = [p.name for p in cfg.patches if p.builtin]
+        patches = [p.name for p in cfg.patches if p.builtin and p.delivered]
+        allow_unverified = allow_unverified or load_profile(profile).profile.engine.\
+            allow_unverified_sglang
         host, ports = cfg.host, _fixed_ports(cfg)
         engine_py = next((p.argv[0] for p in cfg.processes if p.gets_patches), None)
     exe = _which(python or engine_py or sys.executable)
@@ -51,20 +61,27 @@ def doctor(
     except FileNotFoundError as exc:
         raise ConfigError(str(exc), "--sglang-src takes a directory holding sglang/ or a wheel")
     version = src.version() if src else d.sglang_version(exe)
-    rows, layout = [], None
-    first, layout = d.layout_check(version, str(src.root) if src else exe)
+    if src is not None and version is None:
+        version = "0.0.0.dev0"  # a checkout with no version file: what setuptools-scm would say
+    rows = []
+    first, layout, info = d.layout_check(version, str(src.root) if src else exe,
+                                         allow_unverified)
     rows.append(first)
     if src is None:
         rows.append(d.check_entry_point(exe))
     if layout is not None:
         declared = {n: dict(p.sglang.hooks) for n, p in builtin_patches().items()}
         rows += d.target_checks(d.all_targets(patches, layout, declared), layout, src, exe)
-        if src is not None:
-            rows += d.contract_checks(patches, layout, src)
+        readable = src or (d.installed_source(exe) if version else None)
+        if readable is not None:
+            rows += d.contract_checks(patches, layout, readable)
+        rows.append(d.forced_flags_check(readable, version))
     found, why = d.gpus()
     rows += d.gpu_checks(found, why, patches)
     rows += d.port_checks(host, ports)
     _render(rows, json_out)
+    if info is not None and not info.verified and info.layout is None:
+        print(f"error: {info.reason}", file=sys.stderr)  # the one-line refusal
     if any(r.status == d.FAIL for r in rows):
         raise typer.Exit(int(ExitCode.FAIL))
 

@@ -61,6 +61,20 @@ def list_patches(
     stdout().print(table)
 
 
+@patches_app.command("matrix")
+def matrix(markdown: Annotated[bool, typer.Option(
+        "--markdown", help="Print the Markdown that docs/sglang.md holds.")] = True) -> None:
+    """How each patch reaches every verified SGLang release, per GPU architecture.
+
+    hook: our plugin's hooks; env VAR: an upstream switch the patch drives (off = the most exact
+    path); upstream: upstream behaviour, not switchable; absent: no such path; (inert): on, but
+    changes nothing there. Generated from the patch declarations.
+    """
+    from dsv4bisect.patching import matrix as m
+
+    print(m.markdown(), end="")
+
+
 @patches_app.command("show")
 def show_patch(name: Annotated[str, typer.Argument(help="Patch name.")], json_out: Json = False) -> None:
     """Show one patch: what it speeds up, its numerical risk, how to verify it, where it acts."""

@@ -43,6 +43,10 @@ class PatchChoice:
     summary: str
     inert: str | None = None  # reason, when the patch cannot change anything here
     required: str | None = None  # reason, when the engine cannot start without it
+    # False: inert by an SGLang release rule or masked by another patch, so never sent to the
+    # engine (no hook, no receipt); `delivery` says how "on" reaches the engine
+    delivered: bool = True
+    delivery: str = ""  # hook | env VAR=V | upstream | absent | masked by P | reference
 
 
 @dataclass(frozen=True)

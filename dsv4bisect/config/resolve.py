@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect import env as envvars
 from dsv4bisect.config import fingerprint as fp
 from dsv4bisect.config.checkpoints import EMBEDDED_CHECKPOINT
 from dsv4bisect.config.engine_config import EngineConfig, PatchChoice
@@ -27,8 +28,9 @@ from dsv4bisect.config.validate import error_at, validate
 from dsv4bisect.config.worktree import SourceChange, WorktreePlan, materialize, plan_worktree
 from dsv4bisect.errors import ConfigError, PatchError
 from dsv4bisect.patching.registry import builtin_patches, unknown_patch_hint
-from dsv4bisect.patching.spec import EngineContext
+from dsv4bisect.patching.spec import EngineContext, Patch
 from dsv4bisect.patching.wire import format_patch_set
+from dsv4bisect.plugin.versions import ALLOW_ENV, parse_version
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,9 @@ def resolve_loaded(loaded: LoadedProfile, *, materialize_worktree: bool = False)
     engine = profile.engine
     ctx = engine_context(profile)
     available = _available_patches(profile, ctx)
-    enabled = tuple(_with_variant(p, profile, ctx) for p in available
-                    if p.name in profile.patches and profile.patches[p.name].enabled)
+    enabled = _apply_masks(tuple(_with_variant(p, profile, ctx) for p in available
+                                 if p.name in profile.patches and profile.patches[p.name].enabled))
+    _check_switch_env(profile, ctx, layered)
     on = {p.name for p in enabled}
     missing = [p for p in available if p.required and p.name not in on]
     cannot_start = "; ".join(f"`{p.name}` is off but {p.required}" for p in missing) or None
@@ -95,29 +98,41 @@ def engine_context(profile: Profile) -> EngineContext:
     return EngineContext(
         kind=engine.kind,
         moe_backend=engine.moe_backend,
-        sglang_version=_parse_version(version_text),
+        sglang_version=parse_version(version_text) if version_text else None,
         expert_quant=engine.expert_quant,
+        # the seed deployment's GPUs when a profile does not say (docs/sglang.md)
+        gpu_arch=(engine.gpu_arch or "sm120") if engine.kind == "sglang" else None,
     )
 
 
-def _parse_version(text: str | None) -> tuple[int, ...] | None:
-    if not text:
+def delivery_of(patch: Patch, ctx: EngineContext, variant: str) -> tuple[str, bool]:
+    """(how "on" reaches this engine, whether it is sent to the engine at all)."""
+    if ctx.kind != "sglang":
+        return ("reference" if ctx.kind == "reference" else ctx.kind), True
+    rule = patch.sglang.rule(ctx.sglang_version, ctx.gpu_arch)
+    if rule is None:
+        if not any(patch.sglang.hooks.values()):
+            return "absent", False  # a switch with no rule for this release: nothing to send
+        return "hook", True
+    if rule.how == "env":
+        return "env " + " ".join(f"{k}={v}" for k, v in rule.on_env(variant).items()), True
+    return rule.how, rule.how == "hook"
+
+
+def _switch_reason(patch: Patch, ctx: EngineContext) -> str | None:
+    """Why a switch-only patch cannot be delivered when no rule covers this release."""
+    if ctx.kind != "sglang" or any(patch.sglang.hooks.values()):
         return None
-    parts = []
-    for piece in text.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts) or None
+    if patch.sglang.rule(ctx.sglang_version, ctx.gpu_arch) is not None:
+        return None
+    known = "unknown" if ctx.sglang_version is None else ".".join(map(str, ctx.sglang_version))
+    return (f"no delivery declared for SGLang {known} on {ctx.gpu_arch} "
+            "(pin engine.sglang_version to a verified release)")
 
 
 def _available_patches(profile: Profile, ctx: EngineContext) -> tuple[PatchChoice, ...]:
     out = [
-        PatchChoice(name=p.name, variant=p.default_variant, fault=False, builtin=True,
-                    tier=p.tier, summary=p.summary, inert=p.inert_reason(ctx),
-                    required=p.required_reason(ctx))
-        for p in builtin_patches().values()
+        _choice(p, ctx, p.default_variant, fault=False) for p in builtin_patches().values()
     ]
     out += [
         PatchChoice(name=name, variant="custom", fault=False, builtin=False, tier=c.tier,
@@ -127,31 +142,106 @@ def _available_patches(profile: Profile, ctx: EngineContext) -> tuple[PatchChoic
     return tuple(out)
 
 
+def _choice(patch: Patch, ctx: EngineContext, variant: str, fault: bool) -> PatchChoice:
+    how, delivered = delivery_of(patch, ctx, variant)
+    inert = patch.inert_reason(ctx, variant) or _switch_reason(patch, ctx)
+    if ctx.kind == "reference" and inert is not None and not patch.reference_modelled:
+        delivered = False  # the embedded engine has nothing to switch
+    return PatchChoice(name=patch.name, variant=variant, fault=fault, builtin=True,
+                       tier=patch.tier, summary=patch.summary, inert=inert,
+                       required=patch.required_reason(ctx), delivered=delivered, delivery=how)
+
+
 def _with_variant(choice: PatchChoice, profile: Profile, ctx: EngineContext) -> PatchChoice:
     if not choice.builtin:
         return choice
     patch = builtin_patches()[choice.name]
     variant = patch.variant(profile.patches[choice.name].variant)
     assert variant is not None  # checked by _check_patch_names
-    return _replace(choice, variant=variant.name, fault=variant.fault,
-                    inert=patch.inert_reason(ctx, variant.name))
+    return _choice(patch, ctx, variant.name, variant.fault)
+
+
+def _apply_masks(enabled: tuple[PatchChoice, ...]) -> tuple[PatchChoice, ...]:
+    """A patch whose "on" another active patch keeps from acting is inert and not delivered
+    (e.g. mhc-bf16 while SGLang's fused mHC bypasses hc_pre): the configuration built never
+    claims an effect the engine cannot have (its hook would install and never be called). A
+    masked patch masks nothing in turn; masks form no cycle (a test holds this)."""
+    builtins = builtin_patches()
+    by_name = {c.name: c for c in enabled}
+    masked: dict[str, Any] = {}
+
+    def active(name: str) -> bool:
+        c = by_name.get(name)
+        return c is not None and c.inert is None and mask_of(name) is None
+
+    def mask_of(name: str) -> Any:
+        if name not in masked:
+            c = by_name[name]
+            masks = builtins[name].masked_by if c.builtin else ()  # inert or not: never sent
+            masked[name] = next((m for m in masks if active(m.by)), None)
+        return masked[name]
+
+    out = []
+    for c in enabled:
+        mask = mask_of(c.name)
+        out.append(c if mask is None else _replace(
+            c, inert=f"masked by {mask.by}: {mask.reason}", delivered=False,
+            delivery=f"masked by {mask.by}"))
+    return tuple(out)
+
+
+def _switch_env(profile: Profile, ctx: EngineContext,
+                enabled: tuple[PatchChoice, ...]) -> dict[str, str]:
+    """The upstream switches' env: "on" for the enabled ones that are delivered, "off" (the
+    most exact path the release has) for every other switch the release lets us drive."""
+    if ctx.kind != "sglang":
+        return {}
+    on = {c.name: c.variant for c in enabled if c.builtin and c.delivered}
+    env: dict[str, str] = {}
+    for name, patch in builtin_patches().items():
+        rule = patch.sglang.rule(ctx.sglang_version, ctx.gpu_arch)
+        if rule is None or rule.how != "env":
+            continue
+        env.update(rule.on_env(on[name]) if name in on else rule.off)
+    if env:  # the plugin compares what SGLang's schedulers see with what was asked
+        env[envvars.SWITCHES] = ",".join(f"{k}={v}" for k, v in sorted(env.items()))
+    return env
+
+
+def _check_switch_env(profile: Profile, ctx: EngineContext, layered: Layered) -> None:
+    """engine.env must not drive a variable a built-in switch drives: one switch, one patch."""
+    if ctx.kind != "sglang":
+        return
+    for name, patch in builtin_patches().items():
+        rule = patch.sglang.rule(ctx.sglang_version, ctx.gpu_arch)
+        if rule is None:
+            continue
+        clash = sorted(rule.variables & set(profile.engine.env))
+        if clash:
+            raise error_at(layered, ("engine", "env", clash[0]),
+                           f"{clash[0]} is driven by the built-in patch `{name}` on this release",
+                           f"remove it from engine.env and use `patches: {{{name}: true}}` "
+                           "(or false: its off value is set for you)")
 
 
 def _delivery(profile: Profile, enabled: tuple[PatchChoice, ...],
               plan: WorktreePlan | None) -> PatchDelivery:
     builtins = builtin_patches()
-    env: dict[str, str] = {}
+    env: dict[str, str] = _switch_env(profile, engine_context(profile), enabled)
+    if profile.engine.kind == "sglang" and profile.engine.allow_unverified_sglang:
+        env[ALLOW_ENV] = "1"
     args: list[str] = []
     for choice in enabled:
         if choice.builtin:
-            if profile.engine.kind == "sglang":
+            if profile.engine.kind == "sglang" and choice.delivered:
                 env.update(builtins[choice.name].sglang.env)
                 args += builtins[choice.name].sglang.args
         else:
             custom = profile.custom_patches[choice.name]
             env.update(custom.env)
             args += custom.args
-    wire = format_patch_set({c.name: c.variant for c in enabled if c.builtin}, builtins)
+    wire = format_patch_set({c.name: c.variant for c in enabled if c.builtin and c.delivered},
+                            builtins)
     pythonpath = None
     if plan is not None:
         pythonpath = "{worktree}/" + str(plan.pythonpath.relative_to(plan.path))

@@ -86,6 +86,8 @@ class Engine(Strict):
     served_model_name: str | None = None
     api_key_env: str | None = None  # name of the env var holding the API key, never the key
     sglang_version: str | None = None  # the deployment's SGLang, for patch conditions
+    gpu_arch: Literal["sm120", "sm100", "sm90"] | None = None  # the GPUs (default: sm120)
+    allow_unverified_sglang: bool = False  # run on an SGLang release no one verified
     expert_quant: Literal["nvfp4", "mxfp4", "fp8", "bf16"] | None = None
     python: str | None = None  # interpreter for engine processes (default: this one / python3)
     host: str = "127.0.0.1"

@@ -61,7 +61,7 @@ def check_receipts(cfg: EngineConfig, receipts_dir: Path,
                    processes: Iterable[ProcessSpec] | None = None,
                    since: float | None = None) -> ReceiptReport:
     """Raise PatchError unless every requested built-in patch took effect in every scheduler."""
-    requested = {p.name: p.variant for p in cfg.patches if p.builtin}
+    requested = {p.name: p.variant for p in cfg.patches if p.builtin and p.delivered}
     if cfg.kind != "sglang" or not requested:
         return ReceiptReport(0, {})
     records = read_receipts(Path(receipts_dir), since)

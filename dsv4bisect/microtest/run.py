@@ -27,11 +27,12 @@ from dsv4bisect.microtest.activations import Activations
 from dsv4bisect.microtest.context import Context
 from dsv4bisect.microtest.markdown import render_markdown
 from dsv4bisect.microtest.results import MicrotestReport, Row, merge_rows
-from dsv4bisect.microtest.spec import MicrotestSpec, resolve_layers
+from dsv4bisect.microtest.spec import MICROTESTED, MicrotestSpec, resolve_layers
 from dsv4bisect.microtest.weights import WeightSource
 
 CHECKS = {m.PATCH: m for m in (check_mhc, check_scaling, check_attention, check_indexer,
                                check_nvfp4, check_clamp)}
+assert tuple(CHECKS) == MICROTESTED, "every microtested patch has exactly one check module"
 _NONE_APPLY = {"triton-indexer": "no CSA (ratio-4) layer among the chosen layers"}
 
 

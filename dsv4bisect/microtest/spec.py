@@ -55,16 +55,30 @@ class MicrotestSpec:
                 "tokens": self.tokens, "experts": self.experts, "seed": self.seed}
 
 
+# The patches with an op of ours to measure (microtest/check_*.py). SGLang's own switches
+# (fused mHC, TileLang indexer, ...) run SGLang's kernels, which only a bisect can judge.
+MICROTESTED = ("mhc-bf16", "hash-topk-scaling", "mma-decode", "triton-indexer", "nvfp4-dispatch",
+               "trtllm-clamp")
+
+
 def parse_patches(names: Sequence[str]) -> dict[str, str]:
     """`["mhc-bf16", "mma-decode:merge-no-rescale"]` -> {name: variant} in registry order; no
-    names -> every built-in patch with its default variant. Unknown names are PatchErrors."""
+    names -> every microtested patch with its default variant. Unknown names, and patches with
+    nothing of ours to measure, are PatchErrors."""
+    from dsv4bisect.errors import PatchError
     from dsv4bisect.patching.registry import builtin_patches
     from dsv4bisect.patching.wire import parse_patch_set
 
     known = builtin_patches()
     if not names:
-        return {name: p.default_variant for name, p in known.items()}
-    return parse_patch_set(",".join(names), known)
+        return {name: p.default_variant for name, p in known.items() if name in MICROTESTED}
+    chosen = parse_patch_set(",".join(names), known)
+    for name in chosen:
+        if name not in MICROTESTED:
+            raise PatchError(f"`{name}` has no microtest: it switches SGLang's own kernel",
+                             "microtest measures our ops: " + ", ".join(MICROTESTED) +
+                             f"; judge {name} with `dsv4bisect bisect` on SGLang")
+    return chosen
 
 
 def parse_contexts(text: str) -> tuple[int, ...]:

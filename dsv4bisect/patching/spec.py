@@ -25,6 +25,7 @@ class EngineContext:
     moe_backend: str | None = None
     sglang_version: tuple[int, ...] | None = None  # the deployment's SGLang, when known
     expert_quant: str | None = None  # routed experts as stored: nvfp4 | mxfp4 | fp8 | bf16
+    gpu_arch: str | None = None  # sm120 | sm100 | sm90 (the profile's engine.gpu_arch)
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,66 @@ class Variant:
     fault: bool = False  # reproduces a known failure mode; for calibration and tests
 
 
+ARCHS = ("sm120", "sm100", "sm90")
+HOW = ("hook", "env", "upstream", "absent")  # how "on" is delivered on a release × arch
+
+
+@dataclass(frozen=True)
+class SglangRule:
+    """How the patch's "on" reaches SGLang releases `since`..`until` (inclusive; None: open) on
+    GPU architectures `archs`: `hook` (our plugin's hooks), `env` (an upstream switch: `on` /
+    `off` env, `{variant}` is replaced by the variant's name), `upstream` (upstream default, not
+    switchable: never a candidate) or `absent` (the release has no such path on these GPUs).
+    `off` is the most exact path that release has; `evidence` points at that release's source."""
+
+    since: tuple[int, ...]
+    until: tuple[int, ...] | None
+    how: str
+    evidence: str
+    archs: tuple[str, ...] = ARCHS
+    on: Mapping[str, str] = field(default_factory=dict)
+    off: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.how not in HOW:
+            raise ValueError(f"unknown delivery {self.how!r}")
+        object.__setattr__(self, "on", MappingProxyType(dict(self.on)))
+        object.__setattr__(self, "off", MappingProxyType(dict(self.off)))
+
+    def covers(self, version: tuple[int, ...], arch: str | None) -> bool:
+        v = version[:4]
+        return (v >= self.since and (self.until is None or v <= self.until)
+                and (arch is None or arch in self.archs))
+
+    @property
+    def variables(self) -> frozenset[str]:
+        return frozenset(self.on) | frozenset(self.off)
+
+    def on_env(self, variant: str) -> dict[str, str]:
+        return {k: v.replace("{variant}", variant) for k, v in self.on.items()}
+
+
+@dataclass(frozen=True)
+class Mask:
+    """While patch `by` is on (and not itself inert), this patch's "on" cannot take effect."""
+
+    by: str
+    reason: str
+
+
 @dataclass(frozen=True)
 class SglangDelivery:
     """How the patch reaches a real SGLang deployment (through the `dsv4bisect` plugin)."""
 
-    hooks: Mapping[str, tuple[str, ...]]  # SGLang layout ("0.5.13", "0.5.14") -> hook targets
+    hooks: Mapping[str, tuple[str, ...]]  # SGLang hook layout (versions.LAYOUTS) -> targets
     env: Mapping[str, str] = field(default_factory=dict)  # extra env for engine processes
     args: tuple[str, ...] = ()  # extra server args
+    rules: tuple[SglangRule, ...] = ()  # per release range × arch; none: a hook everywhere
+
+    def rule(self, version: tuple[int, ...] | None, arch: str | None) -> SglangRule | None:
+        if version is None:
+            return None
+        return next((r for r in self.rules if r.covers(version, arch)), None)
 
 
 @dataclass(frozen=True)
@@ -68,6 +122,8 @@ class Patch:
     variants: tuple[Variant, ...]
     inert_when: tuple[Condition, ...] = ()
     required_when: tuple[Condition, ...] = ()
+    masked_by: tuple[Mask, ...] = ()  # other patches whose "on" keeps this one from acting
+    embedded: str = ""  # what the embedded engine does for it, where that is not `reference`
     doc: str = ""
     test_only: bool = False
 
@@ -75,6 +131,11 @@ class Patch:
         if not self.variants:
             raise ValueError(f"patch {self.name} declares no variant")
         object.__setattr__(self, "sglang", _frozen_delivery(self.sglang))
+
+    @property
+    def reference_modelled(self) -> bool:
+        """False where the embedded engine has no numerics for it (`embedded` says so)."""
+        return not self.embedded.startswith("not modelled")
 
     @property
     def default_variant(self) -> str:
@@ -86,6 +147,10 @@ class Patch:
 
     def inert_reason(self, ctx: EngineContext, variant: str | None = None) -> str | None:
         v = variant or self.default_variant
+        if ctx.kind == "sglang":
+            rule = self.sglang.rule(ctx.sglang_version, ctx.gpu_arch)
+            if rule is not None and rule.how in ("upstream", "absent"):
+                return rule.evidence
         return next((c.reason for c in self.inert_when if c.holds(ctx, v)), None)
 
     def required_reason(self, ctx: EngineContext) -> str | None:
@@ -95,14 +160,32 @@ class Patch:
 
 def _frozen_delivery(d: SglangDelivery) -> SglangDelivery:
     return SglangDelivery(
-        hooks=MappingProxyType(dict(d.hooks)), env=MappingProxyType(dict(d.env)), args=tuple(d.args)
+        hooks=MappingProxyType(dict(d.hooks)), env=MappingProxyType(dict(d.env)),
+        args=tuple(d.args), rules=tuple(d.rules),
     )
 
 
+def by_layout(**changes: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """Hook targets per layout from the layouts where they change: `by_layout(l0_5_13=(..),
+    l0_5_16=(..))` gives every layout the targets of the newest change at or before it."""
+    from dsv4bisect.plugin.versions import LAYOUTS
+
+    given = {k[1:].replace("_", "."): v for k, v in changes.items()}
+    out: dict[str, tuple[str, ...]] = {}
+    current: tuple[str, ...] = ()
+    for layout in LAYOUTS:
+        current = given.get(layout, current)
+        out[layout] = current
+    return out
+
+
 def version_at_most(limit: tuple[int, ...]) -> Callable[[EngineContext], bool]:
-    """Predicate: the deployment's SGLang version is known and <= `limit`."""
-    return lambda ctx: ctx.sglang_version is not None and ctx.sglang_version <= limit
+    """Predicate: the deployment's SGLang version is known and <= `limit` (a post release of
+    `limit` included: 0.5.13.post1 is at most 0.5.13)."""
+    return lambda ctx: (ctx.sglang_version is not None
+                        and ctx.sglang_version[:len(limit)] <= limit)
 
 
 def version_at_least(limit: tuple[int, ...]) -> Callable[[EngineContext], bool]:
-    return lambda ctx: ctx.sglang_version is not None and ctx.sglang_version >= limit
+    return lambda ctx: (ctx.sglang_version is not None
+                        and ctx.sglang_version[:len(limit)] >= limit)

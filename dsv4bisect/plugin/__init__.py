@@ -4,8 +4,10 @@ SGLang runs every general plugin of the entry-point group `sglang.srt.plugins` t
 `SGLANG_PLUGINS` whitelists, in the engine's main process and at the top of each scheduler
 process (`run_scheduler_process`), before the model is built and before CUDA graphs are
 captured. `main()` is that entry point. In a scheduler it reads the patch set (wire format,
-`dsv4bisect.patching.wire`), detects the SGLang version and hook layout, installs exactly those
-patches' hooks and writes one receipt per patch into DSV4BISECT_RECEIPTS. With no patches it
+`dsv4bisect.patching.wire`), detects the SGLang version and hook layout (a release outside the
+verified list is refused unless DSV4BISECT_ALLOW_UNVERIFIED_SGLANG=1), installs exactly those
+patches' hooks (or checks an upstream switch's value) and writes one receipt per patch into
+DSV4BISECT_RECEIPTS. With no patches it
 installs nothing and writes nothing. Outside a scheduler (no model is built there) it does
 nothing. This module imports no torch and no SGLang; the hook modules do, when installing.
 """
@@ -53,7 +55,10 @@ def run(wire: str, process: object) -> list[object]:
     directory = os.environ.get(envvars.RECEIPTS)
     writer = ReceiptWriter(Path(directory) if directory else None, process)  # type: ignore[arg-type]
     declared = {name: dict(p.sglang.hooks) for name, p in known.items()}
-    receipts = install_patches(patches, detect_sglang(), writer, declared)
+    info = detect_sglang()  # an unverified release is refused unless opted in
+    if info.warning:
+        logger.warning("dsv4bisect: %s", info.warning)
+    receipts = install_patches(patches, info, writer, declared)
     bad = [r for r in receipts if r.state not in OK_STATES]
     for r in receipts:
         logger.info("dsv4bisect: %s:%s %s%s", r.patch, r.variant, r.state,

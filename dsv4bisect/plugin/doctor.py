@@ -1,12 +1,13 @@
 """`dsv4bisect doctor`: is this machine ready to run a profile's patches on SGLang?
 
-Checks, each a row with what to fix: the SGLang version in the engine's Python (or none) and
-its hook layout; the dsv4bisect entry point visible to that Python; every hook target of the
-profile's patches resolvable with the expected signature — by import in the engine's Python
-when SGLang is installed there, else statically (AST) in a source tree or wheel given with
-`--sglang-src`; the GPUs visible (nvidia-smi) and the env flags SGLang forces on them for
-DeepSeek-V4 (notes §1.3), with the patches whose SGLang path those GPUs never take; fixed ports
-free. Pure functions returning rows: no Typer, no Rich, no torch.
+Checks, each a row with what to fix: the SGLang version in the engine's Python (or none),
+whether that release was verified, and its hook layout; the dsv4bisect entry point visible to
+that Python; every hook target of the profile's patches (and every symbol their hook bodies
+call) resolvable with the expected signature — by import in the engine's Python when SGLang is
+installed there, else statically (AST) in a source tree or wheel given with `--sglang-src`, a
+moved one named where it went; the flags SGLang sets for DeepSeek-V4 on SM120, read from that
+release's own source; the GPUs visible (nvidia-smi), with the patches whose SGLang path those
+GPUs never take; fixed ports free. Pure functions returning rows: no Typer, no Rich, no torch.
 """
 
 from __future__ import annotations
@@ -18,16 +19,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4bisect.plugin.static import SourceTree, call_keywords, result_index
-from dsv4bisect.plugin.targets import CALL_CONTRACTS, CONTRACT_TARGET, SIGNATURES
-from dsv4bisect.plugin.versions import layout_for
+from dsv4bisect.plugin.static import SourceTree, call_keywords, result_index, sm120_forced_flags
+from dsv4bisect.plugin.targets import CONTRACT_TARGET, SIGNATURES, call_contracts, uses
+from dsv4bisect.plugin.versions import LAYOUTS, NEWEST_VERIFIED, VERIFIED, SglangInfo, check_version
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-SM120_FORCED = {  # server_args.py, DeepseekV4ForCausalLM on SM120 (0.5.13 and 0.5.14)
-    "SGLANG_OPT_USE_TILELANG_MHC_PRE": "False", "SGLANG_OPT_DEEPGEMM_HC_PRENORM": "False",
-    "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "True", "SGLANG_OPT_USE_TOPK_V2": "False",
-    "SGLANG_OPT_FP8_WO_A_GEMM": "False", "--moe-runner-backend auto": "marlin",
-}
 SM120_ONLY = {"mma-decode": "the SM120 decode entry (flash_mla_with_kvcache_sm120)",
               "triton-indexer": "the SM120 torch indexer (fp8_paged_mqa_logits_torch_sm120)"}
 
@@ -87,8 +83,8 @@ def target_checks(targets: Mapping[str, Iterable[str]], layout: str,
                     sig.mismatch(found.param_names) if sig else "no expected signature")
                 how = "AST"
             rows.append(Check(name, FAIL if why else OK, f"{how}: {why or 'as expected'}",
-                              "" if not why else "this SGLang moved the target: use a supported "
-                              "SGLang (0.5.13, 0.5.14) or update dsv4bisect"))
+                              "" if not why else "this SGLang moved the target: use a verified "
+                              f"SGLang ({VERIFIED[0]} to {NEWEST_VERIFIED}) or update dsv4bisect"))
     return rows
 
 
@@ -103,9 +99,8 @@ def _runtime_check(targets: list[str], layout: str, python: str) -> dict[str, st
 
 def contract_checks(patches: Iterable[str], layout: str, src: SourceTree) -> list[Check]:
     rows = []
-    for key, contracts in CALL_CONTRACTS.items():
-        patch, _, only = key.partition("@")
-        if patch not in patches or (only and only != layout):
+    for patch, contracts in call_contracts(layout).items():
+        if patch not in patches:
             continue
         for c in contracts:
             calls = src.calls(c.module, c.callee, within=c.within)
@@ -145,11 +140,7 @@ def gpu_checks(found: list[dict[str, str]], why: str, patches: Iterable[str]) ->
                                         f"({g['memory_used']} / {g['memory_total']})"
                                         for g in found))]
     sm120 = all(g["compute_cap"].startswith("12.") for g in found)
-    if sm120:
-        flags = ", ".join(f"{k}={v}" for k, v in SM120_FORCED.items())
-        rows.append(Check("SGLang forces (SM120, DeepSeek-V4)", OK, flags,
-                          "these override your env; the patches are delivered as hooks"))
-    else:
+    if not sm120:
         caps = sorted({g["compute_cap"] for g in found})
         for p in patches:
             if p in SM120_ONLY:
@@ -176,21 +167,58 @@ Declared = Mapping[str, Mapping[str, tuple[str, ...]]]  # patch -> layout -> hoo
 
 def all_targets(patches: Iterable[str], layout: str,
                 declared: Declared) -> dict[str, tuple[str, ...]]:
-    out = {p: tuple(declared[p].get(layout, ())) for p in patches}
+    """patch -> its hook targets and the symbols its hook bodies call, on this layout."""
+    out = {p: tuple(declared[p].get(layout, ())) + uses(p, layout) for p in patches}
+    out = {p: ts for p, ts in out.items() if ts}
     out["(contract check)"] = (CONTRACT_TARGET,)
     return out
+
+
+def forced_flags_check(src: SourceTree | None, version: str | None) -> Check:
+    """What this release sets for DeepSeek-V4 on SM120, read from its own server-args code."""
+    if src is None:
+        return Check("SGLang on SM120 (DeepSeek-V4)", WARN, "source not readable here",
+                     "give --sglang-src, or run doctor in the engine's Python")
+    flags = sm120_forced_flags(src)
+    if not flags:
+        return Check("SGLang on SM120 (DeepSeek-V4)", WARN,
+                     f"{version}: no DeepSeek-V4 SM120 block found in server args")
+    text = ", ".join(f"{f.name}={f.value}{'' if f.forced else ' (if unset)'}" for f in flags)
+    return Check(f"SGLang {version} on SM120 (DeepSeek-V4)", OK, text,
+                 "forced values override your env; '(if unset)' ones are the switches' defaults")
+
+
+def installed_source(python: str) -> SourceTree | None:
+    """The installed SGLang's source tree in `python`, found without importing SGLang."""
+    code, out = _py(python, "import importlib.util as u, pathlib; s = u.find_spec('sglang'); "
+                            "print(pathlib.Path(s.origin).parent.parent if s and s.origin else '')")
+    path = out.splitlines()[-1].strip() if code == 0 and out else ""
+    return SourceTree(Path(path)) if path and (Path(path) / "sglang").is_dir() else None
 
 
 def source_tree(path: str | None) -> SourceTree | None:
     return None if path is None else SourceTree(Path(path))
 
 
-def layout_check(version: str | None, where: str) -> tuple[Check, str | None]:
+def layout_check(version: str | None, where: str,
+                 allow_unverified: bool = False) -> tuple[Check, str | None, SglangInfo | None]:
+    """The version row and the layout to check targets with. An unverified release is still
+    checked statically (with the layout of the range it falls in) so the user sees what
+    moved, but the row fails unless `allow_unverified`."""
     if version is None:
         return Check("SGLang", FAIL, f"not installed ({where})",
-                     "install SGLang next to dsv4bisect, or give --sglang-src"), None
-    layout, why = layout_for(version)
-    if layout is None:
-        return Check("SGLang", FAIL, f"{version} ({where}): {why}",
-                     "use SGLang 0.5.13 or newer"), None
-    return Check("SGLang", OK, f"{version} ({where}), hook layout {layout}"), layout
+                     "install SGLang next to dsv4bisect, or give --sglang-src"), None, None
+    info = check_version(version, allow_unverified)
+    if info.verified:
+        if info.layout is None:
+            return Check("SGLang", FAIL, f"{version} ({where}): {info.reason}",
+                         f"use SGLang {VERIFIED[0]} or newer"), None, info
+        return Check("SGLang", OK, f"{version} ({where}): verified, hook layout {info.layout}"), \
+            info.layout, info
+    if info.layout is not None:  # allowed
+        return Check("SGLang", WARN, f"{version} ({where}): unverified; {info.warning}"), \
+            info.layout, info
+    static = check_version(version, True).layout or LAYOUTS[-1]
+    return Check("SGLang", FAIL, f"{version} ({where}): unverified: {info.reason}",
+                 f"use a verified release ({VERIFIED[0]} to {NEWEST_VERIFIED}), or pass "
+                 "--allow-unverified-sglang to try it anyway"), static, info

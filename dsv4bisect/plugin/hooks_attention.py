@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from dsv4bisect.plugin.spec import HookSpec, Plan, Recorder, first_call
+from dsv4bisect.plugin.targets import mla_module
 
-DECODE_TARGET = "sglang.srt.layers.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120"
+DECODE_TARGET = "sglang.srt.layers.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120"  # ≤0.5.15
 INDEXER_TARGET = "sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120"
 
 # variant -> (partial dtype, merge)
@@ -105,13 +106,14 @@ def decode_plan(variant: str, layout: str, rec: Recorder) -> Plan:
     if variant not in DECODE_VARIANTS:
         return Plan("refuse", reason=f"mma-decode has no SGLang hook for variant {variant!r}")
     pdt, merge = DECODE_VARIANTS[variant]
-    mark = first_call(rec, DECODE_TARGET)
+    target = f"{mla_module(layout)}.flash_mla_with_kvcache_sm120"  # moved in 0.5.16
+    mark = first_call(rec, target)
 
     def hook(**kwargs: Any) -> tuple[torch.Tensor, None]:
         mark()
         return sparse_decode(kwargs, pdt, merge)
 
-    return Plan("install", (HookSpec(DECODE_TARGET, "replace", hook, on_path=True),),
+    return Plan("install", (HookSpec(target, "replace", hook, on_path=True),),
                 notes=("reached only on SM120 GPUs (DeepseekV4AttnBackend's _is_sm120 branch)",))
 
 

@@ -4,18 +4,23 @@ Replaces the method (the inner `hc_pre_torch_impl` closure is not addressable) a
 contract: `(y [T, D] in x.dtype, post [T, n] fp32, comb [T, n, n] fp32, norm_fused=False)`,
 `T == 0` handled, no host sync (CUDA-graph capturable). The mixes come from
 `dsv4bisect.kernels.mhc_mixes` (Triton on CUDA, its PyTorch reference elsewhere); then, as in
-SGLang's torch path, `sglang.srt.layers.mhc.hc_split_sinkhorn` and the fp32 stream collapse.
+SGLang's torch path, SGLang's own `hc_split_sinkhorn` (where the layout keeps it:
+`targets.sinkhorn_target`, resolved at install so a moved one is refused, not a crash at the
+first forward) and the fp32 stream collapse.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from dsv4bisect.plugin.spec import HookSpec, Plan, Recorder, first_call
 
-TARGET = "sglang.srt.models.deepseek_v4.DeepseekV4DecoderLayer.hc_pre"
+from dsv4bisect.plugin.targets import fused_guard_target, hc_pre_target, sinkhorn_target
+
+TARGET = hc_pre_target("0.5.13")  # the 0.5.13-0.5.22 target; plan() uses the layout's
 
 
 def mixes(x_flat: torch.Tensor, hc_fn: torch.Tensor, eps: float, mode: str) -> torch.Tensor:
@@ -30,8 +35,10 @@ def mixes(x_flat: torch.Tensor, hc_fn: torch.Tensor, eps: float, mode: str) -> t
 
 def hc_pre(layer: Any, x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor,
            hc_base: torch.Tensor, norm: Any = None, forward_batch: Any = None, *,
-           mode: str = "bf16") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-    """x: [T, n, D] residual streams. Returns (y [T, D], post [T, n], comb [T, n, n], False)."""
+           mode: str = "bf16", sinkhorn: Callable[..., Any]
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """x: [T, n, D] residual streams; `sinkhorn` is SGLang's own `hc_split_sinkhorn`.
+    Returns (y [T, D], post [T, n], comb [T, n, n], False)."""
     del norm, forward_batch  # the norm is applied by the caller (norm_fused=False)
     shape, dtype, n = x.size(), x.dtype, layer.hc_mult
     if x.shape[0] == 0:
@@ -40,35 +47,43 @@ def hc_pre(layer: Any, x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Ten
                 torch.empty((0, n, n), dtype=torch.float32, device=x.device), False)
     flat = x.flatten(1)  # [T, n·D]
     m = mixes(flat, hc_fn, layer.rms_norm_eps, mode).unsqueeze(1)  # [T, 1, (2+n)·n]
-    from sglang.srt.layers.mhc import hc_split_sinkhorn
-
-    pre, post, comb = hc_split_sinkhorn(m, hc_scale, hc_base, n, layer.hc_sinkhorn_iters,
-                                        layer.hc_eps)
+    pre, post, comb = sinkhorn(m, hc_scale, hc_base, n, layer.hc_sinkhorn_iters, layer.hc_eps)
     y = (pre.squeeze(1).unsqueeze(-1) * flat.float().view(shape)).sum(dim=1)  # fp32 collapse
     return y.to(dtype), post.squeeze(1), comb.squeeze(1), False
 
 
-def _fused_path_check() -> str | None:
-    """SGLang's fused post+pre path bypasses hc_pre at most sites: refuse rather than pass."""
-    import importlib
+def fused_path_check(layout: str) -> Callable[[], str | None]:
+    """SGLang's fused post+pre path bypasses hc_pre at most sites: refuse rather than pass.
+    The guard is the layout's own function (it moved in 0.5.19); the installer has already
+    checked that it exists, so this never passes blind."""
 
-    mod = importlib.import_module("sglang.srt.models.deepseek_v4")
-    fused = getattr(mod, "_is_fused_mhc_post_pre_enabled", None)
-    if callable(fused) and fused():
-        return ("SGLANG_OPT_FUSE_MHC_POST_PRE is on (with the TileLang mHC kernels): the fused "
-                "post+pre kernel bypasses hc_pre; set SGLANG_OPT_FUSE_MHC_POST_PRE=0")
-    return None
+    def check() -> str | None:
+        import pkgutil
+
+        if pkgutil.resolve_name(fused_guard_target(layout))():
+            return ("SGLANG_OPT_FUSE_MHC_POST_PRE is on: the fused mHC post+pre kernel bypasses "
+                    "hc_pre; turn the fused-mhc-post-pre patch off (it sets the switch to 0)")
+        return None
+
+    return check
 
 
 def plan(variant: str, layout: str, rec: Recorder) -> Plan:
+    import pkgutil
+
     mode = {"bf16": "bf16"}.get(variant)
     if mode is None:
         return Plan("refuse", reason=f"mhc-bf16 has no SGLang hook for variant {variant!r}")
-    mark = first_call(rec, TARGET)
+    target = hc_pre_target(layout)
+    mark = first_call(rec, target)
+    try:
+        sinkhorn = pkgutil.resolve_name(sinkhorn_target(layout))
+    except (ImportError, AttributeError, ValueError) as exc:
+        return Plan("refuse", reason=f"cannot resolve {sinkhorn_target(layout)}: {exc}")
 
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         mark()
-        return hc_pre(self, *args, mode=mode, **kwargs)
+        return hc_pre(self, *args, mode=mode, sinkhorn=sinkhorn, **kwargs)
 
-    return Plan("install", (HookSpec(TARGET, "replace", hook, on_path=True),),
-                check=_fused_path_check)
+    return Plan("install", (HookSpec(target, "replace", hook, on_path=True),),
+                check=fused_path_check(layout))

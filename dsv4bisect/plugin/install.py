@@ -19,7 +19,7 @@ from typing import Any
 
 from dsv4bisect.plugin.receipts import Receipt, ReceiptWriter
 from dsv4bisect.plugin.spec import HookSpec, Plan, Recorder
-from dsv4bisect.plugin.targets import CONTRACT_TARGET, SIGNATURES
+from dsv4bisect.plugin.targets import CONTRACT_TARGET, SIGNATURES, uses
 from dsv4bisect.plugin.versions import SglangInfo
 
 PLANNERS: dict[str, tuple[str, str]] = {  # patch -> (module, function)
@@ -46,9 +46,25 @@ class _Rec:
         self.writer.update_detail(self.patch, key, value)
 
 
-def planner(patch: str) -> Callable[[str, str, Recorder], Plan]:
+def planner(patch: str, switch: frozenset[str] = frozenset()) -> Callable[[str, str, Recorder],
+                                                                          Plan]:
+    if patch not in PLANNERS:  # an upstream switch: check the value SGLang kept
+        from dsv4bisect.plugin.hooks_switch import planner as switch_planner
+
+        return switch_planner(switch)
     module, fn = PLANNERS[patch]
     return getattr(importlib.import_module(f"dsv4bisect.plugin.{module}"), fn)
+
+
+def switch_variables(patch: str, version: tuple[int, ...] | None) -> frozenset[str]:
+    """The env vars of a built-in upstream-switch patch on this release (any GPU)."""
+    from dsv4bisect.patching.registry import builtin_patches
+
+    p = builtin_patches().get(patch)
+    if p is None or version is None:
+        return frozenset()
+    return frozenset().union(*(r.variables for r in p.sglang.rules
+                               if r.how == "env" and r.covers(version, None)))
 
 
 def install_patches(patches: Mapping[str, str], info: SglangInfo, writer: ReceiptWriter,
@@ -61,11 +77,13 @@ def install_patches(patches: Mapping[str, str], info: SglangInfo, writer: Receip
                     sglang_version=info.version, layout=info.layout, targets=targets)
         if info.layout is None:
             rec = Receipt(**base, state="refused", reason=info.reason or "unknown SGLang layout")
-        elif name not in PLANNERS:
-            rec = Receipt(**base, state="refused", reason=f"no SGLang hooks for patch {name}")
+        elif name not in PLANNERS and not (switch := switch_variables(name, info.version_tuple)):
+            rec = Receipt(**base, state="refused", reason=f"no SGLang delivery for patch {name} "
+                          f"on SGLang {info.version}")
         else:
-            rec = _install_one(base, planner(name)(variant, info.layout, _Rec(writer, name)),
-                               info.layout, writer)
+            plan = planner(name, switch_variables(name, info.version_tuple))(
+                variant, info.layout, _Rec(writer, name))
+            rec = _install_one(base, plan, info.layout, writer)
         writer.write(rec)
         receipts.append(rec)
     if patches and info.layout is not None:
@@ -83,7 +101,8 @@ def _install_one(base: dict[str, Any], plan: Plan, layout: str,
     if stray:
         return Receipt(**base, state="refused", notes=notes,
                        reason=f"hook targets not declared by the patch: {', '.join(stray)}")
-    problem = check_targets([h.target for h in plan.hooks], layout)
+    problem = check_targets([h.target for h in plan.hooks] + list(uses(base["patch"], layout)),
+                            layout)
     if problem is None and plan.check is not None:
         problem = plan.check()
     if problem is not None:
@@ -92,6 +111,8 @@ def _install_one(base: dict[str, Any], plan: Plan, layout: str,
     rec = Receipt(**base, state="installed", notes=notes,
                   expects_call=[h.target for h in plan.hooks if h.on_path])
     writer.write(rec)
+    if not plan.hooks:
+        return rec
     try:
         rec.hooks = apply_hooks(plan.hooks)
     except Exception as exc:  # noqa: BLE001 - any failure is written down, not raised

@@ -82,31 +82,88 @@ class SourceTree:
         return self._cache[module]
 
     def version(self) -> str | None:
-        """The distribution version written in a wheel's METADATA, or sglang/version.py."""
+        """The distribution version written in a wheel's METADATA, else the version file that
+        setuptools-scm writes (`sglang/_version.py`), else a constant in `sglang/version.py`.
+        None for a git checkout that was never built (its version proves nothing)."""
         if self._zip is not None:
             meta = next((n for n in self._names if n.endswith(".dist-info/METADATA")), None)
             if meta:
-                for line in self._zip.read(meta).decode().splitlines():
+                for line in self._zip.read(meta).decode("utf-8", "replace").splitlines():
                     if line.startswith("Version:"):
                         return line.split(":", 1)[1].strip()
-        src = self.source("sglang.version")
-        if src:
-            for node in ast.parse(src).body:
-                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-                    if any(getattr(t, "id", "") == "__version__" for t in node.targets):
+        for module in ("sglang._version", "sglang.version"):
+            try:
+                tree = self.tree(module)
+            except (SyntaxError, ValueError, UnicodeDecodeError):
+                continue
+            for node in tree.body if tree is not None else []:
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and \
+                        isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    if any(getattr(t, "id", "") in ("__version__", "version") for t in targets):
                         return str(node.value.value)
         return None
 
     def resolve(self, target: str) -> Resolved | str:
-        """Resolve a dotted target; a string is the reason it could not be found."""
+        """Resolve a dotted target; a string is the reason it could not be found (naming where
+        the symbol is defined now, when the tree has it elsewhere)."""
         parts = target.split(".")
         for cut in range(len(parts) - 1, 0, -1):
             module = ".".join(parts[:cut])
             tree = self.tree(module)
-            if tree is not None:
-                return _walk(target, module, self.module_file(module) or module, tree,
-                             parts[cut:])
-        return f"no module of `{target}` in {self.root}"
+            if tree is None:
+                continue
+            if cut < len(parts) - 1 and _find(tree.body, parts[cut]) is None \
+                    and self._is_package(module):
+                break  # `pkg.missing_module.sym`: the module is gone, not a name in pkg
+            found = _walk(target, module, self.module_file(module) or module, tree,
+                          parts[cut:])
+            if isinstance(found, str):
+                return found + self._moved_hint(parts[-1], target)
+            return found
+        return f"no module `{'.'.join(parts[:-1])}` in {self.root.name}" + \
+            self._moved_hint(parts[-1], target)
+
+    def _is_package(self, module: str) -> bool:
+        rel = self.module_file(module)
+        return rel is not None and rel.endswith("__init__.py") or self._is_namespace(module)
+
+    def _is_namespace(self, module: str) -> bool:
+        prefix = module.replace(".", "/") + "/"
+        return any(n.startswith(prefix) for n in self.py_files())
+
+    def py_files(self) -> list[str]:
+        """Every .py file of the tree, relative (`sglang/...`)."""
+        if self._zip is not None:
+            return sorted(n for n in self._names if n.endswith(".py"))
+        base = self.root / "python" if (self.root / "python" / "sglang").is_dir() else self.root
+        return sorted(str(p.relative_to(base)) for p in (base / "sglang").rglob("*.py"))
+
+    def find_definitions(self, name: str, limit: int = 3) -> list[str]:
+        """Dotted paths of top-level or class-level defs/classes called `name` (a text search
+        first, then AST), for saying where a moved target went."""
+        needle_def, needle_cls = f"def {name}(", f"class {name}"
+        out: list[str] = []
+        for rel in self.py_files():
+            if rel.startswith("sglang/test/"):
+                continue
+            text = self._read(rel) or ""
+            if needle_def not in text and needle_cls not in text:
+                continue
+            module = rel[:-3].replace("/", ".").removesuffix(".__init__")
+            for node in ast.parse(text).body:
+                if getattr(node, "name", None) == name:
+                    out.append(f"{module}.{name}")
+                elif isinstance(node, ast.ClassDef):
+                    out += [f"{module}.{node.name}.{name}" for n in node.body
+                            if getattr(n, "name", None) == name]
+            if len(out) >= limit:
+                break
+        return out[:limit]
+
+    def _moved_hint(self, name: str, target: str) -> str:
+        found = [f for f in self.find_definitions(name) if f != target]
+        return f"; now defined at {', '.join(found)}" if found else ""
 
     def calls(self, module: str, callee: str, within: str | None = None) -> list[ast.Call]:
         """Every call of a name `callee` (bare or attribute) in `module`, optionally only inside
@@ -141,7 +198,11 @@ def _walk(target: str, module: str, file: str, tree: ast.Module,
             return f"`{name}` is not defined in {where} ({file})"
         if i < len(attrs) - 1:
             if not isinstance(node, ast.ClassDef):
-                return f"`{'.'.join([module, *attrs[: i + 1]])}` is not a class"
+                alias = _alias_of(node)
+                what = f"`{'.'.join([module, *attrs[: i + 1]])}`"
+                if alias:  # e.g. 0.5.23: `DeepseekV4DecoderLayer = A if _is_cuda else B`
+                    return f"{what} is an alias of {' / '.join(alias)}, not a class"
+                return f"{what} is not a class"
             body = node.body
     assert node is not None
     line = getattr(node, "lineno", 0)
@@ -151,6 +212,20 @@ def _walk(target: str, module: str, file: str, tree: ast.Module,
     if isinstance(node, ast.ClassDef):
         return Resolved(target, "class", (), file, line, node)
     return Resolved(target, "assignment", (), file, line, node)
+
+
+def _alias_of(node: ast.AST) -> list[str]:
+    """The names an assignment may bind (`X = A`, `X = A if c else B`, `X = (A if c else B)`)."""
+    value = getattr(node, "value", None)
+    out: list[str] = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, ast.Name):
+            out.append(v.id)
+        elif isinstance(v, ast.IfExp):
+            stack += [v.orelse, v.body]
+    return out
 
 
 def _find(body: list[ast.stmt], name: str) -> ast.AST | None:
@@ -211,3 +286,72 @@ def result_index(call: ast.Call, tree: ast.AST) -> int | None:
             if isinstance(sl, ast.Constant) and isinstance(sl.value, int):
                 return sl.value
     return None
+
+
+@dataclass(frozen=True)
+class ForcedFlag:
+    """A flag SGLang sets for DeepSeek-V4 on SM120 before the model loads."""
+
+    name: str  # env var, or `--moe-runner-backend auto`
+    value: str
+    forced: bool  # False: only when the user left it unset (a default, not a force)
+    where: str  # file:line
+
+
+_SM120_MARK = "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"  # set in every release's DeepSeek-V4 SM120 block
+_FLAG_MODULES = ("sglang.srt.server_args", "sglang.srt.arg_groups.model_hook")
+
+
+def sm120_forced_flags(src: SourceTree) -> list[ForcedFlag]:
+    """The env flags (and MoE runner default) SGLang sets for DeepSeek-V4 on SM120, read from
+    the release's own server-args code: the innermost `if ...sm120...:` block that sets
+    SGLANG_FP8_PAGED_MQA_LOGITS_TORCH. `envs.X.set(V)` directly in it is forced; under
+    `if not envs.X.is_set():` it is a default the user can override."""
+    for module in _FLAG_MODULES:
+        tree = src.tree(module)
+        if tree is None:
+            continue
+        file = src.module_file(module) or module
+        blocks = [n for n in ast.walk(tree) if isinstance(n, ast.If)
+                  and "sm120" in ast.unparse(n.test).lower()
+                  and any(_sets_mark(c) for s in n.body for c in ast.walk(s))]
+        if blocks:
+            block = min(blocks, key=lambda n: (n.end_lineno or 0) - n.lineno)
+            return _flags_in(block.body, file)
+    return []
+
+
+def _sets_mark(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and _set_flag_name(node) == _SM120_MARK
+
+
+def _set_flag_name(call: ast.Call) -> str | None:
+    """`envs.NAME.set(...)` -> NAME."""
+    f = call.func
+    if isinstance(f, ast.Attribute) and f.attr == "set" and isinstance(f.value, ast.Attribute):
+        return f.value.attr
+    return None
+
+
+def _flags_in(body: list[ast.stmt], file: str, guarded: str | None = None) -> list[ForcedFlag]:
+    out: list[ForcedFlag] = []
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            test = ast.unparse(stmt.test)
+            guard = None
+            if test.startswith("not envs.") and test.endswith(".is_set()"):
+                guard = test[len("not envs."):-len(".is_set()")]
+            if "moe_runner_backend" in test and "'auto'" in test.replace('"', "'"):
+                for s in stmt.body:
+                    if isinstance(s, ast.Assign) and isinstance(s.value, ast.Constant):
+                        out.append(ForcedFlag("--moe-runner-backend auto", str(s.value.value),
+                                              False, f"{file}:{s.lineno}"))
+                continue
+            out += _flags_in(stmt.body, file, guard)
+            continue
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call) and (name := _set_flag_name(node)) and node.args:
+                arg = node.args[0]
+                value = ast.unparse(arg) if not isinstance(arg, ast.Constant) else str(arg.value)
+                out.append(ForcedFlag(name, value, guarded != name, f"{file}:{node.lineno}"))
+    return out

@@ -13,13 +13,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-_V4 = "sglang.srt.models.deepseek_v4.DeepseekV4DecoderLayer"
+_V4_MOD = "sglang.srt.models.deepseek_v4"
+_V4 = f"{_V4_MOD}.DeepseekV4DecoderLayer"
+_V4_BASE = f"{_V4_MOD}.DeepseekV4DecoderLayerBase"  # 0.5.23: DeepseekV4DecoderLayer is an alias
 _HASH = "sglang.srt.layers.moe.hash_topk.HashTopK"
-_MLA = "sglang.srt.layers.attention.flash_mla_sm120"
+_MLA_OLD = "sglang.srt.layers.attention.flash_mla_sm120"
+_MLA_NEW = "sglang.kernels.ops.attention.flash_mla_sm120"  # moved in 0.5.16
 _IDX = "sglang.srt.layers.attention.dsv4.indexer"
 _QUANT = "sglang.srt.layers.quantization.modelopt_quant"
 _FUSED = "sglang.srt.layers.moe.fused_moe_triton.layer.FusedMoE"
 _TRTLLM = "sglang.srt.layers.moe.moe_runner.flashinfer_trtllm"
+_SINKHORN_OLD = "sglang.srt.layers.mhc.hc_split_sinkhorn"
+_SINKHORN_NEW = "sglang.kernels.ops.layernorm.mhc.hc_split_sinkhorn"  # moved in 0.5.16
+_FUSED_GUARD_OLD = f"{_V4_MOD}._is_fused_mhc_post_pre_enabled"
+# 0.5.19: the layer asks this (in the new deepseek_common module) whether post+pre is fused
+_FUSED_GUARD_NEW = ("sglang.srt.models.deepseek_common.amd.deepseek_v4_fused_mhc."
+                    "is_cross_layer_mhc_fusion_enabled")
 
 # The plugin's own observer (not a patch): the routed-scaling contract per MoE layer.
 CONTRACT_TARGET = "sglang.srt.models.deepseek_v2.DeepseekV2MoE.__init__"
@@ -49,9 +58,8 @@ _HASH_FWD = ("self", "hidden_states", "router_logits", "input_ids", "num_token_n
              "expert_location_dispatch_info")
 _INDEXER = ("q_fp8", "kvcache_fp8", "weight", "seq_lens", "page_table", "deep_gemm_metadata",
             "max_seq_len", "clean_logits")
-_COMMON = {
-    f"{_MLA}.flash_mla_with_kvcache_sm120": Signature(("kwargs",)),
-    f"{_IDX}.fp8_paged_mqa_logits_torch_sm120": Signature(_INDEXER),
+_SINKHORN = ("mixes", "hc_scale", "hc_base", "hc_mult", "sinkhorn_iters", "eps")
+_QUANT_COMMON = {
     f"{_QUANT}.ModelOptFp4Config.get_quant_method": Signature(("self", "layer", "prefix")),
     f"{_QUANT}.ModelOptMixedPrecisionConfig.get_quant_method": Signature(
         ("self", "layer", "prefix")),
@@ -60,14 +68,33 @@ _COMMON = {
     f"{_QUANT}.ModelOptNvFp4FusedMoEMethod.process_weights_after_loading": Signature(
         ("self", "layer")),
     f"{_HASH}.forward": Signature(_HASH_FWD),
+    f"{_IDX}.fp8_paged_mqa_logits_torch_sm120": Signature(_INDEXER),
     CONTRACT_TARGET: Signature(("self", "config", "layer_id"), exact=False),
 }
 _FLASHINFER_FP4 = ("routing_logits", "routing_bias", "hidden_states", "hidden_states_scale")
 
+
+def _layout(mla: str, hc_pre_owner: str, hc_pre: tuple[str, ...], sinkhorn: str,
+            guard: str) -> dict[str, Signature]:
+    return {
+        **_QUANT_COMMON,
+        f"{mla}.flash_mla_with_kvcache_sm120": Signature(("kwargs",)),
+        f"{hc_pre_owner}.hc_pre": Signature(hc_pre),
+        sinkhorn: Signature(_SINKHORN),  # called by the mhc-bf16 hook body
+        guard: Signature(()),  # asked by the mhc-bf16 hook's install check
+    }
+
+
+_HC_PRE_14 = (*_HC_PRE, "forward_batch")
+# What moved, per layout (read from each release's wheel):
+#   0.5.14  hc_pre takes forward_batch; HashTopK applies the routed scaling itself
+#   0.5.16  flash_mla_sm120 and the mHC kernels moved under sglang.kernels.ops
+#   0.5.19  the fused-mHC guard moved to models/deepseek_common/amd/deepseek_v4_fused_mhc.py
+#   0.5.21  the SM120 decode call moved into DeepseekV4AttnBackend._forward_attention
+#   0.5.23  DeepseekV4DecoderLayer became an alias; hc_pre lives on DeepseekV4DecoderLayerBase
 SIGNATURES: dict[str, dict[str, Signature]] = {
     "0.5.13": {
-        **_COMMON,
-        f"{_V4}.hc_pre": Signature(_HC_PRE),
+        **_layout(_MLA_OLD, _V4, _HC_PRE, _SINKHORN_OLD, _FUSED_GUARD_OLD),
         f"{_HASH}.__init__": Signature(_HASH_INIT),
         # trtllm-clamp on 0.5.13: the kernel entry points SGLang imports at call time
         "flashinfer.fused_moe.trtllm_fp4_block_scale_moe": Signature(
@@ -75,11 +102,36 @@ SIGNATURES: dict[str, dict[str, Signature]] = {
         "flashinfer.fused_moe.trtllm_fp4_block_scale_routed_moe": Signature(
             (), exact=False, external=True),
     },
-    "0.5.14": {
-        **_COMMON,
-        f"{_V4}.hc_pre": Signature((*_HC_PRE, "forward_batch")),
-    },
+    "0.5.14": _layout(_MLA_OLD, _V4, _HC_PRE_14, _SINKHORN_OLD, _FUSED_GUARD_OLD),
+    "0.5.16": _layout(_MLA_NEW, _V4, _HC_PRE_14, _SINKHORN_NEW, _FUSED_GUARD_OLD),
+    "0.5.19": _layout(_MLA_NEW, _V4, _HC_PRE_14, _SINKHORN_NEW, _FUSED_GUARD_NEW),
+    "0.5.21": _layout(_MLA_NEW, _V4, _HC_PRE_14, _SINKHORN_NEW, _FUSED_GUARD_NEW),
+    "0.5.23": _layout(_MLA_NEW, _V4_BASE, _HC_PRE_14, _SINKHORN_NEW, _FUSED_GUARD_NEW),
 }
+
+
+def hc_pre_target(layout: str) -> str:
+    return f"{_V4_BASE if layout >= '0.5.23' else _V4}.hc_pre"
+
+
+def mla_module(layout: str) -> str:
+    return _MLA_OLD if layout in ("0.5.13", "0.5.14") else _MLA_NEW
+
+
+def sinkhorn_target(layout: str) -> str:
+    return _SINKHORN_OLD if layout in ("0.5.13", "0.5.14") else _SINKHORN_NEW
+
+
+def fused_guard_target(layout: str) -> str:
+    return _FUSED_GUARD_OLD if layout in ("0.5.13", "0.5.14", "0.5.16") else _FUSED_GUARD_NEW
+
+
+# Symbols a patch's hook body imports or calls at call time (checked like its hook targets, so
+# a moved one is refused at install and failed by doctor instead of crashing the scheduler).
+def uses(patch: str, layout: str) -> tuple[str, ...]:
+    if patch == "mhc-bf16":
+        return (sinkhorn_target(layout), fused_guard_target(layout))
+    return ()
 
 
 @dataclass(frozen=True)
@@ -103,17 +155,20 @@ _MLA_KW = frozenset({"q", "k_cache", "head_dim_v", "softmax_scale", "indices", "
 _TRT_KW = frozenset({"gemm1_clamp_limit", "output1_scale_gate_scalar"})
 _BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
 
-CALL_CONTRACTS: dict[str, tuple[CallContract, ...]] = {
-    "mma-decode": (
-        CallContract(_BACKEND, "DeepseekV4AttnBackend.forward", "flash_mla_with_kvcache_sm120",
-                     _MLA_KW, 0, "the hook returns (out, None): only out may be used"),
-    ),
-    "trtllm-clamp@0.5.13": (
-        CallContract(_TRTLLM, "fused_experts_none_to_flashinfer_trtllm_fp4",
-                     "trtllm_fp4_block_scale_moe", _TRT_KW,
-                     why="the hook divides gemm1_clamp_limit by the g1 alphas", exact=False),
-        CallContract(_TRTLLM, "fused_experts_none_to_flashinfer_trtllm_fp4",
-                     "trtllm_fp4_block_scale_routed_moe", _TRT_KW,
-                     why="the hook divides gemm1_clamp_limit by the g1 alphas", exact=False),
-    ),
-}
+_MLA_CALL = {"0.5.13": "DeepseekV4AttnBackend.forward",
+             "0.5.21": "DeepseekV4AttnBackend._forward_attention"}
+_TRT_CALLS = tuple(
+    CallContract(_TRTLLM, "fused_experts_none_to_flashinfer_trtllm_fp4", callee, _TRT_KW,
+                 why="the hook divides gemm1_clamp_limit by the g1 alphas", exact=False)
+    for callee in ("trtllm_fp4_block_scale_moe", "trtllm_fp4_block_scale_routed_moe"))
+
+
+def call_contracts(layout: str) -> dict[str, tuple[CallContract, ...]]:
+    """patch -> the calls in this layout's SGLang source its hooks rely on."""
+    within = _MLA_CALL["0.5.21" if layout >= "0.5.21" else "0.5.13"]
+    out = {"mma-decode": (CallContract(
+        _BACKEND, within, "flash_mla_with_kvcache_sm120", _MLA_KW, 0,
+        "the hook returns (out, None): only out may be used"),)}
+    if layout == "0.5.13":
+        out["trtllm-clamp"] = _TRT_CALLS
+    return out

@@ -340,7 +340,11 @@ class Numerics:
     # ---- per-op views ---------------------------------------------------------------------------
     @property
     def mhc_mode(self) -> str:
-        return "bf16" if "mhc-bf16" in self.patches else "fp32"
+        """The hc_pre mixing GEMM: fp32, bf16 (mhc-bf16, or SGLang's fused post+pre kernel as
+        modelled) or tf32 (SGLang's FlashInfer mHC as modelled)."""
+        if "mhc-bf16" in self.patches or "fused-mhc-post-pre" in self.patches:
+            return "bf16"
+        return "tf32" if "flashinfer-mhc" in self.patches else "fp32"
 
     @property
     def hash_scaling(self) -> str:
@@ -351,6 +355,9 @@ class Numerics:
     def attention(self) -> tuple[int | None, str, str]:
         """(split, partial dtype name, merge) for `sparse_attention`."""
         variant = self.patches.get("mma-decode")
+        if variant is None:  # SGLang's own SM120 backend, as modelled (patches/sm120_...)
+            backend = self.patches.get("sm120-flashmla-backend")
+            variant = {"flashinfer": "split-k", "triton": "split-k-fp32"}.get(backend or "")
         if variant is None:
             return None, "float32", "lse"
         if variant == "split-k-fp32":
@@ -362,7 +369,9 @@ class Numerics:
     @property
     def indexer_mode(self) -> str | None:
         """None when the patch is off (torch reference), else the Triton kernel's mode."""
-        return self.patches.get("triton-indexer")
+        if "triton-indexer" in self.patches:
+            return self.patches["triton-indexer"]
+        return "bf16" if "tilelang-indexer" in self.patches else None
 
     @property
     def nvfp4(self) -> str | None:

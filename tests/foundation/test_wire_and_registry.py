@@ -18,11 +18,16 @@ KNOWN = builtin_patches()
 
 def test_registry_order_and_names() -> None:
     assert list(KNOWN) == ["mhc-bf16", "hash-topk-scaling", "mma-decode", "triton-indexer",
-                           "nvfp4-dispatch", "trtllm-clamp"]
+                           "nvfp4-dispatch", "trtllm-clamp",  # the seed's six
+                           "fused-mhc-post-pre", "flashinfer-mhc", "tilelang-indexer",
+                           "sm120-flashmla-backend", "fused-hash-topk", "fp8-wo-a-gemm"]
     for module in PATCH_MODULES:
         mod = importlib.import_module(f"dsv4bisect.patches.{module}")
         doc = mod.__doc__ or ""
-        for section in ("Speeds up", "Numerical risk", "How to verify", "Upstream site"):
+        sections = ("Speeds up", "Numerical risk", "How to verify")
+        if mod.PATCH.sglang.hooks:  # our hooks name the SGLang site they replace
+            sections += ("Upstream site",)
+        for section in sections:
             assert section in doc, (module, section)
         assert mod.PATCH.doc == doc
 

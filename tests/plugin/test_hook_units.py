@@ -14,7 +14,6 @@ from dsv4bisect.plugin.hooks_quant import (
     dispatch_plan,
     divide_by_alpha,
 )
-from dsv4bisect.plugin.versions import layout_for, parse_version
 
 torch = pytest.importorskip("torch")
 
@@ -95,11 +94,3 @@ def test_contract_row_counts_every_application():
                               moe_runner_config=SimpleNamespace(routed_scaling_factor=1.5)))
     row = contract.layer_row(moe, 0)
     assert (row["times_applied"], row["exactly_once"], row["backend"]) == (2, False, "marlin")
-
-
-def test_versions_map_to_layouts():
-    assert parse_version("0.5.13.post1") == (0, 5, 13)
-    assert layout_for("0.5.13.post1")[0] == "0.5.13"
-    assert layout_for("0.5.17")[0] == "0.5.14"
-    assert layout_for("0.5.12")[0] is None and "0.5.13" in layout_for("0.5.12")[1]
-    assert layout_for("banana")[0] is None

@@ -270,3 +270,33 @@ def test_mhc_bf16_rounds_every_layer_site_and_not_hc_head(model, monkeypatch) ->
         assert 1e-3 < e < 1e-2
     monkeypatch.undo()
     assert 1e-4 < rel(patched, logits(model, {}, tokens)) < 0.1
+
+
+# ---- SGLang's own switches, as the embedded engine models them -------------------------------
+
+@pytest.mark.parametrize("switch,same_as", [
+    ({"fused-mhc-post-pre": "fused"}, {"mhc-bf16": "bf16"}),
+    ({"tilelang-indexer": "tilelang"}, {"triton-indexer": "bf16"}),
+    ({"sm120-flashmla-backend": "flashinfer"}, {"mma-decode": "split-k"}),
+    ({"sm120-flashmla-backend": "triton"}, {"mma-decode": "split-k-fp32"}),
+])
+def test_an_upstream_switch_runs_the_numerics_it_is_modelled_by(model, switch, same_as) -> None:
+    """Each modelled switch is exactly the op it is documented as (patches/<switch>.py)."""
+    tokens = ids(300, seed=3)
+    got, want = logits(model, switch, tokens), logits(model, same_as, tokens)
+    assert torch.equal(got, want) and not torch.equal(got, logits(model, {}, tokens))
+
+
+def test_flashinfer_mhc_rounds_the_mixing_gemm_to_tf32(model) -> None:
+    tokens = ids(200, seed=4)
+    exact, bf16 = logits(model, {}, tokens), logits(model, {"mhc-bf16": "bf16"}, tokens)
+    tf32 = logits(model, {"flashinfer-mhc": "tf32"}, tokens)
+    assert 0 < rel(tf32, exact) < rel(bf16, exact)  # 10 mantissa bits, bf16 has 7
+
+
+def test_tf32_rounding_is_round_to_nearest_even_on_10_bits() -> None:
+    from dsv4bisect.kernels.mhc_mixes import round_tf32
+
+    x = torch.tensor([1 + 2 ** -11, 1 + 3 * 2 ** -11, 1 + 2 ** -10, -(1 + 2 ** -12), float("inf")])
+    want = torch.tensor([1.0, 1 + 2 ** -9, 1 + 2 ** -10, -1.0, float("inf")])
+    assert torch.equal(round_tf32(x), want)

@@ -18,7 +18,7 @@ except ImportError:
 
     dsv4bisect.__path__.append(str(Path(__file__).resolve().parents[2]))
 
-from wheels import VERSIONS, fetch_wheel  # noqa: E402
+from wheels import HOOK_VERSIONS, READ, VERSIONS, wheel_of  # noqa: E402
 
 try:  # Triton fixes interpreted vs compiled early: decide before any kernel is built
     import torch
@@ -31,7 +31,18 @@ except ImportError:  # pragma: no cover
 
 @pytest.fixture(scope="session", params=VERSIONS)
 def wheel(request: pytest.FixtureRequest) -> Path:
-    path, why = fetch_wheel(request.param)
-    if path is None:
-        pytest.skip(f"cannot download the sglang {request.param} wheel: {why}")
-    return path
+    """Every verified release's wheel (the static checks)."""
+    return wheel_of(request.param)
+
+
+@pytest.fixture(scope="session", params=HOOK_VERSIONS)
+def hook_wheel(request: pytest.FixtureRequest) -> Path:
+    """The releases whose torch code the hooks are compared with."""
+    return wheel_of(request.param)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if READ:
+        order = [v for v in VERSIONS if v in READ]
+        terminalreporter.write_line(f"sglang wheels read: {len(READ)} of {len(VERSIONS)} "
+                                    f"verified releases ({', '.join(order)})")

@@ -7,7 +7,7 @@ from pathlib import Path
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.plugin.install import install_patches
 from dsv4bisect.plugin.receipts import ProcessInfo, Receipt, ReceiptWriter
-from dsv4bisect.plugin.versions import SglangInfo
+from dsv4bisect.plugin.versions import check_version
 
 PROC = ProcessInfo(pid=1, role="server", kind="scheduler", tp_rank=0, dp_rank=0, pp_rank=0)
 
@@ -15,10 +15,9 @@ PROC = ProcessInfo(pid=1, role="server", kind="scheduler", tp_rank=0, dp_rank=0,
 def install(version: str, patches: dict[str, str], directory: Path | None = None,
             process: ProcessInfo = PROC) -> tuple[list[Receipt], ReceiptWriter]:
     """Run the real installer (real HookRegistry from the wheel) for `patches`."""
-    layout = "0.5.13" if version.startswith("0.5.13") else "0.5.14"
     writer = ReceiptWriter(directory, process)
     declared = {n: dict(p.sglang.hooks) for n, p in builtin_patches().items()}
-    receipts = install_patches(patches, SglangInfo(version, layout), writer, declared)
+    receipts = install_patches(patches, check_version(version), writer, declared)
     return receipts, writer
 
 

@@ -15,6 +15,8 @@ written to disk.
 from __future__ import annotations
 
 import ast
+import contextlib
+import linecache
 import math
 import os
 import sys
@@ -114,9 +116,11 @@ class SglangTree:
     def __enter__(self) -> SglangTree:
         if any(m == "sglang" or m.startswith("sglang.") for m in sys.modules):
             raise RuntimeError("a real or synthetic sglang is already imported")
-        self._build()
-        for name, mod in self.modules.items():
-            sys.modules[name] = mod
+        try:
+            self._build()
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -131,6 +135,7 @@ class SglangTree:
                 self.modules[cur] = mod
             elif cur not in self.modules:
                 self.modules[cur] = _module(cur, __path__=[])
+            sys.modules[cur] = self.modules[cur]  # later extracted code imports it
             if i > 1:
                 setattr(self.modules[".".join(parts[:i - 1])], parts[i - 1], self.modules[cur])
         return mod
@@ -138,7 +143,12 @@ class SglangTree:
     def _exec(self, name: str, code: str, ns: dict[str, Any]) -> types.ModuleType:
         mod = self._add(name, _module(name))
         mod.__dict__.update(BASE, **ns)
-        exec(compile(code, f"<{self.src.root.name}:{name}>", "exec"), mod.__dict__)
+        # A name inspect.getsource can resolve through linecache (Triton's @jit reads the
+        # source of the kernels SGLang defines, 0.5.16+), on no real path: nothing is written.
+        filename = f"/{self.src.root.name}/{name.replace('.', '/')}.py"
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        mod.__file__ = filename
+        exec(compile(code, filename, "exec"), mod.__dict__)
         return mod
 
     def whole(self, name: str) -> types.ModuleType:
@@ -147,29 +157,43 @@ class SglangTree:
         return self._exec(name, src, {"__name__": name})
 
     def _build(self) -> None:
+        from dsv4bisect.plugin.targets import fused_guard_target, mla_module, sinkhorn_target
+        from dsv4bisect.plugin.versions import check_version
+
+        self.layout = check_version(self.version or "", allow_unverified=True).layout or ""
         self.whole("sglang.srt.plugins.hook_registry")
+        # What the newer extracted code imports: the env flags (all off: the torch paths, and
+        # SGLang's pure-torch SM120 decode), platform probes (all false).
+        self._add("sglang.srt.environ", _module("sglang.srt.environ", envs=Envs(
+            SGLANG_SM120_FLASHMLA_BACKEND=Flag("torch"))))
+        self._add("sglang.srt.utils", _module("sglang.srt.utils", is_hip=lambda: False,
+                                              is_npu=lambda: False, is_xpu=lambda: False))
         old = os.environ.get("SGLANG_SM120_TRITON_FLASHMLA")
-        os.environ["SGLANG_SM120_TRITON_FLASHMLA"] = "0"  # SGLang's pure-torch reference
+        os.environ["SGLANG_SM120_TRITON_FLASHMLA"] = "0"  # 0.5.13/0.5.14: the pure-torch path
         try:
-            self.whole("sglang.srt.layers.attention.flash_mla_sm120")
+            self.whole(mla_module(self.layout))
         finally:
             if old is None:
                 os.environ.pop("SGLANG_SM120_TRITON_FLASHMLA")
             else:
                 os.environ["SGLANG_SM120_TRITON_FLASHMLA"] = old
-        self._add("sglang.srt.layers.mhc", _module("sglang.srt.layers.mhc",
-                                                  hc_split_sinkhorn=sinkhorn_torch))
+        self._add(sinkhorn_target(self.layout).rsplit(".", 1)[0], _module(
+            sinkhorn_target(self.layout).rsplit(".", 1)[0], hc_split_sinkhorn=sinkhorn_torch,
+            mhc_combine=mhc_combine_torch))
+        server_args = SimpleNamespace(enable_deepep_waterfill=False)
         self._add("sglang.srt.server_args", _module(
-            "sglang.srt.server_args",
-            get_global_server_args=lambda: SimpleNamespace(enable_deepep_waterfill=False)))
+            "sglang.srt.server_args", get_global_server_args=lambda: server_args))
+        self._add("sglang.srt.runtime_context", _module(  # 0.5.16+: read at call time
+            "sglang.srt.runtime_context", get_server_args=lambda: server_args))
         self._hash_topk()
         self._indexer()
-        self._deepseek_v4()
+        self._deepseek_v4(fused_guard_target(self.layout))
         self._add("sglang.srt.models.deepseek_v2", _module("sglang.srt.models.deepseek_v2",
                                                           DeepseekV2MoE=make_deepseek_v2_moe()))
 
     def _hash_topk(self) -> None:
         name = "sglang.srt.layers.moe.hash_topk"
+        shared = SimpleNamespace(use_waterfill=False, num_shared_topk_slots=0)
         ns = dict(envs=Envs(), StandardTopKOutput=StandardTopKOutput,
                   ExpertLocationDispatchInfo=object,
                   topk_ids_logical_to_physical=lambda ids, info, *rest: ids,
@@ -178,25 +202,80 @@ class SglangTree:
                   get_global_expert_distribution_recorder=lambda: SimpleNamespace(
                       on_select_experts=lambda **k: None),
                   is_hip=lambda: False, is_npu=lambda: False, _is_hip=False, _is_npu=False,
+                  _is_xpu=False, _RENORMALIZE_SUM_EPSILON=1e-20,
+                  # 0.5.23: HashTopK reads the runtime context and the routing inputs
+                  get_flags=lambda: SimpleNamespace(moe=SimpleNamespace(
+                      in_speculative_scope=False)),
+                  get_model=lambda: SimpleNamespace(shared_experts=shared),
+                  resolve_routing_inputs=lambda layer_id=None, is_draft=None,
+                  num_token_non_padded=None, expert_location_dispatch_info=None: (
+                      num_token_non_padded, expert_location_dispatch_info),
+                  has_per_rank_fused_shared_slots=lambda n: False,
                   logger=__import__("logging").getLogger(name))
-        self._exec(name, extract(self.src.source(name) or "", ["HashTopK"]), ns)
+        src = self.src.source(name) or ""
+        names = [n for n in ("_RENORMALIZE_SUM_EPSILON", "HashTopK") if _defines(src, n)]
+        self._exec(name, extract(src, names), ns)
 
     def _indexer(self) -> None:
         name = "sglang.srt.layers.attention.dsv4.indexer"
         code = extract(self.src.source(name) or "", ["fp8_paged_mqa_logits_torch_sm120"])
         self._exec(name, code, {"FP8_DTYPE": torch.float8_e4m3fn})
 
-    def _deepseek_v4(self) -> None:
+    def _deepseek_v4(self, guard: str) -> None:
+        from dsv4bisect.plugin.targets import hc_pre_target
+
         name = "sglang.srt.models.deepseek_v4"
         src = self.src.source(name) or ""
-        hc_pre = extract(src, ["hc_pre"], within="DeepseekV4DecoderLayer")
-        fused = extract(src, ["_is_fused_mhc_post_pre_enabled"])
-        code = fused + "\n\nclass DeepseekV4DecoderLayer(nn.Module):\n" + "\n".join(
+        owner = hc_pre_target(self.layout).split(".")[-2]
+        hc_pre = extract(src, ["hc_pre"], within=owner)
+        code = f"\n\nclass {owner}(nn.Module):\n" + "\n".join(
             "    " + line for line in hc_pre.splitlines()) + "\n"
-        ns = dict(envs=Envs(), _is_hip=False, _is_npu=False, npu_hc_pre=None,
+        if owner != "DeepseekV4DecoderLayer":  # 0.5.23: the name is an alias of a subclass
+            code += ("\n\nclass DeepseekV4CudaDecoderLayer(DeepseekV4DecoderLayerBase):\n"
+                     "    pass\n\nDeepseekV4DecoderLayer = DeepseekV4CudaDecoderLayer\n")
+        guard_module, guard_name = guard.rsplit(".", 1)
+        ops = SimpleNamespace(hc_split_sinkhorn=sinkhorn_torch)
+        ns = dict(envs=Envs(), _is_hip=False, _is_npu=False, _is_xpu=False, npu_hc_pre=None,
                   ForwardBatch=object, compile_in_capture_mode=lambda f: f,
-                  _MHC_POST_MULT_VALUE=2.0)
+                  _MHC_POST_MULT_VALUE=2.0, MHC_POST_MULT_VALUE=2.0,
+                  get_mhc_ops=lambda: ops, _get_mhc_ops=lambda: ops,
+                  use_symmetric_memory=lambda *a, **k: contextlib.nullcontext(),
+                  get_tp_group=lambda: None, get_parallel=lambda: SimpleNamespace(tp_group=None),
+                  is_allocation_symmetric=lambda: False, is_sm120_supported=lambda: False,
+                  get_platform=lambda: SimpleNamespace(is_sm120=False),
+                  _is_gfx1250_supported=False, get_bool_env_var=lambda *a: False,
+                  is_gfx95_supported=lambda: False)
+        if guard_module == name:
+            code = extract(src, [guard_name]) + code
+        else:  # 0.5.19+: the guard and what it calls live in their own module
+            gsrc = self.src.source(guard_module) or ""
+            names = [n for n in ("_is_fused_mhc_post_pre_enabled", "_is_aiter_gfx95_mhc_available",
+                                 "_is_production_mhc_enabled", guard_name) if _defines(gsrc, n)]
+            self._exec(guard_module, extract(gsrc, list(dict.fromkeys(names))), dict(ns))
         self._exec(name, code, ns)
+
+
+def _defines(source: str, name: str) -> bool:
+    return any(getattr(n, "name", None) == name or any(getattr(t, "id", None) == name
+                                                       for t in getattr(n, "targets", []))
+               for n in ast.parse(source).body)
+
+
+def mhc_combine_torch(x_flat: torch.Tensor, pre: torch.Tensor, hc: int,
+                      out_dtype: torch.dtype) -> torch.Tensor:
+    """torch transcription of SGLang's Triton `mhc_combine` (0.5.23):
+    y[m, h] = sum_k pre[m, k] · x_flat[m, k·H + h], fp32, cast to `out_dtype`."""
+    m = x_flat.shape[0]
+    return (pre.unsqueeze(-1) * x_flat.float().view(m, hc, -1)).sum(dim=1).to(out_dtype)
+
+
+def make_hash_topk(cls: type, **kw: Any) -> Any:
+    """Construct a HashTopK with the arguments its release takes (0.5.23 dropped
+    num_fused_shared_experts and made the rest keyword-only)."""
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters
+    return cls(**{k: v for k, v in kw.items() if k in params})
 
 
 def decoder_layer(cls: type, hc_mult: int = 4, eps: float = 1e-6, iters: int = 20) -> Any:
@@ -239,9 +318,9 @@ def make_deepseek_v2_moe() -> type:
             if self.is_hash:
                 from sglang.srt.layers.moe.hash_topk import HashTopK
 
-                self.topk = HashTopK(topk=6, num_experts=16, num_fused_shared_experts=0,
-                                     vocab_size=64, routed_scaling_factor=1.5,
-                                     apply_routed_scaling_factor_on_output=config.nvfp4)
+                self.topk = make_hash_topk(
+                    HashTopK, topk=6, num_experts=16, num_fused_shared_experts=0, vocab_size=64,
+                    routed_scaling_factor=1.5, apply_routed_scaling_factor_on_output=config.nvfp4)
             else:
                 self.topk = SimpleNamespace(topk_config=SimpleNamespace(
                     apply_routed_scaling_factor_on_output=config.nvfp4))

@@ -1,8 +1,9 @@
-"""Every hook target exists in the real SGLang wheels with the signature the hooks expect.
+"""Every hook target exists in every verified SGLang release with the signature the hooks expect.
 
-Read by AST from the downloaded 0.5.13 and 0.5.14 wheels (never imported): the targets each
-patch declares for that layout, the contract observer's target, the signature table, and the
-call sites whose contracts the hooks rely on.
+Read by AST from each release's downloaded wheel (never imported): the targets each patch
+declares for that release's layout, the symbols the hook bodies call, the contract observer's
+target, the signature table, the call sites whose contracts the hooks rely on, and the
+upstream-switch rules of the patches against the flags that release's server args set on SM120.
 """
 
 from __future__ import annotations
@@ -12,9 +13,16 @@ import ast
 import pytest
 
 from dsv4bisect.patching.registry import builtin_patches
-from dsv4bisect.plugin.static import SourceTree, call_keywords, result_index
-from dsv4bisect.plugin.targets import CALL_CONTRACTS, CONTRACT_TARGET, SIGNATURES
-from dsv4bisect.plugin.versions import layout_for
+from dsv4bisect.plugin.static import SourceTree, call_keywords, result_index, sm120_forced_flags
+from dsv4bisect.plugin.targets import (
+    CONTRACT_TARGET,
+    SIGNATURES,
+    call_contracts,
+    hc_pre_target,
+    mla_module,
+    uses,
+)
+from dsv4bisect.plugin.versions import LAYOUTS, check_version, parse_version
 
 
 @pytest.fixture(scope="module")
@@ -23,23 +31,24 @@ def tree(wheel):
 
 
 def layout_of(tree: SourceTree) -> str:
-    layout, why = layout_for(tree.version() or "")
-    assert layout is not None, why
-    return layout
+    info = check_version(tree.version() or "")
+    assert info.verified and info.layout is not None, info.reason
+    return info.layout
 
 
-def test_wheel_version_maps_to_its_own_layout(tree):
-    assert layout_of(tree) == tree.version()
+def test_wheel_is_a_verified_release_with_a_layout(tree, wheel):
+    assert tree.version() in wheel.name and layout_of(tree) in LAYOUTS
 
 
-def test_every_declared_target_exists_with_its_signature(tree):
+def test_every_declared_target_and_call_exists_with_its_signature(tree):
     layout = layout_of(tree)
     table = SIGNATURES[layout]
     checked = 0
     for patch in builtin_patches().values():
-        targets = patch.sglang.hooks.get(layout)
-        assert targets, f"{patch.name} declares no hooks for layout {layout}"
-        for target in (*targets, CONTRACT_TARGET):
+        targets = patch.sglang.hooks.get(layout, ())
+        assert targets or not any(patch.sglang.hooks.values()), \
+            f"{patch.name} declares no hooks for layout {layout}"
+        for target in (*targets, *uses(patch.name, layout), CONTRACT_TARGET):
             sig = table[target]  # every declared target has an expected signature
             if sig.external:
                 continue
@@ -49,32 +58,31 @@ def test_every_declared_target_exists_with_its_signature(tree):
             assert sig.mismatch(found.param_names) is None, \
                 f"{target}: {sig.mismatch(found.param_names)}"
             checked += 1
-    assert checked >= 10
+    assert checked >= 12
 
 
 def test_signature_table_has_no_stale_entries(tree):
     layout = layout_of(tree)
     declared = {t for p in builtin_patches().values() for t in p.sglang.hooks.get(layout, ())}
-    assert set(SIGNATURES[layout]) == declared | {CONTRACT_TARGET}
+    called = {t for p in builtin_patches() for t in uses(p, layout)}
+    assert set(SIGNATURES[layout]) == declared | called | {CONTRACT_TARGET}
 
 
-@pytest.mark.parametrize("key", sorted(CALL_CONTRACTS))
-def test_call_contracts_hold(tree, key):
-    patch, _, only = key.partition("@")
-    if only and layout_of(tree) != only:
-        pytest.skip(f"{key} applies to layout {only}")
-    for c in CALL_CONTRACTS[key]:
-        calls = tree.calls(c.module, c.callee, within=c.within)
-        assert calls, f"no call of {c.callee} in {c.module}.{c.within}"
-        fn_tree = tree.tree(c.module)
-        for call in calls:
-            kw = set(call_keywords(call))
-            if c.exact:
-                assert kw == c.keywords, f"{c.callee}: {sorted(kw ^ c.keywords)} ({c.why})"
-            else:
-                assert c.keywords <= kw, f"{c.callee} lacks {sorted(c.keywords - kw)} ({c.why})"
-            if c.index is not None:
-                assert result_index(call, fn_tree) == c.index, c.why
+def test_call_contracts_hold(tree):
+    layout = layout_of(tree)
+    for patch, contracts in call_contracts(layout).items():
+        for c in contracts:
+            calls = tree.calls(c.module, c.callee, within=c.within)
+            assert calls, f"{patch}: no call of {c.callee} in {c.module}.{c.within}"
+            fn_tree = tree.tree(c.module)
+            for call in calls:
+                kw = set(call_keywords(call))
+                if c.exact:
+                    assert kw == c.keywords, f"{c.callee}: {sorted(kw ^ c.keywords)} ({c.why})"
+                else:
+                    assert c.keywords <= kw, f"{c.callee} lacks {sorted(c.keywords - kw)}"
+                if c.index is not None:
+                    assert result_index(call, fn_tree) == c.index, c.why
 
 
 def test_stock_hash_topk_asserts_only_in_0513(tree):
@@ -86,16 +94,69 @@ def test_stock_hash_topk_asserts_only_in_0513(tree):
 
 
 def test_indexer_function_is_looked_up_at_call_time(tree):
-    """triton-indexer replaces a module global: forward_c4_indexer must read the global, not
-    hold a reference taken at import."""
-    calls = tree.source("sglang.srt.layers.attention.dsv4.indexer")
-    assert "fn = fp8_paged_mqa_logits_torch_sm120" in calls
+    """triton-indexer replaces a module global: the indexer must read the global at call time,
+    not hold a reference taken at import."""
+    src = tree.source("sglang.srt.layers.attention.dsv4.indexer") or ""
+    assert "fn = fp8_paged_mqa_logits_torch_sm120" in src
 
 
-def test_decode_entry_is_imported_inside_the_forward(tree):
-    """mma-decode replaces a module attribute: the backend imports it at call time."""
-    fwd = tree.resolve("sglang.srt.layers.attention.deepseek_v4_backend."
-                       "DeepseekV4AttnBackend.forward")
+def test_decode_entry_is_imported_where_it_is_called(tree):
+    """mma-decode replaces a module attribute: the backend imports it at call time, from the
+    module the layout hooks."""
+    layout = layout_of(tree)
+    contract = call_contracts(layout)["mma-decode"][0]
+    fwd = tree.resolve(f"{contract.module}.{contract.within}")
     imports = [n for n in ast.walk(fwd.node) if isinstance(n, ast.ImportFrom)
                and any(a.name == "flash_mla_with_kvcache_sm120" for a in n.names)]
-    assert imports and imports[0].module == "sglang.srt.layers.attention.flash_mla_sm120"
+    assert imports and imports[0].module == mla_module(layout)
+
+
+def test_hc_pre_is_not_overridden_by_the_decoder_layer_subclasses(tree):
+    """0.5.23 hooks hc_pre on DeepseekV4DecoderLayerBase: no subclass may define its own."""
+    v4 = tree.tree("sglang.srt.models.deepseek_v4")
+    owner = hc_pre_target(layout_of(tree)).split(".")[-2]
+    subclasses = [n for n in v4.body if isinstance(n, ast.ClassDef)
+                  and any(getattr(b, "id", "") == owner for b in n.bases)]
+    for cls in subclasses:
+        assert not any(getattr(n, "name", "") == "hc_pre" for n in cls.body), cls.name
+
+
+def _rules_for(version: str):
+    parsed = parse_version(version)
+    for p in builtin_patches().values():
+        rule = p.sglang.rule(parsed, "sm120")
+        if rule is not None:
+            yield p, rule
+
+
+def test_switch_rules_agree_with_the_flags_the_release_sets_on_sm120(tree):
+    """A switch declared `upstream` on SM120 is one this release forces; one declared `env`
+    is one it leaves to the user (unset, or only a default when unset)."""
+    flags = {f.name: f for f in sm120_forced_flags(tree)}
+    assert "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH" in flags
+    env_defaults = tree.source("sglang.srt.environ") or ""
+    for patch, rule in _rules_for(tree.version() or ""):
+        for var in rule.variables:
+            forced = var in flags and flags[var].forced
+            if rule.how == "env":
+                assert not forced, f"{patch.name}: {var} is forced at {flags[var].where}"
+                assert f"{var} = Env" in env_defaults, f"{patch.name}: {var} not in environ.py"
+            if rule.how == "upstream":
+                assert forced, f"{patch.name}: {var} is not forced on SM120 here"
+        if rule.how == "absent" and patch.name in ("flashinfer-mhc", "sm120-flashmla-backend"):
+            switch = next(v for r in patch.sglang.rules for v in r.variables)
+            assert f"{switch} = Env" not in env_defaults, f"{patch.name}: {switch} exists here"
+
+
+def test_every_switch_is_read_by_the_release_that_declares_it(tree):
+    """An `env` rule's variable is read somewhere in the DeepSeek-V4 paths of that release."""
+    for patch, rule in _rules_for(tree.version() or ""):
+        if rule.how != "env":
+            continue
+        for var in rule.variables:
+            assert any(f"envs.{var}.get()" in (tree.source(m) or "") for m in (
+                "sglang.srt.models.deepseek_v4", "sglang.srt.layers.attention.dsv4.indexer",
+                "sglang.srt.layers.moe.hash_topk", "sglang.srt.layers.attention.flash_mla_sm120",
+                "sglang.kernels.ops.attention.flash_mla_sm120",
+                "sglang.srt.models.deepseek_common.amd.deepseek_v4_fused_mhc")), \
+                f"{patch.name}: nothing reads {var}"

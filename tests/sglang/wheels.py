@@ -1,8 +1,11 @@
 """The SGLang wheels the tests read (never imported, never committed).
 
-`pip download --no-deps sglang==V` into a cache outside the repository
-(`$DSV4BISECT_SGLANG_WHEELS`, default ~/.cache/dsv4bisect/sglang-wheels). A wheel already
-there is reused. When the package index cannot be reached the caller skips with the reason.
+One wheel per verified release (`dsv4bisect.plugin.versions.VERIFIED`), downloaded with
+`pip download --no-deps` into a cache outside the repository (`$DSV4BISECT_SGLANG_WHEELS`,
+default ~/.cache/dsv4bisect/sglang-wheels), all missing ones at once in parallel; a wheel already
+there is reused. Only the files the checks need are read from each zip. A test may skip only
+when the package index cannot be reached at all: once the index has answered (a wheel came, or
+pip said a version does not exist), a missing wheel fails the test instead.
 """
 
 from __future__ import annotations
@@ -10,10 +13,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from pathlib import Path
 
-VERSIONS = ("0.5.13", "0.5.14")
+from dsv4bisect.plugin.versions import VERIFIED
+
+VERSIONS = VERIFIED
+# The releases whose pure-torch SGLang code the hooks are compared with (tests/sglang/
+# test_hooks_vs_sglang.py): the two the plugin was built on, the first of the kernels/ops move
+# and the newest.
+HOOK_VERSIONS = ("0.5.13", "0.5.14", "0.5.16", VERIFIED[-1])
 ENV = "DSV4BISECT_SGLANG_WHEELS"
+READ: set[str] = set()  # versions whose wheel a test opened (printed at the end of the run)
+_ANSWERED = ("No matching distribution", "Could not find a version")  # the index did answer
 
 
 def wheel_dir() -> Path:
@@ -27,8 +40,7 @@ def find_wheel(version: str, directory: Path | None = None) -> Path | None:
     return found[0] if found else None
 
 
-def fetch_wheel(version: str) -> tuple[Path | None, str]:
-    """(wheel path, "") or (None, why it could not be downloaded)."""
+def _download(version: str) -> tuple[Path | None, str]:
     have = find_wheel(version)
     if have is not None:
         return have, ""
@@ -47,11 +59,34 @@ def fetch_wheel(version: str) -> tuple[Path | None, str]:
     return have, ""
 
 
+@cache
+def fetch_all() -> dict[str, tuple[Path | None, str]]:
+    """Every verified release's wheel (downloaded in parallel where missing)."""
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return dict(zip(VERSIONS, pool.map(_download, VERSIONS)))
+
+
+def index_answered() -> bool:
+    got = fetch_all().values()
+    return any(p is not None for p, _ in got) or any(a in why for _, why in got for a in _ANSWERED)
+
+
+def fetch_wheel(version: str) -> tuple[Path | None, str]:
+    """(wheel path, "") or (None, why it could not be downloaded)."""
+    if version in VERSIONS:
+        return fetch_all()[version]
+    return _download(version)
+
+
 def wheel_of(version: str) -> Path:
-    """The wheel, or skip the calling test with the reason it cannot be downloaded."""
+    """The wheel; skip when the index is unreachable, fail when it answered but this is missing."""
     import pytest
 
     path, why = fetch_wheel(version)
     if path is None:
-        pytest.skip(f"cannot download the sglang {version} wheel: {why}")
+        if index_answered():
+            pytest.fail(f"the sglang {version} wheel is missing although the index answered: "
+                        f"{why}")
+        pytest.skip(f"cannot reach the package index for the sglang {version} wheel: {why}")
+    READ.add(version)
     return path
