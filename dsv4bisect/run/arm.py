@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from dsv4bisect.config.engine_config import EngineConfig
-from dsv4bisect.engines.launcher import EngineCrashed, Launch
+from dsv4bisect.engines.launcher import EngineCrashed, Launch, PortTaken
 from dsv4bisect.engines.receipts import check_receipts
 from dsv4bisect.engines.verify import server_info, verify_reference_patches
 from dsv4bisect.errors import EngineError, ProbeError
@@ -138,8 +138,8 @@ class EngineArm:
             except EngineCrashed as exc:
                 self._crashed("start", exc)
                 continue
-            except EngineError:
-                if not self._lost_auto_port():
+            except EngineError as exc:
+                if not self._lost_auto_port(exc):
                     raise
                 self._relaunch_on_new_port()
                 continue
@@ -176,13 +176,17 @@ class EngineArm:
         return (tail(path, lines), str(path)) if path.exists() else ("", None)
 
     # -- crashes and lost ports --------------------------------------------------------------
-    def _lost_auto_port(self) -> bool:
+    def _lost_auto_port(self, exc: EngineError) -> bool:
         """A port chosen free at launch was taken by another process before the engine bound
-        it (the engine exited 125): our race, not the user's environment; retried once."""
+        it (the engine exited 125, or another server answered on it): our race, not the user's
+        environment; retried once. A port the profile fixed is never retried."""
         assert self.launch is not None
         auto = {p.role for p in self.cfg.processes if p.port is None}
-        return self.port_retries < 1 and any(
-            p.popen.returncode == 125 and p.spec.role in auto for p in self.launch.procs)
+        if self.port_retries >= 1:
+            return False
+        if isinstance(exc, PortTaken):
+            return exc.role in auto
+        return any(p.popen.returncode == 125 and p.spec.role in auto for p in self.launch.procs)
 
     def _relaunch_on_new_port(self) -> None:
         self.port_retries += 1
