@@ -98,6 +98,9 @@ class EngineArm:
         self.port_retries = 0
         self.crashes: list[Crash] = []
         self.launch_s: list[float] = []  # spawn -> ready (verified), per successful attempt
+        # Whether every launch that got ready was proven to be the server answering (False:
+        # a host that is not this machine; launcher.Launch.verified). None before the first.
+        self.verified: bool | None = None
         self._ready = False
         self._waiter: threading.Thread | None = None  # the thread inside wait_ready()
         self._t_spawn = 0.0
@@ -145,10 +148,18 @@ class EngineArm:
                 continue
             finally:
                 self._waiter = None
+            self._owner_checked(self.launch)
             verify_patches(self.cfg, self.launch)
             self._ready = True
             self.launch_s.append(round(time.perf_counter() - self._t_spawn, 3))
             return self.launch.url
+
+    def _owner_checked(self, launch: Launch) -> None:
+        ok = launch.verified is True
+        if not ok and self.verified is not False:
+            self.on_event(Notice(f"{self.name}: {launch.unverified_why}; its results are not "
+                                 "cached", "warn"))
+        self.verified = ok if self.verified is None else (self.verified and ok)
 
     def probe(self, work: Callable[[str], T]) -> T:
         """Run `work(url)`; a crash during it relaunches the engine and runs `work` again."""
