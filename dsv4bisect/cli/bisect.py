@@ -112,13 +112,14 @@ def bisect(
             raise typer.Exit(0)
         console().print(_plan_line(estimate, costs), markup=False, highlight=False)
         ensure_runs_root(out)
-        _clean_predecessors(out)
-        run_dir = new_run_dir(out, "bisect-" + Path(profile).stem, runner.probe_hash)
         request = {"profile": profile, "sets": list(question.sets), "tier": tier,
                    "test_cmd": test_cmd, "use_cache": not no_cache,
                    "left_out": [list(x) for x in question.left_out],
                    "command": ["dsv4bisect", *sys.argv[1:]]}
+        # The ledger's lock first: a second bisect on it is refused before it writes anything.
         with Ledger.open(ledger_path or out / LEDGER) as ledger:
+            _clean_predecessors(out)
+            run_dir = new_run_dir(out, "bisect-" + Path(profile).stem, runner.probe_hash)
             outcome = _drive(runner, run_dir, display, lambda: start_bisect(
                 spec, runner, ledger, run_dir, display, request=request))
     _finish(outcome, json_out, fmt)
