@@ -58,9 +58,10 @@ class EngineCrashed(EngineError):
 class PortTaken(EngineError):
     """The engine's port is held, or answered, by a process this launch did not start."""
 
-    def __init__(self, role: str, holder: portcheck.Holder, when: str) -> None:
+    def __init__(self, role: str, holder: portcheck.Holder, when: str, log: str = "") -> None:
         super().__init__(
-            f"`{role}`: {holder.describe()} ({when}); nothing was probed",
+            f"`{role}`: {holder.describe()} ({when}); nothing was probed"
+            + (f"\n{log}" if log else ""),
             "stop that process, or set engine.port to a free port (or leave it automatic)")
         self.role, self.holder = role, holder
 
@@ -208,6 +209,12 @@ class Launch:
             # `dsv4bisect serve` exits 125 for infrastructure (port busy); SGLang says so in its log.
             if code == 125 or (_bind_failure(log) and p.spec.port is not None
                                and not port_is_free(self.cfg.host, p.spec.port)):
+                holder = (portcheck.port_holder(self.cfg.host, p.spec.port)
+                          if p.spec.port is not None and portcheck.is_local_host(self.cfg.host)
+                          else None)
+                if holder is not None:  # taken between our check and the engine's bind
+                    raise PortTaken(p.spec.role, holder,
+                                    f"the engine exited {code}: it could not bind it", log)
                 raise EngineError(f"`{p.spec.role}` could not start (exit {code}): port "
                                   f"{p.spec.port} unavailable?\n{log}",
                                   "another process holds the port; stop it or use port auto")

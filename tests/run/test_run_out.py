@@ -1,4 +1,4 @@
-"""`--out` that cannot hold run directories: one `error:` line and a `hint:`, exit 5, no traceback."""
+"""`--out` that cannot hold run directories: one `error:` line, a `hint:`, exit 5, no traceback."""
 
 from __future__ import annotations
 
