@@ -161,3 +161,18 @@ def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
         child = int(pid_file.read_text())
         assert _alive(child)
     assert not _alive(leader) and not _alive(child)
+
+
+def test_a_host_that_is_not_this_machine_leaves_the_launch_unverified(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A remote host cannot exist on this box: the one thing injected is the answer to "is this
+    # host one of ours?"; the engine, its port and the readiness poll are real.
+    import dsv4bisect.engines.ports as ports
+
+    argv = [sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1"]
+    cfg = resolve(_command_profile(tmp_path, argv, ready="/"))
+    monkeypatch.setattr(ports, "is_local_host", lambda host: False)
+    with Launch(cfg, tmp_path / "run") as launch:
+        assert launch.verified is False
+        assert launch.unverified_why and "not an address of this machine" in \
+            launch.unverified_why
