@@ -61,7 +61,9 @@ def test_a_port_held_by_a_foreign_server_is_cannot_test_with_the_holder_named(
         foreign.wait()
 
 
-def test_kill_9_of_run_leaves_no_engine_once_the_next_run_starts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nxt", ["run", "bisect"])
+def test_kill_9_of_run_leaves_no_engine_once_the_next_run_starts(tmp_path: Path,
+                                                                 nxt: str) -> None:
     runs = tmp_path / "runs"
     env = {**os.environ, "DSV4BISECT_CACHE": str(tmp_path / "cache"), "NO_COLOR": "1"}
     with open(tmp_path / "first.log", "w") as err:
@@ -83,12 +85,18 @@ def test_kill_9_of_run_leaves_no_engine_once_the_next_run_starts(tmp_path: Path)
         assert all(alive(p) for p in pids)  # orphans: nothing stopped them (yet)
         assert load(run_dir / "run.json")["status"] == "running"
 
-        # The next run on the same root, one that ends quickly (an engine never ready).
-        never = command_profile(tmp_path, "never", [sys.executable, "-m", "http.server",
-                                                    "{port}", "--bind", "127.0.0.1"],
-                                ready="/health", timeout=1)
-        r = cli("run", never, "--tier", "ci", "--out", runs, cache=tmp_path / "cache")
-        assert r.returncode == 125, r.stderr
+        # The next run (or bisect) on the same root, one that ends quickly: an engine that is
+        # never ready; a bisect whose test command passes everywhere (the ends do not differ).
+        if nxt == "run":
+            never = command_profile(tmp_path, "never", [sys.executable, "-m", "http.server",
+                                                        "{port}", "--bind", "127.0.0.1"],
+                                    ready="/health", timeout=1)
+            r = cli("run", never, "--tier", "ci", "--out", runs, cache=tmp_path / "cache")
+            assert r.returncode == 125, r.stderr
+        else:
+            r = cli("bisect", "--test-cmd", "true", "--max-trials", "2", "--out", runs,
+                    cache=tmp_path / "cache")
+            assert r.returncode == 1, r.stderr
         assert "left running by a killed dsv4bisect" in r.stderr
         assert f"{run_dir} was left `running`" in r.stderr
         assert not [p for p in pids if alive(p)], r.stderr
