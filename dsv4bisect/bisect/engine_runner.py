@@ -199,34 +199,3 @@ def _throughput(trial: Trial) -> float | None:
 def _log_path(run_dir: Path) -> str | None:
     logs = sorted((run_dir / "candidate" / "logs").glob("*.log"))
     return str(logs[0]) if logs else None
-
-
-def reap_orphans(trial_dir: Path) -> list[int]:
-    """Stop engines a killed bisect left running for a trial (`kill -9` gives it no chance to).
-
-    An engine process names its receipts directory, inside its trial's directory, in its
-    environment; each is the leader of its own process group (the launcher starts a session).
-    Linux only (reads /proc); elsewhere nothing is found.
-    """
-    import os
-    import signal
-
-    marker = f"DSV4BISECT_RECEIPTS={trial_dir.resolve()}/".encode()
-    found = []
-    proc = Path("/proc")
-    for entry in proc.iterdir() if proc.is_dir() else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    for pid in found:
-        try:
-            group = os.getpgid(pid)
-            if group != os.getpgrp():  # never our own group
-                os.killpg(group, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return found

@@ -7,11 +7,20 @@ deliberate re-test of a configuration draws the next seed block. Attempts that c
 `running` before it starts, so a bisect killed at any point (kill -9, power loss: synchronous
 FULL) finds it on resume and runs it again. Noise evidence (A/A runs, end checks, re-tests)
 accumulates across bisects.
+
+One writer per ledger: `Ledger.open` takes an exclusive `flock` on `<ledger>.lock` beside it for
+as long as it is open (the kernel drops it when the process dies, even by `kill -9`, so a stale
+lock cannot exist); a second writer gets a BisectError naming the holder's PID. Holding the lock
+proves that no other driver is alive, so every trial row still `running` was left by a dead one
+and is marked `abandoned` on the spot. Readers (`report`) use `Ledger.open_readonly`, which
+takes no lock and creates no file.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 import time
 import uuid
@@ -36,41 +45,70 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 
-class Ledger:
-    """One SQLite file; open it with `Ledger.open(path)`. Use from one thread."""
+LOCK_SUFFIX = ".lock"
 
-    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+
+class Ledger:
+    """One SQLite file; open it with `Ledger.open(path)` (the one writer) or
+    `Ledger.open_readonly(path)`. Use from one thread."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, lock_fd: int | None = None) -> None:
         self._conn = conn
         self.path = path
+        self._lock_fd = lock_fd
+        self.reconciled = 0  # `running` trial rows of dead drivers marked abandoned at open
 
     @classmethod
     def open(cls, path: str | Path) -> Ledger:
+        """The writer: exclusive for as long as it is open (see the module doc)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BisectError(f"cannot create the ledger's directory `{path.parent}`: "
+                              f"{exc.strerror}", "point --ledger (or --out) at a writable "
+                              "directory") from None
+        lock_fd = _lock(path)
+        try:
+            conn = _connect(path)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        ledger = cls(conn, path, lock_fd)
+        with ledger._tx() as c:
+            ledger.reconciled = c.execute(
+                "UPDATE trials SET status = 'abandoned' WHERE status = 'running'").rowcount
+        return ledger
+
+    @classmethod
+    def open_readonly(cls, path: str | Path) -> Ledger:
+        """A reader: no lock, no file created (a missing ledger is an error, not a new one).
+
+        SQLite's `mode=ro` still creates the WAL's `-shm`/`-wal` side files when they are
+        missing; they are missing exactly when no writer has the ledger open and everything is
+        in the main file, so that case opens `immutable` instead, which touches nothing."""
+        path = Path(path)
+        if not path.is_file():
+            raise BisectError(f"the ledger `{path}` does not exist",
+                              "was it moved or deleted? the bisect's bisect.json names it; "
+                              "reading a bisect creates nothing")
+        live = Path(f"{path}-wal").exists()
+        uri = path.resolve().as_uri() + ("?mode=ro" if live else "?mode=ro&immutable=1")
+        try:
+            conn = sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None)
             conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            conn.executescript(SCHEMA)
             found = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         except sqlite3.DatabaseError as exc:
-            raise BisectError(
-                f"cannot open the ledger `{path}`: {exc}",
-                "point --ledger at a writable file, or move the broken one",
-            ) from exc
-        if found is None:
-            conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        elif int(found[0]) != SCHEMA_VERSION:
-            raise BisectError(
-                f"ledger `{path}` has schema {found[0]}, expected {SCHEMA_VERSION}",
-                "use a ledger written by this version of dsv4bisect",
-            )
+            raise BisectError(f"cannot read the ledger `{path}`: {exc}",
+                              "is it a dsv4bisect ledger? bisect.json names it") from None
+        _check_schema(path, found)
         return cls(conn, path)
 
     def close(self) -> None:
         self._conn.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     def __enter__(self) -> Self:
         return self
@@ -316,6 +354,63 @@ class Ledger:
         return NoiseEstimate(
             good, counts.get(("pass", "fail"), 0), bad, counts.get(("fail", "pass"), 0)
         )
+
+
+def _lock(path: Path) -> int:
+    """An exclusive flock on `<ledger>.lock`, its holder's PID written in it; or BisectError."""
+    lock_path = Path(f"{path}{LOCK_SUFFIX}")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by engines
+    except OSError as exc:
+        raise BisectError(f"cannot create the ledger's lock `{lock_path}`: {exc.strerror}",
+                          "point --ledger (or --out) at a writable directory") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise BisectError(
+            f"the ledger `{path}` is in use by another bisect (PID {holder})",
+            "wait for it to finish (or stop it), or give this bisect its own --ledger "
+            "(or --out)") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = None
+    try:
+        conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.executescript(SCHEMA)
+        found = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+    except sqlite3.DatabaseError as exc:
+        if conn is not None:
+            conn.close()
+        raise BisectError(
+            f"cannot open the ledger `{path}`: {exc}",
+            "point --ledger at a writable file, or move the broken one",
+        ) from exc
+    if found is None:
+        conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+    else:
+        try:
+            _check_schema(path, found)
+        except BisectError:
+            conn.close()
+            raise
+    return conn
+
+
+def _check_schema(path: Path, found: sqlite3.Row | None) -> None:
+    if found is None or str(found[0]) != str(SCHEMA_VERSION):
+        raise BisectError(
+            f"ledger `{path}` has schema {found[0] if found else 'none'}, expected "
+            f"{SCHEMA_VERSION}", "use a ledger written by this version of dsv4bisect")
 
 
 __all__ = ["Ledger", "NoiseEstimate", "RunRow", "StepRow", "TrialKey", "TrialRow"]

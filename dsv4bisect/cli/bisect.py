@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from dsv4bisect.bisect.engine_runner import EngineRunner, reap_orphans
+from dsv4bisect.bisect.engine_runner import EngineRunner
 from dsv4bisect.bisect.question import Question, resolve_question
 from dsv4bisect.bisect.runner import Runner
 from dsv4bisect.bisect.testcmd import TestCommandRunner
 from dsv4bisect.cli.bisect_display import BisectDisplay
 from dsv4bisect.cli.options import Disable, Enable, Format, FormatOpt, Json, Only, Set, overrides
-from dsv4bisect.engines.rundir import new_run_dir
+from dsv4bisect.engines.rundir import ensure_runs_root, new_run_dir
 from dsv4bisect.errors import BisectError, ExitCode
+from dsv4bisect.run.orphans import clean_predecessors
 from dsv4bisect.run.session import DEFAULT_PROFILE
 from dsv4bisect.run.signals import interrupts
 from dsv4bisect.ui.console import console, stdout
@@ -110,12 +111,15 @@ def bisect(
             _show_plan(estimate, costs, json_out)
             raise typer.Exit(0)
         console().print(_plan_line(estimate, costs), markup=False, highlight=False)
-        run_dir = new_run_dir(out, "bisect-" + Path(profile).stem, runner.probe_hash)
+        ensure_runs_root(out)
         request = {"profile": profile, "sets": list(question.sets), "tier": tier,
                    "test_cmd": test_cmd, "use_cache": not no_cache,
                    "left_out": [list(x) for x in question.left_out],
                    "command": ["dsv4bisect", *sys.argv[1:]]}
+        # The ledger's lock first: a second bisect on it is refused before it writes anything.
         with Ledger.open(ledger_path or out / LEDGER) as ledger:
+            _clean_predecessors(out)
+            run_dir = new_run_dir(out, "bisect-" + Path(profile).stem, runner.probe_hash)
             outcome = _drive(runner, run_dir, display, lambda: start_bisect(
                 spec, runner, ledger, run_dir, display, request=request))
     _finish(outcome, json_out, fmt)
@@ -153,14 +157,19 @@ def _resume(run_dir: Path, display: BisectDisplay) -> BisectOutcome:
             runner = EngineRunner(request["profile"], spec.good, sets=request.get("sets") or (),
                                   tier=request.get("tier"), use_cache=request["use_cache"],
                                   on_event=display.run_event)
-            for row in ledger.trials(info["run_id"]):  # engines orphaned by a kill -9
-                if row.status == "running" and row.trial_dir:
-                    for pid in reap_orphans(Path(row.trial_dir)):
-                        display.note(f"stopped engine {pid} left by the interrupted trial")
+        # Engines a kill -9 left: recorded by PID and start time in this runs root's run dirs
+        # (this bisect's trials among them), stopped only if their launcher is gone.
+        _clean_predecessors(run_dir.resolve().parent)
         console().print(f"resuming {run_dir}: finished trials come from the ledger",
                         style="dim", markup=False)
         return _drive(runner, run_dir, display,
                       lambda: resume_bisect(run_dir, runner, display, ledger=ledger))
+
+
+def _clean_predecessors(root: Path) -> None:
+    """Engines (and run records) a `kill -9`ed run or bisect left under this runs root."""
+    for sentence in clean_predecessors(root):
+        console().print(sentence, style="yellow", markup=False, highlight=False)
 
 
 def _runner(q: Question, test_cmd: str | None, tier: str | None, use_cache: bool,
@@ -177,7 +186,7 @@ def _history(runner: Runner, ledger_path: Path) -> tuple[NoiseEstimate | None, l
         return None, []
     from dsv4bisect.bisect.ledger import Ledger
 
-    with Ledger.open(ledger_path) as ledger:
+    with Ledger.open_readonly(ledger_path) as ledger:  # no lock: a running bisect may hold it
         return (ledger.measured_noise(runner.probe_hash),
                 ledger.trial_durations(runner.probe_hash))
 

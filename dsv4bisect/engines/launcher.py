@@ -4,8 +4,17 @@ Each process runs in its own process group (session) with its own log file; read
 on its `ready_path` that answers 200, within the profile's startup timeout. A process that exits
 before it is ready is a crash (`EngineCrashed`, with the last lines of its log); a timeout without
 a crash, or a port held by someone else, is infrastructure (`EngineError`, exit 125). `stop()`
-sends SIGTERM to every group, waits a grace period, then SIGKILLs — on normal exit, exceptions,
-Ctrl-C and SIGTERM alike, so no engine is left holding a port or a GPU.
+sends SIGTERM to every group, waits a grace period, then SIGKILLs, and returns once every member
+of every group is gone (bounded) — on normal exit, exceptions, Ctrl-C and SIGTERM alike, so no
+engine is left holding a port or a GPU.
+
+Whose server answers (docs/run.md): a fixed port already held before launch is `PortTaken` (125,
+the holder named); once a process answers its ready path, every socket listening on its port
+must belong to the processes this launch started (`ports.py`), else the answers came from a
+foreign server: `PortTaken` again, before any probe. A host that is not this machine cannot be
+checked: the launch is then `verified = False` (its baseline is not cached).
+Every spawned group is recorded in `engines.json` (`groups.py`) so that a `kill -9`ed owner's
+engines can be stopped by the next run.
 """
 
 from __future__ import annotations
@@ -24,6 +33,9 @@ import requests
 
 from dsv4bisect import env as envvars
 from dsv4bisect.config.engine_config import EngineConfig, ProcessSpec
+from dsv4bisect.engines import ports as portcheck
+from dsv4bisect.engines import procfs
+from dsv4bisect.engines.groups import GroupRecord, wait_gone
 from dsv4bisect.engines.logs import redact_file, redact_text, secret_values, tail
 from dsv4bisect.errors import EngineError
 
@@ -43,6 +55,17 @@ class EngineCrashed(EngineError):
         self.role, self.returncode, self.log_tail, self.log_path = role, returncode, log_tail, log_path
 
 
+class PortTaken(EngineError):
+    """The engine's port is held, or answered, by a process this launch did not start."""
+
+    def __init__(self, role: str, holder: portcheck.Holder, when: str, log: str = "") -> None:
+        super().__init__(
+            f"`{role}`: {holder.describe()} ({when}); nothing was probed"
+            + (f"\n{log}" if log else ""),
+            "stop that process, or set engine.port to a free port (or leave it automatic)")
+        self.role, self.holder = role, holder
+
+
 @dataclass
 class Running:
     spec: ProcessSpec  # materialized: real ports and paths
@@ -60,6 +83,11 @@ class Launch:
     run_dir: Path
     on_event: EventFn | None = None
     procs: list[Running] = field(default_factory=list)
+    # None until ready; False when the host is not this machine (or /proc is missing), so the
+    # answering server's owner could not be checked.
+    verified: bool | None = None
+    unverified_why: str | None = None
+    _record: GroupRecord | None = None
 
     def __enter__(self) -> Launch:
         try:
@@ -85,11 +113,23 @@ class Launch:
         if self.cfg.cannot_start:
             raise EngineError(f"configuration cannot start: {self.cfg.cannot_start}",
                               "enable the required patch, or pick another good end")
+        self._check_fixed_ports()
         ports = {p.role: p.port or free_port(self.cfg.host) for p in self.cfg.processes}
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.receipts_dir.mkdir(parents=True, exist_ok=True)
+        self._record = GroupRecord(self.run_dir)
         for spec in self.cfg.materialize(ports, sys.executable):
             self.procs.append(self._spawn(spec, ports[spec.role]))
+
+    def _check_fixed_ports(self) -> None:
+        """A port set in the profile that someone holds already: CANNOT_TEST, holder named."""
+        if not portcheck.is_local_host(self.cfg.host):
+            return
+        for p in self.cfg.processes:
+            if p.port is not None:
+                holder = portcheck.port_holder(self.cfg.host, p.port)
+                if holder is not None:
+                    raise PortTaken(p.role, holder, "before launch")
 
     def _spawn(self, spec: ProcessSpec, port: int) -> Running:
         log_path = self.run_dir / "logs" / f"{spec.role}.log"
@@ -101,6 +141,8 @@ class Launch:
                 list(spec.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=environ, start_new_session=True,
             )
+        if self._record is not None:  # at once: a kill -9 from here on leaves a record
+            self._record.add(spec.role, popen.pid, spec.argv[0] if spec.argv else "")
         self._event(spec.role, "starting", "")
         return Running(spec, popen, log_path, f"http://{self.cfg.host}:{port}")
 
@@ -111,6 +153,7 @@ class Launch:
             for proc in list(pending):
                 self.check_alive(proc)
                 if _answers(proc.url + proc.spec.ready_path):
+                    self._check_owner(proc)
                     proc.state = "ready"
                     pending.remove(proc)
                     self._event(proc.spec.role, "ready", self._tail(proc, 1))
@@ -126,6 +169,34 @@ class Launch:
             if pending:
                 time.sleep(POLL_S)
 
+    def _check_owner(self, proc: Running) -> None:
+        """The sockets listening on `proc`'s port belong to this launch, or `PortTaken`."""
+        if self.verified is False:
+            return
+        host, port = self.cfg.host, proc.spec.port
+        assert port is not None
+        if not portcheck.is_local_host(host):
+            self.verified, self.unverified_why = False, (
+                f"{host} is not an address of this machine: the server answering on port "
+                f"{port} cannot be checked to be the one launched")
+            return
+        found = portcheck.listeners(host, port)
+        if found is None:
+            self.verified, self.unverified_why = False, (
+                "no /proc/net/tcp on this system: the server answering cannot be checked")
+            return
+        ours = procfs.descendants_of({p.popen.pid for p in self.procs})
+        foreign = [lst for lst in found if not portcheck.owners(lst.inode, among=ours)]
+        if foreign:
+            raise PortTaken(proc.spec.role, portcheck.holder_of(foreign[0]),
+                            "it answered in place of the engine that was launched")
+        if not found:
+            raise EngineError(
+                f"`{proc.spec.role}`: GET {proc.url}{proc.spec.ready_path} answered, but no "
+                f"socket listens on port {port} of {host} in /proc/net/tcp",
+                "is the engine in another network namespace (a container)?")
+        self.verified = True
+
     def check_alive(self, proc: Running | None = None) -> None:
         """Raise if a process died: `EngineError` when its port was taken, else `EngineCrashed`."""
         for p in [proc] if proc else self.procs:
@@ -138,22 +209,37 @@ class Launch:
             # `dsv4bisect serve` exits 125 for infrastructure (port busy); SGLang says so in its log.
             if code == 125 or (_bind_failure(log) and p.spec.port is not None
                                and not port_is_free(self.cfg.host, p.spec.port)):
+                holder = (portcheck.port_holder(self.cfg.host, p.spec.port)
+                          if p.spec.port is not None and portcheck.is_local_host(self.cfg.host)
+                          else None)
+                if holder is not None:  # taken between our check and the engine's bind
+                    raise PortTaken(p.spec.role, holder,
+                                    f"the engine exited {code}: it could not bind it", log)
                 raise EngineError(f"`{p.spec.role}` could not start (exit {code}): port "
                                   f"{p.spec.port} unavailable?\n{log}",
                                   "another process holds the port; stop it or use port auto")
             raise EngineCrashed(p.spec.role, code, log, p.log_path)
 
     def stop(self) -> None:
+        """SIGTERM every group, grace, SIGKILL; return once each whole group is gone (bounded
+        by GRACE_S + groups.GONE_TIMEOUT_S; what is still alive then is named in an event)."""
         for p in self.procs:
             _signal_group(p.popen, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_S
         for p in self.procs:
-            try:
-                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            if not _exited(p.popen, max(0.1, deadline - time.monotonic())):
                 _signal_group(p.popen, signal.SIGKILL)
-                p.popen.wait()
-            _signal_group(p.popen, signal.SIGKILL)  # children the leader left behind
+                _exited(p.popen, GRACE_S)
+            # The leader is exited but not yet reaped (a zombie keeps its PID, hence the group
+            # id, reserved): the SIGKILL cannot reach a reused group. Children it left behind
+            # are killed, and waited for: stop() returns when the whole group is gone.
+            _signal_group(p.popen, signal.SIGKILL)
+            left = wait_gone(p.popen.pid)
+            p.popen.wait()
+            if left:
+                self._event(p.spec.role, "stopping", f"still alive after SIGKILL: {left}")
+            elif self._record is not None:
+                self._record.stopped(p.popen.pid)
             redact_file(p.log_path, secret_values(os.environ, dict(p.spec.env)))
             if p.state != "exited":
                 p.state = "stopped"
@@ -172,6 +258,28 @@ def _answers(url: str) -> bool:
         return requests.get(url, timeout=5).status_code == 200
     except requests.RequestException:
         return False
+
+
+def _exited(popen: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait up to `timeout` for the leader to exit *without reaping it* (waitid WNOWAIT)."""
+    if not hasattr(os, "waitid"):  # macOS: reap it (the group id may then be reused: rare)
+        try:
+            popen.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    deadline = time.monotonic() + timeout
+    while True:
+        if popen.returncode is not None:
+            return True  # already reaped by an earlier poll()
+        try:
+            if os.waitid(os.P_PID, popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
 
 
 def _bind_failure(log: str) -> bool:
@@ -193,10 +301,4 @@ def free_port(host: str) -> int:
 
 
 def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
+    return portcheck.bindable(host, port)

@@ -20,14 +20,49 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from dsv4bisect.config.engine_config import EngineConfig
-from dsv4bisect.errors import ConfigError
+from dsv4bisect.errors import ConfigError, Dsv4BisectError
 
 CONFIG_FILE = "config.json"
+
+
+class RunsRootError(Dsv4BisectError):
+    """`--out` cannot hold run directories (exit 5, bad input)."""
+
+
+def ensure_runs_root(root: Path, option: str = "--out") -> Path:
+    """`root` as a directory we can write run directories into, created if missing — but only
+    its last component: a missing parent is more likely a typo than a wish (`mkdir`, not
+    `mkdir -p`). Writability is tried with a real file, so a read-only mount is caught for root
+    too. Every failure is one `error:` line with a `hint:`."""
+    hint = f"pass {option} a writable directory (it is created if only its last part is missing)"
+    if root.exists() and not root.is_dir():
+        raise RunsRootError(f"{option} {root} is not a directory", hint)
+    if not root.exists():
+        parent = root.absolute().parent
+        if not parent.is_dir():
+            raise RunsRootError(
+                f"{option} {root}: its parent {parent} does not exist (or is not a directory)",
+                f"create {parent} first, or pass {option} another directory")
+        try:
+            root.mkdir()
+        except FileExistsError:
+            pass  # a concurrent run made it
+        except OSError as exc:
+            raise RunsRootError(f"{option} {root} cannot be created: {exc.strerror}",
+                                hint) from None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=root)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise RunsRootError(f"{option} {root} is not writable: {exc.strerror}", hint) from None
+    return root
 
 
 def new_run_dir(root: Path, profile: str, fingerprint: str) -> Path:
@@ -37,7 +72,11 @@ def new_run_dir(root: Path, profile: str, fingerprint: str) -> Path:
     while path.exists():
         suffix += 1
         path = root / f"{stamp}-{profile}-{fingerprint[:8]}-{suffix}"
-    path.mkdir(parents=True)
+    try:
+        path.mkdir(parents=True)
+    except OSError as exc:  # a runs root that went read-only or full since it was checked
+        raise RunsRootError(f"cannot create the run directory {path}: {exc.strerror}",
+                            "free space, or pass --out a writable directory") from None
     return path
 
 

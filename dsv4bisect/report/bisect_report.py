@@ -67,7 +67,7 @@ def is_bisect_dir(path: str | Path) -> bool:
 def load_bisect(run_dir: str | Path) -> BisectView:
     root = Path(run_dir)
     info = read_run_file(root)
-    with Ledger.open(info["ledger"]) as ledger:
+    with Ledger.open_readonly(info["ledger"]) as ledger:  # a report writes nothing
         run = ledger.get_run(info["run_id"])
         rows = ledger.trials(run.id)
         steps = ledger.steps(run.id)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from dsv4bisect.config.engine_config import EngineConfig
-from dsv4bisect.engines.launcher import EngineCrashed, Launch
+from dsv4bisect.engines.launcher import EngineCrashed, Launch, PortTaken
 from dsv4bisect.engines.receipts import check_receipts
 from dsv4bisect.engines.verify import server_info, verify_reference_patches
 from dsv4bisect.errors import EngineError, ProbeError
@@ -98,6 +98,9 @@ class EngineArm:
         self.port_retries = 0
         self.crashes: list[Crash] = []
         self.launch_s: list[float] = []  # spawn -> ready (verified), per successful attempt
+        # Whether every launch that got ready was proven to be the server answering (False:
+        # a host that is not this machine; launcher.Launch.verified). None before the first.
+        self.verified: bool | None = None
         self._ready = False
         self._waiter: threading.Thread | None = None  # the thread inside wait_ready()
         self._t_spawn = 0.0
@@ -138,17 +141,25 @@ class EngineArm:
             except EngineCrashed as exc:
                 self._crashed("start", exc)
                 continue
-            except EngineError:
-                if not self._lost_auto_port():
+            except EngineError as exc:
+                if not self._lost_auto_port(exc):
                     raise
                 self._relaunch_on_new_port()
                 continue
             finally:
                 self._waiter = None
+            self._owner_checked(self.launch)
             verify_patches(self.cfg, self.launch)
             self._ready = True
             self.launch_s.append(round(time.perf_counter() - self._t_spawn, 3))
             return self.launch.url
+
+    def _owner_checked(self, launch: Launch) -> None:
+        ok = launch.verified is True
+        if not ok and self.verified is not False:
+            self.on_event(Notice(f"{self.name}: {launch.unverified_why}; its results are not "
+                                 "cached", "warn"))
+        self.verified = ok if self.verified is None else (self.verified and ok)
 
     def probe(self, work: Callable[[str], T]) -> T:
         """Run `work(url)`; a crash during it relaunches the engine and runs `work` again."""
@@ -176,13 +187,17 @@ class EngineArm:
         return (tail(path, lines), str(path)) if path.exists() else ("", None)
 
     # -- crashes and lost ports --------------------------------------------------------------
-    def _lost_auto_port(self) -> bool:
+    def _lost_auto_port(self, exc: EngineError) -> bool:
         """A port chosen free at launch was taken by another process before the engine bound
-        it (the engine exited 125): our race, not the user's environment; retried once."""
+        it (the engine exited 125, or another server answered on it): our race, not the user's
+        environment; retried once. A port the profile fixed is never retried."""
         assert self.launch is not None
         auto = {p.role for p in self.cfg.processes if p.port is None}
-        return self.port_retries < 1 and any(
-            p.popen.returncode == 125 and p.spec.role in auto for p in self.launch.procs)
+        if self.port_retries >= 1:
+            return False
+        if isinstance(exc, PortTaken):
+            return exc.role in auto
+        return any(p.popen.returncode == 125 and p.spec.role in auto for p in self.launch.procs)
 
     def _relaunch_on_new_port(self) -> None:
         self.port_retries += 1

@@ -3,7 +3,9 @@
 Written when the run starts (`status: running`) and rewritten atomically as it ends (`done`,
 `interrupted` or `error`), so a killed run still says what it was. Schema `dsv4bisect.run/1`:
 
-    status            running | done | interrupted | error
+    status            running | done | interrupted | error | abandoned (its process was killed:
+                      found so by a later run on the same runs root, `reconcile_abandoned`)
+    driver            {pid, start_time}: the dsv4bisect process that ran it (/proc/PID/stat)
     command           argv as typed (or as the caller passed it)
     profile, tier     the profile reference and the probe tier used
     overrides         {sets, enable, disable, only} of the candidate; good_overrides of the good end
@@ -18,11 +20,15 @@ Written when the run starts (`status: running`) and rewritten atomically as it e
                       candidate), report_s}
     started_at, finished_at, wall_s
     verdict, exit_code, error {message, hint} (on error), notes[]
+    arms.<arm>.verified  false when the answering server could not be checked to be the one
+                      launched (a host that is not this machine); its baseline is not cached
+    abandoned_at      when a later run found it `running` with its driver gone
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import threading
@@ -35,6 +41,8 @@ from typing import Any
 import dsv4bisect
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import Overrides
+from dsv4bisect.engines import procfs
+from dsv4bisect.engines.groups import identity
 from dsv4bisect.engines.rundir import write_json
 from dsv4bisect.probe.spec import PROBE_VERSION, ProbeSpec
 
@@ -56,7 +64,8 @@ def arm_summary(cfg: EngineConfig) -> dict[str, Any]:
             "patch_set": cfg.patch_set,
             "faults": [p.name for p in cfg.patches if p.fault],
             "inert": [p.name for p in cfg.patches if p.inert],
-            "attempts": 0, "launch_s": [], "crashes": [], "port_retries": 0, "cached": None}
+            "attempts": 0, "launch_s": [], "crashes": [], "port_retries": 0, "cached": None,
+            "verified": None}
 
 
 @dataclass
@@ -74,7 +83,8 @@ class RunRecord:
               good_overrides: Overrides, use_cache: bool, spec: ProbeSpec,
               good: EngineConfig, candidate: EngineConfig) -> RunRecord:
         doc = {
-            "schema": RUN_SCHEMA, "status": "running", "command": command, "profile": profile,
+            "schema": RUN_SCHEMA, "status": "running", "driver": identity(),
+            "command": command, "profile": profile,
             "tier": spec.tier, "overrides": _overrides(overrides),
             "good_overrides": _overrides(good_overrides), "use_cache": use_cache,
             "versions": {"dsv4bisect": dsv4bisect.__version__, "python": sys.version.split()[0],
@@ -130,3 +140,43 @@ class RunRecord:
 
 def load_record(run_dir: Path) -> dict[str, Any]:
     return dict(json.loads((run_dir / RUN_FILE).read_text()))
+
+
+# run.json of a `run`, and of each trial of a bisect, under a runs root.
+RECORD_PATTERNS = (f"*/{RUN_FILE}", f"*/trials/*/*/{RUN_FILE}")
+
+
+def reconcile_abandoned(root: Path) -> list[Path]:
+    """Mark `abandoned` every run under `root` still saying `running` whose driver (PID and
+    start time) is gone — a `kill -9` or a lost machine; the run dirs changed. Only our own
+    files (our uid), and only records that name their driver (older ones are left alone)."""
+    changed = []
+    for pattern in RECORD_PATTERNS:
+        try:
+            paths = sorted(root.glob(pattern))
+        except OSError:
+            continue
+        for path in paths:
+            try:
+                if path.stat().st_uid != os.getuid():
+                    continue
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(doc, dict) or doc.get("schema") != RUN_SCHEMA \
+                    or doc.get("status") != "running" or not isinstance(doc.get("driver"), dict):
+                continue
+            driver = doc["driver"]
+            if procfs.same_process(int(driver.get("pid") or 0), driver.get("start_time")):
+                continue  # still running
+            doc["status"] = "abandoned"
+            doc["abandoned_at"] = _now()
+            doc.setdefault("notes", []).append(
+                f"abandoned: the process that ran it (PID {driver.get('pid')}) is gone (killed?);"
+                " found by a later dsv4bisect on this runs root, which stopped its engines")
+            try:
+                write_json(path, doc)
+            except OSError:
+                continue
+            changed.append(path.parent)
+    return changed

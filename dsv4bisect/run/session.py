@@ -18,13 +18,14 @@ from pathlib import Path
 
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import Overrides
-from dsv4bisect.engines.rundir import new_run_dir, save_config
+from dsv4bisect.engines.rundir import ensure_runs_root, new_run_dir, save_config
 from dsv4bisect.errors import ConfigError, Dsv4BisectError, ExitCode
 from dsv4bisect.probe.session import write_verdict
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.run.arm import Cancelled, Supervisor
 from dsv4bisect.run.ends import probe_spec, resolve_ends
 from dsv4bisect.run.events import EventSink, Notice, ignore
+from dsv4bisect.run.orphans import clean_predecessors
 from dsv4bisect.run.record import RunRecord
 from dsv4bisect.run.signals import shielded
 from dsv4bisect.run.trial import Trial
@@ -61,6 +62,9 @@ def run(request: RunRequest, on_event: EventSink = ignore) -> RunOutcome:
     if request.seed_block is not None:
         spec = spec.replace(seed_block=request.seed_block)
     api_key = api_key_of(ends.candidate)
+    ensure_runs_root(request.runs_root)
+    for sentence in clean_predecessors(request.runs_root):  # what a kill -9 left behind
+        on_event(Notice(sentence, "warn"))
     run_dir = new_run_dir(request.runs_root, ends.candidate.profile, ends.candidate.fingerprint)
     save_config(run_dir / "baseline", ends.good)
     save_config(run_dir / "candidate", ends.candidate)

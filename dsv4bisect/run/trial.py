@@ -89,7 +89,7 @@ class Trial:
         for name, arm in self.arms.items():
             self.record.update_arm(name, attempts=arm.attempts, launch_s=arm.launch_s,
                                    crashes=[c.to_dict() for c in arm.crashes],
-                                   port_retries=arm.port_retries)
+                                   port_retries=arm.port_retries, verified=arm.verified)
         self.record.save()
 
     # -- schedules ---------------------------------------------------------------------------
@@ -236,6 +236,12 @@ class Trial:
                                            exc.hint)) from None
 
     def _store(self, key: cache.BaselineKey) -> None:
+        # Only a baseline measured on a server proven to be the good end's own engine is reused
+        # by later runs (a foreign server's answers must not outlive this run).
+        if self.arms["baseline"].verified is not True:
+            self.record.note("baseline not cached: the server that answered could not be "
+                             "checked to be the good end's own engine")
+            return
         try:
             path = cache.store(key, self.run_dir / "baseline", self.run_dir / "baseline-repeat")
         except OSError as exc:  # a full or read-only cache must not fail a finished trial

@@ -63,8 +63,8 @@ def test_sigkill_mid_run_then_resume_repeats_no_finished_trial(tmp_path):
     time.sleep(0.6)  # the orphaned check finishes on its own, as it would in real life
 
     run_id = json.loads((tmp_path / "run" / RUN_FILE).read_text())["run_id"]
-    with Ledger.open(tmp_path / "ledger.sqlite") as ledger:
-        rows = ledger.trials(run_id)
+    with Ledger.open_readonly(tmp_path / "ledger.sqlite") as ledger:  # a writer would
+        rows = ledger.trials(run_id)  # reconcile the `running` row at once
     done_before = {
         (json.dumps(r.patches, sort_keys=True), r.key.seed_block)
         for r in rows

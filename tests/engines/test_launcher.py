@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
-import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import requests
 
 from dsv4bisect.config.resolve import Overrides, resolve
-from dsv4bisect.engines.launcher import EngineCrashed, Launch
+from dsv4bisect.engines.launcher import EngineCrashed, Launch, PortTaken, free_port
+from dsv4bisect.engines.ports import port_holder
 from dsv4bisect.engines.verify import server_info, verify_reference_patches
 from dsv4bisect.errors import EngineError, ExitCode, PatchError
 
@@ -46,7 +49,15 @@ def test_reference_engine_starts_verifies_patches_and_stops(tmp_path: Path) -> N
         info = server_info(launch.url)
         verify_reference_patches(cfg, info)
         assert requests.get(launch.url + "/health", timeout=5).status_code == 200
+        assert launch.verified is True  # the server answering is the one launched
+        record = json.loads((tmp_path / "engines.json").read_text())
+        (group,) = record["groups"]
+        assert group["pid"] == pid and group["state"] == "running"
+        assert group["start_time"] == int(Path(f"/proc/{pid}/stat").read_text()
+                                          .rsplit(")", 1)[1].split()[19])
+        assert record["owner"]["pid"] == os.getpid()
     assert not _alive(pid)
+    assert json.loads((tmp_path / "engines.json").read_text())["groups"][0]["state"] == "stopped"
     assert ("server", "ready") in events and events[-1] == ("server", "stopped")
     assert (tmp_path / "logs" / "server.log").read_text()
 
@@ -59,20 +70,55 @@ def test_patch_mismatch_is_an_error(tmp_path: Path) -> None:
             verify_reference_patches(other, server_info(launch.url))
 
 
-def test_busy_port_is_cannot_test_with_the_log_tail(tmp_path: Path) -> None:
-    holder = socket.socket()
-    holder.bind(("127.0.0.1", 0))
-    holder.listen()
-    port = holder.getsockname()[1]
+def _foreign_server(port: int | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """A real server of someone else: `python -m http.server` (answers 200 on `/`)."""
+    port = port or free_port("127.0.0.1")
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
+                             "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while port_holder("127.0.0.1", port) is None:
+        assert proc.poll() is None and time.monotonic() < deadline, "http.server did not bind"
+        time.sleep(0.05)
+    return proc, port
+
+
+def test_a_fixed_port_held_before_launch_is_cannot_test_with_the_holder_named(
+        tmp_path: Path) -> None:
+    holder, port = _foreign_server()
     try:
         cfg = resolve("reference", Overrides(sets=(f"engine.port={port}",)))
-        with pytest.raises(EngineError) as info:
-            Launch(cfg, tmp_path).__enter__()
+        launch = Launch(cfg, tmp_path)
+        with pytest.raises(PortTaken) as info:
+            launch.__enter__()
         assert info.value.exit_code == ExitCode.CANNOT_TEST
-        assert not isinstance(info.value, EngineCrashed)
-        assert "error:" in info.value.message  # the engine's own message, from its log
+        assert f"PID {holder.pid}" in info.value.message and "http.server" in info.value.message
+        assert "before launch" in info.value.message
+        assert launch.procs == []  # nothing was started
     finally:
-        holder.close()
+        holder.kill()
+        holder.wait()
+
+
+def test_a_foreign_server_answering_on_the_engines_port_is_never_taken_for_it(
+        tmp_path: Path) -> None:
+    # The engine never binds its port; someone else's server answers there instead.
+    argv = [sys.executable, "-c", "import time; time.sleep(120)", "{port}"]
+    cfg = resolve(_command_profile(tmp_path, argv, ready="/"))
+    launch = Launch(cfg, tmp_path / "run")
+    launch.start()
+    port = int(launch.url.rsplit(":", 1)[1])
+    foreign, _ = _foreign_server(port)
+    try:
+        with pytest.raises(PortTaken) as info:
+            launch.wait_ready()
+        assert f"PID {foreign.pid}" in info.value.message and "answered in place" in \
+            info.value.message
+        assert info.value.exit_code == ExitCode.CANNOT_TEST
+    finally:
+        launch.stop()
+        foreign.kill()
+        foreign.wait()
+    assert not _alive(launch.procs[0].popen.pid)
 
 
 def test_engine_that_never_becomes_healthy_times_out_with_the_log_tail(tmp_path: Path) -> None:
@@ -97,9 +143,11 @@ def test_crash_at_start_is_a_crash_with_the_log_tail(tmp_path: Path) -> None:
 
 
 def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
-    # A server that starts a grandchild; stop() must take both down.
+    # A server that starts a grandchild which ignores SIGTERM; stop() must take both down and
+    # return only once both are gone (it failed once on a loaded machine when it did not wait).
     code = ("import subprocess, sys, http.server\n"
-            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
             "open(sys.argv[2], 'w').write(str(child.pid))\n"
             "class H(http.server.BaseHTTPRequestHandler):\n"
             "    def do_GET(self):\n"
@@ -113,3 +161,18 @@ def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
         child = int(pid_file.read_text())
         assert _alive(child)
     assert not _alive(leader) and not _alive(child)
+
+
+def test_a_host_that_is_not_this_machine_leaves_the_launch_unverified(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A remote host cannot exist on this box: the one thing injected is the answer to "is this
+    # host one of ours?"; the engine, its port and the readiness poll are real.
+    import dsv4bisect.engines.ports as ports
+
+    argv = [sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1"]
+    cfg = resolve(_command_profile(tmp_path, argv, ready="/"))
+    monkeypatch.setattr(ports, "is_local_host", lambda host: False)
+    with Launch(cfg, tmp_path / "run") as launch:
+        assert launch.verified is False
+        assert launch.unverified_why and "not an address of this machine" in \
+            launch.unverified_why
