@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -187,6 +188,42 @@ def test_32_concurrent_chats_all_get_answers(server: Server) -> None:
     assert len({r[1] for r in results}) == 1  # greedy: every client got the same answer
 
 
+def read_status(s: socket.socket, timeout: float) -> int | str:
+    """The status of the reply on `s`, or what happened instead."""
+    s.settimeout(timeout)
+    try:
+        line = s.recv(4096).split(b"\r\n", 1)[0]
+    except TimeoutError:
+        return "no answer"
+    except OSError as exc:
+        return repr(exc)
+    return int(line.split()[1]) if line.startswith(b"HTTP/1.1 ") else repr(line)
+
+
+def test_requests_beyond_the_queue_get_503_not_resets(server: Server) -> None:
+    busy = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    busy.sendall(long_generate(server.port))  # holds the engine while the others arrive
+    body = json.dumps({"input_ids": [0, 20], "sampling_params": {"max_new_tokens": 1}}).encode()
+    socks = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(90)]
+    try:
+        for s in socks:
+            s.sendall(raw_post("/generate", body, server.port))
+        # 4 engine workers + 64 queued: the rest are refused at once, not left to time out
+        status: dict[socket.socket, int | str] = {}
+        deadline = time.monotonic() + 3
+        while len(status) < len(socks) and time.monotonic() < deadline:
+            ready, _, _ = select.select([s for s in socks if s not in status], [], [], 0.2)
+            status |= {s: read_status(s, 5) for s in ready}
+        assert list(status.values()).count(503) >= 90 - 4 - 64, status.values()
+        busy.close()  # its generation is cancelled; the queued requests run
+        status |= {s: read_status(s, 60) for s in socks if s not in status}
+        assert sorted(set(status.values()), key=str) == [200, 503], status.values()
+    finally:
+        busy.close()
+        for s in socks:
+            s.close()
+
+
 def test_slow_and_half_open_clients_hold_no_thread_and_are_dropped(server: Server) -> None:
     socks = []
     for _ in range(40):
@@ -278,6 +315,6 @@ def test_sigterm_mid_generation_exits_0(tmp_path: Path) -> None:
     stop_mid_generation(tmp_path, signal.SIGTERM)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the same handler as SIGTERM; another server start is 5 s of CI
 def test_sigint_mid_generation_exits_0(tmp_path: Path) -> None:
     stop_mid_generation(tmp_path, signal.SIGINT)
