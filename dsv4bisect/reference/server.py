@@ -41,6 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 << 20
 MAX_HEAD_BYTES = 64 << 10  # request line and headers; more is 431 (a real client sends < 4 KiB)
 LISTEN_BACKLOG = 128  # connections the kernel queues before accept (the stdlib default is 5)
-MAX_CONNECTIONS = 256  # open at once; beyond: 503 and close (file descriptors are 1024 here)
+MAX_CONNECTIONS = 256  # open at once (under the common 1024-descriptor limit); then see _accept
 ENGINE_WORKERS = 4  # threads for model routes; the model itself runs one request at a time
 LIGHT_WORKERS = 4  # threads for everything else (health, info, tokenize, errors)
 MAX_QUEUED = 64  # complete requests waiting for a worker, per pool; beyond: 503 at once
@@ -454,11 +455,21 @@ class _Poller:
                 log.warning("accept failed: %s", exc)
                 return
             sock.setblocking(False)
-            if not self.server.opened():
+            if not self.server.opened() and not self._evict_idle():
                 _refuse(sock, 503, f"the server has {MAX_CONNECTIONS} connections open")
                 sock.close()
                 continue
             self._watch(_Conn(sock, addr))
+
+    def _evict_idle(self) -> bool:
+        """At the connection cap, a new client beats the longest-idle one (a connection that
+        has sent nothing, or a keep-alive one between requests), so idle sockets cannot lock
+        everyone out for IDLE_TIMEOUT_S."""
+        idle = [c for c in self.conns if c.phase == "idle"]
+        if not idle:
+            return False
+        self._drop(min(idle, key=lambda c: c.since))
+        return self.server.opened()
 
     def _watch(self, conn: _Conn) -> None:
         conn.sock.setblocking(False)
@@ -772,6 +783,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None
+                   ) -> None:
+        """The stdlib's own refusals (bad request line, too many headers, unknown method ...)
+        in the server's JSON error shape instead of an HTML page."""
+        self.close_connection = True
+        if self.request_version == "HTTP/0.9":  # a line parse_request gave up on: no HTTP/0.9
+            self.request_version = self.protocol_version  # here, so the reply has a status line
+        text = message or HTTPStatus(code).phrase
+        log.info("%s %d (%s)", self.requestline[:100] or "-", code, text)
+        self._send(error_reply(code, text, "NotImplementedError" if code == 501
+                               else "BadRequestError"))
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log.debug(format, *args)  # requests are logged once, by _dispatch

@@ -134,6 +134,10 @@ def test_malformed_body_gets_400_json(server: Server, case: str) -> None:
 
 
 def test_bad_content_length_and_chunked_bodies_are_refused(server: Server) -> None:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.sendall(b"GARBAGE\r\n\r\n")  # the stdlib parser's refusals are JSON errors too
+        reply = s.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 400 ") and b'"type":"BadRequestError"' in reply
     for head, status in (("Content-Length: 5\r\nContent-Length: 6", 400),
                          ("Content-Length: -1", 400),
                          ("Transfer-Encoding: chunked", 411)):
@@ -254,6 +258,33 @@ def test_slow_and_half_open_clients_hold_no_thread_and_are_dropped(server: Serve
             time.sleep(0.2)
         assert not open_socks, f"{len(open_socks)} slow connections still open"
         assert time.monotonic() - tic >= HEADER_TIMEOUT - 0.5  # not dropped before the timeout
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_keep_alive_and_pipelined_requests(server: Server) -> None:
+    """Connections go back to the poller between requests; the probe's session relies on it."""
+    with requests.Session() as session:
+        for _ in range(3):
+            r = session.post(f"{server.url}/tokenize", json={"prompt": "a"}, timeout=30)
+            assert r.status_code == 200 and r.headers.get("Connection") != "close"
+    body = json.dumps({"input_ids": [0, 20], "sampling_params": {"max_new_tokens": 1}}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.sendall(raw_post("/generate", body, server.port) * 3
+                  + b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := s.recv(1 << 16):  # the server closes after the fourth reply
+            data += chunk
+    assert data.count(b"HTTP/1.1 200 OK\r\n") == 4
+
+
+def test_idle_connections_cannot_lock_clients_out(server: Server) -> None:
+    socks = [socket.create_connection(("127.0.0.1", server.port), timeout=10)
+             for _ in range(300)]  # more than the server keeps open (256), none sending
+    try:
+        assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
+        assert short_generate(server.url).status_code == 200
     finally:
         for s in socks:
             s.close()
