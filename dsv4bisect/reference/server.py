@@ -321,11 +321,13 @@ class _Conn:
         self.phase = "idle"  # idle (between requests) | head | body
         self.since = time.monotonic()  # start of the phase
         self.head_end = 0
+        self.scanned = 0  # `buf` has no blank line before this (a head trickled in is O(n))
 
     def reset(self) -> None:
         """Back from a worker: wait for the next request (maybe already in `buf`)."""
         self.phase, self.since, self.head_end = ("head" if self.buf else "idle",
                                                  time.monotonic(), 0)
+        self.scanned = 0
 
     def timeout(self, header_timeout: float) -> float:
         return {"idle": IDLE_TIMEOUT_S, "head": header_timeout, "body": BODY_TIMEOUT_S}[self.phase]
@@ -334,8 +336,9 @@ class _Conn:
         """True: the request (head and body) is buffered, or a worker must read the rest (a
         chunked or Expect: 100-continue body); None: the head is over MAX_HEAD_BYTES."""
         if self.phase == "head":
-            match = _HEAD_END.search(self.buf, 0, MAX_HEAD_BYTES + 4)
+            match = _HEAD_END.search(self.buf, self.scanned, MAX_HEAD_BYTES + 4)
             if match is None:
+                self.scanned = max(0, len(self.buf) - 3)  # a blank line may straddle reads
                 return None if len(self.buf) > MAX_HEAD_BYTES else False
             self.phase, self.since, self.head_end = "body", time.monotonic(), match.end()
         head = bytes(self.buf[: self.head_end])
