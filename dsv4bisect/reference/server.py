@@ -309,7 +309,8 @@ def _is_json(content_type: str | None) -> bool:
 
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _CONTENT_LENGTH = re.compile(rb"(?im)^content-length[ \t]*:[ \t]*(\d{1,19})[ \t]*\r?$")
-_NEEDS_WORKER = re.compile(rb"(?im)^(transfer-encoding|expect)[ \t]*:")
+_CHUNKED = re.compile(rb"(?im)^transfer-encoding[ \t]*:")
+_EXPECT_CONTINUE = re.compile(rb"(?im)^expect[ \t]*:[ \t]*100-continue[ \t]*\r?$")
 
 
 class _Conn:
@@ -322,19 +323,20 @@ class _Conn:
         self.since = time.monotonic()  # start of the phase
         self.head_end = 0
         self.scanned = 0  # `buf` has no blank line before this (a head trickled in is O(n))
+        self.continued = False  # the poller sent this request's `100 Continue`
 
     def reset(self) -> None:
         """Back from a worker: wait for the next request (maybe already in `buf`)."""
         self.phase, self.since, self.head_end = ("head" if self.buf else "idle",
                                                  time.monotonic(), 0)
-        self.scanned = 0
+        self.scanned, self.continued = 0, False
 
     def timeout(self, header_timeout: float) -> float:
         return {"idle": IDLE_TIMEOUT_S, "head": header_timeout, "body": BODY_TIMEOUT_S}[self.phase]
 
     def complete(self) -> bool | None:
-        """True: the request (head and body) is buffered, or a worker must read the rest (a
-        chunked or Expect: 100-continue body); None: the head is over MAX_HEAD_BYTES."""
+        """True: the request (head and body) is buffered, or it has a body the worker refuses
+        unread (chunked, too large, unclear length); None: the head is over MAX_HEAD_BYTES."""
         if self.phase == "head":
             match = _HEAD_END.search(self.buf, self.scanned, MAX_HEAD_BYTES + 4)
             if match is None:
@@ -342,13 +344,23 @@ class _Conn:
                 return None if len(self.buf) > MAX_HEAD_BYTES else False
             self.phase, self.since, self.head_end = "body", time.monotonic(), match.end()
         head = bytes(self.buf[: self.head_end])
-        if _NEEDS_WORKER.search(head):
-            return True
         lengths = _CONTENT_LENGTH.findall(head)
-        if len(lengths) != 1:  # none: no body; several: the worker refuses it
+        if _CHUNKED.search(head) or len(lengths) != 1:  # no body, or one the worker refuses
             return True
         need = int(lengths[0])
-        return need > MAX_BODY_BYTES or len(self.buf) - self.head_end >= need
+        if need > MAX_BODY_BYTES:
+            return True
+        if len(self.buf) - self.head_end >= need:
+            return True
+        if not self.continued and _EXPECT_CONTINUE.search(head):
+            # the client waits for this before it sends the body; sent here, the body is read
+            # here too, and no worker waits on a client that may never send it
+            self.continued = True
+            try:
+                self.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            except OSError:
+                pass
+        return False
 
     def route(self) -> Route | None:
         line = bytes(self.buf[: self.buf.find(b"\n")]).split()
@@ -786,6 +798,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+
+    def handle_expect_100(self) -> bool:
+        if not self.conn.continued:  # normally the poller already said it
+            return super().handle_expect_100()
+        return True
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None
                    ) -> None:

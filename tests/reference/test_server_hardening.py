@@ -277,6 +277,14 @@ def test_keep_alive_and_pipelined_requests(server: Server) -> None:
         while chunk := s.recv(1 << 16):  # the server closes after the fourth reply
             data += chunk
     assert data.count(b"HTTP/1.1 200 OK\r\n") == 4
+    # curl sends bodies over 1 KiB only after `100 Continue`
+    request = raw_post("/generate", body, server.port)
+    head, _, _ = request.partition(b"\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.sendall(head + b"\r\nExpect: 100-continue\r\n\r\n")
+        assert s.recv(4096) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(body)
+        assert s.recv(4096).startswith(b"HTTP/1.1 200 OK\r\n")
 
 
 def test_idle_connections_cannot_lock_clients_out(server: Server) -> None:
