@@ -741,6 +741,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return error_reply(411, "send the body with Content-Length (chunked request bodies "
                                "are not supported)", "LengthRequiredError")
+        for name in ("Origin", "Content-Type"):  # the checks in handle() read the first one
+            if len(self.headers.get_all(name) or []) > 1:
+                self.close_connection = True
+                return error_reply(400, f"more than one {name} header", "BadRequestError")
         lengths = {v.strip() for v in self.headers.get_all("Content-Length") or []}
         if len(lengths) > 1 or any(not re.fullmatch(r"[0-9]{1,19}", v) for v in lengths):
             self.close_connection = True  # where the body ends is unknown: so is the next request

@@ -139,6 +139,7 @@ def test_bad_content_length_and_chunked_bodies_are_refused(server: Server) -> No
         reply = s.recv(4096)
         assert reply.startswith(b"HTTP/1.1 400 ") and b'"type":"BadRequestError"' in reply
     for head, status in (("Content-Length: 5\r\nContent-Length: 6", 400),
+                         ("Origin: http://localhost\r\nOrigin: http://evil.example", 400),
                          ("Content-Length: -1", 400),
                          ("Transfer-Encoding: chunked", 411)):
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
