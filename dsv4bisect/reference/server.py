@@ -212,11 +212,12 @@ class ReferenceServer:
             return True
 
     def close(self, conn: _Conn) -> None:
-        try:
-            conn.sock.close()
-        finally:
-            with self._open_lock:
-                self._open -= 1
+        with self._open_lock:
+            if conn.closed:
+                return
+            conn.closed = True
+            self._open -= 1
+        conn.sock.close()
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -324,6 +325,7 @@ class _Conn:
         self.head_end = 0
         self.scanned = 0  # `buf` has no blank line before this (a head trickled in is O(n))
         self.continued = False  # the poller sent this request's `100 Continue`
+        self.closed = False  # counted out of the server's open connections
 
     def reset(self) -> None:
         """Back from a worker: wait for the next request (maybe already in `buf`)."""
@@ -399,6 +401,7 @@ class _Poller:
         self.conns: set[_Conn] = set()  # registered with `sel`
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)  # a worker never blocks on waking the poller
         self._returned: deque[_Conn] = deque()
         self._lock = threading.Lock()
         self._closed = False
@@ -441,7 +444,7 @@ class _Poller:
                         self._accept()
                     elif key.data == "wake":
                         self._take_returned()
-                    else:
+                    elif key.data in self.conns:  # not dropped earlier in this batch
                         self._read(key.data)
                 self._expire()
         except Exception:  # noqa: BLE001 - a bug; without the poller nothing is served
