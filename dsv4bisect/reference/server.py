@@ -26,6 +26,7 @@ docs/reference-api.md):
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
 import logging
 import os
@@ -170,6 +171,9 @@ class ReferenceServer:
         self.pools = {"engine": _Pool("engine", ENGINE_WORKERS, self),
                       "light": _Pool("light", LIGHT_WORKERS, self)}
         self.poller = _Poller(self)
+        # bound to loopback, every client is on this machine and names it in `Host`; another
+        # name there is a browser tricked by DNS rebinding (evil.example resolving to 127.0.0.1)
+        self.check_host = _is_loopback(opts.host)
 
     @property
     def port(self) -> int:
@@ -229,6 +233,10 @@ class ReferenceServer:
             return error_reply(403, f"cross-origin request from {origin[:100]!r} refused: the "
                                "embedded server answers only pages served from this machine",
                                "ForbiddenError")
+        host = headers.get("Host")
+        if self.check_host and host is not None and not _is_loopback(_hostname(host)):
+            return error_reply(403, f"Host {host[:100]!r} is not this machine: the server is "
+                               "bound to a loopback address", "ForbiddenError")
         route = ROUTES.get(path)
         if route is None:
             return error_reply(404, "Not Found", "NotFoundError")
@@ -295,8 +303,27 @@ def _listen(host: str, port: int) -> socket.socket:
 def _local_origin(origin: str) -> bool:
     try:
         parts = urlsplit(origin)
-        return parts.scheme in ("http", "https") and parts.hostname in LOCAL_HOSTS
+        return parts.scheme in ("http", "https") and _is_loopback(parts.hostname)
     except ValueError:  # e.g. a bad port or bracket
+        return False
+
+
+def _hostname(host_header: str) -> str | None:
+    try:
+        return urlsplit("//" + host_header.strip()).hostname
+    except ValueError:
+        return None
+
+
+def _is_loopback(name: str | None) -> bool:
+    """localhost, 127.0.0.0/8 or ::1 (lower-cased, without brackets: urlsplit's hostname)."""
+    if name is None:
+        return False
+    if name.lower() in LOCAL_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
         return False
 
 

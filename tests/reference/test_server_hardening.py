@@ -143,8 +143,8 @@ def test_bad_content_length_and_chunked_bodies_are_refused(server: Server) -> No
                          ("Content-Length: -1", 400),
                          ("Transfer-Encoding: chunked", 411)):
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
-            s.sendall(f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      f"{head}\r\n\r\n".encode())
+            s.sendall(f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      f"Content-Type: application/json\r\n{head}\r\n\r\n".encode())
             assert s.recv(4096).startswith(f"HTTP/1.1 {status} ".encode()), head
 
 
@@ -159,6 +159,14 @@ def test_foreign_origins_and_non_json_bodies_are_refused(server: Server) -> None
     assert r.status_code == 403 and r.json()["type"] == "ForbiddenError"
     r = requests.get(f"{server.url}/server_info", headers={"Origin": "null"}, timeout=30)
     assert r.status_code == 403
+    # DNS rebinding: a page on evil.example, its name re-pointed at 127.0.0.1, is same-origin
+    # to the browser (no Origin on a GET) but still names itself in Host
+    r = requests.get(f"{server.url}/health_generate", timeout=30,
+                     headers={"Host": f"evil.example:{server.port}"})
+    assert r.status_code == 403 and "Host" in r.json()["message"]
+    for host in (f"localhost:{server.port}", f"127.0.0.1:{server.port}", "[::1]"):
+        r = requests.get(f"{server.url}/health", headers={"Host": host}, timeout=30)
+        assert r.status_code == 200, host
     for ctype in ("text/plain", "application/x-www-form-urlencoded", None):
         r = requests.post(f"{server.url}/generate", data=body, timeout=30,
                           headers={} if ctype is None else {"Content-Type": ctype})
@@ -275,7 +283,7 @@ def test_keep_alive_and_pipelined_requests(server: Server) -> None:
     body = json.dumps({"input_ids": [0, 20], "sampling_params": {"max_new_tokens": 1}}).encode()
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
         s.sendall(raw_post("/generate", body, server.port) * 3
-                  + b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                  + b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         data = b""
         while chunk := s.recv(1 << 16):  # the server closes after the fourth reply
             data += chunk
