@@ -37,6 +37,9 @@ def serve(
         min=2, help="Context length (default: the engine's).")] = None,
     served_model_name: Annotated[Optional[str], typer.Option(
         metavar="NAME", help="Model id in /v1/models and responses.")] = None,
+    header_timeout: Annotated[float, typer.Option(
+        min=0.1, max=3600, metavar="SECONDS",
+        help="Drop a connection whose request headers take longer than this.")] = 10.0,
 ) -> None:
     """Serve the embedded DeepSeek-V4 reference engine on SGLang's HTTP API subset.
 
@@ -56,6 +59,7 @@ def serve(
         host=host, port=port, checkpoint=None if directory is None else str(directory),
         device=device.value, chunk_size=chunk_size, moe_backend=moe_backend, threads=threads,
         max_model_len=max_model_len, served_model_name=served_model_name, patches=patches,
+        header_timeout=header_timeout,
     )
     run_server(opts, _print_ready)
 

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 
 from dsv4bisect.errors import ConfigError, Dsv4BisectError, EngineError, ExitCode
+from dsv4bisect.reference.cancel import StopCheck
+from dsv4bisect.reference.cancel import raise_if_stopped as _check
 from dsv4bisect.reference.checkpoint import load_model, random_model
 from dsv4bisect.reference.config import ModelArgs, Numerics
 from dsv4bisect.reference.model import Transformer
@@ -168,8 +170,11 @@ class ReferenceEngine:
         max_new_tokens: int,
         stop_ids: Sequence[int] | None = None,
         top_logprobs: int = 0,
+        should_stop: StopCheck | None = None,
     ) -> Generation:
-        """Greedy decoding (ties -> lowest id). The stop token, when produced, is included."""
+        """Greedy decoding (ties -> lowest id). The stop token, when produced, is included.
+        `should_stop` is polled before every prefill chunk and decode step (Cancelled if true);
+        it only decides whether the next step runs, never what a step computes."""
         if not _is_int(max_new_tokens) or max_new_tokens < 0:
             raise RequestError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         ids = self._check_ids(input_ids, max_new_tokens)
@@ -179,12 +184,13 @@ class ReferenceEngine:
             return Generation([], [], [], "length")
         with torch.inference_mode():
             cache = self.model.new_cache()
-            logits = self.model.logits(self._prefill(ids, cache)[-1:])  # [1, V]
+            logits = self.model.logits(self._prefill(ids, cache, should_stop)[-1:])  # [1, V]
             with single_thread():
-                return self._decode(logits, cache, max_new_tokens, stop, k)
+                return self._decode(logits, cache, max_new_tokens, stop, k, should_stop)
 
     def _decode(
-        self, logits: torch.Tensor, cache: Any, max_new_tokens: int, stop: set[int], k: int
+        self, logits: torch.Tensor, cache: Any, max_new_tokens: int, stop: set[int], k: int,
+        should_stop: StopCheck | None = None,
     ) -> Generation:
         out: list[int] = []
         lps: list[float] = []
@@ -199,6 +205,7 @@ class ReferenceEngine:
                 return Generation(out, lps, tops, "stop")
             if len(out) == max_new_tokens:
                 return Generation(out, lps, tops, "length")
+            _check(should_stop)
             logits = self.decode_step(token, cache)
 
     def decode_step(self, token: int, cache: Any) -> torch.Tensor:
@@ -207,10 +214,12 @@ class ReferenceEngine:
         return self.model.logits(self.model.forward_hidden(step, cache))
 
     def score(
-        self, input_ids: Sequence[int], *, start: int, top_logprobs: int = 0
+        self, input_ids: Sequence[int], *, start: int, top_logprobs: int = 0,
+        should_stop: StopCheck | None = None,
     ) -> list[TokenScore]:
         """Teacher-forced log p(input_ids[i] | input_ids[:i]) for i >= max(start, 1), with the
-        top alternatives at each position (SGLang /generate with logprob_start_len = start)."""
+        top alternatives at each position (SGLang /generate with logprob_start_len = start).
+        `should_stop` is polled before every chunk, as in `generate`."""
         if not _is_int(start) or start < 0:
             raise RequestError(f"start must be an integer >= 0, got {start!r}")
         ids = self._check_ids(input_ids, 0)
@@ -224,6 +233,7 @@ class ReferenceEngine:
             tokens = torch.tensor(ids, device=self.device)
             for s in range(0, n - 1, self.chunk_size):  # the last token predicts nothing needed
                 e = min(s + self.chunk_size, n - 1)
+                _check(should_stop)
                 h = self.model.forward_hidden(tokens[s:e], cache)  # rows predict tokens s+1..e
                 lo = max(first - 1 - s, 0)
                 if lo >= e - s:
@@ -238,11 +248,14 @@ class ReferenceEngine:
         return scores
 
     # ---- helpers --------------------------------------------------------------------------------
-    def _prefill(self, ids: list[int], cache: Any) -> torch.Tensor:
+    def _prefill(
+        self, ids: list[int], cache: Any, should_stop: StopCheck | None = None
+    ) -> torch.Tensor:
         """Run the prompt in chunks; returns the last chunk's final streams [T, n, dim]."""
         tokens = torch.tensor(ids, device=self.device)
         h = None
         for s in range(0, len(ids), self.chunk_size):
+            _check(should_stop)
             h = self.model.forward_hidden(tokens[s : s + self.chunk_size], cache)
         assert h is not None  # ids is non-empty (checked)
         return h

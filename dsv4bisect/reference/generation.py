@@ -4,6 +4,9 @@ This is the part of the server that touches the engine: it serializes model work
 engine is not thread-safe), applies stop strings, and collects input and output log-probs the way
 SGLang's scheduler reports them (`logprob_start_len`: the first reported input position has no
 log-prob; -1 means output only). Endpoints (`reference/api.py`) turn a `GenOutput` into JSON.
+
+Cancellation (`reference/cancel.py`): inside `stop_when(check)`, `run` polls `check` while it
+waits for the engine and between model steps, and raises `Cancelled` once it is true.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dsv4bisect.reference.cancel import Cancelled, StopCheck, current_check
 from dsv4bisect.reference.tokenizer import EOS_ID, ByteTokenizer
 
 TopList = list[tuple[int, float]]  # (token id, log-prob), best first
@@ -48,6 +52,9 @@ class GenOutput:
     input_top: list[TopList | None]
 
 
+LOCK_POLL_S = 0.05  # how often a request queued behind another re-checks its stop condition
+
+
 def finite(x: float) -> float | None:
     """JSON has no infinities; SGLang's orjson writes them as null."""
     return x if math.isfinite(x) else None
@@ -69,13 +76,19 @@ class Generator:
                                                             self.tokenizer.vocab_size)
         stop_ids = tuple(spec.stop_token_ids) + (() if spec.ignore_eos else (EOS_ID,))
         scores, gen = [], None
-        with self.lock:
+        check = current_check()
+        self._acquire(check)
+        try:
             if spec.return_logprob and start + 1 < len(ids):
-                scores = self.engine.score(ids, start=start + 1, top_logprobs=k)
+                scores = self.engine.score(ids, start=start + 1, top_logprobs=k,
+                                           should_stop=check)
             if spec.max_new_tokens > 0:
                 gen = self.engine.generate(
-                    ids, max_new_tokens=spec.max_new_tokens, stop_ids=stop_ids, top_logprobs=k
+                    ids, max_new_tokens=spec.max_new_tokens, stop_ids=stop_ids, top_logprobs=k,
+                    should_stop=check,
                 )
+        finally:
+            self.lock.release()
         out_ids = list(gen.output_ids) if gen else []
         out_lp = [finite(x) for x in gen.logprobs] if gen else []
         out_top = [list(t) for t in gen.top_logprobs] if gen and k else [[] for _ in out_ids]
@@ -89,6 +102,18 @@ class Generator:
         in_lp: list[float | None] = [None] + [finite(s.logprob) for s in scores]
         in_top: list[TopList | None] = [None] + [list(s.top) for s in scores]
         return GenOutput(out_ids, text, finish, out_lp, out_top, ids[start:], in_lp, in_top)
+
+    def _acquire(self, check: StopCheck | None) -> None:
+        """Take the engine; a request whose client left while it queued never runs."""
+        if check is None:
+            self.lock.acquire()
+            return
+        while not self.lock.acquire(timeout=LOCK_POLL_S):
+            if check():
+                raise Cancelled
+        if check():
+            self.lock.release()
+            raise Cancelled
 
     @staticmethod
     def _finish(

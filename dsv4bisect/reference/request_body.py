@@ -8,6 +8,7 @@ rather than a silent no-op, so a probe never measures something other than what 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable
 from typing import Any, overload
 
@@ -20,6 +21,80 @@ class ApiError(Exception):
         self.message = message
         self.status = status
         self.err_type = err_type
+
+
+# Bounds on a body's JSON, so that no shape of input reaches code that would fail on it: every
+# request the API knows is a handful of levels deep (messages -> content parts -> text: 4).
+MAX_JSON_DEPTH = 64
+
+
+def parse_json(raw: bytes) -> object:
+    """A request body as JSON, or ApiError(400) for anything that is not plain, sane JSON.
+
+    Refused: bytes that are not UTF-8 (RFC 8259 for network JSON), nesting deeper than
+    MAX_JSON_DEPTH (the parser itself raises RecursionError near 1000 levels; shallower but deep
+    values would still break `show` and the reply's encoder), integers over Python's int-str
+    limit (4300 digits: a ValueError), NaN/Infinity (not JSON), and lone surrogates (`"\\ud800"`
+    is valid JSON text but no Unicode string: it cannot be tokenized, nor sent back as UTF-8).
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(f"malformed JSON body: not UTF-8 ({exc.reason} at byte {exc.start})"
+                       ) from None
+    if not text.strip():
+        raise ApiError("the request needs a JSON body")
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ApiError(f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH} levels"
+                       ) from None
+    except json.JSONDecodeError as exc:
+        raise ApiError(f"malformed JSON body: {exc}") from None
+    except ValueError:  # Python's int-str limit: "Exceeds the limit (4300 digits) ..."
+        limit = getattr(sys, "get_int_max_str_digits", lambda: 4300)()  # 3.10.7+
+        raise ApiError(f"malformed JSON body: an integer has more than {limit} digits"
+                       ) from None
+    _check_tree(data)
+    return data
+
+
+def _no_constant(name: str) -> object:
+    raise ApiError(f"malformed JSON body: {name} is not a JSON value")
+
+
+def _check_tree(data: object) -> None:
+    """Depth and string checks without recursion (the value may be as deep as the parser let
+    it be)."""
+    stack: list[tuple[object, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            _check_text(value)
+        elif isinstance(value, list | dict):
+            if depth > MAX_JSON_DEPTH:
+                raise ApiError(f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH} levels")
+            if isinstance(value, dict):
+                for key in value:
+                    _check_text(key)
+                stack.extend((v, depth + 1) for v in value.values())
+            else:
+                stack.extend((v, depth + 1) for v in value)
+
+
+def _check_text(text: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError("the body has a string that is not valid Unicode (a lone surrogate, "
+                       f"{show_surrogate(text)})") from None
+
+
+def show_surrogate(text: str) -> str:
+    bad = next(c for c in text if "\ud800" <= c <= "\udfff")
+    return f"U+{ord(bad):04X}"
 
 
 def show(value: object) -> str:

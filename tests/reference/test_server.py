@@ -291,9 +291,11 @@ def test_bad_requests_get_400_json(url: str, path: str, body: Any) -> None:
 
 
 def test_malformed_json_unknown_path_and_wrong_method(url: str) -> None:
-    r = requests.post(f"{url}/generate", data=b"{not json", timeout=10)
+    json_type = {"Content-Type": "application/json"}
+    r = requests.post(f"{url}/generate", data=b"{not json", headers=json_type, timeout=10)
     assert r.status_code == 400 and r.json()["type"] == "BadRequestError"
-    r = requests.post(f"{url}/v1/chat/completions", data=b"\xff\xfe", timeout=10)
+    r = requests.post(f"{url}/v1/chat/completions", data=b"\xff\xfe", headers=json_type,
+                      timeout=10)
     assert r.status_code == 400
     assert requests.get(f"{url}/nope", timeout=10).status_code == 404
     r = requests.get(f"{url}/generate", timeout=10)

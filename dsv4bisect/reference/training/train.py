@@ -250,7 +250,10 @@ def load_state(directory: Path, model: Transformer, opt: torch.optim.Optimizer,
     meta = json.loads((directory / "meta.json").read_text())
     tensors: dict[str, torch.Tensor] = {}
     for i in range(1, meta["shards"] + 1):
-        tensors.update(torch.load(directory / f"shard-{i:03d}.pt", map_location=device))
+        # weights_only: a shard is a plain {name: tensor} dict, so nothing in a state directory
+        # (which may come back from a remote GPU run) can run code when it is resumed
+        tensors.update(torch.load(directory / f"shard-{i:03d}.pt", map_location=device,
+                                  weights_only=True))
     model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
     state: dict[int, dict[str, torch.Tensor]] = {}
     for k, v in tensors.items():
