@@ -151,14 +151,18 @@ def gpu_checks(found: list[dict[str, str]], why: str, patches: Iterable[str]) ->
 
 
 def port_checks(host: str, ports: Iterable[tuple[str, int]]) -> list[Check]:
-    from dsv4bisect.engines.launcher import port_is_free
+    """Each fixed port free, or the process holding it named (the launcher's own check)."""
+    from dsv4bisect.engines.ports import bindable, port_holder
 
     rows = []
     for label, port in ports:
-        free = port_is_free(host, port)
-        rows.append(Check(f"port {port} ({label})", OK if free else FAIL,
-                          f"{host}:{port} {'free' if free else 'in use'}",
-                          "" if free else "stop what holds it or use port: auto"))
+        if bindable(host, port):
+            rows.append(Check(f"port {port} ({label})", OK, f"{host}:{port} free"))
+            continue
+        holder = port_holder(host, port)
+        who = holder.describe() if holder is not None else f"port {port} is in use"
+        rows.append(Check(f"port {port} ({label})", FAIL, f"{host}:{port}: {who}",
+                          "stop what holds it or use port: auto"))
     return rows
 
 

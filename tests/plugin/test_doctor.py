@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import pytest
@@ -50,6 +51,7 @@ def test_a_busy_port_fails_with_a_fix(wheel13, tmp_path):
         res = run(str(prof), "--sglang-src", str(wheel13))
     rows = {r["name"]: r for r in json.loads(res.stdout)}
     assert rows[f"port {port} (server)"]["status"] == "fail"
+    assert f"PID {os.getpid()}" in rows[f"port {port} (server)"]["detail"]  # the holder named
     assert res.exit_code == 1
 
 
