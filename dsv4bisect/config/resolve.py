@@ -209,19 +209,23 @@ def _switch_env(profile: Profile, ctx: EngineContext,
 
 
 def _check_switch_env(profile: Profile, ctx: EngineContext, layered: Layered) -> None:
-    """engine.env must not drive a variable a built-in switch drives: one switch, one patch."""
+    """Neither engine.env nor a custom patch may drive a variable a built-in switch drives:
+    one switch, one patch."""
     if ctx.kind != "sglang":
         return
+    setters = [(("engine", "env"), profile.engine.env)] + [
+        (("custom_patches", n, "env"), c.env) for n, c in profile.custom_patches.items()]
     for name, patch in builtin_patches().items():
         rule = patch.sglang.rule(ctx.sglang_version, ctx.gpu_arch)
         if rule is None:
             continue
-        clash = sorted(rule.variables & set(profile.engine.env))
-        if clash:
-            raise error_at(layered, ("engine", "env", clash[0]),
-                           f"{clash[0]} is driven by the built-in patch `{name}` on this release",
-                           f"remove it from engine.env and use `patches: {{{name}: true}}` "
-                           "(or false: its off value is set for you)")
+        for where, env in setters:
+            clash = sorted(rule.variables & set(env))
+            if clash:
+                raise error_at(layered, (*where, clash[0]),
+                               f"{clash[0]} is driven by the built-in patch `{name}` on this "
+                               "release", f"remove it from {'.'.join(where)} and use "
+                               f"`patches: {{{name}: true}}` (or false: its off value is set)")
 
 
 def _delivery(profile: Profile, enabled: tuple[PatchChoice, ...],

@@ -96,13 +96,18 @@ def test_a_switch_follows_what_the_release_lets_us_do(version, how):
         assert tilelang.delivery == "env SGLANG_OPT_USE_TILELANG_INDEXER=1"
 
 
-def test_engine_env_may_not_drive_a_switch_a_patch_owns(tmp_path):
+def test_neither_engine_env_nor_a_custom_patch_may_drive_a_switch_a_patch_owns(tmp_path):
     prof = tmp_path / "p.yaml"
     prof.write_text("schema_version: 1\nname: p\nextends: dsv4-flash-tp8-latest\n"
                     "engine:\n  env:\n    SGLANG_OPT_FUSE_MHC_POST_PRE: '1'\n")
     with pytest.raises(ConfigError, match="fused-mhc-post-pre") as exc:
         resolve(str(prof))
     assert "p.yaml" in exc.value.message and "patches" in exc.value.hint
+    prof.write_text("schema_version: 1\nname: p\nextends: dsv4-flash-tp8-latest\n"
+                    "custom_patches:\n  mine:\n    summary: s\n    env:\n"
+                    "      SGLANG_OPT_USE_TILELANG_INDEXER: '0'\n")
+    with pytest.raises(ConfigError, match="tilelang-indexer"):
+        resolve(str(prof))
 
 
 def test_the_opt_in_for_an_unverified_release_reaches_the_engine():

@@ -43,7 +43,8 @@ def cfg():
                                                      "double-scale",)))
 
 
-def test_all_ranks_report_and_the_contract_sees_the_fault(wheel, tmp_path, cfg):
+def test_all_ranks_report_and_the_contract_sees_the_fault(hook_wheel, tmp_path, cfg):
+    wheel = hook_wheel
     for rank in range(8):
         _scheduler(wheel, rank, tmp_path)
     report = check_receipts(cfg, tmp_path, cfg.processes)
