@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import sys
+
+import pytest
+
 from dsv4bisect.plugin.install import install_patches
 from dsv4bisect.plugin.receipts import ProcessInfo, ReceiptWriter
 from dsv4bisect.plugin.versions import check_version
 
 PROC = ProcessInfo(pid=1, role="server", kind="scheduler", tp_rank=0, dp_rank=0, pp_rank=0)
+
+
+@pytest.fixture(autouse=True)
+def _no_sglang_left():
+    """The installer's contract observer tries to import SGLang; under pytest `tests/sglang/`
+    can be found as a namespace package named `sglang`: leave nothing behind for the
+    synthetic-tree tests."""
+    yield
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        del sys.modules[name]
 
 
 def install(tmp_path, patches):
