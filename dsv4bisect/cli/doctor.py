@@ -79,7 +79,9 @@ def doctor(
     found, why = d.gpus()
     rows += d.gpu_checks(found, why, patches)
     rows += d.port_checks(host, ports)
-    if profile is not None:  # the preflight's checks doctor has no row for (model, GPUs free, ...)
+    # The preflight's checks doctor has no row for (model, GPUs free, ...): about this node, so
+    # not with --sglang-src (a static check of a tree, usually off the node).
+    if profile is not None and sglang_src is None:
         from dsv4bisect.engines.preflight import doctor_rows
 
         rows += doctor_rows(profile, python)
