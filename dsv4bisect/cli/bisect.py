@@ -85,6 +85,8 @@ def bisect(
     json_out: Json = False,
     fmt: FormatOpt = None,
     enable: Enable = None, disable: Disable = None, only: Only = None, sets: Set = None,
+    skip_preflight: Annotated[bool, Opt("--skip-preflight", help="Launch without checking "
+                                        "SGLang, the model, GPUs and ports first.")] = False,
 ) -> None:
     """Find which patch (or interacting pair) makes the bad end fail where the good end passes.
 
@@ -96,7 +98,7 @@ def bisect(
 
     display = BisectDisplay()
     if resume is not None:
-        outcome = _resume(resume, display)
+        outcome = _resume(resume, display, preflight=not skip_preflight)
     else:
         ov = overrides(enable, disable, only, sets)
         question = resolve_question(profile, ov, good, bad, candidates)
@@ -110,6 +112,10 @@ def bisect(
         if plan_only:
             _show_plan(estimate, costs, json_out)
             raise typer.Exit(0)
+        if test_cmd is None and not skip_preflight:  # engines/preflight.py, before any launch
+            from dsv4bisect.engines.preflight import require
+
+            require(profile, ov)
         console().print(_plan_line(estimate, costs), markup=False, highlight=False)
         ensure_runs_root(out)
         request = {"profile": profile, "sets": list(question.sets), "tier": tier,
@@ -138,7 +144,7 @@ def _drive(runner: Runner, run_dir: Path, display: BisectDisplay, go: Any) -> Bi
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
 
 
-def _resume(run_dir: Path, display: BisectDisplay) -> BisectOutcome:
+def _resume(run_dir: Path, display: BisectDisplay, preflight: bool = True) -> BisectOutcome:
     from dsv4bisect.bisect.driver import read_run_file, resume_bisect
     from dsv4bisect.bisect.ledger import Ledger
     from dsv4bisect.bisect.spec import BisectSpec
@@ -154,6 +160,11 @@ def _resume(run_dir: Path, display: BisectDisplay) -> BisectOutcome:
         if request.get("test_cmd"):
             runner = TestCommandRunner(request["test_cmd"])
         else:
+            if preflight:  # the same check as a fresh bisect's, on the recorded profile
+                from dsv4bisect.config.resolve import Overrides
+                from dsv4bisect.engines.preflight import require
+
+                require(request["profile"], Overrides(sets=tuple(request.get("sets") or ())))
             runner = EngineRunner(request["profile"], spec.good, sets=request.get("sets") or (),
                                   tier=request.get("tier"), use_cache=request["use_cache"],
                                   on_event=display.run_event)

@@ -79,6 +79,12 @@ def doctor(
     found, why = d.gpus()
     rows += d.gpu_checks(found, why, patches)
     rows += d.port_checks(host, ports)
+    # The preflight's checks doctor has no row for (model, GPUs free, ...): about this node, so
+    # not with --sglang-src (a static check of a tree, usually off the node).
+    if profile is not None and sglang_src is None:
+        from dsv4bisect.engines.preflight import doctor_rows
+
+        rows += doctor_rows(profile, python)
     _render(rows, json_out)
     if info is not None and not info.verified and info.layout is None:
         print(f"error: {info.reason}", file=sys.stderr)  # the one-line refusal
@@ -91,13 +97,9 @@ def _which(exe: str) -> str:
 
 
 def _fixed_ports(cfg) -> list[tuple[str, int]]:
-    out = [(p.role, p.port) for p in cfg.processes if p.port is not None]
-    for p in cfg.processes:  # the PD bootstrap port is an argument, not a process port
-        argv = list(p.argv)
-        if "--disaggregation-bootstrap-port" in argv:
-            out.append((f"{p.role} bootstrap",
-                        int(argv[argv.index("--disaggregation-bootstrap-port") + 1])))
-    return out
+    from dsv4bisect.engines.preflight import fixed_ports  # one list for doctor and preflight
+
+    return fixed_ports(cfg)
 
 
 def _render(rows, json_out: bool) -> None:

@@ -50,12 +50,19 @@ def run(
     disable: Disable = None,
     only: Only = None,
     sets: Set = None,
+    skip_preflight: Annotated[bool, typer.Option(
+        "--skip-preflight", help="Launch without checking the engine's Python, SGLang, the "
+                                 "model, GPUs and ports first (docs/run.md).")] = False,
 ) -> None:
     """Launch the good end and the candidate, probe both, and judge the candidate.
 
     The good end is the same profile with every patch off except the required ones. Exit codes:
     0 PASS, 1 FAIL, 4 WARN (drift only), 5 bad input, 125 cannot test, 130 interrupted.
     """
+    if not skip_preflight:  # seconds instead of a failed launch (engines/preflight.py)
+        from dsv4bisect.engines.preflight import require
+
+        require(profile, overrides(enable, disable, only, sets))
     request = RunRequest(profile=profile, overrides=overrides(enable, disable, only, sets),
                          tier=tier, runs_root=out, use_cache=not no_cache,
                          command=("dsv4bisect", *sys.argv[1:]))

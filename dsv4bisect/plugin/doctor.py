@@ -56,7 +56,8 @@ def check_entry_point(python: str) -> Check:
     if code == 0 and "dsv4bisect.plugin" in out:
         return Check("plugin entry point", OK, f"{python}: {out}")
     return Check("plugin entry point", FAIL, f"{python}: not registered ({out[-200:]})",
-                 "pip install dsv4bisect into the engine's Python (same env as SGLang)")
+                 "pip install /path/to/dsv4bisect (a checkout of the repository) with the "
+                 "engine's Python, the same environment as SGLang")
 
 
 def target_checks(targets: Mapping[str, Iterable[str]], layout: str,
