@@ -18,7 +18,17 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from dsv4bisect.cli.options import Disable, Enable, Format, FormatOpt, Json, Only, Set, overrides
+from dsv4bisect.cli.options import (
+    Disable,
+    Enable,
+    Format,
+    FormatOpt,
+    Json,
+    Only,
+    Set,
+    one_output,
+    overrides,
+)
 from dsv4bisect.report.run_report import load_run, render_markdown, terminal_lines
 from dsv4bisect.run.events import EngineEvent, Notice, ProbeEvent, RunEvent
 from dsv4bisect.run.session import DEFAULT_PROFILE, RunRequest
@@ -56,6 +66,7 @@ def run(
     The good end is the same profile with every patch off except the required ones. Exit codes:
     0 PASS, 1 FAIL, 4 WARN (drift only), 5 bad input, 125 cannot test, 130 interrupted.
     """
+    one_output(json_out, fmt)
     request = RunRequest(profile=profile, overrides=overrides(enable, disable, only, sets),
                          tier=tier, runs_root=out, use_cache=not no_cache,
                          command=("dsv4bisect", *sys.argv[1:]))

@@ -51,6 +51,9 @@ LIMITS: dict[str, Limits] = {
     # run.json, verdict.json, config.json, bisect.json, meta.json of run directories.
     "run": Limits("run file", 64 * MiB, 64, 2_000_000, 200_000,
                   "was this file written by dsv4bisect? re-run the command to rewrite it"),
+    # Probe rows, cases and drift records (.jsonl): one document per line, long contexts.
+    "jsonl": Limits("probe record file", 4096 * MiB, 32, 10_000_000, 100_000,
+                    "was this directory written by dsv4bisect? re-run the probe"),
     # A checkpoint's config.json (the HF DeepSeek-V4 config is ~3 KiB, 3 levels).
     "checkpoint-config": Limits("checkpoint config.json", 4 * MiB, 32, 200_000, 50_000,
                                 "pass a DeepSeek-format checkpoint directory"),
@@ -128,6 +131,16 @@ _JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 def load_json(path: Path, kind: str, *, shown: str | None = None) -> Any:
     shown = shown or str(path)
     return parse_json(read_text(path, kind, shown=shown), kind, shown)
+
+
+def load_jsonl(path: Path, kind: str = "jsonl") -> list[Any]:
+    """One JSON document per non-empty line, each bounded like a whole file of `kind`."""
+    shown = str(path)
+    out = []
+    for number, line in enumerate(read_text(path, kind, shown=shown).splitlines(), 1):
+        if line.strip():
+            out.append(parse_json(line, kind, f"{shown}:{number}"))
+    return out
 
 
 def parse_json(text: str, kind: str, shown: str) -> Any:
