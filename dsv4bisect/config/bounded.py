@@ -97,17 +97,18 @@ def decode(data: bytes, shown: str) -> str:
     if data[:2] in (b"\xff\xfe", b"\xfe\xff") or data[:4] in (b"\x00\x00\xfe\xff",):
         raise ConfigError(f"{shown}:1:1: the file is UTF-16/UTF-32 text, not UTF-8",
                           "save it as UTF-8 (e.g. `iconv -f UTF-16 -t UTF-8`)")
+    binary = "dsv4bisect reads UTF-8 text files; is this a binary file?"
+    nul = data.find(b"\0")  # whichever problem comes first in the file is the one reported
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line, col = _line_col(data, exc.start)
-        raise ConfigError(f"{shown}:{line}:{col}: not UTF-8 text (byte 0x{data[exc.start]:02x})",
-                          "dsv4bisect reads UTF-8 text files; is this a binary file?") from None
-    nul = text.find("\0")
+        if not 0 <= nul < exc.start:
+            line, col = _line_col(data, exc.start)
+            raise ConfigError(f"{shown}:{line}:{col}: not UTF-8 text (byte "
+                              f"0x{data[exc.start]:02x})", binary) from None
     if nul >= 0:
-        line, col = _line_col(text, nul)
-        raise ConfigError(f"{shown}:{line}:{col}: NUL byte in a text file",
-                          "dsv4bisect reads UTF-8 text files; is this a binary file?")
+        line, col = _line_col(data, nul)
+        raise ConfigError(f"{shown}:{line}:{col}: NUL byte in a text file", binary)
     return text.removeprefix("\ufeff")
 
 
