@@ -206,30 +206,54 @@ def _json_type(value: Any) -> str:
 
 # ---- YAML --------------------------------------------------------------------------------------
 
-def compose_yaml(text: str, kind: str, shown: str) -> tuple[yaml.Node | None, yaml.SafeLoader]:
+def compose_yaml(text: str, kind: str, shown: str) -> tuple[yaml.Node | None, _Replay]:
     """Check the event stream against the limits, then compose the node tree (bounded now).
 
     Anchors and aliases are refused outright in every kind of file we read: profiles have
     `extends` for reuse, and an alias is how a 1 KiB file expands to gigabytes.
+    The checked events are replayed into the composer, so the text is parsed once.
     The caller must `dispose()` the returned loader after constructing the document.
     """
     limits = _limits(kind)
-    _check_events(text, limits, shown)
-    loader = yaml.SafeLoader(text)
+    events = _check_events(text, limits, shown)
+    loader = _Replay(events)
     try:
         return loader.get_single_node(), loader
     except yaml.MarkedYAMLError as exc:  # e.g. two documents in one file
-        loader.dispose()
         raise yaml_error(exc, shown) from None
-    except BaseException:
-        loader.dispose()
-        raise
 
 
-def _check_events(text: str, limits: Limits, shown: str) -> None:
+class _Replay(yaml.composer.Composer, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+    """PyYAML's SafeLoader minus its reader/scanner/parser: composes from checked events."""
+
+    def __init__(self, events: list[yaml.Event]) -> None:
+        self._events, self._next = events, 0
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
+
+    def check_event(self, *choices: type) -> bool:
+        if self._next >= len(self._events):
+            return False
+        return not choices or isinstance(self._events[self._next], choices)
+
+    def peek_event(self) -> yaml.Event:
+        return self._events[self._next]
+
+    def get_event(self) -> yaml.Event:
+        self._next += 1
+        return self._events[self._next - 1]
+
+    def dispose(self) -> None:
+        self._events = []
+
+
+def _check_events(text: str, limits: Limits, shown: str) -> list[yaml.Event]:
     depth = nodes = 0
     keys: list[int] = []  # per open collection: items seen (mappings count keys+values)
+    kept: list[yaml.Event] = []
     for event in _events(text, shown):
+        kept.append(event)
         if isinstance(event, yaml.AliasEvent):
             raise _at(event, shown, "YAML aliases (`*name`) are not allowed",
                       "write the value out, or share settings with `extends`")
@@ -257,6 +281,7 @@ def _check_events(text: str, limits: Limits, shown: str) -> None:
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
             keys.pop()
+    return kept
 
 
 def _events(text: str, shown: str) -> Iterator[yaml.Event]:
@@ -296,7 +321,7 @@ def yaml_error(exc: yaml.MarkedYAMLError, shown: str) -> ConfigError:
     return ConfigError(f"{where}: YAML syntax error: {problem}", "fix the YAML syntax")
 
 
-def construct(loader: yaml.SafeLoader, node: yaml.Node, shown: str) -> Any:
+def construct(loader: _Replay, node: yaml.Node, shown: str) -> Any:
     """Build Python data from a checked node; constructor surprises become positioned errors."""
     try:
         return loader.construct_document(node)
