@@ -15,7 +15,6 @@ PyYAML produces iteratively, so depth, node count and anchors are checked at con
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -350,7 +349,3 @@ def _at(event: yaml.Event, shown: str, message: str, hint: str) -> ConfigError:
 def _clip(text: str, width: int = 120) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def finite(value: float) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
