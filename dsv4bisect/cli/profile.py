@@ -58,7 +58,7 @@ def show_cmd(
     loaded = load_profile(profile, overrides(enable, disable, only, sets))
     if not resolved:
         # The raw data holds env values and args as written: scrub them like the resolved view.
-        secrets = secrets_in(resolve_loaded(loaded).to_json(redact=False))
+        secrets = secrets_in(loaded.layered.data)  # without resolving: `show` must not need to
         data = redact(loaded.profile.model_dump(exclude={"extends"}, exclude_defaults=not why),
                       secrets)
         if json_out:
