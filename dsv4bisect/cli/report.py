@@ -10,6 +10,7 @@ import typer
 
 from dsv4bisect.cli.options import Format, FormatOpt, Json, one_output
 from dsv4bisect.config.bounded import json_object, load_json
+from dsv4bisect.config.layering import is_dir
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.report.run_report import (
     RunView,
@@ -38,6 +39,9 @@ def report(
     run's verdict was. A bisect run directory (bisect.json) gets its bisect report.
     """
     one_output(json_out, fmt)
+    if not is_dir(run_dir):
+        raise ConfigError(f"`{str(run_dir)[:200]}` is not a run directory",
+                          "pass a directory written by `dsv4bisect run` or `bisect`")
     if (run_dir / "bisect.json").is_file():  # a bisect run directory
         _check_bisect_file(run_dir / "bisect.json")
         _bisect(run_dir, json_out, fmt)

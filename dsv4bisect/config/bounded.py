@@ -76,6 +76,12 @@ def _limits(kind: str) -> Limits:
 
 def read_text(path: Path, kind: str, *, shown: str | None = None) -> str:
     """The file's text: at most the kind's size, strict UTF-8, no NUL; else a positioned error."""
+    shown = shown or str(path)
+    return decode(read_bytes(path, kind, shown=shown), shown)
+
+
+def read_bytes(path: Path, kind: str, *, shown: str | None = None) -> bytes:
+    """The file's bytes, at most the kind's size (for hashing a model's identity files)."""
     limits = _limits(kind)
     shown = shown or str(path)
     try:
@@ -88,7 +94,7 @@ def read_text(path: Path, kind: str, *, shown: str | None = None) -> str:
     if len(data) > limits.max_bytes:
         raise ConfigError(f"{shown}: larger than the {_size(limits.max_bytes)} a {limits.kind} "
                           "may be", limits.hint)
-    return decode(data, shown)
+    return data
 
 
 def decode(data: bytes, shown: str) -> str:

@@ -76,6 +76,14 @@ def _is_file(path: Path) -> bool:
         return False
 
 
+def is_dir(path: Path) -> bool:
+    """`Path.is_dir`, likewise (Python raises ENAMETOOLONG instead of answering False)."""
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def display_path(path: Path) -> str:
     """Built-in profiles show as `builtin:<name>.yaml`; files relative to the cwd when possible."""
     try:
