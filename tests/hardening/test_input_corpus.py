@@ -128,6 +128,10 @@ def test_a_long_extends_chain_is_refused(tmp_path: Path) -> None:
     ("report", "/etc/passwd"),
     ("report", "/nonexistent/dir"),
     ("diff-config", "/etc/passwd", "reference"),
+    ("diff-config", "x" * 5000, "reference"),  # ENAMETOOLONG from the OS
+    ("report", "x" * 5000),
+    ("profile", "validate", "x" * 5000),
+    ("profile", "show", "reference", "--only", "mhc-bf16,nope"),
 ])
 def test_hostile_arguments_are_one_line_errors(args: tuple[str, ...], tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:

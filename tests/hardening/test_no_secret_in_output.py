@@ -143,3 +143,17 @@ def test_the_identity_of_a_resolved_config_is_redacted() -> None:
                 "--set", "engine.env.HF_TOKEN=tok-CCCC-3333",
                 "--set", "engine.args=[--api-key, tok-BBBB-2222]")
     assert json.loads(other.out)["fingerprint"] != data["fingerprint"]
+
+
+def test_redaction_keeps_what_is_not_a_secret() -> None:
+    """Over-redaction would hide what a user needs: counts, diff keys, env var *names*."""
+    from dsv4bisect.redact import redact
+
+    data = {"key": "--api-key", "prompt_tokens": "12", "api_key_env": "SGLANG_API_KEY",
+            "argv": ["--port", "30000", "--api-key", "sk-abcdefgh"],
+            "note": "started with HF_TOKEN=hf-abcdefgh and --tp 8"}
+    out = redact(data)
+    assert out["key"] == "--api-key" and out["prompt_tokens"] == "12"
+    assert out["api_key_env"] == "SGLANG_API_KEY"
+    assert out["argv"] == ["--port", "30000", "--api-key", "***"]
+    assert out["note"] == "started with HF_TOKEN=*** and --tp 8"
