@@ -349,9 +349,15 @@ def main() -> int:
     muts = mutations(args.count, args.seed, classes)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dsv4fuzz-") as tmp:
+        outcomes: list[Outcome] = []
         with ThreadPoolExecutor(args.jobs) as pool:
-            outcomes = [o for batch in pool.map(lambda m: run_one(m, Path(tmp), args.timeout),
-                                                 muts) for o in batch]
+            batches = pool.map(lambda m: run_one(m, Path(tmp), args.timeout), muts)
+            for done, batch in enumerate(batches, 1):
+                outcomes += batch
+                if done % 100 == 0:  # progress on stderr; a long run can be watched
+                    found = Counter(p for o in outcomes for p in o.problems)
+                    print(f"{done}/{len(muts)} mutations, {time.perf_counter() - start:.0f} s: "
+                          f"{dict(found) or 'nothing found'}", file=sys.stderr, flush=True)
     wall = time.perf_counter() - start
     return report(outcomes, muts, wall, args)
 
