@@ -29,6 +29,7 @@ from dsv4bisect.cli.options import (
     one_output,
     overrides,
 )
+from dsv4bisect.redact import redact
 from dsv4bisect.report.run_report import load_run, render_markdown, terminal_lines
 from dsv4bisect.run.events import EngineEvent, Notice, ProbeEvent, RunEvent
 from dsv4bisect.run.session import DEFAULT_PROFILE, RunRequest
@@ -84,7 +85,7 @@ def run(
     for text, style in terminal_lines(view):
         con.print(text, style=style, markup=False, highlight=False)
     if json_out:
-        print(json.dumps(outcome.verdict.to_dict(), indent=2))
+        print(json.dumps(redact(outcome.verdict.to_dict(), view.secrets), indent=2))
     elif fmt is Format.md:
         stdout().file.write(render_markdown(view))
     raise typer.Exit(outcome.exit_code)
