@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> None:
         # lets our own errors through to be printed as `error:` + `hint:`.
         code = app(args=argv, standalone_mode=False)
     except Dsv4BisectError as exc:
-        error(exc.message, exc.hint)
+        from dsv4bisect.redact import redact_text
+
+        error(redact_text(exc.message, ()), exc.hint)  # `--set X_TOKEN=v` may be in it
         sys.exit(int(exc.exit_code))
     except KeyboardInterrupt:
         error("interrupted")

@@ -23,7 +23,18 @@ from dsv4bisect.bisect.question import Question, resolve_question
 from dsv4bisect.bisect.runner import Runner
 from dsv4bisect.bisect.testcmd import TestCommandRunner
 from dsv4bisect.cli.bisect_display import BisectDisplay
-from dsv4bisect.cli.options import Disable, Enable, Format, FormatOpt, Json, Only, Set, overrides
+from dsv4bisect.cli.options import (
+    Disable,
+    Enable,
+    Format,
+    FormatOpt,
+    Json,
+    Only,
+    Set,
+    finite,
+    one_output,
+    overrides,
+)
 from dsv4bisect.engines.rundir import ensure_runs_root, new_run_dir
 from dsv4bisect.errors import BisectError, ExitCode
 from dsv4bisect.run.orphans import clean_predecessors
@@ -64,9 +75,11 @@ def bisect(
     bad: Annotated[str | None, Opt(metavar="P[:V],...|none", help="The bad end's patches "
                                       "(default: the profile's, with the overrides).")] = None,
     candidates: Annotated[str | None, Opt(metavar="P,Q", help="Search only these.")] = None,
-    confidence: Annotated[float | None, Opt(help="Stop at this posterior (0.95).")] = None,
-    max_trials: Annotated[int | None, Opt(help="Budget of probe runs.")] = None,
-    parallel: Annotated[int | None, Opt(help="Trials per round (K).")] = None,
+    confidence: Annotated[float | None, Opt(callback=finite(0.5, 0.999999),
+                                            help="Stop at this posterior (0.95).")] = None,
+    max_trials: Annotated[int | None, Opt(min=2, max=100_000, help="Budget of probe runs.")
+                          ] = None,
+    parallel: Annotated[int | None, Opt(min=1, max=64, help="Trials per round (K).")] = None,
     warn_as: Annotated[WarnAs | None, Opt(help="How a WARN counts (default fail).")] = None,
     test_cmd: Annotated[str | None, Opt(help="Judge with this shell command instead: "
                                            "exit 0 good, 125 skip, 1-127 bad.")] = None,
@@ -76,11 +89,15 @@ def bisect(
     out: Annotated[Path, Opt("--out", metavar="RUNS_ROOT")] = Path("runs"),
     ledger_path: Annotated[Path | None, Opt("--ledger", help="Default RUNS_ROOT/ledger.sqlite"
                                                )] = None,
-    false_fail: Annotated[float | None, Opt(help="Probe false-FAIL rate (default: measured "
-                                               "in the ledger, else 0.05).")] = None,
-    false_pass: Annotated[float | None, Opt(help="Probe false-PASS rate (likewise).")] = None,
-    launch_cost: Annotated[float | None, Opt(help="Seconds per launch, for --plan.")] = None,
-    probe_cost: Annotated[float | None, Opt(help="Seconds per probe, for --plan.")] = None,
+    false_fail: Annotated[float | None, Opt(callback=finite(0, 0.99), help="Probe false-FAIL "
+                                               "rate (default: measured in the ledger, else "
+                                               "0.05).")] = None,
+    false_pass: Annotated[float | None, Opt(callback=finite(0, 0.99),
+                                            help="Probe false-PASS rate (likewise).")] = None,
+    launch_cost: Annotated[float | None, Opt(callback=finite(0, 1e7),
+                                             help="Seconds per launch, for --plan.")] = None,
+    probe_cost: Annotated[float | None, Opt(callback=finite(0, 1e7),
+                                            help="Seconds per probe, for --plan.")] = None,
     no_cache: Annotated[bool, Opt("--no-cache", help="Measure baselines again.")] = False,
     json_out: Json = False,
     fmt: FormatOpt = None,
@@ -96,6 +113,7 @@ def bisect(
     from dsv4bisect.bisect.driver import start_bisect
     from dsv4bisect.bisect.ledger import Ledger
 
+    one_output(json_out, fmt)
     display = BisectDisplay()
     if resume is not None:
         outcome = _resume(resume, display, preflight=not skip_preflight)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from enum import Enum
 from typing import Annotated, Optional
 
 import typer
 
 from dsv4bisect.config.resolve import Overrides
+from dsv4bisect.errors import ConfigError
 
 ProfileArg = Annotated[str, typer.Argument(help="Profile: a YAML file or a built-in name.")]
 Enable = Annotated[Optional[list[str]], typer.Option(
@@ -33,8 +36,32 @@ FormatOpt = Annotated[Optional[Format], typer.Option(
     "--format", help="md: print the markdown report (report.md) on stdout.")]
 
 
+def one_output(json_out: bool, fmt: Format | None) -> None:
+    """stdout carries one result: JSON or markdown, not both interleaved."""
+    if json_out and fmt is not None:
+        raise ConfigError("--json and --format md both ask for stdout",
+                          "choose one: --json for the machine-readable result, --format md "
+                          "for the report")
+
+
+def finite(low: float, high: float) -> Callable[..., float | None]:
+    """A Typer callback: the value is a finite number in [low, high] (click lets nan/inf in)."""
+    def check(param: typer.CallbackParam, value: float | None) -> float | None:
+        if value is not None and not (math.isfinite(value) and low <= value <= high):
+            flag = (param.opts or [param.name or "value"])[0]
+            raise ConfigError(f"{flag} {value}: outside [{low:g}, {high:g}]",
+                              "give a finite number in that range")
+        return value
+    return check
+
+
 def overrides(enable: list[str] | None, disable: list[str] | None, only: str | None,
               sets: list[str] | None) -> Overrides:
     only_names = None if only is None else tuple(n.strip() for n in only.split(",") if n.strip())
+    if only is not None and not only_names:
+        # `--only ,,,` would quietly mean "every patch off": the good end, tested against itself.
+        raise ConfigError(f"--only {only!r} names no patch",
+                          "list patches, e.g. --only mma-decode,triton-indexer "
+                          "(`dsv4bisect patches list`); --disable turns single patches off")
     return Overrides(sets=tuple(sets or ()), enable=tuple(enable or ()),
                      disable=tuple(disable or ()), only=only_names)

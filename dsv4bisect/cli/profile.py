@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,7 +13,10 @@ import yaml
 from dsv4bisect.cli.options import Disable, Enable, Json, Only, ProfileArg, Set, overrides
 from dsv4bisect.config.resolve import load_profile, resolve, resolve_loaded
 from dsv4bisect.errors import ConfigError, Dsv4BisectError, ExitCode
-from dsv4bisect.ui.console import console, stdout
+from dsv4bisect.redact import redact, redact_text, secrets_in
+from dsv4bisect.ui.console import console, error, stdout
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # the schema's `name` pattern, bounded
 
 profile_app = typer.Typer(help="Validate, show, create profiles; export the schema.",
                           no_args_is_help=True)
@@ -33,9 +37,7 @@ def validate_cmd(
             cfg = resolve(ref)
         except Dsv4BisectError as exc:
             bad += 1
-            console().print(f"error: {exc.message}", markup=False, style="bold red")
-            if exc.hint:
-                console().print(f"hint: {exc.hint}", markup=False, style="yellow")
+            error(redact_text(exc.message, ()), exc.hint)
             continue
         note = f"  (cannot start: {cfg.cannot_start})" if cfg.cannot_start else ""
         print(f"ok  {ref}  {cfg.profile}  fingerprint {cfg.fingerprint}{note}")
@@ -55,13 +57,16 @@ def show_cmd(
     """Show a profile after extends and overrides, or (--resolved) what it resolves to."""
     loaded = load_profile(profile, overrides(enable, disable, only, sets))
     if not resolved:
-        data = loaded.profile.model_dump(exclude={"extends"}, exclude_defaults=not why)
+        # The raw data holds env values and args as written: scrub them like the resolved view.
+        secrets = secrets_in(loaded.layered.data)  # without resolving: `show` must not need to
+        data = redact(loaded.profile.model_dump(exclude={"extends"}, exclude_defaults=not why),
+                      secrets)
         if json_out:
             print(json.dumps(data, indent=2))
         else:
             print(yaml.safe_dump(data, sort_keys=False), end="")
         if why:
-            _print_provenance(resolve_loaded(loaded).provenance, json_out)
+            _print_provenance(redact(resolve_loaded(loaded).provenance, secrets), json_out)
         return
     cfg = resolve_loaded(loaded)
     if json_out:
@@ -74,7 +79,7 @@ def show_cmd(
 
     render_engine_config(cfg, stdout())
     if why:
-        _print_provenance(cfg.provenance, False)
+        _print_provenance(cfg.to_json()["provenance"], False)
 
 
 def _print_provenance(provenance: dict[str, str], json_out: bool) -> None:
@@ -95,6 +100,12 @@ def new_cmd(
     """Write a commented starter profile that validates."""
     from dsv4bisect.config.starter import starter_profile
 
+    if not NAME.fullmatch(name):
+        # The name becomes the file name and the profile's `name:`; a path here would write
+        # outside the current directory (`../../etc/x`). Use --output for another place.
+        raise ConfigError(f"profile name {name[:60]!r} is not a plain name",
+                          "use letters, digits, `.`, `_`, `-` (at most 64, no `/`); "
+                          "--output PATH chooses where the file goes")
     path = output or Path(f"{name}.yaml")
     if path.exists():
         raise ConfigError(f"{path} exists", "choose another name or --output, or delete it")
@@ -102,7 +113,11 @@ def new_cmd(
         from dsv4bisect.config.layering import find_profile
 
         find_profile(base)  # fail early on a missing base
-    path.write_text(starter_profile(name, base))
+    try:
+        path.write_text(starter_profile(name, base))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write: {exc.strerror or exc}",
+                          "check that the directory exists and is writable") from None
     resolve(str(path))
     console().print(f"wrote {path}", markup=False)
 

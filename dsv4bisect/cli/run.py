@@ -18,7 +18,18 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from dsv4bisect.cli.options import Disable, Enable, Format, FormatOpt, Json, Only, Set, overrides
+from dsv4bisect.cli.options import (
+    Disable,
+    Enable,
+    Format,
+    FormatOpt,
+    Json,
+    Only,
+    Set,
+    one_output,
+    overrides,
+)
+from dsv4bisect.redact import redact
 from dsv4bisect.report.run_report import load_run, render_markdown, terminal_lines
 from dsv4bisect.run.events import EngineEvent, Notice, ProbeEvent, RunEvent
 from dsv4bisect.run.session import DEFAULT_PROFILE, RunRequest
@@ -59,6 +70,7 @@ def run(
     The good end is the same profile with every patch off except the required ones. Exit codes:
     0 PASS, 1 FAIL, 4 WARN (drift only), 5 bad input, 125 cannot test, 130 interrupted.
     """
+    one_output(json_out, fmt)
     if not skip_preflight:  # seconds instead of a failed launch (engines/preflight.py)
         from dsv4bisect.engines.preflight import require
 
@@ -80,7 +92,7 @@ def run(
     for text, style in terminal_lines(view):
         con.print(text, style=style, markup=False, highlight=False)
     if json_out:
-        print(json.dumps(outcome.verdict.to_dict(), indent=2))
+        print(json.dumps(redact(outcome.verdict.to_dict(), view.secrets), indent=2))
     elif fmt is Format.md:
         stdout().file.write(render_markdown(view))
     raise typer.Exit(outcome.exit_code)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dsv4bisect.config.engine_config import REDACTED, EngineConfig, redact_argv
-from dsv4bisect.env import is_secret
+from dsv4bisect.config.engine_config import EngineConfig
+from dsv4bisect.redact import REDACTED, is_secret, redact, redact_argv, secrets_in
 
 ABSENT = "(absent)"
 
@@ -67,6 +67,13 @@ def _env(cfg: EngineConfig, role: str) -> dict[str, str]:
 
 
 def diff_configs(a: EngineConfig, b: EngineConfig) -> list[Change]:
+    """The changes, with every secret of either side hidden (by position and by value)."""
+    secrets = secrets_in(a.to_json(redact=False)) | secrets_in(b.to_json(redact=False))
+    return [Change(c.section, redact(c.key, secrets), redact(c.a, secrets), redact(c.b, secrets))
+            for c in _diff(a, b)]
+
+
+def _diff(a: EngineConfig, b: EngineConfig) -> list[Change]:
     changes: list[Change] = []
     engine_a = {"kind": a.kind, "model": a.model, "served_model_name": a.served_model_name,
                 "startup_timeout_s": a.startup_timeout_s, "cannot_start": a.cannot_start}

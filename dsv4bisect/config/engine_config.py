@@ -12,10 +12,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dsv4bisect.env import is_secret
+from dsv4bisect.redact import REDACTED, redact_argv  # noqa: F401 - re-exported for callers
+from dsv4bisect.redact import redact as redact_data
 
 TOKEN = re.compile(r"\{(port:[a-z]+|python|model|worktree)\}")
-REDACTED = "***"
 
 
 @dataclass(frozen=True)
@@ -113,28 +113,11 @@ class EngineConfig:
         return cls(**fields)
 
     def to_json(self, *, redact: bool = True) -> dict[str, Any]:
+        """The config as JSON; `redact` hides secrets everywhere in it (processes, identity,
+        provenance, custom patches), not only in the process list."""
         out = asdict(self)
         out["patch_set"] = self.patch_set
         for proc in out["processes"]:
-            proc["env"] = {k: (REDACTED if redact and is_secret(k) else v) for k, v in proc["env"]}
-            proc["argv"] = redact_argv(proc["argv"]) if redact else list(proc["argv"])
-        return out
-
-
-def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
-    """Hide the value of flags such as `--api-key X` or `--hf-token=X`."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-        elif arg.startswith("--") and is_secret(arg.split("=", 1)[0]):
-            if "=" in arg:
-                out.append(arg.split("=", 1)[0] + "=" + REDACTED)
-            else:
-                out.append(arg)
-                hide_next = True
-        else:
-            out.append(arg)
-    return out
+            proc["env"] = dict(proc["env"])
+            proc["argv"] = list(proc["argv"])
+        return redact_data(out) if redact else out

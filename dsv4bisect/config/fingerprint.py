@@ -30,9 +30,13 @@ def digest(value: Any, length: int = 16) -> str:
 
 def _hash_files(labelled: list[tuple[str, Path]]) -> str:
     """Hash of (label, content) pairs; labels are machine-independent relative names."""
+    return _hash_contents([(label, path.read_bytes()) for label, path in labelled])
+
+
+def _hash_contents(labelled: list[tuple[str, bytes]]) -> str:
     h = hashlib.sha256()
-    for label, path in sorted(labelled):
-        h.update(label.encode() + b"\0" + path.read_bytes() + b"\0")
+    for label, content in sorted(labelled):
+        h.update(label.encode() + b"\0" + content + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -78,11 +82,26 @@ def model_identity(path: str | None) -> dict[str, Any]:
     """Content identity of a checkpoint directory (its config and shard index), not its path."""
     if not path:
         return {"model": None}
+    if "\0" in path or len(path) > 4096:
+        return {"model": "unavailable-here", "name": path[:80]}
     directory = Path(path).expanduser()
-    found = [directory / name for name in MODEL_ID_FILES if (directory / name).is_file()]
+    found = [directory / name for name in MODEL_ID_FILES if _is_file(directory / name)]
     if not found:
         return {"model": "unavailable-here", "name": directory.name}
-    return {"model": _hash_files([(p.name, p) for p in found])}
+    # The model path is user input: its files are read through the bounded loader.
+    from dsv4bisect.config.bounded import read_bytes
+
+    kinds = {"model.safetensors.index.json": "checkpoint-index"}
+    return {"model": _hash_contents([(p.name, read_bytes(p, kinds.get(p.name,
+                                                                       "checkpoint-config")))
+                                     for p in found])}
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # a name the OS refuses (too long): not here
+        return False
 
 
 def probe_version() -> int:

@@ -13,8 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from dsv4bisect.config import bounded
 from dsv4bisect.config.yamlsource import KeyPath, Mark, load_yaml
 from dsv4bisect.errors import ConfigError, did_you_mean
 
@@ -48,15 +47,18 @@ def builtin_names() -> list[str]:
 
 def find_profile(ref: str, *, relative_to: Path | None = None) -> Path:
     """A profile reference is a file path (relative to `relative_to`) or a built-in name."""
+    if "\0" in ref or len(ref) > 4096:
+        raise ConfigError(f"no profile `{ref[:80]!r}`: not a usable file name",
+                          "give a path to a YAML file or a built-in profile name")
     candidates = []
     if relative_to is not None:
         candidates.append(relative_to / ref)
     candidates.append(Path(ref))
     for path in candidates:
-        if path.is_file():
+        if _is_file(path):
             return path.resolve()
     builtin = builtin_dir() / f"{ref}.yaml"
-    if builtin.is_file():
+    if "/" not in ref and _is_file(builtin):
         return builtin
     guess = did_you_mean(ref, builtin_names())
     hint = f"{guess} " if guess else ""
@@ -64,6 +66,22 @@ def find_profile(ref: str, *, relative_to: Path | None = None) -> Path:
         f"no profile `{ref}`: not a file and not a built-in profile",
         f"{hint}built-in profiles: {', '.join(builtin_names())}; or give a path to a YAML file",
     )
+
+
+def _is_file(path: Path) -> bool:
+    """`Path.is_file` that answers False for names the OS refuses (too long, bad bytes)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def is_dir(path: Path) -> bool:
+    """`Path.is_dir`, likewise (Python raises ENAMETOOLONG instead of answering False)."""
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def display_path(path: Path) -> str:
@@ -78,8 +96,12 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
+MAX_KEY_PARTS = 8  # --set a.b.c: the schema is 5 levels deep
+MAX_EXTENDS = 16  # profiles extending profiles: the shipped chains are 2 deep
+
+
 def load_layers(path: Path, _chain: tuple[Path, ...] = ()) -> Layered:
-    """Load `path` and its `extends` chain (cycles and missing bases are errors)."""
+    """Load `path` and its `extends` chain (cycles, missing bases, > MAX_EXTENDS are errors)."""
     doc = load_yaml(path, display=display_path(path))
     if not isinstance(doc.data, dict):
         raise ConfigError(
@@ -100,6 +122,9 @@ def load_layers(path: Path, _chain: tuple[Path, ...] = ()) -> Layered:
     if base_path in _chain + (path,):
         cycle = " -> ".join(display_path(p) for p in _chain + (path, base_path))
         raise ConfigError(f"{where}: `extends` cycle: {cycle}", "remove one of the extends links")
+    if len(_chain) + 1 >= MAX_EXTENDS:
+        raise ConfigError(f"{where}: `extends` chain longer than {MAX_EXTENDS} profiles",
+                          "flatten the chain: extend a profile that holds the shared settings")
     base = load_layers(base_path, _chain + (path,))
     return _merge(base, own)
 
@@ -130,13 +155,12 @@ def _merge_into(
 
 def set_value(layered: Layered, dotted: str, raw_value: str, *, source: str) -> KeyPath:
     """Apply `--set dotted.key=value`; the value is parsed as a YAML scalar or flow collection."""
+    if len(source) > 100:  # errors name the flag; a 5000-character flag is not readable
+        source = source[:99] + "…"
     keys = tuple(k for k in dotted.split("."))
-    if not dotted or any(not k for k in keys):
-        raise ConfigError(f"{source}: bad key `{dotted}`", "use --set section.key=value")
-    try:
-        value = yaml.safe_load(raw_value) if raw_value != "" else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: cannot parse value `{raw_value}`", str(exc)) from exc
+    if not dotted or any(not k for k in keys) or len(keys) > MAX_KEY_PARTS:
+        raise ConfigError(f"{source}: bad key `{dotted[:80]}`", "use --set section.key=value")
+    value = bounded.parse_yaml_value(raw_value, "override", source) if raw_value != "" else ""
     node: Any = layered.data
     for depth, key in enumerate(keys[:-1]):
         child = node.get(key) if isinstance(node, dict) else None

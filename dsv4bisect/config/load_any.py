@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from dsv4bisect.config.engine_config import EngineConfig
+from dsv4bisect.config.layering import is_dir
 from dsv4bisect.config.resolve import Overrides, resolve
 
 
 def load_config(ref: str, overrides: Overrides = Overrides()) -> EngineConfig:
     path = Path(ref)
-    if path.is_dir():
+    if is_dir(path):
         from dsv4bisect.engines.rundir import load_run_config
 
         return load_run_config(path)

@@ -14,6 +14,25 @@ SCHEMA_VERSION = 1
 
 Port = Union[Annotated[int, Field(ge=1, le=65535)], Literal["auto"]]
 
+# Ranges (issue 15): every number is bounded, so a typo such as `parallel: 1e28` is an error at
+# validation, not a hang or a failed launch. The bounds are generous for a real deployment.
+MAX_GPUS = 1024  # GPU indices and ranks; an 8-GPU node uses 0..7
+MAX_TOKENS = 1 << 24  # context lengths and chunk sizes (V4 serves 1M tokens)
+MAX_SECONDS = 7 * 24 * 3600.0  # timeouts: a week
+GpuIndex = Annotated[int, Field(ge=0, lt=MAX_GPUS)]
+Ranks = Annotated[int, Field(ge=1, le=MAX_GPUS)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+
+
+def _no_nul(value: Any) -> Any:
+    if isinstance(value, str) and "\0" in value:
+        raise ValueError("NUL characters are not allowed (no process can receive them)")
+    return value
+
+
+Arg = Annotated[str, BeforeValidator(_no_nul)]  # an argv element: the OS refuses NUL
+Args = list[Arg]
+
 
 def _env_values(value: Any) -> Any:
     """Env values are strings; numbers are written as YAML reads them (`X: 1` → "1")."""
@@ -21,6 +40,12 @@ def _env_values(value: Any) -> Any:
         return value
     out = {}
     for key, item in value.items():
+        # The OS builds `NAME=value` strings: `=` or NUL in a name, or NUL in a value, would
+        # fail only at launch (or silently set another variable).
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise ValueError(f"env name {str(key)[:40]!r}: must be non-empty, without `=` or NUL")
+        if isinstance(item, str) and "\0" in item:
+            raise ValueError(f"env `{key}`: NUL characters are not allowed in a value")
         if isinstance(item, bool):
             raise ValueError(f"env `{key}`: write booleans as strings (\"1\", \"true\")")
         out[key] = str(item) if isinstance(item, (int, float)) else item
@@ -31,16 +56,16 @@ EnvMap = Annotated[dict[str, str], BeforeValidator(_env_values)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class PDRole(Strict):
     """One server of a prefill/decode pair."""
 
-    gpus: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
-    tp: Annotated[int, Field(ge=1)] | None = None  # default: one rank per GPU
+    gpus: list[GpuIndex] = Field(min_length=1, max_length=MAX_GPUS)
+    tp: Ranks | None = None  # default: one rank per GPU
     port: Port = "auto"
-    args: list[str] = []
+    args: Args = []
     env: EnvMap = {}
 
 
@@ -51,7 +76,7 @@ class PrefillRole(PDRole):
 class Router(Strict):
     port: Port = "auto"
     policy: str = "round_robin"
-    args: list[str] = []
+    args: Args = []
     env: EnvMap = {}
 
 
@@ -69,14 +94,14 @@ class ReferenceSettings(Strict):
 
     checkpoint: str = "embedded"  # "embedded" (shipped), "random" (seed 0 tiny), or a directory
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads: Annotated[int, Field(ge=1)] | None = None
-    max_model_len: Annotated[int, Field(ge=64)] | None = None
+    threads: Annotated[int, Field(ge=1, le=4096)] | None = None
+    max_model_len: Annotated[int, Field(ge=64, le=MAX_TOKENS)] | None = None
 
 
 class CommandSettings(Strict):
     """Any server: argv may use {port} and {host}; readiness by GET on ready_path."""
 
-    argv: list[str] = Field(min_length=1)
+    argv: Args = Field(min_length=1)
     ready_path: str = "/health"
 
 
@@ -92,15 +117,15 @@ class Engine(Strict):
     python: str | None = None  # interpreter for engine processes (default: this one / python3)
     host: str = "127.0.0.1"
     port: Port = "auto"
-    gpus: list[Annotated[int, Field(ge=0)]] | None = None
-    tp: Annotated[int, Field(ge=1)] = 1
-    dp: Annotated[int, Field(ge=1)] = 1
+    gpus: list[GpuIndex] | None = Field(default=None, max_length=MAX_GPUS)
+    tp: Ranks = 1
+    dp: Ranks = 1
     moe_backend: str = "triton"
     quantization: str | None = None
-    chunked_prefill_size: Annotated[int, Field(ge=1)] | None = None
+    chunked_prefill_size: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
     env: EnvMap = {}
-    args: list[str] = []
-    startup_timeout_s: Annotated[float, Field(gt=0)] = 1800.0
+    args: Args = []
+    startup_timeout_s: Seconds = 1800.0
     pd: PD | None = None
     reference: ReferenceSettings | None = None
     command: CommandSettings | None = None
@@ -149,7 +174,7 @@ class CustomPatch(Strict):
     summary: str
     tier: Annotated[int, Field(ge=1, le=3)] = 2
     env: EnvMap = {}
-    args: list[str] = []
+    args: Args = []
     source: SourcePatch | None = None
 
     @model_validator(mode="after")
@@ -162,22 +187,22 @@ class CustomPatch(Strict):
 class ProbeSettings(Strict):
     tier: Literal["ci", "smoke", "standard", "deep"] = "smoke"
     families: list[str] | None = None  # default: the tier's
-    lengths: list[Annotated[int, Field(ge=16)]] | None = None
-    depths: list[Annotated[float, Field(ge=0, le=1)]] | None = None
-    seed: int = 0
+    lengths: list[Annotated[int, Field(ge=16, le=MAX_TOKENS)]] | None = Field(None, max_length=64)
+    depths: list[Annotated[float, Field(ge=0, le=1)]] | None = Field(None, max_length=64)
+    seed: Annotated[int, Field(ge=0, lt=1 << 63)] = 0
     warm: bool = False
     thinking: bool = False
-    request_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+    request_timeout_s: Seconds = 300.0
 
 
 class BisectSettings(Strict):
     candidates: list[str] | None = None
     good: list[str] | None = None  # patches on at the good end (default: the required ones)
     confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95
-    max_trials: Annotated[int, Field(ge=1)] | None = None
-    parallel: Annotated[int, Field(ge=1)] = 1
+    max_trials: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    parallel: Annotated[int, Field(ge=1, le=64)] = 1  # trials at once: engines on one node
     warn_as: Literal["fail", "pass"] = "fail"
-    priors: dict[str, Annotated[float, Field(gt=0)]] | None = None
+    priors: dict[str, Annotated[float, Field(gt=0, le=1e6)]] | None = None
 
 
 class Profile(Strict):

@@ -11,18 +11,43 @@ from pydantic import BaseModel, ValidationError
 from dsv4bisect.config.layering import Layered
 from dsv4bisect.config.schema import Profile
 from dsv4bisect.config.yamlsource import KeyPath
+from dsv4bisect.env import is_secret
 from dsv4bisect.errors import ConfigError, did_you_mean
 
 _HINT = "see `dsv4bisect profile schema` for every key and type"
 
 
+MAX_LINES = 8  # errors shown per profile; the rest are counted
+
+
 def validate(layered: Layered) -> Profile:
+    _refuse_nul(layered)
     try:
         return Profile.model_validate(layered.data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        lines = [_describe(layered, err) for err in errors]
-        raise ConfigError("\n".join(lines), _hint_for(errors[0])) from exc
+        lines = [_describe(layered, err) for err in errors[:MAX_LINES]]
+        if len(errors) > MAX_LINES:
+            lines.append(f"... and {len(errors) - MAX_LINES} more errors")
+        raise ConfigError("\n".join(lines), _hint_for(errors[0])) from None
+
+
+def _refuse_nul(layered: Layered) -> None:
+    """No key or string may hold NUL: every value ends up in an argv, env or file name, where the
+    OS refuses it only at launch. (Depth is bounded by the loader, so the walk is too.)"""
+    stack: list[tuple[KeyPath, Any]] = [((), layered.data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str) and "\0" in key:
+                    raise error_at(layered, path, "a key holds a NUL character", "remove it")
+                stack.append((path + (key,), item))
+        elif isinstance(value, list):
+            stack.extend((path + (i,), item) for i, item in enumerate(value))
+        elif isinstance(value, str) and "\0" in value:
+            raise error_at(layered, path, "NUL character in a value",
+                           "no engine process can receive NUL in an argument or env value")
 
 
 def error_at(layered: Layered, path: KeyPath, message: str, hint: str | None = None) -> ConfigError:
@@ -42,11 +67,16 @@ def _describe(layered: Layered, err: dict[str, Any]) -> str:
     elif err["type"] == "missing":
         message = f"missing required key `{loc[-1]}`"
     elif "input" in err and not isinstance(err["input"], (dict, list)):
-        message = f"{message} (got {err['input']!r})"
+        shown = "***" if any(is_secret(str(part)) for part in loc) else _clip(repr(err["input"]))
+        message = f"{message} (got {shown})"
     message = message.removeprefix("Value error, ")
     where = layered.source_of(loc)
-    dotted = ".".join(str(p) for p in loc) or "<profile>"
+    dotted = _clip(".".join(str(p) for p in loc) or "<profile>")
     return f"{where}: {dotted}: {message}" if where else f"{dotted}: {message}"
+
+
+def _clip(text: str, width: int = 80) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _hint_for(err: dict[str, Any]) -> str:

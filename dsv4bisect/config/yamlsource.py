@@ -1,7 +1,9 @@
 """YAML loading that remembers where every key came from (for `file:line:col:` errors).
 
 `yaml.safe_load` semantics (no custom tags), plus: duplicate keys are errors, and every mapping
-key and sequence item gets a `Mark` so that validation errors point into the file.
+key and sequence item gets a `Mark` so that validation errors point into the file. The text is
+read and checked by `bounded.py` (size, UTF-8, depth, node count, no anchors or aliases) before
+any recursive part of PyYAML runs.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from dsv4bisect.config import bounded
 from dsv4bisect.errors import ConfigError
 
 KeyPath = tuple[Any, ...]
@@ -34,25 +37,16 @@ class YamlDoc:
     marks: dict[KeyPath, Mark]  # () = the document; ("engine", "tp") = the key `tp`
 
 
-def load_yaml(path: Path, *, display: str | None = None) -> YamlDoc:
+def load_yaml(path: Path, *, display: str | None = None, kind: str = "profile") -> YamlDoc:
     """Load one YAML file; syntax errors and duplicate keys raise ConfigError with a position."""
     shown = display or str(path)
+    text = bounded.read_text(path, kind, shown=shown)
+    node, loader = bounded.compose_yaml(text, kind, shown)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{shown}: cannot read: {exc.strerror}", "check the path") from exc
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
         marks: dict[KeyPath, Mark] = {(): Mark(shown, 1, 1)}
         if node is not None:
             _walk(node, (), shown, marks)
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{shown}:{mark.line + 1}:{mark.column + 1}" if mark else shown
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise ConfigError(f"{where}: YAML syntax error: {problem}", "fix the YAML syntax") from exc
+        data = bounded.construct(loader, node, shown) if node is not None else None
     finally:
         loader.dispose()
     return YamlDoc(path=path, data=data, marks=marks)
@@ -62,7 +56,8 @@ def _walk(node: yaml.Node, path: KeyPath, shown: str, marks: dict[KeyPath, Mark]
     if isinstance(node, yaml.MappingNode):
         seen: dict[Any, yaml.Node] = {}
         for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+            # A collection as a key is refused by the constructor later; name it briefly here.
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else key_node.id
             mark = _mark(key_node, shown)
             if key in seen:
                 first = _mark(seen[key], shown)

@@ -1,4 +1,8 @@
-"""Engine logs: tails for error messages, and redaction of secrets before they are kept."""
+"""Engine logs: tails for error messages, and redaction of secrets before they are kept.
+
+The policy (what is a secret, how it is hidden) is `dsv4bisect/redact.py`, shared with every
+other output; this module applies it to log files.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,9 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from dsv4bisect.env import is_secret
+from dsv4bisect import redact
 
-REDACTED = "***"
+REDACTED = redact.REDACTED
 
 
 def tail(path: Path, lines: int = 20, max_bytes: int = 64_000) -> str:
@@ -26,14 +30,12 @@ def tail(path: Path, lines: int = 20, max_bytes: int = 64_000) -> str:
 
 def secret_values(*envs: Mapping[str, str]) -> list[str]:
     """Values of secret-named variables (TOKEN, KEY, SECRET, PASSWORD), longest first."""
-    values = {v for env in envs for k, v in env.items() if is_secret(k) and len(v) >= 4}
+    values = {v for v in redact.env_secrets(*envs) if len(v) >= redact.MIN_SECRET}
     return sorted(values, key=len, reverse=True)
 
 
 def redact_text(text: str, secrets: Iterable[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-    return text
+    return redact.redact_text(text, secrets)
 
 
 def redact_file(path: Path, secrets: Iterable[str]) -> None:

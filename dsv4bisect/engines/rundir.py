@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.config.bounded import load_json
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.errors import ConfigError, Dsv4BisectError
 
@@ -97,8 +98,8 @@ def load_run_config(path: Path, arm: str = "candidate") -> EngineConfig:
     for candidate in (path / CONFIG_FILE, path / arm / CONFIG_FILE):
         if candidate.is_file():
             try:
-                return EngineConfig.from_json(json.loads(candidate.read_text()))
-            except (ValueError, KeyError, TypeError) as exc:
+                return EngineConfig.from_json(load_json(candidate, "run"))  # bounded read
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise ConfigError(f"{candidate}: not a dsv4bisect config ({exc})",
                                   "was it written by another version?") from exc
     raise ConfigError(f"{path} is a directory without {CONFIG_FILE}",

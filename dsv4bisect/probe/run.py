@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,17 +24,13 @@ from dsv4bisect.probe.grid import Case
 from dsv4bisect.probe.spec import PROBE_VERSION, ProbeSpec
 
 RUN_SCHEMA = "dsv4bisect.probe-run/1"
-_SECRET = re.compile(r"(?i)(api[_-]?key|secret|password|passwd|token$|^auth|credential)")
 
 
 def redact(data: Any) -> Any:
-    """Copy of nested data with the values of secret-looking keys replaced by '***'."""
-    if isinstance(data, dict):
-        return {k: "***" if _SECRET.search(str(k)) and v not in (None, "", False)
-                else redact(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [redact(v) for v in data]
-    return data
+    """Copy of nested data with every secret hidden (the one policy: dsv4bisect/redact.py)."""
+    from dsv4bisect.redact import redact as redact_data
+
+    return redact_data(data)
 
 
 @dataclass(frozen=True)
@@ -84,25 +79,32 @@ class ProbeRun:
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> ProbeRun:
         """Read a directory written by `save`; a missing or foreign directory is a ConfigError."""
+        from dsv4bisect.config.bounded import json_object, load_json
+
         src = Path(directory)
-        try:
-            head = json.loads((src / "run.json").read_text())
-        except FileNotFoundError as exc:
-            raise ConfigError(f"`{src}` is not a probe run directory (no run.json)",
-                              "pass a directory written by `dsv4bisect probe --out`") from exc
-        except ValueError as exc:
-            raise ConfigError(f"`{src / 'run.json'}` is not valid JSON: {exc}") from exc
+        hint = "pass a directory written by `dsv4bisect probe --out`"
+        if not (src / "run.json").is_file():
+            raise ConfigError(f"`{src}` is not a probe run directory (no run.json)", hint)
+        head = json_object(load_json(src / "run.json", "run"), str(src / "run.json"),
+                           "a probe run record", hint)
         if head.get("schema") != RUN_SCHEMA:
-            raise ConfigError(f"`{src}` holds a {head.get('schema')!r} run, expected {RUN_SCHEMA}")
-        spec = ProbeSpec.from_dict(head["spec"])
-        if spec.spec_hash() != head.get("spec_hash"):
-            raise ConfigError(f"`{src}`: the saved spec does not match its hash",
-                              "the run directory was edited or written by another version")
-        return cls(spec, head["url"], head.get("server", {}),
-                   tuple(Case.from_dict(d) for d in _read_jsonl(src / "cases.jsonl")),
-                   tuple(_read_jsonl(src / "rows.jsonl")),
-                   tuple(DriftRecord.from_dict(d) for d in _read_jsonl(src / "drift.jsonl")),
-                   tuple(head.get("notes", [])), head.get("timing", {}), str(src))
+            raise ConfigError(f"`{src}` holds a {str(head.get('schema'))[:40]!r} run, expected "
+                              f"{RUN_SCHEMA}", hint)
+        try:
+            spec = ProbeSpec.from_dict(head["spec"])
+            if spec.spec_hash() != head.get("spec_hash"):
+                raise ConfigError(f"`{src}`: the saved spec does not match its hash",
+                                  "the run directory was edited or written by another version")
+            return cls(spec, head["url"], head.get("server", {}),
+                       tuple(Case.from_dict(d) for d in _read_jsonl(src / "cases.jsonl")),
+                       tuple(_read_jsonl(src / "rows.jsonl")),
+                       tuple(DriftRecord.from_dict(d) for d in _read_jsonl(src / "drift.jsonl")),
+                       tuple(head.get("notes", [])), head.get("timing", {}), str(src))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            # A field missing or of the wrong type: the files were edited, not our bug.
+            raise ConfigError(f"`{src}`: a probe record of the wrong shape "
+                              f"({type(exc).__name__}: {str(exc)[:60]})",
+                              "the probe run directory was edited or truncated") from None
 
 
 def _jsonl(items: Iterable[dict[str, Any]]) -> str:
@@ -110,12 +112,16 @@ def _jsonl(items: Iterable[dict[str, Any]]) -> str:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    from dsv4bisect.config.bounded import load_jsonl
+
     if not path.exists():
         return []
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except ValueError as exc:
-        raise ConfigError(f"`{path}` is not valid JSONL: {exc}") from exc
+    rows = load_jsonl(path)
+    bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+    if bad is not None:
+        raise ConfigError(f"`{path}`: record {bad + 1} is not a JSON object",
+                          "the probe run directory was edited or truncated")
+    return rows
 
 
 def _write(path: Path, text: str) -> None:

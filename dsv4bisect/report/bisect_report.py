@@ -22,6 +22,7 @@ from dsv4bisect.bisect.events import result_json
 from dsv4bisect.bisect.ledger import Ledger
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.errors import Dsv4BisectError
+from dsv4bisect.redact import redact, redact_text, secrets_in
 
 REPORT_SCHEMA = "dsv4bisect.bisect-report/1"
 PLOT = "posterior.png"
@@ -191,7 +192,7 @@ def reproduce(view: BisectView, step: StepView) -> str:
     return str(step.details.get("command") or "-")
 
 
-def report_json(view: BisectView) -> dict[str, Any]:
+def _report_json(view: BisectView) -> dict[str, Any]:
     return {
         "schema": REPORT_SCHEMA, "run_id": view.run_id, "run_dir": str(view.run_dir),
         "status": view.result["status"], "culprits": view.result.get("culprits"),
@@ -247,7 +248,7 @@ def _patch_text(patches: dict[str, str]) -> str:
     return ", ".join(f"{n}:{v}" for n, v in patches.items()) or "none"
 
 
-def render_markdown(view: BisectView, plot_note: str | None = None) -> str:
+def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
     r, b = view.result, bound(view)
     head = (f"culprit {_set(r['culprits'])} (posterior {r['posterior']:.3f})"
             if r["status"] == "found" else r["message"])
@@ -316,7 +317,7 @@ def _md_neighbours(items: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def terminal_lines(view: BisectView) -> list[Line]:
+def _terminal_lines(view: BisectView) -> list[Line]:
     r, b = view.result, bound(view)
     lines: list[Line] = [(f"{r['status'].upper()}  {r['message']}",
                           STYLES.get(r["status"], "bold red"))]
@@ -333,6 +334,25 @@ def terminal_lines(view: BisectView) -> list[Line]:
     lines.append((text, "dim"))
     lines.append((f"run dir: {view.run_dir}", "dim"))
     return lines
+
+
+# -- the public renderers: every output goes through the one redaction (dsv4bisect/redact.py) --
+def _secrets(view: BisectView) -> set[str]:
+    """Secrets the request carried (`--set ...X_TOKEN=v`) or a trial recorded."""
+    return secrets_in(view.request) | secrets_in([s.details for s in view.steps])
+
+
+def report_json(view: BisectView) -> dict[str, Any]:
+    return redact(_report_json(view), _secrets(view))  # type: ignore[no-any-return]
+
+
+def render_markdown(view: BisectView, plot_note: str | None = None) -> str:
+    return redact_text(_render_markdown(view, plot_note), _secrets(view))
+
+
+def terminal_lines(view: BisectView) -> list[Line]:
+    secrets = _secrets(view)
+    return [(redact_text(text, secrets), style) for text, style in _terminal_lines(view)]
 
 
 def render_posterior(view: BisectView, path: Path) -> Path | None:

@@ -8,14 +8,16 @@ of the three from the same files.
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.config.bounded import json_object, load_json
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.verdict import Verdict
+from dsv4bisect.redact import redact, redact_text, secrets_in
+from dsv4bisect.report import shapes
 
 Line = tuple[str, "str | None"]  # text, style name (None: plain)
 STYLES = {"PASS": "bold green", "FAIL": "bold red", "WARN": "bold yellow",
@@ -31,6 +33,7 @@ class RunView:
     run: dict[str, Any]
     verdict: Verdict | None  # None while running, or when interrupted before a verdict
     configs: dict[str, dict[str, Any]]  # arm -> config.json (what was resolved)
+    secrets: frozenset[str] = frozenset()  # found in the unredacted files: hidden in every output
 
     @property
     def status(self) -> str:
@@ -40,32 +43,54 @@ class RunView:
 def load_run(run_dir: str | Path) -> RunView:
     """Read a run directory written by `dsv4bisect run`; anything else is a ConfigError."""
     root = Path(run_dir)
-    try:
-        run = json.loads((root / "run.json").read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"`{root}` is not a run directory (no run.json)",
-                          "pass a directory written by `dsv4bisect run`") from None
-    except ValueError as exc:
-        raise ConfigError(f"`{root / 'run.json'}` is not valid JSON: {exc}") from None
+    hint = "pass a directory written by `dsv4bisect run`"
+    if not root.is_dir():
+        raise ConfigError(f"`{root}` is not a run directory", hint)
+    if not (root / "run.json").is_file():
+        raise ConfigError(f"`{root}` is not a run directory (no run.json)", hint)
+    run = json_object(load_json(root / "run.json", "run"), str(root / "run.json"),
+                      "a run record", hint)
     if run.get("schema") != "dsv4bisect.run/1":
-        raise ConfigError(f"`{root}` holds a {run.get('schema')!r} document, not a run",
+        raise ConfigError(f"`{root}` holds a {str(run.get('schema'))[:40]!r} document, not a run",
                           "`dsv4bisect report` reads directories written by `dsv4bisect run`")
+    shapes.check(run, shapes.RUN, str(root / "run.json"))
+    shapes.check_items(run.get("arms") or {}, shapes.ARM, str(root / "run.json"), "arms")
     verdict = None
     if (root / "verdict.json").exists():
-        try:
-            verdict = Verdict.from_dict(json.loads((root / "verdict.json").read_text()))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"`{root / 'verdict.json'}` is not a verdict: {exc}") from None
+        verdict = _load_verdict(root / "verdict.json")
     configs = {}
     for arm in ARMS:
         path = root / arm / "config.json"
         if path.exists():
-            configs[arm] = json.loads(path.read_text())
-    return RunView(root, run, verdict, configs)
+            configs[arm] = json_object(load_json(path, "run"), str(path), "a resolved config",
+                                       hint)
+    return RunView(root, run, verdict, configs, frozenset(secrets_in([run, configs])))
+
+
+def _load_verdict(path: Path) -> Verdict:
+    shown = str(path)
+    data = json_object(load_json(path, "run"), shown, "a verdict",
+                       "the file was edited or truncated; `dsv4bisect run` writes it again")
+    shapes.check(data, shapes.VERDICT, shown)
+    shapes.check_items(data.get("families", {}), shapes.FAMILY, shown, "families")
+    shapes.check_items(data.get("cells", []), shapes.CELL, shown, "cells")
+    shapes.check_items(data.get("reasons", []), str, shown, "reasons")
+    try:
+        verdict = Verdict.from_dict(data)
+        verdict.exit_code  # an unknown verdict name fails here, not in a renderer
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"`{shown}` is not a verdict: {str(exc)[:80]}",
+                          "the file was edited or truncated; `dsv4bisect run` writes it again"
+                          ) from None
+    return verdict
 
 
 def verdict_json(view: RunView) -> dict[str, Any]:
     """The verdict JSON (`--json`), or the run's status when it has no verdict."""
+    return redact(_verdict_json(view), view.secrets)  # type: ignore[no-any-return]
+
+
+def _verdict_json(view: RunView) -> dict[str, Any]:
     if view.verdict is not None:
         return view.verdict.to_dict()
     return {"verdict": None, "status": view.status, "exit_code": view.run.get("exit_code"),
@@ -122,6 +147,10 @@ def _headline(view: RunView) -> str:
 # -- terminal -----------------------------------------------------------------------------------
 def terminal_lines(view: RunView) -> list[Line]:
     """The summary a terminal shows after a run (and `dsv4bisect report` without flags)."""
+    return [(redact_text(text, view.secrets), style) for text, style in _terminal_lines(view)]
+
+
+def _terminal_lines(view: RunView) -> list[Line]:
     run, v = view.run, view.verdict
     head = _headline(view)
     probe = run.get("probe") or {}
@@ -166,6 +195,10 @@ def _terminal_verdict(v: Verdict) -> list[Line]:
 # -- markdown -----------------------------------------------------------------------------------
 def render_markdown(view: RunView) -> str:
     """report.md: the verdict, both configurations, accuracy, drift, crashes, timing, files."""
+    return redact_text(_render_markdown(view), view.secrets)
+
+
+def _render_markdown(view: RunView) -> str:
     parts = [_md_head(view), _md_reasons(view), _md_configs(view)]
     v = view.verdict
     if v is not None:

@@ -1,0 +1,146 @@
+"""The one redaction policy for every output: terminal, JSON, markdown, reports, diffs, logs.
+
+Two passes, because a secret reaches output in two ways:
+
+1. *By position*: the value of a secret-named env var (`HF_TOKEN`, `OPENAI_API_KEY`, ...), of
+   a secret-named flag (`--api-key X`, `--hf-token=X`), of a secret-named key in a JSON record,
+   or of `KEY=value` text whose key is secret-named (`--set engine.env.HF_TOKEN=...`).
+2. *By value*: the same string copied anywhere else (a fingerprint's `identity`, provenance,
+   a reproduce command, a log line). Every string in the output has each known secret value
+   (≥ 4 characters, so that `***` does not eat ordinary words) replaced by `***`.
+
+`redact(data)` collects the secrets of `data` itself (pass 1) and then scrubs every string
+(pass 2); callers holding the unredacted source (e.g. a run's config.json) pass its secrets in.
+Names that only *name* an env var (`api_key_env: SGLANG_API_KEY`) are not secrets.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dsv4bisect.env import is_secret as _env_is_secret
+
+REDACTED = "***"
+MIN_SECRET = 4  # shorter values are hidden by position only
+_EXTRA_MARKERS = ("PASSWD", "CREDENTIAL", "AUTHORIZATION")
+# `NAME=value` / `--flag=value` inside free text; the name may be dotted (`engine.env.X_TOKEN`).
+_ASSIGN = re.compile(r"(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[^\s'\"]+)")
+
+
+def is_secret(name: str) -> bool:
+    """Env var, flag or JSON key whose value must not be shown (TOKEN, KEY, SECRET, ...)."""
+    if name.endswith(("_env", "_ENV")):  # holds the *name* of a variable (api_key_env)
+        return False
+    last = re.split(r"[.\s]", name.strip())[-1] if name.strip() else name
+    upper = last.upper().replace("-", "_")
+    return _env_is_secret(last) or any(m in upper for m in _EXTRA_MARKERS)
+
+
+# Our own record fields that carry these markers but no secret: a diff row's `key`, token counts.
+_NOT_SECRET_KEY = re.compile(r"(?i)keys?|.*tokens(_.*)?|.*_tokens?_.*")
+
+
+def is_secret_key(name: str) -> bool:
+    """A JSON/YAML record key whose string value is a secret (env names, `api_key`, ...)."""
+    return is_secret(name) and not _NOT_SECRET_KEY.fullmatch(name)
+
+
+def argv_secrets(argv: Iterable[str]) -> list[str]:
+    """Values of secret flags in an argv: `--api-key X` and `--api-key=X`."""
+    out, take_next = [], False
+    for arg in argv:
+        if take_next:
+            out.append(arg)
+            take_next = False
+        elif arg.startswith("-") and is_secret(arg.lstrip("-").split("=", 1)[0]):
+            if "=" in arg:
+                out.append(arg.split("=", 1)[1])
+            else:
+                take_next = True
+    return out
+
+
+def redact_argv(argv: Iterable[str]) -> list[str]:
+    """The argv with the values of secret flags replaced by `***`."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+        elif arg.startswith("-") and is_secret(arg.lstrip("-").split("=", 1)[0]):
+            if "=" in arg:
+                out.append(arg.split("=", 1)[0] + "=" + REDACTED)
+            else:
+                out.append(arg)
+                hide_next = True
+        else:
+            out.append(arg)
+    return out
+
+
+def env_secrets(*envs: Mapping[str, str]) -> list[str]:
+    return [v for env in envs for k, v in env.items() if isinstance(v, str) and is_secret(str(k))]
+
+
+def secrets_in(data: Any) -> set[str]:
+    """Every secret value found by position in nested JSON-like data (dicts, lists, strings)."""
+    found: set[str] = set()
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            for key, value in item.items():
+                if isinstance(value, str) and is_secret_key(str(key)):
+                    found.add(value)
+                stack.append(value)
+        elif isinstance(item, (list, tuple)):
+            strings = [x for x in item if isinstance(x, str)]
+            if len(strings) == len(item) and len(item) == 2 and is_secret(strings[0]):
+                found.add(strings[1])  # an env pair ("HF_TOKEN", "value")
+            found.update(argv_secrets(strings))
+            stack.extend(item)
+        elif isinstance(item, str):
+            found.update(_text_secrets(item))
+    return {s for s in found if s and s != REDACTED}
+
+
+def _text_secrets(text: str) -> list[str]:
+    if "=" not in text:
+        return []
+    return [m.group("value") for m in _ASSIGN.finditer(text) if is_secret(m.group("name"))]
+
+
+def redact_text(text: str, secrets: Iterable[str]) -> str:
+    """`text` with each secret value (longest first) replaced, and `KEY=value` by position."""
+    for secret in sorted({s for s in secrets if len(s) >= MIN_SECRET}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    if "=" in text:
+        text = _ASSIGN.sub(lambda m: f"{m.group('name')}={REDACTED}"
+                           if is_secret(m.group("name")) else m.group(0), text)
+    return text
+
+
+def redact(data: Any, extra: Iterable[str] = ()) -> Any:
+    """A copy of `data` with every secret hidden, by position and by value."""
+    secrets = secrets_in(data) | set(extra)
+    return _scrub(data, secrets)
+
+
+def _scrub(item: Any, secrets: set[str]) -> Any:
+    if isinstance(item, Mapping):
+        return {key: (REDACTED if isinstance(value, str) and value and is_secret_key(str(key))
+                      else _scrub(value, secrets)) for key, value in item.items()}
+    if isinstance(item, (list, tuple)):
+        strings = all(isinstance(x, str) for x in item)
+        if strings and len(item) == 2 and is_secret(item[0]) and item[1]:
+            out: list[Any] = [item[0], REDACTED]
+        else:
+            out = redact_argv(item) if strings else list(item)
+            out = [_scrub(x, secrets) for x in out]
+        return type(item)(out) if isinstance(item, tuple) else out
+    if isinstance(item, str):
+        return redact_text(item, secrets)
+    return item
