@@ -34,7 +34,8 @@ from dsv4bisect.bisect.records import Outcome
 from dsv4bisect.bisect.runner import CRASH, Runner, TrialResult, Verdict
 from dsv4bisect.bisect.search import Search, SearchResult, Status
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.errors import BisectError
+from dsv4bisect.config.bounded import load_json
+from dsv4bisect.errors import BisectError, ConfigError
 
 RUN_FILE = "bisect.json"  # in the run directory: the run id and the ledger it lives in
 
@@ -122,10 +123,10 @@ def read_run_file(run_dir: str | Path) -> dict[str, Any]:
     """The run file of a bisect run directory: run id, ledger path, the caller's request."""
     path = Path(run_dir) / RUN_FILE
     try:
-        info = json.loads(path.read_text())
+        info = load_json(path, "run")
         if not isinstance(info, dict) or "run_id" not in info or "ledger" not in info:
             raise ValueError("no run id or ledger in it")
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ConfigError) as exc:
         raise BisectError(
             f"`{run_dir}` is not a bisect run directory ({exc})",
             f"pass the directory that holds {RUN_FILE}",

@@ -240,13 +240,14 @@ class Launch:
                 self._event(p.spec.role, "stopping", f"still alive after SIGKILL: {left}")
             elif self._record is not None:
                 self._record.stopped(p.popen.pid)
-            redact_file(p.log_path, secret_values(os.environ, dict(p.spec.env)))
+            redact_file(p.log_path, secret_values(os.environ, dict(p.spec.env), argv=p.spec.argv))
             if p.state != "exited":
                 p.state = "stopped"
                 self._event(p.spec.role, "stopped", "")
 
     def _tail(self, proc: Running, lines: int) -> str:
-        return redact_text(tail(proc.log_path, lines), secret_values(os.environ, dict(proc.spec.env)))
+        return redact_text(tail(proc.log_path, lines),
+                           secret_values(os.environ, dict(proc.spec.env), argv=proc.spec.argv))
 
     def _event(self, role: str, state: str, line: str) -> None:
         if self.on_event is not None:

@@ -28,9 +28,11 @@ def tail(path: Path, lines: int = 20, max_bytes: int = 64_000) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
-def secret_values(*envs: Mapping[str, str]) -> list[str]:
-    """Values of secret-named variables (TOKEN, KEY, SECRET, PASSWORD), longest first."""
-    values = {v for v in redact.env_secrets(*envs) if len(v) >= redact.MIN_SECRET}
+def secret_values(*envs: Mapping[str, str], argv: Iterable[str] = ()) -> list[str]:
+    """Values of secret-named variables (TOKEN, KEY, SECRET, PASSWORD) and of secret flags in
+    `argv` (`--api-key X`), longest first."""
+    values = {v for v in [*redact.env_secrets(*envs), *redact.argv_secrets(argv)]
+              if len(v) >= redact.MIN_SECRET}
     return sorted(values, key=len, reverse=True)
 
 

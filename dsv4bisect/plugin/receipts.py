@@ -119,7 +119,13 @@ class ReceiptWriter:
 
 def load_receipt(path: Path) -> dict[str, Any]:
     """One receipt as a dict (raises ValueError on a malformed file)."""
-    data = json.loads(path.read_text())
+    from dsv4bisect.config.bounded import load_json
+    from dsv4bisect.errors import ConfigError
+
+    try:
+        data = load_json(path, "run")
+    except ConfigError as exc:  # the callers treat a bad receipt as a ValueError
+        raise ValueError(exc.message) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or "patch" not in data:
         raise ValueError(f"{path.name} is not a dsv4bisect receipt (schema {SCHEMA})")
     return data

@@ -28,6 +28,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from dsv4bisect.config.bounded import json_object, load_json
+from dsv4bisect.config.checkpoints import load_weight_map
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.reference import quant_formats
 from dsv4bisect.reference.config import ModelArgs
@@ -51,14 +53,9 @@ _SAFETENSORS_DTYPES = {
 def read_config(path: str | Path) -> ModelArgs:
     """ModelArgs from `<dir>/config.json` (ConfigError with the file name when invalid)."""
     file = Path(path) / CONFIG_NAME if Path(path).is_dir() else Path(path)
-    try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"no {CONFIG_NAME} in {Path(path)}", _HINT) from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}", _HINT
-        ) from None
+    if not file.is_file():
+        raise ConfigError(f"no {CONFIG_NAME} in {Path(path)}", _HINT)
+    data = json_object(load_json(file, "checkpoint-config"), str(file), "a model config", _HINT)
     return ModelArgs.from_hf_config(data, source=str(file))
 
 
@@ -76,11 +73,8 @@ class CheckpointReader:
         if self.path.is_file():
             return {name: self.path for name in self._handle(self.path).keys()}
         index = self.path / INDEX_NAME
-        if index.exists():
-            weight_map = json.loads(index.read_text()).get("weight_map")
-            if not isinstance(weight_map, dict):
-                raise ConfigError(f"{index}: no `weight_map` object", _HINT)
-            return {name: self.path / file for name, file in weight_map.items()}
+        if index.exists():  # bounded, and shards only inside the directory
+            return {name: self.path / file for name, file in load_weight_map(self.path).items()}
         shards = sorted(self.path.glob("*.safetensors"))
         if not shards:
             raise ConfigError(f"no *.safetensors in {self.path}", _HINT)

@@ -36,7 +36,6 @@ Hugging Face / SGLang alias (`layers.3.ffn.experts.5.w1` ≡
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -47,6 +46,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dsv4bisect.config.bounded import json_object, load_json
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.kernels.nvfp4 import (
     E2M1_VALUES,
@@ -395,11 +395,4 @@ def _modelopt_fields(q: Mapping[str, Any], d: Path) -> tuple[Any, ...]:
 def _read_json(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}", _HINT) \
-            from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object", _HINT)
-    return data
+    return json_object(load_json(path, "checkpoint-config"), str(path), "a JSON object", _HINT)

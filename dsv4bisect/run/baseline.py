@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from dsv4bisect.config.bounded import json_object, load_json
 from dsv4bisect.env import cache_dir
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.run import ProbeRun
@@ -98,7 +99,8 @@ def lookup(key: BaselineKey) -> tuple[CachedBaseline | None, str | None]:
     if not (path / "meta.json").exists():
         return None, None
     try:
-        meta = json.loads((path / "meta.json").read_text())
+        meta = json_object(load_json(path / "meta.json", "run"), str(path / "meta.json"),
+                           "a cache entry", "")
         if meta.get("schema") != CACHE_SCHEMA or meta.get("key") != key.to_dict():
             return None, f"cached baseline {path} has another key; ignored"
         for sub in (BASELINE, REPEAT):

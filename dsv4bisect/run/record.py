@@ -27,7 +27,6 @@ Written when the run starts (`status: running`) and rewritten atomically as it e
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -39,11 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import dsv4bisect
+from dsv4bisect.config.bounded import json_object, load_json
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import Overrides
 from dsv4bisect.engines import procfs
 from dsv4bisect.engines.groups import identity
 from dsv4bisect.engines.rundir import write_json
+from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.spec import PROBE_VERSION, ProbeSpec
 
 RUN_SCHEMA = "dsv4bisect.run/1"
@@ -139,7 +140,9 @@ class RunRecord:
 
 
 def load_record(run_dir: Path) -> dict[str, Any]:
-    return dict(json.loads((run_dir / RUN_FILE).read_text()))
+    path = run_dir / RUN_FILE
+    return json_object(load_json(path, "run"), str(path), "a run record",
+                       "was this directory written by `dsv4bisect run`?")
 
 
 # run.json of a `run`, and of each trial of a bisect, under a runs root.
@@ -160,9 +163,9 @@ def reconcile_abandoned(root: Path) -> list[Path]:
             try:
                 if path.stat().st_uid != os.getuid():
                     continue
-                doc = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
+                doc = load_json(path, "run")
+            except (OSError, ValueError, ConfigError):
+                continue  # not a record we can read: not ours to reconcile
             if not isinstance(doc, dict) or doc.get("schema") != RUN_SCHEMA \
                     or doc.get("status") != "running" or not isinstance(doc.get("driver"), dict):
                 continue

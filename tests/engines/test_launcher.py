@@ -142,6 +142,17 @@ def test_crash_at_start_is_a_crash_with_the_log_tail(tmp_path: Path) -> None:
     assert info.value.returncode == 3 and "cuda init failed" in info.value.log_tail
 
 
+def test_a_secret_flag_an_engine_prints_never_reaches_its_log_or_the_error(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", "import sys; print('started with', sys.argv[-1]); sys.exit(3)",
+            "--api-key", "sk-live-0123456789"]
+    cfg = resolve(_command_profile(tmp_path, argv))
+    launch = Launch(cfg, tmp_path / "run")
+    with pytest.raises(EngineCrashed) as info:
+        launch.__enter__()
+    assert "sk-live-0123456789" not in info.value.log_tail and "started with" in info.value.log_tail
+    assert "sk-live-0123456789" not in info.value.log_path.read_text()
+
+
 def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
     # A server that starts a grandchild which ignores SIGTERM; stop() must take both down and
     # return only once both are gone (it failed once on a loaded machine when it did not wait).
