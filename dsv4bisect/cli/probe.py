@@ -114,8 +114,8 @@ class _StageProgress:
 def _summary(v: Verdict, session: ProbeSession) -> None:
     con = console()
     con.print(f"{v.verdict}", style=_STYLE[v.verdict], markup=False, end="")
-    con.print(f"  {session.candidate.url} ({v.probe['tier']} tier, spec {v.probe['spec_hash']}, seed block "
-              f"{v.probe['seed_block']})", markup=False)
+    con.print(f"  {session.candidate.url} ({v.probe['tier']} tier, spec "
+              f"{v.probe['spec_hash']}, seed block {v.probe['seed_block']})", markup=False)
     for fam, r in v.families.items():
         acc = (f"{r.baseline_accuracy:.0%} → {r.candidate_accuracy:.0%}"
                if r.baseline_accuracy is not None else "-")
