@@ -59,6 +59,7 @@ class _Slot:
     seed_block: int
     key: TrialKey
     patches: dict[str, str]
+    remedy: bool = False  # a remedy-check trial: labelled as such, not a search step
 
 
 @dataclass(frozen=True)
@@ -205,20 +206,21 @@ class _Driver:
         outcomes = rem.prior_outcomes(search.records, subset)
         own = 0
         while rem.needs_more(outcomes, own):
-            slot = self._slot(step, subset, seen[subset])
+            slot = self._slot(step, subset, seen[subset], remedy=True)
             seen[subset] += 1
             step += 1
             own += 1
             decision = self._run_round([slot], pool)[0]
             outcomes.append(decision.outcome)
             self.emit(StepDecided(slot.step, slot.subset, slot.seed_block, decision.outcome,
-                                  decision.signature, decision.reused))
+                                  decision.signature, decision.reused, remedy=True))
         return rem.Remedy(subset, tuple(outcomes), own)
 
-    def _slot(self, step: int, subset: frozenset[str], block: int) -> _Slot:
+    def _slot(self, step: int, subset: frozenset[str], block: int, *,
+              remedy: bool = False) -> _Slot:
         patches = self.spec.patches_for(subset)
         key = TrialKey(self.runner.fingerprint(patches), self.runner.probe_hash, block)
-        return _Slot(step, subset, block, key, patches)
+        return _Slot(step, subset, block, key, patches, remedy)
 
     def _run_round(self, slots: list[_Slot], pool: ThreadPoolExecutor | None) -> list[_Decision]:
         decided: dict[int, _Decision] = {}
@@ -272,7 +274,8 @@ class _Driver:
             )
             self.emit(
                 TrialStarted(
-                    slot.step, slot.subset, dict(slot.patches), slot.seed_block, attempt, trial_dir
+                    slot.step, slot.subset, dict(slot.patches), slot.seed_block, attempt, trial_dir,
+                    slot.remedy,
                 )
             )
             started.append((slot, attempt, trial_id, trial_dir))
@@ -329,7 +332,8 @@ class _Driver:
                 )
         self.trials_run += 1
         self.launched.add(trial_id)
-        self.emit(TrialFinished(slot.step, slot.subset, slot.seed_block, attempt, result))
+        self.emit(TrialFinished(slot.step, slot.subset, slot.seed_block, attempt, result,
+                                slot.remedy))
 
     def _finish(self, search: Search, remedy: rem.Remedy | None) -> BisectOutcome:
         result = search.result()

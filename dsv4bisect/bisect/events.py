@@ -22,6 +22,7 @@ class TrialStarted:
     seed_block: int
     attempt: int
     trial_dir: Path
+    remedy: bool = False  # a remedy-check trial (after the search), not a search step
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class TrialFinished:
     seed_block: int
     attempt: int
     result: TrialResult
+    remedy: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class StepDecided:
     outcome: Outcome
     signature: str | None
     reused: bool
+    remedy: bool = False
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from dsv4bisect.run.events import EngineEvent, Notice, ProbeEvent, RunEvent
 from dsv4bisect.ui.console import console
+from dsv4bisect.ui.progress import stage_label
 
 if TYPE_CHECKING:
     from dsv4bisect.bisect.events import Event
@@ -62,13 +63,13 @@ class BisectDisplay:
             elif isinstance(event, TrialStarted):
                 what = subset_label(event.subset)
                 again = f", attempt {event.attempt}" if event.attempt > 1 else ""
-                label = f"trial {event.step}: {what} (seed block {event.seed_block}{again})"
+                label = f"{_trial(event)}: {what} (seed block {event.seed_block}{again})"
                 self._current = (label, time.monotonic())
                 if self._live is None:
                     self.note(self._current[0] + " ...", None)
             elif isinstance(event, TrialFinished):
                 r = event.result
-                text = (f"trial {event.step}: {r.verdict.value}"
+                text = (f"{_trial(event)}: {r.verdict.value}"
                         + (f" ({r.signature})" if r.signature else "")
                         + f" in {r.duration_s:.0f} s")
                 self._current, self._stage = None, ""
@@ -77,7 +78,9 @@ class BisectDisplay:
             elif isinstance(event, StepDecided):
                 src = " (from the ledger)" if event.reused else ""
                 what = subset_label(event.subset)
-                line = f"step {event.step}: {what} -> {event.outcome.value}{src}"
+                step = (f"remedy trial (step {event.step})" if event.remedy
+                        else f"step {event.step}")
+                line = f"{step}: {what} -> {event.outcome.value}{src}"
                 self._done.append(line)
                 if self._live is None:
                     self.note(line, "dim")
@@ -89,7 +92,7 @@ class BisectDisplay:
                 self._stage = f"{event.arm} {event.role}: {event.state}"
             elif isinstance(event, ProbeEvent):
                 p = event.progress
-                self._stage = f"{event.stage}: {p.done}/{p.total}"
+                self._stage = f"{stage_label(event.stage, p.phase)}: {p.done}/{p.total}"
             elif isinstance(event, Notice) and event.level == "warn":
                 self.note(event.text, "yellow")
 
@@ -109,6 +112,12 @@ class BisectDisplay:
                                   style="yellow", no_wrap=True, overflow="ellipsis"))
             parts += [Text(line, style="dim") for line in self._done[-8:]]
             return Group(*parts)
+
+
+def _trial(event: Any) -> str:
+    """Remedy-check trials (the bad end without the culprits, after the search) are not
+    search steps: they say so."""
+    return f"remedy trial (step {event.step})" if event.remedy else f"trial {event.step}"
 
 
 def subset_label(subset: frozenset[str]) -> str:

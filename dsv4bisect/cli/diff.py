@@ -9,9 +9,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from dsv4bisect.cli.options import Json
+from dsv4bisect.cli.options import Disable, Enable, Json, Only, Set, overrides
 from dsv4bisect.config.diff import diff_configs
-from dsv4bisect.errors import ExitCode
+from dsv4bisect.config.resolve import Overrides
+from dsv4bisect.errors import ConfigError, ExitCode
 from dsv4bisect.ui.console import stdout
 
 
@@ -23,14 +24,24 @@ def diff_config(
     a: Annotated[str, typer.Argument(help="Profile file, built-in name or run directory.")],
     b: Annotated[str, typer.Argument(help="Profile file, built-in name or run directory.")],
     json_out: Json = False,
+    enable: Enable = None, disable: Disable = None, only: Only = None, sets: Set = None,
 ) -> None:
     """Compare two resolved configurations: patches, argv flag by flag, env, probe, fingerprint.
 
-    Exit 0 when identical, 1 when they differ, 5 on bad input. Secrets are redacted.
+    --enable/--disable/--only/--set apply to B (a profile), so `diff-config P P --enable X`
+    shows what X changes. When the process roles differ (one server against prefill, decode
+    and a router) the engine processes are compared across roles. Exit 0 when identical, 1
+    when they differ, 5 on bad input. Secrets are redacted.
     """
+    from pathlib import Path
+
     from dsv4bisect.config.load_any import load_config
 
-    cfg_a, cfg_b = load_config(a), load_config(b)
+    ov = overrides(enable, disable, only, sets)
+    if ov != Overrides() and Path(b).is_dir():
+        raise ConfigError(f"--enable/--disable/--only/--set apply to B, and {b} is a run "
+                          "directory", "give B as a profile, or drop the overrides")
+    cfg_a, cfg_b = load_config(a), load_config(b, ov)
     changes = diff_configs(cfg_a, cfg_b)
     if json_out:
         print(json.dumps({"a": {"ref": a, "fingerprint": cfg_a.fingerprint},

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from dsv4bisect.cli.options import Json
+from dsv4bisect.cli.options import Disable, Enable, Json, Only, Set, overrides
 from dsv4bisect.errors import ConfigError, ExitCode
 from dsv4bisect.ui.console import stdout
 
@@ -32,8 +32,12 @@ def doctor(
         "--allow-unverified-sglang",
         help="Warn instead of failing on an SGLang release dsv4bisect has not verified.")] = False,
     json_out: Json = False,
+    enable: Enable = None, disable: Disable = None, only: Only = None, sets: Set = None,
 ) -> None:
     """Check SGLang, the plugin, every hook target, GPUs, forced env flags and ports.
+
+    For an embedded-engine profile (`kind: reference`) it checks that engine instead: its
+    Python runs, torch imports there, the checkpoint loads; no SGLang or GPU rows.
 
     The SGLang row says whether the release is one dsv4bisect verified (0.5.13 to 0.5.23); an
     unverified one (newer, or a dev build) is checked statically and then refused with one
@@ -45,16 +49,29 @@ def doctor(
 
     patches, host, ports, engine_py = list(builtin_patches()), "127.0.0.1", [], None
     if profile is not None:
-        from dsv4bisect.config.resolve import resolve
+        from dsv4bisect.config.resolve import load_profile, resolve_loaded
 
-        from dsv4bisect.config.resolve import load_profile
-
-        cfg = resolve(profile)
+        loaded = load_profile(profile, overrides(enable, disable, only, sets))
+        cfg = resolve_loaded(loaded)
         patches = [p.name for p in cfg.patches if p.builtin and p.delivered]
-        allow_unverified = allow_unverified or load_profile(profile).profile.engine.\
-            allow_unverified_sglang
+        allow_unverified = allow_unverified or loaded.profile.engine.allow_unverified_sglang
         host, ports = cfg.host, _fixed_ports(cfg)
         engine_py = next((p.argv[0] for p in cfg.processes if p.gets_patches), None)
+        if engine_py == "{python}":  # what the launcher substitutes: this interpreter
+            engine_py = sys.executable
+        if cfg.kind == "reference":
+            ref = loaded.profile.engine.reference
+            rows = d.embedded_checks(_which(python or engine_py or sys.executable),
+                                     ref.checkpoint if ref else "embedded",
+                                     ref.device if ref else "auto")
+            rows += d.port_checks(host, ports)
+            _render(rows, json_out)
+            if any(r.status == d.FAIL for r in rows):
+                raise typer.Exit(int(ExitCode.FAIL))
+            return
+    elif enable or disable or only or sets:
+        raise ConfigError("--enable/--disable/--only/--set need a PROFILE",
+                          "e.g. dsv4bisect doctor dsv4-flash-tp8 --enable mma-decode")
     exe = _which(python or engine_py or sys.executable)
     try:
         src = d.source_tree(sglang_src)
@@ -84,7 +101,7 @@ def doctor(
     if profile is not None and sglang_src is None:
         from dsv4bisect.engines.preflight import doctor_rows
 
-        rows += doctor_rows(profile, python)
+        rows += doctor_rows(profile, python, overrides(enable, disable, only, sets))
     _render(rows, json_out)
     if info is not None and not info.verified and info.layout is None:
         print(f"error: {info.reason}", file=sys.stderr)  # the one-line refusal

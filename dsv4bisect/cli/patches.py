@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from dsv4bisect.cli.options import Json
+from dsv4bisect.cli.options import Disable, Enable, Json, Only, Set, overrides
+from dsv4bisect.errors import ConfigError
 from dsv4bisect.patching.registry import builtin_patches, get_patch
 from dsv4bisect.ui.console import stdout
 
@@ -28,20 +29,28 @@ def list_patches(
     profile: Annotated[Optional[str], typer.Option(
         "--profile", help="Show which patches are on, inert or required under this profile.")] = None,
     json_out: Json = False,
+    enable: Enable = None, disable: Disable = None, only: Only = None, sets: Set = None,
 ) -> None:
-    """List the built-in patches (and a profile's custom ones), in registry order."""
+    """List the built-in patches (and a profile's custom ones), in registry order.
+
+    With --profile (and its overrides) also which are on, inert (with the condition) or
+    required under it.
+    """
     rows = [{"name": p.name, "tier": p.tier, "variants": [v.name for v in p.variants],
              "faults": [v.name for v in p.variants if v.fault], "summary": p.summary}
             for p in builtin_patches().values()]
     if profile is not None:
         from dsv4bisect.config.resolve import resolve
 
-        cfg = resolve(profile)
+        cfg = resolve(profile, overrides(enable, disable, only, sets))
         on = cfg.patch_set
         rows = [{"name": c.name, "tier": c.tier, "variants": [c.variant], "faults": [],
                  "summary": c.summary, "enabled": c.name in on,
                  "variant": on.get(c.name), "inert": c.inert, "required": c.required}
                 for c in cfg.available]
+    elif enable or disable or only or sets:
+        raise ConfigError("--enable/--disable/--only/--set need --profile",
+                          "e.g. dsv4bisect patches list --profile reference --only mma-decode")
     if json_out:
         print(json.dumps(rows, indent=2))
         return
@@ -51,13 +60,16 @@ def list_patches(
     table.add_column("on" if profile else "variants (first = default)")
     table.add_column("summary")
     for row in rows:
+        summary = row["summary"]
         if profile is None:
             third = _variants(get_patch(row["name"]))
         else:
             third = (row["variant"] or "on") if row["enabled"] else "off"
             third += " · inert" if row["inert"] else ""
             third += " · required" if row["required"] else ""
-        table.add_row(row["name"], str(row["tier"]), third, row["summary"])
+            summary += "".join(f"; {what}: {row[what]}" for what in ("inert", "required")
+                               if row[what])
+        table.add_row(row["name"], str(row["tier"]), third, summary)
     stdout().print(table)
 
 

@@ -17,6 +17,7 @@ from dsv4bisect.probe.session import ProbeSession, probe_against, resolve_baseli
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.report.heatmap import PLOTS_SKIPPED, render_heatmap
 from dsv4bisect.ui.console import console
+from dsv4bisect.ui.progress import stage_label
 
 _STYLE = {"PASS": "bold green", "FAIL": "bold red", "WARN": "bold yellow",
           "CANNOT_TEST": "bold magenta"}
@@ -99,7 +100,7 @@ class _StageProgress:
         self._bar.__exit__(*exc)  # type: ignore[arg-type]
 
     def __call__(self, stage: str, p: ProbeProgress) -> None:
-        name = f"{stage}: building" if p.phase == "build" else stage
+        name = stage_label(stage, p.phase)
         acc = f"acc {p.accuracy:.0%}" if p.accuracy is not None else ""
         info = f"{p.tokens_per_s:,.0f} tok/s {acc}" if p.phase == "probe" else ""
         if name not in self._tasks:
@@ -113,8 +114,8 @@ class _StageProgress:
 def _summary(v: Verdict, session: ProbeSession) -> None:
     con = console()
     con.print(f"{v.verdict}", style=_STYLE[v.verdict], markup=False, end="")
-    con.print(f"  ({v.probe['tier']} tier, spec {v.probe['spec_hash']}, seed block "
-              f"{v.probe['seed_block']})", markup=False)
+    con.print(f"  {session.candidate.url} ({v.probe['tier']} tier, spec "
+              f"{v.probe['spec_hash']}, seed block {v.probe['seed_block']})", markup=False)
     for fam, r in v.families.items():
         acc = (f"{r.baseline_accuracy:.0%} → {r.candidate_accuracy:.0%}"
                if r.baseline_accuracy is not None else "-")

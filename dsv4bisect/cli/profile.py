@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Optional
@@ -29,12 +30,14 @@ def register(app: typer.Typer) -> None:
 @profile_app.command("validate")
 def validate_cmd(
     profiles: Annotated[list[str], typer.Argument(help="Profile files or built-in names.")],
+    enable: Enable = None, disable: Disable = None, only: Only = None, sets: Set = None,
 ) -> None:
-    """Check profiles; each error is printed as file:line:col: message. Exit 5 if any is bad."""
+    """Check profiles (with the overrides applied to each); each error is printed as
+    file:line:col: message. Exit 5 if any is bad."""
     bad = 0
     for ref in profiles:
         try:
-            cfg = resolve(ref)
+            cfg = resolve(ref, overrides(enable, disable, only, sets))
         except Dsv4BisectError as exc:
             bad += 1
             error(redact_text(exc.message, ()), exc.hint)
@@ -94,7 +97,9 @@ def _print_provenance(provenance: dict[str, str], json_out: bool) -> None:
 @profile_app.command("new")
 def new_cmd(
     name: Annotated[str, typer.Argument(help="Name of the new profile (also its file name).")],
-    base: Annotated[Optional[str], typer.Option("--from", help="Extend this profile.")] = None,
+    base: Annotated[Optional[str], typer.Option(
+        "--from", help="Extend this profile: the starter inherits all of it (its values shown "
+        "commented out), so it resolves to the same experiment until you edit it.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File to write.")] = None,
 ) -> None:
     """Write a commented starter profile that validates."""
@@ -109,17 +114,23 @@ def new_cmd(
     path = output or Path(f"{name}.yaml")
     if path.exists():
         raise ConfigError(f"{path} exists", "choose another name or --output, or delete it")
+    inherited, extends = None, base
     if base is not None:
-        from dsv4bisect.config.layering import find_profile
+        from dsv4bisect.config.layering import builtin_dir, find_profile
 
-        find_profile(base)  # fail early on a missing base
+        found = find_profile(base)  # fail early on a missing base
+        inherited = load_profile(base).profile
+        if found.parent != builtin_dir():  # `extends` is relative to the new file
+            extends = os.path.relpath(found, path.resolve().parent)
     try:
-        path.write_text(starter_profile(name, base))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(starter_profile(name, extends, file=str(path), inherited=inherited))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot write: {exc.strerror or exc}",
                           "check that the directory exists and is writable") from None
     resolve(str(path))
-    console().print(f"wrote {path}", markup=False)
+    console().print(f"wrote {path}; next: dsv4bisect profile show {path} --resolved --why",
+                    markup=False)
 
 
 @profile_app.command("schema")

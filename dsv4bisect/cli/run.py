@@ -36,6 +36,7 @@ from dsv4bisect.run.session import DEFAULT_PROFILE, RunRequest
 from dsv4bisect.run.session import run as run_session
 from dsv4bisect.run.signals import interrupts
 from dsv4bisect.ui.console import console, stdout
+from dsv4bisect.ui.progress import ready_detail, stage_label
 
 
 def register(app: typer.Typer) -> None:
@@ -153,12 +154,12 @@ class RunDisplay:
         self._engines[key] = (e.state, line, e.attempt)
         if self._plain and (before is None or before[0] != e.state or before[2] != e.attempt):
             attempt = f" (attempt {e.attempt})" if e.attempt > 1 else ""
-            self._say(f"{e.arm} {e.role}{attempt}: {e.state}"
-                      + (f" - {_clip(e.line, 100)}" if e.line and e.state != "starting" else ""))
+            detail = _clip(ready_detail(e.line), 300) if e.state != "starting" else ""
+            self._say(f"{e.arm} {e.role}{attempt}: {e.state}" + (f" - {detail}" if detail else ""))
 
     def _probe(self, e: ProbeEvent) -> None:
         p = e.progress
-        name = f"{e.stage}: building" if p.phase == "build" else e.stage
+        name = stage_label(e.stage, p.phase)
         acc = f" acc {p.accuracy:.0%}" if p.accuracy is not None else ""
         info = f"{p.tokens_per_s:,.0f} tok/s{acc}" if p.phase == "probe" else ""
         if name not in self._tasks:

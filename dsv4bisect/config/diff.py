@@ -90,8 +90,36 @@ def _diff(a: EngineConfig, b: EngineConfig) -> list[Change]:
         changes += _compare(f"process:{role}", argv_items(redact_argv(a.process(role).argv)),
                             argv_items(redact_argv(b.process(role).argv)))
         changes += _compare(f"env:{role}", _env(a, role), _env(b, role))
+    changes += _across_roles(a, b, [r for r in roles_a if r not in roles_b],
+                             [r for r in roles_b if r not in roles_a])
     changes += _compare("probe", _flat(a.probe), _flat(b.probe))
     changes += _compare("bisect", _flat(a.bisect), _flat(b.bisect))
     if a.fingerprint != b.fingerprint:
         changes.append(Change("fingerprint", "fingerprint", a.fingerprint, b.fingerprint))
+    return changes
+
+
+def _process_items(cfg: EngineConfig, role: str) -> dict[str, Any]:
+    p = cfg.process(role)
+    gpus = ",".join(map(str, p.gpus)) or "-"
+    own = f"{{port:{role}}}"  # its own port token names its role: not a difference
+    argv = tuple(t.replace(own, "{port}") for t in redact_argv(p.argv))
+    return {"(gpus)": gpus, "(port)": "auto" if p.port is None else p.port, **argv_items(argv)}
+
+
+def _across_roles(a: EngineConfig, b: EngineConfig, only_a: list[str],
+                  only_b: list[str]) -> list[Change]:
+    """When the layouts differ (e.g. one TP server against prefill + decode + router), each
+    role only A has against each role only B has, among the engine processes (those that load
+    the model) and among the others: GPUs, port, argv flag by flag, env. Section
+    `process:server→prefill` reads: A's server against B's prefill."""
+    changes: list[Change] = []
+    for engines in (True, False):
+        left = [r for r in only_a if a.process(r).gets_patches is engines]
+        right = [r for r in only_b if b.process(r).gets_patches is engines]
+        for ra in left:
+            for rb in right:
+                changes += _compare(f"process:{ra}→{rb}", _process_items(a, ra),
+                                    _process_items(b, rb))
+                changes += _compare(f"env:{ra}→{rb}", _env(a, ra), _env(b, rb))
     return changes

@@ -332,7 +332,10 @@ def _apply_overrides(layered: Layered, ov: Overrides) -> None:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--set {item}: expected key=value", "e.g. --set engine.tp=4")
+        created = _new_sections(layered.data, key.strip())
         path = set_value(layered, key.strip(), value.strip(), source=f"--set {item}")
+        for section in created:  # a section --set made is blamed on --set, not on the file
+            layered.provenance[section] = f"--set {item}"
         if len(path) == 3 and path[0] == "patches" and path[2] == "variant":
             variant_sets.add(str(path[1]))
     known = _known_names(layered)
@@ -352,6 +355,16 @@ def _apply_overrides(layered: Layered, ov: Overrides) -> None:
         _toggle(layered, name, True, f"--enable {name}")
     for name in ov.disable:
         _toggle(layered, name, False, f"--disable {name}")
+
+
+def _new_sections(data: dict[str, Any], dotted: str) -> list[tuple[str, ...]]:
+    """The sections `--set dotted=...` creates because the profile does not have them."""
+    keys, node = tuple(dotted.split(".")), data
+    for depth, key in enumerate(keys[:-1]):
+        if not isinstance(node, dict) or key not in node:
+            return [keys[:cut] for cut in range(depth + 1, len(keys))]
+        node = node[key]
+    return []
 
 
 def _expand_bool_toggles(layered: Layered) -> None:

@@ -72,6 +72,8 @@ def _describe(layered: Layered, err: dict[str, Any]) -> str:
     message = message.removeprefix("Value error, ")
     where = layered.source_of(loc)
     dotted = _clip(".".join(str(p) for p in loc) or "<profile>")
+    if err["type"] == "extra_forbidden" and isinstance(where, str) and where.startswith("--set "):
+        return f"{where}: {message}"  # the flag names the key the message names
     return f"{where}: {dotted}: {message}" if where else f"{dotted}: {message}"
 
 

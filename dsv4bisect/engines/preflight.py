@@ -364,12 +364,13 @@ def port_check(host: str, ports: list[tuple[str, int]]) -> Finding:
 DOCTOR_CHECKS = ("engine Python", "SGLang", "model", "GPUs")  # the rest are doctor's own rows
 
 
-def doctor_rows(profile: str, python: str | None = None) -> list[Any]:
+def doctor_rows(profile: str, python: str | None = None,
+                overrides: Overrides = Overrides()) -> list[Any]:
     """The preflight's checks that `doctor` has no row for, as doctor rows (`plugin.doctor.
     Check`): the engine Python runs, SGLang as pinned and importable, the model, GPUs free."""
     from dsv4bisect.plugin.doctor import FAIL, OK, WARN, Check
 
-    loaded = load_profile(profile)
+    loaded = load_profile(profile, overrides)
     status = {"ok": OK, "fail": FAIL, "skip": WARN}
     return [Check(f"preflight: {f.check}", status[f.status], f.detail, f.hint)
             for f in preflight(loaded, resolve_loaded(loaded), python)

@@ -66,12 +66,17 @@ def parse_patches(names: Sequence[str]) -> dict[str, str]:
     names -> every microtested patch with its default variant. Unknown names, and patches with
     nothing of ours to measure, are PatchErrors."""
     from dsv4bisect.errors import PatchError
-    from dsv4bisect.patching.registry import builtin_patches
+    from dsv4bisect.patching.registry import builtin_patches, unknown_patch_hint
     from dsv4bisect.patching.wire import parse_patch_set
 
     known = builtin_patches()
     if not names:
         return {name: p.default_variant for name, p in known.items() if name in MICROTESTED}
+    for raw in names:  # name the argument, not the wire format parse_patch_set reads
+        name = raw.strip().partition(":")[0]
+        if name not in known:
+            hint = unknown_patch_hint(name, {n: None for n in MICROTESTED})
+            raise PatchError(f"microtest argument `{raw}`: unknown patch `{name}`", hint)
     chosen = parse_patch_set(",".join(names), known)
     for name in chosen:
         if name not in MICROTESTED:

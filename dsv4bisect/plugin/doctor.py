@@ -227,3 +227,67 @@ def layout_check(version: str | None, where: str,
     return Check("SGLang", FAIL, f"{version} ({where}): unverified: {info.reason}",
                  f"use a verified release ({VERIFIED[0]} to {NEWEST_VERIFIED}), or pass "
                  "--allow-unverified-sglang to try it anyway"), static, info
+
+
+_EMBEDDED_PROBE = """\
+import json, sys
+out = {}
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["cuda"] = torch.cuda.is_available()
+except Exception as exc:
+    out["torch_error"] = repr(exc)[-200:]
+    print(json.dumps(out)); sys.exit(0)
+try:
+    from dsv4bisect.config.checkpoints import checkpoint_dir
+    from dsv4bisect.reference.checkpoint import load_model
+    from dsv4bisect.reference.config import ModelArgs
+    directory = checkpoint_dir(sys.argv[1])
+    if directory is None:
+        out["checkpoint"] = "random tiny model (seed 0): nothing to load"
+        ModelArgs.preset("tiny")
+    else:
+        model = load_model(directory)
+        n = sum(p.numel() for p in model.parameters())
+        out["checkpoint"] = f"{directory}: every tensor loaded ({n:,} parameters)"
+except Exception as exc:
+    out["checkpoint_error"] = (getattr(exc, "message", None) or repr(exc))[-300:]
+print(json.dumps(out))
+"""
+
+
+def embedded_checks(python: str, checkpoint: str, device: str = "auto") -> list[Check]:
+    """A `kind: reference` profile's engine, in the engine's Python: torch imports there, the
+    checkpoint exists and loads (every tensor, strictly, as `serve` loads it), the device asked
+    for is there. No SGLang, no GPUs needed."""
+    try:
+        p = subprocess.run([python, "-c", _EMBEDDED_PROBE, checkpoint], capture_output=True,
+                           text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [Check("engine Python", FAIL, f"{python}: {exc}",
+                      "set engine.python to an interpreter that has dsv4bisect installed")]
+    lines = p.stdout.strip().splitlines()
+    try:
+        found = json.loads(lines[-1]) if p.returncode == 0 and lines else None
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        return [Check("engine Python", FAIL, f"{python}: {(p.stderr or p.stdout)[-200:]}",
+                      "install dsv4bisect into the engine's Python")]
+    rows = [Check("engine Python", OK, f"{python}: runs dsv4bisect")]
+    if "torch_error" in found:
+        return rows + [Check("torch", FAIL, f"not importable: {found['torch_error']}",
+                             "pip install torch==2.13.0 -e '.[engine]' in that Python")]
+    rows.append(Check("torch", OK, f"{found['torch']}" + (", CUDA available" if found["cuda"]
+                                                          else ", CPU only")))
+    if device == "cuda" and not found["cuda"]:
+        rows.append(Check("device", FAIL, "engine.reference.device is cuda; torch sees no GPU",
+                          "set engine.reference.device: auto (or cpu)"))
+    if "checkpoint_error" in found:
+        rows.append(Check(f"checkpoint {checkpoint}", FAIL, found["checkpoint_error"],
+                          "set engine.reference.checkpoint to embedded, random or a "
+                          "DeepSeek-format checkpoint directory"))
+    else:
+        rows.append(Check(f"checkpoint {checkpoint}", OK, found["checkpoint"]))
+    return rows

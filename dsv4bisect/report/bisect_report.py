@@ -173,8 +173,38 @@ def remedy_advice(view: BisectView) -> str | None:
         return None
     rest = ",".join(n for n in view.spec.candidates if n in remedy["subset"])
     return (f"the bad end still fails without {_set(view.result.get('culprits'))}: bisect the "
-            f"rest with `--candidates {rest}` (the named culprit held off at its good-end "
-            "state)")
+            f"rest (the named culprit held off at its good-end state) with "
+            f"`{remedy_command(view.request, rest)}`")
+
+
+_DROP_VALUE = ("--candidates", "--resume")  # options (with a value) the next bisect replaces
+_DROP_FLAG = ("--json", "--plan")
+
+
+def remedy_command(request: dict[str, Any], rest: str) -> str:
+    """The whole command that bisects `rest`: the original one, its --candidates replaced
+    (rebuilt from the request when it was a --resume, which names no profile)."""
+    command = [str(t) for t in request.get("command") or ()]
+    if not command or any(t.split("=", 1)[0] == "--resume" for t in command):
+        command = ["dsv4bisect", "bisect", str(request.get("profile") or "PROFILE")]
+        if request.get("test_cmd"):
+            command += ["--test-cmd", str(request["test_cmd"])]
+        for item in request.get("sets") or ():
+            command += ["--set", str(item)]
+        if request.get("tier"):
+            command += ["--tier", str(request["tier"])]
+    out, skip = [], False
+    for token in command:
+        if skip:
+            skip = False
+            continue
+        name = token.split("=", 1)[0]
+        if name in _DROP_VALUE:
+            skip = "=" not in token
+            continue
+        if token not in _DROP_FLAG:
+            out.append(token)
+    return shlex.join([*out, "--candidates", rest])
 
 
 def reproduce(view: BisectView, step: StepView) -> str:

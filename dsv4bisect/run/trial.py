@@ -40,7 +40,7 @@ from dsv4bisect.run.threads import Background, deferred
 
 T = TypeVar("T")
 LABELS = {"baseline": "baseline", "repeat": "A/A repeat", "candidate": "candidate",
-          "candidate-drift": "candidate: drift", "cases": "candidate"}
+          "candidate-drift": "candidate drift", "cases": "candidate"}
 
 
 class Stop(Exception):
@@ -174,6 +174,8 @@ class Trial:
         assert self.base is not None
         reference, subset = cache.repeat_reference(self.base)
         self.record.set("aa", {"repeat": True, "subset": subset})
+        if subset:  # why its request count is not the baseline's (the verdict counts the same)
+            self.on_event(Notice(subset))
         return self._stage("repeat", reference, note=subset, out="baseline-repeat")
 
     def _stage(self, key: str, reference: ProbeRun | None, note: str | None = None,

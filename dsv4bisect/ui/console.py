@@ -7,21 +7,39 @@ stdout carries only results (`--json`, `--format md`); everything else goes here
 from __future__ import annotations
 
 import os
+import sys
 from functools import cache
 
 from rich.console import Console
 
 
+# Off a terminal (piped, redirected, captured) nothing is hard-wrapped: a line, or a table row,
+# is as long as its content. COLUMNS, when set, still wins (Rich reads it).
+UNWRAPPED = 100_000
+
+
+def _width(stream: object) -> int | None:
+    if os.environ.get("COLUMNS"):
+        return None
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return None if callable(isatty) and isatty() else UNWRAPPED
+    except ValueError:  # a closed stream
+        return UNWRAPPED
+
+
 @cache
 def console() -> Console:
-    """The stderr console; honours NO_COLOR and degrades to plain lines off a TTY."""
-    return Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+    """The stderr console; honours NO_COLOR and degrades to plain, unwrapped lines off a TTY."""
+    return Console(stderr=True, highlight=False, emoji=False, soft_wrap=True,
+                   width=_width(sys.stderr))
 
 
 @cache
 def stdout() -> Console:
     """A console for results on stdout (tables rendered as results, e.g. `patches list`)."""
-    return Console(highlight=False, emoji=False, no_color=bool(os.environ.get("NO_COLOR")))
+    return Console(highlight=False, emoji=False, no_color=bool(os.environ.get("NO_COLOR")),
+                   width=_width(sys.stdout))
 
 
 def error(message: str, hint: str | None = None) -> None:
