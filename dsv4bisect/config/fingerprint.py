@@ -57,10 +57,16 @@ def _sources(*subdirs: str) -> list[tuple[str, Path]]:
     return files
 
 
+# Plugin modules that only the CLI runs (doctor's static checks), never an engine process: a
+# change to them changes no experiment, so it must not change every fingerprint.
+CLI_ONLY = frozenset({"plugin/doctor.py", "plugin/static.py"})
+
+
 @cache
 def code_hash() -> str:
-    """The patch, kernel and plugin code: a change to any of them is a new experiment."""
-    files = _sources("patches", "kernels", "plugin")
+    """The patch, kernel and plugin code an engine runs: a change to any of it is a new
+    experiment (the CLI-only plugin checks are left out)."""
+    files = [f for f in _sources("patches", "kernels", "plugin") if f[0] not in CLI_ONLY]
     return _hash_files(files) if files else "none"
 
 

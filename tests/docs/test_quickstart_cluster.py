@@ -147,8 +147,6 @@ def test_walkthrough_commands_run_here(tmp_path: Path, record_property: Any) -> 
                 if proc is None:
                     continue
                 outputs[cmd.line] = _lines(proc)
-                if cmd.line.startswith("dsv4bisect doctor"):
-                    continue  # exit code: test_doctor_on_the_embedded_profile (xfail for now)
                 assert proc.returncode == 0, f"{cmd.line}\n{proc.stdout}\n{proc.stderr}"
         elif block.tag and block.tag[0] == "edit":
             path = tmp_path / block.tag[1]
@@ -189,8 +187,6 @@ def _check_cost_table(outputs: dict[str, list[str]]) -> None:
     assert f"{hours:.1f} h" == std["wall"]  # the table's model is the plan's own arithmetic
 
 
-@pytest.mark.xfail(strict=False, reason="doctor on an embedded profile checks SGLang and does "
-                   "not substitute {python} until the doctor rough edge of issue 16 is merged")
 def test_doctor_on_the_embedded_profile(tmp_path: Path) -> None:
     cmd = next(c for b in blocks() if b.lang == "bash" for c in commands(b)
                if c.line.startswith("dsv4bisect doctor"))
@@ -198,8 +194,6 @@ def test_doctor_on_the_embedded_profile(tmp_path: Path) -> None:
     assert proc is not None and proc.returncode == 0, proc.stdout if proc else ""
 
 
-@pytest.mark.xfail(strict=False, reason="`profile new --from` writes every patch false until "
-                   "the starter fix (issue 16, dsv4bisect/config/starter.py) is merged")
 def test_new_profile_inherits_the_base_patches(tmp_path: Path) -> None:
     """The page says the new profile inherits the base's patches (before the edit)."""
     new = next(c for b in blocks() if b.lang == "bash" for c in commands(b)

@@ -73,3 +73,13 @@ def test_probe_settings_are_not_the_experiment() -> None:
     # The probe spec is its own key in the ledger (fingerprint, probe spec, seed block).
     base = resolve("reference-all").fingerprint
     assert resolve("reference-all", Overrides(sets=("probe.tier=ci",))).fingerprint == base
+
+
+def test_the_cli_only_plugin_checks_are_not_part_of_the_experiment() -> None:
+    """doctor's static checks never run in an engine: editing them must not change every
+    fingerprint (and throw away every cached baseline)."""
+    from dsv4bisect.config import fingerprint as fp
+
+    hashed = {name for name, _ in fp._sources("plugin")}
+    assert fp.CLI_ONLY <= hashed  # the names are real files
+    assert "plugin/install.py" in hashed and "plugin/hooks_mhc.py" in hashed
