@@ -101,7 +101,10 @@ def require(profile: str, overrides: Overrides = Overrides()) -> list[Finding]:
     """Run the preflight for a profile (with the command line's overrides) and raise the first
     failure as the project's error; return the findings when nothing failed."""
     loaded = load_profile(profile, overrides)
-    findings = preflight(loaded, resolve_loaded(loaded))
+    cfg = resolve_loaded(loaded)
+    if cfg.cannot_start:  # the command refuses it itself, naming the patch: a sharper error
+        return []
+    findings = preflight(loaded, cfg)
     enforce(findings)
     return findings
 

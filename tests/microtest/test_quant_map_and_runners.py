@@ -71,7 +71,7 @@ def test_config_class_from_config_json_modelopt_block(tmp_path: Path) -> None:
 def test_bad_quant_files_are_config_errors(tmp_path: Path) -> None:
     d = write(tmp_path, {})
     (d / "hf_quant_config.json").write_text("{ nope")
-    with pytest.raises(ConfigError, match=r"hf_quant_config\.json:1:3: invalid JSON"):
+    with pytest.raises(ConfigError, match=r"hf_quant_config\.json:1:3: not valid JSON"):
         QuantMap.load(d)
     (d / "hf_quant_config.json").write_text(json.dumps({"quantization": {"group_size": 16}}))
     with pytest.raises(ConfigError, match="quant_algo"):

@@ -44,8 +44,13 @@ def test_a_port_held_by_a_foreign_server_is_cannot_test_with_the_holder_named(
     try:
         _wait("the foreign server to bind", lambda: port_holder("127.0.0.1", port) is not None)
         runs = tmp_path / "runs"
+        r = cli("run", "reference", "--tier", "ci", "--out", runs, "--json",
+                "--set", f"engine.port={port}", cache=cache)
+        assert r.returncode == 125 and f"port {port} is held by PID {foreign.pid}" in r.stderr
+        assert not runs.exists()  # the preflight answered before anything was made
+        # past the preflight, the launcher's own check holds the line
         for extra in ((), ("--enable", "mma-decode", "--no-cache")):
-            r = cli("run", "reference", "--tier", "ci", "--out", runs, "--json",
+            r = cli("run", "reference", "--tier", "ci", "--out", runs, "--json", "--skip-preflight",
                     "--set", f"engine.port={port}", *extra, cache=cache)
             assert r.returncode == 125, r.stderr  # never PASS, never "did not take effect" (5)
             v = json.loads(r.stdout)
