@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from click.testing import CliRunner
+from typer.testing import CliRunner  # typer vendors click: no click package on a fresh machine
 
 from dsv4bisect.cli import main
 
