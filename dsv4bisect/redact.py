@@ -17,7 +17,7 @@ Names that only *name* an env var (`api_key_env: SGLANG_API_KEY`) are not secret
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from dsv4bisect.env import is_secret as _env_is_secret
@@ -47,38 +47,30 @@ def is_secret_key(name: str) -> bool:
     return is_secret(name) and not _NOT_SECRET_KEY.fullmatch(name)
 
 
+def _walk_argv(argv: Iterable[str]) -> Iterator[tuple[str, str | None]]:
+    """Each argument with the secret it holds: `--api-key=X` holds X, the argument after
+    `--api-key` is itself the secret; any other argument holds none."""
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            hide_next = False
+            yield arg, arg
+        elif arg.startswith("-") and is_secret(arg.lstrip("-").split("=", 1)[0]):
+            hide_next = "=" not in arg
+            yield arg, None if hide_next else arg.split("=", 1)[1]
+        else:
+            yield arg, None
+
+
 def argv_secrets(argv: Iterable[str]) -> list[str]:
     """Values of secret flags in an argv: `--api-key X` and `--api-key=X`."""
-    out, take_next = [], False
-    for arg in argv:
-        if take_next:
-            out.append(arg)
-            take_next = False
-        elif arg.startswith("-") and is_secret(arg.lstrip("-").split("=", 1)[0]):
-            if "=" in arg:
-                out.append(arg.split("=", 1)[1])
-            else:
-                take_next = True
-    return out
+    return [secret for _, secret in _walk_argv(argv) if secret is not None]
 
 
 def redact_argv(argv: Iterable[str]) -> list[str]:
     """The argv with the values of secret flags replaced by `***`."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-        elif arg.startswith("-") and is_secret(arg.lstrip("-").split("=", 1)[0]):
-            if "=" in arg:
-                out.append(arg.split("=", 1)[0] + "=" + REDACTED)
-            else:
-                out.append(arg)
-                hide_next = True
-        else:
-            out.append(arg)
-    return out
+    return [arg if secret is None else arg[:len(arg) - len(secret)] + REDACTED
+            for arg, secret in _walk_argv(argv)]
 
 
 def env_secrets(*envs: Mapping[str, str]) -> list[str]:
