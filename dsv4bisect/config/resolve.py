@@ -76,7 +76,7 @@ def resolve_loaded(loaded: LoadedProfile, *, materialize_worktree: bool = False)
     plan = _worktree_plan(profile, layered, enabled)
     if plan is not None and materialize_worktree:
         materialize(plan)
-    delivery = _delivery(profile, enabled, plan)
+    delivery = _delivery(profile, ctx, enabled, plan)
     entry, processes = build_processes(engine, delivery)
     config = EngineConfig(
         profile=profile.name, kind=engine.kind, host=engine.host, entry_role=entry,
@@ -105,29 +105,22 @@ def engine_context(profile: Profile) -> EngineContext:
     )
 
 
-def delivery_of(patch: Patch, ctx: EngineContext, variant: str) -> tuple[str, bool]:
-    """(how "on" reaches this engine, whether it is sent to the engine at all)."""
+def delivery_of(patch: Patch, ctx: EngineContext, variant: str) -> tuple[str, bool, str | None]:
+    """(how "on" reaches this engine, whether it is sent to the engine at all, why not when
+    no rule covers a switch-only patch on this release)."""
     if ctx.kind != "sglang":
-        return ("reference" if ctx.kind == "reference" else ctx.kind), True
+        return ("reference" if ctx.kind == "reference" else ctx.kind), True, None
     rule = patch.sglang.rule(ctx.sglang_version, ctx.gpu_arch)
     if rule is None:
-        if not any(patch.sglang.hooks.values()):
-            return "absent", False  # a switch with no rule for this release: nothing to send
-        return "hook", True
+        if any(patch.sglang.hooks.values()):
+            return "hook", True, None
+        known = "unknown" if ctx.sglang_version is None else \
+            ".".join(map(str, ctx.sglang_version))
+        return "absent", False, (f"no delivery declared for SGLang {known} on {ctx.gpu_arch} "
+                                 "(pin engine.sglang_version to a verified release)")
     if rule.how == "env":
-        return "env " + " ".join(f"{k}={v}" for k, v in rule.on_env(variant).items()), True
-    return rule.how, rule.how == "hook"
-
-
-def _switch_reason(patch: Patch, ctx: EngineContext) -> str | None:
-    """Why a switch-only patch cannot be delivered when no rule covers this release."""
-    if ctx.kind != "sglang" or any(patch.sglang.hooks.values()):
-        return None
-    if patch.sglang.rule(ctx.sglang_version, ctx.gpu_arch) is not None:
-        return None
-    known = "unknown" if ctx.sglang_version is None else ".".join(map(str, ctx.sglang_version))
-    return (f"no delivery declared for SGLang {known} on {ctx.gpu_arch} "
-            "(pin engine.sglang_version to a verified release)")
+        return "env " + " ".join(f"{k}={v}" for k, v in rule.on_env(variant).items()), True, None
+    return rule.how, rule.how == "hook", None
 
 
 def _available_patches(profile: Profile, ctx: EngineContext) -> tuple[PatchChoice, ...]:
@@ -143,8 +136,8 @@ def _available_patches(profile: Profile, ctx: EngineContext) -> tuple[PatchChoic
 
 
 def _choice(patch: Patch, ctx: EngineContext, variant: str, fault: bool) -> PatchChoice:
-    how, delivered = delivery_of(patch, ctx, variant)
-    inert = patch.inert_reason(ctx, variant) or _switch_reason(patch, ctx)
+    how, delivered, no_rule = delivery_of(patch, ctx, variant)
+    inert = patch.inert_reason(ctx, variant) or no_rule
     if ctx.kind == "reference" and inert is not None and not patch.reference_modelled:
         delivered = False  # the embedded engine has nothing to switch
     return PatchChoice(name=patch.name, variant=variant, fault=fault, builtin=True,
@@ -190,8 +183,7 @@ def _apply_masks(enabled: tuple[PatchChoice, ...]) -> tuple[PatchChoice, ...]:
     return tuple(out)
 
 
-def _switch_env(profile: Profile, ctx: EngineContext,
-                enabled: tuple[PatchChoice, ...]) -> dict[str, str]:
+def _switch_env(ctx: EngineContext, enabled: tuple[PatchChoice, ...]) -> dict[str, str]:
     """The upstream switches' env: "on" for the enabled ones that are delivered, "off" (the
     most exact path the release has) for every other switch the release lets us drive."""
     if ctx.kind != "sglang":
@@ -228,10 +220,10 @@ def _check_switch_env(profile: Profile, ctx: EngineContext, layered: Layered) ->
                                f"`patches: {{{name}: true}}` (or false: its off value is set)")
 
 
-def _delivery(profile: Profile, enabled: tuple[PatchChoice, ...],
+def _delivery(profile: Profile, ctx: EngineContext, enabled: tuple[PatchChoice, ...],
               plan: WorktreePlan | None) -> PatchDelivery:
     builtins = builtin_patches()
-    env: dict[str, str] = _switch_env(profile, engine_context(profile), enabled)
+    env: dict[str, str] = _switch_env(ctx, enabled)
     if profile.engine.kind == "sglang" and profile.engine.allow_unverified_sglang:
         env[ALLOW_ENV] = "1"
     args: list[str] = []

@@ -20,7 +20,6 @@ import torch
 from dsv4bisect.plugin.spec import HookSpec, Plan, Recorder, first_call
 from dsv4bisect.plugin.targets import mla_module
 
-DECODE_TARGET = "sglang.srt.layers.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120"  # ≤0.5.15
 INDEXER_TARGET = "sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120"
 
 # variant -> (partial dtype, merge)

@@ -17,10 +17,7 @@ from typing import Any
 import torch
 
 from dsv4bisect.plugin.spec import HookSpec, Plan, Recorder, first_call
-
 from dsv4bisect.plugin.targets import fused_guard_target, hc_pre_target, sinkhorn_target
-
-TARGET = hc_pre_target("0.5.13")  # the 0.5.13-0.5.22 target; plan() uses the layout's
 
 
 def mixes(x_flat: torch.Tensor, hc_fn: torch.Tensor, eps: float, mode: str) -> torch.Tensor:

@@ -75,14 +75,15 @@ def install_patches(patches: Mapping[str, str], info: SglangInfo, writer: Receip
         targets = list(declared.get(name, {}).get(info.layout or "", ()))
         base = dict(patch=name, variant=variant, process=writer.process,
                     sglang_version=info.version, layout=info.layout, targets=targets)
+        # an upstream switch's variables on this release (hook patches have a planner)
+        switch = frozenset() if name in PLANNERS else switch_variables(name, info.version_tuple)
         if info.layout is None:
             rec = Receipt(**base, state="refused", reason=info.reason or "unknown SGLang layout")
-        elif name not in PLANNERS and not (switch := switch_variables(name, info.version_tuple)):
+        elif name not in PLANNERS and not switch:
             rec = Receipt(**base, state="refused", reason=f"no SGLang delivery for patch {name} "
                           f"on SGLang {info.version}")
         else:
-            plan = planner(name, switch_variables(name, info.version_tuple))(
-                variant, info.layout, _Rec(writer, name))
+            plan = planner(name, switch)(variant, info.layout, _Rec(writer, name))
             rec = _install_one(base, plan, info.layout, writer)
         writer.write(rec)
         receipts.append(rec)

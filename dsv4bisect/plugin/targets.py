@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsv4bisect.plugin.versions import LAYOUTS
+
 _V4_MOD = "sglang.srt.models.deepseek_v4"
 _V4 = f"{_V4_MOD}.DeepseekV4DecoderLayer"
 _V4_BASE = f"{_V4_MOD}.DeepseekV4DecoderLayerBase"  # 0.5.23: DeepseekV4DecoderLayer is an alias
@@ -74,42 +76,12 @@ _QUANT_COMMON = {
 _FLASHINFER_FP4 = ("routing_logits", "routing_bias", "hidden_states", "hidden_states_scale")
 
 
-def _layout(mla: str, hc_pre_owner: str, hc_pre: tuple[str, ...], sinkhorn: str,
-            guard: str) -> dict[str, Signature]:
-    return {
-        **_QUANT_COMMON,
-        f"{mla}.flash_mla_with_kvcache_sm120": Signature(("kwargs",)),
-        f"{hc_pre_owner}.hc_pre": Signature(hc_pre),
-        sinkhorn: Signature(_SINKHORN),  # called by the mhc-bf16 hook body
-        guard: Signature(()),  # asked by the mhc-bf16 hook's install check
-    }
-
-
-_HC_PRE_14 = (*_HC_PRE, "forward_batch")
-# What moved, per layout (read from each release's wheel):
+# Where each moving symbol lives, per layout (read from each release's wheel):
 #   0.5.14  hc_pre takes forward_batch; HashTopK applies the routed scaling itself
 #   0.5.16  flash_mla_sm120 and the mHC kernels moved under sglang.kernels.ops
 #   0.5.19  the fused-mHC guard moved to models/deepseek_common/amd/deepseek_v4_fused_mhc.py
 #   0.5.21  the SM120 decode call moved into DeepseekV4AttnBackend._forward_attention
 #   0.5.23  DeepseekV4DecoderLayer became an alias; hc_pre lives on DeepseekV4DecoderLayerBase
-SIGNATURES: dict[str, dict[str, Signature]] = {
-    "0.5.13": {
-        **_layout(_MLA_OLD, _V4, _HC_PRE, _SINKHORN_OLD, _FUSED_GUARD_OLD),
-        f"{_HASH}.__init__": Signature(_HASH_INIT),
-        # trtllm-clamp on 0.5.13: the kernel entry points SGLang imports at call time
-        "flashinfer.fused_moe.trtllm_fp4_block_scale_moe": Signature(
-            _FLASHINFER_FP4, exact=False, external=True),
-        "flashinfer.fused_moe.trtllm_fp4_block_scale_routed_moe": Signature(
-            (), exact=False, external=True),
-    },
-    "0.5.14": _layout(_MLA_OLD, _V4, _HC_PRE_14, _SINKHORN_OLD, _FUSED_GUARD_OLD),
-    "0.5.16": _layout(_MLA_NEW, _V4, _HC_PRE_14, _SINKHORN_NEW, _FUSED_GUARD_OLD),
-    "0.5.19": _layout(_MLA_NEW, _V4, _HC_PRE_14, _SINKHORN_NEW, _FUSED_GUARD_NEW),
-    "0.5.21": _layout(_MLA_NEW, _V4, _HC_PRE_14, _SINKHORN_NEW, _FUSED_GUARD_NEW),
-    "0.5.23": _layout(_MLA_NEW, _V4_BASE, _HC_PRE_14, _SINKHORN_NEW, _FUSED_GUARD_NEW),
-}
-
-
 def hc_pre_target(layout: str) -> str:
     return f"{_V4_BASE if layout >= '0.5.23' else _V4}.hc_pre"
 
@@ -124,6 +96,28 @@ def sinkhorn_target(layout: str) -> str:
 
 def fused_guard_target(layout: str) -> str:
     return _FUSED_GUARD_OLD if layout in ("0.5.13", "0.5.14", "0.5.16") else _FUSED_GUARD_NEW
+
+
+def _layout(layout: str) -> dict[str, Signature]:
+    return {
+        **_QUANT_COMMON,
+        f"{mla_module(layout)}.flash_mla_with_kvcache_sm120": Signature(("kwargs",)),
+        hc_pre_target(layout): Signature(_HC_PRE if layout == "0.5.13"
+                                         else (*_HC_PRE, "forward_batch")),
+        sinkhorn_target(layout): Signature(_SINKHORN),  # called by the mhc-bf16 hook body
+        fused_guard_target(layout): Signature(()),  # asked by the mhc-bf16 install check
+    }
+
+
+SIGNATURES: dict[str, dict[str, Signature]] = {layout: _layout(layout) for layout in LAYOUTS}
+SIGNATURES["0.5.13"].update({
+    f"{_HASH}.__init__": Signature(_HASH_INIT),
+    # trtllm-clamp on 0.5.13: the kernel entry points SGLang imports at call time
+    "flashinfer.fused_moe.trtllm_fp4_block_scale_moe": Signature(
+        _FLASHINFER_FP4, exact=False, external=True),
+    "flashinfer.fused_moe.trtllm_fp4_block_scale_routed_moe": Signature(
+        (), exact=False, external=True),
+})
 
 
 # Symbols a patch's hook body imports or calls at call time (checked like its hook targets, so

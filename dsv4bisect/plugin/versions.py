@@ -98,12 +98,6 @@ def check_version(version: str, allow_unverified: bool = False) -> SglangInfo:
                               "(--allow-unverified-sglang)")
 
 
-def layout_for(version: str, allow_unverified: bool = False) -> tuple[str | None, str | None]:
-    """(layout, None) or (None, reason) for an SGLang version string."""
-    info = check_version(version, allow_unverified)
-    return info.layout, info.reason
-
-
 def detect_sglang(dist: str = "sglang", allow_unverified: bool | None = None) -> SglangInfo:
     """The installed SGLang, from importlib.metadata (no import of SGLang itself)."""
     try:
