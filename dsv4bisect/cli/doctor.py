@@ -50,15 +50,15 @@ def doctor(
     patches, host, ports, engine_py = list(builtin_patches()), "127.0.0.1", [], None
     if profile is not None:
         from dsv4bisect.config.resolve import load_profile, resolve_loaded
+        from dsv4bisect.engines.preflight import engine_python, fixed_ports
 
         loaded = load_profile(profile, overrides(enable, disable, only, sets))
         cfg = resolve_loaded(loaded)
         patches = [p.name for p in cfg.patches if p.builtin and p.delivered]
         allow_unverified = allow_unverified or loaded.profile.engine.allow_unverified_sglang
-        host, ports = cfg.host, _fixed_ports(cfg)
-        engine_py = next((p.argv[0] for p in cfg.processes if p.gets_patches), None)
-        if engine_py == "{python}":  # what the launcher substitutes: this interpreter
-            engine_py = sys.executable
+        host, ports = cfg.host, fixed_ports(cfg)
+        if any(p.gets_patches for p in cfg.processes):  # `{python}` as the launcher runs it
+            engine_py = engine_python(cfg)
         if cfg.kind == "reference":
             ref = loaded.profile.engine.reference
             rows = d.embedded_checks(_which(python or engine_py or sys.executable),
@@ -101,7 +101,7 @@ def doctor(
     if profile is not None and sglang_src is None:
         from dsv4bisect.engines.preflight import doctor_rows
 
-        rows += doctor_rows(profile, python, overrides(enable, disable, only, sets))
+        rows += doctor_rows(loaded, cfg, python)
     _render(rows, json_out)
     if info is not None and not info.verified and info.layout is None:
         print(f"error: {info.reason}", file=sys.stderr)  # the one-line refusal
@@ -111,12 +111,6 @@ def doctor(
 
 def _which(exe: str) -> str:
     return shutil.which(exe) or exe
-
-
-def _fixed_ports(cfg) -> list[tuple[str, int]]:
-    from dsv4bisect.engines.preflight import fixed_ports  # one list for doctor and preflight
-
-    return fixed_ports(cfg)
 
 
 def _render(rows, json_out: bool) -> None:

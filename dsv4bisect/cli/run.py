@@ -72,11 +72,12 @@ def run(
     0 PASS, 1 FAIL, 4 WARN (drift only), 5 bad input, 125 cannot test, 130 interrupted.
     """
     one_output(json_out, fmt)
+    ov = overrides(enable, disable, only, sets)
     if not skip_preflight:  # seconds instead of a failed launch (engines/preflight.py)
         from dsv4bisect.engines.preflight import require
 
-        require(profile, overrides(enable, disable, only, sets))
-    request = RunRequest(profile=profile, overrides=overrides(enable, disable, only, sets),
+        require(profile, ov)
+    request = RunRequest(profile=profile, overrides=ov,
                          tier=tier, runs_root=out, use_cache=not no_cache,
                          command=("dsv4bisect", *sys.argv[1:]))
     display = RunDisplay()

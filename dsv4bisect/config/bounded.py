@@ -199,12 +199,12 @@ def _check_size(data: Any, limits: Limits, shown: str) -> None:
 def json_object(data: Any, shown: str, what: str, hint: str) -> dict[str, Any]:
     """`data` if it is a JSON object, else the one-line error every reader gives for `[]`."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{shown}: expected {what} (a JSON object), got {_json_type(data)}",
+        raise ConfigError(f"{shown}: expected {what} (a JSON object), got {json_type(data)}",
                           hint)
     return data
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
             type(None): "null", int: "a number", float: "a number"}.get(type(value), "a value")
 

@@ -16,6 +16,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.config.layering import is_file
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # dsv4bisect/
 MODEL_ID_FILES = ("config.json", "model.safetensors.index.json", "hf_quant_config.json")
 
@@ -91,7 +93,7 @@ def model_identity(path: str | None) -> dict[str, Any]:
     if "\0" in path or len(path) > 4096:
         return {"model": "unavailable-here", "name": path[:80]}
     directory = Path(path).expanduser()
-    found = [directory / name for name in MODEL_ID_FILES if _is_file(directory / name)]
+    found = [directory / name for name in MODEL_ID_FILES if is_file(directory / name)]
     if not found:
         return {"model": "unavailable-here", "name": directory.name}
     # The model path is user input: its files are read through the bounded loader.
@@ -101,13 +103,6 @@ def model_identity(path: str | None) -> dict[str, Any]:
     return {"model": _hash_contents([(p.name, read_bytes(p, kinds.get(p.name,
                                                                        "checkpoint-config")))
                                      for p in found])}
-
-
-def _is_file(path: Path) -> bool:
-    try:
-        return path.is_file()
-    except (OSError, ValueError):  # a name the OS refuses (too long): not here
-        return False
 
 
 def probe_version() -> int:

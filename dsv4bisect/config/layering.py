@@ -55,10 +55,10 @@ def find_profile(ref: str, *, relative_to: Path | None = None) -> Path:
         candidates.append(relative_to / ref)
     candidates.append(Path(ref))
     for path in candidates:
-        if _is_file(path):
+        if is_file(path):
             return path.resolve()
     builtin = builtin_dir() / f"{ref}.yaml"
-    if "/" not in ref and _is_file(builtin):
+    if "/" not in ref and is_file(builtin):
         return builtin
     guess = did_you_mean(ref, builtin_names())
     hint = f"{guess} " if guess else ""
@@ -68,7 +68,7 @@ def find_profile(ref: str, *, relative_to: Path | None = None) -> Path:
     )
 
 
-def _is_file(path: Path) -> bool:
+def is_file(path: Path) -> bool:
     """`Path.is_file` that answers False for names the OS refuses (too long, bad bytes)."""
     try:
         return path.is_file()

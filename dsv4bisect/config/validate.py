@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 from dsv4bisect.config.layering import Layered
 from dsv4bisect.config.schema import Profile
 from dsv4bisect.config.yamlsource import KeyPath
-from dsv4bisect.env import is_secret
+from dsv4bisect.redact import is_secret
 from dsv4bisect.errors import ConfigError, did_you_mean
 
 _HINT = "see `dsv4bisect profile schema` for every key and type"

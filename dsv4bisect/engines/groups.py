@@ -20,7 +20,6 @@ leader has exited first.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -28,7 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.config.bounded import load_json
 from dsv4bisect.engines import procfs
+from dsv4bisect.engines.rundir import write_json
+from dsv4bisect.errors import ConfigError
 
 RECORD = "engines.json"
 SCHEMA = "dsv4bisect.engines/1"
@@ -62,10 +64,8 @@ class GroupRecord:
         self._save()
 
     def _save(self) -> None:
-        tmp = self.path.with_suffix(".json.tmp")
         try:
-            tmp.write_text(json.dumps(self.doc, indent=2) + "\n")
-            os.replace(tmp, self.path)
+            write_json(self.path, self.doc)
         except OSError:  # a full disk must not stop a teardown; the record is a safety net
             pass
 
@@ -134,7 +134,7 @@ def stop_orphans(root: Path, grace_s: float = 5.0) -> list[Orphan]:
             changed = True
         if changed:
             try:
-                path.write_text(json.dumps(doc, indent=2) + "\n")
+                write_json(path, doc)
             except OSError:
                 pass
     return stopped
@@ -144,8 +144,8 @@ def _own_record(path: Path) -> dict[str, Any] | None:
     try:
         if path.stat().st_uid != os.getuid():
             return None  # someone else's run directory: never act on it
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+        doc = load_json(path, "run")
+    except (OSError, ConfigError):
         return None
     return doc if isinstance(doc, dict) and doc.get("schema") == SCHEMA else None
 

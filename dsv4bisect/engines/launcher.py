@@ -207,11 +207,14 @@ class Launch:
             self._event(p.spec.role, "exited", self._tail(p, 1))
             log = self._tail(p, 20)
             # `dsv4bisect serve` exits 125 for infrastructure (port busy); SGLang says so in its log.
-            if code == 125 or (_bind_failure(log) and p.spec.port is not None
-                               and not port_is_free(self.cfg.host, p.spec.port)):
-                holder = (portcheck.port_holder(self.cfg.host, p.spec.port)
-                          if p.spec.port is not None and portcheck.is_local_host(self.cfg.host)
-                          else None)
+            port, bind_failed = p.spec.port, _bind_failure(log)
+            local = port is not None and portcheck.is_local_host(self.cfg.host)
+            # one look at the port: its holder (None: free), or for a remote host, bindable?
+            holder = portcheck.port_holder(self.cfg.host, port) \
+                if local and (code == 125 or bind_failed) else None
+            busy = holder is not None or (port is not None and not local and bind_failed
+                                          and not portcheck.bindable(self.cfg.host, port))
+            if code == 125 or (bind_failed and busy):
                 if holder is not None:  # taken between our check and the engine's bind
                     raise PortTaken(p.spec.role, holder,
                                     f"the engine exited {code}: it could not bind it", log)
@@ -300,6 +303,3 @@ def free_port(host: str) -> int:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
-
-def port_is_free(host: str, port: int) -> bool:
-    return portcheck.bindable(host, port)

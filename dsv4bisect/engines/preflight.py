@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.config.bounded import load_json
+from dsv4bisect.config.checkpoints import CONFIG_NAME, load_checkpoint_config
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import LoadedProfile, Overrides, load_profile, resolve_loaded
 from dsv4bisect.engines import ports as portcheck
@@ -143,7 +145,13 @@ def engine_python(cfg: EngineConfig) -> str:
 def sglang_checks(python: str, pin: str | None, allow_unverified: bool) -> list[Finding]:
     """engine Python runs; SGLang installed, verified, as pinned, importable; plugin registered."""
     from dsv4bisect.plugin.doctor import check_entry_point
-    from dsv4bisect.plugin.versions import NEWEST_VERIFIED, VERIFIED, allowed_by_env, check_version
+    from dsv4bisect.plugin.versions import (
+        FIRST_SUPPORTED,
+        NEWEST_VERIFIED,
+        VERIFIED,
+        allowed_by_env,
+        check_version,
+    )
 
     exe = shutil.which(python) or python
     fix_py = "set engine.python to the interpreter of the SGLang environment"
@@ -172,7 +180,7 @@ def sglang_checks(python: str, pin: str | None, allow_unverified: bool) -> list[
     allow = allow_unverified or allowed_by_env()
     ver = check_version(version, allow)
     if ver.layout is None:
-        too_old = ver.version_tuple is not None and ver.version_tuple[:3] < (0, 5, 13)
+        too_old = ver.version_tuple is not None and ver.version_tuple[:3] < FIRST_SUPPORTED
         return out + [_fail("SGLang", f"{ver.reason} (in {exe})",
                             f"install a verified release ({VERIFIED[0]} to {NEWEST_VERIFIED}) "
                             "there" + ("" if too_old else
@@ -211,15 +219,13 @@ def model_check(model: str | None, expert_quant: str | None) -> Finding:
     d = Path(model)
     if not d.is_dir():
         return _fail("model", f"model directory {model} does not exist", fix)
-    cfg_path = d / "config.json"
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except FileNotFoundError:
+    cfg_path = d / CONFIG_NAME
+    if not cfg_path.is_file():
         return _fail("model", f"{cfg_path} is missing: not a Hugging Face checkpoint", fix)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return _fail("model", f"{cfg_path} is not readable JSON ({exc})", fix)
-    if not isinstance(cfg, dict):
-        return _fail("model", f"{cfg_path} is not a JSON object", fix)
+    try:
+        cfg = load_checkpoint_config(d)  # the bounded loader every reader uses
+    except ConfigError as exc:
+        return _fail("model", exc.message, fix)
     archs = cfg.get("architectures") or []
     if not isinstance(archs, list) or not any(a in DSV4_ARCHITECTURES for a in archs):
         return _fail("model", f"{cfg_path}: architectures {archs!r}, not DeepSeek-V4 "
@@ -244,9 +250,9 @@ def checkpoint_quant(d: Path, cfg: Mapping[str, Any]) -> tuple[str, str]:
     hf_path = d / "hf_quant_config.json"
     if hf_path.is_file():
         try:
-            hf = json.loads(hf_path.read_text())
+            hf = load_json(hf_path, "checkpoint-config")
             algo = (hf.get("quantization", hf) or {}).get("quant_algo")
-        except (OSError, ValueError, AttributeError):
+        except (ConfigError, AttributeError):
             algo = None
     method = str(qc.get("quant_method") or "").lower()
     algo = algo or qc.get("quant_algo")
@@ -367,14 +373,13 @@ def port_check(host: str, ports: list[tuple[str, int]]) -> Finding:
 DOCTOR_CHECKS = ("engine Python", "SGLang", "model", "GPUs")  # the rest are doctor's own rows
 
 
-def doctor_rows(profile: str, python: str | None = None,
-                overrides: Overrides = Overrides()) -> list[Any]:
+def doctor_rows(loaded: LoadedProfile, cfg: EngineConfig, python: str | None = None
+                ) -> list[Any]:
     """The preflight's checks that `doctor` has no row for, as doctor rows (`plugin.doctor.
     Check`): the engine Python runs, SGLang as pinned and importable, the model, GPUs free."""
-    from dsv4bisect.plugin.doctor import FAIL, OK, WARN, Check
+    from dsv4bisect.plugin.doctor import FAIL, OK, Check
 
-    loaded = load_profile(profile, overrides)
-    status = {"ok": OK, "fail": FAIL, "skip": WARN}
+    status = {"ok": OK, "fail": FAIL}
     return [Check(f"preflight: {f.check}", status[f.status], f.detail, f.hint)
-            for f in preflight(loaded, resolve_loaded(loaded), python)
+            for f in preflight(loaded, cfg, python)
             if f.check in DOCTOR_CHECKS and f.status != "skip"]

@@ -153,16 +153,15 @@ def gpu_checks(found: list[dict[str, str]], why: str, patches: Iterable[str]) ->
 
 def port_checks(host: str, ports: Iterable[tuple[str, int]]) -> list[Check]:
     """Each fixed port free, or the process holding it named (the launcher's own check)."""
-    from dsv4bisect.engines.ports import bindable, port_holder
+    from dsv4bisect.engines.ports import port_holder
 
     rows = []
     for label, port in ports:
-        if bindable(host, port):
+        holder = port_holder(host, port)  # None: free for us to bind
+        if holder is None:
             rows.append(Check(f"port {port} ({label})", OK, f"{host}:{port} free"))
             continue
-        holder = port_holder(host, port)
-        who = holder.describe() if holder is not None else f"port {port} is in use"
-        rows.append(Check(f"port {port} ({label})", FAIL, f"{host}:{port}: {who}",
+        rows.append(Check(f"port {port} ({label})", FAIL, f"{host}:{port}: {holder.describe()}",
                           "stop what holds it or use port: auto"))
     return rows
 

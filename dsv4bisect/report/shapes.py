@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dsv4bisect.config.bounded import json_type
 from dsv4bisect.errors import ConfigError
 
 NUM = (int, float)
@@ -66,8 +67,7 @@ def _names(shape: Any) -> str:
 
 
 def _bad(shown: str, where: str, expected: str, value: Any) -> None:
-    got = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-           type(None): "null", int: "a number", float: "a number"}.get(type(value), "a value")
+    got = json_type(value)
     field = f" `{where}`" if where else ""
     raise ConfigError(f"{shown}:{field} expected {expected}, got {got}",
                       "the file was edited or truncated; re-run the command that wrote it")
