@@ -78,9 +78,7 @@ class BisectDisplay:
             elif isinstance(event, StepDecided):
                 src = " (from the ledger)" if event.reused else ""
                 what = subset_label(event.subset)
-                step = (f"remedy trial (step {event.step})" if event.remedy
-                        else f"step {event.step}")
-                line = f"{step}: {what} -> {event.outcome.value}{src}"
+                line = f"{_trial(event, 'step')}: {what} -> {event.outcome.value}{src}"
                 self._done.append(line)
                 if self._live is None:
                     self.note(line, "dim")
@@ -114,10 +112,10 @@ class BisectDisplay:
             return Group(*parts)
 
 
-def _trial(event: Any) -> str:
+def _trial(event: Any, word: str = "trial") -> str:
     """Remedy-check trials (the bad end without the culprits, after the search) are not
     search steps: they say so."""
-    return f"remedy trial (step {event.step})" if event.remedy else f"trial {event.step}"
+    return f"remedy trial (step {event.step})" if event.remedy else f"{word} {event.step}"
 
 
 def subset_label(subset: frozenset[str]) -> str:

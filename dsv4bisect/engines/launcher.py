@@ -123,13 +123,10 @@ class Launch:
 
     def _check_fixed_ports(self) -> None:
         """A port set in the profile that someone holds already: CANNOT_TEST, holder named."""
-        if not portcheck.is_local_host(self.cfg.host):
-            return
-        for p in self.cfg.processes:
-            if p.port is not None:
-                holder = portcheck.port_holder(self.cfg.host, p.port)
-                if holder is not None:
-                    raise PortTaken(p.role, holder, "before launch")
+        held = portcheck.first_held(self.cfg.host, [(p.role, p.port) for p in self.cfg.processes
+                                                    if p.port is not None])
+        if held is not None:
+            raise PortTaken(*held, "before launch")
 
     def _spawn(self, spec: ProcessSpec, port: int) -> Running:
         log_path = self.run_dir / "logs" / f"{spec.role}.log"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +116,18 @@ def port_holder(host: str, port: int) -> Holder | None:
     if bindable(host, port):
         return None
     return Holder(port, None, None, None)
+
+
+def first_held(host: str, ports: Iterable[tuple[str, int]]) -> tuple[str, Holder] | None:
+    """The first of `(label, port)` someone holds on this machine's `host`, with its holder;
+    None when all are free or `host` is not this machine (its ports are not ours to check)."""
+    if not is_local_host(host):
+        return None
+    for label, port in ports:
+        holder = port_holder(host, port)
+        if holder is not None:
+            return label, holder
+    return None
 
 
 def bindable(host: str, port: int) -> bool:

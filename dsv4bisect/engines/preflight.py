@@ -359,12 +359,12 @@ def port_check(host: str, ports: list[tuple[str, int]]) -> Finding:
     if not portcheck.is_local_host(host):
         return Finding("ports", "skip", f"{host} is not this machine: its ports are not ours "
                        "to check")
-    for label, port in ports:
-        holder = portcheck.port_holder(host, port)
-        if holder is not None:
-            return _fail("ports", f"`{label}`: {holder.describe()} on {host}",
-                         "stop that process, or set engine.port to a free port (or leave it "
-                         "automatic)", transient=True)
+    held = portcheck.first_held(host, ports)
+    if held is not None:
+        label, holder = held
+        return _fail("ports", f"`{label}`: {holder.describe()} on {host}",
+                     "stop that process, or set engine.port to a free port (or leave it "
+                     "automatic)", transient=True)
     return _ok("ports", ", ".join(f"{port} ({label})" for label, port in ports) + " free")
 
 
