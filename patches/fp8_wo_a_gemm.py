@@ -18,7 +18,9 @@ from __future__ import annotations
 from dsv4bisect.patching.spec import Condition, Patch, SglangDelivery, SglangRule, Variant
 
 VAR = "SGLANG_OPT_FP8_WO_A_GEMM"
-_SWITCH = dict(on={VAR: "1"}, off={VAR: "0"})
+_SWITCH = dict(on={VAR: "1"}, off={VAR: "0"}, read_once=(
+    f"deepseek_v4.py reads {VAR} once at import (`_FP8_WO_A_GEMM`) and the weight loader "
+    "dequantises wo_a to bf16 when it is off: fixed at load"))
 
 PATCH = Patch(
     name="fp8-wo-a-gemm",

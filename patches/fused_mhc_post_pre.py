@@ -20,7 +20,9 @@ from __future__ import annotations
 from dsv4bisect.patching.spec import ARCHS, Patch, SglangDelivery, SglangRule, Variant
 
 VAR = "SGLANG_OPT_FUSE_MHC_POST_PRE"
-_SWITCH = dict(on={VAR: "1"}, off={VAR: "0"})
+_SWITCH = dict(on={VAR: "1"}, off={VAR: "0"}, read_once=(
+    f"each decoder layer reads {VAR} once in __init__ (`self.use_fused_mhc_post_pre`, "
+    "deepseek_v4.py): fixed at load"))
 
 PATCH = Patch(
     name="fused-mhc-post-pre",

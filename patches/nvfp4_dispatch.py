@@ -47,5 +47,7 @@ PATCH = Patch(
             lambda ctx: ctx.kind == "sglang",
         ),
     ),
+    load_time=("the quant method of each layer is chosen when the layers are built and the "
+               "NVFP4 expert weights are derived after loading"),
     doc=__doc__ or "",
 )

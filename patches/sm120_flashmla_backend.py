@@ -29,7 +29,9 @@ PATCH = Patch(
         SglangRule((0, 5, 13), (0, 5, 14), "absent", evidence=(
             f"{VAR} first appears in 0.5.15 (environ.py, flash_mla_sm120.py)")),
         SglangRule((0, 5, 15), None, "env", archs=("sm120",), on={VAR: "{variant}"},
-                   off={VAR: "torch"}, evidence=(
+                   off={VAR: "torch"}, read_once=(
+                       f"flash_mla_sm120.py copies {VAR} into a module global once at import "
+                       "(`_sm120_default_backend`): fixed at load"), evidence=(
                        f"flash_mla_sm120.py: _sm120_default_backend = envs.{VAR}.get() at "
                        "import; 'flashinfer' default, 'triton' and 'torch' fallbacks")),
         SglangRule((0, 5, 15), None, "absent", archs=("sm100", "sm90"), evidence=(

@@ -33,6 +33,9 @@ class Question:
     tiers: dict[str, int]  # candidate -> risk tier (the prior)
     bisect: dict[str, Any]  # the profile's `bisect` settings (defaults for the CLI's options)
     deliveries: dict[str, str] = field(default_factory=dict)  # candidate -> how "on" reaches it
+    # candidate -> why switching it needs a fresh launch; absent: hot-switchable in a running
+    # engine (docs/hot-switching.md)
+    load_time: dict[str, str] = field(default_factory=dict)
 
 
 def base_sets(sets: Sequence[str]) -> tuple[str, ...]:
@@ -119,8 +122,11 @@ def resolve_question(profile: str, overrides: Overrides, good: str | None = None
                  for n in differ if n not in chosen)
     bad_choices = {p.name: p for p in ends["bad"].patches}
     deliveries = {n: bad_choices[n].delivery for n in chosen if n in bad_choices}
+    load_time = {n: bad_choices[n].load_time or "" for n in chosen
+                 if n in bad_choices and bad_choices[n].load_time}
     return Question(profile, sets, good_set, bad_set, tuple(chosen), left,
-                    {n: known[n].tier for n in chosen}, dict(shaped.bisect), deliveries)
+                    {n: known[n].tier for n in chosen}, dict(shaped.bisect), deliveries,
+                    load_time)
 
 
 def _inert(name: str, ends: Mapping[str, EngineConfig]) -> str | None:

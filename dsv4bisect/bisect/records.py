@@ -10,6 +10,7 @@ class Outcome(str, Enum):
     PASS = "pass"
     FAIL = "fail"
     SKIP = "skip"  # cannot test: never evidence; the subset is routed around (git bisect skip)
+    BETWEEN = "between"  # a sequential probe at its cap: neither like the good nor the bad end
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,9 @@ class Verdict(str, Enum):
     FAIL = "FAIL"
     WARN = "WARN"  # drift only; FAIL for the search unless warn_as="pass"
     CANNOT_TEST = "CANNOT_TEST"  # infrastructure (port, health timeout, unreachable) or crash
+    # A sequential trial probe that reached its cap undecided: evidence for neither end
+    # (never a pass; the search treats it as such, docs/bisect.md)
+    BETWEEN = "BETWEEN"
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,10 @@ class TrialResult:
     # Verdicts of A/A comparisons (the good configuration against itself) the runner made
     # inside this trial; each is noise evidence (a FAIL there is a false fail).
     aa_verdicts: tuple[Verdict, ...] = ()
+    # The error rates this verdict holds to (false_fail, false_pass), where the trial's probe
+    # states them (the sequential trial probe does); None: the search's own noise applies.
+    error_rates: tuple[float, float] | None = None
+    requests: int | None = None  # probe requests this trial sent, where counted
 
 
 @runtime_checkable

@@ -47,6 +47,7 @@ class PatchChoice:
     # engine (no hook, no receipt); `delivery` says how "on" reaches the engine
     delivered: bool = True
     delivery: str = ""  # hook | env VAR=V | upstream | absent | masked by P | reference
+    load_time: str | None = None  # why switching it needs a fresh launch; None: hot-switchable
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,8 @@ def _available_patches(profile: Profile, ctx: EngineContext) -> tuple[PatchChoic
     ]
     out += [
         PatchChoice(name=name, variant="custom", fault=False, builtin=False, tier=c.tier,
-                    summary=c.summary)
+                    summary=c.summary, load_time="a custom source patch is built into the "
+                    "engine's worktree")
         for name, c in profile.custom_patches.items()
     ]
     return tuple(out)
@@ -142,7 +143,8 @@ def _choice(patch: Patch, ctx: EngineContext, variant: str, fault: bool) -> Patc
         delivered = False  # the embedded engine has nothing to switch
     return PatchChoice(name=patch.name, variant=variant, fault=fault, builtin=True,
                        tier=patch.tier, summary=patch.summary, inert=inert,
-                       required=patch.required_reason(ctx), delivered=delivered, delivery=how)
+                       required=patch.required_reason(ctx), delivered=delivered, delivery=how,
+                       load_time=patch.load_time_reason(ctx))
 
 
 def _with_variant(choice: PatchChoice, profile: Profile, ctx: EngineContext) -> PatchChoice:

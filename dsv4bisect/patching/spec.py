@@ -48,6 +48,9 @@ class Variant:
 
 
 ARCHS = ("sm120", "sm100", "sm90")
+# A hook on one of these runs while the model is built or its weights are processed: what it
+# changes is fixed for the life of the engine (a patch hooked there is not hot-switchable).
+LOAD_TIME_METHODS = frozenset({"__init__", "process_weights_after_loading", "get_quant_method"})
 HOW = ("hook", "env", "upstream", "absent")  # how "on" is delivered on a release × arch
 
 
@@ -66,6 +69,10 @@ class SglangRule:
     archs: tuple[str, ...] = ARCHS
     on: Mapping[str, str] = field(default_factory=dict)
     off: Mapping[str, str] = field(default_factory=dict)
+    # Where an `env` switch is read: "" = at every call (the plugin can flip it in a running
+    # engine), else the evidence that the release reads it once (import, __init__, weight
+    # processing), so changing it needs a fresh launch.
+    read_once: str = ""
 
     def __post_init__(self) -> None:
         if self.how not in HOW:
@@ -124,6 +131,9 @@ class Patch:
     required_when: tuple[Condition, ...] = ()
     masked_by: tuple[Mask, ...] = ()  # other patches whose "on" keeps this one from acting
     embedded: str = ""  # what the embedded engine does for it, where that is not `reference`
+    # Why its effect is fixed when the engine loads, on every engine kind (quant-method
+    # dispatch, weights derived after loading); "" = decided at call time (hot-switchable).
+    load_time: str = ""
     doc: str = ""
     test_only: bool = False
 
@@ -152,6 +162,26 @@ class Patch:
             if rule is not None and rule.how in ("upstream", "absent"):
                 return rule.evidence
         return next((c.reason for c in self.inert_when if c.holds(ctx, v)), None)
+
+    def load_time_reason(self, ctx: EngineContext) -> str | None:
+        """Why switching this patch needs a fresh launch here; None: it can be switched inside
+        a running engine (its effect is decided at call time). docs/hot-switching.md."""
+        if self.load_time:
+            return self.load_time
+        if ctx.kind not in ("reference", "sglang"):
+            return f"a `{ctx.kind}` engine has no switch protocol"
+        if ctx.kind == "sglang":
+            rule = self.sglang.rule(ctx.sglang_version, ctx.gpu_arch)
+            if rule is not None and rule.how == "env" and rule.read_once:
+                return rule.read_once
+            if (rule is None or rule.how == "hook") and ctx.sglang_version is not None:
+                from dsv4bisect.plugin.versions import layout_of_range
+
+                targets = self.sglang.hooks.get(layout_of_range(ctx.sglang_version), ())
+                at_load = [t for t in targets if t.rsplit(".", 1)[-1] in LOAD_TIME_METHODS]
+                if at_load:
+                    return f"its hook acts in {at_load[0]}, which runs while the model loads"
+        return None
 
     def required_reason(self, ctx: EngineContext) -> str | None:
         v = self.default_variant
