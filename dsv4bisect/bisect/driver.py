@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect import remedy as rem
+from dsv4bisect.bisect.design import Noise
 from dsv4bisect.bisect.events import (
     Event,
     StepDecided,
@@ -50,6 +51,27 @@ class BisectOutcome:
     trials_run: int  # trials this invocation launched (the rest came from the ledger)
     measured_noise: NoiseEstimate
     remedy: rem.Remedy | None = None  # the bad end without the culprits (remedy.py)
+    confirmation: Confirmation | None = None  # hot mode: the culprits in a fresh launch
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The culprits switched on against the good end in a fresh launch (the deployment's own
+    graph mode), after a search that ran hot. `agrees` is False when the fresh launch passes:
+    the hot result and the fresh one disagree, and the report says so."""
+
+    subset: frozenset[str]
+    outcomes: tuple[Outcome, ...]
+    skipped: str | None = None  # why no confirmation ran (`--no-confirm`, ...)
+
+    @property
+    def agrees(self) -> bool | None:
+        seen = [o for o in self.outcomes if o in (Outcome.PASS, Outcome.FAIL)]
+        return None if not seen else seen[-1] is Outcome.FAIL
+
+    def to_json(self) -> dict[str, Any]:
+        return {"subset": sorted(self.subset), "outcomes": [o.value for o in self.outcomes],
+                "agrees": self.agrees, "skipped": self.skipped}
 
 
 @dataclass(frozen=True)
@@ -60,6 +82,7 @@ class _Slot:
     key: TrialKey
     patches: dict[str, str]
     remedy: bool = False  # a remedy-check trial: labelled as such, not a search step
+    fresh: bool = False  # the fresh-launch confirmation of a hot search (runner.confirm)
 
 
 @dataclass(frozen=True)
@@ -68,6 +91,7 @@ class _Decision:
     signature: str | None
     trial_id: int | None
     reused: bool
+    noise: Noise | None = None  # the error rates the verdict holds to, where it states them
 
 
 def start_bisect(
@@ -77,9 +101,12 @@ def start_bisect(
     run_dir: str | Path,
     on_event: Callable[[Event], None] | None = None,
     request: Mapping[str, Any] | None = None,
+    confirm: bool = True,
 ) -> BisectOutcome:
     """Start a bisect in `run_dir` (created), recorded in `ledger`. `request` (JSON-able: what
-    the caller needs to rebuild its runner on resume) is kept in the run file."""
+    the caller needs to rebuild its runner on resume) is kept in the run file. `confirm`: with
+    a runner that can (`confirm`), the culprits are confirmed in a fresh launch after a hot
+    search; False says in the result that it was skipped."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / RUN_FILE).exists():
@@ -89,8 +116,9 @@ def start_bisect(
     info: dict[str, Any] = {"run_id": run_id, "ledger": str(ledger.path.resolve())}
     if request is not None:
         info["request"] = dict(request)
+    info["confirm"] = confirm
     (run_dir / RUN_FILE).write_text(json.dumps(info, indent=2) + "\n")
-    return _Driver(spec, runner, ledger, run_id, run_dir, on_event).drive()
+    return _Driver(spec, runner, ledger, run_id, run_dir, on_event, confirm).drive()
 
 
 def resume_bisect(
@@ -114,7 +142,8 @@ def resume_bisect(
             )
         spec = BisectSpec.from_json(run.settings)
         ledger.abandon_running(run.id)
-        return _Driver(spec, runner, ledger, run.id, run_dir, on_event).drive()
+        return _Driver(spec, runner, ledger, run.id, run_dir, on_event,
+                       bool(info.get("confirm", True))).drive()
     finally:
         if own:
             ledger.close()
@@ -144,8 +173,10 @@ class _Driver:
         run_id: str,
         run_dir: Path,
         on_event: Callable[[Event], None] | None,
+        confirm: bool = True,
     ) -> None:
         self.spec, self.runner, self.ledger = spec, runner, ledger
+        self.confirm = confirm
         self.run_id, self.run_dir = run_id, run_dir
         self.emit = on_event or (lambda event: None)
         self.trials_run = 0
@@ -166,7 +197,7 @@ class _Driver:
                     seen[subset] += 1  # a re-test in this bisect draws the next seed block
                     step += 1
                 for slot, decision in zip(slots, self._run_round(slots, pool)):
-                    search.record(slot.subset, decision.outcome)
+                    search.record(slot.subset, decision.outcome, noise=decision.noise)
                     self.ledger.put_step(
                         self.run_id,
                         StepRow(
@@ -189,11 +220,13 @@ class _Driver:
                         )
                     )
             remedy = self._remedy(search, step, seen, pool)
+            confirmation = self._confirmation(search, step + (remedy.trials_run if remedy
+                                                              else 0), seen)
             clean = True
         finally:
             if pool is not None:  # on an error, do not wait for the other workers
                 pool.shutdown(wait=clean, cancel_futures=not clean)
-        return self._finish(search, remedy)
+        return self._finish(search, remedy, confirmation)
 
     def _remedy(self, search: Search, step: int, seen: Counter[frozenset[str]],
                 pool: ThreadPoolExecutor | None) -> rem.Remedy | None:
@@ -216,11 +249,31 @@ class _Driver:
                                   decision.signature, decision.reused, remedy=True))
         return rem.Remedy(subset, tuple(outcomes), own)
 
+    def _confirmation(self, search: Search, step: int,
+                      seen: Counter[frozenset[str]]) -> Confirmation | None:
+        """After a hot search: the culprits on against the good end, in a fresh launch; run
+        until PASS/FAIL (a CANNOT_TEST is retried once by `_run_round`)."""
+        result = search.result()
+        confirm = getattr(self.runner, "confirm", None)
+        if result.status is not Status.FOUND or not result.culprits or confirm is None:
+            return None
+        subset = frozenset(result.culprits)
+        if not self.confirm:
+            return Confirmation(subset, (), skipped="--no-confirm")
+        slot = self._slot(step, subset, seen[subset], fresh=True)
+        seen[subset] += 1
+        decision = self._run_round([slot], None)[0]
+        self.emit(StepDecided(slot.step, slot.subset, slot.seed_block, decision.outcome,
+                              decision.signature, decision.reused, remedy=True))
+        return Confirmation(subset, (decision.outcome,))
+
     def _slot(self, step: int, subset: frozenset[str], block: int, *,
-              remedy: bool = False) -> _Slot:
+              remedy: bool = False, fresh: bool = False) -> _Slot:
         patches = self.spec.patches_for(subset)
-        key = TrialKey(self.runner.fingerprint(patches), self.runner.probe_hash, block)
-        return _Slot(step, subset, block, key, patches, remedy)
+        fingerprint = (self.runner.fresh_fingerprint(patches)  # type: ignore[attr-defined]
+                       if fresh else self.runner.fingerprint(patches))
+        key = TrialKey(fingerprint, self.runner.probe_hash, block)
+        return _Slot(step, subset, block, key, patches, remedy, fresh)
 
     def _run_round(self, slots: list[_Slot], pool: ThreadPoolExecutor | None) -> list[_Decision]:
         decided: dict[int, _Decision] = {}
@@ -242,7 +295,10 @@ class _Driver:
         done = self.ledger.definitive(slot.key)
         if done is not None:
             reused = done.id not in self.launched
-            return _Decision(self._outcome(done.verdict), done.signature, done.id, reused)
+            rates = done.details.get("error_rates")
+            noise = Noise(*rates) if rates else None
+            return _Decision(self._outcome(done.verdict), done.signature, done.id, reused,
+                             noise)
         attempts = self.ledger.attempts(self.run_id, slot.key)
         if len(attempts) < 2:
             return None
@@ -253,6 +309,8 @@ class _Driver:
         return _Decision(Outcome.SKIP, last.signature, last.id, False)
 
     def _outcome(self, verdict: str | None) -> Outcome:
+        if verdict == Verdict.BETWEEN.value:
+            return Outcome.BETWEEN
         if verdict == Verdict.PASS.value or (
             verdict == Verdict.WARN.value and self.spec.warn_as == "pass"
         ):
@@ -307,14 +365,20 @@ class _Driver:
             raise error
 
     def _call(self, slot: _Slot, trial_dir: Path) -> TrialResult:
-        return self.runner.run(dict(slot.patches), slot.seed_block, trial_dir)
+        run = self.runner.confirm if slot.fresh else self.runner.run  # type: ignore[attr-defined]
+        return run(dict(slot.patches), slot.seed_block, trial_dir)
 
     def _store(self, slot: _Slot, attempt: int, trial_id: int, result: TrialResult) -> None:
+        details = dict(result.details)
+        if result.error_rates is not None:  # what the search weighs this verdict with
+            details["error_rates"] = list(result.error_rates)
+        if result.requests is not None:
+            details["requests"] = result.requests
         self.ledger.finish_trial(
             trial_id,
             Verdict(result.verdict).value,
             result.signature,
-            result.details,
+            details,
             result.duration_s,
             result.throughput,
             result.log_path,
@@ -335,13 +399,15 @@ class _Driver:
         self.emit(TrialFinished(slot.step, slot.subset, slot.seed_block, attempt, result,
                                 slot.remedy))
 
-    def _finish(self, search: Search, remedy: rem.Remedy | None) -> BisectOutcome:
+    def _finish(self, search: Search, remedy: rem.Remedy | None,
+                confirmation: Confirmation | None) -> BisectOutcome:
         result = search.result()
         self.emit(progress_of(search))
         steps = tuple(self.ledger.steps(self.run_id))
         if result.status is not Status.RUNNING:
             doc = result_json(result)
             doc["remedy"] = remedy.to_json() if remedy is not None else None
+            doc["confirmation"] = confirmation.to_json() if confirmation is not None else None
             self.ledger.finish_run(self.run_id, result.status.value, doc)
             if search.ends_known and not self.ledger.has_noise_evidence(self.run_id):
                 record_noise_evidence(
@@ -361,4 +427,5 @@ class _Driver:
             self.trials_run,
             self.ledger.measured_noise(self.runner.probe_hash),
             remedy,
+            confirmation,
         )

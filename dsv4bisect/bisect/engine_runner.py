@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from dsv4bisect.bisect.question import base_sets, patch_overrides
 from dsv4bisect.bisect.runner import CRASH, TrialResult, Verdict
@@ -158,9 +159,19 @@ def trial_result(verdict: V.Verdict, trial: Trial, run_dir: Path, duration_s: fl
             aa = (Verdict(_aa_verdict(trial)),)
         except ConfigError:  # the two runs cannot be paired: no A/A evidence from this trial
             aa = ()
+    details = result_details(verdict, ends_cached=cached, run_dir=run_dir,
+                             command=command)
+    details["mode"] = "fresh"
+    return TrialResult(Verdict(verdict.verdict), signature_of(verdict), duration_s, details,
+                       _throughput(trial), _log_path(run_dir), aa)
+
+
+def result_details(verdict: V.Verdict, *, ends_cached: bool, run_dir: Path,
+                   command: str) -> dict[str, Any]:
+    """The JSON evidence of one trial's verdict, as the ledger and the report keep it."""
     drift = verdict.drift
     trigger = drift.get("trigger") or {}
-    details = {
+    return {
         "verdict": verdict.verdict,
         "reasons": list(verdict.reasons[:4]),
         "families": {f: {"baseline_accuracy": r.baseline_accuracy,
@@ -171,12 +182,10 @@ def trial_result(verdict: V.Verdict, trial: Trial, run_dir: Path, duration_s: fl
                   "kl_mean": trigger.get("kl_mean"),
                   "top1_agreement": trigger.get("top1_agreement")},
         "aa": dict(verdict.aa),
-        "baseline_cached": cached,
+        "baseline_cached": ends_cached,
         "run_dir": str(run_dir),
         "command": command,
     }
-    return TrialResult(Verdict(verdict.verdict), signature_of(verdict), duration_s, details,
-                       _throughput(trial), _log_path(run_dir), aa)
 
 
 def _aa_verdict(trial: Trial) -> str:

@@ -238,10 +238,10 @@ class Ledger:
             return cur.rowcount
 
     def definitive(self, key: TrialKey) -> TrialRow | None:
-        """The finished PASS/FAIL/WARN trial for this key, from any bisect."""
+        """The finished PASS/FAIL/WARN/BETWEEN trial for this key, from any bisect."""
         row = self._conn.execute(
             "SELECT * FROM trials WHERE fingerprint = ? AND probe = ? AND seed_block = ? AND "
-            "status = 'done' AND verdict IN ('PASS', 'FAIL', 'WARN')",
+            "status = 'done' AND verdict IN ('PASS', 'FAIL', 'WARN', 'BETWEEN')",
             (key.fingerprint, key.probe, key.seed_block),
         ).fetchone()
         return trial_from_row(row) if row else None

@@ -26,7 +26,7 @@ CREATE TABLE IF NOT EXISTS trials (
     duration_s REAL, throughput REAL, log_path TEXT, trial_dir TEXT,
     started REAL NOT NULL, finished REAL);
 CREATE UNIQUE INDEX IF NOT EXISTS trials_definitive ON trials (fingerprint, probe, seed_block)
-    WHERE status = 'done' AND verdict IN ('PASS', 'FAIL', 'WARN');
+    WHERE status = 'done' AND verdict IN ('PASS', 'FAIL', 'WARN', 'BETWEEN');
 CREATE INDEX IF NOT EXISTS trials_key ON trials (fingerprint, probe, seed_block);
 CREATE TABLE IF NOT EXISTS steps (
     run_id TEXT NOT NULL REFERENCES runs(id), step INTEGER NOT NULL, subset TEXT NOT NULL,

@@ -69,8 +69,7 @@ class Search:
         self._cache: tuple[int, list[frozenset[str]]] | None = None
         self._post: np.ndarray | None = None  # posterior of the current records
         self._checks_cache: dict[int, tuple[Check, ...]] = {}  # likewise, per hypothesis
-        a, b = (min(max(r, _FLOOR), 1 - _FLOOR) for r in (noise.false_fail, noise.false_pass))
-        self._loglik = np.log(np.array([[1 - a, b], [a, 1 - b]]))  # [observed, true]
+        self._loglik = _loglik(noise)
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -116,8 +115,11 @@ class Search:
         return "search" if self._ends_known else "ends"
 
     # -- the protocol --------------------------------------------------------------------------
-    def record(self, subset: frozenset[str] | set[str], outcome: Outcome | str) -> None:
-        """Add one observation: PASS, FAIL, or SKIP (could not test; routed around)."""
+    def record(self, subset: frozenset[str] | set[str], outcome: Outcome | str,
+               noise: Noise | None = None) -> None:
+        """Add one observation: PASS, FAIL, SKIP (could not test; routed around) or BETWEEN
+        (evidence for neither end). `noise`: the error rates this verdict holds to, where its
+        probe states them (default: the search's)."""
         outcome, subset = Outcome(outcome), frozenset(subset)
         mask = self.space.mask(subset)
         self._records.append(Record(subset, outcome))
@@ -126,7 +128,9 @@ class Search:
         if outcome is Outcome.SKIP:
             self._skipped.add(subset)
             return
-        self._log_post += self._likelihood(mask, outcome)
+        if outcome is Outcome.BETWEEN:
+            return  # the same likelihood under every hypothesis: the posterior does not move
+        self._log_post += self._likelihood(mask, outcome, noise)
         self._log_post -= self._log_post.max()
         if not self._ends_known and self._ends_differ():
             self._ends_known = True
@@ -281,17 +285,19 @@ class Search:
     def _skipped_masks(self) -> set[bytes]:
         return {self.space.mask(s).tobytes() for s in self._skipped}
 
-    def _likelihood(self, mask: np.ndarray, outcome: Outcome) -> np.ndarray:
+    def _likelihood(self, mask: np.ndarray, outcome: Outcome,
+                    noise: Noise | None = None) -> np.ndarray:
         """[H + 3] log P(outcome | hypothesis) for one trial of `mask`."""
         obs = 1 if outcome is Outcome.FAIL else 0
-        sets = np.where(self.space.contained(mask), self._loglik[obs, 1], self._loglik[obs, 0])
+        loglik = self._loglik if noise is None else _loglik(noise)
+        sets = np.where(self.space.contained(mask), loglik[obs, 1], loglik[obs, 0])
         if not mask.any():
-            other = self._loglik[obs, 0]  # `unexplained` still has a passing good end
+            other = loglik[obs, 0]  # `unexplained` still has a passing good end
         elif mask.all():
-            other = self._loglik[obs, 1]  # ... and a failing bad end
+            other = loglik[obs, 1]  # ... and a failing bad end
         else:
             other = math.log(0.5)
-        return np.concatenate([sets, [self._loglik[obs, 1], self._loglik[obs, 0], other]])
+        return np.concatenate([sets, [loglik[obs, 1], loglik[obs, 0], other]])
 
     def _ends_differ(self) -> bool:
         seen = {r.subset for r in self._records if r.outcome is not Outcome.SKIP}
@@ -299,6 +305,12 @@ class Search:
             return False
         post = self.posterior()
         return float(post[-3] + post[-2]) <= 1 - self.confidence
+
+
+def _loglik(noise: Noise) -> np.ndarray:
+    """[observed, true] log-likelihoods (0 = pass, 1 = fail), rates floored at _FLOOR."""
+    a, b = (min(max(r, _FLOOR), 1 - _FLOOR) for r in (noise.false_fail, noise.false_pass))
+    return np.log(np.array([[1 - a, b], [a, 1 - b]]))
 
 
 __all__ = ["Check", "Noise", "Outcome", "Priors", "Record", "Search", "SearchResult", "Status"]

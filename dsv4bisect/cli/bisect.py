@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from dsv4bisect.bisect.engine_runner import EngineRunner
+from dsv4bisect.bisect.hot_runner import HotEngineRunner
 from dsv4bisect.bisect.question import Question, resolve_question
 from dsv4bisect.bisect.runner import Runner
 from dsv4bisect.bisect.testcmd import TestCommandRunner
@@ -104,6 +105,10 @@ def bisect(
     enable: Enable = None, disable: Disable = None, only: Only = None, sets: Set = None,
     skip_preflight: Annotated[bool, Opt("--skip-preflight", help="Launch without checking "
                                         "SGLang, the model, GPUs and ports first.")] = False,
+    fresh_launches: Annotated[bool, Opt("--fresh-launches", help="A fresh launch and a full "
+                                        "probe per trial (no hot switching).")] = False,
+    no_confirm: Annotated[bool, Opt("--no-confirm", help="After a hot search, do not confirm "
+                                    "the culprits in a fresh launch.")] = False,
 ) -> None:
     """Find which patch (or interacting pair) makes the bad end fail where the good end passes.
 
@@ -120,7 +125,7 @@ def bisect(
     else:
         ov = overrides(enable, disable, only, sets)
         question = resolve_question(profile, ov, good, bad, candidates)
-        runner = _runner(question, test_cmd, tier, not no_cache, display)
+        runner = _runner(question, test_cmd, tier, not no_cache, display, not fresh_launches)
         measured, durations = _history(runner, ledger_path or out / LEDGER)
         noise, where = _noise(measured, false_fail, false_pass)
         spec = _spec(question, noise, confidence, max_trials, parallel, warn_as)
@@ -138,6 +143,8 @@ def bisect(
         ensure_runs_root(out)
         request = {"profile": profile, "sets": list(question.sets), "tier": tier,
                    "test_cmd": test_cmd, "use_cache": not no_cache,
+                   "hot": isinstance(runner, HotEngineRunner), "bad": question.bad,
+                   "load_time": sorted(question.load_time),
                    "left_out": [list(x) for x in question.left_out],
                    "command": ["dsv4bisect", *sys.argv[1:]]}
         # The ledger's lock first: a second bisect on it is refused before it writes anything.
@@ -145,14 +152,19 @@ def bisect(
             _clean_predecessors(out)
             run_dir = new_run_dir(out, "bisect-" + Path(profile).stem, runner.probe_hash)
             outcome = _drive(runner, run_dir, display, lambda: start_bisect(
-                spec, runner, ledger, run_dir, display, request=request))
+                spec, runner, ledger, run_dir, display, request=request,
+                confirm=not no_confirm))
     _finish(outcome, json_out, fmt)
 
 
 def _drive(runner: Runner, run_dir: Path, display: BisectDisplay, go: Any) -> BisectOutcome:
     try:
         with interrupts(), display:
-            return go()  # type: ignore[no-any-return]
+            try:
+                return go()  # type: ignore[no-any-return]
+            finally:
+                if isinstance(runner, HotEngineRunner):
+                    runner.close()  # the engines it kept up across trials
     except KeyboardInterrupt:
         if isinstance(runner, EngineRunner):
             runner.stop_all()  # trials in worker threads (--parallel): their engines too
@@ -183,9 +195,10 @@ def _resume(run_dir: Path, display: BisectDisplay, preflight: bool = True) -> Bi
                 from dsv4bisect.engines.preflight import require
 
                 require(request["profile"], Overrides(sets=tuple(request.get("sets") or ())))
-            runner = EngineRunner(request["profile"], spec.good, sets=request.get("sets") or (),
-                                  tier=request.get("tier"), use_cache=request["use_cache"],
-                                  on_event=display.run_event)
+            runner = _engine_runner(request["profile"], spec.good, request.get("bad") or {},
+                                    request.get("load_time") or (), request.get("sets") or (),
+                                    request.get("tier"), request["use_cache"], display,
+                                    bool(request.get("hot")))
         # Engines a kill -9 left: recorded by PID and start time in this runs root's run dirs
         # (this bisect's trials among them), stopped only if their launcher is gone.
         _clean_predecessors(run_dir.resolve().parent)
@@ -202,10 +215,21 @@ def _clean_predecessors(root: Path) -> None:
 
 
 def _runner(q: Question, test_cmd: str | None, tier: str | None, use_cache: bool,
-            display: BisectDisplay) -> Runner:
+            display: BisectDisplay, hot: bool) -> Runner:
     if test_cmd is not None:
         return TestCommandRunner(test_cmd)
-    return EngineRunner(q.profile, q.good, sets=q.sets, tier=tier, use_cache=use_cache,
+    return _engine_runner(q.profile, q.good, q.bad, tuple(q.load_time), q.sets, tier,
+                          use_cache, display, hot)
+
+
+def _engine_runner(profile: str, good: dict[str, str], bad: dict[str, str],
+                   load_time: Any, sets: Any, tier: str | None, use_cache: bool,
+                   display: BisectDisplay, hot: bool) -> EngineRunner:
+    """Hot switching (docs/hot-switching.md) unless `--fresh-launches`."""
+    if hot:
+        return HotEngineRunner(profile, good, bad, load_time=tuple(load_time), sets=sets,
+                               tier=tier, use_cache=use_cache, on_event=display.run_event)
+    return EngineRunner(profile, good, sets=sets, tier=tier, use_cache=use_cache,
                         on_event=display.run_event)
 
 

@@ -137,6 +137,13 @@ class ReferenceEngine:
             raise ConfigError(f"max_model_len must be in 1..{limit}, got {max_model_len!r}")
         return cls(model, numerics, chunk_size=chunk_size, max_model_len=mml, source=source)
 
+    def switch(self, patches: Mapping[str, str]) -> None:
+        """Install another patch set in the loaded model, as a fresh load with it would
+        (PatchError for unknown patches). Callers hold the engine (no request running)."""
+        numerics = Numerics.from_patches(patches, self.numerics.moe_backend)
+        self.model.configure(numerics)
+        self.numerics = numerics
+
     # ---- description ----------------------------------------------------------------------------
     @property
     def config(self) -> ModelArgs:

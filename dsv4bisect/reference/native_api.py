@@ -23,6 +23,8 @@ GENERATE_UNSUPPORTED = ("top_p", "top_k", "min_p", "n", "min_new_tokens", "prese
 class ServerApi(Api):
     """Every endpoint the reference server serves."""
 
+    hot: Any = None  # reference/switch.HotSwitch in hot mode (set by server.build_api)
+
     def generate(self, data: object) -> dict[str, Any] | list[dict[str, Any]]:
         body = Body(data)
         body.require("stream", (False,), "streaming is not supported by the embedded engine")

@@ -153,8 +153,12 @@ def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
         "chunked_prefill_size": opts.chunk_size, "moe_runner_backend": opts.moe_backend,
         "host": opts.host, "port": port,
     }
+    from dsv4bisect.reference.switch import HotSwitch
+
     generator = Generator(engine, ByteTokenizer(engine.config.vocab_size))
-    return ServerApi(generator, ApiConfig(name, engine.max_model_len, info))
+    api = ServerApi(generator, ApiConfig(name, engine.max_model_len, info))
+    api.hot = HotSwitch.from_env(engine, generator, info)  # hot mode: the switch protocol
+    return api
 
 
 class ReferenceServer:
@@ -256,7 +260,9 @@ class ReferenceServer:
             return error_reply(503, f"the server is {self.state}", "ServiceUnavailableError")
         if route.handler == "health_generate":
             return self._health_generate(api)
-        if route.handler == "flush_cache":
+        if route.handler == "flush_cache":  # nothing is cached between requests; in hot
+            if api.hot is not None:  # mode a pending switch is applied here (switch.py)
+                api.hot.apply_pending()
             return Reply(200, FLUSH_TEXT)
         if route.handler == "model_info":
             return Reply(200, self._model_info(api))

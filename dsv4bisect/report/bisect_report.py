@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4bisect.bisect.design import capacity
+from dsv4bisect.bisect.design import Noise, capacity
 from dsv4bisect.bisect.driver import read_run_file
 from dsv4bisect.bisect.events import result_json
 from dsv4bisect.bisect.ledger import Ledger
@@ -76,8 +76,10 @@ def load_bisect(run_dir: str | Path) -> BisectView:
     spec = BisectSpec.from_json(run.settings)
     search = spec.search()
     posts = [{h.describe(): p for h, p in _all(search)}]  # the prior, before any trial
-    for step in steps:
-        search.record(step.subset, step.outcome)
+    for step in steps:  # with the error rates each verdict held to, as the driver did
+        decided = decisive.get(step.trial_id) if step.trial_id else None
+        rates = decided.details.get("error_rates") if decided else None
+        search.record(step.subset, step.outcome, noise=Noise(*rates) if rates else None)
         posts.append({h.describe(): p for h, p in _all(search)})
     result = run.result if run.result else result_json(search.result())
     names = [t["hypothesis"] for t in result["top"]]  # the final top five, tracked over trials
@@ -228,13 +230,15 @@ def _report_json(view: BisectView) -> dict[str, Any]:
         "status": view.result["status"], "culprits": view.result.get("culprits"),
         "posterior": view.result.get("posterior"), "message": view.result.get("message"),
         "top": view.result.get("top"), "checks": view.result.get("checks"),
-        "remedy": view.result.get("remedy"), "request": view.request, "settings": view.spec.to_json(), "ledger": view.ledger,
+        "remedy": view.result.get("remedy"), "confirmation": view.result.get("confirmation"),
+        "request": view.request, "settings": view.spec.to_json(), "ledger": view.ledger,
         "bound": bound(view),
         "trials": [{"step": s.step, "subset": list(s.subset), "patches": s.patches,
                     "seed_block": s.seed_block, "verdict": s.verdict, "outcome": s.outcome,
                     "signature": s.signature, "source": s.source, "attempts": s.attempts,
                     "duration_s": s.duration_s, "scores": _scores(s.details),
                     "baseline_cached": s.details.get("baseline_cached"),
+                    "mode": s.details.get("mode"), "requests": s.details.get("requests"),
                     "trial_run_dir": s.details.get("run_dir"),
                     "reproduce": reproduce(view, s)} for s in view.steps],
         "neighbours": neighbours(view),
@@ -309,15 +313,19 @@ def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
         lines += ["", f"Remedy check — the bad end without the culprits: {remedy_text(view)}."]
         advice = remedy_advice(view)
         lines += [f"**{advice[0].upper() + advice[1:]}.**"] if advice else []
+    if view.result.get("confirmation"):
+        lines += ["", confirmation_text(view.result["confirmation"]) + "."]
     lines += ["", "## Trials", "",
               ("| step | switched to bad | seed block | verdict | outcome | signature | scores "
-               "| duration | source |"), "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+               "| requests | mode | duration | source |"),
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in view.steps:
         dur = f"{s.duration_s:.1f} s" if s.duration_s is not None else "-"
         cached = " (baseline cached)" if s.details.get("baseline_cached") else ""
         lines.append(f"| {s.step} | {_set(s.subset)} | {s.seed_block} | {s.verdict or '-'} | "
-                     f"{s.outcome} | {s.signature or '-'} | {_score_text(s.details)} | {dur} | "
-                     f"{s.source}{cached} |")
+                     f"{s.outcome} | {s.signature or '-'} | {_score_text(s.details)} | "
+                     f"{s.details.get('requests', '-')} | {s.details.get('mode', 'fresh')} | "
+                     f"{dur} | {s.source}{cached} |")
     lines += ["", "## Launches against the information bound", "",
               (f"{b['steps']} probe results used ({b['launches']} launched by this bisect, "
                f"{b['reused']} reused from the ledger). {b['hypotheses']} culprit sets: "
@@ -330,6 +338,21 @@ def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
     lines += ["", plot_note or f"Posterior over trials: `{PLOT}`.",
               f"Re-render: `dsv4bisect report {view.run_dir}`.", ""]
     return "\n".join(lines)
+
+
+def confirmation_text(conf: dict[str, Any]) -> str:
+    """One sentence on the fresh-launch confirmation of a hot search (driver.Confirmation)."""
+    culprits = _set(conf["subset"])
+    if conf.get("skipped"):
+        return (f"fresh-launch confirmation skipped ({conf['skipped']}): {culprits} was found "
+                "by hot-switched trials only")
+    if conf.get("agrees") is None:
+        return f"fresh-launch confirmation of {culprits} could not test"
+    if conf["agrees"]:
+        return f"confirmed in a fresh launch: the good end with {culprits} on fails"
+    return (f"DISAGREEMENT: the hot-switched trials name {culprits}, but the good end with "
+            f"{culprits} on passes in a fresh launch; do not trust this culprit until a "
+            "`--fresh-launches` bisect agrees")
 
 
 def _md_neighbours(items: list[dict[str, Any]]) -> list[str]:
@@ -359,6 +382,10 @@ def _terminal_lines(view: BisectView) -> list[Line]:
                       "bold yellow" if advice else None))
         if advice:
             lines.append((advice, "yellow"))
+    conf = r.get("confirmation")
+    if conf:
+        lines.append((confirmation_text(conf), "bold yellow" if conf.get("agrees") is False
+                      else None))
     text = (f"trials: {b['steps']} used, {b['launches']} launched, {b['reused']} reused from "
             f"the ledger (bound ≈ {b['trials_bound']})")
     lines.append((text, "dim"))

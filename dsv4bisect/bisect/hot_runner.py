@@ -1,0 +1,408 @@
+"""The hot runner: one engine kept up across trials, patches switched inside it.
+
+A trial of configuration C runs in the engine of C's load-time state λ(C) (the candidates whose
+effect is fixed at load, `Question.load_time`): that engine is launched once in the canonical
+base of λ (the good end with λ's candidates at the bad end, every hot candidate at the good end)
+and then switched to C by the protocol of engines/switching.py (drain, request, `/flush_cache`,
+a receipt from every process naming the generation, verified before any probe request).
+Engines kept up at once: `pool` (the embedded engine: 2; one SGLang node: 1; the oldest is
+stopped first).
+
+What each trial probes (docs/hot-switching.md):
+- the good end's baseline (full size) and its A/A repeat are measured right after the launch
+  of base(∅), before any switch, so they are a fresh launch's (and are cached as such; the
+  baseline of a later seed block, measured in a switched engine, is not cached); the ∅ end
+  check's verdict is then the A/A verdict (the repeat judged against the baseline);
+- the bad end is probed at full size;
+- any other configuration gets the sequential trial probe (probe/sequential_run.py) against the
+  two ends once both are measured for the seed block, else a full probe.
+A hot trial's ledger fingerprint is the fresh fingerprint of C plus the hot marker and the base
+launch it ran in (`fingerprint`); `confirm` is a fresh launch of C (its plain fingerprint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dsv4bisect import env as envvars
+from dsv4bisect.bisect.engine_runner import EngineRunner, result_details, signature_of
+from dsv4bisect.bisect.runner import CRASH, TrialResult, Verdict
+from dsv4bisect.config.engine_config import EngineConfig
+from dsv4bisect.engines import switching
+from dsv4bisect.engines.verify import server_info, verify_reference_patches
+from dsv4bisect.errors import ConfigError, EngineError, ProbeError
+from dsv4bisect.patching.registry import builtin_patches
+from dsv4bisect.patching.wire import format_patch_set
+from dsv4bisect.probe import verdict as V
+from dsv4bisect.probe.client import ProbeClient
+from dsv4bisect.probe.run import ProbeRun
+from dsv4bisect.probe.runner import collect, judge
+from dsv4bisect.probe.session import write_verdict
+from dsv4bisect.probe.spec import ProbeSpec
+from dsv4bisect.run import baseline as cache
+from dsv4bisect.run.arm import ArmCrashed, EngineArm, Supervisor
+from dsv4bisect.run.crash import cannot_test_verdict, crash_verdict, good_end_crash_verdict
+from dsv4bisect.run.events import EventSink, Notice, ignore
+
+T = TypeVar("T")
+HOT_MARKER = "hot-v1"
+SWITCH_TIMEOUT_S = 600.0  # a CUDA-graph re-capture of an 8-GPU engine takes minutes
+
+
+class _Engine:
+    """One launched engine and the patch set it is switched to."""
+
+    def __init__(self, base: Mapping[str, str], cfg: EngineConfig, arm: EngineArm,
+                 switch_dir: Path) -> None:
+        self.base, self.cfg, self.arm, self.dir = dict(base), cfg, arm, switch_dir
+        self.generation = 0
+        self.current: dict[str, str] = dict(base)
+        self.launch: object | None = None  # the Launch `current` refers to
+        self.switches = 0  # switches since this engine's first launch
+
+    def fresh(self) -> bool:
+        """Launched and never switched: what it measures is a fresh launch's."""
+        return self.switches == 0 and self.arm.attempts <= 1
+
+
+class HotEngineRunner(EngineRunner):
+    """`EngineRunner` with hot switching (see the module docstring)."""
+
+    def __init__(self, profile: str, good: Mapping[str, str], bad: Mapping[str, str], *,
+                 load_time: Sequence[str] = (), sets: Sequence[str] = (),
+                 tier: str | None = None, use_cache: bool = True, pool: int | None = None,
+                 sequential: bool = True, error_rates: tuple[float, float] = (0.05, 0.05),
+                 on_event: EventSink = ignore) -> None:
+        super().__init__(profile, good, sets=sets, tier=tier, use_cache=use_cache,
+                         on_event=on_event)
+        self.bad = dict(bad)
+        self.load_time = frozenset(load_time)
+        self.pool = pool if pool is not None else (2 if self.good_cfg.kind == "reference" else 1)
+        self.sequential, self.error_rates = sequential, error_rates
+        hot = {n: v for n, v in self.bad.items() if n not in self.load_time
+               and self.good.get(n) != v}
+        self.hot_wire = format_patch_set(hot, builtin_patches())
+        self._engines: OrderedDict[str, _Engine] = OrderedDict()
+        self._supervisor = Supervisor()
+        self._ends: dict[int, dict[str, ProbeRun | None]] = {}  # seed block -> ends' runs
+        self._cached: dict[int, bool] = {}  # seed block -> baseline came from the cache
+        self._aa: dict[int, tuple[Verdict, ...]] = {}  # A/A verdicts not yet reported
+        self._launched: list[str] = []  # base fingerprint of every launch, in order
+        self._run_lock = threading.Lock()  # one trial at a time per runner
+
+    # -- identity ------------------------------------------------------------------------------
+    def base_of(self, patches: Mapping[str, str]) -> dict[str, str]:
+        """The launch configuration of `patches`: its load-time part on the good end."""
+        out = {n: v for n, v in self.good.items()
+               if n not in self.load_time or patches.get(n) == v}
+        out.update({n: v for n, v in patches.items() if n in self.load_time})
+        return out
+
+    def fingerprint(self, patches: Mapping[str, str]) -> str:
+        base = self.config(self.base_of(patches)).fingerprint
+        text = json.dumps([self.config(patches).fingerprint, HOT_MARKER, base])
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def fresh_fingerprint(self, patches: Mapping[str, str]) -> str:
+        return self.config(patches).fingerprint
+
+    # -- trials --------------------------------------------------------------------------------
+    def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult:
+        with self._run_lock:
+            return self._trial(patches, seed_block, trial_dir, fresh=False)
+
+    def confirm(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult:
+        """A fresh launch of `patches` (no hot environment), judged like a hot trial."""
+        with self._run_lock:
+            return self._trial(patches, seed_block, trial_dir, fresh=True)
+
+    def stop_all(self) -> None:
+        self._supervisor.stop_all()
+        super().stop_all()
+
+    def close(self) -> None:
+        """Stop every engine this runner keeps up (the bisect is over)."""
+        for eng in list(self._engines.values()):
+            eng.arm.stop()
+        self._engines.clear()
+
+    def _trial(self, patches: dict[str, str], block: int, trial_dir: Path, fresh: bool
+               ) -> TrialResult:
+        t0 = time.perf_counter()
+        cfg = self.config(patches)
+        if cfg.cannot_start:
+            raise ConfigError(f"configuration {patches} cannot start: {cfg.cannot_start}",
+                              "keep required patches at their good-end state")
+        spec = self.spec.replace(seed_block=block)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        costs: dict[str, Any] = {"launch_s": 0.0, "switch_s": 0.0, "probe_s": 0.0}
+        try:
+            ends, measured_base = self._ends_for(spec, trial_dir, costs)
+            eng = self._fresh_engine(patches, trial_dir) if fresh else None
+            verdict, cand, requests = self._probe(patches, spec, ends, measured_base, eng,
+                                                  trial_dir, costs)
+            if fresh and eng is not None:
+                eng.arm.stop()
+        except _Stop as stop:
+            verdict, cand, requests = stop.verdict, None, None
+        verdict = verdict.with_evidence(candidate=cand.path if cand else None)
+        write_verdict(trial_dir, verdict)
+        mode = "fresh" if fresh else "hot"
+        details = result_details(verdict, ends_cached=self._cached.get(block, False),
+                                 run_dir=trial_dir, command=self.reproduce(patches, block))
+        details.update(mode=mode, requests=requests, base=self.base_of(patches),
+                       **{k: round(v, 3) for k, v in costs.items()})
+        aa = self._aa.pop(block, ())
+        rates = getattr(verdict, "error_rates", None)
+        return TrialResult(Verdict(verdict.verdict), signature_of(verdict),
+                           time.perf_counter() - t0, details, _throughput(cand), None, aa,
+                           error_rates=rates, requests=requests)
+
+    # -- the ends ------------------------------------------------------------------------------
+    def _ends_for(self, spec: ProbeSpec, trial_dir: Path, costs: dict[str, Any]
+                  ) -> tuple[dict[str, ProbeRun | None], bool]:
+        """The good end's baseline and A/A repeat for this seed block (measured now on the
+        engine of base(∅) if not cached: then `True`), and the bad end's run once measured."""
+        block = spec.seed_block
+        if block in self._ends:
+            return self._ends[block], False
+        ends_dir = trial_dir.parent.parent / "ends" / f"b{block}"
+        key = cache.BaselineKey.of(self.good_cfg.fingerprint, spec)
+        hit, why = cache.lookup(key) if self.use_cache else (None, None)
+        if why:
+            self.on_event(Notice(why, "warn"))
+        measured = hit is None
+        if hit is not None:
+            base, repeat = hit.install(ends_dir / "baseline", ends_dir / "baseline-repeat")
+            self._cached[block] = True
+        else:
+            eng = self._engine_for(self.good, trial_dir, costs)
+            fresh = eng.fresh()  # before the probe switches it to the good end
+            base = self._collect(eng, self.good, spec, None, "baseline", good_end=True,
+                                 costs=costs).save(ends_dir / "baseline")
+            ref, _subset = cache.repeat_reference(base)
+            repeat = self._collect(eng, self.good, spec, ref, "A/A repeat", good_end=True,
+                                   costs=costs).save(ends_dir / "baseline-repeat")
+            self._cached[block] = False
+            self._aa[block] = (Verdict(_aa_verdict(base, repeat)),)
+            if not fresh:  # a re-test's seed block, measured in a switched engine
+                self.on_event(Notice(f"baseline of seed block {block} measured in a hot-"
+                                     "switched engine: not cached", "warn"))
+            elif eng.arm.verified is True:
+                try:
+                    cache.store(key, ends_dir / "baseline", ends_dir / "baseline-repeat")
+                except OSError as exc:
+                    self.on_event(Notice(f"baseline not cached: {exc}", "warn"))
+        bad_dir = ends_dir / "bad"
+        bad = ProbeRun.load(bad_dir) if (bad_dir / "run.json").exists() else None
+        self._ends[block] = {"base": base, "repeat": repeat, "bad": bad}
+        return self._ends[block], measured
+
+    # -- probing -------------------------------------------------------------------------------
+    def _probe(self, patches: dict[str, str], spec: ProbeSpec, ends: dict[str, ProbeRun | None],
+               measured_base: bool, fresh_eng: _Engine | None, trial_dir: Path,
+               costs: dict[str, Any]) -> tuple[V.Verdict, ProbeRun | None, int | None]:
+        base, repeat, bad = ends["base"], ends["repeat"], ends["bad"]
+        assert base is not None
+        if patches == self.good and measured_base and fresh_eng is None:
+            # The ∅ end check: the good end was just measured twice in a fresh launch.
+            assert repeat is not None
+            return _decide_aa(base, repeat), repeat, len(repeat.rows)
+        eng = fresh_eng or self._engine_for(patches, trial_dir, costs)
+        if bad is not None and patches != self.bad and self.sequential:
+            return self._sequential(eng, patches, spec, base, repeat, bad, trial_dir, costs)
+        cand = self._collect(eng, patches, spec, base, "candidate", good_end=False,
+                             costs=costs).save(trial_dir / "candidate")
+        if patches == self.bad:
+            cand.save(trial_dir.parent.parent / "ends" / f"b{spec.seed_block}" / "bad")
+            ends["bad"] = cand
+        return judge(base, repeat, cand), cand, len(cand.rows)
+
+    def _sequential(self, eng: _Engine, patches: dict[str, str], spec: ProbeSpec,
+                    base: ProbeRun, repeat: ProbeRun | None, bad: ProbeRun, trial_dir: Path,
+                    costs: dict[str, Any]) -> tuple[V.Verdict, ProbeRun | None, int | None]:
+        from dsv4bisect.probe.sequential_run import run_sequential_trial
+
+        ff, fp = self.error_rates
+
+        def work(url: str) -> Any:
+            self._switch(eng, patches, costs)
+            return run_sequential_trial(url, base=base, bad=bad, repeat=repeat, spec=spec,
+                                        false_fail=ff, false_pass=fp, api_key=self.api_key,
+                                        model=eng.cfg.served_model_name)
+
+        self._ready(eng, patches, costs, good_end=False)
+        t = time.perf_counter()
+        outcome = self._guard(eng, patches, lambda: eng.arm.probe(work))
+        costs["probe_s"] += time.perf_counter() - t
+        run = outcome.save(trial_dir / "candidate")
+        return outcome.verdict, run, outcome.requests
+
+    def _collect(self, eng: _Engine, patches: Mapping[str, str], spec: ProbeSpec,
+                 reference: ProbeRun | None, label: str, *, good_end: bool,
+                 costs: dict[str, Any]) -> ProbeRun:
+        from dsv4bisect.probe.runner import ProbeProgress
+        from dsv4bisect.run.events import ProbeEvent
+        from dsv4bisect.run.signals import check_interrupt
+
+        def progress(p: ProbeProgress) -> None:
+            self.on_event(ProbeEvent(label, p))
+            check_interrupt()
+
+        def work(url: str) -> ProbeRun:
+            self._switch(eng, patches, costs)
+            return collect(url, spec, reference_run=reference, api_key=self.api_key,
+                           model=eng.cfg.served_model_name, on_progress=progress)
+
+        self._ready(eng, patches, costs, good_end=good_end)
+        t = time.perf_counter()
+        run = self._guard(eng, patches, lambda: eng.arm.probe(work), good_end=good_end)
+        costs["probe_s"] += time.perf_counter() - t
+        return run
+
+    def _ready(self, eng: _Engine, patches: Mapping[str, str], costs: dict[str, Any], *,
+               good_end: bool) -> None:
+        """The engine up and switched to `patches` before the probe's clock starts."""
+        def work() -> None:
+            eng.arm.ready()
+            self._switch(eng, patches, costs)
+
+        self._guard(eng, patches, work, good_end=good_end)
+
+    # -- engines -------------------------------------------------------------------------------
+    def _engine_for(self, patches: Mapping[str, str], trial_dir: Path,
+                    costs: dict[str, Any]) -> _Engine:
+        base = self.base_of(patches)
+        key = self.config(base).fingerprint
+        if key in self._engines:
+            self._engines.move_to_end(key)
+            return self._engines[key]
+        while len(self._engines) >= self.pool:
+            self._drop(next(iter(self._engines.values())))
+        cfg = _with_env(self.config(base), {envvars.SWITCH_DIR: "", envvars.HOT: self.hot_wire})
+        eng_dir = trial_dir.parent.parent / "engines" / f"{key[:12]}-{len(self._launched)}"
+        self._launched.append(key)
+        switch_dir = eng_dir / "switch"
+        cfg = _with_env(cfg, {envvars.SWITCH_DIR: str(switch_dir)})
+        eng = _Engine(base, cfg, EngineArm("hot", cfg, eng_dir, self._supervisor,
+                                           self.on_event), switch_dir)
+        t = time.perf_counter()
+        self._guard(eng, base, eng.arm.ready, good_end=base == self.good)
+        costs["launch_s"] += time.perf_counter() - t
+        eng.launch = eng.arm.launch
+        self._engines[key] = eng
+        return eng
+
+    @property
+    def launches(self) -> int:
+        """Engines this runner launched (a crash relaunch counts once more)."""
+        return len(self._launched)
+
+    def _fresh_engine(self, patches: Mapping[str, str], trial_dir: Path) -> _Engine:
+        """An engine launched with exactly `patches` and no hot environment (confirmation)."""
+        while self._engines:  # one node: make room (the embedded engine could keep both up)
+            if len(self._engines) < self.pool:
+                break
+            self._drop(next(iter(self._engines.values())))
+        cfg = self.config(patches)
+        eng_dir = trial_dir / "engine"
+        self._launched.append(cfg.fingerprint)
+        eng = _Engine(patches, cfg, EngineArm("fresh", cfg, eng_dir, self._supervisor,
+                                              self.on_event), eng_dir / "switch")
+        self._guard(eng, patches, eng.arm.ready, good_end=patches == self.good)
+        eng.launch = eng.arm.launch
+        return eng
+
+    def _drop(self, eng: _Engine) -> None:
+        eng.arm.stop()
+        for key, other in list(self._engines.items()):
+            if other is eng:
+                del self._engines[key]
+
+    def _switch(self, eng: _Engine, patches: Mapping[str, str], costs: dict[str, Any]) -> None:
+        """Bring the running engine to `patches` (after a crash relaunch: from its base)."""
+        launch = eng.arm.launch
+        if launch is not eng.launch:  # relaunched: the process starts from the base state
+            eng.launch, eng.current = launch, dict(eng.base)
+        if eng.current == dict(patches):
+            return
+        t = time.perf_counter()
+        eng.generation += 1
+        switching.write_request(eng.dir, eng.generation,
+                                format_patch_set(dict(patches), builtin_patches()))
+        assert launch is not None
+        for proc in launch.procs:  # type: ignore[attr-defined]
+            if proc.spec.gets_patches:
+                client = ProbeClient(proc.url, api_key=self.api_key, timeout_s=60, retries=1)
+                try:
+                    client.flush_cache()
+                finally:
+                    client.close()
+        switching.wait_receipts(eng.dir, eng.generation, switching.expected_receipts(eng.cfg),
+                                SWITCH_TIMEOUT_S)
+        if eng.cfg.kind == "reference":  # the engine must now report exactly the new set
+            verify_reference_patches(self.config(patches), server_info(launch.url))
+        eng.current = dict(patches)
+        eng.switches += 1
+        spent = time.perf_counter() - t
+        costs["switch_s"] += spent
+
+    def _guard(self, eng: _Engine, patches: Mapping[str, str], work: Callable[[], T], *,
+               good_end: bool = False) -> T:
+        """What can go wrong with the engine, as the trial's verdict (run/trial.py's rules)."""
+        spec = self.spec
+        try:
+            return work()
+        except ArmCrashed as exc:
+            self._drop(eng)
+            if good_end:
+                raise _Stop(good_end_crash_verdict(spec, exc.crashes)) from None
+            raise _Stop(crash_verdict(spec, exc.crashes, "the good end ran without crashing")
+                        ) from None
+        except (EngineError, ProbeError) as exc:
+            self._drop(eng)
+            who = "good end" if good_end else "candidate"
+            tail, path = eng.arm.log_tail()
+            raise _Stop(cannot_test_verdict(spec, who, exc.message, tail, path, exc.hint)
+                        ) from None
+
+
+class _Stop(Exception):
+    def __init__(self, verdict: V.Verdict) -> None:
+        super().__init__(verdict.verdict)
+        self.verdict = verdict
+
+
+def _with_env(cfg: EngineConfig, extra: Mapping[str, str]) -> EngineConfig:
+    procs = tuple(dataclasses.replace(p, env=tuple(sorted({**p.env_dict(), **extra}.items())))
+                  if p.gets_patches else p for p in cfg.processes)
+    return dataclasses.replace(cfg, processes=procs)
+
+
+def _aa_verdict(base: ProbeRun, repeat: ProbeRun) -> str:
+    return _decide_aa(base, repeat).verdict
+
+
+def _decide_aa(base: ProbeRun, repeat: ProbeRun) -> V.Verdict:
+    from dsv4bisect.probe.judge import decide
+
+    return decide(base, None, repeat)
+
+
+def _throughput(run: ProbeRun | None) -> float | None:
+    if run is None or not run.timing.get("total_s"):
+        return None
+    tokens = sum(int(r.get("prompt_tokens") or 0) + int(r.get("completion_tokens") or 0)
+                 for r in run.rows)
+    return round(tokens / float(run.timing["total_s"]), 1)
+
+
+__all__ = ["CRASH", "HotEngineRunner"]
