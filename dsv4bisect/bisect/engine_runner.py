@@ -162,8 +162,10 @@ def trial_result(verdict: V.Verdict, trial: Trial, run_dir: Path, duration_s: fl
     details = result_details(verdict, ends_cached=cached, run_dir=run_dir,
                              command=command)
     details["mode"] = "fresh"
+    runs = [trial.cand] + ([] if cached else [trial.base, trial.repeat])
+    requests = sum(len(r.rows) for r in runs if r is not None)
     return TrialResult(Verdict(verdict.verdict), signature_of(verdict), duration_s, details,
-                       _throughput(trial), _log_path(run_dir), aa)
+                       _throughput(trial), _log_path(run_dir), aa, requests=requests)
 
 
 def result_details(verdict: V.Verdict, *, ends_cached: bool, run_dir: Path,

@@ -37,6 +37,7 @@ from dsv4bisect.bisect.engine_runner import EngineRunner, result_details, signat
 from dsv4bisect.bisect.runner import CRASH, TrialResult, Verdict
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.engines import switching
+from dsv4bisect.engines.rundir import save_config
 from dsv4bisect.engines.verify import server_info, verify_reference_patches
 from dsv4bisect.errors import ConfigError, EngineError, ProbeError
 from dsv4bisect.patching.registry import builtin_patches
@@ -74,7 +75,8 @@ class _Engine:
 
 
 class HotEngineRunner(EngineRunner):
-    """`EngineRunner` with hot switching (see the module docstring)."""
+    """`EngineRunner` with hot switching (see the module docstring). `good`, `bad`: the patch
+    sets of the two ends as the search names them (`BisectSpec.patches_for`)."""
 
     def __init__(self, profile: str, good: Mapping[str, str], bad: Mapping[str, str], *,
                  load_time: Sequence[str] = (), sets: Sequence[str] = (),
@@ -93,7 +95,6 @@ class HotEngineRunner(EngineRunner):
         self._engines: OrderedDict[str, _Engine] = OrderedDict()
         self._supervisor = Supervisor()
         self._ends: dict[int, dict[str, ProbeRun | None]] = {}  # seed block -> ends' runs
-        self._cached: dict[int, bool] = {}  # seed block -> baseline came from the cache
         self._aa: dict[int, tuple[Verdict, ...]] = {}  # A/A verdicts not yet reported
         self._launched: list[str] = []  # base fingerprint of every launch, in order
         self._run_lock = threading.Lock()  # one trial at a time per runner
@@ -142,21 +143,30 @@ class HotEngineRunner(EngineRunner):
             raise ConfigError(f"configuration {patches} cannot start: {cfg.cannot_start}",
                               "keep required patches at their good-end state")
         spec = self.spec.replace(seed_block=block)
-        trial_dir.mkdir(parents=True, exist_ok=True)
+        save_config(trial_dir / "candidate", cfg)
+        measured_base = False
         costs: dict[str, Any] = {"launch_s": 0.0, "switch_s": 0.0, "probe_s": 0.0}
+        eng: _Engine | None = None  # the confirmation's own engine
         try:
             ends, measured_base = self._ends_for(spec, trial_dir, costs)
-            eng = self._fresh_engine(patches, trial_dir) if fresh else None
+            if fresh:
+                t = time.perf_counter()
+                eng = self._fresh_engine(patches, trial_dir)
+                costs["launch_s"] += time.perf_counter() - t
             verdict, cand, requests = self._probe(patches, spec, ends, measured_base, eng,
                                                   trial_dir, costs)
-            if fresh and eng is not None:
-                eng.arm.stop()
+            if measured_base:  # this trial also measured the good end and its A/A repeat
+                requests = (requests or 0) + sum(len(ends[k].rows) for k in ("base", "repeat")
+                                                 if ends[k] is not None)
         except _Stop as stop:
             verdict, cand, requests = stop.verdict, None, None
+        finally:
+            if eng is not None:
+                eng.arm.stop()
         verdict = verdict.with_evidence(candidate=cand.path if cand else None)
         write_verdict(trial_dir, verdict)
         mode = "fresh" if fresh else "hot"
-        details = result_details(verdict, ends_cached=self._cached.get(block, False),
+        details = result_details(verdict, ends_cached=not measured_base,
                                  run_dir=trial_dir, command=self.reproduce(patches, block))
         details.update(mode=mode, requests=requests, base=self.base_of(patches),
                        **{k: round(v, 3) for k, v in costs.items()})
@@ -182,7 +192,6 @@ class HotEngineRunner(EngineRunner):
         measured = hit is None
         if hit is not None:
             base, repeat = hit.install(ends_dir / "baseline", ends_dir / "baseline-repeat")
-            self._cached[block] = True
         else:
             eng = self._engine_for(self.good, trial_dir, costs)
             fresh = eng.fresh()  # before the probe switches it to the good end
@@ -191,7 +200,6 @@ class HotEngineRunner(EngineRunner):
             ref, _subset = cache.repeat_reference(base)
             repeat = self._collect(eng, self.good, spec, ref, "A/A repeat", good_end=True,
                                    costs=costs).save(ends_dir / "baseline-repeat")
-            self._cached[block] = False
             self._aa[block] = (Verdict(_aa_verdict(base, repeat)),)
             if not fresh:  # a re-test's seed block, measured in a switched engine
                 self.on_event(Notice(f"baseline of seed block {block} measured in a hot-"
@@ -215,7 +223,7 @@ class HotEngineRunner(EngineRunner):
         if patches == self.good and measured_base and fresh_eng is None:
             # The ∅ end check: the good end was just measured twice in a fresh launch.
             assert repeat is not None
-            return _decide_aa(base, repeat), repeat, len(repeat.rows)
+            return _decide_aa(base, repeat), repeat, 0
         eng = fresh_eng or self._engine_for(patches, trial_dir, costs)
         if bad is not None and patches != self.bad and self.sequential:
             return self._sequential(eng, patches, spec, base, repeat, bad, trial_dir, costs)

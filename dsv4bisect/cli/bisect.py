@@ -143,7 +143,7 @@ def bisect(
         ensure_runs_root(out)
         request = {"profile": profile, "sets": list(question.sets), "tier": tier,
                    "test_cmd": test_cmd, "use_cache": not no_cache,
-                   "hot": isinstance(runner, HotEngineRunner), "bad": question.bad,
+                   "hot": isinstance(runner, HotEngineRunner), "bad": _bad_end(question),
                    "load_time": sorted(question.load_time),
                    "left_out": [list(x) for x in question.left_out],
                    "command": ["dsv4bisect", *sys.argv[1:]]}
@@ -218,8 +218,16 @@ def _runner(q: Question, test_cmd: str | None, tier: str | None, use_cache: bool
             display: BisectDisplay, hot: bool) -> Runner:
     if test_cmd is not None:
         return TestCommandRunner(test_cmd)
-    return _engine_runner(q.profile, q.good, q.bad, tuple(q.load_time), q.sets, tier,
+    return _engine_runner(q.profile, q.good, _bad_end(q), tuple(q.load_time), q.sets, tier,
                           use_cache, display, hot)
+
+
+def _bad_end(q: Question) -> dict[str, str]:
+    """The patch set of the full candidate set (the bad end as the search names it)."""
+    from dsv4bisect.bisect.spec import BisectSpec
+
+    spec = BisectSpec(candidates=q.candidates, good=q.good, bad=q.bad)
+    return spec.patches_for(frozenset(q.candidates))
 
 
 def _engine_runner(profile: str, good: dict[str, str], bad: dict[str, str],

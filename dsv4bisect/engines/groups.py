@@ -36,8 +36,11 @@ RECORD = "engines.json"
 SCHEMA = "dsv4bisect.engines/1"
 GONE_TIMEOUT_S = 10.0  # how long a SIGKILLed group may take to vanish (D state, a loaded box)
 POLL_S = 0.05
-# Where records live under a runs root: a run's arms, and a bisect's trial runs' arms.
-PATTERNS = (f"*/*/{RECORD}", f"*/trials/*/*/*/{RECORD}")
+# Where records live under a runs root: run/arm; bisect/trials/trial/run/arm (fresh trials);
+# bisect/engines/engine (the engines a hot bisect keeps up); bisect/trials/trial/engine (its
+# fresh-launch confirmation)
+PATTERNS = (f"*/*/{RECORD}", f"*/trials/*/*/*/{RECORD}", f"*/engines/*/{RECORD}",
+            f"*/trials/*/*/{RECORD}")
 
 
 def identity(pid: int | None = None) -> dict[str, Any]:

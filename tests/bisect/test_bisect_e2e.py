@@ -157,14 +157,17 @@ def test_engine_bisect_names_an_interacting_pair(tmp_path: Path) -> None:
 
 
 def _wait_for_third_trial(proc: subprocess.Popen[str], runs: Path) -> Path:
-    """Until the third trial's engine is up (two trials finished): the bisect run directory."""
+    """Until the third trial runs (two finished) with an engine of the bisect up (a hot bisect
+    keeps its engines in the run directory, a fresh one in the trial's): the run directory."""
     deadline = time.monotonic() + 600
     while True:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         assert time.monotonic() < deadline, "the third trial never started"
         dirs = sorted(runs.glob("*-bisect-*/trials/002-*"))
-        if dirs and engine_pids(dirs[0]):
-            return dirs[0].parents[1]
+        if dirs and (runs / "ledger.sqlite").exists():
+            states = [r["status"] for r in ledger_rows(runs)]
+            if states.count("running") == 1 and engine_pids(dirs[0].parents[1]):
+                return dirs[0].parents[1]
         time.sleep(0.2)
 
 

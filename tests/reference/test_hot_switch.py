@@ -84,3 +84,35 @@ def test_a_missing_receipt_is_an_error_naming_the_process(tmp_path: Path) -> Non
     write_request(tmp_path, 1, "")
     with pytest.raises(EngineError, match="no receipt from decode tp1"):
         wait_receipts(tmp_path, 1, {("decode", 1)}, timeout_s=0.2)
+
+
+def test_a_served_engine_switches_at_flush_cache_and_scores_as_a_fresh_one(
+        tmp_path: Path) -> None:
+    """The protocol through a real `dsv4bisect serve` process: request, /flush_cache, receipt,
+    /server_info, and the switched engine's logprobs equal a fresh engine's."""
+    import requests
+
+    from dsv4bisect import env as envvars
+    from tests.reference.test_server import free_port, start_server, stop, wait_healthy
+
+    known = builtin_patches()
+    env = {envvars.SWITCH_DIR: str(tmp_path), envvars.HOT: format_patch_set(HOT, known)}
+    port = free_port()
+    proc = start_server(port, env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, base)
+        write_request(tmp_path, 1, format_patch_set({"mma-decode": "split-k"}, known))
+        assert requests.post(f"{base}/flush_cache", timeout=60).status_code == 200
+        assert wait_receipts(tmp_path, 1, {("server", 0)}, timeout_s=30)[0]["ok"]
+        info = requests.get(f"{base}/server_info", timeout=30).json()
+        assert info["patches"] == {"mma-decode": "split-k"} and info["switch_generation"] == 1
+        body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True, "logprob_start_len": 0}
+        served = requests.post(f"{base}/generate", json=body, timeout=120).json()
+    finally:
+        stop(proc)
+    fresh = ReferenceEngine.load(None, patches={"mma-decode": "split-k"}, device="cpu")
+    want = [s.logprob for s in fresh.score(PROMPT, start=1)]
+    got = [lp for lp, _id, _ in served["meta_info"]["input_token_logprobs"][1:]]
+    assert got == want  # bit for bit
