@@ -185,11 +185,12 @@ def plan_trial(spec: ProbeSpec, false_fail: float, false_pass: float, loss_rate:
     0.99, "copy": 0.95, "vartrack": 0.5}). The engine is taken as deterministic and the fault
     as spread over every cell; tests/probe/test_sequential_sim.py covers the other worlds.
     """
-    if isinstance(good_accuracy, Mapping):
-        table = dict(good_accuracy)
-        acc: float | Callable[[Cell], float] = lambda c: table[c.family]
-    else:
-        acc = float(good_accuracy)
+    table = (dict(good_accuracy) if isinstance(good_accuracy, Mapping)
+             else {f: float(good_accuracy) for f in spec.accuracy_families})
+
+    def acc(cell: Cell) -> float:
+        return table[cell.family]
+
     world = spec_cells(spec, acc)
     drift = drift_lengths(spec)
     drift_tokens = sum(drift)

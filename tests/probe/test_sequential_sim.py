@@ -67,11 +67,14 @@ SCENARIOS = {
 # Not required by the issue, reported beside: nondeterministic faults (a like-bad trial loses
 # fresh cases at the bad end's rate) and a noisy server with a benign numeric change.
 HARDER = {
+    "5 pp gap, fresh draws": Scenario(loss_rate=GAP5, reproduce=False),
     "30 % lost, fresh draws": Scenario(loss_rate=0.3, reproduce=False),
     "10 % lost, 64k only, fresh draws": Scenario(loss_rate=0.1, fault_lengths=(65536,),
                                                  reproduce=False),
     "30 % lost, 1 % server noise + 1 % benign flips": Scenario(
         loss_rate=0.3, noise_flip=0.01, benign_flip=0.01, reproduce=False),
+    "10 % lost, 1 % server noise + 1 % benign flips": Scenario(
+        loss_rate=0.1, noise_flip=0.01, benign_flip=0.01, reproduce=False),
 }
 
 
