@@ -5,8 +5,10 @@ has to tell "like good" from "like bad", so it stops as soon as either is decide
 rates the search asks for (docs/probe.md, "The sequential trial probe (inside a bisect)"):
 
 1. Drift and hard signatures first. A trial drift FAIL is a FAIL. Ends that differ only by drift
-   (no accuracy difference) are decided by drift alone: the trial's drift status against the bad
-   end's. Hard signatures (in >= 2 seeds, on cases the good end got right in both A/A runs) FAIL.
+   (no accuracy difference) are decided by drift alone: like bad when the trial's drift warns
+   or fails and reaches half of the bad end's, like good when it passes and stays under half,
+   BETWEEN otherwise. Hard signatures (in >= 2 seeds, on cases the good end got right in both
+   A/A runs) FAIL.
 2. Accuracy requests in batches, in a seeded random order across the grid's cells, each case
    weighted by the information one request in its cell carries (the Jeffreys divergence between
    the two hypotheses' predictions there), plus a floor so every cell is eventually drawn: a
@@ -14,11 +16,12 @@ rates the search asks for (docs/probe.md, "The sequential trial probe (inside a 
    where both hypotheses predict the same, move the test by almost nothing.
 3. Paired scoring against the good end: on cases the good end got right, a wrong answer is a
    loss; on cases it got wrong, a right answer is a gain. Each hypothesis predicts both rates:
-   - like good: the good end's A/A loss (gain) rate, or a benign flip rate (1 %), whichever is
-     larger, as a Beta prior worth 200 requests pooled over the grid (the fixed probe PASSes
-     symmetric flips, so the sequential test must accept them too);
-   - like bad: per cell, the bad end's measured loss (gain) rate as a Beta posterior, shrunk
-     toward its family x length stratum with a prior worth 6 requests, on top of the same noise.
+   - like good: the good end's A/A loss (gain) rate plus a benign flip rate (1 %), as a Beta
+     prior worth 200 requests pooled over the grid (the fixed probe PASSes symmetric flips, so
+     the sequential test must accept them too);
+   - like bad: per family x length stratum, the bad end's measured loss (gain) rate as a Beta
+     posterior shrunk toward its overall rate with a prior worth 20 requests, and never less
+     than like good predicts (a fault adds to the noise).
    The measured figures are estimates: every prediction is a Beta-binomial predictive, updated
    with the trial's own answers as they come.
 4. A truncated SPRT on the log-likelihood ratio L = log P(answers | bad) - log P(answers | good):
@@ -230,7 +233,7 @@ def _jeffreys(p: float, q: float) -> float:
 
 
 class _Model:
-    """Both hypotheses' predictions, per cell, for losses (good right) and gains (good wrong)."""
+    """Both hypotheses' predictions of losses (good end right) and gains (good end wrong)."""
 
     def __init__(self, ends: TrialEnds, benign: float) -> None:
         k = ends.counts()
@@ -240,7 +243,7 @@ class _Model:
                                 GOOD_PRIOR_REQUESTS)
         self.good_gain = _prior(_either((k["aa_c"] + 0.5) / (aa_wrong + 1), benign),
                                 GOOD_PRIOR_REQUESTS)
-        # like bad: per cell, shrunk toward its family x length stratum.
+        # The bad end against the good end: [right, lost, wrong, gained] per stratum and cell.
         strata: dict[tuple[str, int, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         per_cell: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         self.stratum_of: dict[tuple[str, str], tuple[str, int, str]] = {}
