@@ -353,6 +353,8 @@ class SequentialTrial:
             (c for c in self.ends.cases if c.stable_right),
             lambda c: set(c.repeat_signatures) - set(c.good_signatures)) >= V.HARD_SIGNATURE_SEEDS
         self._differs = self.ends.accuracy_differs()
+        if not self._differs:  # only hard signatures can still speak: ask their cases alone
+            self._order = self._order[:len({c.seed for c in self.ends.bad_signature_cases()})]
         self._reasons.append(
             f"ends at full size: the bad end lost {k['b']} and gained {k['c']} of {k['n']} "
             f"paired answers (good end right in {k['good_right']})"
@@ -451,10 +453,12 @@ class SequentialTrial:
             if self._log_lr <= self.lower:
                 return self._decide(PASS, "accuracy", self._accuracy_reason(LIKE_GOOD))
         if self._next >= len(self._order):
-            return self._decide(BETWEEN, "cap", f"no decision after every accuracy request of "
-                                f"the tier ({len(self._order)}): log LR {self._log_lr:.2f} "
-                                f"inside ({self.lower:.2f}, {self.upper:.2f}); evidence for "
-                                "neither end")
+            what = ("every accuracy request of the tier" if self._differs
+                    else "the bad end's hard-signature cases")
+            return self._decide(BETWEEN, "cap", f"no decision after {what} "
+                                f"({len(self._order)}): log LR {self._log_lr:.2f} inside "
+                                f"({self.lower:.2f}, {self.upper:.2f}); evidence for neither "
+                                "end")
         return None
 
     def _accuracy_reason(self, outcome: str) -> str:

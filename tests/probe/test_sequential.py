@@ -121,6 +121,22 @@ def test_hard_signatures_in_two_seeds_fail() -> None:
     assert "wrong_last_char" in d.reasons[0]
 
 
+def test_signature_only_ends_ask_the_signature_cases_alone() -> None:
+    base = make_ends(loss_every=0)
+    sig = [EndCase(c.case_id, c.arm, c.cell, c.family, c.length, c.prompt_tokens, c.seed,
+                   c.good_right, c.bad_right, c.repeat_right,
+                   bad_signatures=("garbage",) if i in (3, 20, 40) else ())
+           for i, c in enumerate(base.cases)]
+    ends = TrialEnds(tuple(sig), PASS_DRIFT, 2, 8192)
+    assert not ends.accuracy_differs() and len(ends.bad_signature_cases()) == 3
+    fresh = run_offline(SequentialTrial(ends, 0.05, 0.05), PASS_DRIFT, answers(ends, "good"))
+    assert fresh.verdict == "BETWEEN" and fresh.accuracy_requests == fresh.cap == 3
+    ans = answers(ends, "good") | {c.key: (True, ("garbage",))
+                                   for c in ends.bad_signature_cases()}
+    d = run_offline(SequentialTrial(ends, 0.05, 0.05, batch=3), PASS_DRIFT, ans)
+    assert d.verdict == "FAIL" and d.decided_by == "signatures" and d.accuracy_requests == 3
+
+
 def test_undecided_at_the_cap_is_between() -> None:
     # The bad end loses 4 of 28; a trial losing half of those is like neither end, and at
     # error rates of 0.001 the 28 requests cannot settle it: BETWEEN, never a pass.
@@ -194,7 +210,9 @@ def test_every_decision_keeps_the_rules(example, seed: int) -> None:
     lo, hi = wald_thresholds(ff, fp)
     assert d.verdict in ("PASS", "FAIL", "BETWEEN")
     assert (d.false_fail, d.false_pass, d.thresholds) == (ff, fp, (lo, hi))
-    assert 0 <= d.accuracy_requests <= d.cap == len(ends.cases)
+    assert 0 <= d.accuracy_requests <= d.cap <= len(ends.cases)
+    if ends.accuracy_differs():
+        assert d.cap == len(ends.cases)
     assert d.requests == d.accuracy_requests + d.drift_requests
     assert d.losses <= d.accuracy_requests and d.gains <= d.accuracy_requests
     if d.decided_by == "accuracy":
