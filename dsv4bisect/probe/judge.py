@@ -112,7 +112,9 @@ def _signature_seeds(pairs: list[Pair], pick: int) -> dict[str, list[int]]:
     return {k: sorted(v) for k, v in sorted(seen.items())}
 
 
-def _gate(kl: float, top1: float, aa_kl: float, aa_top1: float) -> tuple[str, dict[str, float]]:
+def drift_gate(kl: float, top1: float, aa_kl: float, aa_top1: float
+               ) -> tuple[str, dict[str, float]]:
+    """pass/warn/fail of one view (mean KL, top-1 agreement) against its A/A floor."""
     gates = {"warn_kl": max(V.DRIFT_KL_AA_FACTOR_WARN * aa_kl, V.DRIFT_WARN_KL),
              "fail_kl": max(V.DRIFT_KL_AA_FACTOR_FAIL * aa_kl, V.DRIFT_FAIL_KL),
              "warn_top1": aa_top1 - V.DRIFT_WARN_TOP1_DROP,
@@ -124,7 +126,8 @@ def _gate(kl: float, top1: float, aa_kl: float, aa_top1: float) -> tuple[str, di
     return "pass", gates
 
 
-def _drift(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> dict[str, Any]:
+def drift_check(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> dict[str, Any]:
+    """The drift gates on every view; also used by the sequential trial probe."""
     ref = base.drift_by_case()
     cand_cmp = [compare(ref[d.case_id], d) for d in cand.drift if d.case_id in ref]
     rep_cmp = [compare(ref[d.case_id], d) for d in rep.drift if d.case_id in ref] if rep else []
@@ -142,7 +145,7 @@ def _drift(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> dict[str, An
     rank = {"pass": 0, "warn": 1, "fail": 2}
     worst, key = None, (-1, 0.0)
     for where, kl, top1, fkl, ftop1 in views:
-        status, gates = _gate(kl, top1, fkl, ftop1)
+        status, gates = drift_gate(kl, top1, fkl, ftop1)
         # Severity: how far past the fail gates, so the trigger names the clearest view.
         severity = max(kl / gates["fail_kl"], (ftop1 - top1) / V.DRIFT_FAIL_TOP1_DROP)
         if (rank[status], severity) > key:
@@ -208,7 +211,7 @@ def decide(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> V.Verdict:
     families = _families(pairs, rep is not None)
     with_evidence = {f for f, r in families.items() if r.evidence}
     cells = _cells(pairs, with_evidence)
-    drift = _drift(base, rep, cand)
+    drift = drift_check(base, rep, cand)
     if aa["p_value"] < V.ALPHA_AA:
         return V.Verdict(V.CANNOT_TEST, (
             f"the baseline disagrees with its own repeat ({aa['b']} lost, {aa['c']} gained, "

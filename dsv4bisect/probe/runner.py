@@ -27,7 +27,7 @@ from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.probe.vocab import PROBE_VOCAB
 
 
-class _DriftUnsupported(Exception):
+class DriftUnsupported(Exception):
     """The server lacks what the drift family needs; the family is skipped with a note."""
 
 
@@ -83,7 +83,8 @@ def _build(client: ProbeClient, spec: ProbeSpec, server: ServerInfo, notes: list
                        on_case=built)
 
 
-def _chat_row(client: ProbeClient, spec: ProbeSpec, case: Case, arm: str) -> dict[str, Any]:
+def chat_row(client: ProbeClient, spec: ProbeSpec, case: Case, arm: str) -> dict[str, Any]:
+    """One accuracy request, scored (also the sequential trial probe's request)."""
     messages = list(case.messages)
     if arm == "warm":  # replay turn by turn so the server's prefix cache is exercised
         for i, m in enumerate(messages[:-1]):
@@ -113,15 +114,16 @@ def _row_head(case: Case, arm: str) -> dict[str, Any]:
             "seed": case.seed, "arm": arm, "target": case.target, "expected": case.expected}
 
 
-def _drift_row(client: ProbeClient, spec: ProbeSpec, case: Case,
-               ref: DriftRecord | None) -> tuple[dict[str, Any], DriftRecord]:
+def drift_row(client: ProbeClient, spec: ProbeSpec, case: Case,
+              ref: DriftRecord | None) -> tuple[dict[str, Any], DriftRecord]:
+    """One drift transcript: generated (baseline) or scored against `ref` (any other run)."""
     t0 = time.perf_counter()
     client.flush_cache()
     if ref is None:  # baseline: transcript = prompt ids + the baseline's own greedy answer
         ids = client.tokenize_messages(case.messages)
         if ids is None:
-            raise _DriftUnsupported("drift skipped: the server cannot tokenize chat messages "
-                                    "(/tokenize with `messages`), so there are no prompt ids")
+            raise DriftUnsupported("drift skipped: the server cannot tokenize chat messages "
+                                   "(/tokenize with `messages`), so there are no prompt ids")
         answer = client.generate(ids, max_new_tokens=case.max_tokens)
         input_ids = tuple(ids + answer)
         start = max(1, len(input_ids) - spec.drift_window)
@@ -195,8 +197,8 @@ def _run_cases(client: ProbeClient, spec: ProbeSpec, cases: list[Case],
             if not drift_ok or (reference_run is not None and case.case_id not in ref_drift):
                 continue  # the baseline could not score this transcript
             try:
-                row, rec = _drift_row(client, spec, case, ref_drift.get(case.case_id))
-            except _DriftUnsupported as exc:
+                row, rec = drift_row(client, spec, case, ref_drift.get(case.case_id))
+            except DriftUnsupported as exc:
                 drift_ok = False
                 notes.append(str(exc))
                 continue
@@ -205,7 +207,7 @@ def _run_cases(client: ProbeClient, spec: ProbeSpec, cases: list[Case],
             continue
         else:
             try:
-                row = _chat_row(client, spec, case, arm)
+                row = chat_row(client, spec, case, arm)
             except ProbeHTTPError as exc:
                 if arm != "think" or exc.status != 400:
                     raise

@@ -10,6 +10,7 @@ def test_probe_modules_import_without_torch_or_matplotlib() -> None:
     code = (
         "import sys\n"
         "import dsv4bisect.cli.probe, dsv4bisect.probe.session, dsv4bisect.report.heatmap\n"
+        "import dsv4bisect.probe.sequential_run, dsv4bisect.probe.sequential_plan\n"
         "bad = [m for m in ('torch', 'triton', 'numpy', 'matplotlib') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

@@ -1,0 +1,126 @@
+"""Run a sequential trial probe on a live server (the I/O around probe/sequential.py).
+
+Given the good end's baseline `ProbeRun` (its cases are replayed byte for byte), the bad end's
+run and the A/A repeat, `run_sequential` scores every drift transcript, then sends the accuracy
+requests the test draws, batch by batch, until it decides. Requests go through the fixed probe's
+own `chat_row` / `drift_row`; infrastructure errors raise `ProbeError` as the probe does. The
+rows it collected form a `ProbeRun` (saved with `save`, in the fixed probe's format) so reports
+can show them; `sequential.json` beside it holds the decision.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from dsv4bisect.errors import ConfigError
+from dsv4bisect.probe.client import ProbeClient
+from dsv4bisect.probe.judge import drift_check
+from dsv4bisect.probe.run import ProbeRun
+from dsv4bisect.probe.runner import DriftUnsupported, chat_row, drift_row
+from dsv4bisect.probe.sequential import (
+    DEFAULT_BATCH,
+    Decision,
+    DriftFigures,
+    SequentialTrial,
+    ends_from_runs,
+)
+
+SEQUENTIAL_SCHEMA = "dsv4bisect.sequential-trial/1"
+
+
+@dataclass(frozen=True)
+class SequentialResult:
+    """The decision and the rows it came from."""
+
+    decision: Decision
+    run: ProbeRun  # the trial's rows: every drift transcript, the accuracy requests drawn
+    seed: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def verdict(self) -> str:
+        return self.decision.verdict
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SEQUENTIAL_SCHEMA, **self.decision.to_dict(), "seed": self.seed,
+                "notes": list(self.notes), "probe": {"tier": self.run.spec.tier,
+                                                     "spec_hash": self.run.spec.spec_hash(),
+                                                     "seed_block": self.run.spec.seed_block},
+                "run": self.run.path}
+
+    def save(self, directory: str | os.PathLike[str]) -> SequentialResult:
+        """The rows as a probe run directory, plus `sequential.json`."""
+        saved = self.run.save(directory)
+        out = SequentialResult(self.decision, saved, self.seed, self.notes)
+        tmp = Path(directory) / "sequential.json.tmp"
+        tmp.write_text(json.dumps(out.to_json(), indent=2) + "\n")
+        os.replace(tmp, Path(directory) / "sequential.json")
+        return out
+
+
+def run_sequential(url: str, base: ProbeRun, bad: ProbeRun, repeat: ProbeRun | None, *,
+                   false_fail: float, false_pass: float, seed: int = 0,
+                   batch: int = DEFAULT_BATCH, api_key: str | None = None,
+                   model: str | None = None) -> SequentialResult:
+    """Probe the trial at `url` sequentially against the ends `base` (good), `bad`, `repeat`."""
+    for other in (bad, repeat):
+        if other is not None and (other.spec.spec_hash(), other.spec.seed_block) != (
+                base.spec.spec_hash(), base.spec.seed_block):
+            raise ConfigError("the ends were probed with different probe specs",
+                              "probe the good end, its repeat and the bad end with one spec")
+    spec = base.spec
+    test = SequentialTrial(ends_from_runs(base, bad, repeat), false_fail, false_pass,
+                           seed=seed, batch=batch)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    client = ProbeClient(url, api_key=api_key, timeout_s=spec.timeout_s, retries=spec.retries,
+                         model=model)
+    rows: list[dict[str, Any]] = []
+    records = []
+    notes: list[str] = []
+    used: set[str] = set()
+    try:
+        server = client.describe()
+        ref = base.drift_by_case()
+        for case in base.cases:
+            if case.family != "drift" or case.case_id not in ref:
+                continue
+            try:
+                row, rec = drift_row(client, spec, case, ref[case.case_id])
+            except DriftUnsupported as exc:
+                notes.append(str(exc))
+                break
+            rows.append(row)
+            records.append(rec)
+            used.add(case.case_id)
+        partial = ProbeRun(spec, url, {}, (), tuple(rows), tuple(records))
+        decision = test.observe_drift(DriftFigures.of(drift_check(base, repeat, partial)))
+        by_id = {c.case_id: c for c in base.cases}
+        while decision is None:
+            batch_cases = test.next_batch()
+            if not batch_cases:
+                decision = test.decision
+                break
+            for end_case in batch_cases:
+                row = chat_row(client, spec, by_id[end_case.case_id], end_case.arm)
+                rows.append(row)
+                used.add(end_case.case_id)
+                decision = test.observe(end_case.key, bool(row["correct"]),
+                                        row.get("signatures") or ()) or decision
+    finally:
+        client.close()
+    assert decision is not None
+    run = ProbeRun(spec, url, {"model": server.model, "max_model_len": server.max_model_len,
+                               "compress_ratios": list(server.compress_ratios)
+                               if server.compress_ratios else None, "info": server.info,
+                               "started_at": started},
+                   tuple(c for c in base.cases if c.case_id in used), tuple(rows),
+                   tuple(records), (*notes, "sequential trial probe: " + decision.reasons[0]),
+                   {"total_s": round(time.perf_counter() - t0, 3)})
+    return SequentialResult(decision, run, seed, tuple(notes))

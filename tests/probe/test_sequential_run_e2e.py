@@ -1,0 +1,104 @@
+"""The sequential trial probe against the embedded engine's real HTTP server (ci tier, random
+tiny weights): the good end, its A/A repeat and a bad end (the NVFP4 double-scaling fault) are
+probed at full size; a trial on the good engine is then decided "like good" and one on the
+faulty engine "like bad", by drift (random weights retrieve nothing, so the ends differ only by
+drift), with every request replayed from the baseline and the rows saved as a probe run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from dsv4bisect.probe.run import ProbeRun
+from dsv4bisect.probe.runner import collect
+from dsv4bisect.probe.sequential_run import run_sequential
+from dsv4bisect.probe.spec import tier_spec
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+
+SPEC = tier_spec("ci")
+FAULT = "hash-topk-scaling:double-scale"
+
+
+def _start(patches: str) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    argv = [sys.executable, "-m", "dsv4bisect", "serve", "--port", str(port), "--device", "cpu",
+            "--checkpoint", "random"]
+    proc = subprocess.Popen(argv, env={**os.environ, "DSV4BISECT_PATCHES": patches},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"server exited {proc.returncode}: {proc.stderr.read()}")
+            try:
+                if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "server did not become healthy"
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def good_url() -> Iterator[str]:
+    yield from _start("")
+
+
+@pytest.fixture(scope="module")
+def bad_url() -> Iterator[str]:
+    yield from _start(FAULT)
+
+
+@pytest.fixture(scope="module")
+def ends(good_url: str, bad_url: str) -> tuple[ProbeRun, ProbeRun, ProbeRun]:
+    base = collect(good_url, SPEC)
+    rep = collect(good_url, SPEC, reference_run=base)
+    bad = collect(bad_url, SPEC, reference_run=base)
+    return base, rep, bad
+
+
+def test_trial_like_the_good_end_passes(ends: tuple[ProbeRun, ProbeRun, ProbeRun],
+                                        good_url: str, tmp_path: Path) -> None:
+    base, rep, bad = ends
+    result = run_sequential(good_url, base, bad, rep, false_fail=0.05, false_pass=0.05)
+    d = result.decision
+    assert result.verdict == "PASS" and d.decided_by == "drift", d.reasons
+    assert d.requests == d.drift_requests == len(base.drift) and d.accuracy_requests == 0
+    assert (d.false_fail, d.false_pass) == (0.05, 0.05)
+    saved = result.save(tmp_path / "trial")
+    back = ProbeRun.load(tmp_path / "trial")
+    assert len(back.rows) == d.requests and back.spec == base.spec
+    assert all(r["kl_mean"] == 0.0 for r in back.rows if r["family"] == "drift")
+    doc = json.loads((tmp_path / "trial" / "sequential.json").read_text())
+    assert doc["verdict"] == "PASS" and doc["requests"] == d.requests
+    assert doc == saved.to_json()
+
+
+def test_trial_like_the_bad_end_fails(ends: tuple[ProbeRun, ProbeRun, ProbeRun],
+                                      bad_url: str) -> None:
+    base, rep, bad = ends
+    result = run_sequential(bad_url, base, bad, rep, false_fail=0.05, false_pass=0.05)
+    assert result.verdict == "FAIL" and result.decision.decided_by == "drift"
+    assert "drift FAIL" in result.decision.reasons[0]
+    assert result.decision.requests <= len(base.drift) + len(base.rows)
