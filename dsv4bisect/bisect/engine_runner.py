@@ -141,6 +141,8 @@ def signature_of(verdict: V.Verdict) -> str | None:
         return None
     if verdict.verdict == V.CANNOT_TEST:
         return "infrastructure"
+    if verdict.verdict == V.BETWEEN:
+        return "between"
     if verdict.drift.get("status") in ("fail", "warn"):
         return "drift"
     hard = verdict.signatures.get("candidate") or {}

@@ -2,7 +2,9 @@
 
 End checks count when the bisect established that the ends differ (the good end truly passes,
 the bad end truly fails); re-tested configurations count once the culprit set is known (it says
-which of them truly fail). Trials reused from another bisect were counted there.
+which of them truly fail). Trials reused from another bisect were counted there. Only full-size
+probes count: a sequential trial probe states its own error rates (and BETWEEN is no outcome
+of the full probe), so its verdicts say nothing about the full probe's.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def record_noise_evidence(
     counts = Counter(s.subset for s in steps)
     added = 0
     for s in steps:
-        if s.outcome == Outcome.SKIP.value or s.trial_id is None:
+        if s.outcome in (Outcome.SKIP.value, Outcome.BETWEEN.value) or s.trial_id is None:
             continue
         if s.subset in (frozenset(), everything):
             truth, source = ("fail" if s.subset else "pass"), "end"
@@ -37,7 +39,7 @@ def record_noise_evidence(
         else:
             continue
         row = ledger.trial(s.trial_id)
-        if row.run_id != run_id:
+        if row.run_id != run_id or row.details.get("error_rates"):
             continue
         ledger.add_noise_evidence(
             probe,

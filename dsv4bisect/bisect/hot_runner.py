@@ -171,7 +171,8 @@ class HotEngineRunner(EngineRunner):
         details.update(mode=mode, requests=requests, base=self.base_of(patches),
                        **{k: round(v, 3) for k, v in costs.items()})
         aa = self._aa.pop(block, ())
-        rates = getattr(verdict, "error_rates", None)
+        seq = verdict.overall.get("sequential") or {}
+        rates = (seq["false_fail"], seq["false_pass"]) if seq else None
         return TrialResult(Verdict(verdict.verdict), signature_of(verdict),
                            time.perf_counter() - t0, details, _throughput(cand), None, aa,
                            error_rates=rates, requests=requests)
@@ -237,22 +238,23 @@ class HotEngineRunner(EngineRunner):
     def _sequential(self, eng: _Engine, patches: dict[str, str], spec: ProbeSpec,
                     base: ProbeRun, repeat: ProbeRun | None, bad: ProbeRun, trial_dir: Path,
                     costs: dict[str, Any]) -> tuple[V.Verdict, ProbeRun | None, int | None]:
-        from dsv4bisect.probe.sequential_run import run_sequential_trial
+        from dsv4bisect.probe.sequential_run import run_sequential
 
         ff, fp = self.error_rates
+        seed = int(self.fingerprint(patches)[:8], 16)  # its own draw order per configuration
 
         def work(url: str) -> Any:
             self._switch(eng, patches, costs)
-            return run_sequential_trial(url, base=base, bad=bad, repeat=repeat, spec=spec,
-                                        false_fail=ff, false_pass=fp, api_key=self.api_key,
-                                        model=eng.cfg.served_model_name)
+            return run_sequential(url, base, bad, repeat, false_fail=ff, false_pass=fp,
+                                  seed=seed, api_key=self.api_key,
+                                  model=eng.cfg.served_model_name)
 
         self._ready(eng, patches, costs, good_end=False)
         t = time.perf_counter()
         outcome = self._guard(eng, patches, lambda: eng.arm.probe(work))
         costs["probe_s"] += time.perf_counter() - t
-        run = outcome.save(trial_dir / "candidate")
-        return outcome.verdict, run, outcome.requests
+        saved = outcome.save(trial_dir / "candidate")
+        return sequential_verdict(saved.decision, spec), saved.run, saved.decision.requests
 
     def _collect(self, eng: _Engine, patches: Mapping[str, str], spec: ProbeSpec,
                  reference: ProbeRun | None, label: str, *, good_end: bool,
@@ -387,6 +389,17 @@ class _Stop(Exception):
     def __init__(self, verdict: V.Verdict) -> None:
         super().__init__(verdict.verdict)
         self.verdict = verdict
+
+
+def sequential_verdict(decision: Any, spec: ProbeSpec) -> V.Verdict:
+    """The sequential trial probe's decision (probe/sequential.py) as a verdict: its reasons,
+    its drift figures and, under `overall`, the whole decision (requests, error rates, LLR)."""
+    drift = decision.drift.to_dict() if decision.drift else {}
+    return V.Verdict(decision.verdict, tuple(decision.reasons),
+                     {"tier": spec.tier, "spec_hash": spec.spec_hash(),
+                      "seed_block": spec.seed_block, "sequential": True},
+                     overall={"sequential": decision.to_dict()},
+                     drift={"status": drift.get("status"), "trigger": drift})
 
 
 def _with_env(cfg: EngineConfig, extra: Mapping[str, str]) -> EngineConfig:

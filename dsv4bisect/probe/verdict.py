@@ -2,8 +2,9 @@
 
 JSON (`Verdict.to_dict()`, schema `dsv4bisect.verdict/1`; docs/probe.md documents every field):
 
-    verdict        PASS | FAIL | WARN | CANNOT_TEST
-    exit_code      0 | 1 | 4 | 125 (git bisect run: good, bad, -, skip)
+    verdict        PASS | FAIL | WARN | CANNOT_TEST | BETWEEN (a sequential trial probe at its
+                   cap, inside a bisect only: docs/probe.md)
+    exit_code      0 | 1 | 4 | 125 (git bisect run: good, bad, -, skip); BETWEEN 1
     reasons        human sentences, most important first
     probe          {tier, spec_hash, seed_block, probe_version}
     families.<f>   {n, baseline_accuracy, candidate_accuracy, repeat_accuracy, baseline_right,
@@ -29,8 +30,9 @@ from dsv4bisect.errors import ExitCode
 
 VERDICT_SCHEMA = "dsv4bisect.verdict/1"
 PASS, FAIL, WARN, CANNOT_TEST = "PASS", "FAIL", "WARN", "CANNOT_TEST"
+BETWEEN = "BETWEEN"
 EXIT_CODES = {PASS: ExitCode.OK, FAIL: ExitCode.FAIL, WARN: ExitCode.WARN,
-              CANNOT_TEST: ExitCode.CANNOT_TEST}
+              CANNOT_TEST: ExitCode.CANNOT_TEST, BETWEEN: ExitCode.FAIL}
 
 # -- the decision rule's constants (docs/probe.md "Verdict rule" says why each number) ----------
 # A bisect runs ~10-20 trials; 1 % false FAIL per trial keeps a whole search mostly clean, and the
