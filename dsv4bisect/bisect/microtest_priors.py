@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from dataclasses import dataclass
 
 from dsv4bisect.microtest.markdown import format_tolerance, format_value
 from dsv4bisect.microtest.results import Row, layer_ranges
@@ -106,15 +105,9 @@ class MicrotestPriors:
     """The microtest's multipliers per candidate (`off`: why none were computed)."""
 
     priors: tuple[CandidatePrior, ...] = ()
-    seconds: float = 0.0
+    seconds: float = 0.0  # the microtest's wall time, torch's import included
     off: str = ""  # "" when the microtest ran
     checkpoint: str = ""
-    _by_name: Mapping[str, CandidatePrior] = field(default_factory=dict, repr=False,
-                                                  compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_by_name",
-                           MappingProxyType({p.name: p for p in self.priors}))
 
     @classmethod
     def disabled(cls, why: str) -> MicrotestPriors:
@@ -131,8 +124,8 @@ class MicrotestPriors:
     def apply(self, base: Mapping[str, float]) -> dict[str, float]:
         """`base` (tier or profile weights) times the multipliers; names without one keep
         their weight."""
-        return {name: w * self._by_name[name].multiplier if name in self._by_name else w
-                for name, w in base.items()}
+        mult = self.weights
+        return {name: w * mult.get(name, 1.0) for name, w in base.items()}
 
 
 def priors_from_rows(candidates: Sequence[str], rows: Iterable[Row],

@@ -23,7 +23,8 @@ from dsv4bisect.bisect.microtest_priors import (
 from dsv4bisect.bisect.question import Question
 from dsv4bisect.config.checkpoints import checkpoint_dir
 from dsv4bisect.config.resolve import Overrides, load_profile
-from dsv4bisect.errors import ConfigError
+from dsv4bisect.errors import ConfigError, Dsv4BisectError
+from dsv4bisect.microtest.results import Row
 from dsv4bisect.microtest.runners import RUNNER_CHOICES
 from dsv4bisect.microtest.spec import MICROTESTED
 from dsv4bisect.patching.registry import builtin_patches
@@ -95,8 +96,10 @@ def run_priors(q: Question, checkpoint: str, moe_backend: str,
     start = time.monotonic()
     cover = candidate_coverage(q, moe_backend)
     patches = microtest_patches(q, cover)
-    rows: tuple = ()
+    rows: tuple[Row, ...] = ()
     if patches:
+        console().print(f"microtest priors: measuring {', '.join(patches)} on {checkpoint} ...",
+                        style="dim", markup=False, highlight=False)
         import torch
 
         from dsv4bisect.microtest.run import run_microtest
@@ -138,11 +141,9 @@ def bisect_priors(q: Question, requested: bool | None, *, test_cmd: bool,
         if requested:
             raise ConfigError(f"--microtest-priors: {why}", _FORCE_HINT)
         return MicrotestPriors.disabled(why)
-    console().print(f"microtest priors: measuring the candidates on {checkpoint} ...",
-                    style="dim", markup=False, highlight=False)
     try:
         return run_priors(q, checkpoint, backend, probe_lengths(q, tier))
-    except ConfigError as e:
+    except Dsv4BisectError as e:  # e.g. missing tensors, named by the microtest
         if requested:
             raise
         return MicrotestPriors.disabled(f"the microtest cannot run: {e.message}")
@@ -154,8 +155,8 @@ def say_priors(p: MicrotestPriors, weights: Mapping[str, float]) -> None:
     if p.off:
         con.print(f"microtest priors: off ({p.off})", style="dim", markup=False, highlight=False)
         return
-    con.print(f"microtest priors ({p.checkpoint}, {p.seconds:.1f} s; prior weight = tier "
-              "weight x multiplier):", markup=False, highlight=False)
+    con.print(f"microtest priors ({p.checkpoint}, {p.seconds:.1f} s; weight = tier or "
+              "bisect.priors weight x multiplier):", markup=False, highlight=False)
     width = max(len(c.name) for c in p.priors) if p.priors else 0
     for c in p.priors:
         con.print(f"  {c.name:<{width}}  {weights.get(c.name, c.multiplier):5.2f}  "

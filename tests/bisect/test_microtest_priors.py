@@ -20,7 +20,12 @@ from dsv4bisect.bisect.microtest_priors import (
     ratio,
 )
 from dsv4bisect.bisect.question import resolve_question
-from dsv4bisect.cli.bisect_priors import candidate_coverage, checkpoint_here, microtest_patches
+from dsv4bisect.cli.bisect_priors import (
+    candidate_coverage,
+    checkpoint_here,
+    microtest_patches,
+    run_priors,
+)
 from dsv4bisect.config.resolve import Overrides
 from dsv4bisect.microtest.results import Row
 
@@ -121,6 +126,10 @@ def test_sglang_own_kernels_are_neutral_and_name_the_check_that_models_them() ->
     assert "mhc-bf16 check measures our op" in cover["fused-mhc-post-pre"].why
     assert cover["fp8-wo-a-gemm"].why == "no microtest check: it switches SGLang's own kernel"
     assert microtest_patches(q, cover) == {}
+    # nothing to measure: no checkpoint is opened, every candidate neutral with its reason
+    priors = run_priors(q, "/nonexistent", "triton")
+    assert priors.weights == dict.fromkeys(q.candidates, 1.0)
+    assert priors.reasons["sm120-flashmla-backend"].startswith("neutral: SGLang's own kernel")
     checkpoint, why, _ = checkpoint_here(q)
     assert checkpoint is None and "/models/DeepSeek-V4-Flash-NVFP4 is not readable here" in why
 
