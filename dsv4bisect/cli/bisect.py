@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -24,6 +25,7 @@ from dsv4bisect.bisect.question import Question, resolve_question
 from dsv4bisect.bisect.runner import Runner
 from dsv4bisect.bisect.testcmd import TestCommandRunner
 from dsv4bisect.cli.bisect_display import BisectDisplay
+from dsv4bisect.cli.bisect_priors import bisect_priors, say_priors
 from dsv4bisect.cli.options import (
     Disable,
     Enable,
@@ -109,6 +111,10 @@ def bisect(
                                         "probe per trial (no hot switching).")] = False,
     no_confirm: Annotated[bool, Opt("--no-confirm", help="After a hot search, do not confirm "
                                     "the culprits in a fresh launch.")] = False,
+    microtest_priors: Annotated[bool | None, Opt(
+        "--microtest-priors/--no-microtest-priors", help="Prior weights from the microtest "
+        "(default: on when the profile's checkpoint is readable here, off with --test-cmd).")
+    ] = None,
 ) -> None:
     """Find which patch (or interacting pair) makes the bad end fail where the good end passes.
 
@@ -130,6 +136,10 @@ def bisect(
         noise, where = _noise(measured, false_fail, false_pass)
         spec = _spec(question, noise, confidence, max_trials, parallel, warn_as)
         _say_question(question, noise, where)
+        mt_priors = bisect_priors(question, microtest_priors, test_cmd=test_cmd is not None,
+                                  tier=tier)
+        spec = replace(spec, weights=mt_priors.apply(spec.weights))
+        say_priors(mt_priors, spec.weights)
         costs = _costs(runner, durations, launch_cost, probe_cost)
         estimate = _plan(spec, costs, trials=100 if plan_only else 30)
         if plan_only:

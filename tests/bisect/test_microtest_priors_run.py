@@ -1,0 +1,78 @@
+"""Priors from the microtest on the shipped checkpoint: the I/O function and `bisect --plan`.
+
+The microtest runs for real (CPU, the embedded checkpoint, the smoke tier's contexts): a fault
+variant the microtest sees starts as the favourite, the rest start light; where the checkpoint is
+not readable here the priors are off and the question block says why.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dsv4bisect.bisect.hypotheses import tier_weights
+from dsv4bisect.bisect.question import resolve_question
+from dsv4bisect.cli.bisect_priors import bisect_priors, probe_lengths
+from dsv4bisect.config.resolve import Overrides
+from dsv4bisect.probe.spec import tier_spec
+
+pytest.importorskip("torch")
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dsv4bisect", "bisect", *args],
+                          cwd=cwd, env={**os.environ, "NO_COLOR": "1"}, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def test_the_split_k_fault_starts_as_the_favourite_on_the_embedded_checkpoint() -> None:
+    q = resolve_question("reference-all", Overrides(
+        sets=("patches.mma-decode.variant=merge-no-rescale",)))
+    assert probe_lengths(q, None) == tier_spec("smoke").lengths == (256, 512, 1024, 2048)
+    priors = bisect_priors(q, None, test_cmd=False)
+    assert not priors.off and priors.checkpoint == "embedded" and priors.seconds > 0
+    print(f"microtest priors on reference-all: {priors.seconds:.1f} s")
+    by = {p.name: p for p in priors.priors}
+    assert set(by) == set(q.candidates)
+    assert by["mma-decode"].multiplier == 16.0 and by["mma-decode"].reason.startswith("FAIL")
+    assert all(p.ratio is not None and p.ratio <= 1 and p.multiplier < 1
+               for n, p in by.items() if n != "mma-decode")  # all measured, all inside
+    weights = priors.apply(tier_weights(q.tiers))
+    assert max(weights, key=weights.__getitem__) == "mma-decode"
+    assert weights["mma-decode"] > 4 * max(w for n, w in weights.items() if n != "mma-decode")
+
+
+def test_bisect_plan_prints_the_priors(tmp_path: Path) -> None:
+    r = cli("reference-all", "--plan", "--set", "patches.hash-topk-scaling.variant=double-scale",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("microtest priors (embedded"))
+    rows = {line.split()[0]: line.split(maxsplit=3)[1:] for line in lines[head + 1:head + 6]}
+    assert set(rows) == {"mhc-bf16", "hash-topk-scaling", "mma-decode", "triton-indexer",
+                         "nvfp4-dispatch"}
+    weight, mult, reason = rows["hash-topk-scaling"]
+    assert (weight, mult) == ("32.00", "x16.00") and reason.startswith("FAIL at 500x")
+    assert all(float(w) < 32 and r.startswith("ok") for n, (w, _, r) in rows.items()
+               if n != "hash-topk-scaling")
+    assert "plan: 5 candidates" in r.stderr and not (tmp_path / "runs").exists()
+
+
+def test_priors_are_off_where_they_cannot_or_should_not_run(tmp_path: Path) -> None:
+    off = cli("reference-all", "--plan", "--no-microtest-priors", cwd=tmp_path)
+    assert off.returncode == 0 and "microtest priors: off (--no-microtest-priors)" in off.stderr
+    judged = cli("reference-all", "--plan", "--test-cmd", "true", cwd=tmp_path)
+    assert judged.returncode == 0 and "microtest priors: off (--test-cmd judges" in judged.stderr
+    flash = cli("dsv4-flash-tp8-all", "--plan", cwd=tmp_path)
+    assert flash.returncode == 0, flash.stderr
+    assert ("microtest priors: off (the checkpoint /models/DeepSeek-V4-Flash-NVFP4 is not "
+            "readable here") in flash.stderr
+    forced = cli("dsv4-flash-tp8-all", "--plan", "--microtest-priors", cwd=tmp_path)
+    lines = forced.stderr.strip().splitlines()
+    assert forced.returncode == 5 and lines[-2].startswith("error: --microtest-priors: the "
+                                                           "checkpoint")
+    assert lines[-1].startswith("hint:") and "Traceback" not in forced.stderr
