@@ -163,15 +163,13 @@ def install_hot(launch: Mapping[str, str], hot: Mapping[str, str], info: SglangI
             state.env_rules[name] = rule
 
     def plan_for(name: str, variant: str, switch: frozenset[str], rec: Recorder) -> Plan:
-        if name in state.fixed or load_time_reason(known[name], version):
-            return planner(name, switch)(variant, info.layout or "", rec)  # ungated
-        if name in state.env_rules:  # an upstream switch: every variant is an env value
-            state.hot[name] = {p.name: None for p in known[name].variants}
-            return planner(name, switch)(variant, info.layout or "", rec)
-        if not switch and name in wanted:  # a hook patch
-            order = [variant] + [v for v in wanted[name] if v != variant]
-            return gated_plan(name, order, info.layout or "", rec, state)
-        return planner(name, switch)(variant, info.layout or "", rec)
+        layout = info.layout or ""
+        if switch or load_time_reason(known[name], version):  # as without hot mode
+            if name in state.env_rules:  # flipped live: every variant is an env value
+                state.hot[name] = {p.name: None for p in known[name].variants}
+            return planner(name, switch)(variant, layout, rec)
+        order = [variant] + [v for v in wanted[name] if v != variant]
+        return gated_plan(name, order, layout, rec, state)
 
     receipts = install_patches(launch, info, writer, declared, plan_for)
     # hot-only candidates (a load-time one is never installed: a request for it is refused)

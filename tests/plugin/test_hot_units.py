@@ -109,3 +109,40 @@ def test_what_the_switch_cannot_recapture_is_refused():
         refresh_graphs(_runner("decode_cuda_graph_runner"), "0.5.23", has_draft=True)
     with pytest.raises(GraphError, match="no known CUDA-graph re-capture entry"):
         refresh_graphs(_runner("graph_runner"), "0.5.12", has_draft=False)
+
+
+def test_a_busy_scheduler_refuses_and_applies_once_idle(tmp_path):
+    import json
+
+    from dsv4bisect.engines.switching import write_request
+    from dsv4bisect.plugin.hot import flush_hook
+
+    state = _state({"mhc-bf16": "bf16"})
+    state.directory = tmp_path
+    runner = _runner("decode_cuda_graph_runner")
+    runner.recapture_decode_cuda_graph = lambda: setattr(runner, "captures", runner.captures + 1)
+    sched = SimpleNamespace(busy=True, draft_worker=None, flushed=0,
+                            tp_worker=SimpleNamespace(model_runner=runner))
+    sched.is_fully_idle = lambda: not sched.busy
+
+    def original(self, empty_cache=True):  # SGLang's flush_cache: flushes only when idle
+        self.flushed += not self.busy
+        return not self.busy
+
+    hook = flush_hook(state)
+    assert hook(original, sched) is False  # no request: the original, nothing else
+    assert not list(tmp_path.glob("receipt-*"))
+    write_request(tmp_path, 1, "mma-decode")
+    receipt = tmp_path / "receipt-g1-server-tp0.json"
+    assert hook(original, sched) is False
+    rec = json.loads(receipt.read_text())
+    assert (rec["ok"], rec["patches"], rec["graphs"]) == (False, "mhc-bf16", "none")
+    assert "not idle" in rec["error"] and state.generation == 0
+    sched.busy = False
+    assert hook(original, sched) is True
+    rec = json.loads(receipt.read_text())
+    assert (rec["ok"], rec["patches"], rec["graphs"]) == (True, "mma-decode", "recaptured")
+    assert state.active == {"mma-decode": "split-k"} and state.generation == 1
+    assert runner.captures == 1 and sched.flushed == 1
+    assert hook(original, sched) is True and runner.captures == 1  # applied once
+    assert sched.flushed == 2
