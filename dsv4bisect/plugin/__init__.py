@@ -8,8 +8,10 @@ captured. `main()` is that entry point. In a scheduler it reads the patch set (w
 verified list is refused unless DSV4BISECT_ALLOW_UNVERIFIED_SGLANG=1), installs exactly those
 patches' hooks (or checks an upstream switch's value) and writes one receipt per patch into
 DSV4BISECT_RECEIPTS. With no patches it
-installs nothing and writes nothing. Outside a scheduler (no model is built there) it does
-nothing. This module imports no torch and no SGLang; the hook modules do, when installing.
+installs nothing and writes nothing. In hot mode (DSV4BISECT_SWITCH_DIR set) it also installs
+the candidates of DSV4BISECT_HOT behind per-call gates and the switch in `Scheduler.flush_cache`
+(`dsv4bisect.plugin.hot`, docs/hot-switching.md). Outside a scheduler (no model is built
+there) it does nothing. This module imports no torch and no SGLang; the hook modules do, when installing.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class PluginRefused(RuntimeError):
 def main() -> None:
     """Entry point (`sglang.srt.plugins`: `dsv4bisect = dsv4bisect.plugin:main`)."""
     wire = os.environ.get(envvars.PATCHES, "").strip()
-    if not wire:
+    switch_dir = os.environ.get(envvars.SWITCH_DIR, "").strip()
+    if not wire and not switch_dir:
         return  # nothing requested: install nothing, change nothing
     from dsv4bisect.plugin.context import current_process
 
@@ -39,11 +42,14 @@ def main() -> None:
     if process.kind != "scheduler":
         logger.info("dsv4bisect: not a scheduler process (no model here); no hooks installed")
         return
-    run(wire, process)
+    run(wire, process, os.environ.get(envvars.HOT, "").strip(),
+        Path(switch_dir) if switch_dir else None)
 
 
-def run(wire: str, process: object) -> list[object]:
-    """Parse, detect, install, write receipts; raise PluginRefused if anything was refused."""
+def run(wire: str, process: object, hot: str = "",
+        switch_dir: Path | None = None) -> list[object]:
+    """Parse, detect, install, write receipts; raise PluginRefused if anything was refused.
+    With `switch_dir` (hot mode) the candidates in `hot` are installed too, gated."""
     from dsv4bisect.patching.registry import builtin_patches
     from dsv4bisect.patching.wire import parse_patch_set
     from dsv4bisect.plugin.install import install_patches
@@ -58,7 +64,13 @@ def run(wire: str, process: object) -> list[object]:
     info = detect_sglang()  # an unverified release is refused unless opted in
     if info.warning:
         logger.warning("dsv4bisect: %s", info.warning)
-    receipts = install_patches(patches, info, writer, declared)
+    if switch_dir is None:
+        receipts = install_patches(patches, info, writer, declared)
+    else:
+        from dsv4bisect.plugin.hot import install_hot
+
+        receipts, _state = install_hot(patches, parse_patch_set(hot, known), info, writer,
+                                       declared, switch_dir)
     bad = [r for r in receipts if r.state not in OK_STATES]
     for r in receipts:
         logger.info("dsv4bisect: %s:%s %s%s", r.patch, r.variant, r.state,

@@ -67,9 +67,15 @@ def switch_variables(patch: str, version: tuple[int, ...] | None) -> frozenset[s
                                if r.how == "env" and r.covers(version, None)))
 
 
+PlanFor = Callable[[str, str, frozenset[str], Recorder], Plan]
+
+
 def install_patches(patches: Mapping[str, str], info: SglangInfo, writer: ReceiptWriter,
-                    declared: Mapping[str, Mapping[str, tuple[str, ...]]]) -> list[Receipt]:
-    """Install each patch (name -> variant); `declared` is each patch's `sglang.hooks`."""
+                    declared: Mapping[str, Mapping[str, tuple[str, ...]]],
+                    plan_for: PlanFor | None = None, contract: bool = True) -> list[Receipt]:
+    """Install each patch (name -> variant); `declared` is each patch's `sglang.hooks`.
+    `plan_for(name, variant, switch, recorder)` replaces the patch's own planner (hot mode:
+    `dsv4bisect.plugin.hot` plans gated hooks); `contract` installs the contract observer."""
     receipts = []
     for name, variant in patches.items():
         targets = list(declared.get(name, {}).get(info.layout or "", ()))
@@ -83,11 +89,13 @@ def install_patches(patches: Mapping[str, str], info: SglangInfo, writer: Receip
             rec = Receipt(**base, state="refused", reason=f"no SGLang delivery for patch {name} "
                           f"on SGLang {info.version}")
         else:
-            plan = planner(name, switch)(variant, info.layout, _Rec(writer, name))
+            recorder = _Rec(writer, name)
+            plan = (plan_for(name, variant, switch, recorder) if plan_for is not None
+                    else planner(name, switch)(variant, info.layout, recorder))
             rec = _install_one(base, plan, info.layout, writer)
         writer.write(rec)
         receipts.append(rec)
-    if patches and info.layout is not None:
+    if contract and patches and info.layout is not None:
         receipts.append(install_contract(info, writer, patches))
     return receipts
 

@@ -326,3 +326,110 @@ def make_deepseek_v2_moe() -> type:
                     apply_routed_scaling_factor_on_output=config.nvfp4))
 
     return DeepseekV2MoE
+
+
+# ---------------------------------------------------------------- hot switching (test_hot_*)
+class Recorded:
+    """A pool or manager whose clearing methods count their calls (what flush_cache clears)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        self.calls: dict[str, int] = {}
+        self.__dict__.update(attrs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def call(*args: Any, **kwargs: Any) -> None:
+            self.calls[name] = self.calls.get(name, 0) + 1
+
+        return call
+
+
+class _Batch:
+    def __init__(self) -> None:
+        self.reqs: list[Any] = []
+
+    def is_empty(self) -> bool:
+        return not self.reqs
+
+
+def add_scheduler(tree: SglangTree) -> None:
+    """The wheel's own `Scheduler.flush_cache`, `is_fully_idle` and `_pp_microbatches_drained`
+    (extracted by AST into a class of their own) and a `ModelRunner` stand-in that has the
+    release's decode-graph re-capture entry (`dsv4bisect.plugin.graphs.RECAPTURE`, checked
+    against every wheel by test_hot_static.py): capturing needs a GPU and a built model."""
+    import enum
+
+    from dsv4bisect.plugin.graphs import recapture_entry
+
+    name = "sglang.srt.managers.scheduler"
+    body = extract(tree.src.source(name) or "",
+                   ["flush_cache", "is_fully_idle", "_pp_microbatches_drained"],
+                   within="Scheduler")
+    code = "class Scheduler:\n" + "\n".join("    " + line for line in body.splitlines()) + "\n"
+
+    class DisaggregationMode(enum.Enum):
+        NULL, PREFILL, DECODE = "null", "prefill", "decode"
+
+    tree._exec(name, code, dict(
+        current_platform=SimpleNamespace(empty_cache=lambda: None), DisaggregationMode=
+        DisaggregationMode, logger=__import__("logging").getLogger(name),
+        get_parallel=lambda: SimpleNamespace(pp_size=1), get_memory=lambda: None))
+    entry = recapture_entry(tree.version)
+    assert entry is not None
+    method, attr = entry
+
+    def recapture(self: Any) -> None:
+        self.captures += 1
+        setattr(self, attr, object())  # a new decode graph runner
+
+    runner_cls = type("ModelRunner", (), {method: recapture, "captures": 0})
+    tree._add("sglang.srt.model_executor.model_runner", _module(
+        "sglang.srt.model_executor.model_runner", ModelRunner=runner_cls))
+
+
+def make_scheduler(tree: SglangTree, graphs: bool = True) -> Any:
+    """An idle Scheduler of the extracted class with the attributes its flush_cache and
+    is_fully_idle read (pools recorded), and a ModelRunner holding a decode graph."""
+    import importlib
+
+    from dsv4bisect.plugin.graphs import recapture_entry
+
+    sched_mod = importlib.import_module("sglang.srt.managers.scheduler")
+    runner_mod = importlib.import_module("sglang.srt.model_executor.model_runner")
+    runner = runner_mod.ModelRunner()
+    _, attr = recapture_entry(tree.version) or ("", "")
+    runner.eager_runner = object()
+    setattr(runner, attr, object() if graphs else runner.eager_runner)
+    s = sched_mod.Scheduler.__new__(sched_mod.Scheduler)
+    s.__dict__.update(
+        running_batch=_Batch(), chunked_req=None, cur_batch=None, cur_batch_for_debug=None,
+        last_batch=None, enable_overlap=False, result_queue=[], waiting_queue=[],
+        dllm_manager=SimpleNamespace(any_staging_reqs=lambda: False),
+        ps=SimpleNamespace(pp_size=1), grammar_manager=Recorded(grammar_queue=[]),
+        disaggregation_mode=sched_mod.DisaggregationMode.NULL, enable_hisparse=False,
+        enable_hierarchical_cache=False, enable_lmcache=False, tree_cache=Recorded(),
+        req_to_token_pool=Recorded(), token_to_kv_pool_allocator=Recorded(),
+        metrics_reporter=Recorded(is_stats_logging_rank=False), draft_worker=None,
+        _engine_paused=False, tp_worker=SimpleNamespace(model_runner=runner))
+    return s
+
+
+def real_environ(src: SourceTree) -> types.ModuleType:
+    """The wheel's own `sglang/srt/environ.py` (stdlib only), as a module outside sys.modules.
+    Its last import (the CUDA core-dump helper, unconditional in 0.5.13 – 0.5.17) finds empty
+    modules, put into sys.modules for the import and removed again."""
+    names = ("sglang", "sglang.srt", "sglang.srt.debug_utils",
+             "sglang.srt.debug_utils.cuda_coredump")
+    added = [n for n in names if n not in sys.modules]
+    for n in added:
+        sys.modules[n] = _module(n, __path__=[])
+    try:
+        mod = types.ModuleType("sglang.srt.environ")
+        code = src.source("sglang.srt.environ") or ""
+        exec(compile(code, f"/{src.root.name}/sglang/srt/environ.py", "exec"), mod.__dict__)
+    finally:
+        for n in added:
+            sys.modules.pop(n, None)
+    return mod
