@@ -297,11 +297,11 @@ class HotEngineRunner(EngineRunner):
             return self._engines[key]
         while len(self._engines) >= self.pool:
             self._drop(next(iter(self._engines.values())))
-        cfg = _with_env(self.config(base), {envvars.SWITCH_DIR: "", envvars.HOT: self.hot_wire})
         eng_dir = trial_dir.parent.parent / "engines" / f"{key[:12]}-{len(self._launched)}"
         self._launched.append(key)
         switch_dir = eng_dir / "switch"
-        cfg = _with_env(cfg, {envvars.SWITCH_DIR: str(switch_dir)})
+        cfg = _with_env(self.config(base), {envvars.SWITCH_DIR: str(switch_dir),
+                                            envvars.HOT: self.hot_wire})
         eng = _Engine(base, cfg, EngineArm("hot", cfg, eng_dir, self._supervisor,
                                            self.on_event), switch_dir)
         t = time.perf_counter()
@@ -403,8 +403,18 @@ def sequential_verdict(decision: Any, spec: ProbeSpec) -> V.Verdict:
 
 
 def _with_env(cfg: EngineConfig, extra: Mapping[str, str]) -> EngineConfig:
-    procs = tuple(dataclasses.replace(p, env=tuple(sorted({**p.env_dict(), **extra}.items())))
-                  if p.gets_patches else p for p in cfg.processes)
+    """`cfg` with `extra` in the environment of every process that runs engine code (and, on
+    SGLang, the plugin loaded: a base launched with no patch on must still install the switch)."""
+    def env_of(p: Any) -> tuple[tuple[str, str], ...]:
+        env = {**p.env_dict(), **extra}
+        if cfg.kind == "sglang":
+            others = [x for x in env.get(envvars.SGLANG_PLUGINS, "").split(",") if x]
+            env[envvars.SGLANG_PLUGINS] = ",".join(dict.fromkeys([*others,
+                                                                  envvars.PLUGIN_NAME]))
+        return tuple(sorted(env.items()))
+
+    procs = tuple(dataclasses.replace(p, env=env_of(p)) if p.gets_patches else p
+                  for p in cfg.processes)
     return dataclasses.replace(cfg, processes=procs)
 
 

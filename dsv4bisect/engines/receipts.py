@@ -21,6 +21,8 @@ from typing import Any
 
 from dsv4bisect.config.engine_config import EngineConfig, ProcessSpec
 from dsv4bisect.errors import PatchError
+from dsv4bisect.env import HOT, SWITCH_DIR
+from dsv4bisect.plugin.hot import HOOK_RECEIPT as HOT_RECEIPT
 from dsv4bisect.plugin.receipts import CONTRACT, OK_STATES, load_receipt
 
 
@@ -62,7 +64,9 @@ def check_receipts(cfg: EngineConfig, receipts_dir: Path,
                    since: float | None = None) -> ReceiptReport:
     """Raise PatchError unless every requested built-in patch took effect in every scheduler."""
     requested = {p.name: p.variant for p in cfg.patches if p.builtin and p.delivered}
-    if cfg.kind != "sglang" or not requested:
+    specs = list(processes if processes is not None else cfg.processes)
+    hot = any(SWITCH_DIR in s.env_dict() for s in specs)  # launched for hot switching
+    if cfg.kind != "sglang" or not (requested or hot):
         return ReceiptReport(0, {})
     records = read_receipts(Path(receipts_dir), since)
     by_role: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -70,9 +74,15 @@ def check_receipts(cfg: EngineConfig, receipts_dir: Path,
         by_role[rec["process"].get("role", "unknown")].append(rec)
     states: dict[str, dict[str, str]] = defaultdict(dict)
     problems: list[str] = []
-    for spec in processes if processes is not None else cfg.processes:
+    for spec in specs:
         if spec.gets_patches:
-            problems += _check_role(spec, requested, by_role.get(spec.role, []), states)
+            recs = by_role.get(spec.role, [])
+            if SWITCH_DIR in spec.env_dict():
+                problems += _check_hot(spec, recs)
+                switchable = {HOT_RECEIPT, *(p.partition(":")[0] for p in
+                                             spec.env_dict().get(HOT, "").split(",") if p)}
+                recs = [r for r in recs if r["patch"] not in switchable - set(requested)]
+            problems += _check_role(spec, requested, recs, states)
     if problems:
         raise PatchError("requested patches did not take effect:\n  " + "\n  ".join(problems),
                          "read the receipts in " + str(receipts_dir) + " and the engine logs; "
@@ -84,6 +94,18 @@ def check_receipts(cfg: EngineConfig, receipts_dir: Path,
                 f"applied {row['times_applied']}× ({row['rule']})"
                 for row in contract if row.get("exactly_once") is False]
     return ReceiptReport(len(records), {k: dict(v) for k, v in states.items()}, contract, warnings)
+
+
+def _check_hot(spec: ProcessSpec, recs: list[dict[str, Any]]) -> list[str]:
+    """Hot mode: the switch (the flush_cache wrapper) installed in every scheduler, or the
+    first switch would only time out (plugin/hot.py writes its `hot-switch` receipt)."""
+    mine = [r for r in recs if r["patch"] == HOT_RECEIPT]
+    bad = [f"hot switching {r['state']} in {spec.role} {_rank(r)}: {r.get('reason')}"
+           for r in mine if r["state"] not in OK_STATES]
+    if len({_rank(r) for r in mine}) < spec.schedulers:
+        bad.append(f"hot switching: receipts from {len(mine)} of {spec.schedulers} "
+                   f"{spec.role} scheduler processes")
+    return bad
 
 
 def _check_role(spec: ProcessSpec, requested: dict[str, str], recs: list[dict[str, Any]],

@@ -95,7 +95,8 @@ def wait_receipts(switch_dir: Path, generation: int, expected: Iterable[tuple[st
             return [found[k] for k in sorted(found)]
         if time.monotonic() > deadline:
             missing = ", ".join(f"{role} tp{rank}" for role, rank in sorted(want - set(found)))
+            have = ", ".join(f"{role} tp{rank}" for role, rank in sorted(found)) or "none"
             raise EngineError(f"switch {generation}: no receipt from {missing} within "
-                              f"{timeout_s:.0f} s", "see the engine logs; a process that did "
-                              "not apply the switch must not be probed")
+                              f"{timeout_s:.0f} s (answered: {have})", "see the engine logs; "
+                              "a process that did not apply the switch must not be probed")
         time.sleep(POLL_S)
