@@ -41,8 +41,8 @@ from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.runner import TrialResult, Verdict
 from dsv4bisect.engines import reaper
 from dsv4bisect.engines.groups import stop_orphans
-from dsv4bisect.errors import BisectError, Dsv4BisectError
 from dsv4bisect.env import cache_dir
+from dsv4bisect.errors import BisectError, Dsv4BisectError
 
 PLACE_TIMEOUT_S = 120.0  # for the first slot to be placed and pass its node's preflight
 OTHERS_GRACE_S = 20.0  # then for the other slots, before trials start on those placed
@@ -232,6 +232,10 @@ class RayRunner:
         with self._lock:
             if slot.actor in self._actors:
                 self._actors.remove(slot.actor)
+        try:  # unreachable may not mean dead: make sure, so its reaper stops its engines
+            ray.kill(slot.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
         pair = self._ask()
         threading.Thread(target=self._place_later, args=pair, daemon=True).start()
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray executor's tests need `pip install '.[ray]'`")
-from ray.cluster_utils import Cluster  # noqa: E402
+from ray.cluster_utils import Cluster
 
 SLOT = "trial_slot"
 SINGLE = ("--tier", "ci", "--set", "patches.hash-topk-scaling.variant=double-scale",
@@ -120,7 +120,7 @@ def test_a_node_without_a_free_port_fails_like_a_local_preflight_naming_it(
         r = run(argv(c, tmp_path / "runs", "--set", f"engine.port={port}"), timeout=300)
     assert r.returncode == 125, r.stderr
     error = next(line for line in r.stderr.splitlines() if line.startswith("error:"))
-    assert error.startswith("error: node ") and f"): preflight: `server`: " in error, error
+    assert error.startswith("error: node ") and "): preflight: `server`: " in error, error
     assert str(port) in error
     assert not list((tmp_path / "runs").glob("*bisect*")), "a run directory was written"
 
