@@ -146,21 +146,21 @@ def bisect(
         if plan_only:
             _show_plan(estimate, costs, json_out)
             raise typer.Exit(0)
-        where = {"executor": (executor.value if executor else None)
-                 or question.bisect.get("executor") or "local",
-                 "ray_address": ray_address or question.bisect.get("ray_address"),
-                 "node_resource": question.bisect.get("node_resource")}
-        if test_cmd is None and not skip_preflight and where["executor"] == "local":
+        placement = {"executor": (executor.value if executor else None)
+                     or question.bisect.get("executor") or "local",
+                     "ray_address": ray_address or question.bisect.get("ray_address"),
+                     "node_resource": question.bisect.get("node_resource")}
+        if test_cmd is None and not skip_preflight and placement["executor"] == "local":
             from dsv4bisect.engines.preflight import require  # on each node for Ray
 
             require(profile, ov)
         console().print(_plan_line(estimate, costs), markup=False, highlight=False)
         ensure_runs_root(out)
-        runner = _executor(runner, req, where, spec.parallel, not skip_preflight)
+        runner = _executor(runner, req, placement, spec.parallel, not skip_preflight)
         request = {"profile": profile, "sets": list(question.sets), "tier": tier,
                    "test_cmd": test_cmd, "use_cache": not no_cache,
                    "left_out": [list(x) for x in question.left_out],
-                   "command": ["dsv4bisect", *sys.argv[1:]], **where}
+                   "command": ["dsv4bisect", *sys.argv[1:]], **placement}
         # The ledger's lock first: a second bisect on it is refused before it writes anything.
         with Ledger.open(ledger_path or out / LEDGER) as ledger:
             _clean_predecessors(out)
@@ -230,12 +230,12 @@ def _runner(request: RunnerRequest, test_cmd: str | None, display: BisectDisplay
     return node_runner(request, display.run_event)
 
 
-def _executor(runner: Runner, request: RunnerRequest, where: dict[str, Any], parallel: int,
-              preflight: bool) -> Runner:
+def _executor(runner: Runner, request: RunnerRequest, placement: dict[str, Any],
+              parallel: int, preflight: bool) -> Runner:
     """The local runner, or the executor's that sends its trials to a Ray cluster's nodes."""
-    return executor_runner(where.get("executor") or "local", runner, request, parallel,
-                           address=where.get("ray_address"),
-                           node_resource=where.get("node_resource"), preflight=preflight)
+    return executor_runner(placement.get("executor") or "local", runner, request, parallel,
+                           address=placement.get("ray_address"),
+                           node_resource=placement.get("node_resource"), preflight=preflight)
 
 
 def _history(runner: Runner, ledger_path: Path) -> tuple[NoiseEstimate | None, list[float]]:

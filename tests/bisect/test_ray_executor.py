@@ -156,16 +156,28 @@ def test_ray_parallel_bisect_names_the_local_culprit_with_trials_on_two_nodes_at
     assert not engine_pids(scratch())
 
 
-@pytest.mark.slow  # about 8 embedded launches and a lost node: 2-3 minutes
-def test_a_raylet_killed_mid_trial_makes_it_cannot_test_rerun_elsewhere_same_answer(
-        cluster: tuple[Cluster, Any], tmp_path: Path) -> None:
+def kill_actor_worker(node_root: Path) -> None:
+    """SIGKILL the Ray worker process that launched the engines recorded under `node_root`
+    (the owner in their engines.json)."""
+    record = wait_for(lambda: next(node_root.glob("*/trials/*/*/*/engines.json"), None), 60,
+                      "the engines' record")
+    os.kill(int(json.loads(record.read_text())["owner"]["pid"]), signal.SIGKILL)
+
+
+@pytest.mark.slow  # about 8 embedded launches and a lost node or worker: 2-3 minutes each
+@pytest.mark.parametrize("what", ["raylet", "worker"])
+def test_a_node_lost_mid_trial_makes_it_cannot_test_rerun_to_the_same_answer(
+        cluster: tuple[Cluster, Any], tmp_path: Path, what: str) -> None:
     c, other = cluster
     out = tmp_path / "runs"
     proc = start(argv(c, out), tmp_path / "stderr.txt")
     node_root = scratch() / other.node_id[:12]
     try:  # the other node's engine is up: its trial is in flight
         wait_for(lambda: engine_pids(node_root), 300, "an engine on the second node")
-        other.kill_raylet()
+        if what == "raylet":
+            other.kill_raylet()
+        else:
+            kill_actor_worker(node_root)
         stdout, _ = proc.communicate(timeout=1200)
     finally:
         if proc.poll() is None:
@@ -178,11 +190,12 @@ def test_a_raylet_killed_mid_trial_makes_it_cannot_test_rerun_elsewhere_same_ans
     lost = [t for t in rows if t["verdict"] == "CANNOT_TEST"]
     assert lost and all(t["signature"].startswith("node-lost: ") for t in lost), rows
     assert other.node_id[:8] in lost[0]["signature"]
-    for t in lost:  # re-run, on the node that is left, to a verdict
+    for t in lost:  # re-run to a verdict (after a lost raylet, on the node that is left)
         again = [u for u in rows if u["fingerprint"] == t["fingerprint"] and u["id"] > t["id"]
                  and u["seed_block"] == t["seed_block"]]
         assert again and again[-1]["status"] == "done" and again[-1]["verdict"] != "CANNOT_TEST"
-        assert again[-1]["details"]["node"]["node_id"] != other.node_id
+        if what == "raylet":
+            assert again[-1]["details"]["node"]["node_id"] != other.node_id
     wait_for(lambda: not engine_pids(scratch()), 60, "the lost node's engines to be stopped")
 
 
