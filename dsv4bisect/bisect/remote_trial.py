@@ -99,6 +99,11 @@ def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
         return {"error": error_json(exc)}
     archive = pack(trial_dir)
     shutil.rmtree(trial_dir, ignore_errors=True)  # the driver holds the copy now
+    for parent in (trial_dir.parent, trial_dir.parent.parent):  # trials/, the bisect's dir
+        try:
+            parent.rmdir()  # only when empty: another trial of the bisect may be running
+        except OSError:
+            break
     return {"result": result_json(result), "node_dir": str(trial_dir), "archive": archive,
             "node": {**node, "started": started, "finished": finished}}
 
