@@ -25,3 +25,17 @@ def test_executor_ray_without_ray_is_one_error_line_and_writes_nothing(tmp_path:
     assert lines[1] == "hint: pip install 'dsv4bisect[ray]' (on the driver and on every node)"
     assert "Traceback" not in r.stderr and r.stdout == ""
     assert not out.exists() or not any(out.iterdir()), "the bisect wrote something"
+
+
+def test_only_the_ray_executor_imports_ray() -> None:
+    package = Path(__file__).parents[2] / "dsv4bisect"
+    importers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                       if any(line.lstrip().startswith(("import ray", "from ray"))
+                              for line in p.read_text().splitlines()))
+    assert importers == ["bisect/ray_executor.py"]
+    code = ("import sys, dsv4bisect.cli, dsv4bisect.bisect.executors, "
+            "dsv4bisect.bisect.remote_trial, dsv4bisect.engines.reaper; "
+            "print([m for m in ('ray', 'torch') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
