@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from dsv4bisect.bisect.engine_runner import EngineRunner
+from dsv4bisect.bisect.executors import executor_runner
 from dsv4bisect.bisect.hot_runner import HotEngineRunner
+from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.question import Question, resolve_question
 from dsv4bisect.bisect.runner import Runner
 from dsv4bisect.bisect.testcmd import TestCommandRunner
@@ -60,6 +62,11 @@ EXIT = {"found": ExitCode.OK, "untestable": ExitCode.CANNOT_TEST}  # the rest: 1
 class WarnAs(str, Enum):
     fail = "fail"
     passed = "pass"
+
+
+class Executor(str, Enum):
+    local = "local"
+    ray = "ray"
 
 
 def register(app: typer.Typer) -> None:
@@ -115,6 +122,13 @@ def bisect(
         "--microtest-priors/--no-microtest-priors", help="Prior weights from the microtest "
         "(default: on when the profile's checkpoint is readable here, off with --test-cmd).")
     ] = None,
+    executor: Annotated[Executor | None, Opt(help="Where trials run: this machine, or the "
+                                             "nodes of a Ray cluster (docs/cluster.md; "
+                                             "default: the profile's bisect.executor).")
+                        ] = None,
+    ray_address: Annotated[str | None, Opt(metavar="ADDR", help="The Ray cluster's head "
+                                           "(HOST:6379; default: bisect.ray_address, "
+                                           "RAY_ADDRESS or the local one).")] = None,
 ) -> None:
     """Find which patch (or interacting pair) makes the bad end fail where the good end passes.
 
@@ -131,7 +145,10 @@ def bisect(
     else:
         ov = overrides(enable, disable, only, sets)
         question = resolve_question(profile, ov, good, bad, candidates)
-        runner = _runner(question, test_cmd, tier, not no_cache, display, not fresh_launches)
+        req = RunnerRequest(question.profile, question.good, tuple(question.sets), tier,
+                            not no_cache, bad=_bad_end(question),
+                            load_time=tuple(question.load_time), hot=not fresh_launches)
+        runner = _runner(req, test_cmd, display)
         measured, durations = _history(runner, ledger_path or out / LEDGER)
         noise, where = _noise(measured, false_fail, false_pass)
         spec = _spec(question, noise, confidence, max_trials, parallel, warn_as)
@@ -145,18 +162,20 @@ def bisect(
         if plan_only:
             _show_plan(estimate, costs, json_out)
             raise typer.Exit(0)
-        if test_cmd is None and not skip_preflight:  # engines/preflight.py, before any launch
-            from dsv4bisect.engines.preflight import require
+        placement = {"executor": (executor.value if executor else None)
+                     or question.bisect.get("executor") or "local",
+                     "ray_address": ray_address or question.bisect.get("ray_address"),
+                     "node_resource": question.bisect.get("node_resource")}
+        if test_cmd is None and not skip_preflight and placement["executor"] == "local":
+            from dsv4bisect.engines.preflight import require  # on each node for Ray
 
             require(profile, ov)
         console().print(_plan_line(estimate, costs), markup=False, highlight=False)
         ensure_runs_root(out)
-        request = {"profile": profile, "sets": list(question.sets), "tier": tier,
-                   "test_cmd": test_cmd, "use_cache": not no_cache,
-                   "hot": isinstance(runner, HotEngineRunner), "bad": _bad_end(question),
-                   "load_time": sorted(question.load_time),
+        runner = _executor(runner, req, placement, spec.parallel, not skip_preflight)
+        request = {**req.to_json(), "profile": profile, "test_cmd": test_cmd,
                    "left_out": [list(x) for x in question.left_out],
-                   "command": ["dsv4bisect", *sys.argv[1:]]}
+                   "command": ["dsv4bisect", *sys.argv[1:]], **placement}
         # The ledger's lock first: a second bisect on it is refused before it writes anything.
         with Ledger.open(ledger_path or out / LEDGER) as ledger:
             _clean_predecessors(out)
@@ -176,8 +195,8 @@ def _drive(runner: Runner, run_dir: Path, display: BisectDisplay, go: Any) -> Bi
                 if isinstance(runner, HotEngineRunner):
                     runner.close()  # the engines it kept up across trials
     except KeyboardInterrupt:
-        if isinstance(runner, EngineRunner):
-            runner.stop_all()  # trials in worker threads (--parallel): their engines too
+        if hasattr(runner, "stop_all"):  # trials in worker threads (--parallel) or on nodes
+            runner.stop_all()
         console().print(f"interrupted: finished trials are kept in the ledger; resume with\n"
                         f"  dsv4bisect bisect --resume {run_dir}", style="yellow",
                         markup=False)
@@ -200,15 +219,15 @@ def _resume(run_dir: Path, display: BisectDisplay, preflight: bool = True) -> Bi
         if request.get("test_cmd"):
             runner = TestCommandRunner(request["test_cmd"])
         else:
-            if preflight:  # the same check as a fresh bisect's, on the recorded profile
+            local = request.get("executor", "local") == "local"
+            if preflight and local:  # the same check as a fresh bisect's, recorded profile
                 from dsv4bisect.config.resolve import Overrides
                 from dsv4bisect.engines.preflight import require
 
                 require(request["profile"], Overrides(sets=tuple(request.get("sets") or ())))
-            runner = _engine_runner(request["profile"], spec.good, request.get("bad") or {},
-                                    request.get("load_time") or (), request.get("sets") or (),
-                                    request.get("tier"), request["use_cache"], display,
-                                    bool(request.get("hot")))
+            req = RunnerRequest.from_json({**request, "good": spec.good})
+            runner = _executor(node_runner(req, display.run_event), req, request,
+                               spec.parallel, preflight)
         # Engines a kill -9 left: recorded by PID and start time in this runs root's run dirs
         # (this bisect's trials among them), stopped only if their launcher is gone.
         _clean_predecessors(run_dir.resolve().parent)
@@ -224,12 +243,10 @@ def _clean_predecessors(root: Path) -> None:
         console().print(sentence, style="yellow", markup=False, highlight=False)
 
 
-def _runner(q: Question, test_cmd: str | None, tier: str | None, use_cache: bool,
-            display: BisectDisplay, hot: bool) -> Runner:
+def _runner(request: RunnerRequest, test_cmd: str | None, display: BisectDisplay) -> Runner:
     if test_cmd is not None:
         return TestCommandRunner(test_cmd)
-    return _engine_runner(q.profile, q.good, _bad_end(q), tuple(q.load_time), q.sets, tier,
-                          use_cache, display, hot)
+    return node_runner(request, display.run_event)
 
 
 def _bad_end(q: Question) -> dict[str, str]:
@@ -240,15 +257,12 @@ def _bad_end(q: Question) -> dict[str, str]:
     return spec.patches_for(frozenset(q.candidates))
 
 
-def _engine_runner(profile: str, good: dict[str, str], bad: dict[str, str],
-                   load_time: Any, sets: Any, tier: str | None, use_cache: bool,
-                   display: BisectDisplay, hot: bool) -> EngineRunner:
-    """Hot switching (docs/hot-switching.md) unless `--fresh-launches`."""
-    if hot:
-        return HotEngineRunner(profile, good, bad, load_time=tuple(load_time), sets=sets,
-                               tier=tier, use_cache=use_cache, on_event=display.run_event)
-    return EngineRunner(profile, good, sets=sets, tier=tier, use_cache=use_cache,
-                        on_event=display.run_event)
+def _executor(runner: Runner, request: RunnerRequest, placement: dict[str, Any],
+              parallel: int, preflight: bool) -> Runner:
+    """The local runner, or the executor's that sends its trials to a Ray cluster's nodes."""
+    return executor_runner(placement.get("executor") or "local", runner, request, parallel,
+                           address=placement.get("ray_address"),
+                           node_resource=placement.get("node_resource"), preflight=preflight)
 
 
 def _history(runner: Runner, ledger_path: Path) -> tuple[NoiseEstimate | None, list[float]]:

@@ -203,6 +203,11 @@ class BisectSettings(Strict):
     parallel: Annotated[int, Field(ge=1, le=64)] = 1  # trials at once: engines on one node
     warn_as: Literal["fail", "pass"] = "fail"
     priors: dict[str, Annotated[float, Field(gt=0, le=1e6)]] | None = None
+    # Where trials run (docs/cluster.md): this machine, or the nodes of a Ray cluster.
+    executor: Literal["local", "ray"] = "local"
+    ray_address: str | None = None  # HEAD:6379; default: RAY_ADDRESS or the local `ray start`
+    # A custom Ray resource each node offers one unit of: one trial slot holds a whole node.
+    node_resource: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")] | None = None
 
 
 class Profile(Strict):

@@ -1,0 +1,284 @@
+"""The Ray executor: each trial runs on a node of an existing Ray cluster (docs/cluster.md).
+
+`RayRunner` is a `Runner` (bisect/runner.py) on the driver. The driver keeps every decision
+(re-runs, the ledger); `run()` sends one trial to a free actor — one actor per node slot, K
+slots for `--parallel K` — waits for it and returns its `TrialResult`. Each actor asks for the
+resources of the engine configuration (its GPUs) plus the profile's per-node custom resource
+(`bisect.node_resource`; one unit per node means one slot holds a whole node), builds its
+runner once with `node_runner` — the same factory and trial code as a local bisect — and keeps
+it for every trial it is sent. Results come back as one archive of the trial directory per
+trial (bisect/remote_trial.py), unpacked into the driver's trial directory.
+
+Faults. Ray never re-runs anything (`max_restarts=0`, `max_task_retries=0`): an actor that
+dies mid-trial (its worker killed, its node's raylet gone) makes that trial CANNOT_TEST with a
+signature naming the node; the driver retries it once, on whichever slot is free first, and a
+replacement actor is asked for in the background (placed when a node has room). On each node a
+reaper (engines/reaper.py) beside every actor stops the engines that actor recorded once it is
+gone, so a killed worker, a lost driver (Ray ends its job's actors with it) or Ctrl-C
+(`stop_all`) leaves no engine. A node's preflight failure or identity mismatch is the same
+one-line error as locally, naming the node.
+
+This module is the only one that imports Ray (`pip install 'dsv4bisect[ray]'`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+
+from dsv4bisect.bisect import remote_trial as rt
+from dsv4bisect.bisect.engine_runner import EngineRunner
+from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
+from dsv4bisect.bisect.runner import TrialResult, Verdict
+from dsv4bisect.engines import reaper
+from dsv4bisect.engines.groups import stop_orphans
+from dsv4bisect.env import cache_dir
+from dsv4bisect.errors import BisectError, Dsv4BisectError
+
+PLACE_TIMEOUT_S = 120.0  # for the first slot to be placed and pass its node's preflight
+OTHERS_GRACE_S = 20.0  # then for the other slots, before trials start on those placed
+STOP_TIMEOUT_S = 60.0  # for the actors to stop their engines on Ctrl-C
+NODE_LOST = "node-lost"  # signature prefix of a trial whose actor died
+
+
+class TrialActor:
+    """One node slot: a node runner kept across trials, a reaper beside it."""
+
+    def __init__(self, request: Mapping[str, Any], preflight: bool) -> None:
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.node = {"name": node_name(self.node_id), "node_id": self.node_id}
+        self.scratch = cache_dir() / "ray-trials" / self.node_id[:12]
+        stop_orphans(self.scratch)  # what an actor before us left, if its reaper died too
+        self._reaper = reaper.spawn(self.scratch)
+        self.error: dict[str, Any] | None = None
+        self.runner: EngineRunner | None = None
+        req = RunnerRequest.from_json(request)
+        try:
+            if preflight:  # the same checks and one-line errors as a local bisect's
+                from dsv4bisect.config.resolve import Overrides
+                from dsv4bisect.engines.preflight import require
+
+                require(req.profile, Overrides(sets=tuple(req.sets)))
+            self.runner = node_runner(req)
+        except Dsv4BisectError as exc:
+            self.error = rt.error_json(exc)
+
+    def ready(self) -> dict[str, Any]:
+        return {"node": self.node, "error": self.error}
+
+    def run(self, trial: Mapping[str, Any]) -> dict[str, Any]:
+        if self.error is not None or self.runner is None:
+            return {"error": self.error}
+        return rt.run_on_node(self.runner, rt.NodeTrial.from_json(trial), self.scratch,
+                              self.node)
+
+    def stop(self) -> None:
+        """Stop the engines of the trial in flight (runs beside `run`: max_concurrency=2)."""
+        if self.runner is not None:
+            self.runner.stop_all()
+
+
+def node_name(node_id: str) -> str:
+    return f"{socket.gethostname()} ({ray.util.get_node_ip_address()}, node {node_id[:8]})"
+
+
+def connect(address: str | None) -> None:
+    """Join the cluster as its driver (`auto`: the one `ray start` left on this machine, or
+    RAY_ADDRESS)."""
+    if ray.is_initialized():
+        return
+    _cluster_errors_to_stderr()
+    try:
+        ray.init(address=address or "auto", log_to_driver=False, logging_level=logging.ERROR)
+    except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BisectError(
+            f"cannot join the Ray cluster at {address or 'auto'}: {first}",
+            "start it (`ray start --head` on the head, `ray start --address HEAD:6379` on "
+            "each node) and pass --ray-address HEAD:6379 (docs/cluster.md)") from None
+
+
+def _cluster_errors_to_stderr() -> None:
+    """Ray's driver prints the cluster's error messages ("Raylet is terminated", a node lost)
+    to stdout, which is ours for results (`--json`): send them to stderr, with the rest of
+    the display. (Ray looks the printer up by name each time it prints.)"""
+    from ray._private import worker
+
+    original = getattr(worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "_to_stderr", False):
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        original({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr._to_stderr = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_stderr
+
+
+class _Slot:
+    def __init__(self, actor: Any, node: str) -> None:
+        self.actor, self.node = actor, node
+
+
+class RayRunner:
+    """The `Runner` that runs each trial on a node slot of a Ray cluster."""
+
+    def __init__(self, request: RunnerRequest, local: EngineRunner, slots: int, *,
+                 address: str | None = None, node_resource: str | None = None,
+                 preflight: bool = True) -> None:
+        from dsv4bisect.engines.preflight import named_gpus
+
+        self.local, self.request, self.preflight = local, request, preflight
+        self.address = address
+        connect(address)
+        self.resources = {node_resource: 1.0} if node_resource else {}
+        self.num_gpus = len(named_gpus(local.good_cfg))
+        self._actor_cls = ray.remote(TrialActor).options(
+            num_cpus=0, num_gpus=self.num_gpus, resources=self.resources,
+            max_restarts=0, max_task_retries=0, max_concurrency=2)
+        self._free: queue.Queue[_Slot] = queue.Queue()
+        self._lock = threading.Lock()
+        self._actors: list[Any] = []  # live or pending, to kill on stop
+        self._start(slots)
+
+    # -- the Runner protocol: fingerprints come from the driver's own resolution ---------------
+    @property
+    def probe_hash(self) -> str:
+        return self.local.probe_hash
+
+    def fingerprint(self, patches: Mapping[str, str]) -> str:
+        return self.local.fingerprint(patches)
+
+    def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult:
+        cfg = self.local.config(patches)
+        trial = rt.NodeTrial(patches, seed_block, cfg.fingerprint, cfg.identity,
+                             self.local.probe_hash, trial_dir.parent.parent.name, trial_dir.name)
+        slot = self._acquire()
+        t0 = time.perf_counter()
+        try:
+            reply = ray.get(slot.actor.run.remote(trial.to_json()))
+        except (RayActorError, ActorUnavailableError) as exc:
+            self._lost(slot)
+            return lost_result(slot.node, exc, time.perf_counter() - t0)
+        except RayTaskError as exc:
+            self._free.put(slot)
+            raise BisectError(f"node {slot.node}: the trial failed: {first_line(exc.cause)}",
+                              "its traceback is in the node's Ray worker log") from None
+        self._free.put(slot)
+        return rt.receive(reply, trial_dir, slot.node)
+
+    # -- slots --------------------------------------------------------------------------------
+    def _ask(self) -> tuple[Any, Any]:
+        actor = self._actor_cls.remote(self.request.to_json(), self.preflight)
+        with self._lock:
+            self._actors.append(actor)
+        return actor, actor.ready.remote()
+
+    def _start(self, slots: int) -> None:
+        """Ask for K slots and wait for the first to be placed and checked (then a short
+        while for the others); a node's preflight or identity error is raised here, before
+        the bisect writes anything. Slots not placed yet join when a node has room."""
+        waiting = [self._ask() for _ in range(slots)]
+        deadline = time.monotonic() + PLACE_TIMEOUT_S
+        while waiting and time.monotonic() < deadline:
+            done, _ = ray.wait([ref for _, ref in waiting], num_returns=1,
+                               timeout=deadline - time.monotonic())
+            for pair in [p for p in waiting if p[1] in done]:
+                waiting.remove(pair)
+                self._placed(*pair)  # raises a node's error
+            if not self._free.empty():
+                deadline = min(deadline, time.monotonic() + OTHERS_GRACE_S)
+        if self._free.empty():
+            self.stop_all()
+            wants = ", ".join([f"{self.num_gpus} GPUs"]
+                              + [f"{k}: {v:g}" for k, v in self.resources.items()])
+            raise BisectError(
+                f"no node of the Ray cluster had room for a trial slot ({wants}) within "
+                f"{PLACE_TIMEOUT_S:.0f} s",
+                "check `ray status`: each node needs the engine's GPUs and one unit of the "
+                "profile's bisect.node_resource")
+        for pair in waiting:
+            threading.Thread(target=self._place_later, args=pair, daemon=True).start()
+
+    def _placed(self, actor: Any, ref: Any) -> None:
+        try:
+            info = ray.get(ref)
+        except (RayActorError, ActorUnavailableError):
+            return  # died before its first trial: nothing lost
+        if info["error"] is not None:
+            self.stop_all()
+            raise rt.node_error(info["error"], info["node"]["name"])
+        self._free.put(_Slot(actor, info["node"]["name"]))
+
+    def _place_later(self, actor: Any, ref: Any) -> None:
+        try:
+            self._placed(actor, ref)
+        except Dsv4BisectError as exc:  # a node that joined later and fails its checks
+            logging.getLogger(__name__).warning("%s", exc.message)
+
+    def _lost(self, slot: _Slot) -> None:
+        """The slot's actor died: forget it and ask for a replacement (placed when there is
+        room: at once if only the worker died, never if its node is gone and no other has
+        room)."""
+        with self._lock:
+            if slot.actor in self._actors:
+                self._actors.remove(slot.actor)
+        try:  # unreachable may not mean dead: make sure, so its reaper stops its engines
+            ray.kill(slot.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        pair = self._ask()
+        threading.Thread(target=self._place_later, args=pair, daemon=True).start()
+
+    def _acquire(self) -> _Slot:
+        while True:
+            try:
+                return self._free.get(timeout=1.0)
+            except queue.Empty:
+                with self._lock:
+                    if not self._actors:
+                        raise BisectError("every trial slot of the Ray cluster was lost",
+                                          "check `ray status`, then resume the bisect") from None
+
+    def stop_all(self) -> None:
+        """Ctrl-C: every actor stops its engines (bounded wait), then every actor is killed
+        (its reaper stops whatever is left)."""
+        with self._lock:
+            actors = list(self._actors)
+            self._actors.clear()
+        refs = []
+        for actor in actors:
+            try:
+                refs.append(actor.stop.remote())
+            except Exception:  # noqa: BLE001 - an actor already gone
+                continue
+        if refs:
+            try:
+                ray.wait(refs, num_returns=len(refs), timeout=STOP_TIMEOUT_S)
+            except (GetTimeoutError, RayActorError):
+                pass
+        for actor in actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                continue
+
+
+def lost_result(node: str, exc: BaseException, duration_s: float) -> TrialResult:
+    """A trial whose actor died under it: not the configuration's fault, never evidence."""
+    return TrialResult(Verdict.CANNOT_TEST, f"{NODE_LOST}: {node}", duration_s,
+                       {"node": {"name": node}, "error": first_line(exc)})
+
+
+def first_line(exc: object) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__

@@ -1,0 +1,181 @@
+"""One trial run on another machine: what is sent there, what runs there, what comes back.
+
+The driver resolves and fingerprints every configuration (its ledger key) and sends a
+`NodeTrial`: the patch set, the seed block, and the identity it resolved. The node resolves
+the same patch set with its own runner (`node_runner`) and refuses to run when the two
+differ (a node with another model, engine version or dsv4bisect code would measure something
+else under the same key): a `NodeMismatch` naming the node and what differs. It then runs the
+same local trial code as a local bisect into a scratch trial directory and sends back ONE
+archive of that directory (tar.gz) with the `TrialResult` as JSON; the driver unpacks the
+archive into its own trial directory and rewrites the result's paths to point there. No Ray
+here: the executor (bisect/ray_executor.py) only carries these values.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tarfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dsv4bisect.bisect.engine_runner import EngineRunner
+from dsv4bisect.bisect.runner import TrialResult, Verdict
+from dsv4bisect.errors import (
+    BisectError,
+    ConfigError,
+    Dsv4BisectError,
+    EngineError,
+    PatchError,
+    ProbeError,
+)
+
+_ERRORS: dict[str, type[Dsv4BisectError]] = {
+    c.__name__: c for c in (ConfigError, EngineError, BisectError, PatchError, ProbeError)}
+
+
+class NodeMismatch(ConfigError):
+    """A node resolves a configuration to another identity than the driver (exit 5)."""
+
+
+@dataclass(frozen=True)
+class NodeTrial:
+    patches: Mapping[str, str]
+    seed_block: int
+    fingerprint: str  # the driver's: the ledger key
+    identity: Mapping[str, Any]  # what that fingerprint covers (to say what differs)
+    probe_hash: str
+    run_name: str  # the driver's bisect directory name and trial directory name, reused on
+    trial_name: str  # the node so that its records sit where `stop_orphans` looks
+
+    def to_json(self) -> dict[str, Any]:
+        return {"patches": dict(self.patches), "seed_block": self.seed_block,
+                "fingerprint": self.fingerprint, "identity": dict(self.identity),
+                "probe_hash": self.probe_hash, "run_name": self.run_name,
+                "trial_name": self.trial_name}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> NodeTrial:
+        return cls(dict(doc["patches"]), int(doc["seed_block"]), str(doc["fingerprint"]),
+                   dict(doc["identity"]), str(doc["probe_hash"]), str(doc["run_name"]),
+                   str(doc["trial_name"]))
+
+
+def scratch_trial_dir(scratch: Path, trial: NodeTrial) -> Path:
+    """`<scratch>/<bisect dir>/trials/<trial dir>`: the layout `groups.PATTERNS` knows."""
+    return scratch / trial.run_name / "trials" / trial.trial_name
+
+
+def check_identity(runner: EngineRunner, trial: NodeTrial, node: str) -> None:
+    """Refuse a trial whose configuration this node resolves differently from the driver."""
+    cfg = runner.config(trial.patches)
+    if cfg.fingerprint == trial.fingerprint and runner.probe_hash == trial.probe_hash:
+        return
+    differ = sorted(k for k in set(cfg.identity) | set(trial.identity)
+                    if cfg.identity.get(k) != trial.identity.get(k))
+    what = ", ".join(differ) if differ else "the probe or the good end"
+    raise NodeMismatch(
+        f"node {node} resolves {sorted(trial.patches)} to fingerprint {cfg.fingerprint}, the "
+        f"driver to {trial.fingerprint} (differs: {what})",
+        "give every node the same model path, SGLang environment and dsv4bisect as the "
+        "machine that runs `dsv4bisect bisect` (docs/cluster.md)")
+
+
+def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
+                node: Mapping[str, Any]) -> dict[str, Any]:
+    """Check, run and pack one trial on this node; the reply the driver receives.
+    A project error becomes `{"error": ...}` (re-raised on the driver, naming the node)."""
+    try:
+        check_identity(runner, trial, str(node["name"]))
+        trial_dir = scratch_trial_dir(scratch, trial)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        result = runner.run(dict(trial.patches), trial.seed_block, trial_dir)
+        finished = time.time()
+    except Dsv4BisectError as exc:
+        return {"error": error_json(exc)}
+    archive = pack(trial_dir)
+    shutil.rmtree(trial_dir, ignore_errors=True)  # the driver holds the copy now
+    for parent in (trial_dir.parent, trial_dir.parent.parent):  # trials/, the bisect's dir
+        try:
+            parent.rmdir()  # only when empty: another trial of the bisect may be running
+        except OSError:
+            break
+    return {"result": result_json(result), "node_dir": str(trial_dir), "archive": archive,
+            "node": {**node, "started": started, "finished": finished}}
+
+
+def receive(reply: Mapping[str, Any], trial_dir: Path, node: str) -> TrialResult:
+    """The driver's side: raise a node's error naming it, or unpack and relocate the result."""
+    if "error" in reply:
+        raise node_error(reply["error"], node)
+    unpack(reply["archive"], trial_dir)
+    doc = relocate(reply["result"], str(reply["node_dir"]), str(trial_dir))
+    doc["details"] = {**doc["details"], "node": dict(reply["node"])}
+    return result_from_json(doc)
+
+
+# -- values on the wire -----------------------------------------------------------------------
+
+
+def error_json(exc: Dsv4BisectError) -> dict[str, Any]:
+    return {"class": type(exc).__name__, "message": exc.message, "hint": exc.hint}
+
+
+def node_error(doc: Mapping[str, Any], node: str) -> Dsv4BisectError:
+    """The node's error, same class and hint; the message names the node (once)."""
+    cls = _ERRORS.get(str(doc.get("class")), ConfigError)
+    message = str(doc.get("message"))
+    if f"node {node}" not in message:
+        message = f"node {node}: {message}"
+    return cls(message, doc.get("hint"))
+
+
+def result_json(result: TrialResult) -> dict[str, Any]:
+    return {"verdict": Verdict(result.verdict).value, "signature": result.signature,
+            "duration_s": result.duration_s, "details": dict(result.details),
+            "throughput": result.throughput, "log_path": result.log_path,
+            "aa_verdicts": [Verdict(v).value for v in result.aa_verdicts]}
+
+
+def result_from_json(doc: Mapping[str, Any]) -> TrialResult:
+    return TrialResult(Verdict(doc["verdict"]), doc.get("signature"),
+                       float(doc.get("duration_s") or 0.0), dict(doc.get("details") or {}),
+                       doc.get("throughput"), doc.get("log_path"),
+                       tuple(Verdict(v) for v in doc.get("aa_verdicts") or ()))
+
+
+def relocate(doc: Any, old: str, new: str) -> Any:
+    """Every string path under `old` (the node's trial directory) moved under `new`."""
+    if isinstance(doc, str):
+        return new + doc[len(old):] if doc == old or doc.startswith(old + "/") else doc
+    if isinstance(doc, dict):
+        return {k: relocate(v, old, new) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [relocate(v, old, new) for v in doc]
+    return doc
+
+
+def pack(directory: Path) -> bytes:
+    """The directory as one gzipped tar (members relative to it)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        for path in sorted(directory.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                tar.add(path, arcname=str(path.relative_to(directory)), recursive=False)
+    return buf.getvalue()
+
+
+def unpack(data: bytes, directory: Path) -> None:
+    """Unpack `pack`'s archive into `directory` (plain files only, nothing outside it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        members = tar.getmembers()
+        for m in members:  # what `pack` writes; anything else is refused, whatever Python
+            if not m.isfile() or m.name.startswith("/") or ".." in Path(m.name).parts:
+                raise BisectError(f"a node sent a trial archive with `{m.name}` in it",
+                                  "the nodes must run the same dsv4bisect as the driver")
+        tar.extractall(directory, members=members)

@@ -1,0 +1,249 @@
+"""`bisect --executor ray` on a REAL local Ray cluster: a head and one more node started by the
+test (`ray.cluster_utils.Cluster`, separate raylets), each offering one unit of the custom
+resource `trial_slot`, so each trial slot holds a "node"; the embedded engine at the ci tier is
+the engine. Nothing of Ray is mocked. The driver is the CLI in its own process, as a user runs
+it. Engines are found by the receipts directory in their environment, which for a node's trial
+lies under that node's scratch root (`$DSV4BISECT_CACHE/ray-trials/<node>/`).
+
+The end-to-end cases launch 6-10 embedded engines each (a minute or more on the 2-core CPU)
+and are `slow`; the preflight case launches nothing and runs wherever Ray is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the Ray executor's tests need `pip install '.[ray]'`")
+from ray.cluster_utils import Cluster
+
+SLOT = "trial_slot"
+SINGLE = ("--tier", "ci", "--set", "patches.hash-topk-scaling.variant=double-scale",
+          "--candidates", "mhc-bf16,hash-topk-scaling,mma-decode,triton-indexer",
+          "--warn-as", "pass", "--parallel", "2")
+CULPRIT = ["hash-topk-scaling"]
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[Cluster, Any]]:
+    """A head and one more node, one trial slot each; their raylets inherit this test's
+    DSV4BISECT_CACHE (tests/conftest.py), so their scratch roots are the test's."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {SLOT: 1}})
+    other = c.add_node(num_cpus=1, resources={SLOT: 1})
+    c.wait_for_nodes()
+    try:
+        yield c, other
+    finally:
+        c.shutdown()
+
+
+def scratch() -> Path:
+    return Path(os.environ["DSV4BISECT_CACHE"]) / "ray-trials"
+
+
+def argv(c: Cluster, out: Path, *args: str, executor: str = "ray") -> list[str]:
+    ray_args = ("--executor", "ray", "--ray-address", c.address,
+                "--set", f"bisect.node_resource={SLOT}") if executor == "ray" else ()
+    return [sys.executable, "-m", "dsv4bisect", "bisect", *SINGLE, *ray_args, *args, "--json",
+            "--out", str(out)]
+
+
+def run(cmd: list[str], timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, env={**os.environ, "NO_COLOR": "1"}, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(cmd, env={**os.environ, "NO_COLOR": "1"}, text=True,
+                            stdout=subprocess.PIPE, stderr=log.open("w"))
+
+
+def engine_pids(root: Path) -> set[int]:
+    """Live processes whose receipts directory lies under `root`."""
+    marker = f"DSV4BISECT_RECEIPTS={root.resolve()}/".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes() and \
+                    (entry / "stat").read_text().split()[2] != "Z":
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def trials(out: Path) -> list[dict[str, Any]]:
+    path = out / "ledger.sqlite"
+    if not path.exists():
+        return []
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        conn.row_factory = sqlite3.Row
+        try:
+            rows = [dict(r) for r in conn.execute("SELECT * FROM trials ORDER BY id")]
+        except sqlite3.OperationalError:  # not created yet
+            return []
+    for r in rows:
+        r["details"] = json.loads(r["details"]) if r.get("details") else {}
+    return rows
+
+
+def test_a_node_without_a_free_port_fails_like_a_local_preflight_naming_it(
+        cluster: tuple[Cluster, Any], tmp_path: Path) -> None:
+    c, _ = cluster
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = run(argv(c, tmp_path / "runs", "--set", f"engine.port={port}"), timeout=300)
+    assert r.returncode == 125, r.stderr
+    error = next(line for line in r.stderr.splitlines() if line.startswith("error:"))
+    assert error.startswith("error: node ") and "): preflight: `server`: " in error, error
+    assert str(port) in error
+    assert not list((tmp_path / "runs").glob("*bisect*")), "a run directory was written"
+
+
+@pytest.mark.slow  # two bisects of 7 embedded launches each, 2-3 minutes on the 2-core CPU
+def test_ray_parallel_bisect_names_the_local_culprit_with_trials_on_two_nodes_at_once(
+        cluster: tuple[Cluster, Any], tmp_path: Path) -> None:
+    c, _ = cluster
+    t0 = time.monotonic()
+    local = run(argv(c, tmp_path / "local", executor="local"))
+    t_local = time.monotonic() - t0
+    assert local.returncode == 0, local.stderr
+    t0 = time.monotonic()
+    r = run(argv(c, tmp_path / "ray"))
+    t_ray = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    report, expected = json.loads(r.stdout), json.loads(local.stdout)
+    print(f"local --parallel 2: {t_local:.0f} s; ray --parallel 2: {t_ray:.0f} s")
+    assert report["culprits"] == expected["culprits"] == CULPRIT
+    assert [t["subset"] for t in report["trials"]] == [t["subset"] for t in expected["trials"]]
+    rows = [t for t in trials(tmp_path / "ray") if t["status"] == "done"]
+    nodes = {t["details"]["node"]["node_id"] for t in rows}
+    assert len(nodes) == 2, "trials did not use both nodes"
+    at_once = [(a["step"], b["step"]) for a in rows for b in rows if a["id"] < b["id"]
+               and b["started"] < a["finished"]
+               and a["details"]["node"]["node_id"] != b["details"]["node"]["node_id"]
+               and b["details"]["node"]["started"] < a["details"]["node"]["finished"]]
+    assert at_once, "no two trials ran at the same time on different nodes"
+    for t in report["trials"]:  # what each node sent back is in the driver's run directory
+        run_dir = Path(t["trial_run_dir"])
+        assert str(run_dir).startswith(str(tmp_path / "ray"))
+        assert json.loads((run_dir / "verdict.json").read_text())["verdict"] == t["verdict"]
+    assert not engine_pids(scratch())
+
+
+def kill_actor_worker(node_root: Path) -> None:
+    """SIGKILL the Ray worker process that launched the engines recorded under `node_root`
+    (the owner in their engines.json)."""
+    record = wait_for(lambda: next(node_root.glob("*/trials/*/*/*/engines.json"), None), 60,
+                      "the engines' record")
+    os.kill(int(json.loads(record.read_text())["owner"]["pid"]), signal.SIGKILL)
+
+
+@pytest.mark.slow  # about 8 embedded launches and a lost node or worker: 2-3 minutes each
+@pytest.mark.parametrize("what", ["raylet", "worker"])
+def test_a_node_lost_mid_trial_makes_it_cannot_test_rerun_to_the_same_answer(
+        cluster: tuple[Cluster, Any], tmp_path: Path, what: str) -> None:
+    c, other = cluster
+    out = tmp_path / "runs"
+    proc = start(argv(c, out), tmp_path / "stderr.txt")
+    node_root = scratch() / other.node_id[:12]
+    try:  # the other node's engine is up: its trial is in flight
+        wait_for(lambda: engine_pids(node_root), 300, "an engine on the second node")
+        if what == "raylet":
+            other.kill_raylet()
+        else:
+            kill_actor_worker(node_root)
+        stdout, _ = proc.communicate(timeout=1200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert proc.returncode == 0, stderr
+    report = json.loads(stdout)
+    assert report["culprits"] == CULPRIT
+    rows = trials(out)
+    lost = [t for t in rows if t["verdict"] == "CANNOT_TEST"]
+    assert lost and all(t["signature"].startswith("node-lost: ") for t in lost), rows
+    assert other.node_id[:8] in lost[0]["signature"]
+    for t in lost:  # re-run to a verdict (after a lost raylet, on the node that is left)
+        again = [u for u in rows if u["fingerprint"] == t["fingerprint"] and u["id"] > t["id"]
+                 and u["seed_block"] == t["seed_block"]]
+        assert again and again[-1]["status"] == "done" and again[-1]["verdict"] != "CANNOT_TEST"
+        if what == "raylet":
+            assert again[-1]["details"]["node"]["node_id"] != other.node_id
+    wait_for(lambda: not engine_pids(scratch()), 60, "the lost node's engines to be stopped")
+
+
+@pytest.mark.slow  # a killed driver, its resume: about 9 embedded launches, 2-3 minutes
+def test_kill_9_of_the_driver_leaves_no_engine_and_resume_repeats_no_finished_trial(
+        cluster: tuple[Cluster, Any], tmp_path: Path) -> None:
+    c, _ = cluster
+    out = tmp_path / "runs"
+    proc = start(argv(c, out), tmp_path / "stderr.txt")
+    try:
+        wait_for(lambda: sum(t["status"] == "done" for t in trials(out)) >= 2
+                 and engine_pids(scratch()), 400, "two finished trials and engines up")
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    wait_for(lambda: not engine_pids(scratch()), 90, "the nodes to stop the killed driver's engines")
+    finished = {(t["fingerprint"], t["seed_block"]) for t in trials(out) if t["status"] == "done"}
+    run_dir = next(out.glob("*-bisect-*"))
+    r = run([sys.executable, "-m", "dsv4bisect", "bisect", "--resume", str(run_dir), "--json"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["culprits"] == CULPRIT
+    rows = trials(out)
+    for key in finished:
+        runs = [t for t in rows if (t["fingerprint"], t["seed_block"]) == key
+                and t["status"] == "done"]
+        assert len(runs) == 1, f"finished trial {key} ran again"
+    assert any(t["status"] == "abandoned" for t in rows)  # the interrupted ones ran again
+    wait_for(lambda: not engine_pids(scratch()), 60, "no engine after the resume")
+
+
+@pytest.mark.slow  # one or two embedded launches, then Ctrl-C: about a minute
+def test_ctrl_c_stops_every_actor_and_its_engines(cluster: tuple[Cluster, Any],
+                                                   tmp_path: Path) -> None:
+    c, _ = cluster
+    out = tmp_path / "runs"
+    proc = start(argv(c, out), tmp_path / "stderr.txt")
+    try:
+        wait_for(lambda: len({p for p in engine_pids(scratch())}) >= 2, 300,
+                 "engines up on the nodes")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert proc.returncode == 130, stderr
+    assert "dsv4bisect bisect --resume" in stderr
+    wait_for(lambda: not engine_pids(scratch()), 30, "the engines to be stopped")
+    assert all(t["status"] != "running" for t in trials(out))

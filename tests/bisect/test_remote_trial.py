@@ -1,0 +1,70 @@
+"""What a trial on another node sends back and checks, without a cluster: the archive of the
+trial directory, the result's paths moved to the driver, a node's errors naming it, and the
+identity check against the driver's resolution (a real `node_runner` on reference-all)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dsv4bisect.bisect import remote_trial as rt
+from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
+from dsv4bisect.bisect.runner import TrialResult, Verdict
+from dsv4bisect.errors import EngineError
+
+NODE = "gpu-07 (10.0.0.7, node 1a2b3c4d)"
+
+
+def test_archive_round_trip_and_paths_moved_to_the_driver(tmp_path: Path) -> None:
+    node_dir = tmp_path / "node" / "bisect" / "trials" / "003-abc-b0-a1"
+    (node_dir / "run" / "candidate" / "logs").mkdir(parents=True)
+    (node_dir / "run" / "verdict.json").write_text('{"verdict": "FAIL"}\n')
+    (node_dir / "run" / "candidate" / "logs" / "server.log").write_text("log\n")
+    log = str(node_dir / "run" / "candidate" / "logs" / "server.log")
+    result = TrialResult(Verdict.FAIL, "drift", 12.5, {"run_dir": str(node_dir / "run"),
+                                                       "other": str(tmp_path / "elsewhere")},
+                         88.0, log, (Verdict.PASS,))
+    reply = {"result": rt.result_json(result), "node_dir": str(node_dir),
+             "archive": rt.pack(node_dir), "node": {"name": NODE, "started": 1.0,
+                                                   "finished": 2.0}}
+    driver_dir = tmp_path / "driver" / "trials" / "003-abc-b0-a1"
+    got = rt.receive(reply, driver_dir, NODE)
+    assert (driver_dir / "run" / "verdict.json").read_text() == '{"verdict": "FAIL"}\n'
+    assert got.log_path == str(driver_dir / "run" / "candidate" / "logs" / "server.log")
+    assert Path(got.log_path).read_text() == "log\n"
+    assert got.details["run_dir"] == str(driver_dir / "run")
+    assert got.details["other"] == str(tmp_path / "elsewhere")  # not under the node's dir
+    assert got.details["node"]["name"] == NODE
+    assert (got.verdict, got.signature, got.aa_verdicts) == (Verdict.FAIL, "drift",
+                                                             (Verdict.PASS,))
+
+
+def test_a_node_error_keeps_its_class_and_hint_and_names_the_node() -> None:
+    doc = rt.error_json(EngineError("preflight: `server`: port 30000 held by pid 4 on "
+                                    "127.0.0.1", "stop that process"))
+    err = rt.node_error(doc, NODE)
+    assert isinstance(err, EngineError) and err.exit_code == 125
+    assert err.message == f"node {NODE}: preflight: `server`: port 30000 held by pid 4 on " \
+                          "127.0.0.1"
+    assert err.hint == "stop that process"
+    with pytest.raises(EngineError) as raised:  # the driver's side of a reply
+        rt.receive({"error": doc}, Path("/nonexistent"), NODE)
+    assert raised.value.message == err.message
+
+
+def test_a_node_that_resolves_another_model_is_refused_naming_it(tmp_path: Path) -> None:
+    runner = node_runner(RunnerRequest("reference-all", {}, (), "ci"))
+    patches = {"hash-topk-scaling": "double-scale"}
+    cfg = runner.config(patches)
+    same = rt.NodeTrial(patches, 0, cfg.fingerprint, cfg.identity, runner.probe_hash, "b", "t")
+    rt.check_identity(runner, same, NODE)  # the driver's own resolution: accepted
+    other = {**cfg.identity, "model": {"model": "another-checkpoint"}}
+    driver = rt.NodeTrial(patches, 0, "0123456789abcdef", other, runner.probe_hash, "b", "t")
+    with pytest.raises(rt.NodeMismatch) as info:
+        rt.check_identity(runner, driver, NODE)
+    assert info.value.message.startswith(f"node {NODE} resolves ['hash-topk-scaling'] to "
+                                         f"fingerprint {cfg.fingerprint}, the driver to "
+                                         "0123456789abcdef (differs: model)")
+    reply = rt.run_on_node(runner, driver, tmp_path, {"name": NODE})
+    assert reply["error"]["class"] == "NodeMismatch" and not any(tmp_path.iterdir())
