@@ -9,8 +9,8 @@ unless `--no-cache`:
     baseline/            the arm as the run directory holds it: probe run files, logs/, receipts/
     baseline-repeat/     the A/A repeat's probe run files
 
-The smoke tier's repeat covers a subset (`REPEAT_SHORTEST_LENGTHS`): every drift transcript and
-the accuracy cases at the two shortest lengths. docs/run.md says why; the judge takes its A/A
+The smoke and standard tiers' repeat covers a subset (`REPEAT_SHORTEST_LENGTHS`): every drift
+transcript and the accuracy cases at the two shortest lengths. docs/run.md says why; the judge takes its A/A
 figures from the requests the repeat covered.
 """
 
@@ -33,7 +33,7 @@ from dsv4bisect.probe.spec import ProbeSpec
 CACHE_SCHEMA = "dsv4bisect.baseline-cache/1"
 BASELINE, REPEAT = "baseline", "baseline-repeat"
 # Tier -> how many of its shortest lengths the A/A repeat's accuracy cases cover (absent: all).
-REPEAT_SHORTEST_LENGTHS = {"smoke": 2}
+REPEAT_SHORTEST_LENGTHS = {"smoke": 2, "standard": 2}
 
 
 @dataclass(frozen=True)
