@@ -13,10 +13,12 @@ The policy priced here is the one the driver follows:
   probe), and that trial's verdict is the A/A verdict; the bad end at full size; every other
   configuration with the sequential trial probe, whose expected length is `like_good_fraction`
   or `like_bad_fraction` of the full probe for a trial that behaves like the good or the bad end.
-* **Seed blocks.** The n-th trial of a configuration uses seed block n, and a paired probe
-  judges it against the good end's baseline *of that block*: the first trial in a new block
-  measures that baseline first (the good end's engine, full probe + A/A). A re-test is therefore
-  dearer than a new configuration, and the priced design knows it.
+* **Seed blocks.** The n-th trial of a configuration uses seed block n. A full-size paired
+  probe judges it against the good end's baseline *of that block*: the first trial in a new
+  block measures that baseline first (the good end's engine, full probe + A/A), so a re-test is
+  dearer than a new configuration, and the priced design knows it. The sequential trial probe
+  draws a re-test's requests from the first baseline's pool instead (other requests, in another
+  order: the pool holds 1/fraction trials' worth), so its re-tests need no new baseline.
 
 Everything is derived from the sequence of subsets tested, so the search that uses it stays
 deterministic given its records (a resume replays them). The engines a resumed driver really
@@ -39,7 +41,8 @@ class StepCosts:
     switch_s: float = 0.0  # hot switch inside a running engine
     probe_s: float = 60.0  # the full probe of the tier (or one --test-cmd call)
     aa_fraction: float = 0.0  # the A/A repeat, as a share of the full probe
-    like_good_fraction: float = 1.0  # sequential trial probe on a trial like the good end
+    sequential: bool = False  # non-end trials use the sequential trial probe
+    like_good_fraction: float = 1.0  # its expected share of the full probe, trial like good
     like_bad_fraction: float = 1.0  # ... like the bad end
     hot: bool = False  # switch call-time patches inside a running engine
     pool: int = 1  # engines kept up at once
@@ -61,7 +64,8 @@ class StepCosts:
 
     def to_json(self) -> dict[str, Any]:
         return {"launch_s": self.launch_s, "switch_s": self.switch_s, "probe_s": self.probe_s,
-                "aa_fraction": self.aa_fraction, "like_good_fraction": self.like_good_fraction,
+                "aa_fraction": self.aa_fraction, "sequential": self.sequential,
+                "like_good_fraction": self.like_good_fraction,
                 "like_bad_fraction": self.like_bad_fraction, "hot": self.hot, "pool": self.pool,
                 "load_time": sorted(self.load_time), "paired": self.paired}
 
@@ -83,11 +87,13 @@ class CostTracker:
         self.baselines: set[int] = set()  # seed blocks whose good-end baseline is measured
         self.seen: Counter[frozenset[str]] = Counter()
         self.spent_s = 0.0
+        self.launches = 0
 
     def copy(self) -> CostTracker:
         other = CostTracker(self.costs, self.everything)
         other.engines, other.baselines = list(self.engines), set(self.baselines)
         other.seen, other.spent_s = Counter(self.seen), self.spent_s
+        other.launches = self.launches
         return other
 
     # -- prices ------------------------------------------------------------------------------
@@ -98,7 +104,7 @@ class CostTracker:
     def charge(self, subset: frozenset[str], like_bad: float | bool) -> float:
         """Run the next trial of `subset` (like the bad end with probability / truth
         `like_bad`): advance the state, return its seconds (expected where a probability)."""
-        block = self.seen[subset]
+        block = 0 if self.costs.sequential else self.seen[subset]
         self.seen[subset] += 1
         seconds = 0.0
         if self.costs.paired and block not in self.baselines:
@@ -119,6 +125,7 @@ class CostTracker:
         the culprits, judged with the sequential probe."""
         seconds = self.costs.launch_s + self.costs.probe_s * self._fraction(float(like_bad))
         self.spent_s += seconds
+        self.launches += 1
         return seconds
 
     # -- parts -------------------------------------------------------------------------------
@@ -127,10 +134,11 @@ class CostTracker:
 
     def _engine(self, state: frozenset[str]) -> float:
         """Seconds to have the engine of `state` ready (and the pool after it)."""
+        if self.costs.hot and state in self.engines:
+            return self.costs.switch_s
+        self.launches += 1
         if not self.costs.hot:
             return self.costs.launch_s
-        if state in self.engines:
-            return self.costs.switch_s
         if len(self.engines) >= self.costs.pool:
             self.engines.pop(0)  # stop the oldest engine
         self.engines.append(state)
@@ -143,6 +151,8 @@ class CostTracker:
 
     def _fraction(self, like_bad: float) -> float:
         c = self.costs
+        if not c.sequential:
+            return 1.0
         return like_bad * c.like_bad_fraction + (1 - like_bad) * c.like_good_fraction
 
     def engine_up(self, subset: frozenset[str]) -> bool:
