@@ -75,15 +75,17 @@ class WholePlan:
     runs: int
     levers: tuple[str, ...]  # the levers this bisect has (the others cannot be turned on)
     with_levers: Figures
-    without_levers: Figures  # every lever off: today's bisect, everything counted
+    without_levers: Figures | None  # every lever off: today's bisect, everything counted
     each_off: Mapping[str, Figures]  # one lever off in turn
 
     def saves_s(self, lever: str) -> float:
         return self.each_off[lever].mean_wall_s - self.with_levers.mean_wall_s
 
 
-def plan_bisect(setup: Setup, *, trials: int = 100, seed: int = 0) -> WholePlan:
-    """Simulate `trials` whole bisects per configuration of the levers."""
+def plan_bisect(setup: Setup, *, trials: int = 100, seed: int = 0,
+                compare: bool = True) -> WholePlan:
+    """Simulate `trials` whole bisects per configuration of the levers (`compare=False`: only
+    with every lever on)."""
     if trials < 1:
         raise BisectError("the plan needs at least one simulated run", "use trials >= 1")
     levers = tuple(lever for lever in LEVERS if _has(setup, lever))
@@ -98,6 +100,8 @@ def plan_bisect(setup: Setup, *, trials: int = 100, seed: int = 0) -> WholePlan:
         runs = [_simulate(cfg, c, random.Random(s), priced) for c, s in zip(culprits, seeds)]
         return _figures(runs)
 
+    if not compare:
+        return WholePlan(trials, levers, figures(()), None, {})
     return WholePlan(trials, levers, figures(()), figures(levers),
                      {lever: figures((lever,)) for lever in levers})
 
