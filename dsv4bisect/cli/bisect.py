@@ -43,10 +43,10 @@ from dsv4bisect.run.signals import interrupts
 from dsv4bisect.ui.console import console, stdout
 
 if TYPE_CHECKING:  # the search needs numpy: imported when a bisect runs, not with the CLI
+    from dsv4bisect.bisect.costs import PlanCosts
     from dsv4bisect.bisect.design import Noise
     from dsv4bisect.bisect.driver import BisectOutcome
     from dsv4bisect.bisect.ledger import NoiseEstimate
-    from dsv4bisect.bisect.costs import PlanCosts
     from dsv4bisect.bisect.spec import BisectSpec
     from dsv4bisect.bisect.whole_plan import WholePlan
 

@@ -212,3 +212,28 @@ def test_a_deterministic_test_cmd_bisect_of_reference_all_is_short_with_default_
         assert report["culprits"] == [culprit] and report["remedy"]["verdict"] == "passes"
         counts[culprit] = calls(log)
     assert sum(counts.values()) / 5 <= 6.2, counts
+
+
+def test_plan_of_an_sglang_profile_prices_launches_switches_and_probes(tmp_path: Path) -> None:
+    r = cli("dsv4-flash-tp8-latest-all", "--plan", "--json", "--out", tmp_path / "runs",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    sources = {c["name"]: c["source"] for c in p["costs"]}
+    assert sources["launch"] == "assumed (dsv4bisect default for SGLang)"
+    assert sources["hot switch"].startswith("assumed (dsv4bisect default for SGLang: drain")
+    assert "30.4 M prompt tokens" in sources["full probe (standard tier)"]
+    assert p["load_time"] == ["fp8-wo-a-gemm", "fused-mhc-post-pre", "sm120-flashmla-backend"]
+    assert p["hot"] and p["levers"]["hot"]["available"] and p["phase_s"]["confirmation"] > 0
+    assert p["without_levers"]["mean_wall_s"] > p["mean_wall_s"]
+    for name in ("hot", "sequential", "priced"):
+        off = p["levers"][name]["off"]["mean_wall_s"]
+        assert p["levers"][name]["saves_s"] == pytest.approx(off - p["mean_wall_s"])
+    fresh = cli("dsv4-flash-tp8-latest-all", "--plan", "--json", "--fresh-launches",
+                "--out", tmp_path / "runs", cwd=tmp_path)
+    f = json.loads(fresh.stdout)
+    assert not f["hot"] and not f["levers"]["hot"]["available"]
+    assert not f["levers"]["sequential"]["available"]  # fresh trials are probed at full size
+    # every trial a fresh launch, and a re-test also launches its seed block's baseline
+    assert f["phase_s"]["confirmation"] == 0 and f["mean_launches"] >= f["mean_trials"]
+    assert not (tmp_path / "runs").exists()

@@ -38,7 +38,7 @@ def test_a_record_counts_at_the_rates_its_own_verdict_holds():
     sure, loose = ended(Search(NAMES, noise=FIVE)), ended(Search(NAMES, noise=FIVE))
     sure.record({"a", "b", "c"}, Outcome.FAIL, noise=Noise(0.001, 0.001))
     loose.record({"a", "b", "c"}, Outcome.FAIL, noise=Noise(0.3, 0.3))
-    inside = lambda s: sum(s.marginals()[x] for x in "abc")  # noqa: E731
+    inside = lambda s: sum(s.marginals()[x] for x in "abc")
     assert inside(sure) > inside(loose) > inside(ended(Search(NAMES, noise=FIVE)))
     # the checks weigh each trial at its own rates too: C = {a} alone failing, sure vs loose
     from dsv4bisect.bisect import confirm
