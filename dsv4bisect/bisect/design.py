@@ -23,6 +23,7 @@ from dsv4bisect.bisect.hypotheses import HypothesisSpace
 _TIE = 1e-6  # bits; smaller differences are ties (broken by candidate order), so candidates
 # that are already ruled out (posterior ~1e-6, not 0: see search._FLOOR) are not added
 _COIN = np.array([0.5, 0.5])
+CREDIT_INFO_SHARE = 0.9  # see RoundDesign.choose
 
 
 @dataclass(frozen=True)
@@ -194,11 +195,16 @@ class RoundDesign:
         return mask
 
     def choose(self, options: Sequence[np.ndarray], avoid: set[bytes],
-               price: Callable[[np.ndarray], float] | None = None) -> np.ndarray | None:
+               price: Callable[[np.ndarray], tuple[float, float]] | None = None
+               ) -> np.ndarray | None:
         """The most informative option not in `avoid` (first wins ties); None if none informs.
-        With `price` (expected seconds of a trial of the option): the most information per
-        second among the options that inform at all."""
-        best, best_score = None, 0.0
+        With `price` (mask -> expected seconds of a trial of it, and the share of them it is
+        credited as a trial the bisect runs anyway): the most information per second among the
+        options that inform at all. The credit counts only for an option within
+        `CREDIT_INFO_SHARE` of the best information: it decides between questions of nearly
+        the same worth and never buys a much weaker one (greedy ratios would: a cheap weak test
+        now costs more trials later)."""
+        kept: list[tuple[np.ndarray, float]] = []
         seen: set[bytes] = set()
         for mask in options:
             key = mask.tobytes()
@@ -206,12 +212,20 @@ class RoundDesign:
                 continue
             seen.add(key)
             info = self.info_of(mask)
-            if info <= 2 * _TIE:
-                continue
+            if info > 2 * _TIE:
+                kept.append((mask, info))
+        if not kept:
+            return None
+        top = max(info for _, info in kept)
+        best, best_score = None, 0.0
+        for mask, info in kept:
             if price is None:
                 better, score = best is None or info > best_score + _TIE, info
             else:
-                score = info / price(mask)
+                seconds, credit = price(mask)
+                if info < CREDIT_INFO_SHARE * top:
+                    credit = 0.0
+                score = info / max(seconds * (1 - credit), 1e-9)
                 better = best is None or score > best_score * (1 + _TIE)
             if better:
                 best, best_score = mask, score

@@ -291,23 +291,23 @@ class Search:
         tracker.charge(self.space.subset(mask), 0.5)
 
     def _pricer(self, design: RoundDesign,
-                tracker: CostTracker) -> Callable[[np.ndarray], float] | None:
-        """Expected seconds of a trial of a subset (None: the unpriced design). A trial that the
-        remedy check would run anyway (the bad end without the likely culprit set, not tested
-        yet) is credited with the chance that it is that trial."""
+                tracker: CostTracker) -> Callable[[np.ndarray], tuple[float, float]] | None:
+        """Expected seconds of a trial of a subset, and its credit (None: the unpriced design).
+        A trial that the remedy check would run anyway (the bad end without the likely culprit
+        set, not tested yet) is credited with the chance that it is that trial."""
         if self.costs is None:
             return None
         post = self.posterior()
         everything = self.space.mask(frozenset(self.candidates))
 
-        def price(mask: np.ndarray) -> float:
+        def price(mask: np.ndarray) -> tuple[float, float]:
             subset = self.space.subset(mask)
             seconds = tracker.quote(subset, design.p_fail(mask))
             row = self._set_row.get((everything - mask).tobytes())
             if tracker.seen[subset]:
                 row = None  # the remedy check counts the first trial only
             credit = min(float(post[row]), _MAX_REMEDY_CREDIT) if row is not None else 0.0
-            return max(seconds * (1 - credit), 1e-9)
+            return seconds, credit
 
         return price
 
