@@ -28,7 +28,9 @@ SGLANG_LAUNCH_S = 600.0
 SGLANG_SWITCH_S = 90.0
 REFERENCE_LAUNCH_S = 10.0
 REFERENCE_SWITCH_S = 1.0  # in-process, eager on CPU: no graphs to capture
-REFERENCE_PROBE_S = {"ci": 20.0, "smoke": 60.0, "standard": 1200.0, "deep": 3600.0}
+# Seconds of a full probe per tier: the embedded engine's, and the least any engine takes (the
+# tier's requests decode and are scheduled whatever their prompt length).
+TIER_PROBE_S = {"ci": 20.0, "smoke": 60.0, "standard": 1200.0, "deep": 3600.0}
 TEST_CMD_S = 60.0
 # The sequential trial probe's expected share of the full probe until it states its own
 # (`probe.sequential.plan_trial`): like a bad end losing 30 % of answers at most a tenth (the
@@ -101,14 +103,21 @@ def plan_costs(
     launch_default = SGLANG_LAUNCH_S if engine != "reference" else REFERENCE_LAUNCH_S
     switch_default = SGLANG_SWITCH_S if engine != "reference" else REFERENCE_SWITCH_S
     assert shape is not None
+    floor = TIER_PROBE_S.get(shape.tier, 600.0)
     if engine == "reference":
-        probe_default = REFERENCE_PROBE_S.get(shape.tier, 600.0)
+        probe_default = floor
         probe_why = f"dsv4bisect default for the {shape.tier} tier on {kind}"
-    else:
+    elif shape.prompt_tokens * SGLANG_PROBE_S_PER_TOKEN >= floor:
         probe_default = shape.prompt_tokens * SGLANG_PROBE_S_PER_TOKEN
         probe_why = (f"dsv4bisect default for SGLang: {shape.prompt_tokens / 1e6:.1f} M prompt "
                      f"tokens at {1 / SGLANG_PROBE_S_PER_TOKEN / 1e3:.1f} k tokens/s, cost "
                      "proportional to prompt tokens")
+    else:  # a small tier: per-request overheads (decode, scheduling) dominate its prefill
+        probe_default = floor
+        probe_why = (f"dsv4bisect default for the {shape.tier} tier on SGLang: "
+                     f"{shape.prompt_tokens / 1e3:.0f} k prompt tokens take "
+                     f"{shape.prompt_tokens * SGLANG_PROBE_S_PER_TOKEN:.0f} s of prefill; the "
+                     "tier's fixed minimum counts its requests' decode and scheduling")
     launch = _pick("launch", given.get("launch"), _measured(details, "launch_s"),
                    launch_default, f"dsv4bisect default for {kind}", lines)
     switch = _pick("hot switch", given.get("switch"), _measured(details, "switch_s", "hot"),
