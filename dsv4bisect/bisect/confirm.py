@@ -8,6 +8,8 @@ and under noise at least half of that (in log-odds) must come from trials run af
 the confidence: fresh evidence, not only the evidence that selected C (an adaptive search under
 noise can be led to a wrong set by a streak of flipped outcomes; a fresh look catches that).
 For a single culprit, C minus x is the good end, which the end checks establish.
+Each trial counts at the error rates its own verdict holds to (a sequential trial probe states
+them) where it carries them, else at the search's; a BETWEEN counts for neither side.
 
 A culprit set must also be sufficient: C alone fails (see `_sufficiency`).
 The catch-alls "good end fails" and "bad end passes" are confirmed the same way at that end.
@@ -18,11 +20,26 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
+from dsv4bisect.bisect.design import Noise
 from dsv4bisect.bisect.hypotheses import BAD_END_PASSES, GOOD_END_FAILS, Hypothesis
 from dsv4bisect.bisect.records import Outcome, Record
+
+# Error rates below this are taken as this in the likelihood, so that a noiseless search
+# survives a contradiction (the least-contradicted hypothesis wins) instead of dividing by 0.
+FLOOR = 1e-6
+
+
+@lru_cache(maxsize=64)
+def loglik(noise: Noise) -> np.ndarray:
+    """[observed, true] natural-log likelihoods of a probe at these rates (0 = pass, 1 = fail)."""
+    a, b = (min(max(r, FLOOR), 1 - FLOOR) for r in (noise.false_fail, noise.false_pass))
+    table = np.log(np.array([[1 - a, b], [a, 1 - b]]))
+    table.flags.writeable = False  # shared through the cache
+    return table
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,11 @@ class Evidence:
     good_end_established: bool  # P(good end fails) <= 1 - confidence
     candidates: tuple[str, ...]
     max_order: int
+
+    def log10_lr(self, record: Record) -> np.ndarray:
+        """[observed, true] log10 likelihoods for one record: its own rates, else the search's."""
+        table = self.loglik if record.noise is None else loglik(record.noise)
+        return table / math.log(10)
 
 
 def checks_for(hyp: Hypothesis, ev: Evidence) -> tuple[Check, ...]:
@@ -89,15 +111,14 @@ def _sufficiency(members: frozenset[str], ev: Evidence, fresh: bool) -> Check:
     come from the data. At the largest order nothing in the model competes from above, so the
     full ratio is needed, and the fresh-look rule applies."""
     need = math.log10(ev.confidence / (1 - ev.confidence))
-    lr = ev.loglik / math.log(10)
     others = [y for y in ev.candidates if y not in members]
     ratio = dict.fromkeys(others, 0.0)
     fresh_lr = dict.fromkeys(others, 0.0)
     trials = 0
     for i, r in enumerate(ev.records):
-        if r.outcome is Outcome.SKIP or not members <= r.subset:
+        if not r.evidence or not members <= r.subset:
             continue
-        obs = 1 if r.outcome is Outcome.FAIL else 0
+        obs, lr = 1 if r.outcome is Outcome.FAIL else 0, ev.log10_lr(r)
         step = float(lr[obs, 1] - lr[obs, 0])
         trials += 1
         for y in others:
@@ -114,13 +135,12 @@ def _check(
     config: frozenset[str], member: str | None, expect: Outcome, ev: Evidence, counts: object
 ) -> Check:
     need = math.log10(ev.confidence / (1 - ev.confidence))
-    lr = ev.loglik / math.log(10)
     truth, other = (0, 1) if expect is Outcome.PASS else (1, 0)
     ratio, fresh, trials = 0.0, 0.0, 0
     for i, r in enumerate(ev.records):
-        if r.outcome is Outcome.SKIP or not counts(r.subset):  # type: ignore[operator]
+        if not r.evidence or not counts(r.subset):  # type: ignore[operator]
             continue
-        obs = 1 if r.outcome is Outcome.FAIL else 0
+        obs, lr = 1 if r.outcome is Outcome.FAIL else 0, ev.log10_lr(r)
         step = float(lr[obs, truth] - lr[obs, other])
         ratio += step
         fresh += step if i >= ev.fresh_from else 0.0

@@ -12,7 +12,7 @@ Outcomes of a round are indexed by a bit pattern p = Σ_j bit_j · 2^j (bit j = 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import reduce
 
@@ -23,6 +23,7 @@ from dsv4bisect.bisect.hypotheses import HypothesisSpace
 _TIE = 1e-6  # bits; smaller differences are ties (broken by candidate order), so candidates
 # that are already ruled out (posterior ~1e-6, not 0: see search._FLOOR) are not added
 _COIN = np.array([0.5, 0.5])
+CREDIT_INFO_SHARE = 0.9  # see RoundDesign.choose
 
 
 @dataclass(frozen=True)
@@ -148,9 +149,19 @@ class RoundDesign:
         weights[np.arange(len(mass)), self.pattern] = mass
         return weights.sum(axis=0), self.members_t @ weights
 
-    def grow(self, start: np.ndarray) -> np.ndarray:
+    def p_fail(self, mask: np.ndarray) -> float:
+        """P(a trial of `mask` truly fails) under the posterior (`unexplained`: a coin between
+        the ends)."""
+        inside = float(self.set_mass[self.space.contained(mask)].sum()) + self.p_all
+        other = 0.0 if not mask.any() else 1.0 if mask.all() else 0.5
+        total = self.set_mass_total + self.p_all + self.p_none + self.p_other
+        return min(max((inside + self.p_other * other) / max(total, 1e-300), 0.0), 1.0)
+
+    def grow(self, start: np.ndarray, frozen: np.ndarray | None = None) -> np.ndarray:
         """Add candidates one at a time while the joint information rises; then drop any whose
-        removal raises it."""
+        removal raises it. Candidates marked in `frozen` keep their state in `start` (a
+        construction inside one engine: its load-time candidates cannot change)."""
+        fixed = np.zeros(len(start), bool) if frozen is None else frozen.astype(bool)
         mask = start.copy()
         out = self.space.sizes - self.members_f @ mask  # [H] members outside the subset
         best = self.info_of(mask)
@@ -158,7 +169,7 @@ class RoundDesign:
             base, _ = self._by_pattern(out == 0)
             _, gain = self._by_pattern(out == 1)  # one member short: in once it is added
             info = self._info(base[None, :] + gain, _COIN)
-            info[mask.astype(bool)] = -np.inf
+            info[mask.astype(bool) | fixed] = -np.inf
             top = float(info.max())
             if top <= best + _TIE:
                 break
@@ -166,14 +177,14 @@ class RoundDesign:
             mask[x] = 1
             out -= self.members_f[:, x]
             best = top
-        return self._prune(mask, best)
+        return self._prune(mask, best, fixed)
 
-    def _prune(self, mask: np.ndarray, best: float) -> np.ndarray:
+    def _prune(self, mask: np.ndarray, best: float, fixed: np.ndarray) -> np.ndarray:
         """Drop members one at a time while that raises the joint information."""
         while mask.sum() > 1:
             base, loss = self._by_pattern(self.space.contained(mask))
             info = self._info(base[None, :] - loss, _COIN)
-            info[~mask.astype(bool)] = -np.inf
+            info[~mask.astype(bool) | fixed] = -np.inf
             top = float(info.max())
             if top <= best + _TIE:
                 break
@@ -183,9 +194,17 @@ class RoundDesign:
             best = top
         return mask
 
-    def choose(self, options: Sequence[np.ndarray], avoid: set[bytes]) -> np.ndarray | None:
-        """The most informative option not in `avoid` (first wins ties); None if none informs."""
-        best, best_info = None, _TIE
+    def choose(self, options: Sequence[np.ndarray], avoid: set[bytes],
+               price: Callable[[np.ndarray], tuple[float, float]] | None = None
+               ) -> np.ndarray | None:
+        """The most informative option not in `avoid` (first wins ties); None if none informs.
+        With `price` (mask -> expected seconds of a trial of it, and the share of them it is
+        credited as a trial the bisect runs anyway): the most information per second among the
+        options that inform at all. The credit counts only for an option within
+        `CREDIT_INFO_SHARE` of the best information: it decides between questions of nearly
+        the same worth and never buys a much weaker one (greedy ratios would: a cheap weak test
+        now costs more trials later)."""
+        kept: list[tuple[np.ndarray, float]] = []
         seen: set[bytes] = set()
         for mask in options:
             key = mask.tobytes()
@@ -193,8 +212,23 @@ class RoundDesign:
                 continue
             seen.add(key)
             info = self.info_of(mask)
-            if info > best_info + _TIE:
-                best, best_info = mask, info
+            if info > 2 * _TIE:
+                kept.append((mask, info))
+        if not kept:
+            return None
+        top = max(info for _, info in kept)
+        best, best_score = None, 0.0
+        for mask, info in kept:
+            if price is None:
+                better, score = best is None or info > best_score + _TIE, info
+            else:
+                seconds, credit = price(mask)
+                if info < CREDIT_INFO_SHARE * top:
+                    credit = 0.0
+                score = info / max(seconds * (1 - credit), 1e-9)
+                better = best is None or score > best_score * (1 + _TIE)
+            if better:
+                best, best_score = mask, score
         return best
 
     def commit(self, mask: np.ndarray) -> None:

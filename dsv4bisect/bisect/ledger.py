@@ -339,6 +339,22 @@ class Ledger:
             "AND duration_s IS NOT NULL ORDER BY id", (probe,)).fetchall()
         return [float(r["duration_s"]) for r in rows]
 
+    def trial_details(self, probe: str) -> list[dict[str, Any]]:
+        """The details of the finished trials measured with `probe` (the runner's measured
+        launch, switch and probe seconds, where it reports them: what `--plan` prices)."""
+        rows = self._conn.execute(
+            "SELECT details FROM trials WHERE probe = ? AND status = 'done' "
+            "AND details IS NOT NULL ORDER BY id", (probe,)).fetchall()
+        out = []
+        for row in rows:
+            try:
+                value = json.loads(row["details"])
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                out.append(value)
+        return out
+
     def measured_noise(self, probe: str, sources: Sequence[str] | None = None) -> NoiseEstimate:
         query = (
             "SELECT truth, outcome, COUNT(*) AS n FROM noise_evidence WHERE probe = ?"

@@ -8,17 +8,22 @@ and three catch-alls (hypotheses.py), proposes subsets by expected information p
 Phases: `ends` (∅ and the full set, repeated under noise until they are known to differ),
 `search` (until one hypothesis holds `confidence` of the posterior), `confirm` (confirm.py:
 each member removed must pass), `done`. Every trial of every phase counts.
+
+A record may carry the error rates its own verdict holds to (the sequential trial probe states
+them); its likelihood uses those. BETWEEN (a sequential probe at its cap) is evidence for
+neither end. With `costs` (pricing.py) the design picks subsets by expected information per
+second instead of per trial; `trial_noise` tells it the rates the next non-end trials will hold.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from dsv4bisect.bisect import confirm
-from dsv4bisect.bisect.confirm import Check
+from dsv4bisect.bisect.confirm import Check, loglik
 from dsv4bisect.bisect.design import Noise, RoundDesign, capacity, entropy, flips
 from dsv4bisect.bisect.hypotheses import (
     BAD_END_PASSES,
@@ -27,6 +32,7 @@ from dsv4bisect.bisect.hypotheses import (
     HypothesisSpace,
     Priors,
 )
+from dsv4bisect.bisect.pricing import CostTracker, StepCosts
 from dsv4bisect.bisect.records import Outcome, Record
 from dsv4bisect.bisect.results import SearchResult, Status, describe
 from dsv4bisect.bisect.settings import validate_settings
@@ -34,9 +40,13 @@ from dsv4bisect.bisect.settings import validate_settings
 NOISELESS = Noise()
 DEFAULT_PRIORS = Priors()
 
-# Error rates below this are taken as this in the likelihood, so that a noiseless search
-# survives a contradiction (the least-contradicted hypothesis wins) instead of dividing by 0.
-_FLOOR = 1e-6
+# Under `unexplained` a configuration between the ends is a coin, so it lands between the ends
+# more often than a configuration that truly behaves like one of them: a BETWEEN is this many
+# times as likely there as under any culprit set or end catch-all.
+_BETWEEN_RATIO = 2.0
+# The remedy check runs the bad end without the culprits after a `found`; a search trial of that
+# configuration counts for it. The priced design credits at most this share of a trial's price.
+_MAX_REMEDY_CREDIT = 0.9
 
 
 class Search:
@@ -53,6 +63,8 @@ class Search:
         max_order: int = 2,
         priors: Priors = DEFAULT_PRIORS,
         design_discount: float = 0.03,
+        trial_noise: Noise | None = None,
+        costs: StepCosts | None = None,
     ) -> None:
         validate_settings(
             candidates, noise, confidence, max_trials, parallel, max_order, design_discount
@@ -60,6 +72,8 @@ class Search:
         self.noise, self.confidence = noise, confidence
         self.max_trials, self.parallel = max_trials, parallel
         self.design_discount = design_discount
+        self.trial_noise = trial_noise or noise  # what the design expects of non-end trials
+        self.costs = costs  # None: the unpriced design (information per trial)
         self.space = HypothesisSpace(candidates, max_order, priors)
         self._log_post = self.space.log_prior.copy()
         self._records: list[Record] = []
@@ -69,7 +83,9 @@ class Search:
         self._cache: tuple[int, list[frozenset[str]]] | None = None
         self._post: np.ndarray | None = None  # posterior of the current records
         self._checks_cache: dict[int, tuple[Check, ...]] = {}  # likewise, per hypothesis
-        self._loglik = _loglik(noise)
+        self._loglik = loglik(noise)  # [observed, true]
+        self._tracker = CostTracker(costs or StepCosts(), frozenset(self.space.candidates))
+        self._set_row = {m.tobytes(): i for i, m in enumerate(self.space.members)}
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -117,20 +133,22 @@ class Search:
     # -- the protocol --------------------------------------------------------------------------
     def record(self, subset: frozenset[str] | set[str], outcome: Outcome | str,
                noise: Noise | None = None) -> None:
-        """Add one observation: PASS, FAIL, SKIP (could not test; routed around) or BETWEEN
-        (evidence for neither end). `noise`: the error rates this verdict holds to, where its
-        probe states them (default: the search's)."""
+        """Add one observation: PASS, FAIL, BETWEEN (a sequential probe at its cap: evidence
+        for neither end; may be re-tested), or SKIP (could not test; routed around). `noise`:
+        the error rates this verdict holds to, where its probe states them."""
         outcome, subset = Outcome(outcome), frozenset(subset)
         mask = self.space.mask(subset)
-        self._records.append(Record(subset, outcome))
+        if noise is not None:
+            validate_settings(self.candidates, noise, self.confidence, None, 1, 1, 1.0)
+        self._records.append(Record(subset, outcome, noise))
         self._cache, self._post = None, None
         self._checks_cache.clear()
+        self._tracker.charge(subset, 0.5)  # the engines and baselines after it (prices only)
         if outcome is Outcome.SKIP:
             self._skipped.add(subset)
             return
-        if outcome is Outcome.BETWEEN:
-            return  # the same likelihood under every hypothesis: the posterior does not move
-        self._log_post += self._likelihood(mask, outcome, noise)
+        table = self._loglik if noise is None else loglik(noise)
+        self._log_post += self._likelihood(mask, outcome, table)
         self._log_post -= self._log_post.max()
         if not self._ends_known and self._ends_differ():
             self._ends_known = True
@@ -193,7 +211,8 @@ class Search:
         return self._checks_cache[index]
 
     def _compute_checks(self, index: int) -> tuple[Check, ...]:
-        noiseless = self.noise.false_fail == 0 and self.noise.false_pass == 0
+        noiseless = all(r == 0 for n in (self.noise, self.trial_noise)
+                        for r in (n.false_fail, n.false_pass))
         evidence = confirm.Evidence(
             records=self._records,
             loglik=self._loglik,
@@ -229,37 +248,68 @@ class Search:
         lead = self._confirming()
         if lead is not None:
             return self._pending(lead)[:k]
+        tracker = self._tracker.copy()  # the prices after the round's earlier subsets
         if not self._ends_known:
-            return self._propose_ends(RoundDesign(self.space, self.posterior(), self.noise), k)
-        design = RoundDesign(self.space, self._design_posterior(), self.noise)
+            design = RoundDesign(self.space, self.posterior(), self.noise)
+            return self._propose_ends(design, k, tracker)
+        design = RoundDesign(self.space, self._design_posterior(), self.trial_noise)
         out: list[frozenset[str]] = []
         avoid = self._skipped_masks()
         for _ in range(k):
-            options = self._options(design)
-            choice = design.choose(options, avoid)
+            options = self._options(design, tracker)
+            price = self._pricer(design, tracker)
+            choice = design.choose(options, avoid, price)
             if choice is None and avoid:  # route around skipped subsets: one-element changes
-                choice = design.choose([f for o in options for f in flips(o)], avoid)
+                choice = design.choose([f for o in options for f in flips(o)], avoid, price)
             if choice is None:
                 break
-            design.commit(choice)
+            self._commit(design, tracker, choice)
             out.append(self.space.subset(choice))
         return out
 
-    def _propose_ends(self, design: RoundDesign, k: int) -> list[frozenset[str]]:
-        seen = {r.subset for r in self._records if r.outcome is not Outcome.SKIP}
+    def _propose_ends(self, design: RoundDesign, k: int,
+                      tracker: CostTracker) -> list[frozenset[str]]:
+        seen = {r.subset for r in self._records if r.evidence}
         ends = (frozenset(), frozenset(self.candidates))
-        if any(end in self._skipped and end not in seen for end in ends):
+        tried = {r.subset for r in self._records if r.outcome is not Outcome.SKIP}
+        if any(end in self._skipped and end not in tried for end in ends):
             return []  # an end that cannot be tested: the search cannot start
         out = [end for end in ends if end not in seen][:k]
         for end in out:
-            design.commit(self.space.mask(end))
+            self._commit(design, tracker, self.space.mask(end))
         while len(out) < k:
-            choice = design.choose([self.space.mask(e) for e in ends], self._skipped_masks())
+            choice = design.choose([self.space.mask(e) for e in ends], self._skipped_masks(),
+                                   self._pricer(design, tracker))
             if choice is None:
                 break
-            design.commit(choice)
+            self._commit(design, tracker, choice)
             out.append(self.space.subset(choice))
         return out
+
+    def _commit(self, design: RoundDesign, tracker: CostTracker, mask: np.ndarray) -> None:
+        design.commit(mask)
+        tracker.charge(self.space.subset(mask), 0.5)
+
+    def _pricer(self, design: RoundDesign,
+                tracker: CostTracker) -> Callable[[np.ndarray], tuple[float, float]] | None:
+        """Expected seconds of a trial of a subset, and its credit (None: the unpriced design).
+        A trial that the remedy check would run anyway (the bad end without the likely culprit
+        set, not tested yet) is credited with the chance that it is that trial."""
+        if self.costs is None:
+            return None
+        post = self.posterior()
+        everything = self.space.mask(frozenset(self.candidates))
+
+        def price(mask: np.ndarray) -> tuple[float, float]:
+            subset = self.space.subset(mask)
+            seconds = tracker.quote(subset, design.p_fail(mask))
+            row = self._set_row.get((everything - mask).tobytes())
+            if tracker.seen[subset]:
+                row = None  # the remedy check counts the first trial only
+            credit = min(float(post[row]), _MAX_REMEDY_CREDIT) if row is not None else 0.0
+            return seconds, credit
+
+        return price
 
     def _design_posterior(self) -> np.ndarray:
         """The posterior the design sees: culprit sets of order k weighted by
@@ -270,47 +320,56 @@ class Search:
         post[: self.space.n_sets] *= self.design_discount ** (self.space.sizes - 1)
         return post / post.sum()
 
-    def _options(self, design: RoundDesign) -> list[np.ndarray]:
+    def _options(self, design: RoundDesign, tracker: CostTracker) -> list[np.ndarray]:
         """Candidate subsets, best first on ties: the top culprit set alone (in the endgame it
         splits the posterior as well as anything and also shows the set fails on its own),
-        then greedy constructions from ∅ and from the top set, then the two ends."""
+        then greedy constructions from ∅ and from the top set, then the two ends. Priced, also:
+        the best construction inside each engine that is up (a hot switch, no launch), and the
+        bad end without the top set (the remedy check's configuration)."""
         empty = np.zeros(len(self.candidates), np.uint8)
-        ends = [empty, self.space.mask(frozenset(self.candidates))]
+        everything = self.space.mask(frozenset(self.candidates))
+        ends = [empty, everything]
         best = self.top(1)[0][0]
+        extra: list[np.ndarray] = []
+        if self.costs is not None:
+            fixed = self.space.mask(self.costs.load_time & frozenset(self.candidates))
+            if self.costs.hot and fixed.any():
+                extra = [design.grow(self.space.mask(state), frozen=fixed)
+                         for state in tracker.engines]
+            if best.is_set:
+                extra.append(everything - self.space.mask(best.members))
         if not best.is_set:
-            return [design.grow(empty), *ends]
+            return [design.grow(empty), *ends, *extra]
         alone = self.space.mask(best.members)
-        return [alone, design.grow(empty), design.grow(alone), *ends]
+        return [alone, design.grow(empty), design.grow(alone), *ends, *extra]
 
     def _skipped_masks(self) -> set[bytes]:
         return {self.space.mask(s).tobytes() for s in self._skipped}
 
-    def _likelihood(self, mask: np.ndarray, outcome: Outcome,
-                    noise: Noise | None = None) -> np.ndarray:
-        """[H + 3] log P(outcome | hypothesis) for one trial of `mask`."""
+    def _likelihood(self, mask: np.ndarray, outcome: Outcome, table: np.ndarray) -> np.ndarray:
+        """[H + 3] log P(outcome | hypothesis) for one trial of `mask`; `table`: [observed,
+        true] log-likelihoods at the rates the trial holds to."""
+        if outcome is Outcome.BETWEEN:  # the same under every set and end catch-all
+            between = np.zeros(self.space.n_hypotheses)
+            if mask.any() and not mask.all():  # `unexplained` keeps ends that behave
+                between[-1] = math.log(_BETWEEN_RATIO)
+            return between
         obs = 1 if outcome is Outcome.FAIL else 0
-        loglik = self._loglik if noise is None else _loglik(noise)
-        sets = np.where(self.space.contained(mask), loglik[obs, 1], loglik[obs, 0])
+        sets = np.where(self.space.contained(mask), table[obs, 1], table[obs, 0])
         if not mask.any():
-            other = loglik[obs, 0]  # `unexplained` still has a passing good end
+            other = table[obs, 0]  # `unexplained` still has a passing good end
         elif mask.all():
-            other = loglik[obs, 1]  # ... and a failing bad end
+            other = table[obs, 1]  # ... and a failing bad end
         else:
             other = math.log(0.5)
-        return np.concatenate([sets, [loglik[obs, 1], loglik[obs, 0], other]])
+        return np.concatenate([sets, [table[obs, 1], table[obs, 0], other]])
 
     def _ends_differ(self) -> bool:
-        seen = {r.subset for r in self._records if r.outcome is not Outcome.SKIP}
+        seen = {r.subset for r in self._records if r.evidence}
         if frozenset() not in seen or frozenset(self.candidates) not in seen:
             return False
         post = self.posterior()
         return float(post[-3] + post[-2]) <= 1 - self.confidence
-
-
-def _loglik(noise: Noise) -> np.ndarray:
-    """[observed, true] log-likelihoods (0 = pass, 1 = fail), rates floored at _FLOOR."""
-    a, b = (min(max(r, _FLOOR), 1 - _FLOOR) for r in (noise.false_fail, noise.false_pass))
-    return np.log(np.array([[1 - a, b], [a, 1 - b]]))
 
 
 __all__ = ["Check", "Noise", "Outcome", "Priors", "Record", "Search", "SearchResult", "Status"]

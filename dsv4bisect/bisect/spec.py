@@ -14,10 +14,12 @@ from typing import Any
 
 from dsv4bisect.bisect.design import Noise
 from dsv4bisect.bisect.hypotheses import Priors
+from dsv4bisect.bisect.pricing import StepCosts
 from dsv4bisect.bisect.search import Search
 from dsv4bisect.errors import BisectError
 
-SPEC_VERSION = 1
+SPEC_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no costs, no trial noise (the unpriced design)
 DEFAULT_NOISE = Noise(0.05, 0.05)  # a probe's error rates when none were measured or given
 
 
@@ -35,6 +37,11 @@ class BisectSpec:
     order_mass: tuple[float, ...] | None = None  # prior mass on singles, pairs (, triples)
     warn_as: str = "fail"  # how WARN counts: "fail" or "pass"
     design_discount: float = 0.03  # see docs/bisect.md, "Singles first"; 1.0 turns it off
+    # The rates the sequential trial probe holds non-end trials to (None: `noise`), and what
+    # each step costs (pricing.py; None: the unpriced design). Both steer the design only.
+    trial_noise: Noise | None = None
+    costs: StepCosts | None = None
+    confirm: bool = True  # the fresh confirmation after FOUND in hot mode (--no-confirm: off)
 
     def __post_init__(self) -> None:
         if self.warn_as not in ("fail", "pass"):
@@ -66,6 +73,8 @@ class BisectSpec:
             max_order=self.max_order,
             priors=Priors(order_mass=self.order_mass, weights=dict(self.weights)),
             design_discount=self.design_discount,
+            trial_noise=self.trial_noise,
+            costs=self.costs,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -74,7 +83,7 @@ class BisectSpec:
             "candidates": list(self.candidates),
             "good": dict(self.good),
             "bad": dict(self.bad),
-            "noise": {"false_fail": self.noise.false_fail, "false_pass": self.noise.false_pass},
+            "noise": _noise_json(self.noise),
             "confidence": self.confidence,
             "max_trials": self.max_trials,
             "parallel": self.parallel,
@@ -83,11 +92,14 @@ class BisectSpec:
             "order_mass": list(self.order_mass) if self.order_mass else None,
             "warn_as": self.warn_as,
             "design_discount": self.design_discount,
+            "trial_noise": _noise_json(self.trial_noise),
+            "costs": self.costs.to_json() if self.costs is not None else None,
+            "confirm": self.confirm,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BisectSpec:
-        if data.get("version") != SPEC_VERSION:
+        if data.get("version") not in READABLE_VERSIONS:
             raise BisectError(
                 f"bisect settings version {data.get('version')} is not supported",
                 "start a new bisect with this version of dsv4bisect",
@@ -105,7 +117,19 @@ class BisectSpec:
             order_mass=tuple(data["order_mass"]) if data["order_mass"] else None,
             warn_as=data["warn_as"],
             design_discount=data["design_discount"],
+            trial_noise=_noise_of(data.get("trial_noise")),
+            costs=StepCosts.from_json(data["costs"]) if data.get("costs") else None,
+            confirm=data.get("confirm", True),
         )
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)
+
+
+def _noise_json(noise: Noise | None) -> dict[str, float] | None:
+    return None if noise is None else {"false_fail": noise.false_fail,
+                                       "false_pass": noise.false_pass}
+
+
+def _noise_of(data: Mapping[str, float] | None) -> Noise | None:
+    return None if data is None else Noise(data["false_fail"], data["false_pass"])

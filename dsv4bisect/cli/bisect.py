@@ -48,14 +48,14 @@ from dsv4bisect.run.signals import interrupts
 from dsv4bisect.ui.console import console, stdout
 
 if TYPE_CHECKING:  # the search needs numpy: imported when a bisect runs, not with the CLI
+    from dsv4bisect.bisect.costs import PlanCosts
     from dsv4bisect.bisect.design import Noise
     from dsv4bisect.bisect.driver import BisectOutcome
     from dsv4bisect.bisect.ledger import NoiseEstimate
-    from dsv4bisect.bisect.plan import Plan
     from dsv4bisect.bisect.spec import BisectSpec
+    from dsv4bisect.bisect.whole_plan import WholePlan
 
 LEDGER = "ledger.sqlite"  # in RUNS_ROOT unless --ledger: shared, so no bisect repeats a trial
-PROBE_COST_S = {"ci": 20.0, "smoke": 60.0, "standard": 1200.0, "deep": 3600.0}
 EXIT = {"found": ExitCode.OK, "untestable": ExitCode.CANNOT_TEST}  # the rest: 1
 
 
@@ -106,18 +106,21 @@ def bisect(
                                             help="Probe false-PASS rate (likewise).")] = None,
     launch_cost: Annotated[float | None, Opt(callback=finite(0, 1e7),
                                              help="Seconds per launch, for --plan.")] = None,
+    switch_cost: Annotated[float | None, Opt(callback=finite(0, 1e7),
+                                             help="Seconds per hot switch, for --plan.")] = None,
     probe_cost: Annotated[float | None, Opt(callback=finite(0, 1e7),
-                                            help="Seconds per probe, for --plan.")] = None,
+                                            help="Seconds per full probe, for --plan.")] = None,
+    fresh_launches: Annotated[bool, Opt("--fresh-launches", help="Launch every trial fresh "
+                                        "and probe it at full size (no hot switching).")
+                              ] = False,
+    no_confirm: Annotated[bool, Opt("--no-confirm", help="Skip the fresh-launch confirmation "
+                                    "of a culprit found with hot switching.")] = False,
     no_cache: Annotated[bool, Opt("--no-cache", help="Measure baselines again.")] = False,
     json_out: Json = False,
     fmt: FormatOpt = None,
     enable: Enable = None, disable: Disable = None, only: Only = None, sets: Set = None,
     skip_preflight: Annotated[bool, Opt("--skip-preflight", help="Launch without checking "
                                         "SGLang, the model, GPUs and ports first.")] = False,
-    fresh_launches: Annotated[bool, Opt("--fresh-launches", help="A fresh launch and a full "
-                                        "probe per trial (no hot switching).")] = False,
-    no_confirm: Annotated[bool, Opt("--no-confirm", help="After a hot search, do not confirm "
-                                    "the culprits in a fresh launch.")] = False,
     microtest_priors: Annotated[bool | None, Opt(
         "--microtest-priors/--no-microtest-priors", help="Prior weights from the microtest "
         "(default: on when the profile's checkpoint is readable here, off with --test-cmd).")
@@ -149,18 +152,21 @@ def bisect(
                             not no_cache, bad=_bad_end(question),
                             load_time=tuple(question.load_time), hot=not fresh_launches)
         runner = _runner(req, test_cmd, display)
-        measured, durations = _history(runner, ledger_path or out / LEDGER)
+        measured, durations, details = _history(runner, ledger_path or out / LEDGER)
         noise, where = _noise(measured, false_fail, false_pass)
-        spec = _spec(question, noise, confidence, max_trials, parallel, warn_as)
+        costs = _costs(runner, question, noise, details, durations,
+                       {"launch": launch_cost, "switch": switch_cost, "probe": probe_cost},
+                       hot=not fresh_launches)
+        spec = _spec(question, noise, confidence, max_trials, parallel, warn_as, costs,
+                     confirm=not no_confirm)
         _say_question(question, noise, where)
         mt_priors = bisect_priors(question, microtest_priors, test_cmd=test_cmd is not None,
                                   tier=tier)
         spec = replace(spec, weights=mt_priors.apply(spec.weights))
         say_priors(mt_priors, spec.weights)
-        costs = _costs(runner, durations, launch_cost, probe_cost)
-        estimate = _plan(spec, costs, trials=100 if plan_only else 30)
+        estimate = _plan(spec, question, trials=100 if plan_only else 30, compare=plan_only)
         if plan_only:
-            _show_plan(estimate, costs, json_out)
+            _show_plan(estimate, costs, spec, json_out)
             raise typer.Exit(0)
         placement = {"executor": (executor.value if executor else None)
                      or question.bisect.get("executor") or "local",
@@ -170,10 +176,11 @@ def bisect(
             from dsv4bisect.engines.preflight import require  # on each node for Ray
 
             require(profile, ov)
-        console().print(_plan_line(estimate, costs), markup=False, highlight=False)
+        console().print(_plan_line(estimate, spec), markup=False, highlight=False)
         ensure_runs_root(out)
         runner = _executor(runner, req, placement, spec.parallel, not skip_preflight)
         request = {**req.to_json(), "profile": profile, "test_cmd": test_cmd,
+                   "fresh_launches": fresh_launches, "confirm": not no_confirm,
                    "left_out": [list(x) for x in question.left_out],
                    "command": ["dsv4bisect", *sys.argv[1:]], **placement}
         # The ledger's lock first: a second bisect on it is refused before it writes anything.
@@ -265,15 +272,18 @@ def _executor(runner: Runner, request: RunnerRequest, placement: dict[str, Any],
                            node_resource=placement.get("node_resource"), preflight=preflight)
 
 
-def _history(runner: Runner, ledger_path: Path) -> tuple[NoiseEstimate | None, list[float]]:
-    """What the ledger measured with this probe before: noise rates and trial wall times."""
+def _history(runner: Runner, ledger_path: Path
+             ) -> tuple[NoiseEstimate | None, list[float], list[dict[str, Any]]]:
+    """What the ledger measured with this probe before: noise rates, trial wall times and the
+    trials' details (measured launch, switch and probe seconds)."""
     if not ledger_path.exists():  # --plan creates nothing
-        return None, []
+        return None, [], []
     from dsv4bisect.bisect.ledger import Ledger
 
     with Ledger.open_readonly(ledger_path) as ledger:  # no lock: a running bisect may hold it
         return (ledger.measured_noise(runner.probe_hash),
-                ledger.trial_durations(runner.probe_hash))
+                ledger.trial_durations(runner.probe_hash),
+                ledger.trial_details(runner.probe_hash))
 
 
 def _noise(measured: NoiseEstimate | None, ff: float | None,
@@ -292,7 +302,8 @@ def _noise(measured: NoiseEstimate | None, ff: float | None,
 
 
 def _spec(q: Question, noise: Noise, confidence: float | None, max_trials: int | None,
-          parallel: int | None, warn_as: WarnAs | None) -> BisectSpec:
+          parallel: int | None, warn_as: WarnAs | None, costs: PlanCosts,
+          confirm: bool = True) -> BisectSpec:
     from dsv4bisect.bisect.hypotheses import tier_weights
     from dsv4bisect.bisect.settings import validate_settings
     from dsv4bisect.bisect.spec import BisectSpec
@@ -305,73 +316,110 @@ def _spec(q: Question, noise: Noise, confidence: float | None, max_trials: int |
         confidence=confidence if confidence is not None else cfg.get("confidence", 0.95),
         max_trials=max_trials if max_trials is not None else cfg.get("max_trials"),
         parallel=parallel if parallel is not None else cfg.get("parallel", 1),
-        weights=weights, warn_as=warn_as.value if warn_as else cfg.get("warn_as", "fail"))
+        weights=weights, warn_as=warn_as.value if warn_as else cfg.get("warn_as", "fail"),
+        trial_noise=costs.trial_noise if costs.costs.sequential else None,
+        costs=costs.costs, confirm=confirm)
     validate_settings(spec.candidates, spec.noise, spec.confidence, spec.max_trials,
                       spec.parallel, spec.max_order, spec.design_discount)
     return spec
 
 
-MIN_MEASURED = 3  # finished trials of this probe before --plan trusts their median
+def _costs(runner: Runner, q: Question, noise: Noise, details: list[dict[str, Any]],
+           durations: list[float], given: dict[str, float | None], hot: bool) -> PlanCosts:
+    """Every cost the plan and the priced design use, each with its source (bisect/costs.py):
+    given; else measured in the ledger for this probe; else assumed per engine kind and tier."""
+    from dsv4bisect.bisect.costs import plan_costs, probe_shape, sequential_from_probe
+
+    if not isinstance(runner, EngineRunner):
+        return plan_costs(None, None, given=given, durations=durations)
+    engine = "reference" if runner.good_cfg.kind == "reference" else "sglang"
+    return plan_costs(engine, probe_shape(runner.spec), given=given, details=details,
+                      load_time=tuple(q.load_time), hot=hot, noise=noise,
+                      sequential=sequential_from_probe(runner.spec, noise) if hot else None)
 
 
-def _costs(runner: Runner, durations: list[float], launch: float | None,
-           probe: float | None) -> tuple[float, float, str]:
-    """(launch s, probe s, where from): the given ones; else the median of this probe's
-    finished trials in the ledger (one trial = launch + probe); else assumed per engine kind
-    and tier."""
-    if isinstance(runner, EngineRunner):
-        default = (10.0 if runner.good_cfg.kind == "reference" else 600.0,
-                   PROBE_COST_S.get(runner.spec.tier, 600.0))
-    else:
-        default = (0.0, 60.0)
-    if launch is not None or probe is not None:
-        return (default[0] if launch is None else launch,
-                default[1] if probe is None else probe, "given")
-    if len(durations) >= MIN_MEASURED:
-        ordered = sorted(durations)
-        return 0.0, ordered[len(ordered) // 2], f"median of {len(ordered)} trials:"
-    return default[0], default[1], "assumed"
+def _plan(spec: BisectSpec, q: Question, trials: int, compare: bool) -> WholePlan:
+    from dsv4bisect.bisect.hypotheses import tier_weights
+    from dsv4bisect.bisect.pricing import StepCosts
+    from dsv4bisect.bisect.whole_plan import Setup, plan_bisect
+
+    base = tier_weights(q.tiers)  # the weights without microtest priors
+    base.update({k: v for k, v in (q.bisect.get("priors") or {}).items() if k in base})
+    setup = Setup(spec.candidates, spec.noise, spec.trial_noise or spec.noise,
+                  spec.costs or StepCosts(), spec.confidence, spec.max_order, spec.max_trials,
+                  dict(spec.weights), base, spec.confirm)
+    return plan_bisect(setup, trials=trials, compare=compare)
 
 
-def _plan(spec: BisectSpec, costs: tuple[float, float, str], trials: int) -> Plan:
-    from dsv4bisect.bisect.hypotheses import Priors
-    from dsv4bisect.bisect.plan import plan
-
-    return plan(len(spec.candidates), spec.noise, costs[0], costs[1], spec.confidence,
-                spec.parallel, spec.max_order, trials=trials, max_trials=spec.max_trials,
-                priors=Priors(weights=dict(spec.weights)), candidates=spec.candidates)
-
-
-def _plan_line(p: Plan, costs: tuple[float, float, str]) -> str:
-    return (f"plan: {p.n_candidates} candidates, expected launches {p.mean_launches:.1f} "
-            f"(p90 {p.p90_launches:.0f}), wall ≈ {_dur(p.mean_wall_s)} (p90 "
-            f"{_dur(p.p90_wall_s)}; {_cost_text(costs)}), P(correct) {p.p_correct:.2f}"
-            + (f"\nwarning: {p.warning}" if p.warning else ""))
+def _plan_line(p: WholePlan, spec: BisectSpec) -> str:
+    f = p.with_levers
+    line = (f"plan: {len(spec.candidates)} candidates, expected wall ≈ {_dur(f.mean_wall_s)} "
+            f"(p90 {_dur(f.p90_wall_s)}), expected launches {f.mean_launches:.1f}, trials "
+            f"{f.mean_trials:.1f}, P(correct) {f.p_correct:.2f}")
+    if p.without_levers is not None:
+        line += f"; without the levers ≈ {_dur(p.without_levers.mean_wall_s)}"
+    return line
 
 
-def _cost_text(costs: tuple[float, float, str]) -> str:
-    launch, probe, where = costs
-    if where.startswith("median"):
-        return f"{where} {probe:.0f} s per trial"
-    return f"{where} {launch:.0f} s launch + {probe:.0f} s probe"
+LEVER_NAMES = {"hot": "hot switching", "sequential": "sequential trial probe",
+               "priors": "microtest priors", "priced": "priced design"}
 
 
-def _show_plan(p: Plan, costs: tuple[float, float, str], json_out: bool) -> None:
+def _show_plan(p: WholePlan, costs: PlanCosts, spec: BisectSpec, json_out: bool) -> None:
+    from dsv4bisect.bisect.whole_plan import LEVERS
+
+    def figures(f: Any) -> dict[str, Any]:
+        return {"mean_wall_s": f.mean_wall_s, "p90_wall_s": f.p90_wall_s,
+                "mean_trials": f.mean_trials, "mean_launches": f.mean_launches,
+                "p_correct": f.p_correct, "phase_s": dict(f.phase_s)}
+
+    levers = {name: ({"available": True, "saves_s": p.saves_s(name),
+                      "off": figures(p.each_off[name])} if name in p.levers
+                     else {"available": False, "saves_s": 0.0}) for name in LEVERS}
     if json_out:
+        f = p.with_levers
         print(json.dumps({
-            "n_candidates": p.n_candidates, "noise": {"false_fail": p.noise.false_fail,
-                                                      "false_pass": p.noise.false_pass},
-            "runs": p.runs, "mean_launches": p.mean_launches, "p90_launches": p.p90_launches,
-            "max_launches": p.max_launches, "mean_wall_s": p.mean_wall_s,
-            "p90_wall_s": p.p90_wall_s, "p_correct": p.p_correct,
-            "p_ends_separated": p.p_ends_separated, "end_checks_needed": p.end_checks_needed,
-            "bits_per_trial": p.bits_per_trial, "launch_cost_s": costs[0],
-            "probe_cost_s": costs[1], "warning": p.warning}, indent=2))
+            "n_candidates": len(spec.candidates), "runs": p.runs,
+            "noise": {"false_fail": spec.noise.false_fail, "false_pass": spec.noise.false_pass},
+            "trial_noise": {"false_fail": costs.trial_noise.false_fail,
+                            "false_pass": costs.trial_noise.false_pass},
+            "mean_launches": f.mean_launches, "mean_trials": f.mean_trials,
+            "mean_wall_s": f.mean_wall_s, "p90_wall_s": f.p90_wall_s,
+            "p_correct": f.p_correct, "phase_s": dict(f.phase_s),
+            "with_levers": figures(f),
+            "without_levers": figures(p.without_levers) if p.without_levers else None,
+            "levers": levers, "costs": [line.to_json() for line in costs.lines],
+            "load_time": sorted(costs.costs.load_time), "hot": costs.costs.hot,
+            "confirm": spec.confirm}, indent=2))
         return
-    console().print(_plan_line(p, costs) + f"\n(simulated {p.runs} searches; end checks "
-                    f"needed on evidence alone: {p.end_checks_needed}; "
-                    f"{p.bits_per_trial:.2f} bits per trial; nothing was launched)",
-                    markup=False, highlight=False)
+    con = console()
+    out = [_plan_line(p, spec), "costs:"]
+    for line in costs.lines:
+        value = (f"{line.value:.0f} s" if line.unit == "s" else f"{line.value:.2f} of the "
+                 "full probe" if line.unit == "share" else f"{line.value:.0f}")
+        out.append(f"  {line.name}: {value} — {line.source}")
+    if costs.costs.load_time:
+        out.append(f"  need a fresh launch (load time): {', '.join(sorted(costs.costs.load_time))}")
+    f = p.with_levers
+    out.append("where the time goes (with the levers): " + ", ".join(
+        f"{name} {_dur(s)}" for name, s in f.phase_s.items()))
+    out.append(f"levers (each off in turn; the same {p.runs} simulated culprit sets, drawn "
+               "from a flat prior, and outcomes):")
+    for name in LEVERS:
+        if name in p.levers:
+            off = p.each_off[name]
+            out.append(f"  {LEVER_NAMES[name]}: saves {_dur(max(p.saves_s(name), 0))} "
+                       f"(off: {_dur(off.mean_wall_s)}, P(correct) {off.p_correct:.2f})")
+        else:
+            out.append(f"  {LEVER_NAMES[name]}: off here")
+    if p.without_levers is not None:
+        w = p.without_levers
+        out.append(f"without any lever (fresh launches, full probes, no microtest priors, "
+                   f"unpriced design; everything counted): {_dur(w.mean_wall_s)} (p90 "
+                   f"{_dur(w.p90_wall_s)}), {w.mean_launches:.1f} launches, P(correct) "
+                   f"{w.p_correct:.2f}")
+    out.append(f"(simulated {p.runs} bisects per configuration; nothing was launched)")
+    con.print("\n".join(out), markup=False, highlight=False)
 
 
 def _say_question(q: Question, noise: Noise, where: str) -> None:

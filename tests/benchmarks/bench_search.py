@@ -12,6 +12,11 @@ told the rates; the baselines cannot use them). Trials counted: every probe run 
 end checks, the minimality check included (the baselines do not check the ends at all). The
 search runs with its defaults: confidence 0.95, half the prior on singles, half on pairs.
 The bound is log2(number of culprit sets of that size) / (bits per trial of the noisy probe).
+Algorithm `priced`: the search with the priced design at equal prices (what `bisect
+--test-cmd` runs: the remedy check's configuration credited), counted the same way.
+`--seed-set K` moves every run to another block of seeds (K = 0: the documented table).
+`--whole` also counts the remedy check's own trials after a `found` (remedy.py: the bad end
+without the culprits, unless the search tested it): the whole bisect's calls after the ends.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
+from dsv4bisect.bisect import remedy
 from dsv4bisect.bisect.design import Noise, information_bound
 from dsv4bisect.bisect.plan import oracle_outcome, simulate
+from dsv4bisect.bisect.pricing import StepCosts
 from dsv4bisect.bisect.records import Outcome
 from dsv4bisect.bisect.search import Search
 
@@ -100,10 +107,20 @@ def run_baseline(
 
 
 def run_search(
-    names: Sequence[str], culprit: frozenset[str], noise: Noise, seed: int
+    names: Sequence[str], culprit: frozenset[str], noise: Noise, seed: int,
+    priced: bool = False, whole: bool = False,
 ) -> tuple[int, bool]:
-    run = simulate(Search(names, noise=noise, max_trials=400), culprit, noise, random.Random(seed))
-    return run.trials - 2, run.correct
+    search = Search(names, noise=noise, max_trials=400, costs=StepCosts() if priced else None)
+    rng = random.Random(seed)
+    run = simulate(search, culprit, noise, rng)
+    extra = 0
+    if whole and run.result.culprits:
+        subset = remedy.remedy_subset(names, run.result.culprits)
+        outcomes = remedy.prior_outcomes(search.records, subset)
+        while subset and remedy.needs_more(outcomes, extra):
+            outcomes.append(oracle_outcome(subset, culprit, noise, rng))
+            extra += 1
+    return run.trials - 2 + extra, run.correct
 
 
 # -- the table ---------------------------------------------------------------------------------
@@ -138,12 +155,12 @@ def cases(n: int, kind: str, pairs: int, runs: int, noisy: bool) -> list[tuple[i
     return [base[i % len(base)] for i in range(max(runs, len(base)))]
 
 
-def _one(job: tuple[str, int, tuple[int, ...], str, int]) -> tuple[int, bool]:
-    algorithm, n, culprit_idx, noise_key, seed = job
+def _one(job: tuple[str, int, tuple[int, ...], str, int, bool]) -> tuple[int, bool]:
+    algorithm, n, culprit_idx, noise_key, seed, whole = job
     names = [f"p{i:02d}" for i in range(n)]
     culprit = frozenset(names[i] for i in culprit_idx)
-    if algorithm == "search":
-        return run_search(names, culprit, NOISES[noise_key], seed)
+    if algorithm in ("search", "priced"):
+        return run_search(names, culprit, NOISES[noise_key], seed, algorithm == "priced", whole)
     return run_baseline(algorithm, names, culprit, NOISES[noise_key], seed)
 
 
@@ -155,10 +172,12 @@ def row(
     kind: str,
     pairs: int,
     runs: int,
+    seed_set: int = 0,
+    whole: bool = False,
 ) -> Row:
     noise = NOISES[noise_key]
     todo = [
-        (algorithm, n, c, noise_key, 1000 * n + i)
+        (algorithm, n, c, noise_key, 1000 * n + i + 1_000_000 * seed_set, whole)
         for i, c in enumerate(cases(n, kind, pairs, runs, noise != Noise()))
     ]
     results = list(pool.map(_one, todo, chunksize=4) if pool else map(_one, todo))
@@ -198,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=120, help="pairs sampled when there are more")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="n=6,32; 64 runs per noisy row")
+    ap.add_argument("--seed-set", type=int, default=0, help="another block of seeds")
+    ap.add_argument("--whole", action="store_true", help="count the remedy check's trials")
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.runs, args.pairs = "6,32", 64, 48
@@ -212,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.algorithms.split(","),
     ):
         print(
-            row(pool, algorithm, n, noise_key, kind, args.pairs, args.runs).markdown(), flush=True
+            row(pool, algorithm, n, noise_key, kind, args.pairs, args.runs,
+                args.seed_set, args.whole).markdown(), flush=True
         )
     if pool:
         pool.shutdown()

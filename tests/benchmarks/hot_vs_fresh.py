@@ -29,6 +29,7 @@ def run_mode(root: Path, mode: str, args: argparse.Namespace) -> dict[str, objec
         argv += ["--candidates", args.candidates]
     if mode == "fresh":
         argv.append("--fresh-launches")
+    root.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "NO_COLOR": "1", "DSV4BISECT_CACHE": str(root / "cache")}
     t0 = time.monotonic()
     r = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)

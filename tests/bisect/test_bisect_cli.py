@@ -77,16 +77,25 @@ def test_plan_prints_numbers_and_launches_nothing(tmp_path: Path) -> None:
     assert "candidates (5): mhc-bf16, hash-topk-scaling, mma-decode" in r.stderr
     assert "left out: trtllm-clamp (inert:" in r.stderr
     assert "expected launches" in r.stderr and "P(correct)" in r.stderr
-    assert "nothing was launched" in r.stderr
+    assert "test command: 30 s — given (--probe-cost)" in r.stderr  # each cost, its source
+    assert "launch: 0 s — none: a test command" in r.stderr
+    assert "priced design: saves" in r.stderr and "hot switching: off here" in r.stderr
+    assert "without any lever" in r.stderr and "nothing was launched" in r.stderr
     as_json = cli("--plan", "--json", "--test-cmd", check_cmd(log, "mma-decode"),
                   "--probe-cost", "30", "--launch-cost", "10", "--out", tmp_path / "runs",
                   cwd=tmp_path)
     assert as_json.returncode == 0, as_json.stderr
     p = json.loads(as_json.stdout)
-    assert p["n_candidates"] == 5 and 2 < p["mean_launches"] < 30
-    assert p["p90_launches"] >= p["mean_launches"] * 0.5 and 0.9 <= p["p_correct"] <= 1
-    # wall time: rounds x (launch + probe), one launch per round here
-    assert p["mean_wall_s"] == pytest.approx(p["mean_launches"] * 40, rel=1e-6)
+    assert p["n_candidates"] == 5 and 2 < p["mean_trials"] < 30
+    assert p["p90_wall_s"] >= p["mean_wall_s"] * 0.5 and 0.9 <= p["p_correct"] <= 1
+    # a test command: every trial (the remedy check's too) is one launch + one call
+    assert p["mean_launches"] == pytest.approx(p["mean_trials"])
+    assert p["mean_wall_s"] == pytest.approx(p["mean_trials"] * 40, rel=1e-6)
+    assert {c["name"]: c["source"] for c in p["costs"]} == {
+        "launch": "given (--launch-cost)", "test command": "given (--probe-cost)"}
+    assert p["levers"]["hot"] == {"available": False, "saves_s": 0.0}
+    assert p["without_levers"]["mean_wall_s"] == pytest.approx(
+        p["levers"]["priced"]["off"]["mean_wall_s"])  # the only lever a test command has
     assert not log.exists() and not (tmp_path / "runs").exists()
 
 
@@ -104,12 +113,14 @@ def test_plan_costs_a_trial_by_the_ledger_once_trials_were_measured(tmp_path: Pa
     log = tmp_path / "calls.log"
     cmd = check_cmd(log, "mma-decode")
     before = cli("--plan", "--test-cmd", cmd, "--out", tmp_path / "runs", cwd=tmp_path)
-    assert before.returncode == 0 and "assumed 0 s launch + 60 s probe" in before.stderr
+    assert before.returncode == 0, before.stderr
+    assert "test command: 60 s — assumed (dsv4bisect default for a --test-cmd)" in before.stderr
     ran = cli("--test-cmd", cmd, *NOISELESS, "--out", tmp_path / "runs", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     after = cli("--plan", "--test-cmd", cmd, "--out", tmp_path / "runs", cwd=tmp_path)
     assert after.returncode == 0, after.stderr
-    assert re.search(r"median of \d+ trials: 0 s per trial", after.stderr), after.stderr
+    assert re.search(r"test command: 0 s — measured: median of \d+ trials in the ledger",
+                     after.stderr), after.stderr
 
 
 def test_test_cmd_finds_a_single_culprit_and_writes_the_report(tmp_path: Path) -> None:
@@ -182,3 +193,47 @@ def test_a_good_end_that_cannot_be_tested_exits_125(tmp_path: Path) -> None:
     r = cli("--test-cmd", "exit 125", *NOISELESS, "--out", tmp_path / "runs", cwd=tmp_path)
     assert r.returncode == 125, r.stderr
     assert "UNTESTABLE" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_deterministic_test_cmd_bisect_of_reference_all_is_short_with_default_settings(
+        tmp_path: Path) -> None:
+    """Default settings (5 %/5 % assumed noise: a test command is not declared noiseless), one
+    culprit among the five candidates: every call counted, the end checks and the remedy check
+    included. Before the priced design: 6, 6, 7, 7, 8 (6.8)."""
+    counts = {}
+    for culprit in ("mhc-bf16", "hash-topk-scaling", "mma-decode", "triton-indexer",
+                    "nvfp4-dispatch"):
+        log = tmp_path / f"{culprit}.log"
+        r = cli("--test-cmd", check_cmd(log, culprit), "--json", "--out",
+                tmp_path / culprit, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        assert report["culprits"] == [culprit] and report["remedy"]["verdict"] == "passes"
+        counts[culprit] = calls(log)
+    assert sum(counts.values()) / 5 <= 6.2, counts
+
+
+def test_plan_of_an_sglang_profile_prices_launches_switches_and_probes(tmp_path: Path) -> None:
+    r = cli("dsv4-flash-tp8-latest-all", "--plan", "--json", "--out", tmp_path / "runs",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    sources = {c["name"]: c["source"] for c in p["costs"]}
+    assert sources["launch"] == "assumed (dsv4bisect default for SGLang)"
+    assert sources["hot switch"].startswith("assumed (dsv4bisect default for SGLang: drain")
+    assert "30.4 M prompt tokens" in sources["full probe (standard tier)"]
+    assert p["load_time"] == ["fp8-wo-a-gemm", "fused-mhc-post-pre", "sm120-flashmla-backend"]
+    assert p["hot"] and p["levers"]["hot"]["available"] and p["phase_s"]["confirmation"] > 0
+    assert p["without_levers"]["mean_wall_s"] > p["mean_wall_s"]
+    for name in ("hot", "sequential", "priced"):
+        off = p["levers"][name]["off"]["mean_wall_s"]
+        assert p["levers"][name]["saves_s"] == pytest.approx(off - p["mean_wall_s"])
+    fresh = cli("dsv4-flash-tp8-latest-all", "--plan", "--json", "--fresh-launches",
+                "--out", tmp_path / "runs", cwd=tmp_path)
+    f = json.loads(fresh.stdout)
+    assert not f["hot"] and not f["levers"]["hot"]["available"]
+    assert not f["levers"]["sequential"]["available"]  # fresh trials are probed at full size
+    # every trial a fresh launch, and a re-test also launches its seed block's baseline
+    assert f["phase_s"]["confirmation"] == 0 and f["mean_launches"] >= f["mean_trials"]
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,232 @@
+"""Where each cost of the plan comes from: given, measured in the ledger, or assumed (and by
+whom). Pure: the caller reads the ledger and the probe; docs/bisect.md, "The costs and their
+sources", lists every assumption and why.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dsv4bisect.bisect.design import Noise
+from dsv4bisect.bisect.pricing import StepCosts
+
+DEFAULT_TRIAL_NOISE = Noise(0.05, 0.05)  # the ends' default rates (spec.DEFAULT_NOISE)
+MIN_MEASURED = 3  # finished trials with a figure before the plan trusts their median
+
+# The standard tier's 30.4 M prompt tokens in 1200 s (the dsv4bisect default since the first
+# plan): 25.3 k prompt tokens/s on one 8-GPU node. A request's cost is taken as proportional to
+# its prompt tokens (prefill-bound: answers are at most a few hundred tokens).
+SGLANG_PROBE_S_PER_TOKEN = 1200.0 / 30_408_704
+SGLANG_LAUNCH_S = 600.0
+# drain (~0 s: no request is in flight between trials) + the switch at a barrier on every rank
+# (~1 s) + re-capturing the decode CUDA graphs, whose kernels changed (~60 s, the capture share
+# of a launch) + flushing the prefix cache (~1 s) + first-call JIT of a kernel the switch
+# selects (TileLang/Triton, up to ~30 s; cached after the first time).
+SGLANG_SWITCH_S = 90.0
+REFERENCE_LAUNCH_S = 10.0
+REFERENCE_SWITCH_S = 1.0  # in-process, eager on CPU: no graphs to capture
+# Seconds of a full probe per tier: the embedded engine's, and the least any engine takes (the
+# tier's requests decode and are scheduled whatever their prompt length).
+TIER_PROBE_S = {"ci": 20.0, "smoke": 60.0, "standard": 1200.0, "deep": 3600.0}
+TEST_CMD_S = 60.0
+# The sequential trial probe's expected share of the full probe until it states its own
+# (`probe.sequential.plan_trial`): like a bad end losing 30 % of answers at most a tenth (the
+# issue's bound for it); like the good end 0.25 (accepting "like good" needs more requests than
+# rejecting it: a per-request likelihood ratio of about half the size, and the long cells first).
+LIKE_BAD_FRACTION = 0.10
+LIKE_GOOD_FRACTION = 0.25
+POOL = {"sglang": 1, "reference": 2}  # engines kept up at once: one node; two on the CPU
+
+
+@dataclass(frozen=True)
+class CostLine:
+    name: str
+    value: float
+    unit: str  # "s", "share" or "engines"
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "value": self.value, "unit": self.unit,
+                "source": self.source}
+
+
+@dataclass(frozen=True)
+class PlanCosts:
+    costs: StepCosts
+    trial_noise: Noise
+    lines: tuple[CostLine, ...]
+
+
+@dataclass(frozen=True)
+class ProbeShape:
+    """What the costs need of the probe: its tier, prompt tokens of the full probe, the A/A
+    repeat's share of them."""
+
+    tier: str
+    prompt_tokens: int
+    aa_share: float
+    aa_note: str
+
+
+@dataclass(frozen=True)
+class Sequential:
+    """What the sequential trial probe states (plan_trial), or None where it is not here."""
+
+    like_good_fraction: float
+    like_bad_fraction: float
+    noise: Noise
+    source: str
+
+
+def plan_costs(
+    engine: str | None,
+    shape: ProbeShape | None,
+    *,
+    given: Mapping[str, float | None],
+    details: Sequence[Mapping[str, Any]] = (),
+    durations: Sequence[float] = (),
+    load_time: Sequence[str] = (),
+    hot: bool = True,
+    noise: Noise = DEFAULT_TRIAL_NOISE,
+    sequential: Sequential | None = None,
+) -> PlanCosts:
+    """The step costs of a bisect. `engine`: "sglang", "reference", or None for a --test-cmd;
+    `given`: --launch-cost / --switch-cost / --probe-cost (None: not given); `details` and
+    `durations`: this probe's finished trials in the ledger."""
+    if engine is None:
+        return _test_cmd_costs(given, durations)
+    lines: list[CostLine] = []
+    kind = "SGLang" if engine != "reference" else "the embedded engine"
+    launch_default = SGLANG_LAUNCH_S if engine != "reference" else REFERENCE_LAUNCH_S
+    switch_default = SGLANG_SWITCH_S if engine != "reference" else REFERENCE_SWITCH_S
+    assert shape is not None
+    floor = TIER_PROBE_S.get(shape.tier, 600.0)
+    if engine == "reference":
+        probe_default = floor
+        probe_why = f"dsv4bisect default for the {shape.tier} tier on {kind}"
+    elif shape.prompt_tokens * SGLANG_PROBE_S_PER_TOKEN >= floor:
+        probe_default = shape.prompt_tokens * SGLANG_PROBE_S_PER_TOKEN
+        probe_why = (f"dsv4bisect default for SGLang: {shape.prompt_tokens / 1e6:.1f} M prompt "
+                     f"tokens at {1 / SGLANG_PROBE_S_PER_TOKEN / 1e3:.1f} k tokens/s, cost "
+                     "proportional to prompt tokens")
+    else:  # a small tier: per-request overheads (decode, scheduling) dominate its prefill
+        probe_default = floor
+        probe_why = (f"dsv4bisect default for the {shape.tier} tier on SGLang: "
+                     f"{shape.prompt_tokens / 1e3:.0f} k prompt tokens take "
+                     f"{shape.prompt_tokens * SGLANG_PROBE_S_PER_TOKEN:.0f} s of prefill; the "
+                     "tier's fixed minimum counts its requests' decode and scheduling")
+    launch = _pick("launch", given.get("launch"), _measured(details, "launch_s"),
+                   launch_default, f"dsv4bisect default for {kind}", lines)
+    switch = _pick("hot switch", given.get("switch"), _measured(details, "switch_s", "hot"),
+                   switch_default, f"dsv4bisect default for {kind}: drain, switch at a barrier, "
+                   "CUDA-graph re-capture, prefix-cache flush, first-call JIT"
+                   if engine != "reference" else f"dsv4bisect default for {kind}", lines)
+    probe = _pick(f"full probe ({shape.tier} tier)", given.get("probe"),
+                  _measured(details, "probe_s", "fresh"), probe_default, probe_why, lines)
+    lines.append(CostLine("A/A repeat", shape.aa_share, "share", shape.aa_note))
+    if sequential is None:
+        seq = Sequential(LIKE_GOOD_FRACTION, LIKE_BAD_FRACTION, noise,
+                         "assumed (dsv4bisect default until the sequential trial probe states "
+                         "it)")
+    else:
+        seq = sequential
+    lines.append(CostLine("trial probe, like the good end", seq.like_good_fraction, "share",
+                          seq.source))
+    lines.append(CostLine("trial probe, like the bad end", seq.like_bad_fraction, "share",
+                          seq.source))
+    pool = POOL.get(engine, 1)
+    lines.append(CostLine("engines kept up", pool, "engines",
+                          f"dsv4bisect policy for {kind}" + (": one node" if pool == 1 else "")))
+    costs = StepCosts(launch_s=launch, switch_s=switch, probe_s=probe,
+                      aa_fraction=shape.aa_share, sequential=hot,
+                      like_good_fraction=seq.like_good_fraction,
+                      like_bad_fraction=seq.like_bad_fraction, hot=hot, pool=pool,
+                      load_time=frozenset(load_time), paired=True)
+    return PlanCosts(costs, seq.noise if hot else noise, tuple(lines))
+
+
+def _test_cmd_costs(given: Mapping[str, float | None],
+                    durations: Sequence[float]) -> PlanCosts:
+    lines: list[CostLine] = []
+    launch = given.get("launch")
+    if launch is None:
+        launch = 0.0
+        lines.append(CostLine("launch", 0.0, "s", "none: a test command"))
+    else:
+        lines.append(CostLine("launch", launch, "s", "given (--launch-cost)"))
+    measured = _median(durations)
+    probe = _pick("test command", given.get("probe"), measured, TEST_CMD_S,
+                  "dsv4bisect default for a --test-cmd", lines)
+    return PlanCosts(StepCosts(launch_s=launch, probe_s=probe), Noise(), tuple(lines))
+
+
+def _pick(name: str, given: float | None, measured: tuple[float, int] | None, default: float,
+          why: str, lines: list[CostLine]) -> float:
+    if given is not None:
+        option = {"launch": "--launch-cost", "hot switch": "--switch-cost"}.get(
+            name, "--probe-cost")
+        lines.append(CostLine(name, given, "s", f"given ({option})"))
+        return given
+    if measured is not None:
+        value, n = measured
+        lines.append(CostLine(name, value, "s", f"measured: median of {n} trials in the ledger"))
+        return value
+    lines.append(CostLine(name, default, "s", f"assumed ({why})"))
+    return default
+
+
+def _measured(details: Sequence[Mapping[str, Any]], key: str,
+              mode: str | None = None) -> tuple[float, int] | None:
+    """The median of `key` over the trials that report it (> 0), in `mode` where given."""
+    values = []
+    for d in details:
+        value = d.get(key)
+        if (mode is None or d.get("mode") == mode) and isinstance(value, (int, float)) \
+                and value > 0:
+            values.append(float(value))
+    return _median(values)
+
+
+def _median(values: Sequence[float]) -> tuple[float, int] | None:
+    if len(values) < MIN_MEASURED:
+        return None
+    return float(statistics.median(values)), len(values)
+
+
+def probe_shape(spec: Any) -> ProbeShape:
+    """The prompt tokens of a probe spec's full probe (nominal lengths × cases, per arm) and the
+    A/A repeat's share of them (run/baseline.py: the tier's repeat subset)."""
+    from dsv4bisect.probe.grid import cells
+    from dsv4bisect.run.baseline import REPEAT_SHORTEST_LENGTHS
+
+    grid = cells(spec)
+    arms = max(len(getattr(spec, "arms", ()) or ()), 1)
+    tokens = sum(cell.length * n for cell, n in grid) * arms
+    keep = REPEAT_SHORTEST_LENGTHS.get(spec.tier)
+    lengths = sorted({cell.length for cell, _ in grid if cell.family != "drift"})
+    if keep is None or len(lengths) <= keep:
+        return ProbeShape(spec.tier, tokens, 1.0,
+                          f"the {spec.tier} tier repeats the whole probe (run/baseline.py)")
+    short = set(lengths[:keep])
+    repeated = sum(cell.length * n for cell, n in grid
+                   if cell.family == "drift" or cell.length in short) * arms
+    return ProbeShape(spec.tier, tokens, repeated / max(tokens, 1),
+                      f"the {spec.tier} tier repeats the drift cases and the lengths "
+                      f"{sorted(short)} (run/baseline.py), by prompt tokens")
+
+
+def sequential_from_probe(spec: Any, noise: Noise) -> Sequential | None:
+    """What the sequential trial probe states for this spec, when it is installed here."""
+    try:
+        from dsv4bisect.probe import sequential  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    stated = sequential.plan_trial(spec, noise.false_fail, noise.false_pass)
+    return Sequential(
+        like_good_fraction=float(stated.like_good.cost_fraction),
+        like_bad_fraction=float(stated.like_bad.cost_fraction),
+        noise=Noise(*stated.error_rates),
+        source="stated by the sequential trial probe (probe/sequential.py plan_trial)")

@@ -1,0 +1,160 @@
+"""What a bisect step costs, in seconds, given what ran before it (pure; docs/bisect.md,
+"The priced design").
+
+The policy priced here is the one the driver follows:
+
+* **Engines.** In hot mode an engine is launched in the canonical base of a load-time state λ
+  (the good end with the load-time candidates of λ switched to bad); a trial of configuration C
+  runs in the engine of λ(C) = C ∩ load-time candidates: switched (drain, switch at a barrier,
+  CUDA-graph re-capture, prefix-cache flush: `switch_s`) when that engine is up, else launched
+  (`launch_s`) after stopping the oldest engine; `pool` engines are kept up at once. With hot
+  mode off every trial is a fresh launch.
+* **Probes.** The good end is probed at full size plus its A/A repeat (`aa_fraction` of the full
+  probe), and that trial's verdict is the A/A verdict; the bad end at full size; every other
+  configuration with the sequential trial probe, whose expected length is `like_good_fraction`
+  or `like_bad_fraction` of the full probe for a trial that behaves like the good or the bad end.
+* **Seed blocks.** The n-th trial of a configuration uses seed block n. A full-size paired
+  probe judges it against the good end's baseline *of that block*: the first trial in a new
+  block measures that baseline first (the good end's engine, full probe + A/A), so a re-test is
+  dearer than a new configuration, and the priced design knows it. The sequential trial probe
+  draws a re-test's requests from the first baseline's pool instead (other requests, in another
+  order: the pool holds 1/fraction trials' worth), so its re-tests need no new baseline.
+
+Everything is derived from the sequence of subsets tested, so the search that uses it stays
+deterministic given its records (a resume replays them). The engines a resumed driver really
+finds up may differ (it starts with none); the prices are then off by one launch, the proposals
+are not.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """The seconds one step costs and the policy that decides which step pays what."""
+
+    launch_s: float = 0.0  # start an engine (weights, JIT, CUDA-graph capture, health)
+    switch_s: float = 0.0  # hot switch inside a running engine
+    probe_s: float = 60.0  # the full probe of the tier (or one --test-cmd call)
+    aa_fraction: float = 0.0  # the A/A repeat, as a share of the full probe
+    sequential: bool = False  # non-end trials use the sequential trial probe
+    like_good_fraction: float = 1.0  # its expected share of the full probe, trial like good
+    like_bad_fraction: float = 1.0  # ... like the bad end
+    hot: bool = False  # switch call-time patches inside a running engine
+    pool: int = 1  # engines kept up at once
+    load_time: frozenset[str] = field(default_factory=frozenset)  # need a fresh launch
+    paired: bool = False  # trials are judged against the good end's baseline of their block
+
+    def __post_init__(self) -> None:
+        for name in ("launch_s", "switch_s", "probe_s", "aa_fraction", "like_good_fraction",
+                     "like_bad_fraction"):
+            value = getattr(self, name)
+            if not value >= 0 or value == float("inf"):
+                raise ValueError(f"{name} is {value}")
+        if self.pool < 1:
+            raise ValueError(f"pool is {self.pool}")
+
+    def fresh(self) -> StepCosts:
+        """The same costs with hot switching off (every trial a fresh launch)."""
+        return replace(self, hot=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"launch_s": self.launch_s, "switch_s": self.switch_s, "probe_s": self.probe_s,
+                "aa_fraction": self.aa_fraction, "sequential": self.sequential,
+                "like_good_fraction": self.like_good_fraction,
+                "like_bad_fraction": self.like_bad_fraction, "hot": self.hot, "pool": self.pool,
+                "load_time": sorted(self.load_time), "paired": self.paired}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepCosts:
+        return cls(**{**data, "load_time": frozenset(data.get("load_time", ()))})
+
+
+UNIFORM = StepCosts()  # every trial the same price: the unpriced design
+
+
+class CostTracker:
+    """The state that prices the next step: engines up (oldest first), the seed blocks whose
+    baseline was measured, and how often each configuration ran."""
+
+    def __init__(self, costs: StepCosts, everything: frozenset[str]) -> None:
+        self.costs, self.everything = costs, everything
+        self.engines: list[frozenset[str]] = []  # load-time states up, oldest first
+        self.baselines: set[int] = set()  # seed blocks whose good-end baseline is measured
+        self.seen: Counter[frozenset[str]] = Counter()
+        self.spent_s = 0.0
+        self.launches = 0
+
+    def copy(self) -> CostTracker:
+        other = CostTracker(self.costs, self.everything)
+        other.engines, other.baselines = list(self.engines), set(self.baselines)
+        other.seen, other.spent_s = Counter(self.seen), self.spent_s
+        other.launches = self.launches
+        return other
+
+    # -- prices ------------------------------------------------------------------------------
+    def quote(self, subset: frozenset[str], p_fail: float) -> float:
+        """Expected seconds of the next trial of `subset`, which truly fails with `p_fail`."""
+        return self.copy().charge(subset, p_fail)
+
+    def charge(self, subset: frozenset[str], like_bad: float | bool) -> float:
+        """Run the next trial of `subset` (like the bad end with probability / truth
+        `like_bad`): advance the state, return its seconds (expected where a probability)."""
+        block = 0 if self.costs.sequential else self.seen[subset]
+        self.seen[subset] += 1
+        seconds = 0.0
+        if self.costs.paired and block not in self.baselines:
+            seconds += self._engine(frozenset()) + self.costs.probe_s * (1 + self.costs.aa_fraction)
+            self.baselines.add(block)
+            if not subset:  # the good end's trial is that baseline; its verdict is the A/A's
+                self.spent_s += seconds
+                return seconds
+        if self.costs.paired and not subset:  # the baseline of this block is already measured
+            self.spent_s += seconds
+            return seconds
+        seconds += self._engine(self._state(subset)) + self._probe(subset, float(like_bad))
+        self.spent_s += seconds
+        return seconds
+
+    def confirmation(self, like_bad: float | bool) -> float:
+        """The fresh confirmation after FOUND (hot mode): one fresh launch of the good end plus
+        the culprits, judged with the sequential probe."""
+        seconds = self.costs.launch_s + self.costs.probe_s * self._fraction(float(like_bad))
+        self.spent_s += seconds
+        self.launches += 1
+        return seconds
+
+    # -- parts -------------------------------------------------------------------------------
+    def _state(self, subset: frozenset[str]) -> frozenset[str]:
+        return subset & self.costs.load_time
+
+    def _engine(self, state: frozenset[str]) -> float:
+        """Seconds to have the engine of `state` ready (and the pool after it)."""
+        if self.costs.hot and state in self.engines:
+            return self.costs.switch_s
+        self.launches += 1
+        if not self.costs.hot:
+            return self.costs.launch_s
+        if len(self.engines) >= self.costs.pool:
+            self.engines.pop(0)  # stop the oldest engine
+        self.engines.append(state)
+        return self.costs.launch_s
+
+    def _probe(self, subset: frozenset[str], like_bad: float) -> float:
+        if subset == self.everything or not subset:  # the ends: full size
+            return self.costs.probe_s
+        return self.costs.probe_s * self._fraction(like_bad)
+
+    def _fraction(self, like_bad: float) -> float:
+        c = self.costs
+        if not c.sequential:
+            return 1.0
+        return like_bad * c.like_bad_fraction + (1 - like_bad) * c.like_good_fraction
+
+    def engine_up(self, subset: frozenset[str]) -> bool:
+        """Whether the next trial of `subset` would be a hot switch (no launch)."""
+        return self.costs.hot and self._state(subset) in self.engines

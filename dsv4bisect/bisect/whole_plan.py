@@ -1,0 +1,187 @@
+"""`--plan` for the whole bisect: ends, A/A, trials, remedy check and fresh confirmation, priced
+as the driver runs them (pricing.py), with and without each lever, from one simulation.
+
+Levers: **hot** switching (off: every trial a fresh launch), the **sequential** trial probe
+(off: every trial probed at full size, at the ends' error rates), **priors** from the
+microtest (off: the weights without them), the **priced** design (off: information per trial).
+Every configuration of the levers runs against the same hidden culprit sets and the same random
+outcome streams (common random numbers), so the differences are the levers', not the draw's.
+The culprit sets are drawn from a *flat* prior (every candidate the same weight, the search's
+order masses): a prior lever judged against culprits drawn from its own prior would always win.
+Deterministic given `seed`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from dsv4bisect.bisect import remedy as rem
+from dsv4bisect.bisect.design import Noise
+from dsv4bisect.bisect.hypotheses import HypothesisSpace, Priors
+from dsv4bisect.bisect.pricing import CostTracker, StepCosts
+from dsv4bisect.bisect.records import Outcome
+from dsv4bisect.bisect.search import Search, Status
+from dsv4bisect.errors import BisectError
+
+LEVERS = ("hot", "sequential", "priors", "priced")
+PHASES = ("ends", "trials", "remedy", "confirmation")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the simulated bisect is, with every lever it has on."""
+
+    candidates: tuple[str, ...]
+    noise: Noise  # the ends' (full probe) error rates
+    trial_noise: Noise  # the sequential trial probe's
+    costs: StepCosts  # with the sequential fractions; `hot` as the bisect would run
+    confidence: float = 0.95
+    max_order: int = 2
+    max_trials: int | None = None
+    weights: Mapping[str, float] = field(default_factory=dict)  # with the microtest priors
+    base_weights: Mapping[str, float] = field(default_factory=dict)  # without them
+    confirm: bool = True  # the fresh confirmation after FOUND (hot mode only)
+
+    def without(self, levers: Sequence[str]) -> Setup:
+        """The same bisect with `levers` off."""
+        out = self
+        if "hot" in levers:
+            out = replace(out, costs=out.costs.fresh())
+        if "sequential" in levers:
+            out = replace(out, trial_noise=out.noise, costs=replace(out.costs, sequential=False))
+        if "priors" in levers:
+            out = replace(out, weights=out.base_weights)
+        return out
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One configuration of the levers over every simulated bisect."""
+
+    mean_wall_s: float
+    p90_wall_s: float
+    mean_trials: float  # probe runs, remedy and confirmation included
+    mean_launches: float  # engine launches (every trial without hot switching)
+    p_correct: float
+    phase_s: Mapping[str, float]  # mean seconds per phase (PHASES)
+
+
+@dataclass(frozen=True)
+class WholePlan:
+    runs: int
+    levers: tuple[str, ...]  # the levers this bisect has (the others cannot be turned on)
+    with_levers: Figures
+    without_levers: Figures | None  # every lever off: today's bisect, everything counted
+    each_off: Mapping[str, Figures]  # one lever off in turn
+
+    def saves_s(self, lever: str) -> float:
+        return self.each_off[lever].mean_wall_s - self.with_levers.mean_wall_s
+
+
+def plan_bisect(setup: Setup, *, trials: int = 100, seed: int = 0,
+                compare: bool = True) -> WholePlan:
+    """Simulate `trials` whole bisects per configuration of the levers (`compare=False`: only
+    with every lever on)."""
+    if trials < 1:
+        raise BisectError("the plan needs at least one simulated run", "use trials >= 1")
+    levers = tuple(lever for lever in LEVERS if _has(setup, lever))
+    draw = random.Random(seed)
+    flat = HypothesisSpace(setup.candidates, setup.max_order, Priors())
+    culprits = [_flat_culprits(flat, draw) for _ in range(trials)]
+    seeds = [draw.getrandbits(32) for _ in range(trials)]
+
+    def figures(off: Sequence[str]) -> Figures:
+        cfg = setup.without(off)
+        priced = "priced" not in off
+        runs = [_simulate(cfg, c, random.Random(s), priced) for c, s in zip(culprits, seeds)]
+        return _figures(runs)
+
+    if not compare:
+        return WholePlan(trials, levers, figures(()), None, {})
+    return WholePlan(trials, levers, figures(()), figures(levers),
+                     {lever: figures((lever,)) for lever in levers})
+
+
+def _has(setup: Setup, lever: str) -> bool:
+    c = setup.costs
+    if lever == "hot":
+        return c.hot
+    if lever == "sequential":
+        return c.sequential
+    if lever == "priors":
+        return dict(setup.weights) != dict(setup.base_weights)
+    return True  # the priced design
+
+
+@dataclass(frozen=True)
+class _Run:
+    wall_s: float
+    trials: int
+    launches: int
+    correct: bool
+    phase_s: dict[str, float]
+
+
+def _simulate(cfg: Setup, culprits: frozenset[str], rng: random.Random, priced: bool) -> _Run:
+    everything = frozenset(cfg.candidates)
+    search = Search(cfg.candidates, noise=cfg.noise, confidence=cfg.confidence,
+                    max_trials=cfg.max_trials, max_order=cfg.max_order,
+                    priors=Priors(weights=dict(cfg.weights)), trial_noise=cfg.trial_noise,
+                    costs=cfg.costs if priced else None)
+    spent = CostTracker(cfg.costs, everything)  # what the trials really cost
+    phase = dict.fromkeys(PHASES, 0.0)
+    trials = 0
+
+    def run(subset: frozenset[str], name: str) -> Outcome:
+        nonlocal trials
+        fails = culprits <= subset
+        end = not subset or subset == everything
+        noise = cfg.noise if end else cfg.trial_noise
+        phase[name] += spent.charge(subset, fails)
+        trials += 1
+        flip = rng.random() < (noise.false_pass if fails else noise.false_fail)
+        return Outcome.FAIL if fails != flip else Outcome.PASS
+
+    while proposals := search.next():
+        for subset in proposals:
+            end = not subset or subset == everything
+            outcome = run(subset, "ends" if end else "trials")
+            search.record(subset, outcome, None if end else cfg.trial_noise)
+    result = search.result()
+    if result.status is Status.FOUND and result.culprits:
+        subset = rem.remedy_subset(cfg.candidates, result.culprits)
+        outcomes = rem.prior_outcomes(search.records, subset)
+        own = 0
+        while subset and rem.needs_more(outcomes, own):
+            outcomes.append(run(subset, "remedy"))
+            own += 1
+        if cfg.costs.hot and cfg.confirm:
+            phase["confirmation"] += spent.confirmation(culprits <= result.culprits)
+            trials += 1
+    correct = result.status is Status.FOUND and result.culprits == culprits
+    return _Run(sum(phase.values()), trials, spent.launches, correct, phase)
+
+
+def _figures(runs: list[_Run]) -> Figures:
+    wall = np.array([r.wall_s for r in runs])
+    return Figures(
+        mean_wall_s=float(wall.mean()),
+        p90_wall_s=float(np.quantile(wall, 0.9)),
+        mean_trials=float(np.mean([r.trials for r in runs])),
+        mean_launches=float(np.mean([r.launches for r in runs])),
+        p_correct=sum(r.correct for r in runs) / len(runs),
+        phase_s={p: float(np.mean([r.phase_s[p] for r in runs])) for p in PHASES},
+    )
+
+
+def _flat_culprits(space: HypothesisSpace, rng: random.Random) -> frozenset[str]:
+    """A culprit set from a flat prior (`space`: the search's order masses, every candidate
+    alike)."""
+    prior = np.exp(space.log_prior[: space.n_sets])
+    cumulative = np.cumsum(prior / prior.sum())
+    row = int(np.searchsorted(cumulative, rng.random(), side="right"))
+    return space.hypothesis(min(row, space.n_sets - 1)).members

@@ -1,0 +1,193 @@
+"""The priced search: per-record error rates, BETWEEN, what a step costs given what ran before
+it, information per second, and the whole-bisect plan with and without each lever."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dsv4bisect.bisect.costs import plan_costs, probe_shape
+from dsv4bisect.bisect.design import Noise
+from dsv4bisect.bisect.hypotheses import tier_weights
+from dsv4bisect.bisect.plan import oracle_outcome
+from dsv4bisect.bisect.pricing import CostTracker, StepCosts
+from dsv4bisect.bisect.records import Outcome
+from dsv4bisect.bisect.search import Search, Status
+from dsv4bisect.bisect.spec import BisectSpec
+from dsv4bisect.bisect.whole_plan import Setup, plan_bisect
+from dsv4bisect.probe.spec import tier_spec
+
+NAMES = ("a", "b", "c", "d", "e", "f")
+FIVE = Noise(0.05, 0.05)
+SGLANG = StepCosts(launch_s=600, switch_s=90, probe_s=1200, aa_fraction=1.0, sequential=True,
+                   like_good_fraction=0.25, like_bad_fraction=0.10, hot=True, pool=1,
+                   load_time=frozenset({"a", "b", "c"}), paired=True)
+
+
+def ended(search: Search) -> Search:
+    search.record(frozenset(), Outcome.PASS)
+    search.record(frozenset(search.candidates), Outcome.FAIL)
+    return search
+
+
+# -- per-record error rates and BETWEEN --------------------------------------------------------
+def test_a_record_counts_at_the_rates_its_own_verdict_holds():
+    sure, loose = ended(Search(NAMES, noise=FIVE)), ended(Search(NAMES, noise=FIVE))
+    sure.record({"a", "b", "c"}, Outcome.FAIL, noise=Noise(0.001, 0.001))
+    loose.record({"a", "b", "c"}, Outcome.FAIL, noise=Noise(0.3, 0.3))
+    inside = lambda s: sum(s.marginals()[x] for x in "abc")
+    assert inside(sure) > inside(loose) > inside(ended(Search(NAMES, noise=FIVE)))
+    # the checks weigh each trial at its own rates too: C = {a} alone failing, sure vs loose
+    from dsv4bisect.bisect import confirm
+    from dsv4bisect.bisect.hypotheses import Hypothesis
+
+    def sufficiency(rates: Noise) -> float:
+        s = ended(Search(NAMES, noise=FIVE))
+        s.record({"a"}, Outcome.FAIL, noise=rates)
+        ev = confirm.Evidence(s.records, confirm.loglik(FIVE), 0.95, 0, True, NAMES, 2)
+        (check,) = [c for c in confirm.checks_for(Hypothesis("set", frozenset("a")), ev)
+                    if c.member is None]
+        return check.log10_ratio
+
+    assert sufficiency(Noise(0.001, 0.001)) == pytest.approx(np.log10(0.999 / 0.001))
+    assert sufficiency(Noise(0.3, 0.3)) == pytest.approx(np.log10(0.7 / 0.3))
+
+
+def test_between_is_evidence_for_neither_end_and_may_be_retested():
+    search = ended(Search(NAMES, noise=FIVE))
+    before = search.posterior()
+    subset = frozenset({"a", "b", "c"})
+    search.record(subset, Outcome.BETWEEN)
+    after = search.posterior()
+    sets_and_ends = slice(0, len(before) - 1)
+    ratio = after[sets_and_ends] / before[sets_and_ends]
+    assert np.allclose(ratio, ratio[0])  # the same likelihood under every set and end
+    assert after[-1] > before[-1]  # some evidence for `unexplained`
+    assert search.result().status is Status.RUNNING
+    assert subset not in {s for s in search._skipped}  # not routed around: it may come back
+    for _ in range(3):  # a BETWEEN never confirms anything
+        search.record(subset, Outcome.BETWEEN)
+    assert all(c.trials == 0 for c in search.result().checks)
+
+
+def test_a_between_at_an_end_does_not_count_as_checking_it():
+    search = Search(NAMES, noise=FIVE)
+    search.record(frozenset(), Outcome.BETWEEN)
+    assert search.next()[0] == frozenset()  # the good end is still to be checked
+
+
+# -- what a step costs -------------------------------------------------------------------------
+def test_hot_trials_switch_inside_the_engine_of_their_load_time_state():
+    t = CostTracker(SGLANG, frozenset(NAMES))
+    assert t.charge(frozenset(), False) == 600 + 1200 * 2  # launch, baseline + A/A
+    assert t.charge(frozenset({"d", "e"}), True) == 90 + 120  # hot, sequential like bad
+    assert t.charge(frozenset({"a", "d"}), False) == 600 + 300  # another load-time state
+    assert t.engines == [frozenset({"a"})]  # one engine on SGLang: the oldest was stopped
+    assert t.charge(frozenset({"d"}), False) == 600 + 300
+    assert t.charge(frozenset(NAMES), True) == 600 + 1200  # the bad end: full size
+    assert t.charge(frozenset({"d", "e"}), True) == 600 + 120  # re-test: no new baseline
+    assert t.launches == 5
+
+
+def test_a_pool_of_two_keeps_both_engines_and_fresh_mode_launches_every_trial():
+    two = CostTracker(replace(SGLANG, pool=2), frozenset(NAMES))
+    for subset in (frozenset(), frozenset({"a"}), frozenset({"d"}), frozenset({"a", "e"})):
+        two.charge(subset, False)
+    assert two.launches == 2
+    fresh = CostTracker(replace(SGLANG, hot=False, sequential=False), frozenset(NAMES))
+    assert fresh.charge(frozenset(), False) == 600 + 2400
+    assert fresh.charge(frozenset({"d"}), False) == 600 + 1200
+    # a full-size re-test is judged against the good end's baseline of its own seed block
+    assert fresh.charge(frozenset({"d"}), False) == (600 + 2400) + (600 + 1200)
+    assert fresh.launches == 4
+
+
+def test_a_quote_does_not_move_the_state():
+    t = CostTracker(SGLANG, frozenset(NAMES))
+    assert t.quote(frozenset(), 0.0) == 3000 and t.launches == 0 and not t.engines
+
+
+def test_costs_round_trip_through_the_spec_and_a_version_1_spec_still_reads():
+    spec = BisectSpec(NAMES, {}, {n: "on" for n in NAMES}, trial_noise=Noise(0.02, 0.03),
+                      costs=SGLANG, confirm=False)
+    again = BisectSpec.from_json(spec.to_json())
+    assert again == spec and again.search().costs == SGLANG
+    old = {**spec.to_json(), "version": 1}
+    for key in ("trial_noise", "costs", "confirm"):
+        old.pop(key)
+    v1 = BisectSpec.from_json(old)
+    assert v1.costs is None and v1.trial_noise is None and v1.confirm
+
+
+def test_each_assumed_cost_says_so_and_a_given_or_measured_one_wins():
+    shape = probe_shape(tier_spec("standard"))
+    assert shape.prompt_tokens == 30_408_704 and shape.aa_share == 1.0
+    assumed = plan_costs("sglang", shape, given={}, load_time=("a",))
+    sources = {line.name: line.source for line in assumed.lines}
+    assert sources["launch"].startswith("assumed (dsv4bisect default for SGLang")
+    assert assumed.costs.probe_s == pytest.approx(1200.0) and assumed.costs.pool == 1
+    details = [{"mode": "hot", "switch_s": s, "launch_s": 0} for s in (40, 50, 70)]
+    measured = plan_costs("sglang", shape, given={"launch": 480.0}, details=details)
+    lines = {line.name: line for line in measured.lines}
+    assert lines["hot switch"].value == 50 and "median of 3 trials" in lines["hot switch"].source
+    assert lines["launch"].source == "given (--launch-cost)"
+    assert probe_shape(tier_spec("smoke")).aa_share < 0.5  # the smoke tier's repeat subset
+
+
+# -- the priced design -------------------------------------------------------------------------
+def setup(**kw) -> Setup:
+    w = tier_weights({"a": 1, "b": 1, "c": 2, "d": 2, "e": 3, "f": 2})
+    return Setup(NAMES, FIVE, FIVE, SGLANG, weights=w, base_weights=w, **kw)
+
+
+def test_the_priced_design_saves_launches_and_time_at_the_same_correctness():
+    plan = plan_bisect(setup(), trials=40, seed=1)
+    priced, unpriced = plan.with_levers, plan.each_off["priced"]
+    assert priced.mean_launches < unpriced.mean_launches
+    assert priced.mean_wall_s < unpriced.mean_wall_s
+    assert priced.p_correct >= 0.95 and unpriced.p_correct >= 0.9
+
+
+def test_a_priced_search_is_deterministic_given_its_records():
+    rng = random.Random(5)
+    first = Search(NAMES, noise=FIVE, costs=SGLANG)
+    culprit = frozenset({"b", "e"})
+    history = []
+    while (proposals := first.next()) and len(history) < 40:
+        history.append(proposals)
+        for subset in proposals:
+            first.record(subset, oracle_outcome(subset, culprit, FIVE, rng))
+    replay = Search(NAMES, noise=FIVE, costs=SGLANG)
+    for proposals, record in zip(history, first.records):
+        assert replay.next() == proposals
+        replay.record(record.subset, record.outcome, record.noise)
+    assert replay.next() == first.next()
+
+
+# -- the whole-bisect plan ---------------------------------------------------------------------
+def test_the_whole_plan_counts_every_phase_and_each_lever_from_one_simulation():
+    plan = plan_bisect(setup(), trials=30, seed=2)
+    assert plan == plan_bisect(setup(), trials=30, seed=2)  # deterministic
+    assert plan.levers == ("hot", "sequential", "priced")  # no microtest priors given
+    f = plan.with_levers
+    assert f.mean_wall_s == pytest.approx(sum(f.phase_s.values()))
+    assert f.phase_s["ends"] >= 600 + 2400 + 90 + 1200 - 1e-6  # launch, baseline, A/A, bad end
+    assert f.phase_s["confirmation"] >= 600 * f.p_correct * 0.9  # one fresh launch per FOUND
+    assert plan.without_levers.phase_s["confirmation"] == 0  # fresh trials need no confirmation
+    for lever in plan.levers:
+        assert plan.each_off[lever].mean_wall_s > f.mean_wall_s * 0.95
+    assert plan.without_levers.mean_wall_s > 2 * f.mean_wall_s
+    no_confirm = plan_bisect(setup(confirm=False), trials=30, seed=2).with_levers
+    assert no_confirm.phase_s["confirmation"] == 0
+
+
+def test_the_priors_lever_is_judged_against_culprits_from_a_flat_prior():
+    heavy = dict.fromkeys(NAMES, 1.0) | {"a": 50.0}  # a prior that bets everything on `a`
+    plan = plan_bisect(replace(setup(), weights=heavy, base_weights=dict.fromkeys(NAMES, 1.0)),
+                       trials=30, seed=3)
+    assert "priors" in plan.levers
+    # drawn from a flat prior, `a` is the culprit in few runs: the bet costs, not saves
+    assert plan.saves_s("priors") < 0
