@@ -220,13 +220,14 @@ def probe_shape(spec: Any) -> ProbeShape:
 
 def sequential_from_probe(spec: Any, noise: Noise) -> Sequential | None:
     """What the sequential trial probe states for this spec, when it is installed here."""
-    try:
-        from dsv4bisect.probe import sequential  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    stated = sequential.plan_trial(spec, noise.false_fail, noise.false_pass)
+    from dsv4bisect.probe.sequential_plan import plan_trial
+
+    stated = plan_trial(spec, noise.false_fail, noise.false_pass)
     return Sequential(
-        like_good_fraction=float(stated.like_good.cost_fraction),
-        like_bad_fraction=float(stated.like_bad.cost_fraction),
-        noise=Noise(*stated.error_rates),
-        source="stated by the sequential trial probe (probe/sequential.py plan_trial)")
+        like_good_fraction=float(stated.cost_fraction_good),
+        like_bad_fraction=float(stated.cost_fraction_bad),
+        noise=Noise(stated.false_fail, stated.false_pass),
+        source=(f"simulated by the sequential trial probe (probe/sequential_plan.py, "
+                f"{stated.sims} trials each way: a good end right 90 % of the time, a bad end "
+                f"losing 30 % of its answers; {stated.mean_requests_good:.0f} / "
+                f"{stated.mean_requests_bad:.0f} of {stated.full_requests} requests)"))

@@ -46,6 +46,7 @@ from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.client import ProbeClient
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.runner import collect, judge
+from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
 from dsv4bisect.probe.session import write_verdict
 from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.run import baseline as cache
@@ -81,7 +82,8 @@ class HotEngineRunner(EngineRunner):
     def __init__(self, profile: str, good: Mapping[str, str], bad: Mapping[str, str], *,
                  load_time: Sequence[str] = (), sets: Sequence[str] = (),
                  tier: str | None = None, use_cache: bool = True, pool: int | None = None,
-                 sequential: bool = True, error_rates: tuple[float, float] = (0.05, 0.05),
+                 sequential: bool = True,
+                 error_rates: tuple[float, float] = TRIAL_ERROR_RATES,
                  on_event: EventSink = ignore) -> None:
         super().__init__(profile, good, sets=sets, tier=tier, use_cache=use_cache,
                          on_event=on_event)

@@ -333,9 +333,13 @@ def _costs(runner: Runner, q: Question, noise: Noise, details: list[dict[str, An
     if not isinstance(runner, EngineRunner):
         return plan_costs(None, None, given=given, durations=durations)
     engine = "reference" if runner.good_cfg.kind == "reference" else "sglang"
+    from dsv4bisect.bisect.design import Noise
+    from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
+
+    trial = Noise(*TRIAL_ERROR_RATES)  # what the hot runner asks of its sequential trials
     return plan_costs(engine, probe_shape(runner.spec), given=given, details=details,
                       load_time=tuple(q.load_time), hot=hot, noise=noise,
-                      sequential=sequential_from_probe(runner.spec, noise) if hot else None)
+                      sequential=sequential_from_probe(runner.spec, trial) if hot else None)
 
 
 def _plan(spec: BisectSpec, q: Question, trials: int, compare: bool) -> WholePlan:

@@ -53,6 +53,11 @@ SHRINK_REQUESTS = 20.0  # weight of the level above in each "like bad" rate (str
 WEIGHT_FLOOR = 0.1  # every cell's draw weight is at least this share of the mean weight
 ENDS_ALPHA = 0.05  # one-sided McNemar: the ends differ in accuracy below this
 DEFAULT_BATCH = 4
+# The error rates a bisect asks of its sequential trials (false fail, false pass). 1 % costs a
+# few requests more than 5 % (docs/probe.md: 26 against 25 on a bad end losing 30 %) and saves
+# the search its re-tests; it also bounds the one world that slips past the asked rate (a fault
+# that loses different cases each run: 2 % instead of 8 % at a 5 pp gap).
+TRIAL_ERROR_RATES = (0.01, 0.01)
 DRIFT_LIKE_BAD = 0.5  # drift-only ends: a trial this far toward the bad end's drift is like it
 _DRIFT_RANK = {"absent": -1, "pass": 0, "warn": 1, "fail": 2}
 
