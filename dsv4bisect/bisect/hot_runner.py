@@ -83,7 +83,7 @@ class HotEngineRunner(EngineRunner):
                  load_time: Sequence[str] = (), sets: Sequence[str] = (),
                  tier: str | None = None, use_cache: bool = True, pool: int | None = None,
                  sequential: bool = True,
-                 error_rates: tuple[float, float] = TRIAL_ERROR_RATES,
+                 error_rates: tuple[float, float] = TRIAL_ERROR_RATES, warn_as: str = "fail",
                  on_event: EventSink = ignore) -> None:
         super().__init__(profile, good, sets=sets, tier=tier, use_cache=use_cache,
                          on_event=on_event)
@@ -91,6 +91,7 @@ class HotEngineRunner(EngineRunner):
         self.load_time = frozenset(load_time)
         self.pool = pool if pool is not None else (2 if self.good_cfg.kind == "reference" else 1)
         self.sequential, self.error_rates = sequential, error_rates
+        self.warn_fails = warn_as != "pass"  # how the search counts a WARN (--warn-as)
         hot = {n: v for n, v in self.bad.items() if n not in self.load_time
                and self.good.get(n) != v}
         self.hot_wire = format_patch_set(hot, builtin_patches())
@@ -249,7 +250,7 @@ class HotEngineRunner(EngineRunner):
             self._switch(eng, patches, costs)
             return run_sequential(url, base, bad, repeat, false_fail=ff, false_pass=fp,
                                   seed=seed, api_key=self.api_key,
-                                  model=eng.cfg.served_model_name)
+                                  model=eng.cfg.served_model_name, warn_fails=self.warn_fails)
 
         self._ready(eng, patches, costs, good_end=False)
         t = time.perf_counter()

@@ -153,7 +153,9 @@ def bisect(
         question = resolve_question(profile, ov, good, bad, candidates)
         req = RunnerRequest(question.profile, question.good, tuple(question.sets), tier,
                             not no_cache, bad=_bad_end(question),
-                            load_time=tuple(question.load_time), hot=not fresh_launches)
+                            load_time=tuple(question.load_time), hot=not fresh_launches,
+                            warn_as=(warn_as.value if warn_as else
+                                     str(question.bisect.get("warn_as") or "fail")))
         runner = _runner(req, test_cmd, display)
         measured, durations, details = _history(runner, ledger_path or out / LEDGER)
         noise, where = _noise(measured, false_fail, false_pass)

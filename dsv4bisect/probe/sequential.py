@@ -333,6 +333,7 @@ class SequentialTrial:
     seed: int = 0
     batch: int = DEFAULT_BATCH
     benign: float = BENIGN_FLIP_RATE
+    warn_fails: bool = True  # how the bisect counts a drift WARN (False: --warn-as pass)
     _order: list[EndCase] = field(init=False, repr=False)
     _model: _Model = field(init=False, repr=False)
     _next: int = field(default=0, init=False)
@@ -390,6 +391,10 @@ class SequentialTrial:
             if drift.status == "absent":
                 return self._decide(BETWEEN, "drift", "the ends differ only by drift and the "
                                                       "trial has no drift measurement")
+            if not self.warn_fails:  # a WARN counts as PASS: only a drift FAIL (above) fails
+                return self._decide(PASS, "drift", f"the ends differ only by drift; the trial's "
+                                    f"drift is {drift.status.upper()}{where}, which counts as "
+                                    "PASS (--warn-as pass)")
             share = drift.share_of(bad)
             shown = "?" if share is None else f"{share:.0%}"
             if drift.status != "pass" and share is not None and share >= DRIFT_LIKE_BAD:

@@ -103,6 +103,12 @@ def test_drift_only_ends_are_decided_by_drift() -> None:
     slight = DriftFigures("warn", "all positions", 0.0011, 0.99, {"all positions": (0.0011, 0.99)})
     d = SequentialTrial(warn_ends, 0.05, 0.05).observe_drift(slight)
     assert d is not None and d.verdict == "BETWEEN"  # neither end's drift: never a pass
+    # --warn-as pass: a WARN counts as PASS, as in the full probe; a drift FAIL still fails
+    fail_ends = make_ends(loss_every=0, bad_drift=FAIL_DRIFT)
+    d = SequentialTrial(fail_ends, 0.05, 0.05, warn_fails=False).observe_drift(similar)
+    assert d is not None and d.verdict == "PASS"
+    d = SequentialTrial(fail_ends, 0.05, 0.05, warn_fails=False).observe_drift(FAIL_DRIFT)
+    assert d is not None and d.verdict == "FAIL"
 
 
 def test_ends_that_do_not_differ_give_between() -> None:
