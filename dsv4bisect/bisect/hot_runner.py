@@ -100,6 +100,7 @@ class HotEngineRunner(EngineRunner):
         self._ends: dict[int, dict[str, ProbeRun | None]] = {}  # seed block -> ends' runs
         self._aa: dict[int, tuple[Verdict, ...]] = {}  # A/A verdicts not yet reported
         self._launched: list[str] = []  # base fingerprint of every launch, in order
+        self._draw = 0  # the trial's seed block: its sequential draw order
         self._run_lock = threading.Lock()  # one trial at a time per runner
 
     # -- identity ------------------------------------------------------------------------------
@@ -145,7 +146,13 @@ class HotEngineRunner(EngineRunner):
         if cfg.cannot_start:
             raise ConfigError(f"configuration {patches} cannot start: {cfg.cannot_start}",
                               "keep required patches at their good-end state")
-        spec = self.spec.replace(seed_block=block)
+        # A sequential trial's re-test (block > 0) draws other requests, in another order,
+        # against the first block's ends; an end's re-test probes its own block at full size.
+        first = self._ends.get(0, {})
+        reuse = (self.sequential and patches not in (self.good, self.bad)
+                 and first.get("bad") is not None)
+        spec = self.spec.replace(seed_block=0 if reuse else block)
+        self._draw = block
         save_config(trial_dir / "candidate", cfg)
         measured_base = False
         costs: dict[str, Any] = {"launch_s": 0.0, "switch_s": 0.0, "probe_s": 0.0}
@@ -244,7 +251,9 @@ class HotEngineRunner(EngineRunner):
         from dsv4bisect.probe.sequential_run import run_sequential
 
         ff, fp = self.error_rates
-        seed = int(self.fingerprint(patches)[:8], 16)  # its own draw order per configuration
+        # its own draw order per configuration and re-test
+        seed = int(hashlib.sha256(f"{self.fingerprint(patches)}:{self._draw}".encode())
+                   .hexdigest()[:8], 16)
 
         def work(url: str) -> Any:
             self._switch(eng, patches, costs)
@@ -381,7 +390,8 @@ class HotEngineRunner(EngineRunner):
             raise _Stop(crash_verdict(spec, exc.crashes, "the good end ran without crashing")
                         ) from None
         except (EngineError, ProbeError) as exc:
-            self._drop(eng)
+            if isinstance(exc, EngineError):  # a ProbeError leaves a live engine (arm.probe)
+                self._drop(eng)
             who = "good end" if good_end else "candidate"
             tail, path = eng.arm.log_tail()
             raise _Stop(cannot_test_verdict(spec, who, exc.message, tail, path, exc.hint)

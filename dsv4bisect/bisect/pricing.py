@@ -104,7 +104,10 @@ class CostTracker:
     def charge(self, subset: frozenset[str], like_bad: float | bool) -> float:
         """Run the next trial of `subset` (like the bad end with probability / truth
         `like_bad`): advance the state, return its seconds (expected where a probability)."""
-        block = 0 if self.costs.sequential else self.seen[subset]
+        end = not subset or subset == self.everything
+        # a re-test draws the next seed block; a sequential trial's re-test draws other
+        # requests against the first block's ends (HotEngineRunner), an end's needs its own
+        block = 0 if self.costs.sequential and not end else self.seen[subset]
         self.seen[subset] += 1
         seconds = 0.0
         if self.costs.paired and block not in self.baselines:

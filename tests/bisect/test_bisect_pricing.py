@@ -124,7 +124,8 @@ def test_costs_round_trip_through_the_spec_and_a_version_1_spec_still_reads():
 
 def test_each_assumed_cost_says_so_and_a_given_or_measured_one_wins():
     shape = probe_shape(tier_spec("standard"))
-    assert shape.prompt_tokens == 30_408_704 and shape.aa_share == 1.0
+    assert shape.prompt_tokens == 30_408_704
+    assert 0.15 < shape.aa_share < 0.2  # the repeat subset: drift + the two shortest lengths
     assumed = plan_costs("sglang", shape, given={}, load_time=("a",))
     sources = {line.name: line.source for line in assumed.lines}
     assert sources["launch"].startswith("assumed (dsv4bisect default for SGLang")
