@@ -5,8 +5,9 @@
 Each mode runs `dsv4bisect bisect reference-all` in its own process with its own runs root and
 its own baseline cache (so both measure the good end), one after the other on the same machine.
 Printed per mode: the culprit, wall time, engine launches (engine records written: one per
-launched engine directory), probe requests (summed over the trials the bisect ran: baseline,
-A/A repeat, trial probes), trials and the trial modes. docs/performance.md keeps the output.
+launched engine directory), probe requests (summed over every trial the bisect ran, from the
+ledger: baseline, A/A repeat, trial probes, the remedy check and the fresh confirmation), the
+search's steps and their modes. docs/performance.md keeps the output.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -38,12 +40,15 @@ def run_mode(root: Path, mode: str, args: argparse.Namespace) -> dict[str, objec
         raise SystemExit(f"{mode}: exit {r.returncode}\n{r.stderr[-3000:]}")
     report = json.loads(r.stdout)
     run_dir = Path(report["run_dir"])
-    trials = report["trials"]
+    with sqlite3.connect(root / "runs" / "ledger.sqlite") as conn:
+        details = [json.loads(d or "{}") for (d,) in conn.execute("SELECT details FROM trials")]
     return {
         "mode": mode, "status": report["status"], "culprits": report["culprits"],
         "wall_s": round(wall, 1), "launches": len(list(run_dir.rglob("engines.json"))),
-        "requests": sum(int(t.get("requests") or 0) for t in trials),
-        "trials": len(trials), "modes": [t.get("mode") for t in trials],
+        "requests": sum(int(d.get("requests") or 0) for d in details),
+        "trials": len(details), "steps": len(report["trials"]),
+        "modes": [t.get("mode") for t in report["trials"]],
+        "remedy": (report.get("remedy") or {}).get("verdict"),
         "confirmation": report.get("confirmation"),
     }
 
