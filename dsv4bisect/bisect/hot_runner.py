@@ -39,7 +39,7 @@ from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.engines import switching
 from dsv4bisect.engines.rundir import save_config
 from dsv4bisect.engines.verify import server_info, verify_reference_patches
-from dsv4bisect.errors import ConfigError, EngineError, ProbeError
+from dsv4bisect.errors import ConfigError, EngineError, PatchError, ProbeError
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.patching.wire import format_patch_set
 from dsv4bisect.probe import verdict as V
@@ -309,7 +309,7 @@ class HotEngineRunner(EngineRunner):
             return self._engines[key]
         while len(self._engines) >= self.pool:
             self._drop(next(iter(self._engines.values())))
-        eng_dir = trial_dir.parent.parent / "engines" / f"{key[:12]}-{len(self._launched)}"
+        eng_dir = _new_dir(trial_dir.parent.parent / "engines", key[:12])
         self._launched.append(key)
         switch_dir = eng_dir / "switch"
         cfg = _with_env(self.config(base), {envvars.SWITCH_DIR: str(switch_dir),
@@ -389,8 +389,10 @@ class HotEngineRunner(EngineRunner):
                 raise _Stop(good_end_crash_verdict(spec, exc.crashes)) from None
             raise _Stop(crash_verdict(spec, exc.crashes, "the good end ran without crashing")
                         ) from None
-        except (EngineError, ProbeError) as exc:
-            if isinstance(exc, EngineError):  # a ProbeError leaves a live engine (arm.probe)
+        except (EngineError, ProbeError, PatchError) as exc:
+            # a switch that did not take effect, or an engine that cannot serve: stop it; a
+            # ProbeError leaves a live engine (arm.probe), which keeps serving
+            if not isinstance(exc, ProbeError):
                 self._drop(eng)
             who = "good end" if good_end else "candidate"
             tail, path = eng.arm.log_tail()
@@ -402,6 +404,17 @@ class _Stop(Exception):
     def __init__(self, verdict: V.Verdict) -> None:
         super().__init__(verdict.verdict)
         self.verdict = verdict
+
+
+def _new_dir(parent: Path, stem: str) -> Path:
+    """A directory no launch used before (a resumed bisect must not read a killed one's
+    switch requests and receipts)."""
+    n = 0
+    while (parent / f"{stem}-{n}").exists():
+        n += 1
+    path = parent / f"{stem}-{n}"
+    path.mkdir(parents=True)
+    return path
 
 
 def sequential_verdict(decision: Any, spec: ProbeSpec) -> V.Verdict:
