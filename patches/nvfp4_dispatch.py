@@ -34,7 +34,9 @@ PATCH = Patch(
     summary="hybrid FP8 + NVFP4 quant-method dispatch per layer (NVFP4 routed experts)",
     tier=3,
     touches=("moe.experts.quant", "moe.routed_scaling", "moe.clamp"),
-    reference="routed experts fake-quantised to NVFP4 (weights and activations) on the mapped layers",
+    reference=("precision deployment: inert (experts are NVFP4 as stored, dispatched per layer as "
+               "SGLang 0.5.13 does; weights-only: W4A16 activation path); precision exact: routed "
+               "experts fake-quantised to NVFP4 (weights and activations) on the mapped layers"),
     sglang=SglangDelivery(hooks={layout: _HOOKS for layout in LAYOUTS}),
     variants=(
         Variant("hybrid", "NVFP4 W4A4 routed experts on every MoE layer; everything else as stored"),

@@ -10,6 +10,11 @@ from typing import Annotated, Any, Optional
 import typer
 
 
+class Precision(str, Enum):
+    deployment = "deployment"
+    exact = "exact"
+
+
 class Device(str, Enum):
     auto = "auto"
     cpu = "cpu"
@@ -32,6 +37,10 @@ def serve(
     moe_backend: Annotated[str, typer.Option(
         metavar="NAME", help="The MoE runner backend to emulate (triton, flashinfer_trtllm, ...)."
     )] = "triton",
+    precision: Annotated[Precision, typer.Option(
+        help="`deployment`: NVFP4 routed experts, FP8 attention / shared experts, FP8 KV cache "
+        "and indexer keys, as the seed deployment; `exact`: the fp32 path.")
+    ] = Precision.deployment,
     threads: Annotated[Optional[int], typer.Option(min=1, help="CPU threads for torch.")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(
         min=2, help="Context length (default: the engine's).")] = None,
@@ -57,7 +66,8 @@ def serve(
     _log_requests_to_stderr()
     opts = ServeOptions(
         host=host, port=port, checkpoint=None if directory is None else str(directory),
-        device=device.value, chunk_size=chunk_size, moe_backend=moe_backend, threads=threads,
+        device=device.value, chunk_size=chunk_size, moe_backend=moe_backend,
+        precision=precision.value, threads=threads,
         max_model_len=max_model_len, served_model_name=served_model_name, patches=patches,
         header_timeout=header_timeout,
     )

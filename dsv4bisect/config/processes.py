@@ -77,6 +77,7 @@ def _reference(engine: Engine, delivery: PatchDelivery) -> ProcessSpec:
     argv = ["{python}", "-m", "dsv4bisect", "serve", "--host", engine.host,
             "--port", "{port:server}", "--checkpoint", checkpoint,
             "--moe-backend", engine.moe_backend,
+            "--precision", engine.precision or "deployment",
             "--chunk-size", str(engine.chunked_prefill_size or DEFAULT_REFERENCE_CHUNK)]
     if ref is not None:
         argv += ["--device", ref.device]

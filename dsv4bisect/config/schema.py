@@ -121,6 +121,9 @@ class Engine(Strict):
     tp: Ranks = 1
     dp: Ranks = 1
     moe_backend: str = "triton"
+    # kind: reference only: the embedded engine's numerics (deployment: the seed deployment's
+    # NVFP4 / FP8 formats; exact: fp32). None: deployment.
+    precision: Literal["deployment", "exact"] | None = None
     quantization: str | None = None
     chunked_prefill_size: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
     env: EnvMap = {}
@@ -136,6 +139,9 @@ class Engine(Strict):
             raise ValueError("`pd` is only valid with kind: sglang")
         if self.kind != "reference" and self.reference is not None:
             raise ValueError("`reference` is only valid with kind: reference")
+        if self.kind != "reference" and self.precision is not None:
+            raise ValueError("`precision` is only valid with kind: reference (a real "
+                             "deployment's precision is its checkpoint and server flags)")
         if self.kind == "command" and self.command is None:
             raise ValueError("kind: command needs a `command` section with argv")
         if self.kind != "command" and self.command is not None:

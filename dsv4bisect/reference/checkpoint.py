@@ -346,7 +346,25 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> Transfor
     with CheckpointReader(path) as reader:
         model = build_model(args, device)
         load_into(model, reader)
+        model.stored_formats, model.nvfp4_scales = stored_formats(reader, model.state_dict())
     return model
+
+
+def stored_formats(
+    reader: CheckpointReader, names: Iterable[str]
+) -> tuple[dict[str, str], dict[str, tuple[float, float | None]]]:
+    """How the checkpoint stores each weight of `names` (headers only), and for each one stored
+    in NVFP4 its fp32 global scale `weight_scale_2` and static activation scale `input_scale`
+    (None when the checkpoint has none)."""
+    formats = {n: reader.stored_format(n) for n in names if n.endswith(".weight")}
+    scales: dict[str, tuple[float, float | None]] = {}
+    for n, fmt in formats.items():
+        if fmt == "nvfp4":
+            side = quant_formats.sidecar_names(n)
+            act = float(reader.get(side["input_scale"]).reshape(())) \
+                if side["input_scale"] in reader else None
+            scales[n] = (float(reader.get(side["weight_scale_2"]).reshape(())), act)
+    return formats, scales
 
 
 def load_layer(

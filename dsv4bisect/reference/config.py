@@ -35,6 +35,13 @@ TRTLLM_BACKENDS = frozenset({"flashinfer_trtllm", "flashinfer_trtllm_routed"})
 # NVFP4 routed experts under `triton` fall through to SGLang's `cutlass_moe_fp4`, which calls a
 # plain `silu_and_mul`: no SwiGLU clamp (notes/sglang-dsv4.md §1.5).
 NVFP4_UNCLAMPED_BACKENDS = frozenset({"triton"})
+# Marlin's NVFP4 MoE is weight-only (W4A16: bf16 activations); every other NVFP4 MoE path SGLang
+# has (cutlass_moe_fp4 under `triton`, FlashInfer TRT-LLM / CUTLASS / CuteDSL) quantises the
+# expert GEMM inputs to NVFP4 too (W4A4).
+NVFP4_W4A16_BACKENDS = frozenset({"marlin"})
+# `deployment`: stored and computed as the seed deployment (NVFP4 routed experts, FP8 attention
+# and shared experts, FP8 KV cache and indexer keys); `exact`: the fp32 path (fidelity, training).
+PRECISIONS = ("deployment", "exact")
 
 
 @dataclass(frozen=True)
@@ -288,18 +295,25 @@ PRESETS: Mapping[str, ModelArgs] = MappingProxyType({"tiny": _TINY, "flash": Mod
 class Numerics:
     """The op swaps of a patch set (name -> variant) plus the profile's MoE runner backend.
 
-    `nvfp4_layers` is the NVFP4 dispatch map: the MoE layers whose routed experts are NVFP4 when
-    `nvfp4-dispatch` is on (None = every MoE layer, as the hybrid checkpoint has it).
+    `precision` is `exact` (fp32; NVFP4 only through `nvfp4-dispatch`) or `deployment` (the
+    seed deployment's formats, `reference/precision.py`; the routed experts are NVFP4 as the
+    checkpoint stores them, whatever the patches say). `nvfp4_layers` is the NVFP4 map: the MoE
+    layers whose routed experts are NVFP4 (None = every MoE layer of the main model, as the
+    hybrid checkpoint has it); at `exact` it applies when `nvfp4-dispatch` is on.
     """
 
     patches: Mapping[str, str] = field(default_factory=dict)
     moe_backend: str = "triton"
     nvfp4_layers: frozenset[int] | None = None
+    precision: str = "exact"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "patches", MappingProxyType(dict(self.patches)))
         if self.nvfp4_layers is not None:
             object.__setattr__(self, "nvfp4_layers", frozenset(self.nvfp4_layers))
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision `{self.precision}`",
+                              f"use one of: {', '.join(PRECISIONS)}")
 
     @classmethod
     def from_patches(
@@ -307,6 +321,7 @@ class Numerics:
         patches: Mapping[str, str] | None = None,
         moe_backend: str = "triton",
         nvfp4_layers: frozenset[int] | None = None,
+        precision: str = "exact",
     ) -> Numerics:
         """Validate names and variants against the built-in registry (PatchError otherwise)."""
         from dsv4bisect.errors import did_you_mean
@@ -334,8 +349,16 @@ class Numerics:
             )
         order = list(known)
         return cls(
-            {n: resolved[n] for n in sorted(resolved, key=order.index)}, moe_backend, nvfp4_layers
+            {n: resolved[n] for n in sorted(resolved, key=order.index)}, moe_backend, nvfp4_layers,
+            precision,
         )
+
+    def with_nvfp4_layers(self, layers: frozenset[int] | None) -> Numerics:
+        return replace(self, nvfp4_layers=layers)
+
+    @property
+    def deployment(self) -> bool:
+        return self.precision == "deployment"
 
     # ---- per-op views ---------------------------------------------------------------------------
     @property
@@ -378,7 +401,24 @@ class Numerics:
         return self.patches.get("nvfp4-dispatch")
 
     def nvfp4_on(self, layer: int) -> bool:
-        return self.nvfp4 is not None and (self.nvfp4_layers is None or layer in self.nvfp4_layers)
+        """Whether layer `layer`'s routed experts are NVFP4 (MTP layers are FP8: the caller
+        excludes them)."""
+        mapped = self.nvfp4_layers is None or layer in self.nvfp4_layers
+        return mapped and (self.deployment or self.nvfp4 is not None)
+
+    def expert_act_quant(self, layer: int) -> bool:
+        """Whether NVFP4 routed experts of `layer` also quantise their GEMM inputs (W4A4).
+
+        At `deployment` the MoE runner decides (Marlin W4A16, the others W4A4) and
+        `nvfp4-dispatch` `hybrid` changes nothing: SGLang 0.5.13, the release this engine
+        models, already dispatches NVFP4/FP8 per layer, so the hook only records the map. Its
+        `weights-only` variant runs the NVFP4 layers on the W4A16 activation path. At `exact`,
+        `hybrid` is W4A4 and `weights-only` W4A16 on fake-quantised weights (as before)."""
+        if not self.nvfp4_on(layer):
+            return False
+        if self.deployment:
+            return self.nvfp4 != "weights-only" and self.moe_backend not in NVFP4_W4A16_BACKENDS
+        return self.nvfp4 == "hybrid"
 
     def routed_clamp(self, layer: int) -> str:
         """How layer `layer`'s routed experts clamp SwiGLU: `limit`, `none` or `limit*alpha`."""
@@ -399,4 +439,5 @@ class Numerics:
             "patches": dict(self.patches),
             "moe_backend": self.moe_backend,
             "nvfp4_layers": None if self.nvfp4_layers is None else sorted(self.nvfp4_layers),
+            "precision": self.precision,
         }

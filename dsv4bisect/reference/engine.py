@@ -107,15 +107,18 @@ class ReferenceEngine:
         *,
         patches: Mapping[str, str] | None = None,
         moe_backend: str = "triton",
+        precision: str = "deployment",
         chunk_size: int = 2048,
         device: str = "auto",
         threads: int | None = None,
         max_model_len: int | None = None,
     ) -> ReferenceEngine:
         """Load a checkpoint directory (None: the random `tiny` model from seed 0) with a patch
-        set (name -> variant; PatchError for unknown ones) and the profile's MoE backend.
-        `threads` sets torch's CPU threads for the process (None: 1 on CPU)."""
-        numerics = Numerics.from_patches(patches or {}, moe_backend)
+        set (name -> variant; PatchError for unknown ones), the profile's MoE backend and the
+        precision (`deployment`: the seed deployment's NVFP4 / FP8 formats; `exact`: fp32, see
+        docs/reference-engine.md). `threads` sets torch's CPU threads for the process (None: 1
+        on CPU)."""
+        numerics = Numerics.from_patches(patches or {}, moe_backend, precision=precision)
         if not isinstance(chunk_size, int) or chunk_size <= 0:
             raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
         if threads is not None and (not _is_int(threads) or threads <= 0):
@@ -160,6 +163,7 @@ class ReferenceEngine:
             "compress_ratios": list(self.config.compress_ratios),
             "device": str(self.device),
             "dtype": "float32",
+            "precision": self.numerics.precision,
             "torch_version": torch.__version__,
             "engine_version": engine_code_version(),
             "patches": dict(self.numerics.patches),

@@ -16,7 +16,7 @@ Shapes: T tokens of one forward call, H heads, D head_dim, n = hc_mult streams.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +28,7 @@ from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref
 from dsv4bisect.kernels.nvfp4 import E2M1_MAX, E4M3_MAX, default_global_scale, nvfp4_fake_quant
 from dsv4bisect.kernels.sparse_attention import sparse_attention_ref
 from dsv4bisect.reference.cache import CompressorState, LayerCache, ModelCache
+from dsv4bisect.reference import precision as prec
 from dsv4bisect.reference.config import CSA_RATIO, ModelArgs, Numerics, RopeScaling
 
 # ---- kernels per device -------------------------------------------------------------------------
@@ -114,15 +115,31 @@ def _param(*shape: int) -> nn.Parameter:
 
 
 class Linear(nn.Module):
-    """y = x·Wᵀ with W [out, in] (no bias in DeepSeek-V4); no init of its own."""
+    """y = x·Wᵀ with W [out, in] (no bias in DeepSeek-V4); no init of its own.
+
+    `fp8` (set by `Transformer.configure` at `precision: deployment`) makes it a block-FP8
+    GEMM: the FP8 block-scaled weight `fp8_weight` (the stored value, or the weight quantised
+    at configure) and FP8 inputs per token and 128 channels. The parameter stays the loaded
+    value, so configuring again with another precision starts from it."""
 
     def __init__(self, n_in: int, n_out: int) -> None:
         super().__init__()
         self.in_features, self.out_features = n_in, n_out
         self.weight = _param(n_out, n_in)
+        self.fp8_weight: torch.Tensor | None = None
+
+    def value(self) -> torch.Tensor:
+        """The weight the GEMM uses [out, in]."""
+        return self.weight if self.fp8_weight is None else self.fp8_weight
+
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        """The GEMM input as the GEMM reads it."""
+        return x if self.fp8_weight is None else prec.fp8_activation(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        if self.fp8_weight is None:
+            return F.linear(x, self.weight)
+        return F.linear(prec.fp8_activation(x), self.fp8_weight)
 
 
 class Embedding(nn.Module):
@@ -244,9 +261,11 @@ class Compressor(nn.Module):
     RMSNorm and RoPE at the window's first position. Ratio 4 (CSA) uses the overlapping scheme:
     each token emits two halves; entry w pools Ca of window w-1 and Cb of window w (8 slots)."""
 
-    def __init__(self, a: ModelArgs, head_dim: int, ratio: int) -> None:
+    def __init__(self, a: ModelArgs, head_dim: int, ratio: int, cache: str = "kv") -> None:
         super().__init__()
         self.ratio, self.head_dim = ratio, head_dim
+        self.cache = cache  # where entries are written: `kv` (MODEL1 pages) or `indexer`
+        self.rope_dim = a.qk_rope_head_dim
         self.overlap = ratio == CSA_RATIO
         coff = 2 if self.overlap else 1
         self.wkv = _linear(a.hidden_size, coff * head_dim)
@@ -279,6 +298,9 @@ class Compressor(nn.Module):
         positions = (first + torch.arange(n_win, device=x.device)) * r
         cos, sin = step.compress_rope_fn.cos_sin(positions)
         entries = apply_rope(self.norm(pooled).transpose(0, 1), cos, sin)  # [n_win, B, d]
+        if step.numerics.deployment:  # written to the FP8 cache, read back from it
+            entries = (prec.model1_kv(entries, self.rope_dim) if self.cache == "kv"
+                       else prec.indexer_key(entries))
         for b, state in enumerate(states):
             state.entries.append(entries[:, b])
 
@@ -309,7 +331,7 @@ class Indexer(nn.Module):
         self.n_heads, self.head_dim, self.topk = a.index_n_heads, a.index_head_dim, a.index_topk
         self.wq_b = _linear(a.q_lora_rank, a.index_n_heads * a.index_head_dim)
         self.weights_proj = _linear(a.hidden_size, a.index_n_heads)
-        self.compressor = Compressor(a, a.index_head_dim, CSA_RATIO)
+        self.compressor = Compressor(a, a.index_head_dim, CSA_RATIO, cache="indexer")
 
     def scores(
         self, x: torch.Tensor, qr: torch.Tensor, step: Step, states: list[CompressorState]
@@ -437,6 +459,8 @@ class Attention(nn.Module):
             q * torch.rsqrt(q.square().mean(-1, keepdim=True) + a.rms_norm_eps), cos, sin
         )
         kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)  # [N, D]
+        if step.numerics.deployment:  # the new rows are written to FP8 pages, then read
+            kv = prec.model1_kv(kv, a.qk_rope_head_dim)
         pool, idx = self._keys(x.view(B, T, -1), qr.view(B, T, -1), q.view(B, T, H, D),
                                kv.view(B, T, D), step, caches)  # [B, P, D], [B, T, K]
         rows = torch.arange(B, device=x.device)[:, None, None] * pool.shape[1]
@@ -452,8 +476,8 @@ class Attention(nn.Module):
             partial_dtype=getattr(torch, partial),
             merge=merge,
         )  # [N, H, D]
-        o = apply_rope(o, cos, sin, inverse=True).reshape(N, a.o_groups, -1)
-        wo_a = self.wo_a.weight.view(a.o_groups, a.o_lora_rank, -1)
+        o = self.wo_a.act(apply_rope(o, cos, sin, inverse=True).reshape(N, a.o_groups, -1))
+        wo_a = self.wo_a.value().view(a.o_groups, a.o_lora_rank, -1)
         o = torch.einsum("tgd,grd->tgr", o, wo_a).reshape(N, -1)  # grouped low-rank output
         return self.wo_b(o)
 
@@ -554,13 +578,17 @@ class Expert(nn.Module):
 
 @dataclass(frozen=True)
 class QuantExpert:
-    """An expert's NVFP4 fake-quantised weights and the global scales of w1 and w3."""
+    """An expert's NVFP4 weights, the global scales of w1 and w3, and the static activation
+    global scales of its two GEMMs (the checkpoint's `input_scale` of w1 and of w2; None:
+    dynamic per token)."""
 
     w1: torch.Tensor
     w2: torch.Tensor
     w3: torch.Tensor
     g1: float
     g3: float
+    a1: float | None = None
+    a2: float | None = None
 
 
 def swiglu(
@@ -584,6 +612,14 @@ def _row_global_scale(x: torch.Tensor) -> torch.Tensor:
     return x.abs().amax(-1, keepdim=True) / (E2M1_MAX * E4M3_MAX)
 
 
+def _act_global_scale(x: torch.Tensor, static: float | None) -> torch.Tensor:
+    """The NVFP4 activation global scale [T, 1]: the checkpoint's calibrated `input_scale`
+    (SGLang's `w13_input_scale` / `w2_input_scale`), or dynamic per token when it has none."""
+    if static is None:
+        return _row_global_scale(x)
+    return torch.full((x.shape[0], 1), static, dtype=x.dtype, device=x.device)
+
+
 class MoE(nn.Module):
     """Routed experts (weighted, routed_scaling_factor exactly once) + unscaled shared expert."""
 
@@ -600,21 +636,35 @@ class MoE(nn.Module):
         self.shared_experts = Expert(a.hidden_size, a.n_shared_experts * a.moe_intermediate_size)
         self._quant: dict[int, QuantExpert] = {}
 
-    def prepare(self, numerics: Numerics) -> None:
-        """Fake-quantise the routed experts to NVFP4 when the dispatch map says so (per load)."""
+    def prepare(
+        self, numerics: Numerics, nvfp4_stored: Mapping[str, tuple[float, float | None]]
+    ) -> None:
+        """The routed experts' NVFP4 weights when the layer's experts are NVFP4 (None otherwise).
+
+        At `deployment` a weight the checkpoint stores in NVFP4 (`nvfp4_stored`: its name ->
+        its fp32 global scale `weight_scale_2` and its `input_scale`) is used exactly as stored,
+        with the stored static activation scales; any other is quantised here (E4M3 scale per
+        16, global amax / (6·448); dynamic activation scales). At `exact` the weights are
+        fake-quantised as `nvfp4-dispatch` did before precisions existed. Derived from the
+        parameters every time, so a second `configure` equals a fresh load."""
         self._quant = {}
         if not (numerics.nvfp4_on(self.layer_id) and self.layer_id < self.a.num_hidden_layers):
             return
         for key, ex in self.experts.items():
-            w1, w2, w3 = ex.w1.weight, ex.w2.weight, ex.w3.weight
-            g1, g2, g3 = (default_global_scale(w) for w in (w1, w2, w3))
-            self._quant[int(key)] = QuantExpert(
-                nvfp4_fake_quant(w1, global_scale=g1),
-                nvfp4_fake_quant(w2, global_scale=g2),
-                nvfp4_fake_quant(w3, global_scale=g3),
-                float(g1),
-                float(g3),
-            )
+            ws, gs, acts = [], [], []
+            for leaf in ("w1", "w2", "w3"):
+                w = getattr(ex, leaf).weight
+                name = f"layers.{self.layer_id}.ffn.experts.{key}.{leaf}.weight"
+                if numerics.deployment and name in nvfp4_stored:
+                    ws.append(w)
+                    gs.append(nvfp4_stored[name][0])
+                    acts.append(nvfp4_stored[name][1])
+                else:
+                    g = default_global_scale(w)
+                    ws.append(nvfp4_fake_quant(w, global_scale=g))
+                    gs.append(float(g))
+                    acts.append(None)
+            self._quant[int(key)] = QuantExpert(ws[0], ws[1], ws[2], gs[0], gs[2], acts[0], acts[1])
 
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         a, hash_mode = self.a, step.numerics.hash_scaling
@@ -658,7 +708,7 @@ class MoE(nn.Module):
         counts = torch.bincount(flat, minlength=self.a.n_routed_experts).tolist()
         rows_all, w_all = order // k, w.flatten()[order]
         clamp = numerics.routed_clamp(self.layer_id) if self._quant else "limit"
-        act_quant = bool(self._quant) and numerics.nvfp4 == "hybrid"
+        act_quant = bool(self._quant) and numerics.expert_act_quant(self.layer_id)
         out, start = torch.zeros_like(x), 0
         for e, c in enumerate(counts):
             if c == 0:
@@ -676,15 +726,15 @@ class MoE(nn.Module):
         ex = self.experts[str(e)]
         w1, w2, w3 = (q.w1, q.w2, q.w3) if q else (ex.w1.weight, ex.w2.weight, ex.w3.weight)
         a_scale = torch.ones(xe.shape[0], 1, dtype=xe.dtype, device=xe.device)
-        if act_quant:  # W4A4: the GEMM input is NVFP4 too, with a dynamic per-token global scale
-            a_scale = _row_global_scale(xe)
+        if act_quant:  # W4A4: the GEMM input is NVFP4 too (static or per-token global scale)
+            a_scale = _act_global_scale(xe, q.a1)
             xe = nvfp4_fake_quant(xe, global_scale=a_scale)
         gate, up = xe @ w1.T, xe @ w3.T
         limit = None if clamp == "none" else self.a.swiglu_limit
         alpha = (a_scale * q.g1, a_scale * q.g3) if clamp == "limit*alpha" and q else None
         h = swiglu(gate, up, limit, alpha)
         if act_quant:
-            h = nvfp4_fake_quant(h, global_scale=_row_global_scale(h))
+            h = nvfp4_fake_quant(h, global_scale=_act_global_scale(h, q.a2))
         return h @ w2.T
 
 
@@ -759,13 +809,29 @@ class Transformer(nn.Module):
         self.rope_main = Rope(a.qk_rope_head_dim, a.rope_theta, None)
         self.rope_compress = Rope(a.qk_rope_head_dim, a.compress_rope_theta, a.rope_scaling)
         self.numerics, self.ops = Numerics(), Ops.for_device(torch.device("cpu"))
+        # How the checkpoint stored each weight (`load_model` fills them; empty: fp32 values):
+        # weight name -> format (`quant_formats.classify`); NVFP4 ones -> (global, input) scales.
+        self.stored_formats: dict[str, str] = {}
+        self.nvfp4_scales: dict[str, tuple[float, float | None]] = {}
 
     def configure(self, numerics: Numerics) -> None:
-        """Install a patch set (after the weights are loaded: NVFP4 weights are derived here)."""
+        """Install a patch set and precision (after the weights are loaded). Everything the
+        numerics derive from the weights (FP8 and NVFP4 values) is rebuilt from the parameters
+        here, so calling it again on a loaded model equals a fresh load with `numerics`."""
         self.numerics = numerics
         self.ops = Ops.for_device(self.embed.weight.device)
+        for name, module in self.named_modules():
+            if isinstance(module, Linear):
+                fp8 = numerics.deployment and is_fp8_module(name)
+                module.fp8_weight = self._fp8_weight(name, module) if fp8 else None
         for block in [*self.layers, *self.mtp]:
-            block.ffn.prepare(numerics)
+            block.ffn.prepare(numerics, self.nvfp4_scales)
+
+    def _fp8_weight(self, name: str, module: Linear) -> torch.Tensor:
+        """The block-FP8 value of a dense weight: as stored, or quantised now."""
+        if self.stored_formats.get(name + ".weight") == "fp8-block":
+            return module.weight
+        return prec.fp8_block_weight(module.weight)
 
     def new_cache(self) -> ModelCache:
         device = self.embed.weight.device
@@ -837,6 +903,16 @@ class Transformer(nn.Module):
         x = Block.forward(blk, x, step, blk.attn.new_cache(h.device))
         y = hc_head(x, blk.hc_head_fn, blk.hc_head_scale, blk.hc_head_base, self.a)
         return self.head(blk.norm(y))
+
+
+def is_fp8_module(name: str) -> bool:
+    """The modules the NVFP4 checkpoint keeps in block FP8 (DeepSeek names): the attention's
+    projections (not its compressor or indexer, which are bf16), the shared experts, MTP's
+    e_proj / h_proj."""
+    leaf = name.rsplit(".", 1)[-1]
+    attn = ".attn." in name and ".compressor." not in name and ".indexer." not in name
+    return (attn and leaf in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b")) or (
+        ".shared_experts." in name or leaf in ("e_proj", "h_proj"))
 
 
 def build_model(a: ModelArgs, device: torch.device | str = "cpu") -> Transformer:

@@ -82,6 +82,7 @@ class ServeOptions:
     device: str = "auto"
     chunk_size: int = 2048
     moe_backend: str = "triton"
+    precision: str = "deployment"  # the embedded engine's precision (deployment | exact)
     threads: int | None = None
     max_model_len: int | None = None
     served_model_name: str | None = None
@@ -138,7 +139,7 @@ def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
     extra = {} if opts.max_model_len is None else {"max_model_len": opts.max_model_len}
     engine = ReferenceEngine.load(
         opts.checkpoint, patches=dict(opts.patches), moe_backend=opts.moe_backend,
-        chunk_size=opts.chunk_size, device=opts.device, threads=opts.threads, **extra,
+        precision=opts.precision, chunk_size=opts.chunk_size, device=opts.device, threads=opts.threads, **extra,
     )
     name = opts.served_model_name or opts.checkpoint or "reference-tiny-random"
     info = dict(engine.info())

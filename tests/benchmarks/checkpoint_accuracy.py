@@ -1,7 +1,7 @@
 """Retrieval accuracy of the embedded checkpoint on the probe's own cases, per length × depth.
 
     python tests/benchmarks/checkpoint_accuracy.py [--patch NAME[=VARIANT] ...] \
-        [--moe-backend triton] [--lengths 512,1024,2048,4096] \
+        [--moe-backend triton] [--precision deployment|exact] [--lengths 512,1024,2048,4096] \
         [--depths 0.1,0.25,0.5,0.75,0.9] [--cases 20] [--families needle,copy] \
         [--workers 2] [--json OUT.json]
 
@@ -41,12 +41,13 @@ def _count(messages: list[dict[str, str]]) -> int:
     return len(apply_chat_template(messages, True))
 
 
-def _load(checkpoint: str, patches: dict[str, str], backend: str) -> None:
+def _load(checkpoint: str, patches: dict[str, str], backend: str, precision: str) -> None:
     global _ENGINE
     from dsv4bisect.reference.engine import ReferenceEngine
 
     _ENGINE = ReferenceEngine.load(checkpoint, patches=patches, moe_backend=backend,
-                                   device="cpu", threads=1, max_model_len=8192)
+                                   precision=precision, device="cpu", threads=1,
+                                   max_model_len=8192)
 
 
 def _answer(case: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +74,7 @@ def parse_patches(specs: list[str]) -> dict[str, str]:
 
 
 def measure(patches: dict[str, str], *, checkpoint: str = str(EMBEDDED_CHECKPOINT),
-            moe_backend: str = "triton", families: tuple[str, ...] = ("needle", "copy"),
+            moe_backend: str = "triton", precision: str = "deployment", families: tuple[str, ...] = ("needle", "copy"),
             lengths: tuple[int, ...] = (512, 1024, 2048, 4096),
             depths: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9), cases: int = 20,
             seed: int = 0, ratios: tuple[int, ...] = (4, 16), workers: int = 2) -> dict[str, Any]:
@@ -86,7 +87,7 @@ def measure(patches: dict[str, str], *, checkpoint: str = str(EMBEDDED_CHECKPOIN
     # Longest first so the two workers finish together.
     todo = sorted((c.to_dict() for c in cases_), key=lambda d: -d["prompt_tokens"])
     with ProcessPoolExecutor(workers, initializer=_load,
-                             initargs=(checkpoint, patches, moe_backend)) as pool:
+                             initargs=(checkpoint, patches, moe_backend, precision)) as pool:
         results = list(pool.map(_answer, todo, chunksize=4))
     # [correct, exact, n] per family and cell; `correct` is the probe's criterion
     table: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0]))
@@ -95,7 +96,8 @@ def measure(patches: dict[str, str], *, checkpoint: str = str(EMBEDDED_CHECKPOIN
             table[r["family"]][key][0] += r["correct"]
             table[r["family"]][key][1] += r["exact"]
             table[r["family"]][key][2] += 1
-    return {"patches": patches, "moe_backend": moe_backend, "checkpoint": checkpoint,
+    return {"patches": patches, "moe_backend": moe_backend, "precision": precision,
+            "checkpoint": checkpoint,
             "spec": {"lengths": spec.lengths, "depths": spec.depths, "cases": cases,
                      "seed": seed, "distractors": spec.distractors,
                      "copy_chars": spec.copy_chars, "turns": spec.turns},
@@ -110,6 +112,7 @@ def measure(patches: dict[str, str], *, checkpoint: str = str(EMBEDDED_CHECKPOIN
 
 def render(result: dict[str, Any]) -> str:
     lines = [(f"patches: {result['patches'] or 'none'} · moe_backend {result['moe_backend']} · "
+              f"precision {result.get('precision', 'exact')} · "
               f"{result['spec']['cases']} cases per cell · {result['seconds']} s")]
     lengths, depths = result["spec"]["lengths"], result["spec"]["depths"]
     for fam, acc in result["accuracy"].items():
@@ -128,6 +131,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", default=str(EMBEDDED_CHECKPOINT))
     ap.add_argument("--patch", action="append", default=[], help="NAME or NAME=VARIANT")
     ap.add_argument("--moe-backend", default="triton")
+    ap.add_argument("--precision", default="deployment", choices=("deployment", "exact"))
     ap.add_argument("--families", default="needle,copy")
     ap.add_argument("--lengths", default="512,1024,2048,4096")
     ap.add_argument("--depths", default="0.1,0.25,0.5,0.75,0.9")
@@ -139,7 +143,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the full result (every case) here")
     a = ap.parse_args()
     result = measure(parse_patches(a.patch), checkpoint=a.checkpoint, moe_backend=a.moe_backend,
-                     families=tuple(a.families.split(",")),
+                     precision=a.precision, families=tuple(a.families.split(",")),
                      lengths=tuple(map(int, a.lengths.split(","))),
                      depths=tuple(map(float, a.depths.split(","))), cases=a.cases, seed=a.seed,
                      ratios=a.ratios, workers=a.workers)
@@ -147,7 +151,8 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)
-    print(json.dumps({k: result[k] for k in ("patches", "moe_backend", "seconds", "accuracy")}))
+    print(json.dumps({k: result[k] for k in ("patches", "moe_backend", "precision", "seconds",
+                                             "accuracy")}))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """What each patch does to the shipped checkpoint: retrieval by length and drift, per variant.
 
-    python tests/benchmarks/patch_effects.py [--cases 4] [--out docs/results/DIR]
+    python tests/benchmarks/patch_effects.py [--cases 4] [--precision deployment|exact] \
+        [--out docs/results/DIR]
 
 For every real patch (default variant), the other non-fault variants and every fault variant:
 `checkpoint_accuracy.py`'s measurement (the probe's needle and copy cases, `--cases` per length ×
@@ -44,9 +45,11 @@ LENGTHS = (512, 1024, 2048, 4096)
 
 
 def run_cli(patch: str | None, variant: str | None, backend: str,
-            also: tuple[str, ...]) -> dict[str, Any]:
+            also: tuple[str, ...], precision: str = "deployment") -> dict[str, Any]:
     """`dsv4bisect run reference` with exactly this patch set; the verdict JSON."""
     cmd = ["dsv4bisect", "run", "reference", "--json"]
+    if precision != "deployment":
+        cmd += ["--set", f"engine.precision={precision}"]
     if patch:
         cmd += ["--only", ",".join((*also, patch)), "--set", f"patches.{patch}.variant={variant}"]
     if backend != "triton":
@@ -57,12 +60,13 @@ def run_cli(patch: str | None, variant: str | None, backend: str,
 
 
 def measure(label: str, patch: str | None, variant: str | None, backend: str,
-            also: tuple[str, ...], cases: int) -> dict[str, Any]:
+            also: tuple[str, ...], cases: int, precision: str = "deployment") -> dict[str, Any]:
     specs = [*also, f"{patch}={variant}"] if patch else []
-    acc = ca.measure(ca.parse_patches(specs), moe_backend=backend, lengths=LENGTHS,
-                     depths=(0.1, 0.5, 0.9), cases=cases, seed=1)
+    acc = ca.measure(ca.parse_patches(specs), moe_backend=backend, precision=precision,
+                     lengths=LENGTHS, depths=(0.1, 0.5, 0.9), cases=cases, seed=1)
     acc.pop("cases")
-    return {"label": label, "accuracy": acc, "run": run_cli(patch, variant, backend, also)}
+    return {"label": label, "accuracy": acc,
+            "run": run_cli(patch, variant, backend, also, precision)}
 
 
 def row(r: dict[str, Any]) -> str:
@@ -83,6 +87,7 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=4, help="cases per length × depth cell")
     ap.add_argument("--out", type=Path, help="directory for one JSON per configuration")
     ap.add_argument("--only", help="labels containing this text")
+    ap.add_argument("--precision", default="deployment", choices=("deployment", "exact"))
     args = ap.parse_args()
     header = ("| patch (variant) | " + " | ".join(f"{n}" for n in LENGTHS)
               + " | drift mean KL | top-1 agreement | answers lost (smoke) | `run` verdict |")
@@ -90,7 +95,7 @@ def main() -> None:
     for label, patch, variant, backend, also in CONFIGS:
         if args.only and args.only not in label:
             continue
-        r = measure(label, patch, variant, backend, also, args.cases)
+        r = measure(label, patch, variant, backend, also, args.cases, args.precision)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             name = (patch or "off") + (f"-{variant}" if variant else "")

@@ -1,7 +1,9 @@
 """`dsv4bisect bisect` end to end on the embedded engine: real engines, the ci probe tier.
 
-On the shipped checkpoint (docs/reference-engine.md) as on the random one (docs/probe.md)
-`nvfp4-dispatch`'s fake-quant fails the drift gate on its own and bf16 patches can WARN, so the
+These bisects run the embedded engine at `precision: exact` (the fp32 path these cases were
+written for; at `deployment` the bf16 patches fail the drift gate on their own on top of the
+NVFP4 W4A4 experts, docs/reference-engine.md "Precision"). There, on the shipped checkpoint as
+on the random one (docs/probe.md), `nvfp4-dispatch`'s fake-quant fails the drift gate on its own and bf16 patches can WARN, so the
 single-culprit bisect leaves nvfp4-dispatch out (`--candidates`) and counts WARN as pass;
 the six-patch case (slow) finds both culprits in two rounds through the remedy check.
 Each test asserts that no engine process of the bisect is left (by PID, like tests/run).
@@ -24,10 +26,12 @@ import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
-SINGLE = ("--tier", "ci", "--set", "patches.hash-topk-scaling.variant=double-scale",
+SINGLE = ("--tier", "ci", "--set", "engine.precision=exact",
+          "--set", "patches.hash-topk-scaling.variant=double-scale",
           "--candidates", "mhc-bf16,hash-topk-scaling,mma-decode,triton-indexer",
           "--warn-as", "pass")
-PAIR = ("--tier", "ci", "--bad", "canary-a,canary-b,hash-topk-scaling,triton-indexer:fp32")
+PAIR = ("--tier", "ci", "--set", "engine.precision=exact",
+        "--bad", "canary-a,canary-b,hash-topk-scaling,triton-indexer:fp32")
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -122,8 +126,8 @@ def test_all_six_on_with_a_fault_names_both_culprits_in_two_rounds(tmp_path: Pat
     double-scale, `nvfp4-dispatch` fails on its own too (two independent culprits). The first
     bisect names one, its remedy check finds that the bad end still fails without it and prints
     the `--candidates` command; that bisect names the other, and the rest then passes."""
-    six = ("--tier", "ci", "--set", "patches.hash-topk-scaling.variant=double-scale",
-           "--warn-as", "pass")
+    six = ("--tier", "ci", "--set", "engine.precision=exact",
+           "--set", "patches.hash-topk-scaling.variant=double-scale", "--warn-as", "pass")
     r, wall = bisect(tmp_path, *six)
     assert r.returncode == 0, r.stderr
     first = json.loads(r.stdout)

@@ -119,3 +119,17 @@ def test_extends_chain_merges_mappings_and_replaces_lists(tmp_path: Path) -> Non
     assert profile.engine.args == ["--c"]
     assert profile.engine.env == {"X": "1", "Y": "3"}
     assert profile.engine.model == "/m"
+
+
+def test_reference_precision_reaches_the_engine_argv_and_the_fingerprint() -> None:
+    deployment = resolve("reference")
+    exact = resolve("reference", Overrides(sets=("engine.precision=exact",)))
+    argv = deployment.processes[0].argv
+    assert argv[argv.index("--precision") + 1] == "deployment"
+    assert "exact" in exact.processes[0].argv
+    assert exact.fingerprint != deployment.fingerprint
+    assert deployment.provenance["engine.precision"].startswith("builtin:reference.yaml:")
+    with pytest.raises(ConfigError, match="precision"):
+        resolve("reference", Overrides(sets=("engine.precision=fp4",)))
+    with pytest.raises(ConfigError, match="only valid with kind: reference"):
+        resolve("dsv4-flash-tp8", Overrides(sets=("engine.precision=exact",)))

@@ -26,8 +26,9 @@ def test_default_run_fails_the_six_patches_within_the_smoke_budget(
     assert r.returncode == 1, r.stderr
     v = load(only_run_dir(tmp_path / "runs") / "verdict.json")
     assert v["verdict"] == "FAIL" and v["probe"]["tier"] == "smoke"
-    # The shipped checkpoint answers needle and copy; NVFP4 experts move its logits (drift FAIL,
-    # docs/reference-engine.md) while retrieval holds.
+    # The shipped checkpoint answers needle and copy; at precision deployment the bf16 patches
+    # on top of its NVFP4 W4A4 experts move its logits (drift FAIL, docs/reference-engine.md
+    # "Precision") while retrieval holds.
     assert v["drift"]["status"] == "fail"
     for family in ("needle", "copy"):
         assert v["families"][family]["evidence"], family
