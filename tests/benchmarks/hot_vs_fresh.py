@@ -1,6 +1,10 @@
 """Time a bisect with hot switching against the same bisect with `--fresh-launches`, side by side.
 
     python tests/benchmarks/hot_vs_fresh.py [--tier smoke] [--fault mma-decode:merge-no-rescale]
+        [--candidates P,Q] [--precision exact]
+
+`--precision exact` by default: at `deployment` the bf16 patches fail the drift gate on their own
+(docs/reference-engine.md), so the fault is not the only culprit there.
 
 Each mode runs `dsv4bisect bisect reference-all` in its own process with its own runs root and
 its own baseline cache (so both measure the good end), one after the other on the same machine.
@@ -26,7 +30,8 @@ from pathlib import Path
 def run_mode(root: Path, mode: str, args: argparse.Namespace) -> dict[str, object]:
     name, _, variant = args.fault.partition(":")
     argv = [sys.executable, "-m", "dsv4bisect", "bisect", "reference-all", "--tier", args.tier,
-            "--set", f"patches.{name}.variant={variant}", "--json", "--out", str(root / "runs")]
+            "--set", f"patches.{name}.variant={variant}", "--set",
+            f"engine.precision={args.precision}", "--json", "--out", str(root / "runs")]
     if args.candidates:
         argv += ["--candidates", args.candidates]
     if mode == "fresh":
@@ -58,6 +63,7 @@ def main() -> None:
     parser.add_argument("--tier", default="smoke")
     parser.add_argument("--fault", default="mma-decode:merge-no-rescale")
     parser.add_argument("--candidates", default=None)
+    parser.add_argument("--precision", default="exact")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hot-vs-fresh-") as tmp:
         rows = [run_mode(Path(tmp) / mode, mode, args) for mode in ("hot", "fresh")]
