@@ -143,7 +143,8 @@ class ReferenceEngine:
     def switch(self, patches: Mapping[str, str]) -> None:
         """Install another patch set in the loaded model, as a fresh load with it would
         (PatchError for unknown patches). Callers hold the engine (no request running)."""
-        numerics = Numerics.from_patches(patches, self.numerics.moe_backend)
+        numerics = Numerics.from_patches(patches, self.numerics.moe_backend,
+                                         self.numerics.nvfp4_layers, self.numerics.precision)
         self.model.configure(numerics)
         self.numerics = numerics
 
