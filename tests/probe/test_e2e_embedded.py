@@ -53,7 +53,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(patches: str) -> Iterator[str]:
+def start_embedded(patches: str) -> Iterator[str]:
+    """An embedded server on the random model with DSV4BISECT_PATCHES = `patches` (fixture body)."""
     port = _free_port()
     argv = [*_serve_argv(), "--port", str(port), "--device", "cpu", "--checkpoint", "random"]
     proc = subprocess.Popen(argv, env={**os.environ, "DSV4BISECT_PATCHES": patches},
@@ -82,12 +83,12 @@ def _start(patches: str) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def clean_url() -> Iterator[str]:
-    yield from _start("")
+    yield from start_embedded("")
 
 
 @pytest.fixture(scope="module")
 def fault_url() -> Iterator[str]:
-    yield from _start(FAULT)
+    yield from start_embedded(FAULT)
 
 
 @pytest.fixture(scope="module")

@@ -7,22 +7,16 @@ drift), with every request replayed from the baseline and the rows saved as a pr
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.runner import collect
 from dsv4bisect.probe.sequential_run import run_sequential
 from dsv4bisect.probe.spec import tier_spec
+from tests.probe.test_e2e_embedded import start_embedded
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -30,44 +24,14 @@ SPEC = tier_spec("ci")
 FAULT = "hash-topk-scaling:double-scale"
 
 
-def _start(patches: str) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    argv = [sys.executable, "-m", "dsv4bisect", "serve", "--port", str(port), "--device", "cpu",
-            "--checkpoint", "random"]
-    proc = subprocess.Popen(argv, env={**os.environ, "DSV4BISECT_PATCHES": patches},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"server exited {proc.returncode}: {proc.stderr.read()}")
-            try:
-                if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, "server did not become healthy"
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 @pytest.fixture(scope="module")
 def good_url() -> Iterator[str]:
-    yield from _start("")
+    yield from start_embedded("")
 
 
 @pytest.fixture(scope="module")
 def bad_url() -> Iterator[str]:
-    yield from _start(FAULT)
+    yield from start_embedded(FAULT)
 
 
 @pytest.fixture(scope="module")
