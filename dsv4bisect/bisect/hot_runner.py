@@ -101,15 +101,13 @@ class HotEngineRunner(EngineRunner):
         self._aa: dict[int, tuple[Verdict, ...]] = {}  # A/A verdicts not yet reported
         self._launched: list[str] = []  # base fingerprint of every launch, in order
         self._draw = 0  # the trial's seed block: its sequential draw order
-        self._run_lock = threading.Lock()  # one trial at a time per runner
+        self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
 
     # -- identity ------------------------------------------------------------------------------
     def base_of(self, patches: Mapping[str, str]) -> dict[str, str]:
         """The launch configuration of `patches`: its load-time part on the good end."""
-        out = {n: v for n, v in self.good.items()
-               if n not in self.load_time or patches.get(n) == v}
-        out.update({n: v for n, v in patches.items() if n in self.load_time})
-        return out
+        return {**{n: v for n, v in self.good.items() if n not in self.load_time},
+                **{n: v for n, v in patches.items() if n in self.load_time}}
 
     def fingerprint(self, patches: Mapping[str, str]) -> str:
         base = self.config(self.base_of(patches)).fingerprint

@@ -151,9 +151,14 @@ def bisect(
     else:
         ov = overrides(enable, disable, only, sets)
         question = resolve_question(profile, ov, good, bad, candidates)
+        # One machine keeps one pool of hot engines and runs its trials one at a time, so
+        # local rounds of K > 1 launch fresh; on Ray each node keeps its own (docs/cluster.md).
+        ray = (executor.value if executor else question.bisect.get("executor")) == "ray"
+        rounds = parallel if parallel is not None else question.bisect.get("parallel", 1)
+        hot = not fresh_launches and (ray or rounds == 1)
         req = RunnerRequest(question.profile, question.good, tuple(question.sets), tier,
                             not no_cache, bad=_bad_end(question),
-                            load_time=tuple(question.load_time), hot=not fresh_launches,
+                            load_time=tuple(question.load_time), hot=hot,
                             warn_as=(warn_as.value if warn_as else
                                      str(question.bisect.get("warn_as") or "fail")))
         runner = _runner(req, test_cmd, display)
@@ -161,7 +166,7 @@ def bisect(
         noise, where = _noise(measured, false_fail, false_pass)
         costs = _costs(runner, question, noise, details, durations,
                        {"launch": launch_cost, "switch": switch_cost, "probe": probe_cost},
-                       hot=not fresh_launches)
+                       hot=hot)
         spec = _spec(question, noise, confidence, max_trials, parallel, warn_as, costs,
                      confirm=not no_confirm)
         _say_question(question, noise, where)
