@@ -254,10 +254,13 @@ class _Driver:
         """After a hot search: the culprits on against the good end, in a fresh launch; run
         until PASS/FAIL (a CANNOT_TEST is retried once by `_run_round`)."""
         result = search.result()
-        confirm = getattr(self.runner, "confirm", None)
-        if result.status is not Status.FOUND or not result.culprits or confirm is None:
+        if result.status is not Status.FOUND or not result.culprits:
             return None
         subset = frozenset(result.culprits)
+        if getattr(self.runner, "confirm", None) is None:  # a runner whose trials are fresh
+            if getattr(self.runner, "hot", False):  # ... or one that cannot launch fresh
+                return Confirmation(subset, (), skipped="this executor cannot launch fresh")
+            return None
         if not self.confirm:
             return Confirmation(subset, (), skipped="--no-confirm")
         slot = self._slot(step, subset, seen[subset], fresh=True)

@@ -155,6 +155,12 @@ class RayRunner:
     def probe_hash(self) -> str:
         return self.local.probe_hash
 
+    @property
+    def hot(self) -> bool:
+        """Whether the nodes' runners switch hot (then no fresh confirmation runs: the report
+        says so; docs/cluster.md)."""
+        return self.request.hot
+
     def fingerprint(self, patches: Mapping[str, str]) -> str:
         return self.local.fingerprint(patches)
 
