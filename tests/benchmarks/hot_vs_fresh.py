@@ -1,10 +1,12 @@
 """Time a bisect with hot switching against the same bisect with `--fresh-launches`, side by side.
 
     python tests/benchmarks/hot_vs_fresh.py [--tier smoke] [--fault mma-decode:merge-no-rescale]
-        [--candidates P,Q] [--precision exact]
+        [--candidates P,Q] [--precision exact] [--warn-as pass]
 
-`--precision exact` by default: at `deployment` the bf16 patches fail the drift gate on their own
-(docs/reference-engine.md), so the fault is not the only culprit there.
+The question of the bisect end-to-end tests (tests/bisect/test_bisect_e2e.py): `--precision
+exact` (at `deployment` the bf16 patches fail the drift gate on their own,
+docs/reference-engine.md) and `--warn-as pass` (at `exact` they WARN: counted as FAIL, each
+would be a culprit of its own), so the fault is the only culprit.
 
 Each mode runs `dsv4bisect bisect reference-all` in its own process with its own runs root and
 its own baseline cache (so both measure the good end), one after the other on the same machine.
@@ -31,7 +33,8 @@ def run_mode(root: Path, mode: str, args: argparse.Namespace) -> dict[str, objec
     name, _, variant = args.fault.partition(":")
     argv = [sys.executable, "-m", "dsv4bisect", "bisect", "reference-all", "--tier", args.tier,
             "--set", f"patches.{name}.variant={variant}", "--set",
-            f"engine.precision={args.precision}", "--json", "--out", str(root / "runs")]
+            f"engine.precision={args.precision}", "--warn-as", args.warn_as, "--json", "--out",
+            str(root / "runs")]
     if args.candidates:
         argv += ["--candidates", args.candidates]
     if mode == "fresh":
@@ -64,6 +67,7 @@ def main() -> None:
     parser.add_argument("--fault", default="mma-decode:merge-no-rescale")
     parser.add_argument("--candidates", default=None)
     parser.add_argument("--precision", default="exact")
+    parser.add_argument("--warn-as", default="pass")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hot-vs-fresh-") as tmp:
         rows = [run_mode(Path(tmp) / mode, mode, args) for mode in ("hot", "fresh")]
