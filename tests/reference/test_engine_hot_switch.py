@@ -28,17 +28,18 @@ def _transcript(engine: ReferenceEngine) -> tuple[list[float], list[int]]:
     return [s.logprob for s in scores] + list(gen.logprobs), gen.output_ids
 
 
+@pytest.mark.parametrize("precision", ["deployment", "exact"])
 @pytest.mark.parametrize("launched, target", [
     ({}, {"mhc-bf16": "bf16", "mma-decode": "split-k"}),
     ({"mhc-bf16": "bf16", "triton-indexer": "bf16"}, {"hash-topk-scaling": "double-scale"}),
     ({"nvfp4-dispatch": "hybrid"}, {"nvfp4-dispatch": "hybrid", "mma-decode": "split-k"}),
 ])
 def test_switched_logprobs_equal_a_fresh_launch(launched: dict[str, str],
-                                                target: dict[str, str]) -> None:
-    hot = ReferenceEngine.load(WEIGHTS, patches=launched, device="cpu")
+                                                target: dict[str, str], precision: str) -> None:
+    hot = ReferenceEngine.load(WEIGHTS, patches=launched, device="cpu", precision=precision)
     _transcript(hot)  # the engine has served requests before the switch
     hot.switch(target)
-    fresh = ReferenceEngine.load(WEIGHTS, patches=target, device="cpu")
+    fresh = ReferenceEngine.load(WEIGHTS, patches=target, device="cpu", precision=precision)
     assert _transcript(hot) == _transcript(fresh)  # bit for bit: CPU is deterministic
     assert hot.info()["patches"] == fresh.info()["patches"]
 
