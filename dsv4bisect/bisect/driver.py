@@ -101,12 +101,11 @@ def start_bisect(
     run_dir: str | Path,
     on_event: Callable[[Event], None] | None = None,
     request: Mapping[str, Any] | None = None,
-    confirm: bool = True,
 ) -> BisectOutcome:
     """Start a bisect in `run_dir` (created), recorded in `ledger`. `request` (JSON-able: what
-    the caller needs to rebuild its runner on resume) is kept in the run file. `confirm`: with
-    a runner that can (`confirm`), the culprits are confirmed in a fresh launch after a hot
-    search; False says in the result that it was skipped."""
+    the caller needs to rebuild its runner on resume) is kept in the run file. With a runner
+    that can (`confirm`), the culprits are confirmed in a fresh launch after a hot search
+    unless `spec.confirm` is False (`--no-confirm`: the result says it was skipped)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / RUN_FILE).exists():
@@ -116,9 +115,8 @@ def start_bisect(
     info: dict[str, Any] = {"run_id": run_id, "ledger": str(ledger.path.resolve())}
     if request is not None:
         info["request"] = dict(request)
-    info["confirm"] = confirm
     (run_dir / RUN_FILE).write_text(json.dumps(info, indent=2) + "\n")
-    return _Driver(spec, runner, ledger, run_id, run_dir, on_event, confirm).drive()
+    return _Driver(spec, runner, ledger, run_id, run_dir, on_event).drive()
 
 
 def resume_bisect(
@@ -142,8 +140,7 @@ def resume_bisect(
             )
         spec = BisectSpec.from_json(run.settings)
         ledger.abandon_running(run.id)
-        return _Driver(spec, runner, ledger, run.id, run_dir, on_event,
-                       bool(info.get("confirm", True))).drive()
+        return _Driver(spec, runner, ledger, run.id, run_dir, on_event).drive()
     finally:
         if own:
             ledger.close()
@@ -173,10 +170,8 @@ class _Driver:
         run_id: str,
         run_dir: Path,
         on_event: Callable[[Event], None] | None,
-        confirm: bool = True,
     ) -> None:
         self.spec, self.runner, self.ledger = spec, runner, ledger
-        self.confirm = confirm
         self.run_id, self.run_dir = run_id, run_dir
         self.emit = on_event or (lambda event: None)
         self.trials_run = 0
@@ -261,7 +256,7 @@ class _Driver:
             if getattr(self.runner, "hot", False):  # ... or one that cannot launch fresh
                 return Confirmation(subset, (), skipped="this executor cannot launch fresh")
             return None
-        if not self.confirm:
+        if not self.spec.confirm:
             return Confirmation(subset, (), skipped="--no-confirm")
         slot = self._slot(step, subset, seen[subset], fresh=True)
         seen[subset] += 1

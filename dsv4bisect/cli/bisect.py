@@ -199,8 +199,7 @@ def bisect(
             _clean_predecessors(out)
             run_dir = new_run_dir(out, "bisect-" + Path(profile).stem, runner.probe_hash)
             outcome = _drive(runner, run_dir, display, lambda: start_bisect(
-                spec, runner, ledger, run_dir, display, request=request,
-                confirm=not no_confirm))
+                spec, runner, ledger, run_dir, display, request=request))
     _finish(outcome, json_out, fmt)
 
 
