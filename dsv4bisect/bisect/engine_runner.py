@@ -29,6 +29,7 @@ from dsv4bisect.config.resolve import Overrides, resolve
 from dsv4bisect.engines.rundir import new_run_dir, save_config
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe import verdict as V
+from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.run import session
 from dsv4bisect.run.arm import Supervisor
 from dsv4bisect.run.ends import Ends, good_overrides, probe_spec
@@ -158,7 +159,7 @@ def trial_result(verdict: V.Verdict, trial: Trial, run_dir: Path, duration_s: fl
     aa: tuple[Verdict, ...] = ()
     if not cached and trial.base is not None and trial.repeat is not None:
         try:
-            aa = (Verdict(_aa_verdict(trial)),)
+            aa = (Verdict(aa_verdict(trial.base, trial.repeat).verdict),)
         except ConfigError:  # the two runs cannot be paired: no A/A evidence from this trial
             aa = ()
     details = result_details(verdict, ends_cached=cached, run_dir=run_dir,
@@ -167,7 +168,7 @@ def trial_result(verdict: V.Verdict, trial: Trial, run_dir: Path, duration_s: fl
     runs = [trial.cand] + ([] if cached else [trial.base, trial.repeat])
     requests = sum(len(r.rows) for r in runs if r is not None)
     return TrialResult(Verdict(verdict.verdict), signature_of(verdict), duration_s, details,
-                       _throughput(trial), _log_path(run_dir), aa, requests=requests)
+                       throughput(trial.cand), _log_path(run_dir), aa, requests=requests)
 
 
 def result_details(verdict: V.Verdict, *, ends_cached: bool, run_dir: Path,
@@ -192,16 +193,15 @@ def result_details(verdict: V.Verdict, *, ends_cached: bool, run_dir: Path,
     }
 
 
-def _aa_verdict(trial: Trial) -> str:
+def aa_verdict(base: ProbeRun, repeat: ProbeRun) -> V.Verdict:
     """The good end judged against itself (its repeat as the candidate, no floor)."""
     from dsv4bisect.probe.judge import decide
 
-    assert trial.base is not None and trial.repeat is not None
-    return decide(trial.base, None, trial.repeat).verdict
+    return decide(base, None, repeat)
 
 
-def _throughput(trial: Trial) -> float | None:
-    run = trial.cand
+def throughput(run: ProbeRun | None) -> float | None:
+    """Tokens per second of a probe run (prompt and completion), if it was timed."""
     if run is None or not run.timing.get("total_s"):
         return None
     tokens = sum(int(r.get("prompt_tokens") or 0) + int(r.get("completion_tokens") or 0)

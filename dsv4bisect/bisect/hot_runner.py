@@ -33,9 +33,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dsv4bisect import env as envvars
-from dsv4bisect.bisect.engine_runner import EngineRunner, result_details, signature_of
-from dsv4bisect.bisect.runner import CRASH, TrialResult, Verdict
+from dsv4bisect.bisect.engine_runner import (
+    EngineRunner,
+    aa_verdict,
+    result_details,
+    signature_of,
+    throughput,
+)
+from dsv4bisect.bisect.runner import TrialResult, Verdict
 from dsv4bisect.config.engine_config import EngineConfig
+from dsv4bisect.config.processes import with_plugin
 from dsv4bisect.engines import switching
 from dsv4bisect.engines.rundir import save_config
 from dsv4bisect.engines.verify import server_info, verify_reference_patches
@@ -57,6 +64,9 @@ from dsv4bisect.run.events import EventSink, Notice, ignore
 T = TypeVar("T")
 HOT_MARKER = "hot-v1"
 SWITCH_TIMEOUT_S = 600.0  # a CUDA-graph re-capture of an 8-GPU engine takes minutes
+
+
+_Probed = tuple[V.Verdict, "ProbeRun | None", "int | None"]  # verdict, its run, its requests
 
 
 class _Engine:
@@ -100,7 +110,6 @@ class HotEngineRunner(EngineRunner):
         self._ends: dict[int, dict[str, ProbeRun | None]] = {}  # seed block -> ends' runs
         self._aa: dict[int, tuple[Verdict, ...]] = {}  # A/A verdicts not yet reported
         self._launched: list[str] = []  # base fingerprint of every launch, in order
-        self._draw = 0  # the trial's seed block: its sequential draw order
         self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
 
     # -- identity ------------------------------------------------------------------------------
@@ -150,7 +159,6 @@ class HotEngineRunner(EngineRunner):
         reuse = (self.sequential and patches not in (self.good, self.bad)
                  and first.get("bad") is not None)
         spec = self.spec.replace(seed_block=0 if reuse else block)
-        self._draw = block
         save_config(trial_dir / "candidate", cfg)
         measured_base = False
         costs: dict[str, Any] = {"launch_s": 0.0, "switch_s": 0.0, "probe_s": 0.0}
@@ -162,7 +170,7 @@ class HotEngineRunner(EngineRunner):
                 eng = self._fresh_engine(patches, trial_dir)
                 costs["launch_s"] += time.perf_counter() - t
             verdict, cand, requests = self._probe(patches, spec, ends, measured_base, eng,
-                                                  trial_dir, costs)
+                                                  trial_dir, costs, draw=block)
             if measured_base:  # this trial also measured the good end and its A/A repeat
                 requests = (requests or 0) + sum(len(ends[k].rows) for k in ("base", "repeat")
                                                  if ends[k] is not None)
@@ -182,7 +190,7 @@ class HotEngineRunner(EngineRunner):
         seq = verdict.overall.get("sequential") or {}
         rates = (seq["false_fail"], seq["false_pass"]) if seq else None
         return TrialResult(Verdict(verdict.verdict), signature_of(verdict),
-                           time.perf_counter() - t0, details, _throughput(cand), None, aa,
+                           time.perf_counter() - t0, details, throughput(cand), None, aa,
                            error_rates=rates, requests=requests)
 
     # -- the ends ------------------------------------------------------------------------------
@@ -209,7 +217,7 @@ class HotEngineRunner(EngineRunner):
             ref, _subset = cache.repeat_reference(base)
             repeat = self._collect(eng, self.good, spec, ref, "A/A repeat", good_end=True,
                                    costs=costs).save(ends_dir / "baseline-repeat")
-            self._aa[block] = (Verdict(_aa_verdict(base, repeat)),)
+            self._aa[block] = (Verdict(aa_verdict(base, repeat).verdict),)
             if not fresh:  # a re-test's seed block, measured in a switched engine
                 self.on_event(Notice(f"baseline of seed block {block} measured in a hot-"
                                      "switched engine: not cached", "warn"))
@@ -226,16 +234,17 @@ class HotEngineRunner(EngineRunner):
     # -- probing -------------------------------------------------------------------------------
     def _probe(self, patches: dict[str, str], spec: ProbeSpec, ends: dict[str, ProbeRun | None],
                measured_base: bool, fresh_eng: _Engine | None, trial_dir: Path,
-               costs: dict[str, Any]) -> tuple[V.Verdict, ProbeRun | None, int | None]:
+               costs: dict[str, Any], draw: int) -> _Probed:
         base, repeat, bad = ends["base"], ends["repeat"], ends["bad"]
         assert base is not None
         if patches == self.good and measured_base and fresh_eng is None:
             # The ∅ end check: the good end was just measured twice in a fresh launch.
             assert repeat is not None
-            return _decide_aa(base, repeat), repeat, 0
+            return aa_verdict(base, repeat), repeat, 0
         eng = fresh_eng or self._engine_for(patches, trial_dir, costs)
         if bad is not None and patches != self.bad and self.sequential:
-            return self._sequential(eng, patches, spec, base, repeat, bad, trial_dir, costs)
+            return self._sequential(eng, patches, spec, base, repeat, bad, trial_dir, costs,
+                                    draw)
         cand = self._collect(eng, patches, spec, base, "candidate", good_end=False,
                              costs=costs).save(trial_dir / "candidate")
         if patches == self.bad:
@@ -245,12 +254,12 @@ class HotEngineRunner(EngineRunner):
 
     def _sequential(self, eng: _Engine, patches: dict[str, str], spec: ProbeSpec,
                     base: ProbeRun, repeat: ProbeRun | None, bad: ProbeRun, trial_dir: Path,
-                    costs: dict[str, Any]) -> tuple[V.Verdict, ProbeRun | None, int | None]:
+                    costs: dict[str, Any], draw: int) -> _Probed:
         from dsv4bisect.probe.sequential_run import run_sequential
 
         ff, fp = self.error_rates
         # its own draw order per configuration and re-test
-        seed = int(hashlib.sha256(f"{self.fingerprint(patches)}:{self._draw}".encode())
+        seed = int(hashlib.sha256(f"{self.fingerprint(patches)}:{draw}".encode())
                    .hexdigest()[:8], 16)
 
         def work(url: str) -> Any:
@@ -264,7 +273,7 @@ class HotEngineRunner(EngineRunner):
         outcome = self._guard(eng, patches, lambda: eng.arm.probe(work))
         costs["probe_s"] += time.perf_counter() - t
         saved = outcome.save(trial_dir / "candidate")
-        return sequential_verdict(saved.decision, spec), saved.run, saved.decision.requests
+        return saved.as_verdict(), saved.run, saved.decision.requests
 
     def _collect(self, eng: _Engine, patches: Mapping[str, str], spec: ProbeSpec,
                  reference: ProbeRun | None, label: str, *, good_end: bool,
@@ -305,8 +314,7 @@ class HotEngineRunner(EngineRunner):
         if key in self._engines:
             self._engines.move_to_end(key)
             return self._engines[key]
-        while len(self._engines) >= self.pool:
-            self._drop(next(iter(self._engines.values())))
+        self._make_room()
         eng_dir = _new_dir(trial_dir.parent.parent / "engines", key[:12])
         self._launched.append(key)
         switch_dir = eng_dir / "switch"
@@ -328,10 +336,7 @@ class HotEngineRunner(EngineRunner):
 
     def _fresh_engine(self, patches: Mapping[str, str], trial_dir: Path) -> _Engine:
         """An engine launched with exactly `patches` and no hot environment (confirmation)."""
-        while self._engines:  # one node: make room (the embedded engine could keep both up)
-            if len(self._engines) < self.pool:
-                break
-            self._drop(next(iter(self._engines.values())))
+        self._make_room()
         cfg = self.config(patches)
         eng_dir = trial_dir / "engine"
         self._launched.append(cfg.fingerprint)
@@ -340,6 +345,11 @@ class HotEngineRunner(EngineRunner):
         self._guard(eng, patches, eng.arm.ready, good_end=patches == self.good)
         eng.launch = eng.arm.launch
         return eng
+
+    def _make_room(self) -> None:
+        """Stop the oldest engines until one more fits in the pool."""
+        while len(self._engines) >= self.pool:
+            self._drop(next(iter(self._engines.values())))
 
     def _drop(self, eng: _Engine) -> None:
         eng.arm.stop()
@@ -415,49 +425,15 @@ def _new_dir(parent: Path, stem: str) -> Path:
     return path
 
 
-def sequential_verdict(decision: Any, spec: ProbeSpec) -> V.Verdict:
-    """The sequential trial probe's decision (probe/sequential.py) as a verdict: its reasons,
-    its drift figures and, under `overall`, the whole decision (requests, error rates, LLR)."""
-    drift = decision.drift.to_dict() if decision.drift else {}
-    return V.Verdict(decision.verdict, tuple(decision.reasons),
-                     {"tier": spec.tier, "spec_hash": spec.spec_hash(),
-                      "seed_block": spec.seed_block, "sequential": True},
-                     overall={"sequential": decision.to_dict()},
-                     drift={"status": drift.get("status"), "trigger": drift})
-
-
 def _with_env(cfg: EngineConfig, extra: Mapping[str, str]) -> EngineConfig:
     """`cfg` with `extra` in the environment of every process that runs engine code (and, on
     SGLang, the plugin loaded: a base launched with no patch on must still install the switch)."""
     def env_of(p: Any) -> tuple[tuple[str, str], ...]:
         env = {**p.env_dict(), **extra}
         if cfg.kind == "sglang":
-            others = [x for x in env.get(envvars.SGLANG_PLUGINS, "").split(",") if x]
-            env[envvars.SGLANG_PLUGINS] = ",".join(dict.fromkeys([*others,
-                                                                  envvars.PLUGIN_NAME]))
+            env[envvars.SGLANG_PLUGINS] = with_plugin(env.get(envvars.SGLANG_PLUGINS, ""))
         return tuple(sorted(env.items()))
 
     procs = tuple(dataclasses.replace(p, env=env_of(p)) if p.gets_patches else p
                   for p in cfg.processes)
     return dataclasses.replace(cfg, processes=procs)
-
-
-def _aa_verdict(base: ProbeRun, repeat: ProbeRun) -> str:
-    return _decide_aa(base, repeat).verdict
-
-
-def _decide_aa(base: ProbeRun, repeat: ProbeRun) -> V.Verdict:
-    from dsv4bisect.probe.judge import decide
-
-    return decide(base, None, repeat)
-
-
-def _throughput(run: ProbeRun | None) -> float | None:
-    if run is None or not run.timing.get("total_s"):
-        return None
-    tokens = sum(int(r.get("prompt_tokens") or 0) + int(r.get("completion_tokens") or 0)
-                 for r in run.rows)
-    return round(tokens / float(run.timing["total_s"]), 1)
-
-
-__all__ = ["CRASH", "HotEngineRunner"]

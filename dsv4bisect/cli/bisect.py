@@ -151,11 +151,14 @@ def bisect(
     else:
         ov = overrides(enable, disable, only, sets)
         question = resolve_question(profile, ov, good, bad, candidates)
+        placement = {"executor": (executor.value if executor else None)
+                     or question.bisect.get("executor") or "local",
+                     "ray_address": ray_address or question.bisect.get("ray_address"),
+                     "node_resource": question.bisect.get("node_resource")}
         # One machine keeps one pool of hot engines and runs its trials one at a time, so
         # local rounds of K > 1 launch fresh; on Ray each node keeps its own (docs/cluster.md).
-        ray = (executor.value if executor else question.bisect.get("executor")) == "ray"
         rounds = parallel if parallel is not None else question.bisect.get("parallel", 1)
-        hot = not fresh_launches and (ray or rounds == 1)
+        hot = not fresh_launches and (placement["executor"] == "ray" or rounds == 1)
         req = RunnerRequest(question.profile, question.good, tuple(question.sets), tier,
                             not no_cache, bad=_bad_end(question),
                             load_time=tuple(question.load_time), hot=hot,
@@ -179,10 +182,6 @@ def bisect(
         if plan_only:
             _show_plan(estimate, costs, spec, json_out)
             raise typer.Exit(0)
-        placement = {"executor": (executor.value if executor else None)
-                     or question.bisect.get("executor") or "local",
-                     "ray_address": ray_address or question.bisect.get("ray_address"),
-                     "node_resource": question.bisect.get("node_resource")}
         if test_cmd is None and not skip_preflight and placement["executor"] == "local":
             from dsv4bisect.engines.preflight import require  # on each node for Ray
 
@@ -191,7 +190,6 @@ def bisect(
         ensure_runs_root(out)
         runner = _executor(runner, req, placement, spec.parallel, not skip_preflight)
         request = {**req.to_json(), "profile": profile, "test_cmd": test_cmd,
-                   "fresh_launches": fresh_launches, "confirm": not no_confirm,
                    "left_out": [list(x) for x in question.left_out],
                    "command": ["dsv4bisect", *sys.argv[1:]], **placement}
         # The ledger's lock first: a second bisect on it is refused before it writes anything.

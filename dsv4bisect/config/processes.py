@@ -59,12 +59,16 @@ def _env(*layers: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(merged.items()))
 
 
+def with_plugin(plugins: str) -> str:
+    """An SGLANG_PLUGINS value with ours added (the user's own plugins kept, in order)."""
+    return ",".join(dict.fromkeys([*(p for p in plugins.split(",") if p), PLUGIN_NAME]))
+
+
 def _patch_env(engine: Engine, delivery: PatchDelivery, plugin: bool) -> dict[str, str]:
     env = dict(delivery.env)
     env[PATCHES] = delivery.wire
     if plugin and delivery.wire:
-        others = [p for p in engine.env.get(SGLANG_PLUGINS, "").split(",") if p]
-        env[SGLANG_PLUGINS] = ",".join(dict.fromkeys(others + [PLUGIN_NAME]))
+        env[SGLANG_PLUGINS] = with_plugin(engine.env.get(SGLANG_PLUGINS, ""))
     if delivery.pythonpath:
         base = engine.env.get("PYTHONPATH")
         env["PYTHONPATH"] = delivery.pythonpath + (f":{base}" if base else "")

@@ -30,6 +30,7 @@ from dsv4bisect.probe.sequential import (
     SequentialTrial,
     ends_from_runs,
 )
+from dsv4bisect.probe.verdict import Verdict
 
 SEQUENTIAL_SCHEMA = "dsv4bisect.sequential-trial/1"
 
@@ -53,6 +54,18 @@ class SequentialResult:
                                                      "spec_hash": self.run.spec.spec_hash(),
                                                      "seed_block": self.run.spec.seed_block},
                 "run": self.run.path}
+
+    def as_verdict(self) -> Verdict:
+        """The decision as a probe verdict (what verdict.json and the bisect's ledger keep): its
+        reasons, its drift figures and, under `overall`, the whole decision (requests, error
+        rates, LLR)."""
+        d, spec = self.decision, self.run.spec
+        drift = d.drift.to_dict() if d.drift else {}
+        return Verdict(d.verdict, tuple(d.reasons),
+                       {"tier": spec.tier, "spec_hash": spec.spec_hash(),
+                        "seed_block": spec.seed_block, "sequential": True},
+                       overall={"sequential": d.to_dict()},
+                       drift={"status": drift.get("status"), "trigger": drift})
 
     def save(self, directory: str | os.PathLike[str]) -> SequentialResult:
         """The rows as a probe run directory, plus `sequential.json`."""

@@ -4,9 +4,10 @@ In hot mode the launcher gives the server DSV4BISECT_SWITCH_DIR and DSV4BISECT_H
 that may be switched in, at their bad-end variants). At `/flush_cache`, a switch request newer
 than the one applied is applied while holding the engine (no request runs meanwhile): the same
 `Transformer.configure` a fresh load runs, so a hot-switched engine computes exactly what a
-fresh launch of the new patch set computes (tests/reference/test_engine_hot_switch.py). A patch whose
-effect is fixed at load (nvfp4-dispatch) must keep its launch state; a request that changes it,
-or turns on a patch outside DSV4BISECT_HOT, is refused with a receipt that says why.
+fresh launch of the new patch set computes (tests/reference/test_engine_hot_switch.py). A
+patch whose effect is fixed at load (nvfp4-dispatch) must keep its launch state; a request that
+changes it, or turns on a patch outside DSV4BISECT_HOT, is refused with a receipt that says
+why.
 """
 
 from __future__ import annotations

@@ -24,15 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
-import dsv4bisect  # noqa: E402
-
-try:
-    import dsv4bisect.kernels  # noqa: F401
-except ImportError:  # a plain checkout: patches/ and kernels/ live at the top
-    dsv4bisect.__path__.append(str(ROOT))
+import gpu_paths  # noqa: E402, F401  (sys.path and the package's layout)
 
 import torch  # noqa: E402
 from hookenv import PROC  # noqa: E402
