@@ -63,6 +63,7 @@ class Confirmation:
     subset: frozenset[str]
     outcomes: tuple[Outcome, ...]
     skipped: str | None = None  # why no confirmation ran (`--no-confirm`, ...)
+    by_trial: int | None = None  # a search trial that already was that fresh launch (its id)
 
     @property
     def agrees(self) -> bool | None:
@@ -71,7 +72,7 @@ class Confirmation:
 
     def to_json(self) -> dict[str, Any]:
         return {"subset": sorted(self.subset), "outcomes": [o.value for o in self.outcomes],
-                "agrees": self.agrees, "skipped": self.skipped}
+                "agrees": self.agrees, "skipped": self.skipped, "by_trial": self.by_trial}
 
 
 @dataclass(frozen=True)
@@ -247,15 +248,22 @@ class _Driver:
     def _confirmation(self, search: Search, step: int,
                       seen: Counter[frozenset[str]]) -> Confirmation | None:
         """After a hot search: the culprits on against the good end, in a fresh launch; run
-        until PASS/FAIL (a CANNOT_TEST is retried once by `_run_round`)."""
+        until PASS/FAIL (a CANNOT_TEST is retried once by `_run_round`). A search trial of
+        exactly that configuration that was a fresh launch and failed is that confirmation
+        already: nothing more is launched."""
         result = search.result()
         if result.status is not Status.FOUND or not result.culprits:
             return None
         subset = frozenset(result.culprits)
-        if getattr(self.runner, "confirm", None) is None:  # a runner whose trials are fresh
-            if getattr(self.runner, "hot", False):  # ... or one that cannot launch fresh
-                return Confirmation(subset, (), skipped="this executor cannot launch fresh")
+        confirm = getattr(self.runner, "confirm", None)
+        hot = confirm is not None or getattr(self.runner, "hot", False)
+        if not hot:  # a runner whose trials are all fresh launches
             return None
+        earlier = self._fresh_trial(subset, seen)
+        if earlier is not None:
+            return Confirmation(subset, (Outcome.FAIL,), by_trial=earlier)
+        if confirm is None:  # a hot executor that cannot launch fresh
+            return Confirmation(subset, (), skipped="this executor cannot launch fresh")
         if not self.spec.confirm:
             return Confirmation(subset, (), skipped="--no-confirm")
         slot = self._slot(step, subset, seen[subset], fresh=True)
@@ -264,6 +272,17 @@ class _Driver:
         self.emit(StepDecided(slot.step, slot.subset, slot.seed_block, decision.outcome,
                               decision.signature, decision.reused, remedy=True))
         return Confirmation(subset, (decision.outcome,))
+
+    def _fresh_trial(self, subset: frozenset[str], seen: Counter[frozenset[str]]) -> int | None:
+        """The id of a finished trial of `subset` that ran in an engine launched in exactly
+        that configuration and never switched before its probe (HotEngineRunner's
+        `fresh_launch`) and came out like the bad end; None if there is none."""
+        for block in range(seen[subset]):
+            row = self.ledger.definitive(self._slot(0, subset, block).key)
+            if (row is not None and row.details.get("fresh_launch")
+                    and self._outcome(row.verdict) is Outcome.FAIL):
+                return row.id
+        return None
 
     def _slot(self, step: int, subset: frozenset[str], block: int, *,
               remedy: bool = False, fresh: bool = False) -> _Slot:

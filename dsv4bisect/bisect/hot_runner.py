@@ -1,10 +1,12 @@
 """The hot runner: one engine kept up across trials, patches switched inside it.
 
 A trial of configuration C runs in the engine of C's load-time state λ(C) (the candidates whose
-effect is fixed at load, `Question.load_time`): that engine is launched once in the canonical
-base of λ (the good end with λ's candidates at the bad end, every hot candidate at the good end)
-and then switched to C by the protocol of engines/switching.py (drain, request, `/flush_cache`,
-a receipt from every process naming the generation, verified before any probe request).
+effect is fixed at load, `Question.load_time`). When no engine of λ(C) is up, one is launched in
+C itself (hot environment on, so it can be switched later): that trial is then a fresh launch's,
+and its result says so (`fresh_launch`), which can stand as the fresh confirmation of a culprit
+set (driver.py). Later trials of the same λ are switched in that engine by the protocol of
+engines/switching.py (drain, request, `/flush_cache`, a receipt from every process naming the
+generation, verified before any probe request).
 Engines kept up at once: `pool` (the embedded engine: 2; one SGLang node: 1; the oldest is
 stopped first).
 
@@ -16,8 +18,10 @@ What each trial probes (docs/hot-switching.md):
 - the bad end is probed at full size;
 - any other configuration gets the sequential trial probe (probe/sequential_run.py) against the
   two ends once both are measured for the seed block, else a full probe.
-A hot trial's ledger fingerprint is the fresh fingerprint of C plus the hot marker and the base
-launch it ran in (`fingerprint`); `confirm` is a fresh launch of C (its plain fingerprint).
+A hot trial's ledger fingerprint is the fresh fingerprint of C plus the hot marker and the
+canonical base of λ(C) (the good end with λ's candidates at the bad end: `fingerprint`; the
+configuration an engine was really launched in is in the trial's details, `launched_as`);
+`confirm` is a fresh launch of C with no hot environment (its plain fingerprint).
 """
 
 from __future__ import annotations
@@ -70,7 +74,8 @@ _Probed = tuple[V.Verdict, "ProbeRun | None", "int | None"]  # verdict, its run,
 
 
 class _Engine:
-    """One launched engine and the patch set it is switched to."""
+    """One launched engine: the patch set it was launched in (`base`) and the one it is
+    switched to now (`current`)."""
 
     def __init__(self, base: Mapping[str, str], cfg: EngineConfig, arm: EngineArm,
                  switch_dir: Path) -> None:
@@ -83,6 +88,10 @@ class _Engine:
     def fresh(self) -> bool:
         """Launched and never switched: what it measures is a fresh launch's."""
         return self.switches == 0 and self.arm.attempts <= 1
+
+    def fresh_in(self, patches: Mapping[str, str]) -> bool:
+        """What it measured for `patches` is a fresh launch of `patches`."""
+        return self.fresh() and self.base == dict(patches)
 
 
 class HotEngineRunner(EngineRunner):
@@ -109,7 +118,8 @@ class HotEngineRunner(EngineRunner):
         self._supervisor = Supervisor()
         self._ends: dict[int, dict[str, ProbeRun | None]] = {}  # seed block -> ends' runs
         self._aa: dict[int, tuple[Verdict, ...]] = {}  # A/A verdicts not yet reported
-        self._launched: list[str] = []  # base fingerprint of every launch, in order
+        self._launched: list[str] = []  # fingerprint of every launch's configuration, in order
+        self._probed_in: _Engine | None = None  # the engine the current trial probed in
         self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
 
     # -- identity ------------------------------------------------------------------------------
@@ -163,6 +173,7 @@ class HotEngineRunner(EngineRunner):
         measured_base = False
         costs: dict[str, Any] = {"launch_s": 0.0, "switch_s": 0.0, "probe_s": 0.0}
         eng: _Engine | None = None  # the confirmation's own engine
+        self._probed_in = None
         try:
             ends, measured_base = self._ends_for(spec, trial_dir, costs)
             if fresh:
@@ -182,9 +193,12 @@ class HotEngineRunner(EngineRunner):
         verdict = verdict.with_evidence(candidate=cand.path if cand else None)
         write_verdict(trial_dir, verdict)
         mode = "fresh" if fresh else "hot"
+        used = self._probed_in
         details = result_details(verdict, ends_cached=not measured_base,
                                  run_dir=trial_dir, command=self.reproduce(patches, block))
         details.update(mode=mode, requests=requests, base=self.base_of(patches),
+                       launched_as=used.base if used else None,
+                       fresh_launch=fresh or bool(used and used.fresh_in(patches)),
                        **{k: round(v, 3) for k, v in costs.items()})
         aa = self._aa.pop(block, ())
         seq = verdict.overall.get("sequential") or {}
@@ -211,7 +225,8 @@ class HotEngineRunner(EngineRunner):
             base, repeat = hit.install(ends_dir / "baseline", ends_dir / "baseline-repeat")
         else:
             eng = self._engine_for(self.good, trial_dir, costs)
-            fresh = eng.fresh()  # before the probe switches it to the good end
+            self._probed_in = eng
+            fresh = eng.fresh_in(self.good)  # not an engine launched in another set of λ = ∅
             base = self._collect(eng, self.good, spec, None, "baseline", good_end=True,
                                  costs=costs).save(ends_dir / "baseline")
             ref, _subset = cache.repeat_reference(base)
@@ -242,6 +257,7 @@ class HotEngineRunner(EngineRunner):
             assert repeat is not None
             return aa_verdict(base, repeat), repeat, 0
         eng = fresh_eng or self._engine_for(patches, trial_dir, costs)
+        self._probed_in = eng
         if bad is not None and patches != self.bad and self.sequential:
             return self._sequential(eng, patches, spec, base, repeat, bad, trial_dir, costs,
                                     draw)
@@ -309,21 +325,23 @@ class HotEngineRunner(EngineRunner):
     # -- engines -------------------------------------------------------------------------------
     def _engine_for(self, patches: Mapping[str, str], trial_dir: Path,
                     costs: dict[str, Any]) -> _Engine:
-        base = self.base_of(patches)
-        key = self.config(base).fingerprint
+        """The engine of λ(patches): the one up, else one launched in `patches` itself (its
+        first trial is then a fresh launch's; the next trials of λ are switched in it)."""
+        key = self.config(self.base_of(patches)).fingerprint  # one engine per λ
         if key in self._engines:
             self._engines.move_to_end(key)
             return self._engines[key]
         self._make_room()
+        launch = dict(patches)
         eng_dir = _new_dir(trial_dir.parent.parent / "engines", key[:12])
-        self._launched.append(key)
+        self._launched.append(self.config(launch).fingerprint)
         switch_dir = eng_dir / "switch"
-        cfg = _with_env(self.config(base), {envvars.SWITCH_DIR: str(switch_dir),
-                                            envvars.HOT: self.hot_wire})
-        eng = _Engine(base, cfg, EngineArm("hot", cfg, eng_dir, self._supervisor,
-                                           self.on_event), switch_dir)
+        cfg = _with_env(self.config(launch), {envvars.SWITCH_DIR: str(switch_dir),
+                                              envvars.HOT: self.hot_wire})
+        eng = _Engine(launch, cfg, EngineArm("hot", cfg, eng_dir, self._supervisor,
+                                             self.on_event), switch_dir)
         t = time.perf_counter()
-        self._guard(eng, base, eng.arm.ready, good_end=base == self.good)
+        self._guard(eng, launch, eng.arm.ready, good_end=launch == self.good)
         costs["launch_s"] += time.perf_counter() - t
         eng.launch = eng.arm.launch
         self._engines[key] = eng

@@ -3,12 +3,13 @@
 
 The policy priced here is the one the driver follows:
 
-* **Engines.** In hot mode an engine is launched in the canonical base of a load-time state λ
-  (the good end with the load-time candidates of λ switched to bad); a trial of configuration C
-  runs in the engine of λ(C) = C ∩ load-time candidates: switched (drain, switch at a barrier,
-  CUDA-graph re-capture, prefix-cache flush: `switch_s`) when that engine is up, else launched
-  (`launch_s`) after stopping the oldest engine; `pool` engines are kept up at once. With hot
-  mode off every trial is a fresh launch.
+* **Engines.** In hot mode a trial of configuration C runs in the engine of its load-time state
+  λ(C) = C ∩ load-time candidates: switched (drain, switch at a barrier, CUDA-graph re-capture,
+  prefix-cache flush: `switch_s`) when that engine is up, else launched in C itself
+  (`launch_s`) after stopping the oldest engine; `pool` engines are kept up at once. A trial
+  that launched its engine is a fresh launch's (`launched_last`): when it is the culprits'
+  configuration and fails, it is the fresh confirmation, which then costs nothing more. With
+  hot mode off every trial is a fresh launch.
 * **Probes.** The good end is probed at full size plus its A/A repeat (`aa_fraction` of the full
   probe), and that trial's verdict is the A/A verdict; the bad end at full size; every other
   configuration with the sequential trial probe, whose expected length is `like_good_fraction`
@@ -88,12 +89,13 @@ class CostTracker:
         self.seen: Counter[frozenset[str]] = Counter()
         self.spent_s = 0.0
         self.launches = 0
+        self.launched_last = False  # the last trial charged launched its own engine (hot mode)
 
     def copy(self) -> CostTracker:
         other = CostTracker(self.costs, self.everything)
         other.engines, other.baselines = list(self.engines), set(self.baselines)
         other.seen, other.spent_s = Counter(self.seen), self.spent_s
-        other.launches = self.launches
+        other.launches, other.launched_last = self.launches, self.launched_last
         return other
 
     # -- prices ------------------------------------------------------------------------------
@@ -137,6 +139,7 @@ class CostTracker:
 
     def _engine(self, state: frozenset[str]) -> float:
         """Seconds to have the engine of `state` ready (and the pool after it)."""
+        self.launched_last = self.costs.hot and state not in self.engines
         if self.costs.hot and state in self.engines:
             return self.costs.switch_s
         self.launches += 1

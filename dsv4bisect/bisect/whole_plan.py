@@ -135,6 +135,7 @@ def _simulate(cfg: Setup, culprits: frozenset[str], rng: random.Random, priced: 
     spent = CostTracker(cfg.costs, everything)  # what the trials really cost
     phase = dict.fromkeys(PHASES, 0.0)
     trials = 0
+    fresh_fails: set[frozenset[str]] = set()  # failed in an engine launched for them (hot)
 
     def run(subset: frozenset[str], name: str) -> Outcome:
         nonlocal trials
@@ -144,7 +145,10 @@ def _simulate(cfg: Setup, culprits: frozenset[str], rng: random.Random, priced: 
         phase[name] += spent.charge(subset, fails)
         trials += 1
         flip = rng.random() < (noise.false_pass if fails else noise.false_fail)
-        return Outcome.FAIL if fails != flip else Outcome.PASS
+        outcome = Outcome.FAIL if fails != flip else Outcome.PASS
+        if spent.launched_last and outcome is Outcome.FAIL:
+            fresh_fails.add(subset)
+        return outcome
 
     while proposals := search.next():
         for subset in proposals:
@@ -159,7 +163,8 @@ def _simulate(cfg: Setup, culprits: frozenset[str], rng: random.Random, priced: 
         while subset and rem.needs_more(outcomes, own):
             outcomes.append(run(subset, "remedy"))
             own += 1
-        if cfg.costs.hot and cfg.confirm:
+        confirmed = frozenset(result.culprits) in fresh_fails  # a search trial was it
+        if cfg.costs.hot and cfg.confirm and not confirmed:
             phase["confirmation"] += spent.confirmation(culprits <= result.culprits)
             trials += 1
     correct = result.status is Status.FOUND and result.culprits == culprits

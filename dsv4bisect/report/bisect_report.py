@@ -238,7 +238,8 @@ def _report_json(view: BisectView) -> dict[str, Any]:
                     "signature": s.signature, "source": s.source, "attempts": s.attempts,
                     "duration_s": s.duration_s, "scores": _scores(s.details),
                     "baseline_cached": s.details.get("baseline_cached"),
-                    "mode": s.details.get("mode"), "requests": s.details.get("requests"),
+                    "mode": s.details.get("mode"), "fresh_launch": s.details.get("fresh_launch"),
+                    "requests": s.details.get("requests"),
                     "trial_run_dir": s.details.get("run_dir"),
                     "reproduce": reproduce(view, s)} for s in view.steps],
         "neighbours": neighbours(view),
@@ -324,7 +325,7 @@ def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
         cached = " (baseline cached)" if s.details.get("baseline_cached") else ""
         lines.append(f"| {s.step} | {_set(s.subset)} | {s.seed_block} | {s.verdict or '-'} | "
                      f"{s.outcome} | {s.signature or '-'} | {_score_text(s.details)} | "
-                     f"{s.details.get('requests', '-')} | {s.details.get('mode', 'fresh')} | "
+                     f"{s.details.get('requests', '-')} | {_mode(s.details)} | "
                      f"{dur} | {s.source}{cached} |")
     lines += ["", "## Launches against the information bound", "",
               (f"{b['steps']} probe results used ({b['launches']} launched by this bisect, "
@@ -340,6 +341,13 @@ def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def _mode(details: dict[str, Any]) -> str:
+    """`hot`, `fresh`, or `hot, launched` for a hot runner's trial that launched its engine in
+    its own configuration (a fresh launch's measurement)."""
+    mode = details.get("mode", "fresh")
+    return "hot, launched" if mode == "hot" and details.get("fresh_launch") else mode
+
+
 def confirmation_text(conf: dict[str, Any]) -> str:
     """One sentence on the fresh-launch confirmation of a hot search (driver.Confirmation)."""
     culprits = _set(conf["subset"])
@@ -348,6 +356,10 @@ def confirmation_text(conf: dict[str, Any]) -> str:
                 "by hot-switched trials only")
     if conf.get("agrees") is None:
         return f"fresh-launch confirmation of {culprits} could not test"
+    if conf["agrees"] and conf.get("by_trial") is not None:
+        return (f"confirmed in a fresh launch: the good end with {culprits} on fails (trial "
+                f"{conf['by_trial']} of the search ran in an engine launched in that "
+                "configuration and never switched)")
     if conf["agrees"]:
         return f"confirmed in a fresh launch: the good end with {culprits} on fails"
     return (f"DISAGREEMENT: the hot-switched trials name {culprits}, but the good end with "

@@ -270,3 +270,39 @@ def test_an_abort_in_a_parallel_round_keeps_the_other_trial(ledger, tmp_path):
     rows = ledger.trials(_run_id(tmp_path / "run"))
     assert sorted(r.status for r in rows) == ["aborted", "done"]
     assert [r.subset for r in rows if r.status == "done"] == [frozenset()]
+
+
+class HotOracle(OracleRunner):
+    """A hot runner's contract: `confirm` launches fresh; trials of `launched_for` ran in an
+    engine launched in exactly that configuration (`fresh_launch` in their details)."""
+
+    def __init__(self, culprits: set[str], launched_for: set[frozenset[str]]) -> None:
+        super().__init__(culprits)
+        self.launched_for, self.confirmed = launched_for, []
+
+    def run(self, patches, seed_block, trial_dir):
+        result = super().run(patches, seed_block, trial_dir)
+        fresh = frozenset(patches) in self.launched_for
+        return TrialResult(result.verdict, None, 1.0, {"fresh_launch": fresh})
+
+    def confirm(self, patches, seed_block, trial_dir):
+        self.confirmed.append(frozenset(patches))
+        return super().run(patches, seed_block, trial_dir)
+
+    def fresh_fingerprint(self, patches) -> str:
+        return "fresh-" + self.fingerprint(patches)
+
+
+def test_a_failing_trial_launched_in_the_culprits_configuration_is_their_confirmation(
+        ledger, tmp_path):
+    switched = HotOracle({"c"}, launched_for=set())
+    out = start_bisect(spec(), switched, ledger, tmp_path / "switched")
+    assert switched.confirmed == [frozenset({"c"})]  # every trial switched: one fresh launch
+    assert out.confirmation.agrees and out.confirmation.by_trial is None
+    launched = HotOracle({"c"}, launched_for={frozenset({"c"})})
+    with Ledger.open(tmp_path / "other.sqlite") as other:
+        out = start_bisect(spec(), launched, other, tmp_path / "launched")
+    assert frozenset({"c"}) in {on for on, _ in launched.calls}  # the search tried {c} alone
+    assert launched.confirmed == []  # ... in its own launch: that trial is the confirmation
+    assert out.confirmation.agrees and out.confirmation.by_trial is not None
+    assert out.confirmation.to_json()["by_trial"] == out.confirmation.by_trial

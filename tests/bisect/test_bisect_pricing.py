@@ -176,13 +176,34 @@ def test_the_whole_plan_counts_every_phase_and_each_lever_from_one_simulation():
     f = plan.with_levers
     assert f.mean_wall_s == pytest.approx(sum(f.phase_s.values()))
     assert f.phase_s["ends"] >= 600 + 2400 + 90 + 1200 - 1e-6  # launch, baseline, A/A, bad end
-    assert f.phase_s["confirmation"] >= 600 * f.p_correct * 0.9  # one fresh launch per FOUND
+    # one fresh launch per FOUND, unless a search trial launched its engine in the culprits'
+    # configuration and failed (test below)
+    assert 0 < f.phase_s["confirmation"] <= 600 + 1200 * 0.25
     assert plan.without_levers.phase_s["confirmation"] == 0  # fresh trials need no confirmation
     for lever in plan.levers:
         assert plan.each_off[lever].mean_wall_s > f.mean_wall_s * 0.95
     assert plan.without_levers.mean_wall_s > 2 * f.mean_wall_s
     no_confirm = plan_bisect(setup(confirm=False), trials=30, seed=2).with_levers
     assert no_confirm.phase_s["confirmation"] == 0
+
+
+def test_a_trial_that_launched_its_own_engine_and_failed_is_the_fresh_confirmation():
+    t = CostTracker(SGLANG, frozenset(NAMES))
+    t.charge(frozenset(), False)
+    assert t.launched_last  # the good end: launched for it
+    t.charge(frozenset({"d"}), True)
+    assert not t.launched_last  # switched inside the engine of λ = ∅
+    t.charge(frozenset({"a", "d"}), True)
+    assert t.launched_last  # λ = {a} is not up: launched in {a, d} itself
+    # every candidate load-time: every trial launches its own engine, so the culprits' failing
+    # trial is always a fresh launch and the confirmation costs nothing more
+    every = plan_bisect(replace(setup(), costs=replace(SGLANG, load_time=frozenset(NAMES))),
+                        trials=20, seed=4, compare=False).with_levers
+    assert every.phase_s["confirmation"] == 0 and every.p_correct >= 0.9
+    # none load-time: the culprits' trial is always switched, so the confirmation is launched
+    none = plan_bisect(replace(setup(), costs=replace(SGLANG, load_time=frozenset())),
+                       trials=20, seed=4, compare=False).with_levers
+    assert none.phase_s["confirmation"] >= 600 * none.p_correct
 
 
 def test_the_priors_lever_is_judged_against_culprits_from_a_flat_prior():
