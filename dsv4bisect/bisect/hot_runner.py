@@ -103,7 +103,7 @@ class HotEngineRunner(EngineRunner):
                  tier: str | None = None, use_cache: bool = True, pool: int | None = None,
                  sequential: bool = True,
                  error_rates: tuple[float, float] = TRIAL_ERROR_RATES, warn_as: str = "fail",
-                 on_event: EventSink = ignore) -> None:
+                 drift: str = "absolute", on_event: EventSink = ignore) -> None:
         super().__init__(profile, good, sets=sets, tier=tier, use_cache=use_cache,
                          on_event=on_event)
         self.bad = dict(bad)
@@ -111,6 +111,9 @@ class HotEngineRunner(EngineRunner):
         self.pool = pool if pool is not None else (2 if self.good_cfg.kind == "reference" else 1)
         self.sequential, self.error_rates = sequential, error_rates
         self.warn_fails = warn_as != "pass"  # how the search counts a WARN (--warn-as)
+        if drift not in ("absolute", "relative"):
+            raise ConfigError(f"drift is `{drift}`", "use `absolute` or `relative`")
+        self.drift_relative = drift == "relative"  # --drift (probe/sequential.py)
         hot = {n: v for n, v in self.bad.items() if n not in self.load_time
                and self.good.get(n) != v}
         self.hot_wire = format_patch_set(hot, builtin_patches())
@@ -123,6 +126,15 @@ class HotEngineRunner(EngineRunner):
         self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
 
     # -- identity ------------------------------------------------------------------------------
+    @property
+    def probe_hash(self) -> str:
+        """The engine runner's, plus the rules a sequential trial is judged by (its error
+        rates, how it counts a drift WARN, how it judges drift): a verdict means those too."""
+        rules = {"engine": super().probe_hash, "sequential": self.sequential,
+                 "error_rates": list(self.error_rates), "warn_fails": self.warn_fails,
+                 "drift_relative": self.drift_relative}
+        return hashlib.sha256(json.dumps(rules, sort_keys=True).encode()).hexdigest()[:32]
+
     def base_of(self, patches: Mapping[str, str]) -> dict[str, str]:
         """The launch configuration of `patches`: its load-time part on the good end."""
         return {**{n: v for n, v in self.good.items() if n not in self.load_time},
@@ -282,7 +294,8 @@ class HotEngineRunner(EngineRunner):
             self._switch(eng, patches, costs)
             return run_sequential(url, base, bad, repeat, false_fail=ff, false_pass=fp,
                                   seed=seed, api_key=self.api_key,
-                                  model=eng.cfg.served_model_name, warn_fails=self.warn_fails)
+                                  model=eng.cfg.served_model_name, warn_fails=self.warn_fails,
+                                  drift_relative=self.drift_relative)
 
         self._ready(eng, patches, costs, good_end=False)
         t = time.perf_counter()

@@ -32,18 +32,21 @@ class RunnerRequest:
     load_time: tuple[str, ...] = ()
     hot: bool = False
     warn_as: str = "fail"  # how the search counts a WARN: the sequential trials count it so
+    drift: str = "absolute"  # how the sequential trials judge drift: the run gates, or relative
 
     def to_json(self) -> dict[str, Any]:
         return {"profile": self.profile, "good": dict(self.good), "sets": list(self.sets),
                 "tier": self.tier, "use_cache": self.use_cache, "bad": dict(self.bad),
-                "load_time": list(self.load_time), "hot": self.hot, "warn_as": self.warn_as}
+                "load_time": list(self.load_time), "hot": self.hot, "warn_as": self.warn_as,
+                "drift": self.drift}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> RunnerRequest:
         return cls(str(doc["profile"]), dict(doc.get("good") or {}),
                    tuple(doc.get("sets") or ()), doc.get("tier"), bool(doc.get("use_cache", True)),
                    dict(doc.get("bad") or {}), tuple(doc.get("load_time") or ()),
-                   bool(doc.get("hot", False)), str(doc.get("warn_as") or "fail"))
+                   bool(doc.get("hot", False)), str(doc.get("warn_as") or "fail"),
+                   str(doc.get("drift") or "absolute"))
 
 
 def node_runner(request: RunnerRequest, on_event: EventSink = ignore) -> EngineRunner:
@@ -53,6 +56,7 @@ def node_runner(request: RunnerRequest, on_event: EventSink = ignore) -> EngineR
         return HotEngineRunner(request.profile, request.good, request.bad,
                                load_time=request.load_time, sets=request.sets,
                                tier=request.tier, use_cache=request.use_cache,
-                               warn_as=request.warn_as, on_event=on_event)
+                               warn_as=request.warn_as, drift=request.drift,
+                               on_event=on_event)
     return EngineRunner(request.profile, request.good, sets=request.sets, tier=request.tier,
                         use_cache=request.use_cache, on_event=on_event)

@@ -67,6 +67,11 @@ class WarnAs(str, Enum):
     passed = "pass"
 
 
+class DriftRule(str, Enum):
+    absolute = "absolute"
+    relative = "relative"
+
+
 class Executor(str, Enum):
     local = "local"
     ray = "ray"
@@ -94,6 +99,10 @@ def bisect(
                           ] = None,
     parallel: Annotated[int | None, Opt(min=1, max=64, help="Trials per round (K).")] = None,
     warn_as: Annotated[WarnAs | None, Opt(help="How a WARN counts (default fail).")] = None,
+    drift: Annotated[DriftRule | None, Opt(help="How a trial's drift is judged: by the run "
+                                           "gates (absolute, the default), or against the two "
+                                           "ends (relative: nearer the good end's is not a "
+                                           "fail; docs/bisect.md).")] = None,
     test_cmd: Annotated[str | None, Opt(help="Judge with this shell command instead: "
                                            "exit 0 good, 125 skip, 1-127 bad.")] = None,
     plan_only: Annotated[bool, Opt("--plan", help="Simulate and print the plan; launch "
@@ -159,11 +168,17 @@ def bisect(
         # local rounds of K > 1 launch fresh; on Ray each node keeps its own (docs/cluster.md).
         rounds = parallel if parallel is not None else question.bisect.get("parallel", 1)
         hot = not fresh_launches and (placement["executor"] == "ray" or rounds == 1)
+        drift_rule = drift.value if drift else str(question.bisect.get("drift") or "absolute")
+        if drift_rule == "relative" and (not hot or test_cmd is not None):
+            raise BisectError("--drift relative judges the sequential trial probe of a hot "
+                              "bisect", "drop --fresh-launches, --parallel K > 1 (local) and "
+                              "--test-cmd, or use --drift absolute")
         req = RunnerRequest(question.profile, question.good, tuple(question.sets), tier,
                             not no_cache, bad=_bad_end(question),
                             load_time=tuple(question.load_time), hot=hot,
                             warn_as=(warn_as.value if warn_as else
-                                     str(question.bisect.get("warn_as") or "fail")))
+                                     str(question.bisect.get("warn_as") or "fail")),
+                            drift=drift_rule)
         runner = _runner(req, test_cmd, display)
         measured, durations, details = _history(runner, ledger_path or out / LEDGER)
         noise, where = _noise(measured, false_fail, false_pass)

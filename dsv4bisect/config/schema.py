@@ -208,6 +208,8 @@ class BisectSettings(Strict):
     max_trials: Annotated[int, Field(ge=1, le=100_000)] | None = None
     parallel: Annotated[int, Field(ge=1, le=64)] = 1  # trials at once: engines on one node
     warn_as: Literal["fail", "pass"] = "fail"
+    # how a sequential trial's drift is judged: the run gates, or against the ends (bisect.md)
+    drift: Literal["absolute", "relative"] = "absolute"
     priors: dict[str, Annotated[float, Field(gt=0, le=1e6)]] | None = None
     # Where trials run (docs/cluster.md): this machine, or the nodes of a Ray cluster.
     executor: Literal["local", "ray"] = "local"

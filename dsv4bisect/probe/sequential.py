@@ -9,6 +9,12 @@ rates the search asks for (docs/probe.md, "The sequential trial probe (inside a 
    or fails and reaches half of the bad end's, like good when it passes and stays under half,
    BETWEEN otherwise. Hard signatures (in >= 2 seeds, on cases the good end got right in both
    A/A runs) FAIL.
+   With `drift_relative` (`bisect --drift relative`) a trial's drift is judged against the ends
+   instead of the `run` gates: a drift that goes less than half as far as the bad end's (its
+   `share_of`) is nearer the good end, so it is not a FAIL; where the ends differ only by drift
+   it is like good, and where they differ in accuracy the answers decide. For a baseline at
+   which every kernel change drifts past the gates (NVFP4 W4A4 experts: docs/reference-engine.md)
+   while one change makes the bad end bad.
 2. Accuracy requests in batches, in a seeded random order across the grid's cells, each case
    weighted by the information one request in its cell carries (the Jeffreys divergence between
    the two hypotheses' predictions there), plus a floor so every cell is eventually drawn: a
@@ -334,6 +340,7 @@ class SequentialTrial:
     batch: int = DEFAULT_BATCH
     benign: float = BENIGN_FLIP_RATE
     warn_fails: bool = True  # how the bisect counts a drift WARN (False: --warn-as pass)
+    drift_relative: bool = False  # judge drift against the ends (--drift relative), see above
     _order: list[EndCase] = field(init=False, repr=False)
     _model: _Model = field(init=False, repr=False)
     _next: int = field(default=0, init=False)
@@ -383,7 +390,10 @@ class SequentialTrial:
         self._drift = drift
         bad = self.ends.bad_drift
         where = f" ({drift.where})" if drift.where else ""
-        if drift.status == "fail":
+        share = drift.share_of(bad)
+        shown = "?" if share is None else f"{share:.0%}"
+        nearer_good = self.drift_relative and share is not None and share < DRIFT_LIKE_BAD
+        if drift.status == "fail" and not nearer_good:
             return self._decide(FAIL, "drift", f"drift FAIL{where} in the trial: like the bad "
                                                "end or worse")
         bad_drift_differs = _DRIFT_RANK[bad.status] > 0
@@ -391,12 +401,14 @@ class SequentialTrial:
             if drift.status == "absent":
                 return self._decide(BETWEEN, "drift", "the ends differ only by drift and the "
                                                       "trial has no drift measurement")
+            if nearer_good:
+                return self._decide(PASS, "drift", f"the ends differ only by drift; the trial's "
+                                    f"drift ({drift.status}{where}) is {shown} of the bad end's: "
+                                    "nearer the good end (--drift relative)")
             if not self.warn_fails:  # a WARN counts as PASS: only a drift FAIL (above) fails
                 return self._decide(PASS, "drift", f"the ends differ only by drift; the trial's "
                                     f"drift is {drift.status.upper()}{where}, which counts as "
                                     "PASS (--warn-as pass)")
-            share = drift.share_of(bad)
-            shown = "?" if share is None else f"{share:.0%}"
             if drift.status != "pass" and share is not None and share >= DRIFT_LIKE_BAD:
                 return self._decide(FAIL, "drift", f"the ends differ only by drift; the "
                                     f"trial's drift is {drift.status}{where}, {shown} of the bad "
@@ -410,8 +422,10 @@ class SequentialTrial:
         if not self._differs and not self.ends.bad_signature_cases():
             return self._decide(BETWEEN, "ends", "the ends do not differ in accuracy, drift or "
                                                  "hard signatures: no trial can be told apart")
-        if drift.status == "warn":
-            self._reasons.append(f"trial drift WARN{where}; accuracy decides")
+        if drift.status in ("warn", "fail"):  # a FAIL here is nearer the good end's drift
+            self._reasons.append(f"trial drift {drift.status.upper()}{where}"
+                                 + (f", {shown} of the bad end's (--drift relative)"
+                                    if nearer_good else "") + "; accuracy decides")
         return None
 
     def next_batch(self) -> list[EndCase]:

@@ -80,7 +80,8 @@ class SequentialResult:
 def run_sequential(url: str, base: ProbeRun, bad: ProbeRun, repeat: ProbeRun | None, *,
                    false_fail: float, false_pass: float, seed: int = 0,
                    batch: int = DEFAULT_BATCH, api_key: str | None = None,
-                   model: str | None = None, warn_fails: bool = True) -> SequentialResult:
+                   model: str | None = None, warn_fails: bool = True,
+                   drift_relative: bool = False) -> SequentialResult:
     """Probe the trial at `url` sequentially against the ends `base` (good), `bad`, `repeat`."""
     for other in (bad, repeat):
         if other is not None and (other.spec.spec_hash(), other.spec.seed_block) != (
@@ -89,7 +90,8 @@ def run_sequential(url: str, base: ProbeRun, bad: ProbeRun, repeat: ProbeRun | N
                               "probe the good end, its repeat and the bad end with one spec")
     spec = base.spec
     test = SequentialTrial(ends_from_runs(base, bad, repeat), false_fail, false_pass,
-                           seed=seed, batch=batch, warn_fails=warn_fails)
+                           seed=seed, batch=batch, warn_fails=warn_fails,
+                           drift_relative=drift_relative)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     client = ProbeClient(url, api_key=api_key, timeout_s=spec.timeout_s, retries=spec.retries,

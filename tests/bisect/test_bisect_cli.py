@@ -49,6 +49,13 @@ def test_unknown_candidate_is_bad_input(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
+def test_relative_drift_outside_a_hot_bisect_is_bad_input(tmp_path: Path) -> None:
+    for extra in (("--fresh-launches",), ("--test-cmd", "true")):
+        r = cli("--drift", "relative", *extra, "--out", tmp_path / "runs", cwd=tmp_path)
+        assert_bad_input(r, "--drift relative judges the sequential trial probe")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_equal_ends_are_bad_input(tmp_path: Path) -> None:
     r = cli("--good", "mma-decode", "--bad", "mma-decode", "--test-cmd", "true",
             "--out", tmp_path / "runs", cwd=tmp_path)

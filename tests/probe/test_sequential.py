@@ -111,6 +111,30 @@ def test_drift_only_ends_are_decided_by_drift() -> None:
     assert d is not None and d.verdict == "FAIL"
 
 
+def test_relative_drift_judges_a_trial_by_the_nearer_end() -> None:
+    # a W4A4 baseline: every kernel change fails the run gates; the fault drifts five times more
+    bad = DriftFigures("fail", "all positions", 0.9, 0.82, {"all positions": (0.9, 0.82)})
+    benign = DriftFigures("fail", "all positions", 0.16, 0.93, {"all positions": (0.16, 0.93)})
+    fault = DriftFigures("fail", "all positions", 0.7, 0.84, {"all positions": (0.7, 0.84)})
+    drift_only = make_ends(loss_every=0, bad_drift=bad)
+    assert SequentialTrial(drift_only, 0.05, 0.05).observe_drift(benign).verdict == "FAIL"
+    d = SequentialTrial(drift_only, 0.05, 0.05, drift_relative=True).observe_drift(benign)
+    assert d is not None and d.verdict == "PASS"
+    assert any("nearer the good end" in r for r in d.reasons)
+    d = SequentialTrial(drift_only, 0.05, 0.05, drift_relative=True).observe_drift(fault)
+    assert d is not None and d.verdict == "FAIL"  # 78 % of the bad end's: like it
+    # ends that differ in accuracy: a benign drift FAIL no longer decides, the answers do
+    lossy = make_ends(bad_drift=bad)
+    test = SequentialTrial(lossy, 0.05, 0.05, drift_relative=True)
+    assert test.observe_drift(benign) is None
+    right = {c.key: (c.good_right, ()) for c in lossy.cases}  # answers like the good end's
+    d = run_offline(SequentialTrial(lossy, 0.05, 0.05, drift_relative=True), benign, right)
+    assert d.verdict == "PASS" and d.decided_by == "accuracy"
+    wrong = {c.key: (c.bad_right, ()) for c in lossy.cases}  # ... like the bad end's
+    d = run_offline(SequentialTrial(lossy, 0.05, 0.05, drift_relative=True), benign, wrong)
+    assert d.verdict == "FAIL" and d.decided_by == "accuracy"
+
+
 def test_ends_that_do_not_differ_give_between() -> None:
     d = SequentialTrial(make_ends(loss_every=0), 0.05, 0.05).observe_drift(PASS_DRIFT)
     assert d is not None and d.verdict == "BETWEEN" and d.decided_by == "ends"
