@@ -67,6 +67,7 @@ from dsv4bisect.run.events import EventSink, Notice, ignore
 
 T = TypeVar("T")
 HOT_MARKER = "hot-v1"
+SEQUENTIAL_RULES = 2  # bump when probe/sequential.py decides differently: no reuse of old verdicts
 SWITCH_TIMEOUT_S = 600.0  # a CUDA-graph re-capture of an 8-GPU engine takes minutes
 
 
@@ -130,7 +131,8 @@ class HotEngineRunner(EngineRunner):
     def probe_hash(self) -> str:
         """The engine runner's, plus the rules a sequential trial is judged by (its error
         rates, how it counts a drift WARN, how it judges drift): a verdict means those too."""
-        rules = {"engine": super().probe_hash, "sequential": self.sequential,
+        rules = {"engine": super().probe_hash, "rules": SEQUENTIAL_RULES,
+                 "sequential": self.sequential,
                  "error_rates": list(self.error_rates), "warn_fails": self.warn_fails,
                  "drift_relative": self.drift_relative}
         return hashlib.sha256(json.dumps(rules, sort_keys=True).encode()).hexdigest()[:32]

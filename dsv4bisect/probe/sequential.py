@@ -10,8 +10,8 @@ rates the search asks for (docs/probe.md, "The sequential trial probe (inside a 
    BETWEEN otherwise. Hard signatures (in >= 2 seeds, on cases the good end got right in both
    A/A runs) FAIL.
    With `drift_relative` (`bisect --drift relative`) a trial's drift is judged against the ends
-   instead of the `run` gates: a drift that goes less than half as far as the bad end's (its
-   `share_of`) is nearer the good end, so it is not a FAIL; where the ends differ only by drift
+   instead of the `run` gates: a drift whose mean KL is less than half the bad end's (in the
+   bad end's trigger view) is nearer the good end, so it is not a FAIL; where the ends differ only by drift
    it is like good, and where they differ in accuracy the answers decide. For a baseline at
    which every kernel change drifts past the gates (NVFP4 W4A4 experts: docs/reference-engine.md)
    while one change makes the bad end bad.
@@ -120,15 +120,19 @@ class DriftFigures:
         return cls(str(drift.get("status", "absent")), trigger.get("where"),
                    trigger.get("kl_mean"), trigger.get("top1_agreement"), views)
 
-    def share_of(self, bad: DriftFigures) -> float | None:
+    def share_of(self, bad: DriftFigures, *, kl_only: bool = False) -> float | None:
         """How far this run's drift goes toward `bad`'s, in `bad`'s trigger view: the larger
-        of the mean-KL ratio and the top-1-shortfall ratio (1 = as far as the bad end)."""
+        of the mean-KL ratio and the top-1-shortfall ratio (1 = as far as the bad end), or the
+        mean-KL ratio alone (`kl_only`: KL adds up over independent small changes, while top-1
+        agreement saturates: near-tied positions flip under any change first)."""
         if bad.where is None or bad.kl_mean is None or bad.top1_agreement is None:
             return None
         mine = self.views.get(bad.where)
         if mine is None:
             return None
         kl = mine[0] / bad.kl_mean if bad.kl_mean > 0 else 0.0
+        if kl_only:
+            return kl
         short = ((1.0 - mine[1]) / (1.0 - bad.top1_agreement)
                  if bad.top1_agreement < 1.0 else 0.0)
         return max(kl, short)
@@ -392,7 +396,10 @@ class SequentialTrial:
         where = f" ({drift.where})" if drift.where else ""
         share = drift.share_of(bad)
         shown = "?" if share is None else f"{share:.0%}"
-        nearer_good = self.drift_relative and share is not None and share < DRIFT_LIKE_BAD
+        kl_share = drift.share_of(bad, kl_only=True)
+        nearer_good = self.drift_relative and kl_share is not None and kl_share < DRIFT_LIKE_BAD
+        if nearer_good:
+            shown = f"{kl_share:.0%} (mean KL)"
         if drift.status == "fail" and not nearer_good:
             return self._decide(FAIL, "drift", f"drift FAIL{where} in the trial: like the bad "
                                                "end or worse")

@@ -123,6 +123,15 @@ def test_relative_drift_judges_a_trial_by_the_nearer_end() -> None:
     assert any("nearer the good end" in r for r in d.reasons)
     d = SequentialTrial(drift_only, 0.05, 0.05, drift_relative=True).observe_drift(fault)
     assert d is not None and d.verdict == "FAIL"  # 78 % of the bad end's: like it
+    # measured at deployment (bisect of reference-all + double-scale, positions 1024-2047): the
+    # bad end without the fault has a third of its KL but half its top-1 shortfall, because
+    # near-tied positions flip under any change; the mean KL is what adds up
+    bad_end = DriftFigures("fail", "all positions", 0.828, 0.828, {"all positions": (0.828, 0.828)})
+    rest = DriftFigures("fail", "all positions", 0.275, 0.909, {"all positions": (0.275, 0.909)})
+    assert rest.share_of(bad_end) > 0.5 > rest.share_of(bad_end, kl_only=True)
+    d = SequentialTrial(make_ends(loss_every=0, bad_drift=bad_end), 0.05, 0.05,
+                        drift_relative=True).observe_drift(rest)
+    assert d is not None and d.verdict == "PASS"
     # ends that differ in accuracy: a benign drift FAIL no longer decides, the answers do
     lossy = make_ends(bad_drift=bad)
     test = SequentialTrial(lossy, 0.05, 0.05, drift_relative=True)
