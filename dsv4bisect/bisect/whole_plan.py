@@ -88,11 +88,8 @@ def plan_bisect(setup: Setup, *, trials: int = 100, seed: int = 0,
     with every lever on)."""
     if trials < 1:
         raise BisectError("the plan needs at least one simulated run", "use trials >= 1")
-    levers = tuple(lever for lever in LEVERS if _has(setup, lever))
-    draw = random.Random(seed)
-    flat = HypothesisSpace(setup.candidates, setup.max_order, Priors())
-    culprits = [_flat_culprits(flat, draw) for _ in range(trials)]
-    seeds = [draw.getrandbits(32) for _ in range(trials)]
+    levers = available_levers(setup)
+    culprits, seeds = common_draws(setup, trials, seed)
 
     def figures(off: Sequence[str]) -> Figures:
         cfg = setup.without(off)
@@ -104,6 +101,21 @@ def plan_bisect(setup: Setup, *, trials: int = 100, seed: int = 0,
         return WholePlan(trials, levers, figures(()), None, {})
     return WholePlan(trials, levers, figures(()), figures(levers),
                      {lever: figures((lever,)) for lever in levers})
+
+
+def available_levers(setup: Setup) -> tuple[str, ...]:
+    """The levers this bisect has (the others cannot be turned on)."""
+    return tuple(lever for lever in LEVERS if _has(setup, lever))
+
+
+def common_draws(setup: Setup, trials: int, seed: int) -> tuple[list[frozenset[str]], list[int]]:
+    """The hidden culprit sets (flat prior) and the outcome-stream seeds of `trials` simulated
+    bisects: the same for every configuration simulated with this `seed` (common random
+    numbers; parallel_plan.py draws its node columns from them too)."""
+    draw = random.Random(seed)
+    flat = HypothesisSpace(setup.candidates, setup.max_order, Priors())
+    culprits = [_flat_culprits(flat, draw) for _ in range(trials)]
+    return culprits, [draw.getrandbits(32) for _ in range(trials)]
 
 
 def _has(setup: Setup, lever: str) -> bool:

@@ -52,8 +52,9 @@ if TYPE_CHECKING:  # the search needs numpy: imported when a bisect runs, not wi
     from dsv4bisect.bisect.design import Noise
     from dsv4bisect.bisect.driver import BisectOutcome
     from dsv4bisect.bisect.ledger import NoiseEstimate
+    from dsv4bisect.bisect.parallel_plan import NodePlan
     from dsv4bisect.bisect.spec import BisectSpec
-    from dsv4bisect.bisect.whole_plan import WholePlan
+    from dsv4bisect.bisect.whole_plan import Setup, WholePlan
 
 LEDGER = "ledger.sqlite"  # in RUNS_ROOT unless --ledger: shared, so no bisect repeats a trial
 EXIT = {"found": ExitCode.OK, "untestable": ExitCode.CANNOT_TEST}  # the rest: 1
@@ -195,7 +196,12 @@ def bisect(
         estimate = _plan(spec, question, trials=PLAN_RUNS if plan_only else 30,
                          compare=plan_only)
         if plan_only:
-            _show_plan(estimate, costs, spec, json_out)
+            nodes = None
+            if placement["executor"] == "ray":  # the same bisect on 1, 2, 4 and K nodes
+                from dsv4bisect.cli.bisect_nodes import node_plan
+
+                nodes = node_plan(_setup(spec, question), spec.parallel, PLAN_RUNS)
+            _show_plan(estimate, costs, spec, json_out, nodes)
             raise typer.Exit(0)
         if test_cmd is None and not skip_preflight and placement["executor"] == "local":
             from dsv4bisect.engines.preflight import require  # on each node for Ray
@@ -366,16 +372,22 @@ def _costs(runner: Runner, q: Question, noise: Noise, details: list[dict[str, An
 
 
 def _plan(spec: BisectSpec, q: Question, trials: int, compare: bool) -> WholePlan:
+    from dsv4bisect.bisect.whole_plan import plan_bisect
+
+    return plan_bisect(_setup(spec, q), trials=trials, compare=compare)
+
+
+def _setup(spec: BisectSpec, q: Question) -> Setup:
+    """The simulated bisect of `spec`, with every lever it has on."""
     from dsv4bisect.bisect.hypotheses import tier_weights
     from dsv4bisect.bisect.pricing import StepCosts
-    from dsv4bisect.bisect.whole_plan import Setup, plan_bisect
+    from dsv4bisect.bisect.whole_plan import Setup
 
     base = tier_weights(q.tiers)  # the weights without microtest priors
     base.update({k: v for k, v in (q.bisect.get("priors") or {}).items() if k in base})
-    setup = Setup(spec.candidates, spec.noise, spec.trial_noise or spec.noise,
-                  spec.costs or StepCosts(), spec.confidence, spec.max_order, spec.max_trials,
-                  dict(spec.weights), base, spec.confirm)
-    return plan_bisect(setup, trials=trials, compare=compare)
+    return Setup(spec.candidates, spec.noise, spec.trial_noise or spec.noise,
+                 spec.costs or StepCosts(), spec.confidence, spec.max_order, spec.max_trials,
+                 dict(spec.weights), base, spec.confirm)
 
 
 def _plan_line(p: WholePlan, spec: BisectSpec) -> str:
@@ -392,8 +404,11 @@ LEVER_NAMES = {"hot": "hot switching", "sequential": "sequential trial probe",
                "priors": "microtest priors", "priced": "priced design"}
 
 
-def _show_plan(p: WholePlan, costs: PlanCosts, spec: BisectSpec, json_out: bool) -> None:
+def _show_plan(p: WholePlan, costs: PlanCosts, spec: BisectSpec, json_out: bool,
+               nodes: NodePlan | None = None) -> None:
+    """The plan on stdout (`--json`) or stderr; `nodes`: the node table of `--executor ray`."""
     from dsv4bisect.bisect.whole_plan import LEVERS
+    from dsv4bisect.cli.bisect_nodes import node_json, node_lines
 
     def figures(f: Any) -> dict[str, Any]:
         return {"mean_wall_s": f.mean_wall_s, "p90_wall_s": f.p90_wall_s,
@@ -405,6 +420,7 @@ def _show_plan(p: WholePlan, costs: PlanCosts, spec: BisectSpec, json_out: bool)
                      else {"available": False, "saves_s": 0.0}) for name in LEVERS}
     if json_out:
         f = p.with_levers
+        extra = {} if nodes is None else {"nodes": node_json(nodes, spec.parallel)}
         print(json.dumps({
             "n_candidates": len(spec.candidates), "runs": p.runs,
             "noise": {"false_fail": spec.noise.false_fail, "false_pass": spec.noise.false_pass},
@@ -417,7 +433,7 @@ def _show_plan(p: WholePlan, costs: PlanCosts, spec: BisectSpec, json_out: bool)
             "without_levers": figures(p.without_levers) if p.without_levers else None,
             "levers": levers, "costs": [line.to_json() for line in costs.lines],
             "load_time": sorted(costs.costs.load_time), "hot": costs.costs.hot,
-            "confirm": spec.confirm}, indent=2))
+            "confirm": spec.confirm, **extra}, indent=2))
         return
     con = console()
     out = [_plan_line(p, spec), "costs:"]
@@ -445,6 +461,8 @@ def _show_plan(p: WholePlan, costs: PlanCosts, spec: BisectSpec, json_out: bool)
                    f"unpriced design; everything counted): {_dur(w.mean_wall_s)} (p90 "
                    f"{_dur(w.p90_wall_s)}), {w.mean_launches:.1f} launches, P(correct) "
                    f"{w.p_correct:.2f}")
+    if nodes is not None:
+        out += node_lines(nodes, spec.parallel, p.runs, _dur)
     out.append(f"(simulated {p.runs} bisects per configuration; nothing was launched)")
     con.print("\n".join(out), markup=False, highlight=False)
 

@@ -1,10 +1,11 @@
 """`bisect --executor ray` where Ray cannot be imported (as in CI, which does not install the
-extra): one `error:` line with the install hint, exit 5, and no ledger or run directory. The
-import is blocked in the real CLI process (`sys.modules["ray"] = None`), so this holds on a
-machine that has Ray too."""
+extra): one `error:` line with the install hint, exit 5, and no ledger or run directory; and
+its `--plan`, which needs no Ray, with the node table. The import is blocked in the real CLI
+process (`sys.modules["ray"] = None`), so this holds on a machine that has Ray too."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,3 +40,55 @@ def test_only_the_ray_executor_imports_ray() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _plan(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", NO_RAY, "bisect", "dsv4-flash-tp8-all",
+                           "--plan", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "NO_COLOR": "1"}, timeout=300, check=False)
+
+
+def test_plan_for_ray_nodes_prints_the_node_table_without_ray(tmp_path: Path) -> None:
+    """`--plan --executor ray --parallel 3` needs no Ray: the single-node plan as without the
+    executor, then rows for 1, 2, 3 and 4 nodes, with and without the levers."""
+    text = _plan("--executor", "ray", "--parallel", "3", cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    lines = text.stderr.splitlines()
+    head = lines.index(next(x for x in lines if x.startswith("on Ray nodes (--executor ray")))
+    assert "100 simulated bisects per row, the first 100 of the 200 above" in lines[head]
+    assert lines[head + 1].split() == ["nodes", "levers", "wall", "p90", "rounds", "trials",
+                                       "launches", "idle", "slots", "idle", "time",
+                                       "P(correct)"]
+    rows = [x.split() for x in lines[head + 2:head + 10]]
+    assert [(r[0], r[1]) for r in rows] == [(k, on) for k in "1234" for on in ("with", "without")]
+    assert [r[-1] for r in rows if r[-1] == "--parallel" and r[0] == "3"] == ["--parallel"] * 2
+    assert any(x.startswith("  idle") or "idle slots: node-rounds with no trial" in x
+               for x in lines[head + 10:])
+    assert lines[-1].startswith("(simulated 200 bisects per configuration")
+    # the executor's per-node ends (docs/cluster.md): with the levers, more nodes are slower,
+    # and the plan says so
+    assert any(x.startswith("  with the levers, 2, 3 and 4 nodes take longer than one") for x in
+               lines[head + 10:])
+
+    ray = json.loads(_plan("--executor", "ray", "--parallel", "3", "--json", cwd=tmp_path).stdout)
+    nodes = ray.pop("nodes")  # beside the single-node plan's keys, which stay as they are
+    assert sorted(ray) == ["confirm", "costs", "hot", "levers", "load_time", "mean_launches",
+                           "mean_trials", "mean_wall_s", "n_candidates", "noise", "p90_wall_s",
+                           "p_correct", "phase_s", "runs", "trial_noise", "with_levers",
+                           "without_levers"]
+    assert nodes["runs"] == 100 and nodes["parallel"] == 3 and nodes["confirmation"] is False
+    got = {(r["nodes"], r["levers"]): r for r in nodes["rows"]}
+    assert sorted(got) == [(k, on) for k in (1, 2, 3, 4) for on in (False, True)]
+    one = got[(1, True)]
+    assert one["mean_rounds"] == one["mean_trials"] and one["idle_share"] == 0
+    # 1 node, no confirmation: the single-node plan's figure less its confirmation phase, on
+    # the first 100 of its 200 runs (so near it, not equal)
+    alone = ray["mean_wall_s"] - ray["phase_s"]["confirmation"]
+    assert abs(one["mean_wall_s"] - alone) < 0.1 * alone
+    for k in (2, 3, 4):
+        r = got[(k, True)]
+        assert r["mean_rounds"] < one["mean_rounds"] < r["mean_trials"]
+        assert r["mean_idle_slots"] > 0 and 0 < r["idle_share"] < 1
+        assert got[(k, False)]["mean_wall_s"] < got[(1, False)]["mean_wall_s"]
+        assert r["mean_wall_s"] > one["mean_wall_s"]  # the line above
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,169 @@
+"""The node plan (`--plan --executor ray`): rounds of K trials on K nodes, as the Ray executor
+runs them (bisect/parallel_plan.py)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from dsv4bisect.bisect.design import Noise
+from dsv4bisect.bisect.parallel_plan import NodePool, node_counts, plan_nodes, simulate_nodes
+from dsv4bisect.bisect.pricing import StepCosts
+from dsv4bisect.bisect.whole_plan import Setup, common_draws, plan_bisect
+from dsv4bisect.errors import BisectError
+
+CANDIDATES = ("a", "b", "c", "d")
+EVERYTHING = frozenset(CANDIDATES)
+# SGLang-like: a launch, a hot switch, a full probe and its A/A repeat, the sequential trial
+# probe's shares, one engine per node, one load-time candidate
+HOT = StepCosts(launch_s=600, switch_s=90, probe_s=1200, aa_fraction=0.19, sequential=True,
+                like_good_fraction=0.05, like_bad_fraction=0.03, hot=True, pool=1,
+                load_time=frozenset({"a"}), paired=True)
+
+
+def _setup(confirm: bool) -> Setup:
+    return Setup(CANDIDATES, Noise(0.05, 0.05), Noise(0.01, 0.01), HOT, confirm=confirm)
+
+
+def test_one_node_is_the_single_node_plan_without_its_confirmation():
+    single = plan_bisect(_setup(confirm=False), trials=20, seed=5)
+    nodes = plan_nodes(_setup(confirm=False), (1,), trials=20, seed=5)
+    for row, figures in ((nodes.row(1, True), single.with_levers),
+                         (nodes.row(1, False), single.without_levers)):
+        assert row.mean_wall_s == pytest.approx(figures.mean_wall_s, rel=1e-12)
+        assert row.p90_wall_s == pytest.approx(figures.p90_wall_s, rel=1e-12)
+        assert row.mean_trials == figures.mean_trials
+        assert row.mean_launches == figures.mean_launches
+        assert row.p_correct == figures.p_correct
+        assert row.mean_rounds == row.mean_trials  # one trial per round
+        assert row.mean_idle_slots == 0 and row.idle_share == 0
+    # The single-node plan also prices the fresh confirmation, which the Ray executor does not
+    # run (it cannot launch fresh): that phase is the whole difference.
+    confirmed = plan_bisect(_setup(confirm=True), trials=20, seed=5).with_levers
+    assert confirmed.phase_s["confirmation"] > 0
+    assert confirmed.mean_wall_s - confirmed.phase_s["confirmation"] == pytest.approx(
+        nodes.row(1, True).mean_wall_s)
+
+
+def test_the_node_columns_can_take_the_first_draws_of_a_longer_plan():
+    """Rows of 10 runs on the first 10 culprit sets and outcome seeds of a 40-run plan (the
+    CLI's node table beside its 200-run single-node plan)."""
+    setup = _setup(confirm=False)
+    culprits, seeds = common_draws(setup, 40, 2)
+    walls = [simulate_nodes(setup, 2, c, random.Random(s), priced=True).wall_s
+             for c, s in zip(culprits[:10], seeds[:10])]
+    short = plan_nodes(setup, (2,), trials=10, seed=2, of=40)
+    assert short.runs == 10
+    assert short.row(2, True).mean_wall_s == pytest.approx(sum(walls) / 10)
+    assert plan_nodes(setup, (2,), trials=10, seed=2).row(2, True) != short.row(2, True)
+
+
+def _costs() -> StepCosts:
+    return StepCosts(launch_s=100, switch_s=10, probe_s=1000, aa_fraction=0.5, sequential=True,
+                     like_good_fraction=0.1, like_bad_fraction=0.2, hot=True, pool=1,
+                     load_time=frozenset({"a"}), paired=True)
+
+
+def test_rounds_idle_slots_and_idle_time_on_a_hand_checked_case():
+    pool = NodePool(_costs(), frozenset("abc"), 2)
+    # Round 1, the ends. Node 0: the good end = its baseline (launch 100 + full probe 1000 +
+    # A/A 500). Node 1: its own baseline first (1600), then the bad end's engine (load-time
+    # state {a}: a launch, the pool holds one) and a full probe: 2700.
+    first = pool.run_round([(frozenset(), False), (frozenset("abc"), True)])
+    assert [(t.node, t.seconds, t.sequential) for t in first.trials] == [
+        (0, 1600, False), (1, 2700, False)]
+    assert (first.wall_s, first.idle_slots, first.idle_s) == (2700, 0, 1100)
+    assert pool.has_bad_end(1) and not pool.has_bad_end(0)
+    # Round 2: node 0 was free first and takes the first proposal. It never ran the bad end,
+    # so {b} gets a full probe after a hot switch (1010); node 1 probes {a} sequentially in
+    # its {a} engine, which fails like the bad end: a switch + 0.2 of the probe (210).
+    second = pool.run_round([(frozenset("b"), False), (frozenset("a"), True)])
+    assert [(t.node, t.seconds, t.sequential) for t in second.trials] == [
+        (0, 1010, False), (1, 210, True)]
+    assert (second.wall_s, second.idle_s) == (1010, 800)
+    # Round 3, the remedy check alone: node 1 finished first, so it takes it; its engine is
+    # {a}, so {b, c} needs a launch + 0.1 of the probe (passes). Node 0 has no trial.
+    third = pool.run_round([(frozenset("bc"), False)])
+    assert [(t.node, t.seconds, t.sequential) for t in third.trials] == [(1, 200, True)]
+    assert (third.wall_s, third.idle_slots, third.idle_s) == (200, 1, 200)
+    assert pool.launches == 4  # node 0: base(∅); node 1: base(∅), {a}, base(∅) again
+
+
+def _wall(costs: StepCosts, sequence: list[tuple[frozenset[str], bool]], nodes: int) -> float:
+    pool = NodePool(costs, EVERYTHING, nodes)
+    return sum(pool.run_round(sequence[i:i + nodes]).wall_s
+               for i in range(0, len(sequence), nodes))
+
+
+def _sequences(n: int, seed: int) -> list[list[tuple[frozenset[str], bool]]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        trials = [(frozenset(c for c in CANDIDATES if rng.random() < 0.5), rng.random() < 0.5)
+                  for _ in range(rng.randint(0, 14))]
+        out.append([(frozenset(), False), (EVERYTHING, True), *trials])
+    return out
+
+
+def test_more_nodes_never_lengthen_a_trial_sequence_that_costs_the_same_on_any_node():
+    """1, 2, 4 nodes: a round of 2K trials lasts at most as long as the two rounds of K it
+    merges. Holds whenever a trial's price does not depend on its node (every trial a fresh
+    launch and a full probe, with no per-node baseline)."""
+    flat = StepCosts(launch_s=600, probe_s=1200)
+    for sequence in _sequences(300, seed=1):
+        one, two, four = (_wall(flat, sequence, k) for k in (1, 2, 4))
+        assert four <= two <= one
+        assert one == pytest.approx(1800 * len(sequence))
+
+
+def test_a_node_without_the_bad_end_probes_at_full_size_so_two_nodes_can_be_slower():
+    """The Ray executor's policy: the sequential trial probe needs the bad end run on the same
+    node, and the baseline cache is per node. The same trials take longer on two nodes."""
+    sequence = [(frozenset(), False), (frozenset("abc"), True), (frozenset("b"), False),
+                (frozenset("a"), True), (frozenset("bc"), False)]
+    costs = _costs()
+    pool = NodePool(costs, frozenset("abc"), 1)
+    one = sum(pool.run_round([t]).wall_s for t in sequence)
+    # 1600 (good end) + 1100 (bad end: its engine, full probe) + 200 ({b}: launch, 0.1) +
+    # 300 ({a}: launch, 0.2) + 200 ({b, c}: launch, 0.1)
+    assert one == 3400
+    two = NodePool(costs, frozenset("abc"), 2)
+    rounds = [two.run_round(sequence[:2]), two.run_round(sequence[2:4]),
+              two.run_round(sequence[4:])]
+    assert sum(r.wall_s for r in rounds) == 3910 > one  # the rounds of the hand-checked case
+
+
+def test_seed_blocks_are_the_drivers_across_nodes():
+    """A re-test of the bad end on another node is its block 1: that node measures block 1's
+    baseline (not block 0's, which its own count would give)."""
+    costs = replace(_costs(), load_time=frozenset())
+    pool = NodePool(costs, frozenset("abc"), 2)
+    pool.run_round([(frozenset("abc"), True)])  # node 0: baseline 0 + bad end
+    pool.run_round([(frozenset("b"), False)])  # node 1: baseline 0, then a full probe
+    again = pool.run_round([(frozenset("abc"), True), (frozenset("abc"), True)])
+    assert pool.trackers[0].baselines == {0, 1} and pool.trackers[1].baselines == {0, 2}
+    assert [t.node for t in again.trials] == [0, 1]
+
+
+def test_plan_nodes_on_k_nodes_reports_rounds_and_idle_slots():
+    plan = plan_nodes(_setup(confirm=False), node_counts(3), trials=8, seed=1)
+    assert [(r.nodes, r.levers) for r in plan.rows] == [
+        (k, on) for k in (1, 2, 3, 4) for on in (True, False)]
+    for r in plan.rows:
+        assert r.mean_rounds <= r.mean_trials <= r.mean_rounds * r.nodes
+        assert 0 <= r.idle_share < 1 and r.p_correct > 0.5
+    assert plan.row(4, True).mean_rounds < plan.row(1, True).mean_rounds
+    assert plan.row(1, True).mean_wall_s < plan.row(1, False).mean_wall_s  # the levers
+    assert plan.row(4, False).mean_wall_s < plan.row(1, False).mean_wall_s  # fresh launches
+    assert plan == plan_nodes(_setup(confirm=False), node_counts(3), trials=8, seed=1)
+
+
+def test_bad_arguments_are_errors():
+    with pytest.raises(BisectError):
+        plan_nodes(_setup(confirm=False), (1,), trials=0)
+    with pytest.raises(BisectError):
+        plan_nodes(_setup(confirm=False), (0, 2), trials=2)
+    with pytest.raises(ValueError):
+        NodePool(_costs(), frozenset("abc"), 1).run_round([(frozenset(), False)] * 2)
