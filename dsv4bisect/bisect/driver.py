@@ -270,7 +270,7 @@ class _Driver:
         seen[subset] += 1
         decision = self._run_round([slot], None)[0]
         self.emit(StepDecided(slot.step, slot.subset, slot.seed_block, decision.outcome,
-                              decision.signature, decision.reused, remedy=True))
+                              decision.signature, decision.reused, confirmation=True))
         return Confirmation(subset, (decision.outcome,))
 
     def _fresh_trial(self, subset: frozenset[str], seen: Counter[frozenset[str]]) -> int | None:
@@ -350,7 +350,7 @@ class _Driver:
             self.emit(
                 TrialStarted(
                     slot.step, slot.subset, dict(slot.patches), slot.seed_block, attempt, trial_dir,
-                    slot.remedy,
+                    slot.remedy, slot.fresh,
                 )
             )
             started.append((slot, attempt, trial_id, trial_dir))
@@ -414,7 +414,7 @@ class _Driver:
         self.trials_run += 1
         self.launched.add(trial_id)
         self.emit(TrialFinished(slot.step, slot.subset, slot.seed_block, attempt, result,
-                                slot.remedy))
+                                slot.remedy, slot.fresh))
 
     def _finish(self, search: Search, remedy: rem.Remedy | None,
                 confirmation: Confirmation | None) -> BisectOutcome:

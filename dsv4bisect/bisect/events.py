@@ -23,6 +23,7 @@ class TrialStarted:
     attempt: int
     trial_dir: Path
     remedy: bool = False  # a remedy-check trial (after the search), not a search step
+    confirmation: bool = False  # the fresh-launch confirmation (after the search)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class TrialFinished:
     attempt: int
     result: TrialResult
     remedy: bool = False
+    confirmation: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class StepDecided:
     signature: str | None
     reused: bool
     remedy: bool = False
+    confirmation: bool = False
 
 
 @dataclass(frozen=True)

@@ -113,8 +113,10 @@ class BisectDisplay:
 
 
 def _trial(event: Any, word: str = "trial") -> str:
-    """Remedy-check trials (the bad end without the culprits, after the search) are not
-    search steps: they say so."""
+    """Remedy-check trials (the bad end without the culprits, after the search) and the
+    fresh-launch confirmation are not search steps: they say so."""
+    if getattr(event, "confirmation", False):
+        return f"fresh confirmation (step {event.step})"
     return f"remedy trial (step {event.step})" if event.remedy else f"{word} {event.step}"
 
 
