@@ -5,7 +5,8 @@ and three catch-alls (hypotheses.py), proposes subsets by expected information p
 (design.py), and is deterministic given its records: replaying the same records into a fresh
 `Search` gives the same proposals, which is how the driver resumes.
 
-Phases: `ends` (∅ and the full set, repeated under noise until they are known to differ),
+Phases: `ends` (∅ and the full set, repeated under noise until they are known to differ;
+only ∅ when no trial is judged against a measurement of the bad end: see `_bad_end_first`),
 `search` (until one hypothesis holds `confidence` of the posterior), `confirm` (confirm.py:
 each member removed must pass), `done`. Every trial of every phase counts.
 
@@ -65,6 +66,7 @@ class Search:
         design_discount: float = 0.03,
         trial_noise: Noise | None = None,
         costs: StepCosts | None = None,
+        bad_end_first: bool | None = None,
     ) -> None:
         validate_settings(
             candidates, noise, confidence, max_trials, parallel, max_order, design_discount
@@ -86,6 +88,8 @@ class Search:
         self._loglik = loglik(noise)  # [observed, true]
         self._tracker = CostTracker(costs or StepCosts(), frozenset(self.space.candidates))
         self._set_row = {m.tobytes(): i for i, m in enumerate(self.space.members)}
+        # None: from the costs (see `_bad_end_first`)
+        self._bad_end_first = _bad_end_first(costs) if bad_end_first is None else bad_end_first
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -271,10 +275,11 @@ class Search:
                       tracker: CostTracker) -> list[frozenset[str]]:
         seen = {r.subset for r in self._records if r.evidence}
         ends = (frozenset(), frozenset(self.candidates))
+        first = ends if self._bad_end_first else ends[:1]
         tried = {r.subset for r in self._records if r.outcome is not Outcome.SKIP}
-        if any(end in self._skipped and end not in tried for end in ends):
+        if any(end in self._skipped and end not in tried for end in first):
             return []  # an end that cannot be tested: the search cannot start
-        out = [end for end in ends if end not in seen][:k]
+        out = [end for end in first if end not in seen][:k]
         for end in out:
             self._commit(design, tracker, self.space.mask(end))
         while len(out) < k:
@@ -366,10 +371,25 @@ class Search:
 
     def _ends_differ(self) -> bool:
         seen = {r.subset for r in self._records if r.evidence}
-        if frozenset() not in seen or frozenset(self.candidates) not in seen:
+        if frozenset() not in seen:
+            return False
+        if self._bad_end_first and frozenset(self.candidates) not in seen:
             return False
         post = self.posterior()
         return float(post[-3] + post[-2]) <= 1 - self.confidence
+
+
+def _bad_end_first(costs: StepCosts | None) -> bool:
+    """Whether the bad end is run by itself before the search. Under the model every FAIL is
+    evidence against `bad-end-passes` as strong as a FAIL of the bad end (that catch-all passes
+    everywhere, and a configuration fails only through a culprit set the bad end contains),
+    while no culprit set can be told apart by the bad end. So its own trial is needed only
+    where trials are judged against a measurement of it or of the good end's run beside it:
+    an engine's paired probe and the sequential trial probe, which measure both ends first at
+    full size. A `--test-cmd` verdict stands alone: its bad end is checked by the first trial
+    that fails (docs/bisect.md, "Both ends first"), and run when the design asks for it. The
+    unpriced design (no costs) keeps both ends first."""
+    return costs is None or costs.paired or costs.sequential
 
 
 __all__ = ["Check", "Noise", "Outcome", "Priors", "Record", "Search", "SearchResult", "Status"]

@@ -13,7 +13,9 @@ end checks, the minimality check included (the baselines do not check the ends a
 search runs with its defaults: confidence 0.95, half the prior on singles, half on pairs.
 The bound is log2(number of culprit sets of that size) / (bits per trial of the noisy probe).
 Algorithm `priced`: the search with the priced design at equal prices (what `bisect
---test-cmd` runs: the remedy check's configuration credited), counted the same way.
+--test-cmd` runs: the remedy check's configuration credited, and the bad end checked by the
+first FAIL rather than run first: docs/bisect.md, "Both ends first"), counted the same way:
+every call but two, so its rows compare whole bisects with the unpriced ones.
 `--seed-set K` moves every run to another block of seeds (K = 0: the documented table).
 `--whole` also counts the remedy check's own trials after a `found` (remedy.py: the bad end
 without the culprits, unless the search tested it): the whole bisect's calls after the ends.

@@ -138,11 +138,13 @@ def test_test_cmd_finds_a_single_culprit_and_writes_the_report(tmp_path: Path) -
         assert (run_dir / name).exists(), name
     trials = report["trials"]
     assert trials[0]["subset"] == [] and trials[0]["verdict"] == "PASS"
-    assert len(trials[1]["subset"]) == 5 and trials[1]["verdict"] == "FAIL"
+    # a test command's bad end is checked by the first trial that fails, not run by itself
+    assert all(len(t["subset"]) < 5 for t in trials)
+    assert any(t["verdict"] == "FAIL" for t in trials)
     assert report["remedy"] == {"subset": ["hash-topk-scaling", "mhc-bf16", "mma-decode",
                                            "nvfp4-dispatch"], "verdict": "passes",
-                                "outcomes": ["pass"], "trials_run": 1}
-    assert len(trials) + 1 == calls(tmp_path / "calls.log") <= 7  # + the remedy check
+                                "outcomes": ["pass"], "trials_run": 0}  # a search trial
+    assert len(trials) == calls(tmp_path / "calls.log") <= 6
     assert all(t["reproduce"].startswith("DSV4BISECT_PATCHES=") for t in trials)
     md = (run_dir / "report.md").read_text()
     assert md.startswith("# dsv4bisect bisect: found — culprit {triton-indexer}")
@@ -207,7 +209,8 @@ def test_a_deterministic_test_cmd_bisect_of_reference_all_is_short_with_default_
         tmp_path: Path) -> None:
     """Default settings (5 %/5 % assumed noise: a test command is not declared noiseless), one
     culprit among the five candidates: every call counted, the end checks and the remedy check
-    included. Before the priced design: 6, 6, 7, 7, 8 (6.8)."""
+    included. Before the priced design: 6, 6, 7, 7, 8 (6.8); with it and both ends run first:
+    5, 6, 6, 7, 7 (6.2); with the bad end checked by the first FAIL: 4, 5, 5, 6, 7 (5.4)."""
     counts = {}
     for culprit in ("mhc-bf16", "hash-topk-scaling", "mma-decode", "triton-indexer",
                     "nvfp4-dispatch"):
@@ -218,7 +221,9 @@ def test_a_deterministic_test_cmd_bisect_of_reference_all_is_short_with_default_
         report = json.loads(r.stdout)
         assert report["culprits"] == [culprit] and report["remedy"]["verdict"] == "passes"
         counts[culprit] = calls(log)
-    assert sum(counts.values()) / 5 <= 6.2, counts
+    assert counts == {"mhc-bf16": 4, "hash-topk-scaling": 5, "mma-decode": 5,
+                      "triton-indexer": 6, "nvfp4-dispatch": 7}
+    assert sum(counts.values()) / 5 <= 6, counts
 
 
 def test_plan_of_an_sglang_profile_prices_launches_switches_and_probes(tmp_path: Path) -> None:
