@@ -57,11 +57,15 @@ def receipt_name(generation: int, role: str, tp_rank: int) -> str:
 
 def write_receipt(switch_dir: Path, generation: int, role: str, tp_rank: int, *, ok: bool,
                   patches: str, error: str | None = None, graphs: str = "none",
-                  env: Mapping[str, str] | None = None, dp_rank: int | None = None) -> Path:
+                  env: Mapping[str, str] | None = None, dp_rank: int | None = None,
+                  copies: Mapping[str, str] | None = None) -> Path:
+    """`env`: the switch variables as set; `copies`: the module globals a release copied a
+    switch into at import, as its code now reads them (repr)."""
     path = switch_dir / receipt_name(generation, role, tp_rank)
     _atomic_write(path, {"generation": generation, "role": role, "tp_rank": tp_rank,
                          "dp_rank": dp_rank, "pid": os.getpid(), "patches": patches,
-                         "env": dict(env or {}), "graphs": graphs, "ok": ok, "error": error})
+                         "env": dict(env or {}), "copies": dict(copies or {}),
+                         "graphs": graphs, "ok": ok, "error": error})
     return path
 
 

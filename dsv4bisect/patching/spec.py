@@ -55,6 +55,22 @@ HOW = ("hook", "env", "upstream", "absent")  # how "on" is delivered on a releas
 
 
 @dataclass(frozen=True)
+class ImportCopy:
+    """A module global that the release sets once from an upstream switch at import
+    (`name = envs.VAR.get()` at module level of `module`) and then reads at every call: a hot
+    switch sets `os.environ[VAR]` and assigns the global again, evaluating the same
+    `envs.VAR.get()` through the module's own `envs` (what a fresh import would do)."""
+
+    module: str  # dotted module path, e.g. sglang.kernels.ops.attention.flash_mla_sm120
+    name: str  # the module global, e.g. _sm120_default_backend
+    var: str  # the switch's env var
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+@dataclass(frozen=True)
 class SglangRule:
     """How the patch's "on" reaches SGLang releases `since`..`until` (inclusive; None: open) on
     GPU architectures `archs`: `hook` (our plugin's hooks), `env` (an upstream switch: `on` /
@@ -73,10 +89,17 @@ class SglangRule:
     # engine), else the evidence that the release reads it once (import, __init__, weight
     # processing), so changing it needs a fresh launch.
     read_once: str = ""
+    # Module globals the release copies the switch into at import and reads per call; only
+    # with `read_once` unset (the copy is what the plugin re-assigns at a hot switch).
+    copies: tuple[ImportCopy, ...] = ()
 
     def __post_init__(self) -> None:
         if self.how not in HOW:
             raise ValueError(f"unknown delivery {self.how!r}")
+        if self.copies and (self.read_once or self.how != "env"):
+            raise ValueError("copies are for a per-call env switch (how='env', no read_once)")
+        if any(c.var not in self.variables for c in self.copies):
+            raise ValueError("a copy must be of one of the rule's own switch variables")
         object.__setattr__(self, "on", MappingProxyType(dict(self.on)))
         object.__setattr__(self, "off", MappingProxyType(dict(self.off)))
 

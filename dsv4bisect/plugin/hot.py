@@ -6,7 +6,10 @@ candidates (`DSV4BISECT_HOT`, at their bad-end variants), each behind one gate p
 target: the gate looks up the patch's live variant in a dict at every call and runs that
 variant's hook, or the original when the patch is off. SGLang's own switches that it reads at
 every call (`SglangRule(how="env")` without `read_once`: `envs.X.get()` reads `os.environ` each
-time, environ.py) are switched by setting `os.environ` in the process.
+time, environ.py) are switched by setting `os.environ` in the process; where the release keeps
+a copy of the switch in a module global taken at import and compared per call
+(`SglangRule.copies`: sm120-flashmla-backend's `_sm120_default_backend`), the global is assigned
+again from the module's own `envs` after `os.environ` is set.
 
 The switch happens in `Scheduler.flush_cache`, wrapped AROUND: SGLang reaches it from
 `POST /flush_cache` (`SchedulerFlushWrapper.handle`, bound to the instance's `flush_cache` when
@@ -68,6 +71,17 @@ class SwitchState:
         return {var: os.environ.get(var, "") for rule in self.env_rules.values()
                 for var in sorted(rule.variables)}
 
+    def copies_now(self) -> dict[str, str]:
+        """Each import-time copy's value as this process's code now reads it."""
+        import sys
+
+        out = {}
+        for rule in self.env_rules.values():
+            for c in rule.copies:
+                mod = sys.modules.get(c.module)
+                out[c.target] = repr(getattr(mod, c.name, None)) if mod else "(not imported)"
+        return out
+
 
 def load_time_reason(patch: Patch, version: tuple[int, ...] | None) -> str | None:
     """Why the patch's state is decided when the engine loads, on any GPU of this release
@@ -86,6 +100,34 @@ def env_rule(patch: Patch, version: tuple[int, ...] | None) -> SglangRule | None
         return None
     return next((r for r in patch.sglang.rules if r.how == "env" and not r.read_once
                  and r.covers(version, None)), None)
+
+
+def check_copies(rule: SglangRule) -> str | None:
+    """Why the rule's import-time copies cannot be re-assigned in this process (None: they
+    can): each module imports, holds the global, and has the `envs` it was computed from."""
+    import importlib
+
+    for c in rule.copies:
+        try:
+            mod = importlib.import_module(c.module)
+        except Exception as exc:  # noqa: BLE001 - any import failure refuses the switch
+            return f"cannot import {c.module}: {type(exc).__name__}: {exc}"
+        if not hasattr(mod, c.name):
+            return f"{c.target} is gone (the release no longer copies {c.var} at import)"
+        field_ = getattr(getattr(mod, "envs", None), c.var, None)
+        if not callable(getattr(field_, "get", None)):
+            return f"{c.module} has no envs.{c.var}.get() to re-read the switch from"
+    return None
+
+
+def assign_copies(rule: SglangRule) -> None:
+    """Assign each copy as the import did: `name = envs.VAR.get()` in the module's namespace
+    (os.environ already holds the new value)."""
+    import importlib
+
+    for c in rule.copies:
+        mod = importlib.import_module(c.module)  # imported by check_copies at launch
+        setattr(mod, c.name, getattr(mod.envs, c.var).get())
 
 
 def gate(patch: str, target: str, by_variant: Mapping[str, HookSpec], active: dict[str, str],
@@ -184,6 +226,10 @@ def install_hot(launch: Mapping[str, str], hot: Mapping[str, str], info: SglangI
     for r in receipts:
         if r.patch in state.hot and r.state not in OK_STATES:
             state.hot[r.patch] = {v: f"{r.state} at launch: {r.reason}" for v in wanted[r.patch]}
+    for name, rule in state.env_rules.items():
+        why = check_copies(rule) if name in state.hot and rule.copies else None
+        if why:  # the env would change but the copy the release dispatches on would not
+            state.hot[name] = {v: f"not switchable here: {why}" for v in state.hot[name]}
     receipts.append(install_switch(state, info, writer))
     return receipts, state
 
@@ -257,9 +303,11 @@ def _vt(version: str) -> tuple[int, ...] | None:
 
 
 def apply_state(state: SwitchState, new: Mapping[str, str]) -> None:
-    """Set the env switches and the gates' live variants (in place)."""
+    """Set the env switches (and their import-time copies) and the gates' live variants (in
+    place)."""
     for name, rule in state.env_rules.items():
         os.environ.update(rule.on_env(new[name]) if name in new else dict(rule.off))
+        assign_copies(rule)
     state.active.clear()
     state.active.update(new)
 
@@ -334,7 +382,7 @@ def flush_hook(state: SwitchState) -> Callable[..., Any]:
         p = state.process
         write_receipt(state.directory, request.generation, p.role, p.tp_rank or 0, ok=out.ok,
                       patches=_wire(state.active), error=out.error, graphs=out.graphs,
-                      env=state.env_now(), dp_rank=p.dp_rank)
+                      env=state.env_now(), copies=state.copies_now(), dp_rank=p.dp_rank)
         logger.info("dsv4bisect: switch generation %d %s: %s", request.generation,
                     "applied" if out.ok else "refused", out.error or _wire(state.active))
         return result

@@ -63,6 +63,10 @@ class SourceTree:
             else self.root / "python" / rel
         return path.read_text(encoding="utf-8") if path.is_file() else None
 
+    def text(self, rel: str) -> str | None:
+        """The text of one file of the tree (`sglang/...`), None when absent."""
+        return self._read(rel)
+
     def module_file(self, module: str) -> str | None:
         """The relative path holding `module` (a .py file or a package's __init__.py)."""
         rel = module.replace(".", "/")

@@ -76,7 +76,13 @@ def test_load_time_and_per_call_switches_follow_the_patch_declarations():
     known = builtin_patches()
     v23, v13 = (0, 5, 23), (0, 5, 13)
     assert load_time_reason(known["fused-mhc-post-pre"], v23)  # read in __init__
-    assert load_time_reason(known["sm120-flashmla-backend"], v23)  # module global
+    assert load_time_reason(known["sm120-flashmla-backend"], v23) is None  # global re-assigned
+    mla = env_rule(known["sm120-flashmla-backend"], v23)
+    assert [c.target for c in mla.copies] == [
+        "sglang.kernels.ops.attention.flash_mla_sm120._sm120_default_backend"]
+    assert [c.module for c in env_rule(known["sm120-flashmla-backend"], (0, 5, 15, 1)).copies] \
+        == ["sglang.srt.layers.attention.flash_mla_sm120"]  # before the kernels/ops move
+    assert env_rule(known["sm120-flashmla-backend"], (0, 5, 14)) is None  # absent
     assert load_time_reason(known["hash-topk-scaling"], v13)  # HashTopK.__init__ hook
     assert load_time_reason(known["hash-topk-scaling"], v23) is None
     assert load_time_reason(known["mhc-bf16"], v23) is None
@@ -146,3 +152,31 @@ def test_a_busy_scheduler_refuses_and_applies_once_idle(tmp_path):
     assert runner.captures == 1 and sched.flushed == 1
     assert hook(original, sched) is True and runner.captures == 1  # applied once
     assert sched.flushed == 2
+
+
+def test_an_import_time_copy_is_declared_only_on_a_per_call_switch():
+    from dsv4bisect.patching.spec import ImportCopy, SglangRule
+
+    copy = ImportCopy("m", "_g", "V")
+    with pytest.raises(ValueError, match="per-call env switch"):
+        SglangRule((0, 5, 15), None, "env", "e", on={"V": "1"}, read_once="at import",
+                   copies=(copy,))
+    with pytest.raises(ValueError, match="rule's own switch"):
+        SglangRule((0, 5, 15), None, "env", "e", on={"W": "1"}, copies=(copy,))
+
+
+def test_a_copy_that_cannot_be_reassigned_refuses_the_switch():
+    """Without the module (or its global) the env would change but the dispatch would not:
+    the patch is then marked not switchable instead of half-switched."""
+    from dsv4bisect.patching.spec import ImportCopy, SglangRule
+    from dsv4bisect.plugin.hot import check_copies
+
+    gone = SglangRule((0, 5, 15), None, "env", "e", on={"V": "1"},
+                      copies=(ImportCopy("dsv4bisect_no_such_module", "_g", "V"),))
+    assert check_copies(gone).startswith("cannot import dsv4bisect_no_such_module")
+    renamed = SglangRule((0, 5, 15), None, "env", "e", on={"V": "1"},
+                         copies=(ImportCopy("dsv4bisect.plugin.hot", "_no_such_global", "V"),))
+    assert "is gone" in check_copies(renamed)
+    no_envs = SglangRule((0, 5, 15), None, "env", "e", on={"V": "1"},
+                         copies=(ImportCopy("dsv4bisect.plugin.hot", "logger", "V"),))
+    assert "has no envs.V.get()" in check_copies(no_envs)

@@ -328,6 +328,34 @@ def make_deepseek_v2_moe() -> type:
     return DeepseekV2MoE
 
 
+# ------------------------------------------------------------ SM120 sparse decode (mma-decode)
+def paged_decode_case(B: int, H: int, n_swa: int, n_extra: int, seed: int = 0):
+    """Synthetic FP8 MODEL1 pages in SGLang's layout (SWA page 256, C4 page 64) and
+    SGLang-style decode arguments."""
+    from dsv4bisect.kernels.sparse_attention import model1_pack
+
+    g = torch.Generator().manual_seed(seed)
+    swa_rows, extra_rows = 600, 300
+    swa = model1_pack(torch.randn(swa_rows, 512, generator=g), 256)  # [pages, page_bytes]
+    ext = model1_pack(torch.randn(extra_rows, 512, generator=g), 64)
+
+    def view(raw, P):  # SGLang passes a [pages, P, 1, bytes/token] fp8 view with page stride
+        return raw.view(torch.float8_e4m3fn).as_strided((raw.shape[0], P, 1, 584),
+                                                        (raw.shape[1], 584, 584, 1))
+
+    idx = torch.randint(0, swa_rows, (B, 1, n_swa), generator=g, dtype=torch.int32)
+    idx[0, 0, -3:] = -1
+    eidx = torch.randint(0, extra_rows, (B, 1, n_extra), generator=g, dtype=torch.int32)
+    kw = dict(q=(torch.randn(B, 1, H, 512, generator=g) * 0.3).to(torch.bfloat16),
+              k_cache=view(swa, 256), head_dim_v=512, softmax_scale=512 ** -0.5,
+              indices=idx, topk_length=torch.randint(n_swa // 2, n_swa + 1, (B,), generator=g,
+                                                     dtype=torch.int32),
+              attn_sink=torch.randn(H, generator=g), extra_k_cache=view(ext, 64),
+              extra_indices_in_kvcache=eidx, extra_topk_length=torch.full((B,), n_extra,
+                                                                          dtype=torch.int32))
+    return kw
+
+
 # ---------------------------------------------------------------- hot switching (test_hot_*)
 class Recorded:
     """A pool or manager whose clearing methods count their calls (what flush_cache clears)."""
@@ -433,3 +461,15 @@ def real_environ(src: SourceTree) -> types.ModuleType:
         for n in added:
             sys.modules.pop(n, None)
     return mod
+
+
+def import_with_environ(tree: SglangTree, module: str, environ: types.ModuleType) -> types.ModuleType:
+    """Import the wheel's `module` again, its `from sglang.srt.environ import envs` finding the
+    wheel's own environ.py (`real_environ`): module-level `X = envs.VAR.get()` then reads
+    os.environ as at a real import. The stand-in environ is put back afterwards."""
+    stand_in = sys.modules["sglang.srt.environ"]
+    sys.modules["sglang.srt.environ"] = environ
+    try:
+        return tree.whole(module)
+    finally:
+        sys.modules["sglang.srt.environ"] = stand_in

@@ -16,7 +16,7 @@ import pkgutil
 import pytest
 import torch
 from hookenv import by_patch, install
-from sglang_tree import SglangTree, decoder_layer, make_hash_topk
+from sglang_tree import SglangTree, decoder_layer, make_hash_topk, paged_decode_case
 
 from dsv4bisect.plugin.targets import mla_module, sinkhorn_target
 
@@ -127,39 +127,12 @@ def test_double_scale_fault_is_one_rsf_too_many(hook_wheel, apply):
 
 
 # -------------------------------------------------------------------------------- mma-decode
-def _paged_case(B: int, H: int, n_swa: int, n_extra: int, seed: int = 0):
-    """Synthetic FP8 MODEL1 pages in SGLang's layout (SWA page 256, C4 page 64) and
-    SGLang-style decode arguments."""
-    from dsv4bisect.kernels.sparse_attention import model1_pack
-
-    g = torch.Generator().manual_seed(seed)
-    swa_rows, extra_rows = 600, 300
-    swa = model1_pack(torch.randn(swa_rows, 512, generator=g), 256)  # [pages, page_bytes]
-    ext = model1_pack(torch.randn(extra_rows, 512, generator=g), 64)
-
-    def view(raw, P):  # SGLang passes a [pages, P, 1, bytes/token] fp8 view with page stride
-        return raw.view(torch.float8_e4m3fn).as_strided((raw.shape[0], P, 1, 584),
-                                                        (raw.shape[1], 584, 584, 1))
-
-    idx = torch.randint(0, swa_rows, (B, 1, n_swa), generator=g, dtype=torch.int32)
-    idx[0, 0, -3:] = -1
-    eidx = torch.randint(0, extra_rows, (B, 1, n_extra), generator=g, dtype=torch.int32)
-    kw = dict(q=(torch.randn(B, 1, H, 512, generator=g) * 0.3).to(torch.bfloat16),
-              k_cache=view(swa, 256), head_dim_v=512, softmax_scale=512 ** -0.5,
-              indices=idx, topk_length=torch.randint(n_swa // 2, n_swa + 1, (B,), generator=g,
-                                                     dtype=torch.int32),
-              attn_sink=torch.randn(H, generator=g), extra_k_cache=view(ext, 64),
-              extra_indices_in_kvcache=eidx, extra_topk_length=torch.full((B,), n_extra,
-                                                                          dtype=torch.int32))
-    return kw
-
-
 @pytest.mark.parametrize("variant,lo,hi", [("split-k-fp32", 0.0, 2e-5),
                                            ("split-k", 1e-5, 2e-2),
                                            ("merge-no-rescale", 5e-2, 10.0)])
 def test_mma_decode_against_sglang_torch_decode(tree, variant, lo, hi):
     mla = _mla(tree)
-    kw = _paged_case(B=3, H=8, n_swa=128, n_extra=200)
+    kw = paged_decode_case(B=3, H=8, n_swa=128, n_extra=200)
     ref_out, ref_lse = mla.flash_mla_with_kvcache_sm120(**kw)  # SGLang's torch fallback
     assert mla._sm120_default_backend == "torch"
     receipts, _ = install(tree.version, {"mma-decode": variant})
@@ -176,7 +149,7 @@ def test_mma_decode_kernel_interpreted_matches_sglang(tree, monkeypatch):
         assert os.environ.get("TRITON_INTERPRET") == "1"  # set by conftest before any kernel
     monkeypatch.setenv("DSV4BISECT_PLUGIN_KERNELS", "triton")
     mla = _mla(tree)
-    kw = _paged_case(B=1, H=16, n_swa=70, n_extra=20, seed=3)
+    kw = paged_decode_case(B=1, H=16, n_swa=70, n_extra=20, seed=3)
     ref_out, _ = mla.flash_mla_with_kvcache_sm120(**kw)
     install(tree.version, {"mma-decode": "split-k-fp32"})
     out, _ = mla.flash_mla_with_kvcache_sm120(**kw)

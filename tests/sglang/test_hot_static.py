@@ -2,7 +2,9 @@
 where `flush_cache` is and that it acts only on a fully idle scheduler, that POST /flush_cache
 reaches it on every TP rank, the decode-graph re-capture entry SGLang itself uses, that
 DeepSeek-V4 runs no prefill graph by default, that `envs.X.get()` reads os.environ at every
-call, and that each upstream switch's `read_once` matches where the release reads it."""
+call, that each upstream switch's `read_once` matches where the release reads it, and that a
+switch copied into a module global at import (`SglangRule.copies`) is read from that global at
+every call and from nowhere else at load."""
 
 from __future__ import annotations
 
@@ -116,9 +118,17 @@ def test_env_fields_read_os_environ_at_every_call(tree):
                for n in ast.walk(get))
 
 
-def _reads(tree: SourceTree, var: str) -> tuple[bool, bool]:
+def _copy_assign(mod: ast.Module, name: str, var: str) -> list[ast.Assign]:
+    """Module-level `name = envs.VAR.get()` statements."""
+    return [n for n in mod.body if isinstance(n, ast.Assign) and len(n.targets) == 1
+            and ast.unparse(n.targets[0]) == name and ast.unparse(n.value) == f"envs.{var}.get()"]
+
+
+def _reads(tree: SourceTree, var: str, copies: tuple = ()) -> tuple[bool, bool]:
     """(read at load, read per call) of `envs.VAR.get()` in the DeepSeek-V4 switch modules.
-    At load: at module level, in an `__init__`, or in a helper reached from one of those."""
+    At load: at module level, in an `__init__`, or in a helper reached from one of those. The
+    module-level assignments of the rule's import-time `copies` are not counted (the plugin
+    assigns them again; test_import_copies_are_read_per_call_only checks their readers)."""
     mods = [m for m in (tree.tree(name) for name in SWITCH_MODULES) if m is not None]
     funcs: dict[str, ast.FunctionDef] = {}
     for mod in mods:
@@ -142,12 +152,15 @@ def _reads(tree: SourceTree, var: str) -> tuple[bool, bool]:
             at_load.add(name)
             todo |= called([funcs[name]])
 
+    exempt = {id(a.value) for c in copies if (m := tree.tree(c.module)) is not None
+               for a in _copy_assign(m, c.name, c.var)}
     load = per_call = False
     for mod in mods:
         stack: list[tuple[ast.AST, str | None]] = [(mod, None)]
         while stack:
             node, fn = stack.pop()
-            if (isinstance(node, ast.Call) and ast.unparse(node) == f"envs.{var}.get()"):
+            if (isinstance(node, ast.Call) and ast.unparse(node) == f"envs.{var}.get()"
+                    and id(node) not in exempt):
                 if fn is None or fn == "__init__" or fn in at_load:
                     load = True
                 else:
@@ -169,11 +182,85 @@ def test_read_once_matches_where_the_release_reads_each_switch(tree):
             if rule.how != "env" or not rule.covers(version, None):
                 continue
             for var in rule.variables:
-                load, per_call = _reads(tree, var)
-                assert load or per_call, f"{patch.name}: nothing reads {var}"
+                load, per_call = _reads(tree, var, rule.copies)
+                assert load or per_call or rule.copies, f"{patch.name}: nothing reads {var}"
                 assert bool(rule.read_once) == load, (
                     f"{patch.name} {rule.archs}: {var} read "
                     f"{'at load' if load else 'per call only'}, rule says read_once="
                     f"{rule.read_once!r:.60}")
                 checked += 1
     assert checked >= 3
+
+
+def _functions_reading(mod: ast.Module, name: str) -> list[str]:
+    """Functions of `mod` in which the global `name` is loaded."""
+    return sorted({f.name for f in ast.walk(mod) if isinstance(f, ast.FunctionDef)
+                   for n in ast.walk(f) if isinstance(n, ast.Name) and n.id == name
+                   and isinstance(n.ctx, ast.Load)})
+
+
+def test_import_copies_are_read_per_call_only(tree):
+    """Each `SglangRule.copies` entry of a rule covering this release: the module assigns the
+    global exactly once, at module level, from `envs.VAR.get()`; no function assigns it (no
+    `global`); it is read inside functions that do not run at import; and no other file of the
+    release names it (nothing took a copy of the copy, e.g. `from m import name`)."""
+    version = parse_version(tree.version() or "")
+    checked = []
+    for patch in builtin_patches().values():
+        for rule in patch.sglang.rules:
+            if not rule.covers(version, None):
+                continue
+            for c in rule.copies:
+                mod = tree.tree(c.module)
+                assert mod is not None, f"{c.module} is not in SGLang {version}"
+                assert len(_copy_assign(mod, c.name, c.var)) == 1, c.target
+                stores = [n for n in ast.walk(mod) if isinstance(n, ast.Name) and n.id == c.name
+                          and isinstance(n.ctx, ast.Store)]
+                assert len(stores) == 1, f"{c.target} is assigned again"
+                assert not any(isinstance(n, ast.Global) and c.name in n.names
+                               for n in ast.walk(mod)), f"{c.target} is rebound in a function"
+                readers = _functions_reading(mod, c.name)
+                assert readers, f"nothing reads {c.target} at call time"
+                at_import = {n.func.id for s in mod.body if not isinstance(
+                    s, (ast.FunctionDef, ast.ClassDef)) for n in ast.walk(s)
+                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+                assert not at_import & set(readers), f"{c.target} is read at import"
+                own = tree.module_file(c.module)
+                others = [rel for rel in tree.py_files()
+                          if rel.startswith(("sglang/srt/", "sglang/kernels/")) and rel != own
+                          and c.name in (tree.text(rel) or "")]
+                assert not others, f"{c.name} is named outside {c.module}: {others}"
+                checked.append((c.target, readers))
+    if version >= (0, 5, 15):  # sm120-flashmla-backend: the decode entry point dispatches on it
+        assert any(t.endswith("._sm120_default_backend")
+                   and "flash_mla_with_kvcache_sm120" in readers for t, readers in checked)
+    else:
+        assert not checked
+
+
+def test_sm120_backend_is_compared_at_every_call_of_the_decode_entry(tree):
+    """`flash_mla_with_kvcache_sm120` compares `_sm120_default_backend` with "flashinfer" and
+    "triton" in its body, and imports those backends there (nothing backend-specific at
+    import); DeepSeek-V4's attention backend calls it from its forward."""
+    version = parse_version(tree.version() or "")
+    if version < (0, 5, 15):
+        pytest.skip("SGLANG_SM120_FLASHMLA_BACKEND first appears in 0.5.15")
+    from dsv4bisect.plugin.targets import mla_module
+    from dsv4bisect.plugin.versions import check_version
+
+    layout = check_version(tree.version() or "", allow_unverified=True).layout or ""
+    mod = tree.tree(mla_module(layout))
+    entry = next(n for n in mod.body if isinstance(n, ast.FunctionDef)
+                 and n.name == "flash_mla_with_kvcache_sm120")
+    compared = {ast.literal_eval(n.comparators[0]) for n in ast.walk(entry)
+                if isinstance(n, ast.Compare) and ast.unparse(n.left) == "_sm120_default_backend"}
+    assert compared == {"flashinfer", "triton"}
+    imports = {(n.module or "") for n in ast.walk(mod) if isinstance(n, ast.ImportFrom)}
+    top = {(n.module or "") for n in mod.body if isinstance(n, ast.ImportFrom)}
+    assert any("flashinfer" in m for m in imports - top)  # imported at its first call
+    assert not any("flashinfer" in m or "flash_mla_sm120_triton" in m for m in top)
+    backend = tree.tree("sglang.srt.layers.attention.deepseek_v4_backend")
+    callers = [f.name for f in ast.walk(backend) if isinstance(f, ast.FunctionDef)
+               and any(isinstance(n, ast.Call) and ast.unparse(n.func) ==
+                       "flash_mla_with_kvcache_sm120" for n in ast.walk(f))]
+    assert callers and "__init__" not in callers

@@ -30,22 +30,25 @@ EXPECTED = {("server", r) for r in range(RANKS)}
 SWITCH = "SGLANG_OPT_USE_FUSED_HASH_TOPK"  # per-call on every release (hash_topk.py forward)
 
 
-def _wait_file(path: Path, timeout_s: float = 60) -> dict:
+def _wait_file(path: Path, timeout_s: float = 60, procs: list | None = None) -> dict:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         assert time.monotonic() < deadline, f"{path.name} never written"
+        assert not any(p.poll() for p in procs or ()), f"a rank exited before {path.name}"
         time.sleep(0.02)
     return json.loads(path.read_text())
 
 
-def _ranks(wheel: Path, tmp: Path, launch: str, hot: str, last: list[int]):
+def _ranks(wheel: Path, tmp: Path, launch: str, hot: str, last: list[int],
+           switches: dict[str, str] | None = None, *args: str):
+    switches = switches or {SWITCH: "0"}  # what the launcher sets and lists for the base
     env = dict(os.environ, **{
         envvars.PATCHES: launch, envvars.HOT: hot, envvars.SWITCH_DIR: str(tmp / "switch"),
         envvars.RECEIPTS: str(tmp / "receipts"), envvars.ROLE: "server",
-        envvars.SWITCHES: f"{SWITCH}=0", SWITCH: "0"})
+        envvars.SWITCHES: ",".join(f"{k}={v}" for k, v in switches.items())}, **switches)
     script = Path(__file__).with_name("hot_rank.py")
     return [subprocess.Popen([sys.executable, str(script), str(wheel), str(r), str(last[r]),
-                              str(tmp)], env=env, stderr=subprocess.PIPE, text=True)
+                              str(tmp), *args], env=env, stderr=subprocess.PIPE, text=True)
             for r in range(RANKS)]
 
 
@@ -100,6 +103,68 @@ def test_a_switch_applies_on_every_rank_and_is_refused_for_a_load_time_patch(hoo
         _wait_file(d / "receipt-g4-server-tp0.json")
         with pytest.raises(EngineError, match=r"switch 4: no receipt from server tp1 within 3 s"):
             wait_receipts(d, 4, EXPECTED, 3)
+    except BaseException:
+        for p in procs:
+            p.kill()
+            print(p.communicate()[1][-3000:], file=sys.stderr)
+        raise
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err[-3000:]
+
+
+MLA_VAR = "SGLANG_SM120_FLASHMLA_BACKEND"
+# Both homes of flash_mla_sm120.py (0.5.15 srt/layers/attention, 0.5.16+ kernels/ops) and the
+# newest release, whose deepseek_v4.py also reads the variable per call.
+MLA_VERSIONS = ("0.5.15", "0.5.16", VERIFIED[-1])
+
+
+@pytest.mark.parametrize("version", MLA_VERSIONS)
+def test_sm120_backend_switches_its_import_time_global_on_every_rank(version, tmp_path):
+    """sm120-flashmla-backend is hot: after a switch every rank's `_sm120_default_backend` (the
+    wheel's module global, set at import from the launch env) holds the new backend, the
+    wheel's own `flash_mla_with_kvcache_sm120` dispatches to it, and the receipt says so;
+    fused-mhc-post-pre (read once per decoder layer) is refused by name."""
+    from wheels import wheel_of
+
+    wheel = wheel_of(version)
+    module = ("sglang.srt.layers.attention" if version == "0.5.15"
+              else "sglang.kernels.ops.attention") + ".flash_mla_sm120._sm120_default_backend"
+    procs = _ranks(wheel, tmp_path, "", "sm120-flashmla-backend", [4, 4], {MLA_VAR: "torch"},
+                   "sm120")
+    try:
+        d = tmp_path / "switch"
+        obs = [_wait_file(tmp_path / f"obs-g0-tp{r}.json", 180, procs) for r in range(RANKS)]
+        assert all(o["backend_global"] == "torch" and o["dispatch"] == "torch"
+                   and o["torch_out_equal"] for o in obs)  # the launch env, read at import
+        hot = json.loads(next((tmp_path / "receipts").glob(
+            "server-tp0-*--hot-switch.json")).read_text())
+        assert hot["state"] == "installed", hot["reason"]
+
+        for gen, wire, backend in ((1, "sm120-flashmla-backend", "flashinfer"),
+                                   (2, "sm120-flashmla-backend:triton", "triton"),
+                                   (3, "", "torch")):
+            write_request(d, gen, wire)
+            recs = wait_receipts(d, gen, EXPECTED, 120)
+            assert [(r["tp_rank"], r["ok"], r["graphs"], r["patches"]) for r in recs] == [
+                (0, True, "recaptured", wire), (1, True, "recaptured", wire)]
+            assert all(r["env"] == {MLA_VAR: backend} for r in recs)
+            assert all(r["copies"] == {module: repr(backend)} for r in recs)
+            obs = [_wait_file(tmp_path / f"obs-g{gen}-tp{r}.json") for r in range(RANKS)]
+            assert all(o["backend_global"] == backend and o["dispatch"] == backend
+                       and o["captures"] == gen for o in obs), obs
+        assert all(o["torch_out_equal"] for o in obs)  # off again: SGLang's torch decode
+
+        # a switch the release decides at load time: refused by name, nothing changes
+        write_request(d, 4, "fused-mhc-post-pre")
+        with pytest.raises(EngineError, match=r"switch 4 refused by server tp\d: "
+                                              r"fused-mhc-post-pre:fused: decided at load time"):
+            wait_receipts(d, 4, EXPECTED, 60)
+        recs = [json.loads((d / f"receipt-g4-server-tp{r}.json").read_text())
+                for r in range(RANKS)]
+        assert all(not r["ok"] and "fused-mhc-post-pre" in r["error"] for r in recs)
+        obs = [_wait_file(tmp_path / f"obs-g4-tp{r}.json") for r in range(RANKS)]
+        assert all(o["backend_global"] == "torch" and o["captures"] == 3 for o in obs)
     except BaseException:
         for p in procs:
             p.kill()
