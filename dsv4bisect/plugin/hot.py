@@ -122,12 +122,14 @@ def check_copies(rule: SglangRule) -> str | None:
 
 def assign_copies(rule: SglangRule) -> None:
     """Assign each copy as the import did: `name = envs.VAR.get()` in the module's namespace
-    (os.environ already holds the new value)."""
-    import importlib
+    (os.environ already holds the new value). A module not imported yet needs nothing: its
+    import will read the new value."""
+    import sys
 
     for c in rule.copies:
-        mod = importlib.import_module(c.module)  # imported by check_copies at launch
-        setattr(mod, c.name, getattr(mod.envs, c.var).get())
+        mod = sys.modules.get(c.module)  # imported by check_copies at launch where it can be
+        if mod is not None:
+            setattr(mod, c.name, getattr(mod.envs, c.var).get())
 
 
 def gate(patch: str, target: str, by_variant: Mapping[str, HookSpec], active: dict[str, str],
