@@ -233,12 +233,8 @@ def simulate_nodes(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random
             search.record(subset, outcome, cfg.trial_noise if sequential else None)
     result = search.result()
     if result.status is Status.FOUND and result.culprits:
-        subset = rem.remedy_subset(cfg.candidates, result.culprits)
-        outcomes = rem.prior_outcomes(search.records, subset)
-        own = 0
-        while subset and rem.needs_more(outcomes, own):
-            outcomes.append(run([subset])[0][0])
-            own += 1
+        rem.simulate(cfg.candidates, result.culprits, search.records,
+                     lambda subset: run([subset])[0][0])
     correct = result.status is Status.FOUND and result.culprits == culprits
     trials = sum(len(r.trials) for r in rounds)
     return NodeRun(tuple(rounds), trials, pool.launches, correct)

@@ -12,7 +12,7 @@ Trials the search already ran on that configuration count first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,3 +65,15 @@ def needs_more(outcomes: Sequence[Outcome], own_trials: int) -> bool:
 def prior_outcomes(records: Sequence[Record], subset: frozenset[str]) -> list[Outcome]:
     """What the search already measured on `subset` (in order)."""
     return [r.outcome for r in records if r.subset == subset]
+
+
+def simulate(candidates: Sequence[str], culprits: frozenset[str] | None,
+             records: Sequence[Record], run: Callable[[frozenset[str]], Outcome]) -> None:
+    """The remedy check as the driver runs it, for a simulated bisect (`--plan`): the search's
+    own outcomes of the remedy subset, then `run(subset)` until they decide."""
+    subset = remedy_subset(candidates, culprits)
+    outcomes = prior_outcomes(records, subset)
+    own = 0
+    while subset and needs_more(outcomes, own):
+        outcomes.append(run(subset))
+        own += 1

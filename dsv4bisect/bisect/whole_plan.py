@@ -169,12 +169,8 @@ def _simulate(cfg: Setup, culprits: frozenset[str], rng: random.Random, priced: 
             search.record(subset, outcome, None if end else cfg.trial_noise)
     result = search.result()
     if result.status is Status.FOUND and result.culprits:
-        subset = rem.remedy_subset(cfg.candidates, result.culprits)
-        outcomes = rem.prior_outcomes(search.records, subset)
-        own = 0
-        while subset and rem.needs_more(outcomes, own):
-            outcomes.append(run(subset, "remedy"))
-            own += 1
+        rem.simulate(cfg.candidates, result.culprits, search.records,
+                     lambda subset: run(subset, "remedy"))
         confirmed = frozenset(result.culprits) in fresh_fails  # a search trial was it
         if cfg.costs.hot and cfg.confirm and not confirmed:
             phase["confirmation"] += spent.confirmation(culprits <= result.culprits)

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -52,13 +53,28 @@ def _ranks(wheel: Path, tmp: Path, launch: str, hot: str, last: list[int],
             for r in range(RANKS)]
 
 
+@contextmanager
+def _running(procs: list):
+    """The rank processes: killed, with their stderr shown, if the body fails; else each must
+    exit 0."""
+    try:
+        yield procs
+    except BaseException:
+        for p in procs:
+            p.kill()
+            print(p.communicate()[1][-3000:], file=sys.stderr)
+        raise
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err[-3000:]
+
+
 def test_a_switch_applies_on_every_rank_and_is_refused_for_a_load_time_patch(hook_wheel,
                                                                              tmp_path):
     version = hook_wheel.name.split("-")[1]
     double = parse_version(version) >= (0, 5, 14)  # hash-topk-scaling has no __init__ hook
     hot = "mhc-bf16,fused-hash-topk" + (",hash-topk-scaling:double-scale" if double else "")
-    procs = _ranks(hook_wheel, tmp_path, "mhc-bf16", hot, last=[4, 3])
-    try:
+    with _running(_ranks(hook_wheel, tmp_path, "mhc-bf16", hot, last=[4, 3])):
         d = tmp_path / "switch"
         obs0 = [_wait_file(tmp_path / f"obs-g0-tp{r}.json", 180) for r in range(RANKS)]
         assert all(not o["hc_pre_stock"] and 1e-6 < o["hc_pre_rel"] < 3e-2 for o in obs0)
@@ -103,14 +119,6 @@ def test_a_switch_applies_on_every_rank_and_is_refused_for_a_load_time_patch(hoo
         _wait_file(d / "receipt-g4-server-tp0.json")
         with pytest.raises(EngineError, match=r"switch 4: no receipt from server tp1 within 3 s"):
             wait_receipts(d, 4, EXPECTED, 3)
-    except BaseException:
-        for p in procs:
-            p.kill()
-            print(p.communicate()[1][-3000:], file=sys.stderr)
-        raise
-    for p in procs:
-        _, err = p.communicate(timeout=60)
-        assert p.returncode == 0, err[-3000:]
 
 
 MLA_VAR = "SGLANG_SM120_FLASHMLA_BACKEND"
@@ -130,9 +138,8 @@ def test_sm120_backend_switches_its_import_time_global_on_every_rank(version, tm
     wheel = wheel_of(version)
     module = ("sglang.srt.layers.attention" if version == "0.5.15"
               else "sglang.kernels.ops.attention") + ".flash_mla_sm120._sm120_default_backend"
-    procs = _ranks(wheel, tmp_path, "", "sm120-flashmla-backend", [4, 4], {MLA_VAR: "torch"},
-                   "sm120")
-    try:
+    with _running(_ranks(wheel, tmp_path, "", "sm120-flashmla-backend", [4, 4],
+                         {MLA_VAR: "torch"}, "sm120")) as procs:
         d = tmp_path / "switch"
         obs = [_wait_file(tmp_path / f"obs-g0-tp{r}.json", 180, procs) for r in range(RANKS)]
         assert all(o["backend_global"] == "torch" and o["dispatch"] == "torch"
@@ -165,14 +172,6 @@ def test_sm120_backend_switches_its_import_time_global_on_every_rank(version, tm
         assert all(not r["ok"] and "fused-mhc-post-pre" in r["error"] for r in recs)
         obs = [_wait_file(tmp_path / f"obs-g4-tp{r}.json") for r in range(RANKS)]
         assert all(o["backend_global"] == "torch" and o["captures"] == 3 for o in obs)
-    except BaseException:
-        for p in procs:
-            p.kill()
-            print(p.communicate()[1][-3000:], file=sys.stderr)
-        raise
-    for p in procs:
-        _, err = p.communicate(timeout=60)
-        assert p.returncode == 0, err[-3000:]
 
 
 def test_expected_receipts_cover_every_scheduler_of_every_server():
