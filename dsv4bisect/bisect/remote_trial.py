@@ -151,14 +151,25 @@ def result_json(result: TrialResult) -> dict[str, Any]:
     return {"verdict": Verdict(result.verdict).value, "signature": result.signature,
             "duration_s": result.duration_s, "details": dict(result.details),
             "throughput": result.throughput, "log_path": result.log_path,
-            "aa_verdicts": [Verdict(v).value for v in result.aa_verdicts]}
+            "aa_verdicts": [Verdict(v).value for v in result.aa_verdicts],
+            "error_rates": list(result.error_rates) if result.error_rates is not None else None,
+            "requests": result.requests}
 
 
 def result_from_json(doc: Mapping[str, Any]) -> TrialResult:
     return TrialResult(Verdict(doc["verdict"]), doc.get("signature"),
                        float(doc.get("duration_s") or 0.0), dict(doc.get("details") or {}),
                        doc.get("throughput"), doc.get("log_path"),
-                       tuple(Verdict(v) for v in doc.get("aa_verdicts") or ()))
+                       tuple(Verdict(v) for v in doc.get("aa_verdicts") or ()),
+                       error_rates=_rates(doc.get("error_rates")), requests=doc.get("requests"))
+
+
+def _rates(value: Any) -> tuple[float, float] | None:
+    """A sequential trial's (false_fail, false_pass): what the search weighs its verdict with."""
+    if value is None:
+        return None
+    false_fail, false_pass = value
+    return float(false_fail), float(false_pass)
 
 
 def relocate(doc: Any, old: str, new: str) -> Any:
