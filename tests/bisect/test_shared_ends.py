@@ -138,3 +138,25 @@ def test_a_runner_with_adopted_ends_probes_sequentially_and_measures_no_good_end
     # its ∅ check is node a's A/A verdict: no launch, no request, no A/A reported again
     assert empty.verdict is good.verdict and empty.aa_verdicts == ()
     assert empty.requests == 0 and second.launches == 1
+
+
+def test_ends_of_another_good_end_sent_to_a_node_are_its_error_naming_it(tmp_path: Path) -> None:
+    """The node side of a trial request (remote_trial.run_on_node): the ends are installed
+    before anything launches, and a mismatch comes back as the node's one-line error."""
+    from dsv4bisect.bisect import remote_trial as rt
+
+    runner = _runner()
+    other = _runner({"hash-topk-scaling": "double-scale"})  # another good end
+    ends = tmp_path / "elsewhere" / "ends"
+    for name in ("b0/baseline", "b0/baseline-repeat"):
+        _run(other, 0).save(ends / name)
+    archive = se.pack_ends(ends, ["b0/baseline", "b0/baseline-repeat"],
+                           good=other.good_cfg.fingerprint, node="gpu-01")
+    cfg = runner.config({})
+    trial = rt.NodeTrial({}, 0, cfg.fingerprint, cfg.identity, runner.probe_hash, "bisect", "t0")
+    reply = rt.run_on_node(runner, trial, tmp_path / "scratch", {"name": NODE}, archive)
+    with pytest.raises(ConfigError) as raised:
+        rt.receive(reply, tmp_path / "driver" / "trials" / "t0", NODE)
+    assert raised.value.message.startswith(f"node {NODE}: the ends of seed block 0 from gpu-01 "
+                                           "were measured on good end ")
+    assert runner.launches == 0
