@@ -235,12 +235,14 @@ def test_a_node_lost_mid_trial_makes_it_cannot_test_rerun_to_the_same_answer(
     wait_for(lambda: not engine_pids(scratch()), 60, "the lost node's engines to be stopped")
 
 
-@pytest.mark.slow  # a killed driver, its resume: about 9 embedded launches, 2-3 minutes
+@pytest.mark.slow  # a killed driver, its resume: about 9 embedded launches, 2-3 minutes each
+@pytest.mark.parametrize("mode", ["fresh", "hot"])
 def test_kill_9_of_the_driver_leaves_no_engine_and_resume_repeats_no_finished_trial(
-        cluster: tuple[Cluster, Any], tmp_path: Path) -> None:
+        cluster: tuple[Cluster, Any], tmp_path: Path, mode: str) -> None:
     c, _ = cluster
     out = tmp_path / "runs"
-    proc = start(argv(c, out), tmp_path / "stderr.txt")
+    cmd = argv(c, out) if mode == "fresh" else [a for a in argv(c, out) if a != "--fresh-launches"]
+    proc = start(cmd, tmp_path / "stderr.txt")
     try:
         wait_for(lambda: sum(t["status"] == "done" for t in trials(out)) >= 2
                  and engine_pids(scratch()), 400, "two finished trials and engines up")
@@ -251,11 +253,18 @@ def test_kill_9_of_the_driver_leaves_no_engine_and_resume_repeats_no_finished_tr
             proc.kill()
     wait_for(lambda: not engine_pids(scratch()), 90, "the nodes to stop the killed driver's engines")
     finished = {(t["fingerprint"], t["seed_block"]) for t in trials(out) if t["status"] == "done"}
+    before = max(t["id"] for t in trials(out))
     run_dir = next(out.glob("*-bisect-*"))
+    index = run_dir / "ends" / "index.json"
+    kept = set(json.loads(index.read_text())["ends"]) if index.exists() else set()
+    assert bool(kept) == (mode == "hot")  # the finished trials' ends are the driver's
     r = run([sys.executable, "-m", "dsv4bisect", "bisect", "--resume", str(run_dir), "--json"])
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["culprits"] == CULPRIT
     rows = trials(out)
+    for t in rows:  # the resumed bisect's nodes were sent the ends kept: none measured again
+        if t["id"] > before and t["status"] == "done":
+            assert not kept & set(t["details"].get("ends_measured") or ()), t
     for key in finished:
         runs = [t for t in rows if (t["fingerprint"], t["seed_block"]) == key
                 and t["status"] == "done"]
