@@ -18,6 +18,14 @@ What each trial probes (docs/hot-switching.md):
 - the bad end is probed at full size;
 - any other configuration gets the sequential trial probe (probe/sequential_run.py) against the
   two ends once both are measured for the seed block, else a full probe.
+Ends measured on another machine of the same bisect (the Ray executor's other nodes) are
+installed with `adopt_ends` before a trial: checked against this runner's probe spec, seed block
+and good end, they serve as if measured here, so this runner measures no good end another one
+measured, and probes sequentially once any node ran the bad end. Their A/A verdict is the
+measuring node's (already reported by its trial): a ∅ end check of an adopted seed block has
+that verdict, launches nothing and reports no A/A verdict again. A trial's details name the ends
+it measured (`ends_measured`: `b<block>/<end>`, under `ends_dir`) and those it used from another
+node (`ends_from`: end -> node).
 A hot trial's ledger fingerprint is the fresh fingerprint of C plus the hot marker and the
 canonical base of λ(C) (the good end with λ's candidates at the bad end: `fingerprint`; the
 configuration an engine was really launched in is in the trial's details, `launched_as`);
@@ -122,6 +130,9 @@ class HotEngineRunner(EngineRunner):
         self._supervisor = Supervisor()
         self._ends: dict[int, dict[str, ProbeRun | None]] = {}  # seed block -> ends' runs
         self._aa: dict[int, tuple[Verdict, ...]] = {}  # A/A verdicts not yet reported
+        self._pending_bad: dict[int, ProbeRun] = {}  # adopted bad ends of blocks not yet seen
+        self._ends_from: dict[tuple[int, str], str] = {}  # (block, end) -> the node it came from
+        self._measured_now: list[str] = []  # the ends the current trial measured (b<n>/<end>)
         self._launched: list[str] = []  # fingerprint of every launch's configuration, in order
         self._probed_in: _Engine | None = None  # the engine the current trial probed in
         self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
@@ -170,6 +181,62 @@ class HotEngineRunner(EngineRunner):
             eng.arm.stop()
         self._engines.clear()
 
+    # -- ends measured elsewhere ---------------------------------------------------------------
+    @staticmethod
+    def ends_dir(trial_dir: Path) -> Path:
+        """Where the trials of `trial_dir`'s bisect keep the ends (`b<block>/<end>`)."""
+        return trial_dir.parent.parent / "ends"
+
+    @property
+    def engines_up(self) -> tuple[str, ...]:
+        """The load-time states whose engine is up: `config(base_of(patches)).fingerprint`."""
+        return tuple(self._engines)
+
+    def adopt_ends(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
+                   bad: ProbeRun | None, *, good_fingerprint: str, source: str) -> list[str]:
+        """Install ends of seed block `block` measured by `source` (another node of this
+        bisect) for the next trials; returns the ends installed (`b<block>/<end>`). Ends this
+        runner already has are kept (its own measurement, or an earlier adoption). The good
+        end's baseline and A/A repeat come as a pair. A run of another probe spec, seed block or
+        good end is a ConfigError naming `source`."""
+        if (base is None) != (repeat is None):
+            raise ConfigError(f"the ends of seed block {block} from {source} hold the good "
+                              "end's baseline without its A/A repeat (or the reverse)",
+                              "send both runs of the good end, or neither")
+        if good_fingerprint != self.good_cfg.fingerprint:
+            raise ConfigError(f"the ends of seed block {block} from {source} were measured on "
+                              f"good end {good_fingerprint[:12]}, this runner's is "
+                              f"{self.good_cfg.fingerprint[:12]}",
+                              "every node must resolve the same good end as the driver")
+        want = self.spec.replace(seed_block=block).spec_hash()
+        for end, run in (("baseline", base), ("baseline-repeat", repeat), ("bad", bad)):
+            if run is not None and (run.spec.seed_block, run.spec.spec_hash()) != (block, want):
+                raise ConfigError(f"the {end} of seed block {block} from {source} is a probe of "
+                                  f"seed block {run.spec.seed_block}, spec {run.spec.spec_hash()}"
+                                  f" (this runner probes spec {want})",
+                                  "every node must run the driver's dsv4bisect and probe tier")
+        installed: list[str] = []
+        ends = self._ends.get(block)
+        if ends is None and base is not None:
+            ends = self._ends[block] = {"base": base, "repeat": repeat, "bad": None}
+            for end in ("baseline", "baseline-repeat"):
+                self._ends_from[(block, end)] = source
+                installed.append(f"b{block}/{end}")
+        if bad is not None:
+            if ends is None:  # its good end not known yet: used once this block's is measured
+                if block not in self._pending_bad:
+                    self._pending_bad[block] = bad
+                    self._ends_from[(block, "bad")] = source
+                    installed.append(f"b{block}/bad")
+            elif ends.get("bad") is None:
+                ends["bad"] = bad
+                self._ends_from[(block, "bad")] = source
+                installed.append(f"b{block}/bad")
+        return installed
+
+    def _adopted(self, block: int, end: str) -> bool:
+        return (block, end) in self._ends_from
+
     def _trial(self, patches: dict[str, str], block: int, trial_dir: Path, fresh: bool
                ) -> TrialResult:
         t0 = time.perf_counter()
@@ -188,6 +255,7 @@ class HotEngineRunner(EngineRunner):
         costs: dict[str, Any] = {"launch_s": 0.0, "switch_s": 0.0, "probe_s": 0.0}
         eng: _Engine | None = None  # the confirmation's own engine
         self._probed_in = None
+        self._measured_now = []
         try:
             ends, measured_base = self._ends_for(spec, trial_dir, costs)
             if fresh:
@@ -213,6 +281,9 @@ class HotEngineRunner(EngineRunner):
         details.update(mode=mode, requests=requests, base=self.base_of(patches),
                        launched_as=used.base if used else None,
                        fresh_launch=fresh or bool(used and used.fresh_in(patches)),
+                       ends_measured=list(self._measured_now),
+                       ends_from={end: node for (b, end), node in sorted(self._ends_from.items())
+                                  if b == spec.seed_block},
                        **{k: round(v, 3) for k, v in costs.items()})
         aa = self._aa.pop(block, ())
         seq = verdict.overall.get("sequential") or {}
@@ -229,7 +300,7 @@ class HotEngineRunner(EngineRunner):
         block = spec.seed_block
         if block in self._ends:
             return self._ends[block], False
-        ends_dir = trial_dir.parent.parent / "ends" / f"b{block}"
+        ends_dir = self.ends_dir(trial_dir) / f"b{block}"
         key = cache.BaselineKey.of(self.good_cfg.fingerprint, spec)
         hit, why = cache.lookup(key) if self.use_cache else (None, None)
         if why:
@@ -247,6 +318,7 @@ class HotEngineRunner(EngineRunner):
             repeat = self._collect(eng, self.good, spec, ref, "A/A repeat", good_end=True,
                                    costs=costs).save(ends_dir / "baseline-repeat")
             self._aa[block] = (Verdict(aa_verdict(base, repeat).verdict),)
+            self._measured_now += [f"b{block}/baseline", f"b{block}/baseline-repeat"]
             if not fresh:  # a re-test's seed block, measured in a switched engine
                 self.on_event(Notice(f"baseline of seed block {block} measured in a hot-"
                                      "switched engine: not cached", "warn"))
@@ -256,7 +328,9 @@ class HotEngineRunner(EngineRunner):
                 except OSError as exc:
                     self.on_event(Notice(f"baseline not cached: {exc}", "warn"))
         bad_dir = ends_dir / "bad"
-        bad = ProbeRun.load(bad_dir) if (bad_dir / "run.json").exists() else None
+        bad = self._pending_bad.pop(block, None)
+        if bad is None and (bad_dir / "run.json").exists():
+            bad = ProbeRun.load(bad_dir)
         self._ends[block] = {"base": base, "repeat": repeat, "bad": bad}
         return self._ends[block], measured
 
@@ -266,8 +340,10 @@ class HotEngineRunner(EngineRunner):
                costs: dict[str, Any], draw: int) -> _Probed:
         base, repeat, bad = ends["base"], ends["repeat"], ends["bad"]
         assert base is not None
-        if patches == self.good and measured_base and fresh_eng is None:
-            # The ∅ end check: the good end was just measured twice in a fresh launch.
+        adopted = self._adopted(spec.seed_block, "baseline")
+        if patches == self.good and (measured_base or adopted) and fresh_eng is None:
+            # The ∅ end check: the good end was just measured twice in a fresh launch (here,
+            # or on the node these ends came from, whose trial reported the A/A verdict).
             assert repeat is not None
             return aa_verdict(base, repeat), repeat, 0
         eng = fresh_eng or self._engine_for(patches, trial_dir, costs)
@@ -278,8 +354,10 @@ class HotEngineRunner(EngineRunner):
         cand = self._collect(eng, patches, spec, base, "candidate", good_end=False,
                              costs=costs).save(trial_dir / "candidate")
         if patches == self.bad:
-            cand.save(trial_dir.parent.parent / "ends" / f"b{spec.seed_block}" / "bad")
-            ends["bad"] = cand
+            cand.save(self.ends_dir(trial_dir) / f"b{spec.seed_block}" / "bad")
+            if ends.get("bad") is None or not self._adopted(spec.seed_block, "bad"):
+                ends["bad"] = cand  # an adopted bad end stays: every node judges against it
+            self._measured_now.append(f"b{spec.seed_block}/bad")
         return judge(base, repeat, cand), cand, len(cand.rows)
 
     def _sequential(self, eng: _Engine, patches: dict[str, str], spec: ProbeSpec,

@@ -6,18 +6,24 @@ What is modelled, and where the code does it:
 * **Rounds** (driver.py): the search proposes up to K subsets per round (`Search(parallel=K)`);
   each trial of a round runs on its own node; the next round starts when the round's slowest
   trial is done. The remedy check runs its trials one per round.
-* **Which node** (ray_executor.py): a trial takes the first slot of the executor's queue of
-  free slots, the proposals of a round in order, and a slot goes back to the queue when its
-  trial ends. So the node free longest runs the next trial, whatever engine it has up: the
-  executor does not route a trial to the node whose engine or ends would serve it best.
+* **Which node** (ray_executor.py, `RayRunner._acquire`): the proposals of a round in order,
+  each takes the free slot whose engine is up in its load-time state (`CostTracker.engine_up`:
+  a hot switch, not a launch), else the slot free longest; a slot goes back to the queue
+  when its trial ends.
 * **Each node its own runner** (node_runner.py, hot_runner.py on the node): its own engines
-  (one `CostTracker` per node, `pool` engines up at once: 1 per SGLang node), its own good-end
-  baselines (the baseline cache and the ends live on the node: a node's first trial of a seed
-  block measures that block's baseline and A/A repeat there, launch included), and its own bad
-  end: the sequential trial probe judges against the bad end's block-0 run *on that node*, so
-  a node that has not run the bad end itself probes its trials at full size, at the ends' error
-  rates (the verdict states none: the search weighs it at the ends' rates), against the
-  baseline of the trial's own seed block.
+  (one `CostTracker` per node, `pool` engines up at once: 1 per SGLang node). The ends are
+  shared (bisect/shared_ends.py): a node's trial that measures a seed block's good-end baseline
+  and A/A repeat, or the bad end's block-0 run, sends them back to the driver, which sends them
+  with every later trial request. So from the round after the one that measured them every
+  node has them: it measures no baseline another node measured (its ∅ check of that block is
+  the A/A verdict, no launch), and it probes with the sequential trial probe once any node ran
+  the bad end. Within a round no node has what another measures in it (every trial of a round
+  starts at once): two nodes of the first round may both measure block 0's baseline, and until
+  the bad end's round is over, trials run full size at the ends' error rates (the verdict
+  states none: the search weighs it at the ends' rates), against their own block's
+  baseline. Only hot runners share their ends: with fresh launches (`--fresh-launches`, the
+  rows without the levers) each node measures its own baselines, as its runner does (the
+  node's baseline cache).
 * **Seed blocks** are the driver's: the n-th trial of a subset in the bisect, whichever nodes
   ran the earlier ones.
 * **No fresh confirmation**: the Ray runner cannot launch fresh (driver._confirmation: the
@@ -99,23 +105,40 @@ class NodePool:
         self.trackers = [CostTracker(full, everything) for _ in range(nodes)]
         self._free: deque[int] = deque(range(nodes))  # free longest first
         self._seen: Counter[frozenset[str]] = Counter()  # the driver's seed blocks
+        self._baselines: set[int] = set()  # seed blocks whose good end the driver has
+        self._bad_end = False  # the driver has the bad end's block-0 run
 
     @property
     def launches(self) -> int:
         return sum(t.launches for t in self.trackers)
 
     def has_bad_end(self, node: int) -> bool:
-        """Whether `node` probes its trials sequentially (it ran the bad end of block 0)."""
+        """Whether `node` probes its trials sequentially (it has the bad end of block 0)."""
         return self.trackers[node].costs.sequential
 
     def run_round(self, trials: Sequence[tuple[frozenset[str], bool]]) -> Round:
         """Run one round of (subset, truly fails) trials, one per node, in proposal order."""
         if not 1 <= len(trials) <= self.nodes:
             raise ValueError(f"{len(trials)} trials for {self.nodes} nodes")
-        ran = [self._run(self._free.popleft(), subset, fails) for subset, fails in trials]
+        for tracker in self.trackers:  # the ends the driver sends with this round's trials
+            tracker.baselines |= self._baselines
+            if self._bad_end:
+                tracker.costs = self._sequential
+        ran = [self._run(self._place(subset), subset, fails) for subset, fails in trials]
         for trial in sorted(ran, key=lambda t: t.seconds):  # back to the queue as they end
             self._free.append(trial.node)
+        if self._sequential.hot:  # what this round measured comes back to the driver
+            for tracker in self.trackers:
+                self._baselines |= tracker.baselines
         return Round(tuple(ran), self.nodes)
+
+    def _place(self, subset: frozenset[str]) -> int:
+        """The free node whose engine is up in the trial's load-time state, else the node
+        free longest (RayRunner._acquire)."""
+        node = next((n for n in self._free if self.trackers[n].engine_up(subset)),
+                    self._free[0])
+        self._free.remove(node)
+        return node
 
     def _run(self, node: int, subset: frozenset[str], fails: bool) -> NodeTrial:
         tracker = self.trackers[node]
@@ -129,6 +152,7 @@ class NodePool:
         seconds = tracker.charge(subset, fails)
         if subset == self.everything and block == 0 and self._sequential.sequential:
             tracker.costs = self._sequential  # its later trials: the sequential trial probe
+            self._bad_end = True  # and every node's from the next round
         return NodeTrial(node, seconds, sequential)
 
 

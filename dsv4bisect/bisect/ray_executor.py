@@ -9,6 +9,14 @@ runner once with `node_runner` — the same factory and trial code as a local bi
 it for every trial it is sent. Results come back as one archive of the trial directory per
 trial (bisect/remote_trial.py), unpacked into the driver's trial directory.
 
+The ends travel (hot runners; bisect/shared_ends.py): the good end's baseline and A/A repeat and
+the bad end's run that a node's trial measured come back beside its archive and are kept in the
+driver's run directory (`ends/`); every later trial request carries the ends its slot's runner
+does not have, which that runner installs before the trial. So no node measures a good end
+another measured, and every node probes sequentially once one ran the bad end (from the round
+after). Placement: a trial goes to the free slot whose engine is up in the trial's load-time
+state (a hot switch, not a launch), else to the slot free longest.
+
 Faults. Ray never re-runs anything (`max_restarts=0`, `max_task_retries=0`): an actor that
 dies mid-trial (its worker killed, its node's raylet gone) makes that trial CANNOT_TEST with a
 signature naming the node; the driver retries it once, on whichever slot is free first, and a
@@ -24,7 +32,6 @@ This module is the only one that imports Ray (`pip install 'dsv4bisect[ray]'`).
 from __future__ import annotations
 
 import logging
-import queue
 import socket
 import threading
 import time
@@ -39,6 +46,7 @@ from dsv4bisect.bisect import remote_trial as rt
 from dsv4bisect.bisect.engine_runner import EngineRunner
 from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.runner import TrialResult, Verdict
+from dsv4bisect.bisect.shared_ends import DriverEnds
 from dsv4bisect.engines import reaper
 from dsv4bisect.engines.groups import stop_orphans
 from dsv4bisect.env import cache_dir
@@ -75,11 +83,11 @@ class TrialActor:
     def ready(self) -> dict[str, Any]:
         return {"node": self.node, "error": self.error}
 
-    def run(self, trial: Mapping[str, Any]) -> dict[str, Any]:
+    def run(self, trial: Mapping[str, Any], ends: bytes | None = None) -> dict[str, Any]:
         if self.error is not None or self.runner is None:
             return {"error": self.error}
         return rt.run_on_node(self.runner, rt.NodeTrial.from_json(trial), self.scratch,
-                              self.node)
+                              self.node, ends)
 
     def stop(self) -> None:
         """Stop the engines of the trial in flight (runs beside `run`: max_concurrency=2)."""
@@ -125,8 +133,12 @@ def _cluster_errors_to_stderr() -> None:
 
 
 class _Slot:
+    """A placed actor, and what the driver knows its runner has."""
+
     def __init__(self, actor: Any, node: str) -> None:
         self.actor, self.node = actor, node
+        self.ends: frozenset[str] = frozenset()  # ends it measured or was sent (b<n>/<end>)
+        self.engines: tuple[str, ...] = ()  # load-time states up after its last trial
 
 
 class RayRunner:
@@ -145,7 +157,9 @@ class RayRunner:
         self._actor_cls = ray.remote(TrialActor).options(
             num_cpus=0, num_gpus=self.num_gpus, resources=self.resources,
             max_restarts=0, max_task_retries=0, max_concurrency=2)
-        self._free: queue.Queue[_Slot] = queue.Queue()
+        self._free: list[_Slot] = []  # free slots, free longest first
+        self._freed = threading.Condition()
+        self._ends: dict[Path, DriverEnds] = {}  # per bisect run directory
         self._lock = threading.Lock()
         self._actors: list[Any] = []  # live or pending, to kill on stop
         self._start(slots)
@@ -168,19 +182,46 @@ class RayRunner:
         cfg = self.local.config(patches)
         trial = rt.NodeTrial(patches, seed_block, cfg.fingerprint, cfg.identity,
                              self.local.probe_hash, trial_dir.parent.parent.name, trial_dir.name)
-        slot = self._acquire()
+        slot = self._acquire(self._state_of(patches))
+        ends = self._ends_of(trial_dir.parent.parent)
+        sent, archive = ends.pack(exclude=slot.ends) if ends is not None else (frozenset(), None)
         t0 = time.perf_counter()
         try:
-            reply = ray.get(slot.actor.run.remote(trial.to_json()))
+            reply = ray.get(slot.actor.run.remote(trial.to_json(), archive))
         except (RayActorError, ActorUnavailableError) as exc:
             self._lost(slot)
             return lost_result(slot.node, exc, time.perf_counter() - t0)
         except RayTaskError as exc:
-            self._free.put(slot)
+            self._release(slot)
             raise BisectError(f"node {slot.node}: the trial failed: {first_line(exc.cause)}",
                               "its traceback is in the node's Ray worker log") from None
-        self._free.put(slot)
-        return rt.receive(reply, trial_dir, slot.node)
+        try:
+            result = rt.receive(reply, trial_dir, slot.node)
+            if ends is not None:
+                ends.keep(reply.get("ends"))
+                measured = result.details.get("ends_measured") or ()
+                slot.ends = slot.ends | sent | frozenset(measured)
+            slot.engines = tuple(reply.get("engines") or ())
+        finally:
+            self._release(slot)
+        return result
+
+    # -- the ends and the engines the nodes have (docs/cluster.md, "The ends travel") ---------
+    def _ends_of(self, run_dir: Path) -> DriverEnds | None:
+        """The driver's copy of the bisect's ends (hot runners only: a fresh-launch runner
+        judges against its node's baseline cache)."""
+        if not self.request.hot:
+            return None
+        with self._lock:
+            return self._ends.setdefault(run_dir, DriverEnds(run_dir))
+
+    def _state_of(self, patches: Mapping[str, str]) -> str | None:
+        """The engine a trial of `patches` runs in on a node (its load-time state), as the
+        nodes' runners name it; None for fresh launches."""
+        base_of = getattr(self.local, "base_of", None)
+        if not self.request.hot or base_of is None:
+            return None
+        return self.local.config(base_of(patches)).fingerprint
 
     # -- slots --------------------------------------------------------------------------------
     def _ask(self) -> tuple[Any, Any]:
@@ -201,9 +242,9 @@ class RayRunner:
             for pair in [p for p in waiting if p[1] in done]:
                 waiting.remove(pair)
                 self._placed(*pair)  # raises a node's error
-            if not self._free.empty():
+            if self._free:
                 deadline = min(deadline, time.monotonic() + OTHERS_GRACE_S)
-        if self._free.empty():
+        if not self._free:
             self.stop_all()
             wants = ", ".join([f"{self.num_gpus} GPUs"]
                               + [f"{k}: {v:g}" for k, v in self.resources.items()])
@@ -223,7 +264,7 @@ class RayRunner:
         if info["error"] is not None:
             self.stop_all()
             raise rt.node_error(info["error"], info["node"]["name"])
-        self._free.put(_Slot(actor, info["node"]["name"]))
+        self._release(_Slot(actor, info["node"]["name"]))
 
     def _place_later(self, actor: Any, ref: Any) -> None:
         try:
@@ -245,15 +286,26 @@ class RayRunner:
         pair = self._ask()
         threading.Thread(target=self._place_later, args=pair, daemon=True).start()
 
-    def _acquire(self) -> _Slot:
-        while True:
-            try:
-                return self._free.get(timeout=1.0)
-            except queue.Empty:
+    def _acquire(self, state: str | None) -> _Slot:
+        """A free slot: the one free longest whose engine is up in `state` (the trial is then
+        a hot switch there, not a launch), else the one free longest."""
+        with self._freed:
+            while True:
+                if self._free:
+                    slot = next((s for s in self._free if state is not None
+                                 and state in s.engines), self._free[0])
+                    self._free.remove(slot)
+                    return slot
                 with self._lock:
                     if not self._actors:
                         raise BisectError("every trial slot of the Ray cluster was lost",
-                                          "check `ray status`, then resume the bisect") from None
+                                          "check `ray status`, then resume the bisect")
+                self._freed.wait(timeout=1.0)
+
+    def _release(self, slot: _Slot) -> None:
+        with self._freed:
+            self._free.append(slot)
+            self._freed.notify()
 
     def stop_all(self) -> None:
         """Ctrl-C: every actor stops its engines (bounded wait), then every actor is killed

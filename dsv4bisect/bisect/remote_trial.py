@@ -8,20 +8,21 @@ else under the same key): a `NodeMismatch` naming the node and what differs. It 
 same local trial code as a local bisect into a scratch trial directory and sends back ONE
 archive of that directory (tar.gz) with the `TrialResult` as JSON; the driver unpacks the
 archive into its own trial directory and rewrites the result's paths to point there. No Ray
-here: the executor (bisect/ray_executor.py) only carries these values.
+here: the executor (bisect/ray_executor.py) only carries these values. The ends a hot runner
+measures travel beside the trial's archive, both ways (bisect/shared_ends.py).
 """
 
 from __future__ import annotations
 
-import io
 import shutil
-import tarfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.bisect import shared_ends
+from dsv4bisect.bisect.archive import pack, unpack
 from dsv4bisect.bisect.engine_runner import EngineRunner
 from dsv4bisect.bisect.runner import TrialResult, Verdict
 from dsv4bisect.errors import (
@@ -85,16 +86,27 @@ def check_identity(runner: EngineRunner, trial: NodeTrial, node: str) -> None:
 
 
 def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
-                node: Mapping[str, Any]) -> dict[str, Any]:
+                node: Mapping[str, Any], ends: bytes | None = None) -> dict[str, Any]:
     """Check, run and pack one trial on this node; the reply the driver receives.
+    `ends`: the driver's archive of ends other nodes measured (bisect/shared_ends.py), installed
+    in a hot runner before the trial; the reply's `ends` holds those this trial measured, and
+    `engines` the load-time states whose engine is up after it (where the runner says).
     A project error becomes `{"error": ...}` (re-raised on the driver, naming the node)."""
+    measured: bytes | None = None
     try:
         check_identity(runner, trial, str(node["name"]))
         trial_dir = scratch_trial_dir(scratch, trial)
         trial_dir.mkdir(parents=True, exist_ok=True)
+        if ends is not None and hasattr(runner, "adopt_ends"):
+            shared_ends.adopt(runner, ends, scratch / trial.run_name / "adopted" / trial.trial_name)
         started = time.time()
         result = runner.run(dict(trial.patches), trial.seed_block, trial_dir)
         finished = time.time()
+        names = result.details.get("ends_measured") or []
+        if names and hasattr(runner, "ends_dir"):
+            measured = shared_ends.pack_ends(runner.ends_dir(trial_dir), names,
+                                             good=runner.good_cfg.fingerprint,
+                                             node=str(node["name"]))
     except Dsv4BisectError as exc:
         return {"error": error_json(exc)}
     archive = pack(trial_dir)
@@ -105,7 +117,8 @@ def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
         except OSError:
             break
     return {"result": result_json(result), "node_dir": str(trial_dir), "archive": archive,
-            "node": {**node, "started": started, "finished": finished}}
+            "node": {**node, "started": started, "finished": finished}, "ends": measured,
+            "engines": list(getattr(runner, "engines_up", ()))}
 
 
 def receive(reply: Mapping[str, Any], trial_dir: Path, node: str) -> TrialResult:
@@ -138,14 +151,25 @@ def result_json(result: TrialResult) -> dict[str, Any]:
     return {"verdict": Verdict(result.verdict).value, "signature": result.signature,
             "duration_s": result.duration_s, "details": dict(result.details),
             "throughput": result.throughput, "log_path": result.log_path,
-            "aa_verdicts": [Verdict(v).value for v in result.aa_verdicts]}
+            "aa_verdicts": [Verdict(v).value for v in result.aa_verdicts],
+            "error_rates": list(result.error_rates) if result.error_rates is not None else None,
+            "requests": result.requests}
 
 
 def result_from_json(doc: Mapping[str, Any]) -> TrialResult:
     return TrialResult(Verdict(doc["verdict"]), doc.get("signature"),
                        float(doc.get("duration_s") or 0.0), dict(doc.get("details") or {}),
                        doc.get("throughput"), doc.get("log_path"),
-                       tuple(Verdict(v) for v in doc.get("aa_verdicts") or ()))
+                       tuple(Verdict(v) for v in doc.get("aa_verdicts") or ()),
+                       error_rates=_rates(doc.get("error_rates")), requests=doc.get("requests"))
+
+
+def _rates(value: Any) -> tuple[float, float] | None:
+    """A sequential trial's (false_fail, false_pass): what the search weighs its verdict with."""
+    if value is None:
+        return None
+    false_fail, false_pass = value
+    return float(false_fail), float(false_pass)
 
 
 def relocate(doc: Any, old: str, new: str) -> Any:
@@ -157,25 +181,3 @@ def relocate(doc: Any, old: str, new: str) -> Any:
     if isinstance(doc, list):
         return [relocate(v, old, new) for v in doc]
     return doc
-
-
-def pack(directory: Path) -> bytes:
-    """The directory as one gzipped tar (members relative to it)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-        for path in sorted(directory.rglob("*")):
-            if path.is_file() and not path.is_symlink():
-                tar.add(path, arcname=str(path.relative_to(directory)), recursive=False)
-    return buf.getvalue()
-
-
-def unpack(data: bytes, directory: Path) -> None:
-    """Unpack `pack`'s archive into `directory` (plain files only, nothing outside it)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        members = tar.getmembers()
-        for m in members:  # what `pack` writes; anything else is refused, whatever Python
-            if not m.isfile() or m.name.startswith("/") or ".." in Path(m.name).parts:
-                raise BisectError(f"a node sent a trial archive with `{m.name}` in it",
-                                  "the nodes must run the same dsv4bisect as the driver")
-        tar.extractall(directory, members=members)

@@ -48,18 +48,34 @@ def node_lines(plan: NodePlan, asked: int, main_runs: int,
     out.append("  a round: up to K proposals, one per node, as long as its slowest trial; idle "
                "slots: node-rounds with no trial; idle time: the share of node time (K x wall) "
                "with no work (empty slots and nodes waiting for the round's slowest trial)")
-    out.append("  as the Ray executor runs it: the node free longest takes the next trial; each "
-               "node keeps its own engine and measures its own good end (launch, full probe, "
-               "A/A repeat) for each seed block it tests; a node probes with the sequential "
-               "trial probe only after it ran the bad end itself, at full size before; no fresh "
-               "confirmation (the Ray executor cannot launch fresh), so 1 node is the plan "
-               "above less its confirmation")
-    one = plan.row(1, True).mean_wall_s
-    slower = [r.nodes for r in plan.rows if r.levers and r.nodes > 1 and r.mean_wall_s > one]
-    if slower:
-        counts = ", ".join(map(str, slower[:-1])) + " and " * (len(slower) > 1) + str(slower[-1])
-        out.append(f"  with the levers, {counts} nodes take longer than one: only the node that "
-                   "ran the bad end probes sequentially, the others at full size and the ends' "
-                   "error rates, each after its own good end (docs/cluster.md, \"Reading the "
-                   "node plan\")")
+    out.append("  as the Ray executor runs it: a trial goes to the free node whose engine is up in "
+               "its load-time state, else to the node free longest; each node keeps its own "
+               "engine; hot runners share the ends (a good end's baseline and A/A repeat, the "
+               "bad end's run) from the round after the one that measured them, so a node "
+               "measures no good end another measured and probes sequentially once any node "
+               "ran the bad end; with fresh launches each node measures its own baselines; no "
+               "fresh confirmation (the Ray executor cannot launch fresh), so 1 node is the "
+               "plan above less its confirmation")
+    out.append(f"  {_saving(plan)}")
     return out
+
+
+def _saving(plan: NodePlan) -> str:
+    """What more nodes save against one, with the levers and without (the same draws)."""
+    counts = sorted({r.nodes for r in plan.rows if r.nodes > 1})
+
+    def shares(levers: bool) -> list[float]:
+        one = plan.row(1, levers).mean_wall_s
+        return [1 - plan.row(k, levers).mean_wall_s / one if one > 0 else 0.0 for k in counts]
+
+    def listed(items: list[str]) -> str:
+        return ", ".join(items[:-1]) + " and " * (len(items) > 1) + items[-1]
+
+    on, off = shares(True), shares(False)
+    nodes = listed([str(k) for k in counts])
+    line = (f"with the levers, {nodes} nodes save {listed([f'{s:.0%}' for s in on])} of one "
+            f"node's wall time (without any lever {listed([f'{s:.0%}' for s in off])})")
+    if max(on) < max(off):
+        line += (": most of a hot bisect is its ends and the launches for load-time states, "
+                 "which more nodes do not shorten")
+    return line + " (docs/cluster.md, \"Reading the node plan\")"

@@ -69,26 +69,27 @@ def _costs() -> StepCosts:
 def test_rounds_idle_slots_and_idle_time_on_a_hand_checked_case():
     pool = NodePool(_costs(), frozenset("abc"), 2)
     # Round 1, the ends. Node 0: the good end = its baseline (launch 100 + full probe 1000 +
-    # A/A 500). Node 1: its own baseline first (1600), then the bad end's engine (load-time
-    # state {a}: a launch, the pool holds one) and a full probe: 2700.
+    # A/A 500). Node 1: its own baseline first (1600: the two start at once), then the bad
+    # end's engine (load-time state {a}: a launch, the pool holds one) and a full probe: 2700.
     first = pool.run_round([(frozenset(), False), (frozenset("abc"), True)])
     assert [(t.node, t.seconds, t.sequential) for t in first.trials] == [
         (0, 1600, False), (1, 2700, False)]
     assert (first.wall_s, first.idle_slots, first.idle_s) == (2700, 0, 1100)
     assert pool.has_bad_end(1) and not pool.has_bad_end(0)
-    # Round 2: node 0 was free first and takes the first proposal. It never ran the bad end,
-    # so {b} gets a full probe after a hot switch (1010); node 1 probes {a} sequentially in
-    # its {a} engine, which fails like the bad end: a switch + 0.2 of the probe (210).
+    # Round 2: the bad end came back to the driver, which sends it to node 0 too. {b} goes to
+    # node 0, whose engine is up in its state (∅): a switch + 0.1 of the probe (110); {a} to
+    # node 1 ({a} up): a switch + 0.2 of the probe, it fails like the bad end (210).
     second = pool.run_round([(frozenset("b"), False), (frozenset("a"), True)])
+    assert pool.has_bad_end(0)
     assert [(t.node, t.seconds, t.sequential) for t in second.trials] == [
-        (0, 1010, False), (1, 210, True)]
-    assert (second.wall_s, second.idle_s) == (1010, 800)
-    # Round 3, the remedy check alone: node 1 finished first, so it takes it; its engine is
-    # {a}, so {b, c} needs a launch + 0.1 of the probe (passes). Node 0 has no trial.
-    third = pool.run_round([(frozenset("bc"), False)])
-    assert [(t.node, t.seconds, t.sequential) for t in third.trials] == [(1, 200, True)]
-    assert (third.wall_s, third.idle_slots, third.idle_s) == (200, 1, 200)
-    assert pool.launches == 4  # node 0: base(∅); node 1: base(∅), {a}, base(∅) again
+        (0, 110, True), (1, 210, True)]
+    assert (second.wall_s, second.idle_s) == (210, 100)
+    # Round 3, the remedy check alone: node 0 was free longest, but {a, c} needs the {a}
+    # engine, which node 1 has up: a switch + 0.2 of the probe. Node 0 has no trial.
+    third = pool.run_round([(frozenset("ac"), True)])
+    assert [(t.node, t.seconds, t.sequential) for t in third.trials] == [(1, 210, True)]
+    assert (third.wall_s, third.idle_slots, third.idle_s) == (210, 1, 210)
+    assert pool.launches == 3  # node 0: base(∅); node 1: base(∅), {a}
 
 
 def _wall(costs: StepCosts, sequence: list[tuple[frozenset[str], bool]], nodes: int) -> float:
@@ -118,9 +119,10 @@ def test_more_nodes_never_lengthen_a_trial_sequence_that_costs_the_same_on_any_n
         assert one == pytest.approx(1800 * len(sequence))
 
 
-def test_a_node_without_the_bad_end_probes_at_full_size_so_two_nodes_can_be_slower():
-    """The Ray executor's policy: the sequential trial probe needs the bad end run on the same
-    node, and the baseline cache is per node. The same trials take longer on two nodes."""
+def test_ends_shared_after_their_round_make_two_nodes_faster_than_one():
+    """The Ray executor's policy: the ends a node measured travel to every node with its next
+    trial, so a node that never ran the bad end probes sequentially and measures no baseline
+    another node measured. The same trials take less time on two nodes."""
     sequence = [(frozenset(), False), (frozenset("abc"), True), (frozenset("b"), False),
                 (frozenset("a"), True), (frozenset("bc"), False)]
     costs = _costs()
@@ -132,16 +134,47 @@ def test_a_node_without_the_bad_end_probes_at_full_size_so_two_nodes_can_be_slow
     two = NodePool(costs, frozenset("abc"), 2)
     rounds = [two.run_round(sequence[:2]), two.run_round(sequence[2:4]),
               two.run_round(sequence[4:])]
-    assert sum(r.wall_s for r in rounds) == 3910 > one  # the rounds of the hand-checked case
+    # 2700 (the ends, as in the hand-checked case) + 210 ({b} and {a}: both switches) + 110
+    # ({b, c} on node 0, whose ∅ engine is up)
+    assert [r.wall_s for r in rounds] == [2700, 210, 110]
+    assert sum(r.wall_s for r in rounds) == 3020 < one
+
+
+def test_within_a_round_no_node_has_what_another_measures_in_it():
+    """Two nodes of the first round both measure block 0's baseline (their trials start at
+    once); the next round's node with no engine up adopts the bad end: it launches and probes
+    sequentially, measuring no baseline."""
+    costs = replace(_costs(), load_time=frozenset())
+    pool = NodePool(costs, frozenset("abc"), 3)
+    first = pool.run_round([(frozenset(), False), (frozenset("abc"), True)])
+    assert [t.seconds for t in first.trials] == [1600, 1600 + 10 + 1000]  # its own baseline
+    second = pool.run_round([(frozenset("b"), False), (frozenset("c"), False),
+                             (frozenset("bc"), False)])
+    # nodes 0 and 1 have the ∅ engine up (a switch); node 2 launches; each 0.1 of the probe
+    assert sorted((t.node, t.seconds, t.sequential) for t in second.trials) == [
+        (0, 110, True), (1, 110, True), (2, 200, True)]
+    assert pool.trackers[2].baselines == {0}
+
+
+def test_fresh_launches_share_no_baseline_between_nodes():
+    """Without hot runners (--fresh-launches) each node measures its own baselines, as the
+    node's baseline cache does."""
+    flat = StepCosts(launch_s=100, probe_s=1000, aa_fraction=0.5, paired=True)
+    pool = NodePool(flat, frozenset("abc"), 2)
+    pool.run_round([(frozenset(), False)])
+    second = pool.run_round([(frozenset("b"), False), (frozenset("c"), False)])
+    # node 1 measures block 0's baseline again (1600) before its trial (1100)
+    assert sorted((t.node, t.seconds) for t in second.trials) == [(0, 1100), (1, 2700)]
 
 
 def test_seed_blocks_are_the_drivers_across_nodes():
     """A re-test of the bad end on another node is its block 1: that node measures block 1's
-    baseline (not block 0's, which its own count would give)."""
+    baseline (not block 0's, which its own count would give); block 0's came from the driver."""
     costs = replace(_costs(), load_time=frozenset())
     pool = NodePool(costs, frozenset("abc"), 2)
     pool.run_round([(frozenset("abc"), True)])  # node 0: baseline 0 + bad end
-    pool.run_round([(frozenset("b"), False)])  # node 1: baseline 0, then a full probe
+    second = pool.run_round([(frozenset("b"), False)])  # node 0: its engine is up
+    assert [t.node for t in second.trials] == [0]
     again = pool.run_round([(frozenset("abc"), True), (frozenset("abc"), True)])
     assert pool.trackers[0].baselines == {0, 1} and pool.trackers[1].baselines == {0, 2}
     assert [t.node for t in again.trials] == [0, 1]

@@ -32,7 +32,8 @@ SLOT = "trial_slot"
 # the e2e tests' question (tests/bisect/test_bisect_e2e.py): the fp32 path its cases were
 # written for (at deployment precision the bf16 patches fail the drift gate on their own).
 # --fresh-launches: these tests compare the executors trial for trial, and a local bisect of
-# rounds of 2 launches fresh; hot runners on the nodes are not tested here (docs/cluster.md).
+# rounds of 2 launches fresh; the hot runners on the nodes and the ends they share have their
+# own test (docs/cluster.md).
 SINGLE = ("--tier", "ci", "--set", "engine.precision=exact", "--fresh-launches",
           "--set", "patches.hash-topk-scaling.variant=double-scale",
           "--candidates", "mhc-bf16,hash-topk-scaling,mma-decode,triton-indexer",
@@ -161,6 +162,36 @@ def test_ray_parallel_bisect_names_the_local_culprit_with_trials_on_two_nodes_at
     assert not engine_pids(scratch())
 
 
+@pytest.mark.slow  # a hot bisect on two nodes: about 6 embedded launches, 2-3 minutes
+def test_a_hot_ray_bisect_shares_the_ends_so_nodes_probe_with_ends_they_did_not_measure(
+        cluster: tuple[Cluster, Any], tmp_path: Path) -> None:
+    c, _ = cluster
+    out = tmp_path / "ray"
+    hot = [a for a in argv(c, out) if a != "--fresh-launches"]
+    r = run(hot)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["culprits"] == CULPRIT
+    rows = [t for t in trials(out) if t["status"] == "done"]
+    assert {t["details"]["mode"] for t in rows} == {"hot"}
+    # the ends came back to the driver's run directory, each with the node that measured it
+    run_dir = next(out.glob("*-bisect-*"))
+    index = json.loads((run_dir / "ends" / "index.json").read_text())
+    assert {"b0/baseline", "b0/baseline-repeat", "b0/bad"} <= set(index["ends"])
+    assert (run_dir / "ends" / "b0" / "bad" / "run.json").is_file()
+    # a trial probed sequentially on a node that never ran the bad end: judged against the ends
+    # another node measured
+    adopted = [t for t in rows if t["details"].get("error_rates")
+               and t["details"]["ends_from"].get("bad") not in (None, t["details"]["node"]["name"])]
+    assert adopted, [(t["step"], t["seed_block"], t["details"]["node"]["node_id"][:8],
+                      t["details"].get("error_rates"), t["details"]["ends_from"],
+                      t["details"]["ends_measured"]) for t in rows]
+    # no node measured a good end another node had measured before its trial started: block 0's
+    # baseline at most once per node, in the first round
+    measured = [t for t in rows if "b0/baseline" in t["details"]["ends_measured"]]
+    assert len({t["details"]["node"]["node_id"] for t in measured}) == len(measured) <= 2
+    assert not engine_pids(scratch())
+
+
 def kill_actor_worker(node_root: Path) -> None:
     """SIGKILL the Ray worker process that launched the engines recorded under `node_root`
     (the owner in their engines.json)."""
@@ -204,12 +235,14 @@ def test_a_node_lost_mid_trial_makes_it_cannot_test_rerun_to_the_same_answer(
     wait_for(lambda: not engine_pids(scratch()), 60, "the lost node's engines to be stopped")
 
 
-@pytest.mark.slow  # a killed driver, its resume: about 9 embedded launches, 2-3 minutes
+@pytest.mark.slow  # a killed driver, its resume: about 9 embedded launches, 2-3 minutes each
+@pytest.mark.parametrize("mode", ["fresh", "hot"])
 def test_kill_9_of_the_driver_leaves_no_engine_and_resume_repeats_no_finished_trial(
-        cluster: tuple[Cluster, Any], tmp_path: Path) -> None:
+        cluster: tuple[Cluster, Any], tmp_path: Path, mode: str) -> None:
     c, _ = cluster
     out = tmp_path / "runs"
-    proc = start(argv(c, out), tmp_path / "stderr.txt")
+    cmd = argv(c, out) if mode == "fresh" else [a for a in argv(c, out) if a != "--fresh-launches"]
+    proc = start(cmd, tmp_path / "stderr.txt")
     try:
         wait_for(lambda: sum(t["status"] == "done" for t in trials(out)) >= 2
                  and engine_pids(scratch()), 400, "two finished trials and engines up")
@@ -220,11 +253,18 @@ def test_kill_9_of_the_driver_leaves_no_engine_and_resume_repeats_no_finished_tr
             proc.kill()
     wait_for(lambda: not engine_pids(scratch()), 90, "the nodes to stop the killed driver's engines")
     finished = {(t["fingerprint"], t["seed_block"]) for t in trials(out) if t["status"] == "done"}
+    before = max(t["id"] for t in trials(out))
     run_dir = next(out.glob("*-bisect-*"))
+    index = run_dir / "ends" / "index.json"
+    kept = set(json.loads(index.read_text())["ends"]) if index.exists() else set()
+    assert bool(kept) == (mode == "hot")  # the finished trials' ends are the driver's
     r = run([sys.executable, "-m", "dsv4bisect", "bisect", "--resume", str(run_dir), "--json"])
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["culprits"] == CULPRIT
     rows = trials(out)
+    for t in rows:  # the resumed bisect's nodes were sent the ends kept: none measured again
+        if t["id"] > before and t["status"] == "done":
+            assert not kept & set(t["details"].get("ends_measured") or ()), t
     for key in finished:
         runs = [t for t in rows if (t["fingerprint"], t["seed_block"]) == key
                 and t["status"] == "done"]

@@ -24,7 +24,7 @@ def test_archive_round_trip_and_paths_moved_to_the_driver(tmp_path: Path) -> Non
     log = str(node_dir / "run" / "candidate" / "logs" / "server.log")
     result = TrialResult(Verdict.FAIL, "drift", 12.5, {"run_dir": str(node_dir / "run"),
                                                        "other": str(tmp_path / "elsewhere")},
-                         88.0, log, (Verdict.PASS,))
+                         88.0, log, (Verdict.PASS,), error_rates=(0.01, 0.02), requests=40)
     reply = {"result": rt.result_json(result), "node_dir": str(node_dir),
              "archive": rt.pack(node_dir), "node": {"name": NODE, "started": 1.0,
                                                    "finished": 2.0}}
@@ -38,6 +38,8 @@ def test_archive_round_trip_and_paths_moved_to_the_driver(tmp_path: Path) -> Non
     assert got.details["node"]["name"] == NODE
     assert (got.verdict, got.signature, got.aa_verdicts) == (Verdict.FAIL, "drift",
                                                              (Verdict.PASS,))
+    # a sequential trial's error rates: the search weighs its verdict with them
+    assert (got.error_rates, got.requests) == ((0.01, 0.02), 40)
 
 
 def test_a_node_error_keeps_its_class_and_hint_and_names_the_node() -> None:

@@ -1,0 +1,162 @@
+"""Ends measured on one node serve every node (bisect/shared_ends.py, HotEngineRunner.adopt_ends):
+the checks an adoption makes, and on the embedded engine a runner that adopts another runner's
+ends and then probes a trial sequentially without measuring the good end, as a second Ray node
+does, with the ends going through the driver's copy as files."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dsv4bisect.bisect import shared_ends as se
+from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
+from dsv4bisect.bisect.question import resolve_question
+from dsv4bisect.bisect.runner import Verdict
+from dsv4bisect.bisect.spec import BisectSpec
+from dsv4bisect.cli.options import overrides
+from dsv4bisect.errors import BisectError, ConfigError
+from dsv4bisect.probe.run import ProbeRun
+
+NODE = "gpu-03 (10.0.0.3, node 5e6f7a8b)"
+N = re.escape(NODE)
+
+
+def _runner(good: dict[str, str] | None = None, tier: str = "ci"):
+    return node_runner(RunnerRequest("reference-all", good or {}, (), tier, False, hot=True))
+
+
+def _run(runner, block: int) -> ProbeRun:
+    """A probe run of `runner`'s spec at `block` (no request sent: adoption reads no rows)."""
+    return ProbeRun(runner.spec.replace(seed_block=block), "http://127.0.0.1:1", {}, (), ())
+
+
+def test_adoption_checks_the_seed_block_the_probe_spec_and_the_good_end() -> None:
+    runner = _runner()
+    good = runner.good_cfg.fingerprint
+    ok = _run(runner, 1)
+    with pytest.raises(ConfigError, match=f"seed block 1 from {N}.*probe of seed block 0"):
+        runner.adopt_ends(1, _run(runner, 0), ok, None, good_fingerprint=good, source=NODE)
+    other_tier = _runner(tier="smoke")
+    with pytest.raises(ConfigError, match=f"the bad of seed block 1 from {N}.* spec"):
+        runner.adopt_ends(1, None, None, _run(other_tier, 1), good_fingerprint=good,
+                          source=NODE)
+    with pytest.raises(ConfigError, match=f"from {N} were measured on good end"):
+        runner.adopt_ends(1, ok, ok, None, good_fingerprint="f" * 32, source=NODE)
+    with pytest.raises(ConfigError, match="baseline without its A/A repeat"):
+        runner.adopt_ends(1, ok, None, None, good_fingerprint=good, source=NODE)
+    # a valid adoption installs the pair, then the bad end; what the runner has stays
+    assert runner.adopt_ends(1, ok, ok, None, good_fingerprint=good,
+                             source=NODE) == ["b1/baseline", "b1/baseline-repeat"]
+    assert runner.adopt_ends(1, ok, ok, _run(runner, 1), good_fingerprint=good,
+                             source="another") == ["b1/bad"]
+    assert runner.adopt_ends(1, ok, ok, _run(runner, 1), good_fingerprint=good,
+                             source="a third") == []
+    # a bad end whose block has no good end yet waits for it
+    assert runner.adopt_ends(2, None, None, _run(runner, 2), good_fingerprint=good,
+                             source=NODE) == ["b2/bad"]
+
+
+def test_the_drivers_copy_keeps_the_first_of_each_end_and_sends_what_a_node_lacks(
+        tmp_path: Path) -> None:
+    runner = _runner()
+    good = runner.good_cfg.fingerprint
+    node_ends = tmp_path / "node" / "ends"
+    for name in ("b0/baseline", "b0/baseline-repeat", "b0/bad"):
+        _run(runner, 0).save(node_ends / name)
+    driver = se.DriverEnds(tmp_path / "driver")
+    assert driver.pack() == (frozenset(), None)
+    first = se.pack_ends(node_ends, ["b0/baseline", "b0/baseline-repeat"], good=good, node=NODE)
+    assert driver.keep(first) == ["b0/baseline", "b0/baseline-repeat"]
+    again = se.pack_ends(node_ends, ["b0/baseline", "b0/bad"], good=good, node="other")
+    assert driver.keep(again) == ["b0/bad"]  # its baseline: the driver has one already
+    assert driver.index() == se.EndsIndex(good, {"b0/baseline": NODE,
+                                                 "b0/baseline-repeat": NODE, "b0/bad": "other"})
+    sent, archive = driver.pack(exclude={"b0/baseline", "b0/baseline-repeat"})
+    assert sent == {"b0/bad"} and archive is not None
+    other = _runner()
+    assert se.adopt(other, archive, tmp_path / "in") == ["b0/bad"]  # waits for its good end
+    with pytest.raises(BisectError, match="good end"):
+        driver.keep(se.pack_ends(node_ends, ["b0/bad"], good="e" * 32, node="x"))
+    # a resume's driver reads the same copy
+    assert se.DriverEnds(tmp_path / "driver").names() == {"b0/baseline", "b0/baseline-repeat",
+                                                          "b0/bad"}
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+# two launches, three ci-tier probes and a sequential one: about 30 s on the 2-core CPU
+def test_a_runner_with_adopted_ends_probes_sequentially_and_measures_no_good_end(
+        tmp_path: Path) -> None:
+    q = resolve_question("reference-all", overrides(None, None, None, ["engine.precision=exact",
+                                                        "patches.hash-topk-scaling.variant=double-scale"]),
+                         None, None, "hash-topk-scaling,mhc-bf16")
+    spec = BisectSpec(candidates=q.candidates, good=q.good, bad=q.bad)
+
+    def runner():
+        return node_runner(RunnerRequest(q.profile, q.good, tuple(q.sets), "ci", False,
+                                         bad=spec.patches_for(frozenset(q.candidates)),
+                                         load_time=tuple(q.load_time), hot=True))
+
+    first, second = runner(), runner()
+    driver = se.DriverEnds(tmp_path / "driver")
+
+    def trial(r, subset: set[str], node: str, n: int):
+        trial_dir = tmp_path / node / "bisect" / "trials" / f"t{n}"
+        trial_dir.mkdir(parents=True)
+        _sent, archive = driver.pack()
+        if archive is not None:
+            se.adopt(r, archive, tmp_path / node / "bisect" / "adopted" / f"t{n}")
+        result = r.run(spec.patches_for(frozenset(subset)), 0, trial_dir)
+        names = result.details["ends_measured"]
+        if names:
+            driver.keep(se.pack_ends(r.ends_dir(trial_dir), names, good=r.good_cfg.fingerprint,
+                                     node=node))
+        return result
+
+    try:
+        good = trial(first, set(), "node-a", 0)  # the good end: baseline + A/A, a launch
+        bad = trial(first, set(q.candidates), "node-a", 1)  # the bad end: full size
+        one = trial(second, {"hash-topk-scaling"}, "node-b", 2)  # adopted: sequential
+        empty = trial(second, set(), "node-b", 3)  # the ∅ check of an adopted block
+    finally:
+        for r in (first, second):
+            r.close()
+            r.stop_all()
+    assert good.details["ends_measured"] == ["b0/baseline", "b0/baseline-repeat"]
+    assert len(good.aa_verdicts) == 1
+    assert bad.details["ends_measured"] == ["b0/bad"] and bad.error_rates is None
+    # node b measured no end, judged against node a's, with the sequential trial probe
+    assert one.details["ends_measured"] == []
+    assert one.details["ends_from"] == {"bad": "node-a", "baseline": "node-a",
+                                        "baseline-repeat": "node-a"}
+    assert one.error_rates is not None and one.details["baseline_cached"]
+    assert 0 < one.requests < bad.requests
+    assert one.aa_verdicts == ()
+    assert one.verdict in (Verdict.FAIL, Verdict.WARN)  # hash-topk-scaling is the culprit
+    # its ∅ check is node a's A/A verdict: no launch, no request, no A/A reported again
+    assert empty.verdict is good.verdict and empty.aa_verdicts == ()
+    assert empty.requests == 0 and second.launches == 1
+
+
+def test_ends_of_another_good_end_sent_to_a_node_are_its_error_naming_it(tmp_path: Path) -> None:
+    """The node side of a trial request (remote_trial.run_on_node): the ends are installed
+    before anything launches, and a mismatch comes back as the node's one-line error."""
+    from dsv4bisect.bisect import remote_trial as rt
+
+    runner = _runner()
+    other = _runner({"hash-topk-scaling": "double-scale"})  # another good end
+    ends = tmp_path / "elsewhere" / "ends"
+    for name in ("b0/baseline", "b0/baseline-repeat"):
+        _run(other, 0).save(ends / name)
+    archive = se.pack_ends(ends, ["b0/baseline", "b0/baseline-repeat"],
+                           good=other.good_cfg.fingerprint, node="gpu-01")
+    cfg = runner.config({})
+    trial = rt.NodeTrial({}, 0, cfg.fingerprint, cfg.identity, runner.probe_hash, "bisect", "t0")
+    reply = rt.run_on_node(runner, trial, tmp_path / "scratch", {"name": NODE}, archive)
+    with pytest.raises(ConfigError) as raised:
+        rt.receive(reply, tmp_path / "driver" / "trials" / "t0", NODE)
+    assert raised.value.message.startswith(f"node {NODE}: the ends of seed block 0 from gpu-01 "
+                                           "were measured on good end ")
+    assert runner.launches == 0
