@@ -12,7 +12,7 @@ stopped first).
 
 What each trial probes (docs/hot-switching.md):
 - the good end's baseline (full size) and its A/A repeat are measured right after the launch
-  of base(∅), before any switch, so they are a fresh launch's (and are cached as such; the
+  of the good end, before any switch, so they are a fresh launch's (and are cached as such; the
   baseline of a later seed block, measured in a switched engine, is not cached); the ∅ end
   check's verdict is then the A/A verdict (the repeat judged against the baseline);
 - the bad end is probed at full size;
@@ -296,7 +296,7 @@ class HotEngineRunner(EngineRunner):
     def _ends_for(self, spec: ProbeSpec, trial_dir: Path, costs: dict[str, Any]
                   ) -> tuple[dict[str, ProbeRun | None], bool]:
         """The good end's baseline and A/A repeat for this seed block (measured now on the
-        engine of base(∅) if not cached: then `True`), and the bad end's run once measured."""
+        engine of λ = ∅ if not cached: then `True`), and the bad end's run once measured."""
         block = spec.seed_block
         if block in self._ends:
             return self._ends[block], False
