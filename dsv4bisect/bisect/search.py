@@ -251,7 +251,20 @@ class Search:
             k = min(k, self.max_trials - self.trials_used)
         lead = self._confirming()
         if lead is not None:
-            return self._pending(lead)[:k]
+            # The culprit set itself first: where it needs a launch, the engine is then launched
+            # in it, and a failing trial of it in a fresh launch is the fresh confirmation too
+            # (driver.py); the other checks follow in the same engine.
+            hyp = self.space.hypothesis(lead)
+            pending = sorted(self._pending(lead), key=lambda s: s != hyp.members)
+            rest = frozenset(self.candidates) - hyp.members  # the bad end without the lead
+            if (hyp.is_set and rest and pending and self._tracker.engine_up(rest)
+                    and not any(self._tracker.engine_up(p) for p in pending)
+                    and rest not in {r.subset for r in self._records}):
+                # The checks need another engine and the remedy check (driver.py) would need
+                # this one back after them: test the bad end without the lead while it is up
+                # (a search trial like any other; the remedy check then reuses its outcome).
+                return [rest]
+            return pending[:k]
         tracker = self._tracker.copy()  # the prices after the round's earlier subsets
         if not self._ends_known:
             design = RoundDesign(self.space, self.posterior(), self.noise)

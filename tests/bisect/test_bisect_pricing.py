@@ -22,6 +22,7 @@ from dsv4bisect.probe.spec import tier_spec
 
 NAMES = ("a", "b", "c", "d", "e", "f")
 FIVE = Noise(0.05, 0.05)
+EXACT = Noise(0.0, 0.0)
 SGLANG = StepCosts(launch_s=600, switch_s=90, probe_s=1200, aa_fraction=1.0, sequential=True,
                    like_good_fraction=0.25, like_bad_fraction=0.10, hot=True, pool=1,
                    load_time=frozenset({"a", "b", "c"}), paired=True)
@@ -213,3 +214,28 @@ def test_the_priors_lever_is_judged_against_culprits_from_a_flat_prior():
     assert "priors" in plan.levers
     # drawn from a flat prior, `a` is the culprit in few runs: the bet costs, not saves
     assert plan.saves_s("priors") < 0
+
+
+def test_the_confirm_phase_tests_the_culprit_set_first_and_the_rest_while_its_engine_is_up():
+    seen_first, seen_rest = 0, 0
+    for culprit in ({"d", "e"}, {"e", "f"}, {"a", "d"}, {"d"}, {"b", "c"}):
+        search, rng = Search(NAMES, noise=FIVE, costs=SGLANG), random.Random(5)
+        while proposals := search.next():
+            lead = search._confirming()
+            if lead is not None:
+                hyp = search.space.hypothesis(lead)
+                pending = search._pending(lead)
+                rest = frozenset(NAMES) - hyp.members
+                if proposals == [rest] and rest not in pending:
+                    # the remedy's configuration, while its engine is up and the checks need
+                    # another: the driver's remedy check then reuses this outcome
+                    assert search._tracker.engine_up(rest)
+                    assert not any(search._tracker.engine_up(p) for p in pending)
+                    seen_rest += 1
+                elif hyp.members in pending:
+                    assert proposals[0] == hyp.members  # a launch for it is its confirmation
+                    seen_first += 1
+            for subset in proposals:
+                search.record(subset, oracle_outcome(subset, frozenset(culprit), EXACT, rng))
+        assert search.result().culprits == frozenset(culprit)  # the search still assumes 5 %
+    assert seen_first and seen_rest
