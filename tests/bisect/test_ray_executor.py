@@ -6,7 +6,7 @@ it. Engines are found by the receipts directory in their environment, which for 
 lies under that node's scratch root (`$DSV4BISECT_CACHE/ray-trials/<node>/`).
 
 The end-to-end cases launch 6-10 embedded engines each (a minute or more on the 2-core CPU)
-and are `slow`; the preflight case launches nothing and runs wherever Ray is installed.
+and are `slow`; so is the preflight case, which launches nothing: CI does not install Ray.
 """
 
 from __future__ import annotations
@@ -116,6 +116,9 @@ def trials(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
+# slow, though it launches no engine: Ray is an optional extra that CI's install (the README's
+# test command) leaves out, and the test starts a two-node Ray cluster; the slow suite runs it
+@pytest.mark.slow
 def test_a_node_without_a_free_port_fails_like_a_local_preflight_naming_it(
         cluster: tuple[Cluster, Any], tmp_path: Path) -> None:
     c, _ = cluster
