@@ -162,6 +162,7 @@ class RayRunner:
         self._ends: dict[Path, DriverEnds] = {}  # per bisect run directory
         self._lock = threading.Lock()
         self._actors: list[Any] = []  # live or pending, to kill on stop
+        self._placing: list[threading.Thread] = []  # waiting for a node with room (_place_later)
         self._start(slots)
 
     # -- the Runner protocol: fingerprints come from the driver's own resolution ---------------
@@ -254,7 +255,7 @@ class RayRunner:
                 "check `ray status`: each node needs the engine's GPUs and one unit of the "
                 "profile's bisect.node_resource")
         for pair in waiting:
-            threading.Thread(target=self._place_later, args=pair, daemon=True).start()
+            self._place_in_background(pair)
 
     def _placed(self, actor: Any, ref: Any) -> None:
         try:
@@ -283,8 +284,13 @@ class RayRunner:
             ray.kill(slot.actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
             pass
-        pair = self._ask()
-        threading.Thread(target=self._place_later, args=pair, daemon=True).start()
+        self._place_in_background(self._ask())
+
+    def _place_in_background(self, pair: tuple[Any, Any]) -> None:
+        thread = threading.Thread(target=self._place_later, args=pair, daemon=True)
+        with self._lock:
+            self._placing.append(thread)
+        thread.start()
 
     def _acquire(self, state: str | None) -> _Slot:
         """A free slot: the one free longest whose engine is up in `state` (the trial is then
@@ -306,6 +312,18 @@ class RayRunner:
         with self._freed:
             self._free.append(slot)
             self._freed.notify()
+
+    def close(self) -> None:
+        """The bisect is over: every actor stops its engines and is killed (stop_all), the
+        placements still waiting for room end with their actor, and the driver leaves the
+        cluster. Without it a placement thread still inside Ray at interpreter exit makes
+        Ray's core worker end the process with status 1 after a successful bisect."""
+        self.stop_all()
+        with self._lock:
+            placing = list(self._placing)
+        for thread in placing:
+            thread.join(timeout=STOP_TIMEOUT_S)
+        ray.shutdown()
 
     def stop_all(self) -> None:
         """Ctrl-C: every actor stops its engines (bounded wait), then every actor is killed

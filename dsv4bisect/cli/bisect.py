@@ -21,7 +21,6 @@ import typer
 
 from dsv4bisect.bisect.engine_runner import EngineRunner
 from dsv4bisect.bisect.executors import executor_runner
-from dsv4bisect.bisect.hot_runner import HotEngineRunner
 from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.question import Question, resolve_question
 from dsv4bisect.bisect.runner import Runner
@@ -228,8 +227,9 @@ def _drive(runner: Runner, run_dir: Path, display: BisectDisplay, go: Any) -> Bi
             try:
                 return go()  # type: ignore[no-any-return]
             finally:
-                if isinstance(runner, HotEngineRunner):
-                    runner.close()  # the engines it kept up across trials
+                close = getattr(runner, "close", None)  # hot engines kept up; Ray's actors
+                if close is not None:
+                    close()
     except KeyboardInterrupt:
         if hasattr(runner, "stop_all"):  # trials in worker threads (--parallel) or on nodes
             runner.stop_all()
