@@ -314,16 +314,17 @@ class RayRunner:
             self._freed.notify()
 
     def close(self) -> None:
-        """The bisect is over: every actor stops its engines and is killed (stop_all), the
-        placements still waiting for room end with their actor, and the driver leaves the
-        cluster. Without it a placement thread still inside Ray at interpreter exit makes
-        Ray's core worker end the process with status 1 after a successful bisect."""
+        """The bisect is over (or interrupted): every actor stops its engines and is killed
+        (stop_all), and the placements still waiting for room end with their actor. Without it
+        a placement thread still inside Ray at interpreter exit makes Ray's core worker end the
+        process with status 1 after a successful bisect. The driver stays connected: Ray
+        disconnects at exit, and a trial thread of an interrupted round may still be in a
+        `ray.get` (it returns with the actor's death), which `ray.shutdown()` here would crash."""
         self.stop_all()
         with self._lock:
             placing = list(self._placing)
         for thread in placing:
             thread.join(timeout=STOP_TIMEOUT_S)
-        ray.shutdown()
 
     def stop_all(self) -> None:
         """Ctrl-C: every actor stops its engines (bounded wait), then every actor is killed
