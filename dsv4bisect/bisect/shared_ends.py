@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.archive import pack, unpack
-from dsv4bisect.errors import BisectError
+from dsv4bisect.config.bounded import load_json
+from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.probe.run import ProbeRun
 
 INDEX = "index.json"
@@ -79,27 +80,33 @@ def _read_index(root: Path) -> EndsIndex | None:
     if not path.is_file():
         return None
     try:
-        return EndsIndex.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError) as exc:
-        raise BisectError(f"`{path}` cannot be read ({exc})",
+        doc = load_json(path, "run")  # the bounded loader, as for every file the tool reads
+    except ConfigError as exc:
+        raise BisectError(f"`{path}` cannot be read ({exc.message})",
                           "delete the run directory's ends/ folder: its trials measure them "
                           "again") from None
+    return EndsIndex.from_json(doc)
+
+
+def _archive(root: Path, index: EndsIndex) -> bytes:
+    """One archive of the ends `index` names under `root` (each `b<block>/<end>/`, the
+    probe-run files) with that index."""
+    with tempfile.TemporaryDirectory(prefix="ends-") as tmp:
+        out = Path(tmp)
+        for name in sorted(index.ends):
+            parse_name(name)
+            shutil.copytree(root / name, out / name)
+        (out / INDEX).write_text(json.dumps(index.to_json()) + "\n")
+        return pack(out)
 
 
 def pack_ends(ends_dir: Path, names: Iterable[str], *, good: str, node: str) -> bytes | None:
-    """One archive of the ends `names` under `ends_dir` (each `b<block>/<end>/`, the probe-run
-    files) with their index; None when there is none to send."""
+    """The ends `names` a node measured under `ends_dir`, as one archive; None when there is
+    none to send."""
     names = sorted({n for n in names if (ends_dir / n / "run.json").is_file()})
     if not names:
         return None
-    with tempfile.TemporaryDirectory(prefix="ends-") as tmp:
-        out = Path(tmp)
-        for name in names:
-            parse_name(name)
-            shutil.copytree(ends_dir / name, out / name)
-        (out / INDEX).write_text(json.dumps(EndsIndex(good, {n: node for n in names}).to_json())
-                                 + "\n")
-        return pack(out)
+    return _archive(ends_dir, EndsIndex(good, {n: node for n in names}))
 
 
 def unpack_ends(data: bytes, directory: Path) -> EndsIndex:
@@ -185,13 +192,7 @@ class DriverEnds:
             if index is None:
                 return frozenset(), None
             skip = set(exclude)
-            names = sorted(n for n in index.ends if n not in skip)
-            if not names:
+            sent = EndsIndex(index.good, {n: m for n, m in index.ends.items() if n not in skip})
+            if not sent.ends:
                 return frozenset(), None
-            with tempfile.TemporaryDirectory(prefix="ends-") as tmp:
-                out = Path(tmp)
-                for name in names:
-                    shutil.copytree(self.root / name, out / name)
-                sent = EndsIndex(index.good, {n: index.ends[n] for n in names})
-                (out / INDEX).write_text(json.dumps(sent.to_json()) + "\n")
-                return frozenset(names), pack(out)
+            return frozenset(sent.ends), _archive(self.root, sent)
