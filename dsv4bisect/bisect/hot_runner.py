@@ -53,6 +53,7 @@ from dsv4bisect.bisect.engine_runner import (
     throughput,
 )
 from dsv4bisect.bisect.runner import TrialResult, Verdict
+from dsv4bisect.bisect.shared_ends import end_name
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.processes import with_plugin
 from dsv4bisect.engines import switching
@@ -149,12 +150,19 @@ class HotEngineRunner(EngineRunner):
         return hashlib.sha256(json.dumps(rules, sort_keys=True).encode()).hexdigest()[:32]
 
     def base_of(self, patches: Mapping[str, str]) -> dict[str, str]:
-        """The launch configuration of `patches`: its load-time part on the good end."""
+        """The canonical base of `patches`' load-time state: its load-time part, the good end
+        elsewhere (it names the engine and the hot fingerprint; an engine is launched in its
+        first trial's own set)."""
         return {**{n: v for n, v in self.good.items() if n not in self.load_time},
                 **{n: v for n, v in patches.items() if n in self.load_time}}
 
+    def engine_key(self, patches: Mapping[str, str]) -> str:
+        """The engine a trial of `patches` runs in: its load-time state, named by the
+        fingerprint of that state's canonical base (one engine per state)."""
+        return self.config(self.base_of(patches)).fingerprint
+
     def fingerprint(self, patches: Mapping[str, str]) -> str:
-        base = self.config(self.base_of(patches)).fingerprint
+        base = self.engine_key(patches)
         text = json.dumps([self.config(patches).fingerprint, HOT_MARKER, base])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -189,7 +197,7 @@ class HotEngineRunner(EngineRunner):
 
     @property
     def engines_up(self) -> tuple[str, ...]:
-        """The load-time states whose engine is up: `config(base_of(patches)).fingerprint`."""
+        """The load-time states whose engine is up (`engine_key`)."""
         return tuple(self._engines)
 
     def adopt_ends(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
@@ -221,17 +229,17 @@ class HotEngineRunner(EngineRunner):
             ends = self._ends[block] = {"base": base, "repeat": repeat, "bad": None}
             for end in ("baseline", "baseline-repeat"):
                 self._ends_from[(block, end)] = source
-                installed.append(f"b{block}/{end}")
+                installed.append(end_name(block, end))
         if bad is not None:
             if ends is None:  # its good end not known yet: used once this block's is measured
                 if block not in self._pending_bad:
                     self._pending_bad[block] = bad
                     self._ends_from[(block, "bad")] = source
-                    installed.append(f"b{block}/bad")
+                    installed.append(end_name(block, "bad"))
             elif ends.get("bad") is None:
                 ends["bad"] = bad
                 self._ends_from[(block, "bad")] = source
-                installed.append(f"b{block}/bad")
+                installed.append(end_name(block, "bad"))
         return installed
 
     def _adopted(self, block: int, end: str) -> bool:
@@ -318,7 +326,7 @@ class HotEngineRunner(EngineRunner):
             repeat = self._collect(eng, self.good, spec, ref, "A/A repeat", good_end=True,
                                    costs=costs).save(ends_dir / "baseline-repeat")
             self._aa[block] = (Verdict(aa_verdict(base, repeat).verdict),)
-            self._measured_now += [f"b{block}/baseline", f"b{block}/baseline-repeat"]
+            self._measured_now += [end_name(block, "baseline"), end_name(block, "baseline-repeat")]
             if not fresh:  # a re-test's seed block, measured in a switched engine
                 self.on_event(Notice(f"baseline of seed block {block} measured in a hot-"
                                      "switched engine: not cached", "warn"))
@@ -354,10 +362,10 @@ class HotEngineRunner(EngineRunner):
         cand = self._collect(eng, patches, spec, base, "candidate", good_end=False,
                              costs=costs).save(trial_dir / "candidate")
         if patches == self.bad:
-            cand.save(self.ends_dir(trial_dir) / f"b{spec.seed_block}" / "bad")
+            cand.save(self.ends_dir(trial_dir) / end_name(spec.seed_block, "bad"))
             if ends.get("bad") is None or not self._adopted(spec.seed_block, "bad"):
                 ends["bad"] = cand  # an adopted bad end stays: every node judges against it
-            self._measured_now.append(f"b{spec.seed_block}/bad")
+            self._measured_now.append(end_name(spec.seed_block, "bad"))
         return judge(base, repeat, cand), cand, len(cand.rows)
 
     def _sequential(self, eng: _Engine, patches: dict[str, str], spec: ProbeSpec,
@@ -420,7 +428,7 @@ class HotEngineRunner(EngineRunner):
                     costs: dict[str, Any]) -> _Engine:
         """The engine of λ(patches): the one up, else one launched in `patches` itself (its
         first trial is then a fresh launch's; the next trials of λ are switched in it)."""
-        key = self.config(self.base_of(patches)).fingerprint  # one engine per λ
+        key = self.engine_key(patches)
         if key in self._engines:
             self._engines.move_to_end(key)
             return self._engines[key]

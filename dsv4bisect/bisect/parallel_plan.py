@@ -50,10 +50,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dsv4bisect.bisect import remedy as rem
-from dsv4bisect.bisect.hypotheses import Priors
 from dsv4bisect.bisect.pricing import CostTracker, StepCosts
 from dsv4bisect.bisect.records import Outcome
-from dsv4bisect.bisect.search import Search, Status
+from dsv4bisect.bisect.search import Status
 from dsv4bisect.bisect.whole_plan import Setup, available_levers, common_draws
 from dsv4bisect.errors import BisectError
 
@@ -234,10 +233,7 @@ def simulate_nodes(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random
     """One whole bisect on `nodes` nodes against `culprits`, outcomes drawn from `rng` in
     trial order (as `whole_plan._simulate` draws them)."""
     everything = frozenset(cfg.candidates)
-    search = Search(cfg.candidates, noise=cfg.noise, confidence=cfg.confidence,
-                    max_trials=cfg.max_trials, parallel=nodes, max_order=cfg.max_order,
-                    priors=Priors(weights=dict(cfg.weights)), trial_noise=cfg.trial_noise,
-                    costs=cfg.costs if priced else None)
+    search = cfg.search(priced=priced, parallel=nodes)
     pool = NodePool(cfg.costs, everything, nodes)
     rounds: list[Round] = []
 

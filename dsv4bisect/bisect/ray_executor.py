@@ -219,10 +219,10 @@ class RayRunner:
     def _state_of(self, patches: Mapping[str, str]) -> str | None:
         """The engine a trial of `patches` runs in on a node (its load-time state), as the
         nodes' runners name it; None for fresh launches."""
-        base_of = getattr(self.local, "base_of", None)
-        if not self.request.hot or base_of is None:
+        engine_key = getattr(self.local, "engine_key", None)
+        if not self.request.hot or engine_key is None:
             return None
-        return self.local.config(base_of(patches)).fingerprint
+        return str(engine_key(patches))
 
     # -- slots --------------------------------------------------------------------------------
     def _ask(self) -> tuple[Any, Any]:

@@ -46,6 +46,13 @@ class Setup:
     base_weights: Mapping[str, float] = field(default_factory=dict)  # without them
     confirm: bool = True  # the fresh confirmation after FOUND (hot mode only)
 
+    def search(self, *, priced: bool, parallel: int = 1) -> Search:
+        """The search this bisect runs (`priced=False`: the unpriced design)."""
+        return Search(self.candidates, noise=self.noise, confidence=self.confidence,
+                      max_trials=self.max_trials, parallel=parallel, max_order=self.max_order,
+                      priors=Priors(weights=dict(self.weights)), trial_noise=self.trial_noise,
+                      costs=self.costs if priced else None)
+
     def without(self, levers: Sequence[str]) -> Setup:
         """The same bisect with `levers` off."""
         out = self
@@ -140,10 +147,7 @@ class _Run:
 
 def _simulate(cfg: Setup, culprits: frozenset[str], rng: random.Random, priced: bool) -> _Run:
     everything = frozenset(cfg.candidates)
-    search = Search(cfg.candidates, noise=cfg.noise, confidence=cfg.confidence,
-                    max_trials=cfg.max_trials, max_order=cfg.max_order,
-                    priors=Priors(weights=dict(cfg.weights)), trial_noise=cfg.trial_noise,
-                    costs=cfg.costs if priced else None)
+    search = cfg.search(priced=priced)
     spent = CostTracker(cfg.costs, everything)  # what the trials really cost
     phase = dict.fromkeys(PHASES, 0.0)
     trials = 0
