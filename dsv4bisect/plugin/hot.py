@@ -24,8 +24,10 @@ installed at launch, makes the receipt `ok: false` naming it, and nothing change
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,8 +75,6 @@ class SwitchState:
 
     def copies_now(self) -> dict[str, str]:
         """Each import-time copy's value as this process's code now reads it."""
-        import sys
-
         out = {}
         for rule in self.env_rules.values():
             for c in rule.copies:
@@ -105,8 +105,6 @@ def env_rule(patch: Patch, version: tuple[int, ...] | None) -> SglangRule | None
 def check_copies(rule: SglangRule) -> str | None:
     """Why the rule's import-time copies cannot be re-assigned in this process (None: they
     can): each module imports, holds the global, and has the `envs` it was computed from."""
-    import importlib
-
     for c in rule.copies:
         try:
             mod = importlib.import_module(c.module)
@@ -124,8 +122,6 @@ def assign_copies(rule: SglangRule) -> None:
     """Assign each copy as the import did: `name = envs.VAR.get()` in the module's namespace
     (os.environ already holds the new value). A module not imported yet needs nothing: its
     import will read the new value."""
-    import sys
-
     for c in rule.copies:
         mod = sys.modules.get(c.module)  # imported by check_copies at launch where it can be
         if mod is not None:
