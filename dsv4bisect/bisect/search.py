@@ -45,9 +45,11 @@ DEFAULT_PRIORS = Priors()
 # more often than a configuration that truly behaves like one of them: a BETWEEN is this many
 # times as likely there as under any culprit set or end catch-all.
 _BETWEEN_RATIO = 2.0
-# The remedy check runs the bad end without the culprits after a `found`; a search trial of that
-# configuration counts for it. The priced design credits at most this share of a trial's price.
-_MAX_REMEDY_CREDIT = 0.9
+# The remedy check runs the bad end without the culprits after a `found`, and a hot bisect's
+# fresh confirmation launches the culprits; a search trial of that configuration (in a launch of
+# its own, for the confirmation) counts for it. The priced design credits at most this share of
+# a trial's price.
+_MAX_CREDIT = 0.9
 
 
 class Search:
@@ -67,6 +69,7 @@ class Search:
         trial_noise: Noise | None = None,
         costs: StepCosts | None = None,
         bad_end_first: bool | None = None,
+        confirm: bool = True,
     ) -> None:
         validate_settings(
             candidates, noise, confidence, max_trials, parallel, max_order, design_discount
@@ -76,6 +79,7 @@ class Search:
         self.design_discount = design_discount
         self.trial_noise = trial_noise or noise  # what the design expects of non-end trials
         self.costs = costs  # None: the unpriced design (information per trial)
+        self.confirm = confirm  # a fresh confirmation follows a FOUND in hot mode (driver.py)
         self.space = HypothesisSpace(candidates, max_order, priors)
         self._log_post = self.space.log_prior.copy()
         self._records: list[Record] = []
@@ -251,20 +255,7 @@ class Search:
             k = min(k, self.max_trials - self.trials_used)
         lead = self._confirming()
         if lead is not None:
-            # The culprit set itself first: where it needs a launch, the engine is then launched
-            # in it, and a failing trial of it in a fresh launch is the fresh confirmation too
-            # (driver.py); the other checks follow in the same engine.
-            hyp = self.space.hypothesis(lead)
-            pending = sorted(self._pending(lead), key=lambda s: s != hyp.members)
-            rest = frozenset(self.candidates) - hyp.members  # the bad end without the lead
-            if (hyp.is_set and rest and pending and self._tracker.engine_up(rest)
-                    and not any(self._tracker.engine_up(p) for p in pending)
-                    and rest not in {r.subset for r in self._records}):
-                # The checks need another engine and the remedy check (driver.py) would need
-                # this one back after them: test the bad end without the lead while it is up
-                # (a search trial like any other; the remedy check then reuses its outcome).
-                return [rest]
-            return pending[:k]
+            return self._propose_checks(lead, k)
         tracker = self._tracker.copy()  # the prices after the round's earlier subsets
         if not self._ends_known:
             design = RoundDesign(self.space, self.posterior(), self.noise)
@@ -282,6 +273,63 @@ class Search:
                 break
             self._commit(design, tracker, choice)
             out.append(self.space.subset(choice))
+        return out
+
+    def _propose_checks(self, lead: int, k: int) -> list[frozenset[str]]:
+        """The next trials of the confirm phase. A check "C minus x passes" is spoken for by any
+        configuration that holds C minus x and not x, so where one of them runs in an engine
+        that is up (or in the load-time state the remedy check will need) it is preferred to C
+        minus x itself: the phase then launches as few engines as its checks need.
+
+        Order: a check that is a hot switch now; else the bad end without the lead while its
+        engine is up (the remedy check, driver.py, then reuses that outcome instead of
+        launching it again after the checks); else the culprit set itself (a launch for it is
+        the fresh confirmation, driver.py); else a launch, in the remedy's load-time state
+        where one of the check's configurations is in it."""
+        hyp = self.space.hypothesis(lead)
+        options = self._check_options(lead)
+        tracker = self._tracker
+        rest = frozenset(self.candidates) - hyp.members  # the bad end without the lead
+        tested = {r.subset for r in self._records}
+        remedy_state = None
+        if self.costs is not None and hyp.is_set and rest and rest not in tested:
+            remedy_state = rest & self.costs.load_time
+        picks = []  # one configuration per check: hot now, else in the remedy's state
+        for opts in options:
+            pick = next((o for o in opts if tracker.engine_up(o)), None)
+            if pick is None and remedy_state is not None:
+                pick = next((o for o in opts if o & self.costs.load_time == remedy_state), None)
+            picks.append(pick or opts[0])
+        if (picks and hyp.is_set and rest and tracker.engine_up(rest) and rest not in tested
+                and not any(tracker.engine_up(p) for p in picks)):
+            return [rest]
+        picks.sort(key=lambda p: (not tracker.engine_up(p), p != hyp.members))  # stable
+        return list(dict.fromkeys(picks))[:k]
+
+    def _check_options(self, lead: int) -> list[list[frozenset[str]]]:
+        """Per unconfirmed check of `lead`: the configurations that speak for it, its own first
+        (confirm.pending), then, for "C minus x passes", C minus x in each load-time state where
+        it can run (the engines up and the remedy's): C minus x plus that state's load-time
+        candidates other than x."""
+        hyp = self.space.hypothesis(lead)
+        everything = frozenset(self.candidates)
+        load = self.costs.load_time & everything if self.costs is not None else frozenset()
+        states = list(self._tracker.engines)
+        if hyp.is_set and hyp.members != everything:
+            states.append((everything - hyp.members) & load)
+        out = []
+        for check in self._checks(lead):
+            own = confirm.pending([check], self._skipped, self.candidates)
+            if not own:
+                continue
+            opts = list(own)
+            if check.member is not None and load:
+                for state in states:
+                    alt = check.config | (state - {check.member})
+                    if (check.config and alt & load == state and alt not in opts
+                            and alt not in self._skipped):
+                        opts.append(alt)
+            out.append(opts)
         return out
 
     def _propose_ends(self, design: RoundDesign, k: int,
@@ -311,23 +359,49 @@ class Search:
     def _pricer(self, design: RoundDesign,
                 tracker: CostTracker) -> Callable[[np.ndarray], tuple[float, float]] | None:
         """Expected seconds of a trial of a subset, and its credit (None: the unpriced design).
-        A trial that the remedy check would run anyway (the bad end without the likely culprit
-        set, not tested yet) is credited with the chance that it is that trial."""
+        Two trials the bisect runs anyway are credited with the chance that this is that trial:
+        the bad end without the likely culprit set (the remedy check), and, in hot mode, a
+        first trial of a culprit set that launches its own engine (a FAIL there is the fresh
+        confirmation, driver.py)."""
         if self.costs is None:
             return None
         post = self.posterior()
         everything = self.space.mask(frozenset(self.candidates))
+        confirms = self.costs.hot and self.confirm
+        leaving = self._leaving_s(tracker, post)
 
         def price(mask: np.ndarray) -> tuple[float, float]:
             subset = self.space.subset(mask)
             seconds = tracker.quote(subset, design.p_fail(mask))
-            row = self._set_row.get((everything - mask).tobytes())
+            if leaving and not tracker.engine_up(subset):
+                seconds += leaving
             if tracker.seen[subset]:
-                row = None  # the remedy check counts the first trial only
-            credit = min(float(post[row]), _MAX_REMEDY_CREDIT) if row is not None else 0.0
-            return seconds, credit
+                return seconds, 0.0  # each counts the first trial only
+            row = self._set_row.get((everything - mask).tobytes())
+            share = float(post[row]) if row is not None else 0.0
+            if confirms and not tracker.engine_up(subset):
+                own = self._set_row.get(mask.tobytes())
+                share = max(share, float(post[own]) if own is not None else 0.0)
+            return seconds, min(share, _MAX_CREDIT)
 
         return price
+
+    def _leaving_s(self, tracker: CostTracker, post: np.ndarray) -> float:
+        """The expected seconds a launch adds later by stopping the oldest engine (one node
+        holds `pool` engines): the remedy check of a culprit set C runs the bad end without C,
+        and where that configuration is untested and its load-time state is the engine's that
+        a launch now stops, the check must launch it again (launch_s × the mass of those C)."""
+        costs = self.costs
+        if costs is None or not costs.hot or len(tracker.engines) < costs.pool:
+            return 0.0
+        stopped = tracker.engines[0]
+        everything = frozenset(self.candidates)
+        mass = 0.0
+        for i, members in enumerate(self.space.members):
+            rest = everything - self.space.subset(members)
+            if rest and rest & costs.load_time == stopped and not tracker.seen[rest]:
+                mass += float(post[i])
+        return costs.launch_s * mass
 
     def _design_posterior(self) -> np.ndarray:
         """The posterior the design sees: culprit sets of order k weighted by

@@ -75,6 +75,7 @@ class BisectSpec:
             design_discount=self.design_discount,
             trial_noise=self.trial_noise,
             costs=self.costs,
+            confirm=self.confirm,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -51,7 +51,7 @@ class Setup:
         return Search(self.candidates, noise=self.noise, confidence=self.confidence,
                       max_trials=self.max_trials, parallel=parallel, max_order=self.max_order,
                       priors=Priors(weights=dict(self.weights)), trial_noise=self.trial_noise,
-                      costs=self.costs if priced else None)
+                      costs=self.costs if priced else None, confirm=self.confirm)
 
     def without(self, levers: Sequence[str]) -> Setup:
         """The same bisect with `levers` off."""
