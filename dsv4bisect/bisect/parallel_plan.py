@@ -202,6 +202,7 @@ def plan_nodes(setup: Setup, nodes: Sequence[int] = NODE_COUNTS, *, trials: int 
         raise BisectError("the plan needs at least one simulated run", "use trials >= 1")
     if not nodes or min(nodes) < 1:
         raise BisectError(f"node counts {list(nodes)}", "use at least one node")
+    setup = replace(setup, confirm=False)  # the Ray executor cannot launch fresh
     levers = available_levers(setup)
     culprits, seeds = common_draws(setup, max(of or trials, trials), seed)
     culprits, seeds = culprits[:trials], seeds[:trials]

@@ -368,13 +368,10 @@ class Search:
         post = self.posterior()
         everything = self.space.mask(frozenset(self.candidates))
         confirms = self.costs.hot and self.confirm
-        leaving = self._leaving_s(tracker, post)
 
         def price(mask: np.ndarray) -> tuple[float, float]:
             subset = self.space.subset(mask)
             seconds = tracker.quote(subset, design.p_fail(mask))
-            if leaving and not tracker.engine_up(subset):
-                seconds += leaving
             if tracker.seen[subset]:
                 return seconds, 0.0  # each counts the first trial only
             row = self._set_row.get((everything - mask).tobytes())
@@ -385,23 +382,6 @@ class Search:
             return seconds, min(share, _MAX_CREDIT)
 
         return price
-
-    def _leaving_s(self, tracker: CostTracker, post: np.ndarray) -> float:
-        """The expected seconds a launch adds later by stopping the oldest engine (one node
-        holds `pool` engines): the remedy check of a culprit set C runs the bad end without C,
-        and where that configuration is untested and its load-time state is the engine's that
-        a launch now stops, the check must launch it again (launch_s × the mass of those C)."""
-        costs = self.costs
-        if costs is None or not costs.hot or len(tracker.engines) < costs.pool:
-            return 0.0
-        stopped = tracker.engines[0]
-        everything = frozenset(self.candidates)
-        mass = 0.0
-        for i, members in enumerate(self.space.members):
-            rest = everything - self.space.subset(members)
-            if rest and rest & costs.load_time == stopped and not tracker.seen[rest]:
-                mass += float(post[i])
-        return costs.launch_s * mass
 
     def _design_posterior(self) -> np.ndarray:
         """The posterior the design sees: culprit sets of order k weighted by

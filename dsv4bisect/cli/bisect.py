@@ -185,8 +185,9 @@ def bisect(
         costs = _costs(runner, question, noise, details, durations,
                        {"launch": launch_cost, "switch": switch_cost, "probe": probe_cost},
                        hot=hot)
+        # the Ray executor cannot launch fresh: no confirmation to run, price or plan for
         spec = _spec(question, noise, confidence, max_trials, parallel, warn_as, costs,
-                     confirm=not no_confirm)
+                     confirm=not no_confirm and placement["executor"] != "ray")
         _say_question(question, noise, where)
         mt_priors = bisect_priors(question, microtest_priors, test_cmd=test_cmd is not None,
                                   tier=tier)
@@ -422,7 +423,8 @@ def _show_plan(p: WholePlan, costs: PlanCosts, spec: BisectSpec, json_out: bool,
         f = p.with_levers
         extra = {} if nodes is None else {"nodes": node_json(nodes, spec.parallel)}
         print(json.dumps({
-            "n_candidates": len(spec.candidates), "runs": p.runs,
+            "n_candidates": len(spec.candidates), "candidates": list(spec.candidates),
+            "runs": p.runs,
             "noise": {"false_fail": spec.noise.false_fail, "false_pass": spec.noise.false_pass},
             "trial_noise": {"false_fail": costs.trial_noise.false_fail,
                             "false_pass": costs.trial_noise.false_pass},

@@ -55,7 +55,7 @@ def node_lines(plan: NodePlan, asked: int, main_runs: int,
                "measures no good end another measured and probes sequentially once any node "
                "ran the bad end; with fresh launches each node measures its own baselines; no "
                "fresh confirmation (the Ray executor cannot launch fresh), so 1 node is the "
-               "plan above less its confirmation")
+               "plan above")
     out.append(f"  {_saving(plan)}")
     return out
 
