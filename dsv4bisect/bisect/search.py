@@ -299,7 +299,7 @@ class Search:
             pick = next((o for o in opts if tracker.engine_up(o)), None)
             if pick is None and remedy_state is not None:
                 pick = next((o for o in opts if o & self.costs.load_time == remedy_state), None)
-            picks.append(pick or opts[0])
+            picks.append(opts[0] if pick is None else pick)
         if (picks and hyp.is_set and rest and tracker.engine_up(rest) and rest not in tested
                 and not any(tracker.engine_up(p) for p in picks)):
             return [rest]
