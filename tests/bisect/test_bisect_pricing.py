@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dsv4bisect.bisect.costs import plan_costs, probe_shape
-from dsv4bisect.bisect.design import Noise
+from dsv4bisect.bisect.design import Noise, RoundDesign
 from dsv4bisect.bisect.hypotheses import tier_weights
 from dsv4bisect.bisect.plan import oracle_outcome
 from dsv4bisect.bisect.pricing import CostTracker, StepCosts
@@ -243,3 +243,21 @@ def test_the_confirm_phase_switches_before_it_launches_and_launches_what_it_need
                 search.record(subset, oracle_outcome(subset, frozenset(culprit), EXACT, rng))
         assert search.result().culprits == frozenset(culprit)  # the search still assumes 5 %
     assert all(seen.values()), seen
+
+
+def test_a_launch_of_the_likely_culprits_is_credited_as_the_fresh_confirmation():
+    def credit(confirm: bool, subset: frozenset[str]) -> float:
+        search = ended(Search(NAMES, noise=FIVE, costs=SGLANG, confirm=confirm))
+        for _ in range(2):  # {a} becomes the likely culprit set; the engine up is λ = {b, c}
+            search.record(frozenset({"a", "b", "c"}), Outcome.FAIL)
+            search.record(frozenset({"b", "c", "d", "e", "f"}), Outcome.PASS)
+        tracker = search._tracker.copy()
+        design = RoundDesign(search.space, search.posterior(), search.trial_noise)
+        price = search._pricer(design, tracker)
+        assert price is not None and not tracker.engine_up(subset)
+        return price(search.space.mask(subset))[1]
+
+    a, ab = frozenset({"a"}), frozenset({"a", "d"})
+    assert 0.5 < credit(True, a) <= 0.9  # its launch is likely the confirmation
+    assert credit(False, a) == 0.0  # --no-confirm, or an executor that cannot launch fresh
+    assert credit(True, ab) < 0.1  # an unlikely set

@@ -72,8 +72,9 @@ def test_plan_for_ray_nodes_prints_the_node_table_without_ray(tmp_path: Path) ->
 
     ray = json.loads(_plan("--executor", "ray", "--parallel", "3", "--json", cwd=tmp_path).stdout)
     nodes = ray.pop("nodes")  # beside the single-node plan's keys, which stay as they are
-    assert sorted(ray) == ["candidates", "confirm", "costs", "hot", "levers", "load_time", "mean_launches",
-                           "mean_trials", "mean_wall_s", "n_candidates", "noise", "p90_wall_s",
+    assert sorted(ray) == ["candidates", "confirm", "costs", "hot", "levers", "load_time",
+                           "mean_launches", "mean_trials", "mean_wall_s", "n_candidates", "noise",
+                           "p90_wall_s",
                            "p_correct", "phase_s", "runs", "trial_noise", "with_levers",
                            "without_levers"]
     assert nodes["runs"] == 100 and nodes["parallel"] == 3 and nodes["confirmation"] is False
