@@ -10,6 +10,7 @@ SWITCHES = "DSV4BISECT_SWITCHES"  # VAR=V,... the upstream switches as set (chec
 ALLOW_UNVERIFIED_SGLANG = "DSV4BISECT_ALLOW_UNVERIFIED_SGLANG"  # 1: run on an unverified SGLang
 RECEIPTS = "DSV4BISECT_RECEIPTS"  # directory where engine processes write receipts
 ROLE = "DSV4BISECT_ROLE"  # the role of an engine process (server, prefill, decode)
+LAUNCH = "DSV4BISECT_LAUNCH"  # names one spawn of an engine process (engines/groups.py)
 SWITCH_DIR = "DSV4BISECT_SWITCH_DIR"  # hot mode: where switch requests and receipts live
 HOT = "DSV4BISECT_HOT"  # hot mode: wire of the patches that may be switched in (bad variants)
 CACHE = "DSV4BISECT_CACHE"  # cache root (worktrees, baselines, the ledger); default ~/.cache/dsv4bisect

@@ -1,11 +1,16 @@
 """Engine process groups: recorded where they were launched, waited for, and stopped if orphaned.
 
 `kill -9` of `dsv4bisect run` (or `bisect`) gives it no chance to stop its engines. So every
-launch writes `engines.json` into its arm directory as soon as each process is spawned:
+launch writes `engines.json` into its arm directory before and after each process is spawned:
 
     {"schema": "dsv4bisect.engines/1",
      "owner":  {"pid", "start_time"},            # the dsv4bisect process that launched them
-     "groups": [{"role", "pid", "start_time", "state": running|stopped, "argv0"}]}
+     "groups": [{"role", "launch", "pid", "start_time", "state": spawning|running|stopped,
+                 "argv0"}]}
+
+`launch` (a random id, also in the child's environment as DSV4BISECT_LAUNCH) is written before
+the spawn: an owner killed after the child exists but before its PID is recorded leaves an entry
+in state `spawning` without a PID, and its group leader is then found by that environment entry.
 
 Each engine process leads its own session and process group (`start_new_session`), so its PID is
 its group id. The next `run` or `bisect` on the same runs root calls `stop_orphans(root)`: a group
@@ -23,6 +28,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +36,7 @@ from typing import Any
 from dsv4bisect.config.bounded import load_json
 from dsv4bisect.engines import procfs
 from dsv4bisect.engines.rundir import write_json
+from dsv4bisect.env import LAUNCH
 from dsv4bisect.errors import ConfigError
 
 RECORD = "engines.json"
@@ -55,10 +62,33 @@ class GroupRecord:
         self.path = directory / RECORD
         self.doc: dict[str, Any] = {"schema": SCHEMA, "owner": identity(), "groups": []}
 
-    def add(self, role: str, pid: int, argv0: str) -> None:
-        self.doc["groups"].append({"role": role, "pid": pid, "start_time": procfs.start_time(pid),
-                                   "state": "running", "argv0": argv0})
+    def spawning(self, role: str) -> str:
+        """Record a spawn before it happens. The value returned goes into the child's
+        environment (`env.LAUNCH`), so an owner killed after the child exists and before `add`
+        still leaves a record that names it (`stop_orphans` finds it by that entry)."""
+        launch = uuid.uuid4().hex
+        self.doc["groups"].append({"role": role, "launch": launch, "state": "spawning"})
         self._save()
+        return launch
+
+    def add(self, role: str, pid: int, argv0: str, launch: str | None = None) -> None:
+        entry = self._entry(launch)
+        if entry is None:
+            entry = {"role": role}
+            self.doc["groups"].append(entry)
+        entry.update(pid=pid, start_time=procfs.start_time(pid), state="running", argv0=argv0)
+        self._save()
+
+    def failed(self, launch: str) -> None:
+        """The spawn announced by `spawning` raised: nothing was started."""
+        entry = self._entry(launch)
+        if entry is not None:
+            entry["state"] = "stopped"
+            self._save()
+
+    def _entry(self, launch: str | None) -> dict[str, Any] | None:
+        return next((g for g in self.doc["groups"] if launch and g.get("launch") == launch),
+                    None)
 
     def stopped(self, pid: int) -> None:
         for group in self.doc["groups"]:
@@ -130,9 +160,13 @@ def stop_orphans(root: Path, grace_s: float = 5.0) -> list[Orphan]:
             if group.get("state") == "stopped":
                 continue
             pid, started = int(group.get("pid") or 0), group.get("start_time")
-            if pid > 1 and procfs.same_process(pid, started):
-                left = _stop_group(pid, grace_s)
-                stopped.append(Orphan(pid, str(group.get("role")), path, tuple(left)))
+            if pid > 1:
+                leaders = [pid] if procfs.same_process(pid, started) else []
+            else:  # spawned but never recorded (the owner died in between): its launch entry
+                leaders = _unrecorded(group.get("launch"))
+            for leader in leaders:
+                left = _stop_group(leader, grace_s)
+                stopped.append(Orphan(leader, str(group.get("role")), path, tuple(left)))
             group["state"] = "stopped"
             changed = True
         if changed:
@@ -141,6 +175,15 @@ def stop_orphans(root: Path, grace_s: float = 5.0) -> list[Orphan]:
             except OSError:
                 pass
     return stopped
+
+
+def _unrecorded(launch: object) -> list[int]:
+    """The group leaders started with this launch entry in their environment (an engine's own
+    children inherit it but are not leaders: stopping the group stops them)."""
+    if not isinstance(launch, str) or not launch:
+        return []
+    found = procfs.with_environ(f"{LAUNCH}={launch}")
+    return [pid for pid in found if (st := procfs.stat(pid)) is not None and st.pgrp == pid]
 
 
 def _own_record(path: Path) -> dict[str, Any] | None:

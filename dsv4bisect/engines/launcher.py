@@ -130,16 +130,23 @@ class Launch:
 
     def _spawn(self, spec: ProcessSpec, port: int) -> Running:
         log_path = self.run_dir / "logs" / f"{spec.role}.log"
+        # recorded before the spawn: a kill -9 from here on leaves a record naming the child
+        launch = self._record.spawning(spec.role) if self._record is not None else None
         environ = {**os.environ, **dict(spec.env), envvars.ROLE: spec.role,
                    envvars.RECEIPTS: str(self.receipts_dir.resolve()),
-                   "PYTHONUNBUFFERED": "1"}
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen(  # argv list, never a shell
-                list(spec.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=environ, start_new_session=True,
-            )
-        if self._record is not None:  # at once: a kill -9 from here on leaves a record
-            self._record.add(spec.role, popen.pid, spec.argv[0] if spec.argv else "")
+                   "PYTHONUNBUFFERED": "1", **({envvars.LAUNCH: launch} if launch else {})}
+        try:
+            with open(log_path, "ab") as log:
+                popen = subprocess.Popen(  # argv list, never a shell
+                    list(spec.argv), stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, env=environ, start_new_session=True,
+                )
+        except OSError:
+            if self._record is not None and launch:
+                self._record.failed(launch)
+            raise
+        if self._record is not None:
+            self._record.add(spec.role, popen.pid, spec.argv[0] if spec.argv else "", launch)
         self._event(spec.role, "starting", "")
         return Running(spec, popen, log_path, f"http://{self.cfg.host}:{port}")
 

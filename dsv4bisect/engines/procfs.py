@@ -68,6 +68,23 @@ def same_process(pid: int, started: int | None) -> bool:
         and st.start_time == started
 
 
+def with_environ(entry: str) -> list[int]:
+    """Live (non-zombie) processes whose environment, as they were started with it, holds
+    `entry` ("NAME=value"); another user's processes are unreadable and left out."""
+    want = entry.encode()
+    out = []
+    for pid in pids():
+        try:
+            environ = (PROC / str(pid) / "environ").read_bytes()
+        except OSError:
+            continue
+        if want in environ.split(b"\0"):
+            st = stat(pid)
+            if st is not None and st.state != "Z":
+                out.append(pid)
+    return out
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes of process group `pgid`."""
     out = []
