@@ -92,7 +92,7 @@ class GroupRecord:
 
     def stopped(self, pid: int) -> None:
         for group in self.doc["groups"]:
-            if group["pid"] == pid:
+            if group.get("pid") == pid:  # a failed spawn has none
                 group["state"] = "stopped"
         self._save()
 

@@ -124,3 +124,6 @@ def test_a_recorded_spawn_fills_its_entry_and_a_failed_one_is_marked_stopped(
     entries = json.loads((tmp_path / groups.RECORD).read_text())["groups"]
     assert [(g["role"], g["state"], g.get("pid")) for g in entries] == [
         ("prefill", "running", os.getpid()), ("decode", "stopped", None)]
+    record.stopped(os.getpid())  # the teardown after it: the failed entry has no PID
+    entries = json.loads((tmp_path / groups.RECORD).read_text())["groups"]
+    assert [g["state"] for g in entries] == ["stopped", "stopped"]
