@@ -80,6 +80,7 @@ class Search:
         self.trial_noise = trial_noise or noise  # what the design expects of non-end trials
         self.costs = costs  # None: the unpriced design (information per trial)
         self.confirm = confirm  # a fresh confirmation follows a FOUND in hot mode (driver.py)
+        self._load = (costs.load_time & frozenset(candidates)) if costs else frozenset()
         self.space = HypothesisSpace(candidates, max_order, priors)
         self._log_post = self.space.log_prior.copy()
         self._records: list[Record] = []
@@ -287,47 +288,46 @@ class Search:
         the fresh confirmation, driver.py); else a launch, in the remedy's load-time state
         where one of the check's configurations is in it."""
         hyp = self.space.hypothesis(lead)
-        options = self._check_options(lead)
         tracker = self._tracker
         rest = frozenset(self.candidates) - hyp.members  # the bad end without the lead
-        tested = {r.subset for r in self._records}
-        remedy_state = None
-        if self.costs is not None and hyp.is_set and rest and rest not in tested:
-            remedy_state = rest & self.costs.load_time
+        remedy_state = self._remedy_state(hyp)
         picks = []  # one configuration per check: hot now, else in the remedy's state
-        for opts in options:
+        for opts in self._check_options(lead):
             pick = next((o for o in opts if tracker.engine_up(o)), None)
             if pick is None and remedy_state is not None:
-                pick = next((o for o in opts if o & self.costs.load_time == remedy_state), None)
+                pick = next((o for o in opts if o & self._load == remedy_state), None)
             picks.append(opts[0] if pick is None else pick)
-        if (picks and hyp.is_set and rest and tracker.engine_up(rest) and rest not in tested
+        if (picks and hyp.is_set and rest and not tracker.seen[rest] and tracker.engine_up(rest)
                 and not any(tracker.engine_up(p) for p in picks)):
             return [rest]
         picks.sort(key=lambda p: (not tracker.engine_up(p), p != hyp.members))  # stable
         return list(dict.fromkeys(picks))[:k]
+
+    def _remedy_state(self, hyp: Hypothesis) -> frozenset[str] | None:
+        """The load-time state of the remedy check's configuration (the bad end without `hyp`)
+        while that configuration is untested; None without load-time candidates."""
+        rest = frozenset(self.candidates) - hyp.members
+        if not (self._load and hyp.is_set and rest) or self._tracker.seen[rest]:
+            return None
+        return rest & self._load
 
     def _check_options(self, lead: int) -> list[list[frozenset[str]]]:
         """Per unconfirmed check of `lead`: the configurations that speak for it, its own first
         (confirm.pending), then, for "C minus x passes", C minus x in each load-time state where
         it can run (the engines up and the remedy's): C minus x plus that state's load-time
         candidates other than x."""
-        hyp = self.space.hypothesis(lead)
-        everything = frozenset(self.candidates)
-        load = self.costs.load_time & everything if self.costs is not None else frozenset()
-        states = list(self._tracker.engines)
-        if hyp.is_set and hyp.members != everything:
-            states.append((everything - hyp.members) & load)
+        remedy_state = self._remedy_state(self.space.hypothesis(lead))
+        states = [*self._tracker.engines, *([remedy_state] if remedy_state is not None else [])]
         out = []
         for check in self._checks(lead):
             own = confirm.pending([check], self._skipped, self.candidates)
             if not own:
                 continue
             opts = list(own)
-            if check.member is not None and load:
+            if check.member is not None and check.config:
                 for state in states:
                     alt = check.config | (state - {check.member})
-                    if (check.config and alt & load == state and alt not in opts
-                            and alt not in self._skipped):
+                    if alt & self._load == state and alt not in opts and alt not in self._skipped:
                         opts.append(alt)
             out.append(opts)
         return out
