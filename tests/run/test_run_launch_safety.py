@@ -66,6 +66,13 @@ def test_a_port_held_by_a_foreign_server_is_cannot_test_with_the_holder_named(
         foreign.wait()
 
 
+def _spawned(record: Path) -> bool:
+    """Every entry of an engines.json holds its PID (each is written just before its spawn,
+    in state `spawning`, and gets the PID right after)."""
+    groups = json.loads(record.read_text())["groups"]
+    return bool(groups) and all(g.get("pid") for g in groups)
+
+
 @pytest.mark.parametrize("nxt", ["run", "bisect"])
 def test_kill_9_of_run_leaves_no_engine_once_the_next_run_starts(tmp_path: Path,
                                                                  nxt: str) -> None:
@@ -79,7 +86,7 @@ def test_kill_9_of_run_leaves_no_engine_once_the_next_run_starts(tmp_path: Path,
         def both_recorded() -> bool:
             assert first.poll() is None, (tmp_path / "first.log").read_text()
             recs = list(runs.glob("*/*/engines.json")) if runs.exists() else []
-            return len(recs) == 2 and all(json.loads(r.read_text())["groups"] for r in recs)
+            return len(recs) == 2 and all(_spawned(r) for r in recs)
 
         _wait("both engines to be recorded", both_recorded)
         run_dir = next(runs.iterdir())
