@@ -49,6 +49,12 @@ def serve(
     header_timeout: Annotated[float, typer.Option(
         min=0.1, max=3600, metavar="SECONDS",
         help="Drop a connection whose request headers take longer than this.")] = 10.0,
+    max_running_requests: Annotated[Optional[int], typer.Option(
+        min=1, help="Requests decoded in one batch (SGLang's name; default: the engine's).")
+    ] = None,
+    disable_radix_cache: Annotated[bool, typer.Option(
+        "--disable-radix-cache", help="Prefill every request from scratch (SGLang's name).")
+    ] = False,
 ) -> None:
     """Serve the embedded DeepSeek-V4 reference engine on SGLang's HTTP API subset.
 
@@ -58,8 +64,8 @@ def serve(
     from dsv4bisect.config.checkpoints import checkpoint_dir
     from dsv4bisect.patching.registry import builtin_patches
     from dsv4bisect.patching.wire import ENV_VAR, parse_patch_set
-    from dsv4bisect.reference.server import ServeOptions
     from dsv4bisect.reference.server import serve as run_server
+    from dsv4bisect.reference.serving import ServeOptions
 
     patches = parse_patch_set(os.environ.get(ENV_VAR, ""), builtin_patches())
     directory = checkpoint_dir(checkpoint)
@@ -69,7 +75,8 @@ def serve(
         device=device.value, chunk_size=chunk_size, moe_backend=moe_backend,
         precision=precision.value, threads=threads,
         max_model_len=max_model_len, served_model_name=served_model_name, patches=patches,
-        header_timeout=header_timeout,
+        header_timeout=header_timeout, max_running_requests=max_running_requests,
+        disable_radix_cache=disable_radix_cache,
     )
     run_server(opts, _print_ready)
 

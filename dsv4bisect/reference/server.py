@@ -41,7 +41,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -51,6 +51,7 @@ from dsv4bisect.errors import Dsv4BisectError, EngineError
 from dsv4bisect.reference.cancel import Cancelled, stop_when
 from dsv4bisect.reference.native_api import ServerApi
 from dsv4bisect.reference.request_body import ApiError, parse_json
+from dsv4bisect.reference.serving import ServeOptions, build_api
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,6 @@ MAX_CONNECTIONS = 256  # open at once (under the common 1024-descriptor limit); 
 ENGINE_WORKERS = 4  # threads for model routes; the model itself runs one request at a time
 LIGHT_WORKERS = 4  # threads for everything else (health, info, tokenize, errors)
 MAX_QUEUED = 64  # complete requests waiting for a worker, per pool; beyond: 503 at once
-HEADER_TIMEOUT_S = 10.0  # from a request's first byte to the end of its headers
 BODY_TIMEOUT_S = 60.0  # from the end of the headers to the end of the body (64 MiB: 1 MB/s)
 IDLE_TIMEOUT_S = 60.0  # a keep-alive connection with no request is closed after this
 WRITE_TIMEOUT_S = 30.0  # a client that does not read its reply for this long is dropped
@@ -72,22 +72,6 @@ LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 ENGINE_HANDLERS = frozenset({"chat", "completions", "generate", "health_generate"})
 FLUSH_TEXT = ("Cache flushed. The embedded engine keeps no KV cache across requests, so there was "
               "nothing to flush.\n")
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    host: str = "127.0.0.1"
-    port: int = 30000
-    checkpoint: str | None = None  # a checkpoint directory; None: the random tiny model
-    device: str = "auto"
-    chunk_size: int = 2048
-    moe_backend: str = "triton"
-    precision: str = "deployment"  # the embedded engine's precision (deployment | exact)
-    threads: int | None = None
-    max_model_len: int | None = None
-    served_model_name: str | None = None
-    patches: Mapping[str, str] = field(default_factory=dict)  # name -> variant
-    header_timeout: float = HEADER_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -126,40 +110,6 @@ def error_reply(status: int, message: str, err_type: str) -> Reply:
     return Reply(status, {"object": "error", "message": message, "type": err_type, "param": None,
                           "code": status,
                           "error": {"message": message, "type": err_type, "code": status}})
-
-
-def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
-    """Load the engine (this imports torch) and wrap it in the endpoint handlers."""
-    from dsv4bisect import __version__
-    from dsv4bisect.reference.api import ApiConfig
-    from dsv4bisect.reference.engine import ReferenceEngine
-    from dsv4bisect.reference.generation import Generator
-    from dsv4bisect.reference.tokenizer import ByteTokenizer
-
-    extra = {} if opts.max_model_len is None else {"max_model_len": opts.max_model_len}
-    engine = ReferenceEngine.load(
-        opts.checkpoint, patches=dict(opts.patches), moe_backend=opts.moe_backend,
-        precision=opts.precision, chunk_size=opts.chunk_size, device=opts.device, threads=opts.threads, **extra,
-    )
-    name = opts.served_model_name or opts.checkpoint or "reference-tiny-random"
-    info = dict(engine.info())
-    ratios = info.get("compress_ratios") or (info.get("config") or {}).get("compress_ratios")
-    info |= {
-        "engine": "dsv4bisect-reference", "version": __version__,
-        "served_model_name": name, "max_model_len": engine.max_model_len,
-        "compress_ratios": ratios, "moe_backend": opts.moe_backend,
-        "chunk_size": opts.chunk_size, "patches": info.get("patches", dict(opts.patches)),
-        # SGLang's ServerArgs names for the same settings, for clients that read those
-        "model_path": opts.checkpoint or name, "context_length": engine.max_model_len,
-        "chunked_prefill_size": opts.chunk_size, "moe_runner_backend": opts.moe_backend,
-        "host": opts.host, "port": port,
-    }
-    from dsv4bisect.reference.switch import HotSwitch
-
-    generator = Generator(engine, ByteTokenizer(engine.config.vocab_size))
-    api = ServerApi(generator, ApiConfig(name, engine.max_model_len, info))
-    api.hot = HotSwitch.from_env(engine, generator, info)  # hot mode: the switch protocol
-    return api
 
 
 class ReferenceServer:

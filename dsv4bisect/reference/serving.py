@@ -1,0 +1,72 @@
+"""What `dsv4bisect serve` is asked to run (`ServeOptions`) and how the engine behind the HTTP
+API is built from it (`build_api`). Transport-free: `reference/server.py` owns the sockets.
+
+Options keep SGLang's server-argument names where SGLang has the setting
+(`max_running_requests`, `disable_radix_cache`); `chunk_size` is the chunked-prefill token budget
+(SGLang's `chunked_prefill_size`, reported under that name in `/server_info`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from dsv4bisect.reference.native_api import ServerApi
+
+HEADER_TIMEOUT_S = 10.0  # from a request's first byte to the end of its headers
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 30000
+    checkpoint: str | None = None  # a checkpoint directory; None: the random tiny model
+    device: str = "auto"
+    chunk_size: int = 2048  # chunked-prefill token budget (SGLang: chunked_prefill_size)
+    moe_backend: str = "triton"
+    precision: str = "deployment"  # the embedded engine's precision (deployment | exact)
+    threads: int | None = None
+    max_model_len: int | None = None
+    served_model_name: str | None = None
+    patches: Mapping[str, str] = field(default_factory=dict)  # name -> variant
+    header_timeout: float = HEADER_TIMEOUT_S
+    # SGLang's --max-running-requests: requests in one decode batch (None: the engine's default)
+    max_running_requests: int | None = None
+    # SGLang's --disable-radix-cache: every request prefills from scratch
+    disable_radix_cache: bool = False
+
+
+def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
+    """Load the engine (this imports torch) and wrap it in the endpoint handlers."""
+    from dsv4bisect import __version__
+    from dsv4bisect.reference.api import ApiConfig
+    from dsv4bisect.reference.engine import ReferenceEngine
+    from dsv4bisect.reference.generation import Generator
+    from dsv4bisect.reference.switch import HotSwitch
+    from dsv4bisect.reference.tokenizer import ByteTokenizer
+
+    extra = {} if opts.max_model_len is None else {"max_model_len": opts.max_model_len}
+    engine = ReferenceEngine.load(
+        opts.checkpoint, patches=dict(opts.patches), moe_backend=opts.moe_backend,
+        precision=opts.precision, chunk_size=opts.chunk_size, device=opts.device,
+        threads=opts.threads, **extra,
+    )
+    name = opts.served_model_name or opts.checkpoint or "reference-tiny-random"
+    info = dict(engine.info())
+    ratios = info.get("compress_ratios") or (info.get("config") or {}).get("compress_ratios")
+    info |= {
+        "engine": "dsv4bisect-reference", "version": __version__,
+        "served_model_name": name, "max_model_len": engine.max_model_len,
+        "compress_ratios": ratios, "moe_backend": opts.moe_backend,
+        "chunk_size": opts.chunk_size, "patches": info.get("patches", dict(opts.patches)),
+        # SGLang's ServerArgs names for the same settings, for clients that read those
+        "model_path": opts.checkpoint or name, "context_length": engine.max_model_len,
+        "chunked_prefill_size": opts.chunk_size, "moe_runner_backend": opts.moe_backend,
+        "max_running_requests": opts.max_running_requests,
+        "disable_radix_cache": opts.disable_radix_cache,
+        "host": opts.host, "port": port,
+    }
+    generator = Generator(engine, ByteTokenizer(engine.config.vocab_size))
+    api = ServerApi(generator, ApiConfig(name, engine.max_model_len, info))
+    api.hot = HotSwitch.from_env(engine, generator, info)  # hot mode: the switch protocol
+    return api
