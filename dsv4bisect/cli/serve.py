@@ -61,24 +61,32 @@ def serve(
     The patch set comes from DSV4BISECT_PATCHES, exactly as the SGLang plugin reads it. Stops
     cleanly on SIGTERM or Ctrl-C.
     """
-    from dsv4bisect.config.checkpoints import checkpoint_dir
-    from dsv4bisect.patching.registry import builtin_patches
-    from dsv4bisect.patching.wire import ENV_VAR, parse_patch_set
-    from dsv4bisect.reference.server import serve as run_server
-    from dsv4bisect.reference.serving import ServeOptions
+    from dsv4bisect.reference.stop_signal import StopSignal
 
-    patches = parse_patch_set(os.environ.get(ENV_VAR, ""), builtin_patches())
-    directory = checkpoint_dir(checkpoint)
-    _log_requests_to_stderr()
-    opts = ServeOptions(
-        host=host, port=port, checkpoint=None if directory is None else str(directory),
-        device=device.value, chunk_size=chunk_size, moe_backend=moe_backend,
-        precision=precision.value, threads=threads,
-        max_model_len=max_model_len, served_model_name=served_model_name, patches=patches,
-        header_timeout=header_timeout, max_running_requests=max_running_requests,
-        disable_radix_cache=disable_radix_cache,
-    )
-    run_server(opts, _print_ready)
+    # first, before the imports below (uvicorn, starlette: a second or more on a loaded
+    # machine): a SIGTERM sent right after the launch is then kept, not lost or fatal
+    signals = StopSignal.install()
+    try:
+        from dsv4bisect.config.checkpoints import checkpoint_dir
+        from dsv4bisect.patching.registry import builtin_patches
+        from dsv4bisect.patching.wire import ENV_VAR, parse_patch_set
+        from dsv4bisect.reference.server import serve as run_server
+        from dsv4bisect.reference.serving import ServeOptions
+
+        patches = parse_patch_set(os.environ.get(ENV_VAR, ""), builtin_patches())
+        directory = checkpoint_dir(checkpoint)
+        _log_requests_to_stderr()
+        opts = ServeOptions(
+            host=host, port=port, checkpoint=None if directory is None else str(directory),
+            device=device.value, chunk_size=chunk_size, moe_backend=moe_backend,
+            precision=precision.value, threads=threads,
+            max_model_len=max_model_len, served_model_name=served_model_name, patches=patches,
+            header_timeout=header_timeout, max_running_requests=max_running_requests,
+            disable_radix_cache=disable_radix_cache,
+        )
+        run_server(opts, _print_ready, signals)
+    finally:
+        signals.close()
 
 
 def _print_ready(url: str, info: dict[str, Any]) -> None:

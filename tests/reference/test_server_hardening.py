@@ -56,8 +56,8 @@ class Server:
             try:
                 if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return
-            except requests.ConnectionError:
-                pass
+            except (requests.ConnectionError, requests.Timeout):  # not up, or loading
+                pass  # on a busy machine (torch's import holds the GIL for a second or more)
             time.sleep(0.2)
         raise AssertionError("server did not become healthy")
 
