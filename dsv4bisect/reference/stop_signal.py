@@ -36,8 +36,9 @@ class StopSignal:
     """Installed from the main thread (signal handlers live there); `close()` undoes it."""
 
     def __init__(self, read_fd: int, write_fd: int, previous: dict[int, Any],
-                 previous_wakeup: int) -> None:
+                 previous_wakeup: int, hard_exit_s: float) -> None:
         self._read_fd, self._write_fd = read_fd, write_fd
+        self.hard_exit_s = hard_exit_s
         self._previous, self._previous_wakeup = previous, previous_wakeup
         self._on_stop: Callable[[int], None] | None = None
         self._pending: int | None = None  # a signal that came before on_stop was registered
@@ -48,12 +49,12 @@ class StopSignal:
         self._thread.start()
 
     @classmethod
-    def install(cls) -> StopSignal:
+    def install(cls, hard_exit_s: float = HARD_EXIT_S) -> StopSignal:
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)  # set_wakeup_fd needs it; a full pipe drops the byte
         previous = {sig: signal.signal(sig, _ignore) for sig in SIGNALS}
         previous_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        return cls(read_fd, write_fd, previous, previous_wakeup)
+        return cls(read_fd, write_fd, previous, previous_wakeup, hard_exit_s)
 
     def on_stop(self, callback: Callable[[int], None]) -> None:
         """Call `callback(signum)` on the watcher thread at the first signal (at once if one
@@ -101,9 +102,10 @@ class StopSignal:
                 callback(signum)
             except Exception:  # noqa: BLE001 - the deadline below must hold whatever happens
                 log.exception("stopping after %s failed", signal.Signals(signum).name)
-        if not self._finished.wait(HARD_EXIT_S):
+        if not self._finished.wait(self.hard_exit_s):
             log.error("the server did not stop within %.0f s of %s (a thread stuck in the "
-                      "engine?); exiting without it", HARD_EXIT_S, signal.Signals(signum).name)
+                      "engine?); exiting without it", self.hard_exit_s,
+                      signal.Signals(signum).name)
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()

@@ -143,7 +143,7 @@ def _until_closed(s: socket.socket) -> bytes:
 
 def test_bad_content_length_and_chunked_bodies_are_refused(server: Server) -> None:
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
-        s.sendall(b"GARBAGE\r\n\r\n")  # the stdlib parser's refusals are JSON errors too
+        s.sendall(b"GARBAGE\r\n\r\n")  # the HTTP parser's refusals are JSON errors too
         reply = _until_closed(s)
         assert reply.startswith(b"HTTP/1.1 400 ") and b'"type":"BadRequestError"' in reply
     for head, status in (("Content-Length: 5\r\nContent-Length: 6", 400),
@@ -229,13 +229,14 @@ def test_requests_beyond_the_queue_get_503_not_resets(server: Server) -> None:
     try:
         for s in socks:
             s.sendall(raw_post("/generate", body, server.port))
-        # 4 engine workers + 64 queued: the rest are refused at once, not left to time out
+        # 64 model requests in flight (the busy one among them): the rest are refused at once,
+        # not left to time out
         status: dict[socket.socket, int | str] = {}
         deadline = time.monotonic() + 3
         while len(status) < len(socks) and time.monotonic() < deadline:
             ready, _, _ = select.select([s for s in socks if s not in status], [], [], 0.2)
             status |= {s: read_status(s, 5) for s in ready}
-        # 90 - 4 - 64 = 22 if all arrive while the engine is busy; a margin for a slow machine
+        # 91 - 64 = 27 if all arrive while the engine is busy; a margin for a slow machine
         assert list(status.values()).count(503) >= 10, status.values()
         busy.close()  # its generation is cancelled; the queued requests run
         status |= {s: read_status(s, 60) for s in socks if s not in status}
@@ -254,8 +255,8 @@ def test_slow_and_half_open_clients_hold_no_thread_and_are_dropped(server: Serve
         socks.append(s)
     try:
         tic = time.monotonic()
-        # every worker would be stuck on these until they time out if a thread waited for
-        # headers: /health answers long before that
+        # a thread-per-connection server would be stuck on these until they time out:
+        # /health answers long before that
         assert requests.get(f"{server.url}/health", timeout=5).status_code == 200
         assert time.monotonic() - tic < HEADER_TIMEOUT
         assert short_generate(server.url).status_code == 200
@@ -283,7 +284,7 @@ def test_slow_and_half_open_clients_hold_no_thread_and_are_dropped(server: Serve
 
 
 def test_keep_alive_and_pipelined_requests(server: Server) -> None:
-    """Connections go back to the poller between requests; the probe's session relies on it."""
+    """Connections stay open between requests; the probe's session relies on it."""
     with requests.Session() as session:
         for _ in range(3):
             r = session.post(f"{server.url}/tokenize", json={"prompt": "a"}, timeout=30)
@@ -308,7 +309,7 @@ def test_keep_alive_and_pipelined_requests(server: Server) -> None:
 
 def test_idle_connections_cannot_lock_clients_out(server: Server) -> None:
     socks = [socket.create_connection(("127.0.0.1", server.port), timeout=10)
-             for _ in range(300)]  # more than the server keeps open (256), none sending
+             for _ in range(300)]  # hundreds of connections, none sending
     try:
         assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
         assert short_generate(server.url).status_code == 200
