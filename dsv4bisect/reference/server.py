@@ -12,7 +12,7 @@ docs/reference-api.md):
   blocking, and drops a request that does not arrive within its timeout: idle, slow (slowloris)
   or half-open clients hold a file descriptor, never a thread.
 - A complete request goes to one of two bounded worker pools: `engine` for the routes that run
-  the model (serialised on the generator's lock anyway), `light` for the rest, so `/health` and
+  the model (each waits while the scheduler batches it with the others), `light` for the rest, so `/health` and
   `/server_info` answer while generations queue. A pool with MAX_QUEUED requests waiting answers
   503 at once. After its reply a keep-alive connection goes back to the poller.
 - While a request runs the model, a check polled between model steps (`reference/cancel.py`)
@@ -59,7 +59,7 @@ MAX_BODY_BYTES = 64 << 20
 MAX_HEAD_BYTES = 64 << 10  # request line and headers; more is 431 (a real client sends < 4 KiB)
 LISTEN_BACKLOG = 128  # connections the kernel queues before accept (the stdlib default is 5)
 MAX_CONNECTIONS = 256  # open at once (under the common 1024-descriptor limit); then see _accept
-ENGINE_WORKERS = 4  # threads for model routes; the model itself runs one request at a time
+ENGINE_WORKERS = 64  # threads for model routes: each waits on the scheduler, which batches them
 LIGHT_WORKERS = 4  # threads for everything else (health, info, tokenize, errors)
 MAX_QUEUED = 64  # complete requests waiting for a worker, per pool; beyond: 503 at once
 BODY_TIMEOUT_S = 60.0  # from the end of the headers to the end of the body (64 MiB: 1 MB/s)
@@ -70,8 +70,6 @@ POLL_S = 0.25  # the poller's tick: how late a timeout may fire
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 # routes whose handler runs the model (the lock): they get the engine pool
 ENGINE_HANDLERS = frozenset({"chat", "completions", "generate", "health_generate"})
-FLUSH_TEXT = ("Cache flushed. The embedded engine keeps no KV cache across requests, so there was "
-              "nothing to flush.\n")
 
 
 @dataclass(frozen=True)
@@ -211,10 +209,8 @@ class ReferenceServer:
             return error_reply(503, f"the server is {self.state}", "ServiceUnavailableError")
         if route.handler == "health_generate":
             return self._health_generate(api)
-        if route.handler == "flush_cache":  # nothing is cached between requests; in hot
-            if api.hot is not None:  # mode a pending switch is applied here (switch.py)
-                api.hot.apply_pending()
-            return Reply(200, FLUSH_TEXT)
+        if route.handler == "flush_cache":  # the prefix cache; a pending hot switch (switch.py)
+            return Reply(200, api.flush_cache())
         if route.handler == "model_info":
             return Reply(200, self._model_info(api))
         handler = getattr(api, route.handler)
