@@ -101,6 +101,7 @@ class Scheduler:
     def __init__(
         self, engine: Any, *, chunk_size: int | None = None,
         max_running_requests: int | None = None, prefix_cache: PrefixCache | None = None,
+        background: bool = True,
     ) -> None:
         self.engine, self.model = engine, engine.model
         self.chunk_size = chunk_size or engine.chunk_size
@@ -115,6 +116,7 @@ class Scheduler:
         self._hold = 0  # drains in progress: no new request is admitted
         self._step_lock = threading.Lock()  # held while a step uses the model
         self._thread: threading.Thread | None = None
+        self._background = background
         self._stopped = False
         self.totals = {"prefix_cache_hit_tokens": 0, "prefill_tokens_computed": 0,
                        "peak_running_requests": 0, "prefill_batches": 0, "decode_batches": 0,
@@ -126,7 +128,7 @@ class Scheduler:
             if self._stopped:
                 raise RuntimeError("the scheduler is stopped")
             self._waiting.append(req)
-            if self._thread is None:
+            if self._thread is None and self._background:
                 self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
@@ -172,6 +174,17 @@ class Scheduler:
                 self._cond.notify_all()
 
     # ---- the scheduler thread ------------------------------------------------------------------
+    def step(self) -> tuple[str, list[tuple[Request, int]]] | None:
+        """Run one step in the calling thread and return it ((kind, [(request, tokens)]), None
+        when there was no work). For a scheduler built with `background=False` (tests drive it
+        step by step); the background thread runs exactly this."""
+        with self._cond:
+            batch = self._next_batch()
+        if batch is not None:
+            with torch.inference_mode():
+                self._run(*batch)
+        return batch
+
     def _loop(self) -> None:
         with torch.inference_mode():
             while True:
@@ -183,27 +196,26 @@ class Scheduler:
                     if self._stopped:
                         self._fail_all(RuntimeError("the scheduler stopped"))
                         return
-                kind, work = batch
-                try:
-                    with self._step_lock:
-                        finished = (self._prefill(work) if kind == "prefill"
-                                    else self._decode(work))
-                except Exception as exc:  # a bug or a bad input: fail the batch, keep serving
-                    log.exception("%s batch failed", kind)
-                    reqs = [r for r, _ in work] if kind == "prefill" else work
-                    with self._cond:
-                        for r in reqs:
-                            self._leave(r, exc)
-                        self._cond.notify_all()
-                    continue
-                with self._cond:
-                    for r in finished:
-                        self._leave(r, None)
-                    if kind == "prefill":
-                        self._running += [r for r, _ in work
-                                          if r.filled == r.target and r.finish_reason is None
-                                          and r is not self._chunked and not r.done.is_set()]
-                    self._cond.notify_all()
+                self._run(*batch)
+
+    def _run(self, kind: str, work: list[tuple[Request, int]]) -> None:
+        try:
+            with self._step_lock:
+                finished = self._prefill(work) if kind == "prefill" else self._decode(work)
+        except Exception as exc:  # a bug or a bad input: fail the batch, keep serving
+            log.exception("%s batch failed", kind)
+            with self._cond:
+                for r, _ in work:
+                    self._leave(r, exc)
+                self._cond.notify_all()
+            return
+        with self._cond:
+            for r in finished:
+                self._leave(r, None)
+            if kind == "prefill":
+                self._running += [r for r, _ in work if r.filled == r.target
+                                  and not r.done.is_set() and r not in self._running]
+            self._cond.notify_all()
 
     def _next_batch(self) -> tuple[str, Any] | None:
         """Under the lock: drop cancelled requests, then a prefill batch, else a decode one."""
@@ -214,7 +226,7 @@ class Scheduler:
         if prefill:
             return "prefill", prefill
         if self._running:
-            return "decode", list(self._running)
+            return "decode", [(r, 1) for r in self._running]
         return None
 
     def _prefill_batch(self) -> list[tuple[Request, int]]:
@@ -320,8 +332,9 @@ class Scheduler:
                 at += 1
         return done
 
-    def _decode(self, reqs: list[Request]) -> list[Request]:
+    def _decode(self, work: list[tuple[Request, int]]) -> list[Request]:
         """One token for every running request. Returns those that finished."""
+        reqs = [r for r, _ in work]
         self._note_batch(len(reqs))
         device = self.engine.device
         with single_thread():
