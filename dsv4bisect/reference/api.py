@@ -42,9 +42,12 @@ def new_id(prefix: str = "") -> str:
     return prefix + uuid.uuid4().hex
 
 
-def _usage(prompt: int, completion: int) -> dict[str, Any]:
+def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    """OpenAI usage; `prompt_tokens_details.cached_tokens` as SGLang reports it with
+    --enable-cache-report (always on here: the prefix cache is part of what is tested)."""
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
-            "completion_tokens": completion, "prompt_tokens_details": None, "reasoning_tokens": 0}
+            "completion_tokens": completion, "prompt_tokens_details": {"cached_tokens": cached},
+            "reasoning_tokens": 0}
 
 
 def _check_thinking(body: Body) -> None:
@@ -153,7 +156,7 @@ class Api:
         return {
             "id": new_id("chatcmpl-"), "object": "chat.completion", "created": int(time.time()),
             "model": body.get_str("model", self.cfg.served_model_name), "choices": [choice],
-            "usage": _usage(len(prompt), len(out.output_ids)),
+            "usage": _usage(len(prompt), len(out.output_ids), out.cached_tokens),
             "metadata": {"weight_version": WEIGHT_VERSION},
         }
 
@@ -195,7 +198,7 @@ class Api:
         echo = body.get_bool("echo", False)
         logprobs = body.get_int("logprobs", None, minimum=0)
         requested = body.get_int("max_tokens", 16, minimum=1)
-        choices, n_prompt, n_out = [], 0, 0
+        choices, n_prompt, n_out, n_cached = [], 0, 0, 0
         for index, (ids, text) in enumerate(self._completion_prompts(body)):
             out = self.gen.run(GenSpec(
                 ids, self._max_new(len(ids), requested), **self._stops(body),
@@ -210,10 +213,11 @@ class Api:
                 "matched_stop": out.finish_reason.get("matched"),
             })
             n_prompt, n_out = n_prompt + len(ids), n_out + len(out.output_ids)
+            n_cached += out.cached_tokens
         return {
             "id": new_id("cmpl-"), "object": "text_completion", "created": int(time.time()),
             "model": body.get_str("model", self.cfg.served_model_name), "choices": choices,
-            "usage": _usage(n_prompt, n_out), "metadata": {"weight_version": WEIGHT_VERSION},
+            "usage": _usage(n_prompt, n_out, n_cached), "metadata": {"weight_version": WEIGHT_VERSION},
         }
 
     def _legacy_logprobs(self, out: GenOutput, echo: bool, top: int) -> dict[str, Any]:

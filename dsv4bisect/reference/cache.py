@@ -7,24 +7,47 @@ needs from earlier tokens lives here:
   tokens of the current partial window (`pending_*`), for the overlapping CSA scheme the first
   half (Ca) of the previous complete window (`prev_*`), and every compressed entry emitted so far.
 A fresh cache fed the whole prompt in one chunk is the full recompute.
+
+`ModelCache.fork()` is the prefix cache's snapshot (reference/prefix_cache.py): tensors are never
+written in place once stored here (the model replaces them), except the append-only entry rows,
+which a fork shares copy-on-write. So a snapshot costs no copy when taken, and a request resumed
+from it copies the entries it shares only when it appends its first new entry.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 
 class Rows:
-    """Rows appended to a preallocated [capacity, width] buffer that doubles when full."""
+    """Rows appended to a preallocated [capacity, width] buffer that doubles when full. Forks
+    share the buffer; the first append to a shared one copies it (copy-on-write)."""
 
     def __init__(self, width: int, device: torch.device, capacity: int = 64) -> None:
         self._buf = torch.empty(capacity, width, dtype=torch.float32, device=device)
         self.n = 0
+        self._shared = [False]  # one flag per buffer, seen by every fork that shares it
+
+    def fork(self) -> Rows:
+        other = Rows.__new__(Rows)
+        other._buf, other.n = self._buf, self.n
+        self._shared[0] = True
+        other._shared = self._shared
+        return other
+
+    @property
+    def nbytes(self) -> int:
+        return self.n * self._buf.shape[1] * self._buf.element_size()
 
     def append(self, rows: torch.Tensor) -> None:
         need = self.n + rows.shape[0]
+        if self._shared[0]:  # rows past n may belong to another fork: write a private copy
+            own = torch.empty(max(need, 2 * self.n, 64), self._buf.shape[1],
+                              dtype=self._buf.dtype, device=self._buf.device)
+            own[: self.n] = self._buf[: self.n]
+            self._buf, self._shared = own, [False]
         if need > self._buf.shape[0]:
             cap = max(need, 2 * self._buf.shape[0])
             grown = torch.empty(
@@ -59,6 +82,14 @@ class CompressorState:
     def n_entries(self) -> int:
         return self.entries.n
 
+    def fork(self) -> CompressorState:
+        return replace(self, entries=self.entries.fork())
+
+    @property
+    def nbytes(self) -> int:
+        tensors = (self.pending_kv, self.pending_score, self.prev_kv, self.prev_score)
+        return self.entries.nbytes + sum(_nbytes(t) for t in tensors)
+
 
 @dataclass
 class LayerCache:
@@ -69,6 +100,16 @@ class LayerCache:
     comp: CompressorState | None = None
     index: CompressorState | None = None
 
+    def fork(self) -> LayerCache:
+        return LayerCache(self.window, self.window_start,
+                          None if self.comp is None else self.comp.fork(),
+                          None if self.index is None else self.index.fork())
+
+    @property
+    def nbytes(self) -> int:
+        states = (self.comp, self.index)
+        return _nbytes(self.window) + sum(s.nbytes for s in states if s is not None)
+
 
 @dataclass
 class ModelCache:
@@ -76,3 +117,15 @@ class ModelCache:
 
     layers: list[LayerCache] = field(default_factory=list)
     n_tokens: int = 0
+
+    def fork(self) -> ModelCache:
+        """An independent cache at the same point (cheap: see the module docstring)."""
+        return ModelCache([layer.fork() for layer in self.layers], self.n_tokens)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()

@@ -5,6 +5,10 @@ prompt in chunks of `chunk_size` tokens (compressed entries completed inside a c
 to the chunk's later tokens, compression state carries across chunks), then decodes one token per
 step with the same cache. Nothing is kept between requests. Not thread-safe: callers serialise.
 On CPU every run of the same request is bit-for-bit identical (same thread count).
+
+`generate` / `score` run one request (a batch of one) for direct callers (tests, microtests,
+training tools); the server batches requests and reuses prefixes through
+`reference/scheduler.py`, which runs the same model steps.
 """
 
 from __future__ import annotations
@@ -212,7 +216,7 @@ class ReferenceEngine:
             token = int(torch.argmax(logits[0]))  # first maximum: the lowest id
             out.append(token)
             lps.append(float(lp[token]))
-            tops.append(_top(logits[:1], lp[None], k)[0])
+            tops.append(top_alternatives(logits[:1], lp[None], k)[0])
             if token in stop:
                 return Generation(out, lps, tops, "stop")
             if len(out) == max_new_tokens:
@@ -254,10 +258,21 @@ class ReferenceEngine:
                 lp = torch.log_softmax(logits, -1)
                 targets = tokens[s + 1 + lo : e + 1]
                 chosen = lp.gather(1, targets[:, None])[:, 0].tolist()
-                top = _top(logits, lp, k)
+                top = top_alternatives(logits, lp, k)
                 for j, (t, v) in enumerate(zip(targets.tolist(), chosen, strict=True)):
                     scores.append(TokenScore(s + 1 + lo + j, t, v, top[j]))
         return scores
+
+    def check_request(
+        self, input_ids: Sequence[int], max_new_tokens: int, top_logprobs: int,
+        stop_ids: Sequence[int],
+    ) -> None:
+        """RequestError for what `generate` would refuse (the scheduler's callers check here)."""
+        if not _is_int(max_new_tokens) or max_new_tokens < 0:
+            raise RequestError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        self._check_ids(input_ids, max_new_tokens)
+        self._check_top(top_logprobs)
+        self._check_stop(stop_ids)
 
     # ---- helpers --------------------------------------------------------------------------------
     def _prefill(
@@ -322,7 +337,9 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _top(logits: torch.Tensor, lp: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
+def top_alternatives(
+    logits: torch.Tensor, lp: torch.Tensor, k: int
+) -> list[list[tuple[int, float]]]:
     """Per row the k best ids by logit (stable: ties -> lower id) with their log-probs."""
     if k == 0:
         return [[] for _ in range(logits.shape[0])]

@@ -1,24 +1,30 @@
 """One greedy generation or scoring request on the engine, with SGLang's semantics.
 
-This is the part of the server that touches the engine: it serializes model work with a lock (the
-engine is not thread-safe), applies stop strings, and collects input and output log-probs the way
-SGLang's scheduler reports them (`logprob_start_len`: the first reported input position has no
-log-prob; -1 means output only). Endpoints (`reference/api.py`) turn a `GenOutput` into JSON.
+This is the part of the server that touches the engine: `run` hands a request to the scheduler
+(`reference/scheduler.py`: continuous batching and the prefix cache) and waits for it, so it is
+blocking and may be called from many threads at once. It applies stop strings and collects input
+and output log-probs the way SGLang's scheduler reports them (`logprob_start_len`: the first
+reported input position has no log-prob; -1 means output only). Endpoints (`reference/api.py`)
+turn a `GenOutput` into JSON.
 
 Cancellation (`reference/cancel.py`): inside `stop_when(check)`, `run` polls `check` while it
-waits for the engine and between model steps, and raises `Cancelled` once it is true.
+waits; once it is true `run` raises `Cancelled` and the request leaves its batch at the next
+step.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4bisect.reference.cancel import Cancelled, StopCheck, current_check
 from dsv4bisect.reference.tokenizer import EOS_ID, ByteTokenizer
+
+if TYPE_CHECKING:  # the scheduler imports torch; this module stays importable without it
+    from dsv4bisect.reference.scheduler import Request
 
 TopList = list[tuple[int, float]]  # (token id, log-prob), best first
 
@@ -50,9 +56,10 @@ class GenOutput:
     input_ids: list[int]  # the prompt positions that input log-probs cover
     input_logprobs: list[float | None]  # first entry None, as SGLang reports it
     input_top: list[TopList | None]
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied (SGLang's cached_tokens)
 
 
-LOCK_POLL_S = 0.05  # how often a request queued behind another re-checks its stop condition
+POLL_S = 0.05  # how often a waiting request re-checks its stop condition
 
 
 def finite(x: float) -> float | None:
@@ -61,12 +68,21 @@ def finite(x: float) -> float | None:
 
 
 class Generator:
-    """Runs `GenSpec`s on one engine, one at a time."""
+    """Runs `GenSpec`s on one engine through its scheduler; `run` is thread-safe."""
 
-    def __init__(self, engine: Any, tokenizer: ByteTokenizer) -> None:
+    def __init__(
+        self, engine: Any, tokenizer: ByteTokenizer, *, max_running_requests: int | None = None,
+        radix_cache: bool = True, chunk_size: int | None = None,
+    ) -> None:
+        from dsv4bisect.reference.prefix_cache import PrefixCache
+        from dsv4bisect.reference.scheduler import Scheduler
+
         self.engine = engine
         self.tokenizer = tokenizer
-        self.lock = threading.Lock()
+        self.prefix_cache = PrefixCache() if radix_cache else None
+        self.scheduler = Scheduler(engine, chunk_size=chunk_size,
+                                   max_running_requests=max_running_requests,
+                                   prefix_cache=self.prefix_cache)
 
     def run(self, spec: GenSpec) -> GenOutput:
         ids = list(spec.input_ids)
@@ -75,54 +91,65 @@ class Generator:
         k = self.tokenizer.vocab_size if want_all else min(spec.top_logprobs_num,
                                                             self.tokenizer.vocab_size)
         stop_ids = tuple(spec.stop_token_ids) + (() if spec.ignore_eos else (EOS_ID,))
-        scores, gen = [], None
-        check = current_check()
-        self._acquire(check)
-        try:
-            if spec.return_logprob and start + 1 < len(ids):
-                scores = self.engine.score(ids, start=start + 1, top_logprobs=k,
-                                           should_stop=check)
-            if spec.max_new_tokens > 0:
-                gen = self.engine.generate(
-                    ids, max_new_tokens=spec.max_new_tokens, stop_ids=stop_ids, top_logprobs=k,
-                    should_stop=check,
-                )
-        finally:
-            self.lock.release()
-        out_ids = list(gen.output_ids) if gen else []
-        out_lp = [finite(x) for x in gen.logprobs] if gen else []
-        out_top = [list(t) for t in gen.top_logprobs] if gen and k else [[] for _ in out_ids]
+        from dsv4bisect.reference.scheduler import Request
+
+        self.engine.check_request(ids, spec.max_new_tokens, k, stop_ids)
+        score_from = start + 1 if spec.return_logprob and start + 1 < len(ids) else None
+        req = Request(tuple(ids), spec.max_new_tokens, frozenset(stop_ids), k, score_from)
+        if spec.max_new_tokens > 0 or score_from is not None:
+            self._wait(req, current_check())
+        out_ids = list(req.output_ids)
+        out_lp = [finite(x) for x in req.logprobs]
+        out_top = [list(t) for t in req.tops] if k else [[] for _ in out_ids]
         cut = self._stop_cut(spec, out_ids)
         if cut is not None:
             out_ids, out_lp, out_top = out_ids[:cut], out_lp[:cut], out_top[:cut]
         text = self._decoded(spec, out_ids)
-        finish = self._finish(spec, gen, out_ids, text, stopped_by_string=cut is not None)
+        finish = self._finish(spec, req, out_ids, text, stopped_by_string=cut is not None)
         if isinstance(finish.get("matched"), str) and not spec.no_stop_trim:
             text = text[: text.find(finish["matched"])]
-        in_lp: list[float | None] = [None] + [finite(s.logprob) for s in scores]
-        in_top: list[TopList | None] = [None] + [list(s.top) for s in scores]
-        return GenOutput(out_ids, text, finish, out_lp, out_top, ids[start:], in_lp, in_top)
+        in_lp: list[float | None] = [None] + [finite(s.logprob) for s in req.scores]
+        in_top: list[TopList | None] = [None] + [list(s.top) for s in req.scores]
+        return GenOutput(out_ids, text, finish, out_lp, out_top, ids[start:], in_lp, in_top,
+                         req.cached_tokens)
 
-    def _acquire(self, check: StopCheck | None) -> None:
-        """Take the engine; a request whose client left while it queued never runs."""
-        if check is None:
-            self.lock.acquire()
-            return
-        while not self.lock.acquire(timeout=LOCK_POLL_S):
-            if check():
-                raise Cancelled
-        if check():
-            self.lock.release()
+    def _wait(self, req: Request, check: StopCheck | None) -> None:
+        """Queue the request and wait for it; a caller whose client left stops waiting and the
+        request leaves its batch at the next step."""
+        if check is not None and check():
             raise Cancelled
+        self.scheduler.submit(req)
+        if check is None:
+            req.done.wait()
+        else:
+            while not req.done.wait(POLL_S):
+                if check():
+                    self.scheduler.cancel(req)
+                    raise Cancelled
+        if req.error is not None:
+            raise req.error
+
+    @contextmanager
+    def drained(self) -> Iterator[None]:
+        """No request runs inside (new ones wait); the prefix cache is emptied on entry."""
+        with self.scheduler.drained():
+            yield
+
+    def flush_cache(self) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.flush()
+
+    def stats(self) -> dict[str, Any]:
+        return self.scheduler.stats()
 
     @staticmethod
     def _finish(
-        spec: GenSpec, gen: Any, out_ids: list[int], text: str, *, stopped_by_string: bool
+        spec: GenSpec, req: Request, out_ids: list[int], text: str, *, stopped_by_string: bool
     ) -> dict[str, Any]:
         if stopped_by_string:
             found = [s for s in spec.stop if s and s in text]
             return {"type": "stop", "matched": min(found, key=lambda s: text.index(s) + len(s))}
-        if gen is not None and gen.finish_reason == "stop" and out_ids:
+        if req.finish_reason == "stop" and out_ids:
             return {"type": "stop", "matched": out_ids[-1]}
         return {"type": "length", "length": len(out_ids)}
 

@@ -53,8 +53,6 @@ BODY_TIMEOUT_S = 60.0  # from the end of the head to the end of the body (64 MiB
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 # routes whose handler runs the model: the MAX_MODEL_REQUESTS bound, cancelled on disconnect
 MODEL_HANDLERS = frozenset({"chat", "completions", "generate", "health_generate"})
-FLUSH_TEXT = ("Cache flushed. The embedded engine keeps no KV cache across requests, so there was "
-              "nothing to flush.\n")
 CANCELLED_KEY = "dsv4bisect.cancelled"  # scope key: the client left, its generation was cancelled
 
 
@@ -313,10 +311,8 @@ class HttpApp:
         assert api is not None  # admitted only once ready
         if route.handler == "health_generate":
             return _health_generate(api)
-        if route.handler == "flush_cache":  # nothing is cached between requests; in hot
-            if api.hot is not None:  # mode a pending switch is applied here (switch.py)
-                api.hot.apply_pending()
-            return Reply(200, FLUSH_TEXT)
+        if route.handler == "flush_cache":  # the prefix cache; a pending hot switch (switch.py)
+            return Reply(200, api.flush_cache())
         if route.handler == "model_info":
             return Reply(200, _model_info(api, self.state.checkpoint))
         handler = getattr(api, route.handler)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -168,18 +169,37 @@ _linear = Linear
 class Step:
     """What every layer needs about one forward call: `batch` sequences of T tokens each, at
     positions start..start+T. Token-wise ops see the batch flattened ([batch·T, ...]);
-    sequence-wise ops (compressors, indexer, key lists) run per sequence."""
+    sequence-wise ops (compressors, indexer, key lists) run per sequence.
 
-    tokens: torch.Tensor  # [batch·T] int64
+    A ragged step (`Transformer.forward_ragged`: sequences of different lengths at different
+    positions) has `parts`: (first row, Step of that group) in row order, each part a group of
+    `part.batch` sequences at one position; its own token-wise fields cover all N rows and
+    `positions` / `batch` are unused. Token-wise ops (embedding, mHC, norms, projections, MoE,
+    head) run once on all N rows; the key pools, compressor windows and indexer per part."""
+
+    tokens: torch.Tensor  # [N = batch·T] int64
     positions: torch.Tensor  # [T] int64, shared by every sequence of the batch
-    main_rope: tuple[torch.Tensor, torch.Tensor]  # [batch·T, rd/2]; SWA-only layers, no YaRN
-    compress_rope: tuple[torch.Tensor, torch.Tensor]  # [batch·T, rd/2]; compressed layers + YaRN
-    seq_compress_rope: tuple[torch.Tensor, torch.Tensor]  # [T, rd/2]: per-sequence (indexer)
+    main_rope: tuple[torch.Tensor, torch.Tensor]  # [N, rd/2]; SWA-only layers, no YaRN
+    compress_rope: tuple[torch.Tensor, torch.Tensor]  # [N, rd/2]; compressed layers + YaRN
+    token_positions: torch.Tensor  # [N] int64: each row's position in its sequence
     compress_rope_fn: Rope  # for compressed entries at their window positions
     numerics: Numerics
     ops: Ops
     batch: int = 1
     train: TrainHooks | None = None
+    parts: tuple[tuple[int, Step], ...] = ()
+
+    def groups(self, caches: list[Any]) -> list[tuple[int, Step, list[Any]]]:
+        """(first row, the group's Step, its sequences' caches) per group, in row order."""
+        if not self.parts:
+            return [(0, self, caches)]
+        out, c = [], 0
+        for row, part in self.parts:
+            out.append((row, part, caches[c : c + part.batch]))
+            c += part.batch
+        if c != len(caches):
+            raise ValueError(f"a step of {c} sequences got {len(caches)} caches")
+        return out
 
 
 @dataclass
@@ -276,12 +296,25 @@ class Compressor(nn.Module):
     def new_state(self, device: torch.device) -> CompressorState:
         return CompressorState.create(self.ratio, self.wkv.out_features, self.head_dim, device)
 
+    def project(
+        self, x: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token-wise part: x [N, dim], positions [N] -> kv, gate score [N, coff·d]."""
+        return self.wkv(x), self.wgate(x) + self.ape[positions % self.ratio]
+
     def forward(self, x: torch.Tensor, step: Step, states: list[CompressorState]) -> None:
         """x [B, T, dim]: the next T tokens of B sequences whose states are at the same point.
         Append each sequence's entries of every window these tokens complete to its state."""
-        r, B = self.ratio, x.shape[0]
-        kv = self.wkv(x)  # [B, T, coff·d]
-        score = self.wgate(x) + self.ape[step.positions % r]
+        B, T = x.shape[:2]
+        kv, score = self.project(x.reshape(B * T, -1), step.positions.repeat(B))
+        self.absorb(kv.view(B, T, -1), score.view(B, T, -1), step, states)
+
+    def absorb(
+        self, kv: torch.Tensor, score: torch.Tensor, step: Step, states: list[CompressorState]
+    ) -> None:
+        """Sequence-wise part: kv, score [B, T, coff·d] of one group (`step`) -> the entries
+        of every window these tokens complete, appended to each sequence's state."""
+        r, B = self.ratio, kv.shape[0]
         kv = torch.cat((torch.stack([s.pending_kv for s in states]), kv), 1)  # from n_entries·r
         score = torch.cat((torch.stack([s.pending_score for s in states]), score), 1)
         n_win = kv.shape[1] // r
@@ -295,7 +328,7 @@ class Compressor(nn.Module):
             kv, score = self._overlap(kv, score, states)  # [B, n_win, 2r, d]
         pooled = (kv * torch.softmax(score, dim=2)).sum(2)  # [B, n_win, d]
         first = states[0].n_entries
-        positions = (first + torch.arange(n_win, device=x.device)) * r
+        positions = (first + torch.arange(n_win, device=kv.device)) * r
         cos, sin = step.compress_rope_fn.cos_sin(positions)
         entries = apply_rope(self.norm(pooled).transpose(0, 1), cos, sin)  # [n_win, B, d]
         if step.numerics.deployment:  # written to the FP8 cache, read back from it
@@ -333,36 +366,53 @@ class Indexer(nn.Module):
         self.weights_proj = _linear(a.hidden_size, a.index_n_heads)
         self.compressor = Compressor(a, a.index_head_dim, CSA_RATIO, cache="indexer")
 
+    def project(self, x: torch.Tensor, qr: torch.Tensor, step: Step) -> dict[str, torch.Tensor]:
+        """Token-wise part over every row of the step: x [N, dim], qr [N, q_lora] -> the
+        compressor's kv / score [N, 2·d], the queries q [N, H_I, d] (RoPE'd), weights w
+        [N, H_I]."""
+        kv, score = self.compressor.project(x, step.token_positions)
+        q = self.wq_b(qr).view(-1, self.n_heads, self.head_dim)
+        q = apply_rope(q, *step.compress_rope)
+        w = self.weights_proj(x) * (self.head_dim**-0.5 * self.n_heads**-0.5)
+        return {"kv": kv, "score": score, "q": q, "w": w}
+
     def scores(
         self, x: torch.Tensor, qr: torch.Tensor, step: Step, states: list[CompressorState]
     ) -> torch.Tensor | None:
-        """B sequences: x [B, T, dim], qr [B, T, q_lora] -> scores [B, T, S] fp32 (-inf where
-        not yet visible), or None while no entry exists. Appends this chunk's entries."""
-        self.compressor(x, step, states)
+        """B sequences of one group: x [B, T, dim], qr [B, T, q_lora] -> scores [B, T, S]
+        fp32 (-inf where not yet visible), or None while no entry exists. Appends this chunk's
+        entries."""
         B, T = x.shape[:2]
+        p = self.project(x.reshape(B * T, -1), qr.reshape(B * T, -1), step)
+        return self.group_scores({k: v.unflatten(0, (B, T)) for k, v in p.items()}, step, states)
+
+    def group_scores(
+        self, p: dict[str, torch.Tensor], step: Step, states: list[CompressorState]
+    ) -> torch.Tensor | None:
+        """Sequence-wise part: `project`'s tensors of one group as [B, T, ...] -> scores
+        [B, T, S] (None while no entry exists); appends the group's new entries."""
+        self.compressor.absorb(p["kv"], p["score"], step, states)
         S = states[0].n_entries
         if S == 0:
             return None
-        q = self.wq_b(qr).view(B, T, self.n_heads, self.head_dim)
-        q = apply_rope(q.view(B * T, self.n_heads, self.head_dim), *step.compress_rope)
-        w = self.weights_proj(x) * (self.head_dim**-0.5 * self.n_heads**-0.5)  # [B, T, H_I]
         n_visible = torch.clamp((step.positions + 1) // CSA_RATIO, max=S)
         mode = step.numerics.indexer_mode
         logits_fn = step.ops.indexer if mode is None else step.ops.indexer_patched
-        q = q.view(B, T, self.n_heads, self.head_dim)
+        q, w = p["q"], p["w"]
         return torch.stack([  # [B, T, S]; the kernels take one sequence at a time
             logits_fn(q[b], w[b], states[b].entries.view(), n_visible, mode=mode or "fp32")
-            for b in range(B)
+            for b in range(q.shape[0])
         ])
 
     def forward(
-        self, x: torch.Tensor, qr: torch.Tensor, step: Step, states: list[CompressorState]
+        self, p: dict[str, torch.Tensor], step: Step, states: list[CompressorState]
     ) -> torch.Tensor:
-        """-> [B, T, index_topk] entry ids, valid first, -1 where fewer entries are visible."""
-        scores = self.scores(x, qr, step, states)
-        B, T = x.shape[:2]
+        """One group's `project` tensors as [B, T, ...] -> [B, T, index_topk] entry ids, valid
+        first, -1 where fewer entries are visible; appends the group's new entries."""
+        scores = self.group_scores(p, step, states)
+        B, T = p["q"].shape[:2]
         if scores is None:
-            return torch.full((B, T, self.topk), -1, dtype=torch.int64, device=x.device)
+            return torch.full((B, T, self.topk), -1, dtype=torch.int64, device=p["q"].device)
         return indexer_topk(scores.view(B * T, -1), self.topk).view(B, T, -1)
 
 
@@ -445,13 +495,13 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, step: Step, cache: LayerCache | list[LayerCache]
     ) -> torch.Tensor:
-        """x [B·T, dim] (normed; B = len(cache) sequences at the same position) -> [B·T, dim];
-        appends to the caches. Each sequence has its own key pool; one attention call."""
+        """x [N, dim] (normed; the step's rows, one cache per sequence) -> [N, dim]; appends to
+        the caches. Projections run once over all N rows; each group of sequences (one per
+        request in a ragged step) gets its own key pools, compressor windows, indexer and
+        attention call."""
         a, N = self.a, x.shape[0]
         H, D = a.num_attention_heads, a.head_dim
         caches = cache if isinstance(cache, list) else [cache]
-        B = len(caches)
-        T = N // B
         cos, sin = step.compress_rope if self.ratio else step.main_rope
         qr = self.q_norm(self.wq_a(x))  # [N, q_lora]; also the indexer's query input
         q = self.wq_b(qr).view(N, H, D)
@@ -461,43 +511,66 @@ class Attention(nn.Module):
         kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)  # [N, D]
         if step.numerics.deployment:  # the new rows are written to FP8 pages, then read
             kv = prec.model1_kv(kv, a.qk_rope_head_dim)
-        pool, idx = self._keys(x.view(B, T, -1), qr.view(B, T, -1), q.view(B, T, H, D),
-                               kv.view(B, T, D), step, caches)  # [B, P, D], [B, T, K]
-        rows = torch.arange(B, device=x.device)[:, None, None] * pool.shape[1]
-        idx = torch.where(idx >= 0, idx + rows, -1).reshape(N, -1)
+        proj = self._project(x, qr, step)
         split, partial, merge = step.numerics.attention
-        o = step.ops.attention(
-            q,
-            pool.reshape(-1, D),
-            idx.to(torch.int32),
-            self.attn_sink,
-            D**-0.5,
-            split=split,
-            partial_dtype=getattr(torch, partial),
-            merge=merge,
-        )  # [N, H, D]
+        groups, outs = step.groups(caches), []
+        for g, (row, part, group_caches) in enumerate(groups):
+            end = groups[g + 1][0] if g + 1 < len(groups) else N
+            B, rows = part.batch, slice(row, end)
+            T = (end - row) // B
+            mine = {k: {n: t[rows].unflatten(0, (B, T)) for n, t in v.items()}
+                    for k, v in proj.items()}
+            pool, idx = self._keys(mine, q[rows].view(B, T, H, D), kv[rows].view(B, T, D),
+                                   part, group_caches)  # [B, P, D], [B, T, K]
+            offsets = torch.arange(B, device=x.device)[:, None, None] * pool.shape[1]
+            idx = torch.where(idx >= 0, idx + offsets, -1).reshape(B * T, -1)
+            outs.append(step.ops.attention(
+                q[rows],
+                pool.reshape(-1, D),
+                idx.to(torch.int32),
+                self.attn_sink,
+                D**-0.5,
+                split=split,
+                partial_dtype=getattr(torch, partial),
+                merge=merge,
+            ))  # [B·T, H, D]
+        o = outs[0] if len(outs) == 1 else torch.cat(outs)  # [N, H, D]
         o = self.wo_a.act(apply_rope(o, cos, sin, inverse=True).reshape(N, a.o_groups, -1))
         wo_a = self.wo_a.value().view(a.o_groups, a.o_lora_rank, -1)
         o = torch.einsum("tgd,grd->tgr", o, wo_a).reshape(N, -1)  # grouped low-rank output
         return self.wo_b(o)
 
+    def _project(
+        self, x: torch.Tensor, qr: torch.Tensor, step: Step
+    ) -> dict[str, dict[str, torch.Tensor]]:
+        """The compressor's and the indexer's token-wise projections over all N rows."""
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        if self.compressor is not None:
+            kv, score = self.compressor.project(x, step.token_positions)
+            out["comp"] = {"kv": kv, "score": score}
+        if self.indexer is not None:
+            out["index"] = self.indexer.project(x, qr, step)
+        return out
+
     def _keys(
-        self, x: torch.Tensor, qr: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, step: Step,
-        caches: list[LayerCache],
+        self, proj: dict[str, dict[str, torch.Tensor]], q: torch.Tensor, kv: torch.Tensor,
+        step: Step, caches: list[LayerCache],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The key pools [B, w + m, D] (window rows, then compressed entries) and key lists
-        [B, T, K]; runs the compressors and the indexer and updates the caches."""
+        """One group (`step`, B sequences of T tokens): the key pools [B, w + m, D] (window
+        rows, then compressed entries) and key lists [B, T, K]; runs the compressors and the
+        indexer on the group's projections ([B, T, ...]) and updates the caches."""
         a, D, B = self.a, self.a.head_dim, len(caches)
         window = torch.cat((torch.stack([c.window for c in caches]), kv), 1)  # [B, W, D]
         window_start = int(step.positions[0]) - caches[0].window.shape[0]
         n_comp = torch.zeros_like(step.positions)
         comp_ids, entries = None, window.new_empty(B, 0, D)
         if self.compressor is not None:
-            self.compressor(x, step, [c.comp for c in caches])
+            self.compressor.absorb(proj["comp"]["kv"], proj["comp"]["score"], step,
+                                   [c.comp for c in caches])
             entries = torch.stack([c.comp.entries.view() for c in caches])  # [B, m, D]
             n_comp = torch.clamp((step.positions + 1) // self.ratio, max=entries.shape[1])
         if self.indexer is not None:
-            comp_ids, n_comp = self._select(x, qr, q, entries, n_comp, step, caches)
+            comp_ids, n_comp = self._select(proj["index"], q, entries, n_comp, step, caches)
         pool = torch.cat((window, entries), 1)
         idx = key_lists(
             step.positions, a.sliding_window, window_start, window.shape[1], n_comp, comp_ids
@@ -510,23 +583,23 @@ class Attention(nn.Module):
         return pool, idx.expand(B, *idx.shape[-2:])
 
     def _select(
-        self, x: torch.Tensor, qr: torch.Tensor, q: torch.Tensor, entries: torch.Tensor,
+        self, proj: dict[str, torch.Tensor], q: torch.Tensor, entries: torch.Tensor,
         n_comp: torch.Tensor, step: Step, caches: list[LayerCache],
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """CSA: the indexer's top-k entries (comp_ids [B, T, topk], their count [B, T]); in
         training, every visible entry (dense warm-up) and the indexer's distillation loss."""
         train, states = step.train, [c.index for c in caches]
         if train is None:
-            comp_ids = self.indexer(x, qr, step, states)
+            comp_ids = self.indexer(proj, step, states)
             return comp_ids, (comp_ids >= 0).sum(-1)
-        scores = self.indexer.scores(x, qr, step, states)
+        scores = self.indexer.group_scores(proj, step, states)
         if train.indexer_losses is not None and scores is not None:
             train.indexer_losses.append(indexer_distillation(q, entries, scores, n_comp))
         if train.dense_csa:
             return None, n_comp
-        B, T = x.shape[:2]
+        B, T = q.shape[:2]
         if scores is None:
-            ids = torch.full((B, T, self.indexer.topk), -1, dtype=torch.int64, device=x.device)
+            ids = torch.full((B, T, self.indexer.topk), -1, dtype=torch.int64, device=q.device)
         else:
             ids = indexer_topk(scores.view(B * T, -1), self.indexer.topk).view(B, T, -1)
         return ids, (ids >= 0).sum(-1)
@@ -844,13 +917,12 @@ class Transformer(nn.Module):
         T = tokens.shape[0] // batch
         positions = torch.arange(start, start + T, device=tokens.device)
         flat = positions.repeat(batch)
-        seq_compress = self.rope_compress.cos_sin(positions)
         return Step(
             tokens,
             positions,
             self.rope_main.cos_sin(flat),
-            self.rope_compress.cos_sin(flat) if batch > 1 else seq_compress,
-            seq_compress,
+            self.rope_compress.cos_sin(flat),
+            flat,
             self.rope_compress,
             self.numerics,
             self.ops,
@@ -858,13 +930,50 @@ class Transformer(nn.Module):
             train,
         )
 
+    def _ragged_step(self, parts: list[Step]) -> Step:
+        """One step over several groups' rows, concatenated in order (see `Step`)."""
+        if len(parts) == 1:
+            return parts[0]
+        rows, at = [], 0
+        for part in parts:
+            rows.append((at, part))
+            at += part.tokens.shape[0]
+
+        def cat(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+            return tuple(torch.cat(side) for side in zip(*pairs, strict=True))
+
+        return Step(
+            torch.cat([p.tokens for p in parts]),
+            parts[0].positions,  # unused in a ragged step
+            cat([p.main_rope for p in parts]),
+            cat([p.compress_rope for p in parts]),
+            torch.cat([p.token_positions for p in parts]),
+            self.rope_compress,
+            self.numerics,
+            self.ops,
+            sum(p.batch for p in parts),
+            None,
+            tuple(rows),
+        )
+
     def forward_hidden(self, tokens: torch.Tensor, cache: ModelCache) -> torch.Tensor:
         """tokens [T] (the next T of the sequence) -> final streams [T, n, dim]; updates cache."""
-        step = self._step(tokens, cache.n_tokens)
-        h = self.embed(tokens)[:, None, :].expand(-1, self.a.hc_mult, -1)  # identical streams
-        for block, layer_cache in zip(self.layers, cache.layers, strict=True):
-            h = block(h, step, layer_cache)
-        cache.n_tokens += tokens.shape[0]
+        return self.forward_ragged([(tokens, cache)])
+
+    def forward_ragged(self, chunks: Sequence[tuple[torch.Tensor, ModelCache]]) -> torch.Tensor:
+        """One forward over several sequences' next tokens, each with its own cache: chunks of
+        (tokens [T_i], cache) -> final streams [ΣT_i, n, dim] in the same order; updates the
+        caches. Token-wise ops see the concatenated rows once (so a kernel that picks its tiling
+        from the row count sees the whole batch, as on the deployment); attention, compressors
+        and indexer run per sequence against its cache."""
+        if not chunks:
+            raise ValueError("forward_ragged needs at least one chunk")
+        step = self._ragged_step([self._step(t, c.n_tokens) for t, c in chunks])
+        h = self.embed(step.tokens)[:, None, :].expand(-1, self.a.hc_mult, -1)  # n streams
+        for i, block in enumerate(self.layers):
+            h = block(h, step, [c.layers[i] for _, c in chunks])
+        for tokens, cache in chunks:
+            cache.n_tokens += tokens.shape[0]
         return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

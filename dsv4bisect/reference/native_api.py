@@ -62,7 +62,7 @@ class ServerApi(Api):
             if logprob:
                 with_text = body.get_bool("return_text_in_logprobs", False)
                 meta |= self._logprob_meta(out, top, token_ids, with_text)
-            meta |= {"completion_tokens": len(out.output_ids), "cached_tokens": 0,
+            meta |= {"completion_tokens": len(out.output_ids), "cached_tokens": out.cached_tokens,
                      "e2e_latency": time.perf_counter() - tic}
             results.append({"text": out.text, "output_ids": out.output_ids, "meta_info": meta})
         return results if batched else results[0]
@@ -145,7 +145,17 @@ class ServerApi(Api):
         }]}
 
     def server_info(self) -> dict[str, Any]:
-        return dict(self.cfg.server_info)
+        """The settings, and the scheduler's running totals (`prefix_cache_hit_tokens`,
+        `prefill_tokens_computed`, `peak_running_requests`, ...) and current load."""
+        return dict(self.cfg.server_info) | self.gen.stats()
+
+    def flush_cache(self) -> str:
+        """SGLang's /flush_cache: empties the prefix cache. In hot mode a pending switch request
+        is applied first (reference/switch.py; the switch drains the batch and flushes too)."""
+        if self.hot is not None:
+            self.hot.apply_pending()
+        self.gen.flush_cache()
+        return "Cache flushed.\n"
 
     def health_generate(self) -> None:
         """One real greedy token from `[bos]` (SGLang generates from `input_ids=[0]`)."""

@@ -3,7 +3,8 @@ API is built from it (`build_api`). Transport-free: `reference/server.py` owns t
 
 Options keep SGLang's server-argument names where SGLang has the setting
 (`max_running_requests`, `disable_radix_cache`); `chunk_size` is the chunked-prefill token budget
-(SGLang's `chunked_prefill_size`, reported under that name in `/server_info`).
+(SGLang's `chunked_prefill_size`, reported under that name in `/server_info`). The scheduler
+(`reference/scheduler.py`) honours all three.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class ServeOptions:
     served_model_name: str | None = None
     patches: Mapping[str, str] = field(default_factory=dict)  # name -> variant
     header_timeout: float = HEADER_TIMEOUT_S
-    # SGLang's --max-running-requests: requests in one decode batch (None: the engine's default)
+    # SGLang's --max-running-requests: requests in one decode batch (None: the scheduler's
+    # default, 256 as SGLang's for DeepSeek-V4; reference/scheduler.py)
     max_running_requests: int | None = None
     # SGLang's --disable-radix-cache: every request prefills from scratch
     disable_radix_cache: bool = False
@@ -66,7 +68,12 @@ def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
         "disable_radix_cache": opts.disable_radix_cache,
         "host": opts.host, "port": port,
     }
-    generator = Generator(engine, ByteTokenizer(engine.config.vocab_size))
+    generator = Generator(engine, ByteTokenizer(engine.config.vocab_size),
+                          max_running_requests=opts.max_running_requests,
+                          radix_cache=not opts.disable_radix_cache)
+    # the effective value (SGLang reports its derived default the same way)
+    info["max_running_requests"] = generator.scheduler.max_running
+    info |= {"schedule_policy": "fcfs", "enable_mixed_chunk": False}
     api = ServerApi(generator, ApiConfig(name, engine.max_model_len, info))
     api.hot = HotSwitch.from_env(engine, generator, info)  # hot mode: the switch protocol
     return api

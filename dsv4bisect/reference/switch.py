@@ -2,7 +2,8 @@
 
 In hot mode the launcher gives the server DSV4BISECT_SWITCH_DIR and DSV4BISECT_HOT (the patches
 that may be switched in, at their bad-end variants). At `/flush_cache`, a switch request newer
-than the one applied is applied while holding the engine (no request runs meanwhile): the same
+than the one applied is applied with the batch drained (running requests finish, new ones wait,
+the prefix cache is emptied: its states were computed by the old patch set): the same
 `Transformer.configure` a fresh load runs, so a hot-switched engine computes exactly what a
 fresh launch of the new patch set computes (tests/reference/test_engine_hot_switch.py). A
 patch whose effect is fixed at load (nvfp4-dispatch) must keep its launch state; a request that
@@ -70,8 +71,8 @@ class HotSwitch:
             patches = parse_patch_set(request.patches, known)
             why = self.refusal(patches)
             if why is None:
-                with self.generator.lock:  # waits for a request still running
-                    self.engine.switch(patches)
+                with self.generator.drained():  # waits for the running batch, holds new
+                    self.engine.switch(patches)   # requests, empties the prefix cache
                 self.info["patches"] = dict(self.engine.numerics.patches)
                 self.info["switch_generation"] = request.generation
         except Dsv4BisectError as exc:

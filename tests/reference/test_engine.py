@@ -11,7 +11,7 @@ import torch
 from dsv4bisect.errors import ConfigError, EngineError, PatchError
 from dsv4bisect.reference.checkpoint import random_model, save_checkpoint, state_tensors
 from dsv4bisect.reference.config import ModelArgs
-from dsv4bisect.reference.engine import ReferenceEngine, RequestError, _top
+from dsv4bisect.reference.engine import ReferenceEngine, RequestError, top_alternatives
 
 TINY = ModelArgs.preset("tiny")
 
@@ -102,7 +102,7 @@ def test_stop_ids_and_zero_tokens(engine: ReferenceEngine) -> None:
 def test_top_alternatives_break_ties_to_the_lower_id() -> None:
     logits = torch.tensor([[0.0, 2.0, 5.0, 2.0, 5.0]])
     lp = torch.log_softmax(logits, -1)
-    assert [t for t, _ in _top(logits, lp, 4)[0]] == [2, 4, 1, 3]
+    assert [t for t, _ in top_alternatives(logits, lp, 4)[0]] == [2, 4, 1, 3]
 
 
 @pytest.mark.parametrize(

@@ -260,6 +260,27 @@ def test_chunked_prefill_and_decode_match_full_recompute(model, chunk: int) -> N
     assert cache.n_tokens == 300 and all(lc.window.shape[0] == 15 for lc in cache.layers)
 
 
+def test_a_ragged_batch_equals_each_sequence_alone(model) -> None:
+    """Three sequences at different positions with different chunk lengths (a prefill chunk, a
+    decode token, a chunk that splits windows) in one forward equal each run alone, and their
+    caches end in the same state (equal up to fp32 reordering of the batched GEMMs)."""
+    seqs = [tokens(120, seed=s) for s in (3, 4, 5)]
+    plan = [(0, 70, 120), (0, 99, 100), (0, 33, 50)]  # (start, split, end) per sequence
+    alone, batched = [model.new_cache() for _ in seqs], [model.new_cache() for _ in seqs]
+    for ids, (s, m, _), a, b in zip(seqs, plan, alone, batched, strict=True):
+        model.forward_hidden(ids[s:m], a)
+        model.forward_hidden(ids[s:m], b)
+    want = torch.cat([model.logits(model.forward_hidden(ids[m:e], a))
+                      for ids, (_, m, e), a in zip(seqs, plan, alone, strict=True)])
+    got = model.logits(model.forward_ragged(
+        [(ids[m:e], b) for ids, (_, m, e), b in zip(seqs, plan, batched, strict=True)]))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    for a, b in zip(alone, batched, strict=True):
+        assert a.n_tokens == b.n_tokens
+        for x, y in zip(compressed_states(a), compressed_states(b), strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=1e-5)
+
+
 # ---- mHC and MoE --------------------------------------------------------------------------------
 
 

@@ -1,0 +1,137 @@
+"""The prefix cache: a radix tree over token ids whose nodes may hold a decoding-state snapshot.
+
+SGLang's radix cache (`mem_cache/radix_cache.py`) keeps per-token KV slots in a radix tree, so
+any matched prefix is reusable. DeepSeek-V4's decoding state is not only per-token rows: the
+compressors' pending windows and overlap halves and the sliding window describe the state *at*
+one token count, and cannot be cut back to a shorter prefix. This cache therefore works like
+SGLang's state-carrying trees (`mamba_radix_cache.py`: a node's state is valid only where it was
+inserted, a node created by splitting an edge has none, and a match ends at the deepest node that
+has one) — which is also why SGLang's DeepSeek-V4 pool keeps compressor state per SWA page
+(`mem_cache/compress_state.py`) rather than per token. Here a snapshot is a `ModelCache.fork()`
+(all layers' window rows, compressor and indexer state, entries shared copy-on-write), taken by
+the scheduler where a later request can continue: at the end of each prompt and of each output.
+
+Bounded by `budget_bytes` (the snapshots' tensor bytes; entries shared between snapshots counted
+once per snapshot, an upper bound); beyond it the least recently used snapshots are dropped, and
+nodes left with neither snapshot nor children are pruned. Thread-safe (one lock).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dsv4bisect.reference.cache import ModelCache
+
+DEFAULT_BUDGET_BYTES = 1 << 30  # 1 GiB of snapshots (the tiny/small models' states are ~KiB-MiB)
+
+
+@dataclass(eq=False)
+class _Node:
+    key: tuple[int, ...]  # the edge's tokens from the parent
+    parent: _Node | None
+    children: dict[int, _Node] = field(default_factory=dict)  # first token -> child
+    snapshot: ModelCache | None = None
+    nbytes: int = 0
+    last_used: int = 0
+
+
+@dataclass(frozen=True)
+class Match:
+    tokens: int  # prefix length the snapshot covers (0: no hit)
+    cache: ModelCache | None  # a private fork of the snapshot (None: no hit)
+
+
+class PrefixCache:
+    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
+        if budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+        self.budget = budget_bytes
+        self._lock = threading.Lock()
+        self._clock = itertools.count(1)
+        self._root = _Node((), None)
+        self._snapshots: set[_Node] = set()
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._snapshots)
+
+    def match(self, ids: Sequence[int], limit: int) -> Match:
+        """The longest snapshot of a prefix of `ids` no longer than `limit` tokens."""
+        with self._lock:
+            node, depth, best, best_depth = self._root, 0, None, 0
+            while depth < min(len(ids), limit):
+                child = node.children.get(ids[depth])
+                if child is None or tuple(ids[depth : depth + len(child.key)]) != child.key:
+                    break
+                node, depth = child, depth + len(child.key)
+                if depth > limit:
+                    break
+                if node.snapshot is not None:
+                    best, best_depth = node, depth
+            if best is None:
+                return Match(0, None)
+            best.last_used = next(self._clock)
+            return Match(best_depth, best.snapshot.fork())
+
+    def insert(self, ids: Sequence[int], cache: ModelCache) -> None:
+        """Keep a snapshot of `cache`, the state after exactly `ids`."""
+        if cache.n_tokens != len(ids) or not ids:
+            raise ValueError(f"a cache of {cache.n_tokens} tokens keyed by {len(ids)} ids")
+        snap = cache.fork()
+        size = snap.nbytes
+        if size > self.budget:
+            return
+        with self._lock:
+            node = self._node_for(tuple(ids))
+            if node.snapshot is not None:
+                self.nbytes -= node.nbytes
+            else:
+                self._snapshots.add(node)
+            node.snapshot, node.nbytes = snap, size
+            node.last_used = next(self._clock)
+            self.nbytes += size
+            while self.nbytes > self.budget:
+                self._drop(min(self._snapshots, key=lambda n: n.last_used))
+
+    def flush(self) -> None:
+        with self._lock:
+            self._root, self._snapshots, self.nbytes = _Node((), None), set(), 0
+
+    def _node_for(self, ids: tuple[int, ...]) -> _Node:
+        """The node whose path is exactly `ids`, splitting an edge or adding a leaf."""
+        node, depth = self._root, 0
+        while depth < len(ids):
+            child = node.children.get(ids[depth])
+            if child is None:
+                leaf = _Node(ids[depth:], node)
+                node.children[ids[depth]] = leaf
+                return leaf
+            common = _common(child.key, ids[depth:])
+            if common < len(child.key):  # split: a new node at the fork point, no snapshot
+                mid = _Node(child.key[:common], node)
+                node.children[ids[depth]] = mid
+                child.key, child.parent = child.key[common:], mid
+                mid.children[child.key[0]] = child
+                child = mid
+            node, depth = child, depth + common
+        return node
+
+    def _drop(self, node: _Node) -> None:
+        self._snapshots.discard(node)
+        self.nbytes -= node.nbytes
+        node.snapshot, node.nbytes = None, 0
+        while node.parent is not None and node.snapshot is None and not node.children:
+            del node.parent.children[node.key[0]]
+            node = node.parent
+
+
+def _common(a: tuple[int, ...], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
