@@ -29,6 +29,7 @@ the largest batch (prefill or decode) run so far.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from collections import deque
@@ -131,6 +132,8 @@ class Scheduler:
             if self._thread is None and self._background:
                 self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
                 self._thread.start()
+                # at interpreter exit, let a step in flight end before torch is torn down
+                atexit.register(self.stop)
             self._cond.notify_all()
 
     def cancel(self, req: Request) -> None:
@@ -139,10 +142,11 @@ class Scheduler:
             self._cond.notify_all()
 
     def stop(self) -> None:
+        """Fail what is queued, let a step in flight finish, end the thread."""
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
     def stats(self) -> dict[str, Any]:
