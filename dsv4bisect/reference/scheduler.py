@@ -21,7 +21,8 @@ position, as SGLang limits the match by `logprob_start_len`), and prefills only 
 snapshot is inserted when a prompt is complete and when a request finishes.
 
 Where this differs from SGLang: no memory-pool admission (`rem_total_tokens`), retraction or
-`new_token_ratio` (the caches are Python objects; `max_running_requests` is the only cap); no
+`new_token_ratio` (the caches are Python objects; `max_running_requests` is the only cap); a
+split ends exactly at the budget (SGLang rounds it down to a page, 256 tokens for V4); no
 `lpm` policy (SGLang's default is `fcfs` too); prefix matching is by snapshot, not per page
 (see prefix_cache.py); no overlap scheduler; `peak_running_requests` counts the requests of
 the largest batch (prefill or decode) run so far.
