@@ -21,7 +21,8 @@ position, as SGLang limits the match by `logprob_start_len`), and prefills only 
 snapshot is inserted when a prompt is complete and when a request finishes.
 
 Where this differs from SGLang: no memory-pool admission (`rem_total_tokens`), retraction or
-`new_token_ratio` (the caches are Python objects; `max_running_requests` is the only cap); no
+`new_token_ratio` (the caches are Python objects; `max_running_requests` is the only cap); a
+split ends exactly at the budget (SGLang rounds it down to a page, 256 tokens for V4); no
 `lpm` policy (SGLang's default is `fcfs` too); prefix matching is by snapshot, not per page
 (see prefix_cache.py); no overlap scheduler; `peak_running_requests` counts the requests of
 the largest batch (prefill or decode) run so far.
@@ -29,6 +30,7 @@ the largest batch (prefill or decode) run so far.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from collections import deque
@@ -131,6 +133,8 @@ class Scheduler:
             if self._thread is None and self._background:
                 self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
                 self._thread.start()
+                # at interpreter exit, let a step in flight end before torch is torn down
+                atexit.register(self.stop)
             self._cond.notify_all()
 
     def cancel(self, req: Request) -> None:
@@ -139,10 +143,11 @@ class Scheduler:
             self._cond.notify_all()
 
     def stop(self) -> None:
+        """Fail what is queued, let a step in flight finish, end the thread."""
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
     def stats(self) -> dict[str, Any]:

@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import requests
 
+from dsv4bisect.reference.server import MAX_MODEL_REQUESTS
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 HEADER_TIMEOUT = 2.0
@@ -76,7 +78,10 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("serve"), "--header-timeout", str(HEADER_TIMEOUT))
+    # one running request at a time: a long generation holds the engine while others queue,
+    # which the queue and cancellation tests below need (the scheduler would batch them)
+    srv = Server(tmp_path_factory.mktemp("serve"), "--header-timeout", str(HEADER_TIMEOUT),
+                 "--max-running-requests", "1")
     try:
         srv.wait_ready()
         yield srv
@@ -225,18 +230,19 @@ def test_requests_beyond_the_queue_get_503_not_resets(server: Server) -> None:
     busy = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     busy.sendall(long_generate(server.port))  # holds the engine while the others arrive
     body = json.dumps({"input_ids": [0, 20], "sampling_params": {"max_new_tokens": 1}}).encode()
-    socks = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(90)]
+    n = MAX_MODEL_REQUESTS + 26  # with the busy one, 27 over the bound
+    socks = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(n)]
     try:
         for s in socks:
             s.sendall(raw_post("/generate", body, server.port))
-        # 64 model requests in flight (the busy one among them): the rest are refused at once,
+        # MAX_MODEL_REQUESTS in flight (the busy one among them): the rest are refused at once,
         # not left to time out
         status: dict[socket.socket, int | str] = {}
         deadline = time.monotonic() + 3
         while len(status) < len(socks) and time.monotonic() < deadline:
             ready, _, _ = select.select([s for s in socks if s not in status], [], [], 0.2)
             status |= {s: read_status(s, 5) for s in ready}
-        # 91 - 64 = 27 if all arrive while the engine is busy; a margin for a slow machine
+        # 27 if all arrive while the engine is busy; a margin for a slow machine
         assert list(status.values()).count(503) >= 10, status.values()
         busy.close()  # its generation is cancelled; the queued requests run
         status |= {s: read_status(s, 60) for s in socks if s not in status}
