@@ -31,6 +31,7 @@ from torch import nn
 from dsv4bisect.config.bounded import json_object, load_json
 from dsv4bisect.config.checkpoints import load_weight_map
 from dsv4bisect.errors import ConfigError
+from dsv4bisect.reference import mtp as mtp_file
 from dsv4bisect.reference import quant_formats
 from dsv4bisect.reference.config import ModelArgs
 from dsv4bisect.reference.model import Block, Transformer, build_block, build_model
@@ -348,8 +349,6 @@ def load_model(path: str | Path, device: torch.device | str = "cpu", *,
     `mtp.safetensors`, see `reference/mtp.py`): the model then has `num_nextn_predict_layers`
     from `mtp.json`; a ConfigError when the directory has none. A checkpoint whose own
     config.json already declares MTP layers has them in its shards and loads them either way."""
-    from dsv4bisect.reference import mtp as mtp_file
-
     args = _config_of(path)
     extra = None
     if mtp and args.num_nextn_predict_layers == 0:

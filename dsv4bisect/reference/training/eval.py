@@ -104,7 +104,9 @@ def probe_cases(lengths: tuple[int, ...], cases: int,
     for tier in tiers:
         base = tier_spec(tier, families=("needle", "copy"))
         for length in lengths:  # turns that fit the length (~128 tokens a turn at least)
-            turns = tuple(t for t in base.turns if 128 * t <= length) or base.turns[:1]
+            turns = tuple(t for t in base.turns if 128 * t <= length)
+            if not turns:  # e.g. the standard tier (8 or 32 turns) below 1024 tokens
+                continue
             spec = base.replace(lengths=(length,), turns=turns, cases_per_cell=cases)
             out += build_cases(spec, PROBE_VOCAB, count, calib, (4, 16))
     return out

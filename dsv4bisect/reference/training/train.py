@@ -55,7 +55,7 @@ from dsv4bisect.reference.training.eval import (
     probe_cases,
     retrieval_accuracy,
 )
-from dsv4bisect.reference.training.mtp import mtp_model, mtp_scores, mtp_trainable, mtp_train_step
+from dsv4bisect.reference.training.mtp import mtp_model, mtp_scores, mtp_train_step, mtp_trainable
 from dsv4bisect.reference.training.ops import training_ops
 
 # The shipped architecture: `tiny` with a 32-token window and 32 indexer picks, so a CSA key
