@@ -31,6 +31,7 @@ from torch import nn
 from dsv4bisect.config.bounded import json_object, load_json
 from dsv4bisect.config.checkpoints import load_weight_map
 from dsv4bisect.errors import ConfigError
+from dsv4bisect.reference import mtp as mtp_file
 from dsv4bisect.reference import quant_formats
 from dsv4bisect.reference.config import ModelArgs
 from dsv4bisect.reference.model import Block, Transformer, build_block, build_model
@@ -340,14 +341,40 @@ def _config_of(path: str | Path) -> ModelArgs:
     return read_config(p if p.is_dir() else p.parent)
 
 
-def load_model(path: str | Path, device: torch.device | str = "cpu") -> Transformer:
-    """Build the model `config.json` describes and load every tensor (strict)."""
+def load_model(path: str | Path, device: torch.device | str = "cpu", *,
+               mtp: bool = False) -> Transformer:
+    """Build the model `config.json` describes and load every tensor (strict).
+
+    `mtp=True` also loads the MTP layer kept beside the checkpoint (`mtp.json` +
+    `mtp.safetensors`, see `reference/mtp.py`): the model then has `num_nextn_predict_layers`
+    from `mtp.json`; a ConfigError when the directory has none. A checkpoint whose own
+    config.json already declares MTP layers has them in its shards and loads them either way."""
     args = _config_of(path)
+    extra = None
+    if mtp and args.num_nextn_predict_layers == 0:
+        directory = Path(path) if Path(path).is_dir() else Path(path).parent
+        extra = directory / mtp_file.MTP_WEIGHTS_NAME
+        args = mtp_file.with_mtp(args, mtp_file.read_mtp_config(directory))
+    model = build_model(args, device)
     with CheckpointReader(path) as reader:
-        model = build_model(args, device)
+        if extra is None:
+            load_into(model, reader)
+            model.stored_formats, model.nvfp4_scales = stored_formats(reader, model.state_dict())
+            return model
+        blocks, model.mtp = model.mtp, nn.ModuleList()  # the main shards hold no MTP tensors
         load_into(model, reader)
-        model.stored_formats, model.nvfp4_scales = stored_formats(reader, model.state_dict())
+        model.mtp = blocks
+        main_formats = stored_formats(reader, state_tensors(model).keys() - _mtp_names(model))
+    with CheckpointReader(extra) as reader:
+        load_into(model.mtp, reader, prefix="mtp.")
+        formats, scales = stored_formats(reader, _mtp_names(model))
+    model.stored_formats, model.nvfp4_scales = {**main_formats[0], **formats}, \
+        {**main_formats[1], **scales}
     return model
+
+
+def _mtp_names(model: Transformer) -> set[str]:
+    return {"mtp." + k for k in model.mtp.state_dict()}
 
 
 def stored_formats(

@@ -82,3 +82,68 @@ def retrieval_accuracy(model: Transformer, seed: int, lengths: tuple[int, ...],
             right += text.strip() == expected
         result[str(length)] = right / cases
     return result
+
+
+# ---- MTP draft acceptance on the probe's answers --------------------------------------------
+
+
+def probe_cases(lengths: tuple[int, ...], cases: int,
+                tiers: tuple[str, ...] = ("smoke", "standard")) -> list:
+    """The probe's needle and copy cases of `tiers` (their depths, turns, distractors and copy
+    lengths) at `lengths`, `cases` per cell; the probe's own vocabulary, unseen in training."""
+    from dsv4bisect.probe.grid import build_cases
+    from dsv4bisect.probe.layout import calibrate
+    from dsv4bisect.probe.spec import tier_spec
+    from dsv4bisect.probe.vocab import PROBE_VOCAB
+
+    def count(messages: list) -> int:
+        return len(apply_chat_template(messages, True))
+
+    calib = calibrate(count, PROBE_VOCAB)
+    out = []
+    for tier in tiers:
+        base = tier_spec(tier, families=("needle", "copy"))
+        for length in lengths:  # turns that fit the length (~128 tokens a turn at least)
+            turns = tuple(t for t in base.turns if 128 * t <= length)
+            if not turns:  # e.g. the standard tier (8 or 32 turns) below 1024 tokens
+                continue
+            spec = base.replace(lengths=(length,), turns=turns, cases_per_cell=cases)
+            out += build_cases(spec, PROBE_VOCAB, count, calib, (4, 16))
+    return out
+
+
+@torch.no_grad()
+def probe_acceptance(model: Transformer, cases: list) -> dict[str, float]:
+    """Greedy draft acceptance of the MTP layer on the answers of the probe's `cases`
+    (`probe_cases`): each conversation is teacher-forced with its expected answer and eos; at
+    every answer token the MTP layer drafts (all but the first: the main model's forward makes
+    that one), the draft is accepted when the MTP layer's argmax (from the main streams two
+    tokens back and the previous token) equals the main model's argmax for that token. Returns
+    the acceptance over all drafted tokens and per family, the number of drafted tokens, and the
+    share of answers the main model gets exactly right teacher-forced (for context)."""
+    from dsv4bisect.reference.mtp import main_hidden_batch, mtp_logits_batch
+
+    device = model.embed.weight.device
+    agree: dict[str, int] = {}
+    drafted: dict[str, int] = {}
+    exact: list[bool] = []
+    for case in cases:
+        prompt = apply_chat_template(list(case.messages), add_generation_prompt=True)
+        answer = _TOK.encode(case.expected) + [EOS_ID]
+        tok = torch.tensor([prompt + answer], device=device)
+        h = main_hidden_batch(model, tok)  # [T, n, dim]
+        main_pick = model.logits(h).argmax(-1)  # [T]: main's choice for token t+1
+        mtp_pick = mtp_logits_batch(model, h[:-1], tok[:, 1:])[0].argmax(-1)  # t -> token t+2
+        p0 = len(prompt)  # first answer token
+        positions = torch.arange(p0 + 1, p0 + len(answer), device=device)  # drafted tokens
+        hits = int((mtp_pick[positions - 2] == main_pick[positions - 1]).sum())
+        fam = case.family
+        agree[fam] = agree.get(fam, 0) + hits
+        drafted[fam] = drafted.get(fam, 0) + len(positions)
+        exact.append(bool((main_pick[p0 - 1 : p0 - 1 + len(answer)] == tok[0, p0:]).all()))
+    out = {f"accept_{f}": round(agree[f] / drafted[f], 4) for f in sorted(drafted)}
+    out["accept"] = round(sum(agree.values()) / max(1, sum(drafted.values())), 4)
+    out["drafted"] = sum(drafted.values())
+    out["cases"] = len(cases)
+    out["main_exact"] = round(sum(exact) / max(1, len(exact)), 4)
+    return out

@@ -46,9 +46,16 @@ from dsv4bisect.reference.checkpoint import (
 )
 from dsv4bisect.reference.config import ModelArgs
 from dsv4bisect.reference.model import TrainHooks, Transformer
+from dsv4bisect.reference.mtp import save_mtp
 from dsv4bisect.reference.tokenizer import PAD_ID
 from dsv4bisect.reference.training import data
-from dsv4bisect.reference.training.eval import final_answer_scores, retrieval_accuracy
+from dsv4bisect.reference.training.eval import (
+    final_answer_scores,
+    probe_acceptance,
+    probe_cases,
+    retrieval_accuracy,
+)
+from dsv4bisect.reference.training.mtp import mtp_model, mtp_scores, mtp_train_step, mtp_trainable
 from dsv4bisect.reference.training.ops import training_ops
 
 # The shipped architecture: `tiny` with a 32-token window and 32 indexer picks, so a CSA key
@@ -91,6 +98,10 @@ class TrainConfig:
     eval_cases: int = 8
     workers: int = 6
     model: dict[str, Any] = field(default_factory=lambda: dict(MODEL_CHANGES))
+    # Train only an MTP layer on this frozen main checkpoint (a directory or `embedded`;
+    # training/mtp.py): `model` is then ignored, the held-out score is draft acceptance and the
+    # result is `mtp.json` + `mtp.safetensors` (docs/training.md, "The MTP layer").
+    mtp_main: str | None = None
 
     def model_args(self) -> ModelArgs:
         return ModelArgs.preset("tiny").with_(**self.model)
@@ -173,10 +184,14 @@ def optimize(model: Transformer, opt: torch.optim.Optimizer, cfg: TrainConfig, t
     Returns the step's stats and the gradient norm before clipping."""
     for group in opt.param_groups:
         group["lr"] = lr
-    loss, stats, loads = train_step(model, tok, w, dense, cfg)
+    if cfg.mtp_main is not None:
+        loss, stats, loads = mtp_train_step(model, tok, w)
+    else:
+        loss, stats, loads = train_step(model, tok, w, dense, cfg)
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    params = [p for group in opt.param_groups for p in group["params"]]
+    norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
     opt.step()
     balance_experts(model, loads, cfg.bias_update)
     return stats, float(norm)
@@ -185,8 +200,9 @@ def optimize(model: Transformer, opt: torch.optim.Optimizer, cfg: TrainConfig, t
 def balance_experts(model: Transformer, loads: dict[int, torch.Tensor], step_size: float) -> None:
     """Aux-loss-free balancing: raise the selection bias of under-used experts (DeepSeek-V3)."""
     with torch.no_grad():
+        L = len(model.layers)
         for layer, load in loads.items():
-            gate = model.layers[layer].ffn.gate
+            gate = (model.layers[layer] if layer < L else model.mtp[layer - L]).ffn.gate
             if gate.is_hash:
                 continue
             load = load.float()
@@ -214,13 +230,14 @@ SHARD_BYTES = 12 << 20  # resumable state in pieces small enough to move between
 
 
 def save_state(directory: Path, model: Transformer, opt: torch.optim.Optimizer,
-               meta: dict[str, Any]) -> None:
+               meta: dict[str, Any], prefix: str = "") -> None:
     """What `--resume` needs, as torch files of at most SHARD_BYTES (40 MB in all for the
     shipped model, small enough to come back from a GPU box): fp32 weights, AdamW's second
     moment in bf16 (its rounding is far below the step noise) and meta.json. The first moment
-    is left out: it restarts at zero and rebuilds within ~10 steps (beta1 = 0.9)."""
+    is left out: it restarts at zero and rebuilds within ~10 steps (beta1 = 0.9). `prefix`
+    keeps only the weights under it (`mtp.`: the frozen main model is not state)."""
     opt_sd = opt.state_dict()
-    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items() if k.startswith(prefix)}
     for i, st in opt_sd["state"].items():
         tensors[f"opt.{i}.step"] = torch.as_tensor(st["step"]).float().cpu()
         tensors[f"opt.{i}.exp_avg_sq"] = st["exp_avg_sq"].to(torch.bfloat16)
@@ -254,7 +271,12 @@ def load_state(directory: Path, model: Transformer, opt: torch.optim.Optimizer,
         # (which may come back from a remote GPU run) can run code when it is resumed
         tensors.update(torch.load(directory / f"shard-{i:03d}.pt", map_location=device,
                                   weights_only=True))
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    weights = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
+    prefix = meta.get("state_prefix", "")
+    missing, unexpected = model.load_state_dict(weights, strict=not prefix)
+    if unexpected or any(k.startswith(prefix) for k in missing):
+        raise SystemExit(f"{directory}: the state does not fit the model ({unexpected[:4]}, "
+                         f"{missing[:4]})")
     state: dict[int, dict[str, torch.Tensor]] = {}
     for k, v in tensors.items():
         if k.startswith("opt."):
@@ -267,6 +289,11 @@ def load_state(directory: Path, model: Transformer, opt: torch.optim.Optimizer,
 
 
 def save(out: Path, model: Transformer, opt: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
+    if meta["config"].get("mtp_main") is not None:  # the MTP layer alone, deployment format
+        save_mtp(out / "checkpoint", model.a, state_tensors(model),
+                 {"steps": meta["step"], "elapsed_s": round(meta["elapsed_s"], 1)})
+        save_state(out / "state", model, opt, {**meta, "state_prefix": "mtp."}, prefix="mtp.")
+        return
     bf16 = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v)
             for k, v in state_tensors(model).items()}
     save_checkpoint(out / "checkpoint", model.a, bf16, max_shard_bytes=8 << 20)
@@ -288,7 +315,9 @@ def run(out: Path, cfg: TrainConfig, device: torch.device, resume: bool,
     torch.manual_seed(cfg.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    if init_from is not None:  # continue from a checkpoint directory (weights only)
+    if cfg.mtp_main is not None:  # the main model frozen, one new MTP layer (training/mtp.py)
+        model = mtp_model(cfg.mtp_main, cfg.seed, device)
+    elif init_from is not None:  # continue from a checkpoint directory (weights only)
         model = load_model(init_from, device)
         if model.a != cfg.model_args():
             raise SystemExit(f"{init_from} has another architecture than this config")
@@ -296,7 +325,9 @@ def run(out: Path, cfg: TrainConfig, device: torch.device, resume: bool,
         model = random_model(cfg.model_args(), cfg.seed, device)
     model.ops = training_ops(device)
     model.train()
-    opt = optimizer(trainable(model), cfg)
+    opt = optimizer(mtp_trainable(model) if cfg.mtp_main is not None else trainable(model), cfg)
+    score = (lambda m, t, w: {"exact": None, **mtp_scores(m, t, w)}) if cfg.mtp_main is not None \
+        else final_answer_scores
     step, elapsed0, current, stage_start = 0, 0.0, 0, 0
     if resume and (out / "state" / "meta.json").exists():
         meta = load_state(out / "state", model, opt, device)
@@ -328,9 +359,9 @@ def run(out: Path, cfg: TrainConfig, device: torch.device, resume: bool,
         rec: dict[str, Any] = {}
         if step % cfg.eval_every == 0:
             model.eval()
-            scores = final_answer_scores(model, *held)
+            scores = score(model, *held)
             model.train()
-            rec = {f"eval_{k}": round(v, 4) for k, v in scores.items()}
+            rec = {f"eval_{k}": round(v, 4) for k, v in scores.items() if v is not None}
             following = next_stage(cfg, current, progress, step - stage_start, scores["exact"])
         else:
             following = max(current, deadline_stage(cfg, progress))
@@ -361,7 +392,10 @@ def run(out: Path, cfg: TrainConfig, device: torch.device, resume: bool,
                            "stage_start": stage_start, "config": dataclasses.asdict(cfg)})
     model.eval()
     with torch.no_grad():
-        acc = retrieval_accuracy(model, cfg.seed + 1, cfg.eval_lengths, cfg.eval_cases)
+        if cfg.mtp_main is not None:  # draft acceptance on the probe's needle and copy answers
+            acc = probe_acceptance(model, probe_cases(cfg.eval_lengths, cfg.eval_cases))
+        else:
+            acc = retrieval_accuracy(model, cfg.seed + 1, cfg.eval_lengths, cfg.eval_cases)
     summary = {"steps": step, "elapsed_s": round(elapsed, 1), "stage": current,
                "finished": elapsed >= budget, "eval": acc}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
