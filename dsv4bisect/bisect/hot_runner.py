@@ -136,6 +136,7 @@ class HotEngineRunner(EngineRunner):
         self._measured_now: list[str] = []  # the ends the current trial measured (b<n>/<end>)
         self._launched: list[str] = []  # fingerprint of every launch's configuration, in order
         self._probed_in: _Engine | None = None  # the engine the current trial probed in
+        self._trial_spec: ProbeSpec | None = None  # the current trial's spec (its seed block)
         self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
 
     # -- identity ------------------------------------------------------------------------------
@@ -264,6 +265,7 @@ class HotEngineRunner(EngineRunner):
         eng: _Engine | None = None  # the confirmation's own engine
         self._probed_in = None
         self._measured_now = []
+        self._trial_spec = spec  # a verdict that stops the trial records this seed block
         try:
             ends, measured_base = self._ends_for(spec, trial_dir, costs)
             if fresh:
@@ -507,7 +509,7 @@ class HotEngineRunner(EngineRunner):
     def _guard(self, eng: _Engine, patches: Mapping[str, str], work: Callable[[], T], *,
                good_end: bool = False) -> T:
         """What can go wrong with the engine, as the trial's verdict (run/trial.py's rules)."""
-        spec = self.spec
+        spec = self._trial_spec or self.spec
         try:
             return work()
         except ArmCrashed as exc:
