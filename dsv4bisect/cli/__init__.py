@@ -62,10 +62,38 @@ def main(argv: list[str] | None = None) -> None:
         error("interrupted")
         sys.exit(int(ExitCode.INTERRUPTED))
     except SystemExit:
+        if _reader_left():
+            _quiet_exit()
         raise
+    except BrokenPipeError:
+        _quiet_exit()
     except Exception as exc:  # noqa: BLE001 - click usage errors and bugs
         _handle_other(exc)
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_exit()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _reader_left() -> bool:
+    """Click answers a closed stdout (`| head -2`) with exit 1 after wrapping stdout in its
+    PacifyFlushWrapper; that is how we recognise it."""
+    return type(sys.stdout).__name__ == "PacifyFlushWrapper"
+
+
+def _quiet_exit() -> None:
+    """The reader of stdout took what it wanted and closed the pipe (`| head -2`): that is not
+    an error, so exit 0 like a complete print (the run directory keeps every result), and send
+    what is still buffered to /dev/null so the interpreter's last flush does not fail."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno())
+    except (OSError, AttributeError, ValueError):
+        pass
+    sys.exit(0)
 
 
 def _handle_other(exc: Exception) -> None:
