@@ -361,7 +361,8 @@ class HotEngineRunner(EngineRunner):
         if bad is not None and patches != self.bad and self.sequential:
             return self._sequential(eng, patches, spec, base, repeat, bad, trial_dir, costs,
                                     draw)
-        cand = self._collect(eng, patches, spec, base, "candidate", good_end=False,
+        label = "good end (re-test)" if patches == self.good else "candidate"  # live view
+        cand = self._collect(eng, patches, spec, base, label, good_end=False,
                              costs=costs).save(trial_dir / "candidate")
         if patches == self.bad:
             cand.save(self.ends_dir(trial_dir) / end_name(spec.seed_block, "bad"))
