@@ -280,6 +280,7 @@ class HotEngineRunner(EngineRunner):
         except _Stop as stop:
             verdict, cand, requests = stop.verdict, None, None
         finally:
+            self._trial_spec = None
             if eng is not None:
                 eng.arm.stop()
         verdict = verdict.with_evidence(candidate=cand.path if cand else None)
