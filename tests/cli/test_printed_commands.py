@@ -79,3 +79,26 @@ def test_a_printed_reproduce_line_runs_on_the_embedded_engine(tmp_path: Path) ->
     report = (run_dir / "report.md").read_text()
     printed = report[report.index("## Reproduce"):].split("```")[1].strip()
     assert printed == line
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    from dsv4bisect.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out = capsys.readouterr()
+    return int(exc.value.code or 0), out.out, out.err
+
+
+@pytest.mark.parametrize("mistake", [("patches", "list", "--only", "mma-decode"),
+                                     ("doctor", "--enable", "mma-decode")])
+def test_the_command_a_hint_suggests_is_accepted(mistake: tuple[str, ...], capsys) -> None:
+    """A hint's `e.g. dsv4bisect ...` runs: not a usage error (2) nor bad input (5). (doctor on
+    an SGLang profile exits 1 here, where SGLang is not installed: a finding, not a refusal.)"""
+    code, _, err = _cli(capsys, *mistake)
+    assert code == 5
+    suggested = err[err.index("e.g. dsv4bisect ") + len("e.g. "):].splitlines()[0]
+    argv = shlex.split(suggested)
+    assert argv[0] == "dsv4bisect"
+    code, _, err = _cli(capsys, *argv[1:])
+    assert code in (0, 1), err
