@@ -82,7 +82,7 @@ class EngineRunner:
         save_config(run_dir / "baseline", self.good_cfg)
         save_config(run_dir / "candidate", cfg)
         record = RunRecord.begin(
-            run_dir, command=self.run_argv(patches), profile=self.profile,
+            run_dir, command=self.run_argv(patches, seed_block), profile=self.profile,
             overrides=patch_overrides(patches, self.sets), good_overrides=self.good_overrides,
             use_cache=self.use_cache, spec=spec, good=self.good_cfg, candidate=cfg)
         supervisor = Supervisor()
@@ -114,24 +114,24 @@ class EngineRunner:
         for supervisor in active:
             supervisor.stop_all()
 
-    def run_argv(self, patches: Mapping[str, str]) -> list[str]:
-        """`dsv4bisect run` for this patch set (against `run`'s own good end)."""
+    def run_argv(self, patches: Mapping[str, str], seed_block: int = 0) -> list[str]:
+        """`dsv4bisect run` for this patch set (against `run`'s own good end); the good end
+        itself is `--only none` (an empty `--only` is refused)."""
         ov = patch_overrides(patches, self.sets)
-        argv = ["dsv4bisect", "run", self.profile, "--tier", self.spec.tier,
-                "--only", ",".join(ov.only or ())]
-        for item in ov.sets:
+        argv = ["dsv4bisect", "run", self.profile, "--tier", self.spec.tier]
+        for item in ov.sets:  # in the order a run's report prints its own line (run_report)
             argv += ["--set", item]
+        argv += ["--only", ",".join(ov.only or ()) or "none"]
+        if seed_block:
+            argv += ["--seed-block", str(seed_block)]
         return argv
 
     def reproduce(self, patches: Mapping[str, str], seed_block: int = 0) -> str:
         """The `dsv4bisect run` command that asks the same question (notes where it cannot)."""
-        argv = self.run_argv(patches)
-        notes = []
-        if not self._run_has_good:
-            notes.append("judged against the bisect's --good end, which `run` cannot take")
-        if seed_block:
-            notes.append(f"seed block {seed_block}, which `run` has no option for")
-        return shlex.join(argv) + (f"  # {'; '.join(notes)}" if notes else "")
+        argv = self.run_argv(patches, seed_block)
+        note = ("  # judged against the bisect's --good end, which `run` cannot take"
+                if not self._run_has_good else "")
+        return shlex.join(argv) + note
 
 
 def signature_of(verdict: V.Verdict) -> str | None:

@@ -136,6 +136,7 @@ class HotEngineRunner(EngineRunner):
         self._measured_now: list[str] = []  # the ends the current trial measured (b<n>/<end>)
         self._launched: list[str] = []  # fingerprint of every launch's configuration, in order
         self._probed_in: _Engine | None = None  # the engine the current trial probed in
+        self._trial_spec: ProbeSpec | None = None  # the current trial's spec (its seed block)
         self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
 
     # -- identity ------------------------------------------------------------------------------
@@ -264,6 +265,7 @@ class HotEngineRunner(EngineRunner):
         eng: _Engine | None = None  # the confirmation's own engine
         self._probed_in = None
         self._measured_now = []
+        self._trial_spec = spec  # a verdict that stops the trial records this seed block
         try:
             ends, measured_base = self._ends_for(spec, trial_dir, costs)
             if fresh:
@@ -278,6 +280,7 @@ class HotEngineRunner(EngineRunner):
         except _Stop as stop:
             verdict, cand, requests = stop.verdict, None, None
         finally:
+            self._trial_spec = None
             if eng is not None:
                 eng.arm.stop()
         verdict = verdict.with_evidence(candidate=cand.path if cand else None)
@@ -359,7 +362,8 @@ class HotEngineRunner(EngineRunner):
         if bad is not None and patches != self.bad and self.sequential:
             return self._sequential(eng, patches, spec, base, repeat, bad, trial_dir, costs,
                                     draw)
-        cand = self._collect(eng, patches, spec, base, "candidate", good_end=False,
+        label = "good end (re-test)" if patches == self.good else "candidate"  # live view
+        cand = self._collect(eng, patches, spec, base, label, good_end=False,
                              costs=costs).save(trial_dir / "candidate")
         if patches == self.bad:
             cand.save(self.ends_dir(trial_dir) / end_name(spec.seed_block, "bad"))
@@ -507,7 +511,7 @@ class HotEngineRunner(EngineRunner):
     def _guard(self, eng: _Engine, patches: Mapping[str, str], work: Callable[[], T], *,
                good_end: bool = False) -> T:
         """What can go wrong with the engine, as the trial's verdict (run/trial.py's rules)."""
-        spec = self.spec
+        spec = self._trial_spec or self.spec
         try:
             return work()
         except ArmCrashed as exc:

@@ -13,36 +13,52 @@ import typer
 
 from dsv4bisect.errors import Dsv4BisectError, ExitCode
 
-app = typer.Typer(
-    name="dsv4bisect",
-    help="Find which speed patch (or interaction) breaks long-context coherence in DeepSeek-V4.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_show_locals=False,
-    rich_markup_mode=None,
-)
+# command -> its module under dsv4bisect.cli, in the order `--help` lists them
+COMMANDS = {"patches": "patches", "profile": "profile", "diff-config": "diff", "run": "run",
+            "bisect": "bisect", "probe": "probe", "report": "report", "microtest": "microtest",
+            "doctor": "doctor", "serve": "serve"}
 
 
-def _register_commands() -> None:
-    from dsv4bisect.cli import (
-        bisect,
-        diff,
-        doctor,
-        microtest,
-        patches,
-        probe,
-        profile,
-        report,
-        run,
-        serve,
+def build_app(commands: list[str] | None = None) -> typer.Typer:
+    """The Typer app with `commands` (default: all). `main` registers only the command it runs:
+    importing every command module costs ~1 s of CPU (the bisect's), which `doctor` or
+    `profile show` need not pay."""
+    from importlib import import_module
+
+    new = typer.Typer(
+        name="dsv4bisect",
+        help="Find which speed patch (or interaction) breaks long-context coherence in "
+             "DeepSeek-V4.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_show_locals=False,
+        rich_markup_mode=None,
     )
 
-    for module in (patches, profile, diff, run, bisect, probe, report, microtest, doctor,
-                   serve):
-        module.register(app)
+    @new.callback()
+    def _group() -> None:
+        """A group even with one command registered: `dsv4bisect doctor X` keeps its name."""
+
+    for name in commands or list(COMMANDS):
+        import_module(f"dsv4bisect.cli.{COMMANDS[name]}").register(new)
+    return new
 
 
-_register_commands()
+def __getattr__(name: str) -> typer.Typer:
+    """`from dsv4bisect.cli import app`: the app with every command, built on first use."""
+    if name == "app":
+        built = build_app()
+        globals()["app"] = built
+        return built
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _app_for(argv: list[str]) -> typer.Typer:
+    """Only the command named first (the common case); every command otherwise (`--help`, no
+    command, or a misspelled one, which click answers with the names it knows)."""
+    if argv and argv[0] in COMMANDS:
+        return build_app([argv[0]])
+    return build_app()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # standalone_mode=False: click returns a command's exit code instead of exiting, and
         # lets our own errors through to be printed as `error:` + `hint:`.
-        code = app(args=argv, standalone_mode=False)
+        args = sys.argv[1:] if argv is None else list(argv)
+        code = _app_for(args)(args=args, standalone_mode=False)
     except Dsv4BisectError as exc:
         from dsv4bisect.redact import redact_text
 
@@ -62,10 +79,38 @@ def main(argv: list[str] | None = None) -> None:
         error("interrupted")
         sys.exit(int(ExitCode.INTERRUPTED))
     except SystemExit:
+        if _reader_left():
+            _quiet_exit()
         raise
+    except BrokenPipeError:
+        _quiet_exit()
     except Exception as exc:  # noqa: BLE001 - click usage errors and bugs
         _handle_other(exc)
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_exit()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _reader_left() -> bool:
+    """Click answers a closed stdout (`| head -2`) with exit 1 after wrapping stdout in its
+    PacifyFlushWrapper; that is how we recognise it."""
+    return type(sys.stdout).__name__ == "PacifyFlushWrapper"
+
+
+def _quiet_exit() -> None:
+    """The reader of stdout took what it wanted and closed the pipe (`| head -2`): that is not
+    an error, so exit 0 like a complete print (the run directory keeps every result), and send
+    what is still buffered to /dev/null so the interpreter's last flush does not fail."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno())
+    except (OSError, AttributeError, ValueError):
+        pass
+    sys.exit(0)
 
 
 def _handle_other(exc: Exception) -> None:

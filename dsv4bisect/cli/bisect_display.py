@@ -30,7 +30,7 @@ class BisectDisplay:
         self._progress: Any = None  # the last bisect Progress event
         self._current: tuple[str, float] | None = None  # label, start time
         self._stage = ""
-        self._done: list[str] = []
+        self._done: list[tuple[str, str, str]] = []  # step, subset, outcome
         self._leader = ""
 
     def __enter__(self) -> BisectDisplay:  # noqa: PYI034 - a plain class, not subclassed
@@ -78,10 +78,10 @@ class BisectDisplay:
             elif isinstance(event, StepDecided):
                 src = " (from the ledger)" if event.reused else ""
                 what = subset_label(event.subset)
-                line = f"{_trial(event, 'step')}: {what} -> {event.outcome.value}{src}"
-                self._done.append(line)
+                head, tail = _trial(event, "step"), f"{event.outcome.value}{src}"
+                self._done.append((head, what, tail))
                 if self._live is None:
-                    self.note(line, "dim")
+                    self.note(f"{head}: {what} -> {tail}", "dim")
 
     def run_event(self, event: RunEvent) -> None:
         """What the engine runner's trial reports (engines starting, probe stages, notices)."""
@@ -108,7 +108,9 @@ class BisectDisplay:
                 label, t0 = self._current
                 parts.append(Text(f"{label}  {time.monotonic() - t0:.0f} s  {self._stage}",
                                   style="yellow", no_wrap=True, overflow="ellipsis"))
-            parts += [Text(line, style="dim") for line in self._done[-8:]]
+            width = self._con.width
+            parts += [Text(step_line(*done, width), style="dim", no_wrap=True)
+                      for done in self._done[-8:]]
             return Group(*parts)
 
 
@@ -118,6 +120,21 @@ def _trial(event: Any, word: str = "trial") -> str:
     if getattr(event, "confirmation", False):
         return f"fresh confirmation (step {event.step})"
     return f"remedy trial (step {event.step})" if event.remedy else f"{word} {event.step}"
+
+
+def step_line(head: str, what: str, tail: str, width: int) -> str:
+    """`step 1: {a, b, c} -> fail` in `width` columns: the set is shortened (`{a, b, …}`),
+    never the outcome, which a terminal's cropping would otherwise cut off first."""
+    line = f"{head}: {what} -> {tail}"
+    if len(line) <= width or not what.startswith("{"):
+        return line
+    names = what[1:-1].split(", ")
+    room = width - len(f"{head}:  -> {tail}")
+    for keep in range(len(names) - 1, -1, -1):
+        short = "{" + ", ".join([*names[:keep], f"… {len(names) - keep} more"]) + "}"
+        if len(short) <= room or keep == 0:
+            return f"{head}: {short} -> {tail}"
+    return line
 
 
 def subset_label(subset: frozenset[str]) -> str:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from dsv4bisect.microtest.results import MicrotestReport, Row
 
 _STYLE = {"ok": "green", "FAIL": "bold red", "info": "dim", "fault": "yellow",
-          "fault-ok": "yellow"}
+          "fault-ok": "yellow", "contrast": "yellow", "contrast-ok": "dim"}
 _LIVE_ROWS = 18  # rows kept in the live view; the full table follows at the end
 
 
@@ -47,6 +47,10 @@ def microtest(
         "--moe-backend", metavar="NAME", help="Runner choices for hash-topk-scaling "
         "(repeatable; default triton, marlin, flashinfer_trtllm_routed, flashinfer_cutlass).")
     ] = None,
+    profile: Annotated[str, typer.Option(
+        metavar="PROFILE", help="The configuration the counted rows concern: its MoE runner "
+        "(other runners' rows are shown for contrast, not counted, unless --moe-backend names "
+        "them).")] = "reference-all",
     tokens: Annotated[int, typer.Option(min=1, help="Rows (queries, tokens) per check.")] = 32,
     experts: Annotated[int, typer.Option(min=1, help="Routed experts sampled per layer.")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic activations.")] = 0,
@@ -65,27 +69,37 @@ def microtest(
     from dsv4bisect.microtest.runners import RUNNER_CHOICES
     from dsv4bisect.microtest.spec import MicrotestSpec, parse_contexts, parse_patches
 
+    deployed = None if moe_backend else _profile_runner(profile)
     spec = MicrotestSpec(
         patches=parse_patches(patches or []), checkpoint=checkpoint, layers=layers,
         contexts=parse_contexts(contexts), device=device,
         activations=None if activations is None else str(activations),
         runners=tuple(moe_backend) if moe_backend else RUNNER_CHOICES, tokens=tokens,
-        experts=experts, seed=seed)
+        experts=experts, seed=seed, deployed_runner=deployed)
     with _LiveTable() as live:
         report = run_microtest(spec, on_row=live.add)
     out_dir = out or Path("runs") / f"microtest-{datetime.now():%Y%m%d-%H%M%S}"
     md = write_report(report, out_dir)
-    _summary(report, md)
+    _summary(report, md, profile if deployed else None)
     if json_out:
         print(json.dumps(report.to_dict(), indent=2))
     raise typer.Exit(report.exit_code)
+
+
+def _profile_runner(profile: str) -> str | None:
+    """The MoE runner `profile` deploys, if it is one the microtest measures."""
+    from dsv4bisect.config.resolve import Overrides, load_profile
+    from dsv4bisect.microtest.runners import RUNNER_CHOICES
+
+    backend = load_profile(profile, Overrides()).profile.engine.moe_backend
+    return backend if backend in RUNNER_CHOICES else None
 
 
 def _table(rows: list[Row], title: str | None = None) -> Table:
     from rich.table import Table
     from rich.text import Text
 
-    from dsv4bisect.microtest.markdown import format_tolerance, format_value
+    from dsv4bisect.microtest.markdown import format_tolerance, format_value, note_text
     from dsv4bisect.microtest.results import layer_ranges
 
     table = Table(title=title, title_justify="left", header_style="bold")
@@ -93,7 +107,7 @@ def _table(rows: list[Row], title: str | None = None) -> Table:
         table.add_column(col, overflow="fold", justify="right" if col == "value" else "left")
     for r in rows:
         cells = (r.patch, layer_ranges(r.layers), r.case, format_value(r), format_tolerance(r),
-                 r.status, r.note)
+                 r.status, note_text(r))
         table.add_row(*(Text(c) for c in cells), style=_STYLE[r.status])  # no markup in notes
     return table
 
@@ -126,10 +140,15 @@ class _LiveTable:
             self._live.__exit__(*exc)  # type: ignore[arg-type]
 
 
-def _summary(report: MicrotestReport, md: Path) -> None:
+def _summary(report: MicrotestReport, md: Path, profile: str | None) -> None:
     con = console()
     con.print(_table(list(report.rows), f"microtest: {report.setup.get('checkpoint')}"))
     verdict = "FAIL" if report.failed else "PASS"
-    con.print(f"{verdict}: {len(report.failed)} of {len(report.rows)} rows outside tolerance | "
-              f"{report.tensors_read} tensors read | {report.seconds:.1f}s | {md}",
-              style="bold red" if report.failed else "bold green", markup=False)
+    counted = [r for r in report.rows if not r.contrast]
+    whose = f" of {profile}'s configuration" if profile else ""
+    contrast = report.contrast_outside
+    also = (f" (and {len(contrast)} contrast rows of other configurations outside, not "
+            "counted)") if contrast else ""
+    con.print(f"{verdict}: {len(report.failed)} of {len(counted)} rows{whose} outside "
+              f"tolerance{also} | {report.tensors_read} tensors read | {report.seconds:.1f}s | "
+              f"{md}", style="bold red" if report.failed else "bold green", markup=False)

@@ -18,7 +18,8 @@ Enable = Annotated[Optional[list[str]], typer.Option(
 Disable = Annotated[Optional[list[str]], typer.Option(
     "--disable", metavar="PATCH", help="Turn a patch off (repeatable).")]
 Only = Annotated[Optional[str], typer.Option(
-    "--only", metavar="P,Q", help="Exactly these patches on, all others off.")]
+    "--only", metavar="P,Q", help="Exactly these patches on, all others off; `none`: every "
+                                  "patch off (the good end).")]
 Set = Annotated[Optional[list[str]], typer.Option(
     "--set", metavar="KEY=VALUE",
     help="Override a profile key, e.g. engine.tp=4 (repeatable); "
@@ -55,13 +56,27 @@ def finite(low: float, high: float) -> Callable[..., float | None]:
     return check
 
 
+ONLY_NONE = "none"  # `--only none`: every patch off, said on purpose (bisect's --good takes it)
+
+
+def only_arg(names: tuple[str, ...]) -> str:
+    """The `--only` value that turns exactly `names` on (`none` for the empty set)."""
+    return ",".join(names) if names else ONLY_NONE
+
+
 def overrides(enable: list[str] | None, disable: list[str] | None, only: str | None,
               sets: list[str] | None) -> Overrides:
-    only_names = None if only is None else tuple(n.strip() for n in only.split(",") if n.strip())
-    if only is not None and not only_names:
-        # `--only ,,,` would quietly mean "every patch off": the good end, tested against itself.
-        raise ConfigError(f"--only {only!r} names no patch",
-                          "list patches, e.g. --only mma-decode,triton-indexer "
-                          "(`dsv4bisect patches list`); --disable turns single patches off")
+    if only is not None and only.strip().lower() == ONLY_NONE:
+        only_names: tuple[str, ...] | None = ()
+    else:
+        only_names = None if only is None else tuple(n.strip() for n in only.split(",")
+                                                     if n.strip())
+        if only is not None and not only_names:
+            # `--only ,,,` would quietly mean "every patch off": the good end, tested against
+            # itself; that is asked for by name.
+            raise ConfigError(f"--only {only!r} names no patch",
+                              "list patches, e.g. --only mma-decode,triton-indexer "
+                              "(`dsv4bisect patches list`), or --only none for every patch "
+                              "off; --disable turns single patches off")
     return Overrides(sets=tuple(sets or ()), enable=tuple(enable or ()),
                      disable=tuple(disable or ()), only=only_names)

@@ -74,8 +74,10 @@ def list_patches(
 
 
 @patches_app.command("matrix")
-def matrix(markdown: Annotated[bool, typer.Option(
-        "--markdown", help="Print the Markdown that docs/sglang.md holds.")] = True) -> None:
+def matrix(markdown: Annotated[Optional[bool], typer.Option(
+        "--markdown/--no-markdown",
+        help="Print the Markdown that docs/sglang.md holds (default when stdout is not a "
+             "terminal), or tables (default on a terminal).")] = None) -> None:
     """How each patch reaches every verified SGLang release, per GPU architecture.
 
     hook: our plugin's hooks; env VAR: an upstream switch the patch drives (off = the most exact
@@ -84,7 +86,29 @@ def matrix(markdown: Annotated[bool, typer.Option(
     """
     from dsv4bisect.patching import matrix as m
 
-    print(m.markdown(), end="")
+    out = stdout()
+    if markdown if markdown is not None else not out.is_terminal:
+        print(m.markdown(), end="")
+        return
+    patches = list(builtin_patches().values())
+    for arch in m.ARCHS:
+        cols = m.columns(arch)
+        table = Table(title=f"{arch.upper()}: how each patch reaches each SGLang release",
+                      title_justify="left")
+        table.add_column("patch")
+        for a, b in cols:
+            table.add_column(a if a == b else f"{a}–{b}")
+        for p in patches:
+            table.add_row(p.name, *(m.cell(p, a, arch).short() for a, _ in cols))
+        out.print(table)
+    masks = [f"{p.name} masked by {mask.by}: {mask.reason}" for p in patches
+             for mask in p.masked_by]
+    if masks:
+        out.print("masks (while the second patch is on, the first cannot act: inert, not sent):")
+        for line in masks:
+            out.print(f"  {line}", markup=False, highlight=False)
+    out.print("evidence per rule: dsv4bisect patches matrix --markdown (docs/sglang.md)",
+              markup=False, highlight=False)
 
 
 @patches_app.command("show")

@@ -72,7 +72,8 @@ def probe(
 def _with_heatmap(session: ProbeSession) -> Verdict:
     png = render_heatmap(session.baseline.rows, session.candidate.rows,
                          session.out_dir / "heatmap.png",
-                         title=f"{session.verdict.verdict}: {session.candidate.url}")
+                         title=f"{session.verdict.verdict}: {session.candidate.url}",
+                         verdict=session.verdict.to_dict())
     if png is None:
         console().print(PLOTS_SKIPPED, markup=False)
     verdict = session.verdict.with_evidence(heatmap=str(png) if png else None)

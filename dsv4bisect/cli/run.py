@@ -50,6 +50,11 @@ def run(
     tier: Annotated[Optional[str], typer.Option(
         help="Probe tier: ci, smoke, standard, deep (default: the profile's probe.tier).")
     ] = None,
+    seed_block: Annotated[Optional[int], typer.Option(
+        "--seed-block", min=0, max=1_000_000,
+        help="Draw the probe's requests from this seed block (default 0); a bisect's re-test "
+             "of a configuration uses the next block, and its report's Reproduce line says "
+             "which.")] = None,
     json_out: Json = False,
     fmt: FormatOpt = None,
     out: Annotated[Path, typer.Option(
@@ -77,8 +82,8 @@ def run(
         from dsv4bisect.engines.preflight import require
 
         require(profile, ov)
-    request = RunRequest(profile=profile, overrides=ov,
-                         tier=tier, runs_root=out, use_cache=not no_cache,
+    request = RunRequest(profile=profile, overrides=ov, tier=tier, seed_block=seed_block,
+                         runs_root=out, use_cache=not no_cache,
                          command=("dsv4bisect", *sys.argv[1:]))
     display = RunDisplay()
     try:

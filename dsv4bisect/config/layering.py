@@ -60,12 +60,32 @@ def find_profile(ref: str, *, relative_to: Path | None = None) -> Path:
     builtin = builtin_dir() / f"{ref}.yaml"
     if "/" not in ref and is_file(builtin):
         return builtin
-    guess = did_you_mean(ref, builtin_names())
+    if not ref.endswith((".yaml", ".yml")):
+        # `profile new mine` writes mine.yaml; `run mine` means that file (a built-in name
+        # still means the built-in, so a stray file never changes a built-in experiment)
+        for path in candidates:
+            for suffix in (".yaml", ".yml"):
+                if is_file(path.with_name(path.name + suffix)):
+                    return path.with_name(path.name + suffix).resolve()
+    here = _yaml_files_beside(candidates[-1])
+    guess = did_you_mean(ref, [*builtin_names(), *here, *(Path(f).stem for f in here)])
     hint = f"{guess} " if guess else ""
+    if here:
+        hint += f"profile files: {', '.join(here[:8])}{' ...' if len(here) > 8 else ''}; "
     raise ConfigError(
         f"no profile `{ref}`: not a file and not a built-in profile",
         f"{hint}built-in profiles: {', '.join(builtin_names())}; or give a path to a YAML file",
     )
+
+
+def _yaml_files_beside(path: Path) -> list[str]:
+    """The profile files in the directory `path` names (what a user may have meant)."""
+    folder = path.parent
+    try:
+        found = sorted(p.name for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
+    except OSError:
+        return []
+    return [str(folder / name) if str(folder) != "." else name for name in found]
 
 
 def is_file(path: Path) -> bool:

@@ -36,7 +36,7 @@ from dsv4bisect.config.engine_config import EngineConfig, ProcessSpec
 from dsv4bisect.engines import ports as portcheck
 from dsv4bisect.engines import procfs
 from dsv4bisect.engines.groups import GroupRecord, wait_gone
-from dsv4bisect.engines.logs import redact_file, redact_text, secret_values, tail
+from dsv4bisect.engines.logs import last_line, redact_file, redact_text, secret_values, tail
 from dsv4bisect.errors import EngineError
 
 GRACE_S = 10.0
@@ -160,9 +160,9 @@ class Launch:
                     self._check_owner(proc)
                     proc.state = "ready"
                     pending.remove(proc)
-                    self._event(proc.spec.role, "ready", self._tail(proc, 1))
+                    self._event(proc.spec.role, "ready", self._last_line(proc))
                 else:
-                    self._event(proc.spec.role, "starting", self._tail(proc, 1))
+                    self._event(proc.spec.role, "starting", self._last_line(proc))
             if pending and time.monotonic() > deadline:
                 stuck = pending[0]
                 raise EngineError(
@@ -251,6 +251,11 @@ class Launch:
             if p.state != "exited":
                 p.state = "stopped"
                 self._event(p.spec.role, "stopped", "")
+
+    def _last_line(self, proc: Running) -> str:
+        """What the live view shows beside the state: not this loop's own readiness polls."""
+        return redact_text(last_line(proc.log_path, (proc.spec.ready_path,)),
+                           secret_values(os.environ, dict(proc.spec.env), argv=proc.spec.argv))
 
     def _tail(self, proc: Running, lines: int) -> str:
         return redact_text(tail(proc.log_path, lines),

@@ -7,6 +7,7 @@ other output; this module applies it to log files.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -26,6 +27,19 @@ def tail(path: Path, lines: int = 20, max_bytes: int = 64_000) -> str:
     except OSError:
         return ""
     return "\n".join(data.splitlines()[-lines:])
+
+
+def last_line(path: Path, skip_polls_of: Iterable[str] = ()) -> str:
+    """The last log line that says something: access-log lines of the launcher's own
+    readiness polls (`GET /health_generate`, in the embedded server's and uvicorn's formats)
+    are skipped, so a live view shows what the engine is doing, not that it was asked."""
+    paths = {p for p in (*skip_polls_of, "/health", "/health_generate") if p}
+    poll = re.compile(r"\b(?:GET|HEAD) (?:" + "|".join(re.escape(p) for p in sorted(paths))
+                      + r")(?=[\s?\"]|$)")
+    for line in reversed(tail(path, 200).splitlines()):
+        if line.strip() and not poll.search(line):
+            return line
+    return ""
 
 
 def secret_values(*envs: Mapping[str, str], argv: Iterable[str] = ()) -> list[str]:

@@ -7,7 +7,9 @@ import math
 from dsv4bisect.microtest.results import MicrotestReport, Row, layer_ranges
 
 STATUS_MARK = {"ok": "ok", "FAIL": "**FAIL**", "info": "info", "fault": "fault (not counted)",
-               "fault-ok": "fault, within (not counted)"}
+               "fault-ok": "fault, within (not counted)",
+               "contrast": "contrast, outside (not counted)",
+               "contrast-ok": "contrast, within (not counted)"}
 
 
 def format_value(row: Row) -> str:
@@ -38,7 +40,8 @@ def render_markdown(report: MicrotestReport) -> str:
         (f"- layers: {layer_ranges(list(s.get('layers', [])))}; contexts: "
          f"{', '.join(str(c) for c in s.get('contexts', []))}"),
         f"- device: {s.get('device')}; activations: {s.get('activations')}",
-        (f"- {len(report.rows)} rows, {len(report.failed)} outside tolerance; "
+        (f"- {len(report.rows)} rows, {len(report.failed)} counted outside tolerance, "
+         f"{len(report.contrast_outside)} contrast rows outside (not counted); "
          f"{report.tensors_read} tensors read; {report.seconds:.1f} s"),
         "",
     ]
@@ -48,7 +51,12 @@ def render_markdown(report: MicrotestReport) -> str:
                   "| --- | --- | --- | --- | --- | --- |"]
         for r in rows:
             cells = (layer_ranges(r.layers), r.case, format_value(r), format_tolerance(r),
-                     STATUS_MARK[r.status], r.note)
+                     STATUS_MARK[r.status], note_text(r))
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def note_text(r: Row) -> str:
+    """The row's note, led by why it is contrast (another configuration) when it is."""
+    return f"{r.contrast}; {r.note}" if r.contrast and r.note else (r.contrast or r.note)

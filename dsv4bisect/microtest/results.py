@@ -2,8 +2,9 @@
 
 A row has a tolerance (or none: informational) and a bound (`max`: passes when value <= tol;
 `min`: passes when value >= tol). Rows of a fault variant the user did not ask for are shown for
-reference but not counted (`counted=False`). The run exits 1 when a counted row is outside its
-tolerance, 0 otherwise.
+reference but not counted (`counted=False`), and so are rows of a configuration other than the
+one under test (another MoE runner, a context beyond the checkpoint's), marked `contrast`. The
+run exits 1 when a counted row is outside its tolerance, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Row:
     counted: bool = True
     note: str = ""
     detail: Mapping[str, Any] = field(default_factory=dict)
+    contrast: str = ""  # why this row is not the configuration under test (then not counted)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -47,11 +49,14 @@ class Row:
 
     @property
     def status(self) -> str:
-        """`ok`, `FAIL`, `info`, or for uncounted fault-reference rows `fault` (outside) /
-        `fault-ok` (inside its tolerance)."""
+        """`ok`, `FAIL`, `info`; for uncounted fault-reference rows `fault` (outside) /
+        `fault-ok` (inside its tolerance); for rows of another configuration, shown for
+        contrast, `contrast` / `contrast-ok`."""
         w = self.within
         if w is None:
             return "info"
+        if self.contrast:
+            return "contrast-ok" if w else "contrast"
         if not self.counted:
             return "fault-ok" if w else "fault"
         return "ok" if w else "FAIL"
@@ -62,6 +67,7 @@ class Row:
             "metric": self.metric, "value": _json_float(self.value),
             "tolerance": self.tolerance, "bound": self.bound, "counted": self.counted,
             "status": self.status, "note": self.note, "detail": _jsonable(self.detail),
+            "contrast": self.contrast,
         }
 
 
@@ -77,6 +83,11 @@ class MicrotestReport:
     @property
     def failed(self) -> tuple[Row, ...]:
         return tuple(r for r in self.rows if r.status == "FAIL")
+
+    @property
+    def contrast_outside(self) -> tuple[Row, ...]:
+        """Rows of another configuration (shown for contrast) outside their tolerance."""
+        return tuple(r for r in self.rows if r.status == "contrast")
 
     @property
     def exit_code(self) -> int:
@@ -118,12 +129,12 @@ def merge_rows(rows: Iterable[Row]) -> list[Row]:
     out: dict[tuple[Any, ...], Row] = {}
     for r in rows:
         key = (r.patch, r.case, r.metric, _json_float(r.value), r.tolerance, r.bound, r.counted,
-               r.note, repr(_jsonable(r.detail)))
+               r.note, repr(_jsonable(r.detail)), r.contrast)
         if key in out:
             prev = out[key]
             out[key] = Row(prev.patch, (*prev.layers, *r.layers), prev.case, prev.metric,
                            prev.value, prev.tolerance, prev.bound, prev.counted, prev.note,
-                           prev.detail)
+                           prev.detail, prev.contrast)
         else:
             out[key] = r
     return list(out.values())

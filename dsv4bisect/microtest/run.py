@@ -25,6 +25,7 @@ from dsv4bisect.microtest import (
 )
 from dsv4bisect.microtest.activations import Activations
 from dsv4bisect.microtest.context import Context
+from dsv4bisect.microtest.contrast import mark_contrast
 from dsv4bisect.microtest.markdown import render_markdown
 from dsv4bisect.microtest.results import MicrotestReport, Row, merge_rows
 from dsv4bisect.microtest.spec import MICROTESTED, MicrotestSpec, resolve_layers
@@ -82,6 +83,8 @@ def _run_layers(ctx: Context, plan: dict[str, list[int]], layers: tuple[int, ...
             for patch, chosen in plan.items():
                 if layer in chosen:
                     for row in CHECKS[patch].run(ctx, layer):
+                        row = mark_contrast(row, ctx.spec.deployed_runner,
+                                            ctx.args.max_position_embeddings)
                         by_patch[patch].append(row)
                         on_row(row)
             ctx.weights.release()

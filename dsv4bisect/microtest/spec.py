@@ -38,6 +38,9 @@ class MicrotestSpec:
     tokens: int = 32  # synthetic rows per check (query tokens, MoE tokens, stream rows)
     experts: int = 4  # routed experts sampled per layer (nvfp4-dispatch, trtllm-clamp)
     seed: int = 0
+    # the MoE runner of the configuration under test: other runners' rows are contrast
+    # (microtest/contrast.py); None: every runner measured counts
+    deployed_runner: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "patches", MappingProxyType(dict(self.patches)))
@@ -52,7 +55,8 @@ class MicrotestSpec:
         return {"patches": dict(self.patches), "checkpoint": self.checkpoint,
                 "layers": self.layers, "contexts": list(self.contexts), "device": self.device,
                 "activations": self.activations, "runners": list(self.runners),
-                "tokens": self.tokens, "experts": self.experts, "seed": self.seed}
+                "tokens": self.tokens, "experts": self.experts, "seed": self.seed,
+                "deployed_runner": self.deployed_runner}
 
 
 # The patches with an op of ours to measure (microtest/check_*.py). SGLang's own switches

@@ -64,18 +64,23 @@ class Layout:
 
 
 def _turns_with_filler(rng: random.Random, vocab: Vocabulary, content: Content, turns: int,
-                       target: int, calib: Calibration) -> list[list[str]]:
+                       target: int, calib: Calibration, *,
+                       every_turn: bool = False) -> list[list[str]]:
+    """Filler sentences for each turn. `every_turn`: while fewer than `turns` sentences are
+    drawn, keep room for the shortest filler sentence in each turn still without one."""
     n_msgs = 2 * turns + 1
     fixed = (calib.base + n_msgs * calib.per_message + calib.per_char *
              (sum(len(p.text) + 1 for p in content.plants) + turns * len(ACK)
               + len(content.question)))
     budget = (target - fixed) / calib.per_char  # characters of filler, separators included
+    shortest = min(len(f) for f in vocab.filler) + 1
     sentences: list[str] = []
     used = 0
     while True:  # random sentences; near the end only those that still fit
+        reserve = shortest * max(0, turns - len(sentences) - 1) if every_turn else 0
         s = rng.choice(vocab.filler)
-        if used + len(s) + 1 > budget:
-            fitting = [f for f in vocab.filler if used + len(f) + 1 <= budget]
+        if used + len(s) + 1 + reserve > budget:
+            fitting = [f for f in vocab.filler if used + len(f) + 1 + reserve <= budget]
             if not fitting:
                 break
             s = rng.choice(fitting)
@@ -132,8 +137,17 @@ def _render(turns: list[list[str]], question: str, pad_unit: str, pad: int) -> l
 def layout(content: Content, *, turns: int, target: int, rng: random.Random, vocab: Vocabulary,
            calib: Calibration, count: Counter) -> Layout:
     """Build the conversation for `content` with `turns` user turns at exactly `target` tokens."""
+    state = rng.getstate()
     filler = _turns_with_filler(rng, vocab, content, turns, target, calib)
     placed, depth = _place(content, filler, target, calib)
+    if any(not items for items in placed):
+        # Short prompts (the smoke tier's 256 tokens, 3 turns): a draw of long filler sentences
+        # can leave a turn with nothing in it. Draw again from the same state, keeping room for
+        # a sentence in every turn. Only draws that left a turn empty change, so every case that
+        # fitted before is byte-identical (the spec hash and cached baselines stay valid).
+        rng.setstate(state)
+        filler = _turns_with_filler(rng, vocab, content, turns, target, calib, every_turn=True)
+        placed, depth = _place(content, filler, target, calib)
     if any(not items for items in placed):
         raise ProbeError(
             f"a {content.family} conversation with {turns} turns does not fit in {target} tokens",

@@ -45,6 +45,7 @@ class StepView:
     attempts: int  # launches this bisect made for this step
     duration_s: float | None
     details: dict[str, Any]
+    trial_id: int | None = None  # the ledger's id of the trial behind this step
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,8 @@ def load_bisect(run_dir: str | Path) -> BisectView:
             s.step, tuple(sorted(s.subset)), dict(trial.patches) if trial else
             spec.patches_for(s.subset), s.seed_block, s.outcome, s.signature,
             trial.verdict if trial else None, source, len(launched),
-            trial.duration_s if trial else None, dict(trial.details) if trial else {}))
+            trial.duration_s if trial else None, dict(trial.details) if trial else {},
+            s.trial_id or None))
     return BisectView(root, run.id, dict(info.get("request") or {}), spec, run.status, result,
                       tuple(views), len(rows), history, str(info["ledger"]))
 
@@ -240,7 +242,7 @@ def _report_json(view: BisectView) -> dict[str, Any]:
                     "baseline_cached": s.details.get("baseline_cached"),
                     "mode": s.details.get("mode"), "fresh_launch": s.details.get("fresh_launch"),
                     "requests": s.details.get("requests"),
-                    "trial_run_dir": s.details.get("run_dir"),
+                    "trial_run_dir": s.details.get("run_dir"), "ledger_trial": s.trial_id,
                     "reproduce": reproduce(view, s)} for s in view.steps],
         "neighbours": neighbours(view),
         "posterior_history": list(view.history),
@@ -315,7 +317,7 @@ def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
         advice = remedy_advice(view)
         lines += [f"**{advice[0].upper() + advice[1:]}.**"] if advice else []
     if view.result.get("confirmation"):
-        lines += ["", confirmation_text(view.result["confirmation"]) + "."]
+        lines += ["", confirmation_text(view.result["confirmation"], view.steps) + "."]
     lines += ["", "## Trials", "",
               ("| step | switched to bad | seed block | verdict | outcome | signature | scores "
                "| requests | mode | duration | source |"),
@@ -348,8 +350,9 @@ def _mode(details: dict[str, Any]) -> str:
     return "hot, launched" if mode == "hot" and details.get("fresh_launch") else mode
 
 
-def confirmation_text(conf: dict[str, Any]) -> str:
-    """One sentence on the fresh-launch confirmation of a hot search (driver.Confirmation)."""
+def confirmation_text(conf: dict[str, Any], steps: tuple[StepView, ...] = ()) -> str:
+    """One sentence on the fresh-launch confirmation of a hot search (driver.Confirmation);
+    the search trial that was the confirmation is named by its step in the Trials table."""
     culprits = _set(conf["subset"])
     if conf.get("skipped"):
         return (f"fresh-launch confirmation skipped ({conf['skipped']}): {culprits} was found "
@@ -357,14 +360,23 @@ def confirmation_text(conf: dict[str, Any]) -> str:
     if conf.get("agrees") is None:
         return f"fresh-launch confirmation of {culprits} could not test"
     if conf["agrees"] and conf.get("by_trial") is not None:
-        return (f"confirmed in a fresh launch: the good end with {culprits} on fails (trial "
-                f"{conf['by_trial']} of the search ran in an engine launched in that "
+        return (f"confirmed in a fresh launch: the good end with {culprits} on fails "
+                f"({_trial_ref(conf['by_trial'], steps)} ran in an engine launched in that "
                 "configuration and never switched)")
     if conf["agrees"]:
         return f"confirmed in a fresh launch: the good end with {culprits} on fails"
     return (f"DISAGREEMENT: the hot-switched trials name {culprits}, but the good end with "
             f"{culprits} on passes in a fresh launch; do not trust this culprit until a "
             "`--fresh-launches` bisect agrees")
+
+
+def _trial_ref(trial_id: int, steps: tuple[StepView, ...]) -> str:
+    """A ledger trial as the report's Trials table numbers it (its step), else by its ledger
+    id (a trial reused from an earlier bisect that is not one of this table's steps)."""
+    numbers = [s.step for s in steps if s.trial_id == trial_id]
+    if numbers:
+        return f"step {numbers[0]} of the search"
+    return f"trial {trial_id} of the ledger, from an earlier run,"
 
 
 def _md_neighbours(items: list[dict[str, Any]]) -> list[str]:
@@ -396,7 +408,8 @@ def _terminal_lines(view: BisectView) -> list[Line]:
             lines.append((advice, "yellow"))
     conf = r.get("confirmation")
     if conf:
-        lines.append((confirmation_text(conf), "bold yellow" if conf.get("agrees") is False
+        lines.append((confirmation_text(conf, view.steps), "bold yellow"
+                      if conf.get("agrees") is False
                       else None))
     text = (f"trials: {b['steps']} used, {b['launches']} launched, {b['reused']} reused from "
             f"the ledger (bound ≈ {b['trials_bound']})")
@@ -433,6 +446,17 @@ def render_posterior(view: BisectView, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
+    fig = posterior_figure(view)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def posterior_figure(view: BisectView) -> Any:
+    """The posterior plot as a matplotlib Figure (matplotlib must be importable)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(7, 3.6))
     xs = list(range(len(view.history)))  # 0: the prior
     for name in view.history[0] if view.history else {}:
@@ -441,11 +465,10 @@ def render_posterior(view: BisectView, path: Path) -> Path | None:
                label=f"confidence {view.spec.confidence}")
     ax.set(xlabel="trials (0: prior)", ylabel="posterior", ylim=(0, 1.02),
            title=f"bisect {view.result['status']}: posterior of the top hypotheses")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are counted, never 0.5
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def write_report(view: BisectView) -> dict[str, str | None]:

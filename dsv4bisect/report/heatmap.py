@@ -36,10 +36,52 @@ def _matrix(grid: Grid, lengths: list[int], depths: list[float]) -> list[list[fl
     return [[grid.get((n, d), nan) for n in lengths] for d in depths]
 
 
+def deciding_reason(verdict: dict[str, Any] | None) -> str:
+    """The verdict's first reason: what decided it (a drift view, an accuracy family, a cell)."""
+    reasons = (verdict or {}).get("reasons") or []
+    return str(reasons[0]).splitlines()[0] if reasons else ""
+
+
+def drift_decided(verdict: dict[str, Any] | None) -> bool:
+    """The drift gates, not the accuracy families, made the verdict what it is."""
+    drift = (verdict or {}).get("drift") or {}
+    return drift.get("status") in ("fail", "warn") and deciding_reason(verdict).startswith("drift")
+
+
+def _family_order(families: list[str], verdict: dict[str, Any] | None) -> list[str]:
+    """The families that lost the most answers first (the ones that decide an accuracy FAIL)."""
+    fams = (verdict or {}).get("families") or {}
+    return sorted(families, key=lambda f: -int((fams.get(f) or {}).get("b") or 0))
+
+
+def panel_rows(families: list[str], verdict: dict[str, Any] | None) -> list[str]:
+    """The rows of panels, top to bottom: `drift` (when the verdict has per-position drift)
+    first if it decided the verdict, else after the accuracy `families`."""
+    drift = (verdict or {}).get("drift") or {}
+    if not (drift.get("candidate") or {}).get("by_position"):
+        return list(families)
+    return ["drift", *families] if drift_decided(verdict) else [*families, "drift"]
+
+
+def heading(title: str | None, verdict: dict[str, Any] | None) -> str:
+    """`title`, then on a line of its own what decided the verdict (its first reason)."""
+    decided = deciding_reason(verdict)
+    if not decided:
+        return title or ""
+    short = decided if len(decided) <= 120 else decided[:117] + "..."
+    return f"{title}\ndecided by: {short}" if title else f"decided by: {short}"
+
+
 def render_heatmap(baseline_rows: Iterable[dict[str, Any]],
                    candidate_rows: Iterable[dict[str, Any]],
-                   path: str | os.PathLike[str], *, title: str | None = None) -> Path | None:
-    """Write the PNG; None when matplotlib is missing or there is nothing to plot."""
+                   path: str | os.PathLike[str], *, title: str | None = None,
+                   verdict: dict[str, Any] | None = None) -> Path | None:
+    """Write the PNG; None when matplotlib is missing or there is nothing to plot.
+
+    With `verdict` (Verdict.to_dict()), the title says what decided it, and the drift views
+    (mean KL and top-1 agreement per position bucket, against the A/A floor and the gates) are
+    drawn as a row of their own: first when drift decided the verdict; the accuracy families
+    follow, the one that lost most answers first."""
     try:
         import matplotlib
 
@@ -48,28 +90,78 @@ def render_heatmap(baseline_rows: Iterable[dict[str, Any]],
     except ImportError:
         return None
     base, cand = list(baseline_rows), list(candidate_rows)
-    families = [f for f in ACCURACY_FAMILIES if accuracy_grid(base, f)]
-    if not families:
+    families = _family_order([f for f in ACCURACY_FAMILIES if accuracy_grid(base, f)], verdict)
+    drift = (verdict or {}).get("drift") or {}
+    rows_of_panels = panel_rows(families, verdict)
+    if not rows_of_panels:
         return None
-    fig, axes = plt.subplots(len(families), 3, figsize=(12, 3.2 * len(families)), squeeze=False)
-    for row, fam in enumerate(families):
+    fig, axes = plt.subplots(len(rows_of_panels), 3, figsize=(12, 3.2 * len(rows_of_panels)),
+                             squeeze=False)
+    for row, fam in enumerate(rows_of_panels):
+        if fam == "drift":
+            _drift_row(axes[row], drift, decided=drift_decided(verdict))
+            continue
         b, c = accuracy_grid(base, fam), accuracy_grid(cand, fam)
         lengths = sorted({k[0] for k in b} | {k[0] for k in c})
         depths = sorted({k[1] for k in b} | {k[1] for k in c})
         diff = {k: c[k] - b[k] for k in b if k in c}
+        lost = int((((verdict or {}).get("families") or {}).get(fam) or {}).get("b") or 0)
+        mark = f" (lost {lost})" if lost else ""
         panels = ((b, "baseline", "viridis", 0.0, 1.0), (c, "candidate", "viridis", 0.0, 1.0),
-                  (diff, "candidate − baseline", "RdBu", -1.0, 1.0))
+                  (diff, f"candidate − baseline{mark}", "RdBu", -1.0, 1.0))
         for col, (grid, name, cmap, lo, hi) in enumerate(panels):
             _panel(axes[row][col], _matrix(grid, lengths, depths), lengths, depths,
                    f"{fam}: {name}", cmap, lo, hi)
-    if title:
-        fig.suptitle(title)
+    head = heading(title, verdict)
+    if head:
+        fig.suptitle(head, fontsize=10)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _drift_row(axes: Any, drift: dict[str, Any], *, decided: bool) -> None:
+    """Mean KL and top-1 agreement per position bucket: candidate, A/A floor, gates; the
+    bucket that triggered the verdict in red."""
+    cand = drift["candidate"]["by_position"]
+    floor = ((drift.get("floor") or {}).get("by_position")) or {}
+    gates = drift.get("gates") or {}
+    keys = list(cand)
+    where = str((drift.get("trigger") or {}).get("where") or "")
+    hot = [f"positions {k}" == where for k in keys]
+    label = " (decided the verdict)" if decided else ""
+    x = range(len(keys))
+    for ax, metric, gate_keys, name in (
+            (axes[0], "kl_mean", ("warn_kl", "fail_kl"), "mean KL (nats)"),
+            (axes[1], "top1_agreement", ("warn_top1", "fail_top1"), "top-1 agreement")):
+        values = [float(cand[k].get(metric) or 0.0) for k in keys]
+        ax.bar(x, values, color=["tab:red" if h else "tab:blue" for h in hot],
+               label="candidate")
+        if floor:
+            ax.plot(x, [float((floor.get(k) or {}).get(metric) or 0.0) for k in keys], "k_",
+                    markersize=14, label="A/A floor")
+        for gate, style in zip(gate_keys, (":", "--")):
+            if gate in gates:
+                ax.axhline(float(gates[gate]), color="tab:red", linestyle=style, linewidth=1,
+                           label=gate.replace("_", " "))
+        if metric == "top1_agreement":
+            low = min([*values, *(float(gates[g]) for g in gate_keys if g in gates)])
+            ax.set_ylim(max(0.0, low - 0.05), 1.005)
+        ax.set_xticks(list(x), keys, fontsize=7, rotation=30)
+        ax.set_xlabel("position bucket (tokens)", fontsize=8)
+        ax.set_title(f"drift{label}: {name}", fontsize=10)
+        ax.legend(fontsize=6)
+    c = drift["candidate"]
+    text = [f"status: {drift.get('status')}", f"trigger: {where or '-'}",
+            f"mean KL {float(c.get('kl_mean') or 0):.3g} nats over {c.get('n_positions')} positions",
+            f"top-1 agreement {float(c.get('top1_agreement') or 0):.2%}",
+            f"first divergence at token {c.get('first_divergence')}"]
+    axes[2].axis("off")
+    axes[2].text(0.0, 0.9, "\n".join(text), va="top", fontsize=9, family="monospace",
+                 transform=axes[2].transAxes)
 
 
 def _panel(ax: Any, matrix: list[list[float]], lengths: list[int], depths: list[float],

@@ -133,8 +133,11 @@ def reproduce_command(run: dict[str, Any]) -> str:
         argv += ["--enable", name]
     for name in ov.get("disable") or ():
         argv += ["--disable", name]
-    if ov.get("only") is not None:
-        argv += ["--only", ",".join(ov["only"])]
+    if ov.get("only") is not None:  # `none`: every patch off (an empty --only is refused)
+        argv += ["--only", ",".join(ov["only"]) or "none"]
+    block = (run.get("probe") or {}).get("seed_block")
+    if block:
+        argv += ["--seed-block", str(block)]
     return shlex.join(argv)
 
 

@@ -125,7 +125,8 @@ def finish(run_dir: Path, record: RunRecord, trial: Trial, verdict: Verdict) -> 
     png = None
     if trial.base is not None and trial.cand is not None:
         png = render_heatmap(trial.base.rows, trial.cand.rows, run_dir / "heatmap.png",
-                             title=f"{verdict.verdict}: {record.doc['profile']}")
+                             title=f"{verdict.verdict}: {record.doc['profile']}",
+                             verdict=verdict.to_dict())
         if png is None:
             record.note(PLOTS_SKIPPED)
     verdict = verdict.with_evidence(heatmap=str(png) if png else None)

@@ -201,6 +201,10 @@ class Trial:
 
     def _progress(self, key: str) -> Callable[..., None]:
         label = LABELS[key]
+        if self.ends.candidate.fingerprint == self.ends.good.fingerprint:
+            # a bisect's check of the good end (or `run --only none`): its requests are the good
+            # end's, not a candidate's
+            label = label.replace("candidate", "good end")
 
         def progress(p: ProbeProgress) -> None:
             self.on_event(ProbeEvent(label, p))

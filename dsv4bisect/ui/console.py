@@ -28,17 +28,32 @@ def _width(stream: object) -> int | None:
         return UNWRAPPED
 
 
+class _Console(Console):
+    """Rich's console, except that a reader closing the pipe (`| head -2`) is not an error:
+    Rich exits 1 there; the CLI exits 0 as it does for a plain `print` (cli/__init__.py)."""
+
+    def on_broken_pipe(self) -> None:
+        if self.quiet:
+            return
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.file.fileno())
+        except (OSError, AttributeError, ValueError):  # a captured stream has no descriptor
+            pass
+        raise SystemExit(0)
+
+
 @cache
 def console() -> Console:
     """The stderr console; honours NO_COLOR and degrades to plain, unwrapped lines off a TTY."""
-    return Console(stderr=True, highlight=False, emoji=False, soft_wrap=True,
+    return _Console(stderr=True, highlight=False, emoji=False, soft_wrap=True,
                    width=_width(sys.stderr))
 
 
 @cache
 def stdout() -> Console:
     """A console for results on stdout (tables rendered as results, e.g. `patches list`)."""
-    return Console(highlight=False, emoji=False, no_color=bool(os.environ.get("NO_COLOR")),
+    return _Console(highlight=False, emoji=False, no_color=bool(os.environ.get("NO_COLOR")),
                    width=_width(sys.stdout))
 
 

@@ -136,6 +136,7 @@ def test_test_cmd_finds_a_single_culprit_and_writes_the_report(tmp_path: Path) -
     assert report["posterior"] >= 0.95
     for name in ("bisect.json", "report.md", "report.json", "posterior.png"):
         assert (run_dir / name).exists(), name
+    _posterior_ticks_are_whole_trials(run_dir)
     trials = report["trials"]
     assert trials[0]["subset"] == [] and trials[0]["verdict"] == "PASS"
     # a test command's bad end is checked by the first trial that fails, not run by itself
@@ -250,3 +251,19 @@ def test_plan_of_an_sglang_profile_prices_launches_switches_and_probes(tmp_path:
     # every trial a fresh launch, and a re-test also launches its seed block's baseline
     assert f["phase_s"]["confirmation"] == 0 and f["mean_launches"] >= f["mean_trials"]
     assert not (tmp_path / "runs").exists()
+
+
+def _posterior_ticks_are_whole_trials(run_dir: Path) -> None:
+    """Issue 31, item 3: posterior.png's x axis counts trials (no 0.5, 1.5 ticks)."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dsv4bisect.report.bisect_report import load_bisect, posterior_figure
+
+    fig = posterior_figure(load_bisect(run_dir))
+    ticks = [t for t in fig.axes[0].get_xticks() if 0 <= t <= len(load_bisect(run_dir).history)]
+    plt.close(fig)
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks

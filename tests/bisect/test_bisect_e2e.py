@@ -92,7 +92,8 @@ def test_engine_bisect_names_the_fault_variant(tmp_path: Path) -> None:
         verdict = json.loads((run_dir / "verdict.json").read_text())
         assert verdict["verdict"] == t["verdict"]
         assert (run_dir / "candidate" / "config.json").exists()
-        assert t["reproduce"].startswith("dsv4bisect run reference-all --tier ci --only")
+        assert t["reproduce"].startswith("dsv4bisect run reference-all --tier ci --set ")
+        assert " --only " in t["reproduce"] and "--only ''" not in t["reproduce"]
         failing = "hash-topk-scaling" in t["subset"]
         assert t["outcome"] == ("fail" if failing else "pass"), t
         if failing:

@@ -34,7 +34,7 @@ def test_only_the_ray_executor_imports_ray() -> None:
                        if any(line.lstrip().startswith(("import ray", "from ray"))
                               for line in p.read_text().splitlines()))
     assert importers == ["bisect/ray_executor.py"]
-    code = ("import sys, dsv4bisect.cli, dsv4bisect.bisect.executors, "
+    code = ("import sys, dsv4bisect.bisect.executors; from dsv4bisect.cli import app; import "
             "dsv4bisect.bisect.remote_trial, dsv4bisect.engines.reaper; "
             "print([m for m in ('ray', 'torch') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from dsv4bisect.errors import ProbeError
 from dsv4bisect.probe import formats, grid
-from dsv4bisect.probe.layout import calibrate, fit_pad, layout
+from dsv4bisect.probe.layout import _turns_with_filler, calibrate, fit_pad, layout
 from dsv4bisect.probe.spec import tier_spec
 from dsv4bisect.probe.vocab import PROBE_VOCAB
 from dsv4bisect.reference.chat import apply_chat_template
@@ -144,3 +144,49 @@ def test_a_variable_chain_planted_at_the_very_end_keeps_its_order(depth: float) 
     text = " ".join(m["content"] for m in lay.messages)
     positions = [text.index(p.text) for p in content.plants if p.role != "distractor"]
     assert positions == sorted(positions)
+
+
+@pytest.mark.parametrize("tier", ["ci", "smoke"])
+def test_every_seed_block_of_the_short_tiers_fits(tier: str) -> None:
+    """Issue 31: at seed block 2 (and 5) of the smoke tier a draw of long filler sentences left
+    a 3-turn copy (vartrack) conversation at 256 tokens with an empty turn, so every re-test
+    at that block was CANNOT_TEST. Each block must lay out, with text in every user turn."""
+    cal = calibrate(byte_count, PROBE_VOCAB)
+    for block in range(8):
+        spec = tier_spec(tier, seed_block=block)
+        cases = grid.build_cases(spec, PROBE_VOCAB, byte_count, cal, (4, 128))
+        assert cases and all(c.prompt_tokens == c.target for c in cases)
+        for case in cases:
+            users = [m["content"] for m in case.messages if m["role"] == "user"][:-1]
+            assert len(users) == case.cell.turns and all(u.strip() for u in users), case.case_id
+
+
+def test_the_redraw_keeps_room_for_every_turn_and_changes_only_draws_that_did_not_fit() -> None:
+    """The case of the report: smoke, block 2, copy at depth 0.1 and 256 tokens. The first draw
+    leaves the third turn empty; the redraw (same random state) gives every turn a sentence.
+    A draw that fits is not redrawn: its case equals the plain first draw."""
+    spec = tier_spec("smoke", seed_block=2)
+    cal = calibrate(byte_count, PROBE_VOCAB)
+    cell = grid.Cell("copy", 256, 0.1, 3)
+    rng = random.Random(grid.case_seed(spec, cell, 0))
+    content = grid._content(spec, PROBE_VOCAB, cell, rng)
+    state = rng.getstate()
+    first = _turns_with_filler(rng, PROBE_VOCAB, content, 3, 256, cal)
+    assert any(not turn for turn in first)  # what made the old layout give up
+    rng.setstate(state)
+    lay = layout(content, turns=3, target=256, rng=rng, vocab=PROBE_VOCAB, calib=cal,
+                 count=byte_count)
+    assert byte_count(list(lay.messages)) == 256
+    assert all(m["content"].strip() for m in lay.messages)
+
+    fits = grid.Cell("needle", 256, 0.5, 3)  # block 2's needle case fits on the first draw
+    rng = random.Random(grid.case_seed(spec, fits, 0))
+    content = grid._content(spec, PROBE_VOCAB, fits, rng)
+    state = rng.getstate()
+    plain = _turns_with_filler(rng, PROBE_VOCAB, content, 3, 256, cal)
+    assert all(plain)
+    rng.setstate(state)
+    lay = layout(content, turns=3, target=256, rng=rng, vocab=PROBE_VOCAB, calib=cal,
+                 count=byte_count)
+    text = " ".join(m["content"] for m in lay.messages)
+    assert all(s in text for turn in plain for s in turn)
