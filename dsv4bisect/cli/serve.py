@@ -87,6 +87,23 @@ def serve(
         run_server(opts, _print_ready, signals)
     finally:
         signals.close()
+    if signals.received is not None:
+        _exit_stopped()
+
+
+def _exit_stopped() -> None:
+    """Stopped by a signal, every request thread joined: end the process here. Interpreter
+    finalisation with torch loaded is seconds of CPU (minutes on a starved machine) that no
+    deadline covers and nothing needs: the logs are flushed first."""
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 def _print_ready(url: str, info: dict[str, Any]) -> None:

@@ -11,7 +11,8 @@ Starlette app) on uvicorn, with a head deadline added to uvicorn's h11 protocol
 3. SIGTERM or SIGINT in any phase (`stop_signal.py`: a pipe and a watcher thread, whatever the
    main thread is doing) stops it: new requests get 503, running generations are cancelled at
    their next model step (503), uvicorn closes its connections, the request threads are
-   joined, then `serve` returns and the process exits 0. Stopped while the engine is still
+   joined, then `serve` returns (the CLI then ends the process with exit 0, skipping
+   interpreter finalisation: `cli/serve.py`). Stopped while the engine is still
    loading, or with a thread that does not end in time (stuck in torch), the process leaves by
    `os._exit(0)` after saying so on stderr; the watcher's hard deadline guarantees that within
    `stop_signal.HARD_EXIT_S` of the signal whatever happens.
