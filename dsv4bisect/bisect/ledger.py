@@ -18,10 +18,12 @@ takes no lock and creates no file.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import sqlite3
+import stat
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -375,11 +377,24 @@ class Ledger:
 def _lock(path: Path) -> int:
     """An exclusive flock on `<ledger>.lock`, its holder's PID written in it; or BisectError."""
     lock_path = Path(f"{path}{LOCK_SUFFIX}")
+    # O_NOFOLLOW, and a regular file with one link: on a shared runs root a planted symlink
+    # (or hard link) would otherwise make us truncate its target and write a PID into it.
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by engines
+        fd = os.open(lock_path, flags, 0o644)  # O_CLOEXEC: not inherited by engines
     except OSError as exc:
-        raise BisectError(f"cannot create the ledger's lock `{lock_path}`: {exc.strerror}",
-                          "point --ledger (or --out) at a writable directory") from None
+        why = "it is a symbolic link, which a lock never is" if exc.errno == errno.ELOOP \
+            else exc.strerror
+        raise BisectError(f"cannot create the ledger's lock `{lock_path}`: {why}",
+                          "remove it if it is not yours, or point --ledger (or --out) at a "
+                          "writable directory of your own") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise BisectError(f"the ledger's lock `{lock_path}` is not a plain file of its own "
+                          "(a FIFO, a device or a hard link): refusing to write into it",
+                          "remove it if it is not yours, or point --ledger (or --out) at a "
+                          "directory of your own")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
