@@ -267,7 +267,9 @@ class Ledger:
     def trial(self, trial_id: int) -> TrialRow:
         row = self._conn.execute("SELECT * FROM trials WHERE id = ?", (trial_id,)).fetchone()
         if row is None:
-            raise BisectError(f"no trial {trial_id} in ledger `{self.path}`", None)
+            raise BisectError(f"no trial {trial_id} in ledger `{self.path}`",
+                              "the ledger was edited or replaced; point --ledger at the one "
+                              "this bisect wrote")
         return trial_from_row(row)
 
     # -- the search's records ------------------------------------------------------------------
@@ -318,7 +320,8 @@ class Ledger:
         comparison ('aa'), an end check of a bisect whose ends differ ('end'), or a re-test
         ('retest')."""
         if truth not in ("pass", "fail") or outcome not in ("pass", "fail"):
-            raise BisectError(f"noise evidence needs pass/fail, got {truth!r}/{outcome!r}", None)
+            raise BisectError(f"noise evidence needs pass/fail, got {truth!r}/{outcome!r}",
+                              "record noise evidence as pass or fail")
         with self._tx() as c:
             c.execute(
                 "INSERT INTO noise_evidence (probe, source, truth, outcome, fingerprint, "

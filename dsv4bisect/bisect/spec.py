@@ -57,7 +57,8 @@ class BisectSpec:
         """The patch set of a configuration: `subset` at its bad-end state, the rest good."""
         unknown = subset - set(self.candidates)
         if unknown:
-            raise BisectError(f"`{min(unknown)}` is not a candidate of this bisect", None)
+            raise BisectError(f"`{min(unknown)}` is not a candidate of this bisect",
+                              "name only the bisect's candidates (see its plan)")
         out = {name: v for name, v in self.good.items() if name not in subset}
         out.update({name: self.bad[name] for name in subset if name in self.bad})
         return out

@@ -218,7 +218,8 @@ class ProbeClient:
                         f"{where}: cannot connect ({type(exc).__name__}) after {attempt + 1} "
                         "attempts", "check that the server is running and the URL is right"
                     ) from exc
-                raise ProbeError(f"{where}: {type(exc).__name__}: {exc}") from exc
+                raise ProbeError(f"{where}: {type(exc).__name__}: {exc}",
+                                 "check the URL and that an HTTP server answers there") from exc
             self._deadline.disarm()
             if resp.status_code >= 500 and attempt < self.retries:
                 attempt += 1
