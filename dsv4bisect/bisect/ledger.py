@@ -26,19 +26,23 @@ import sqlite3
 import stat
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dsv4bisect.bisect.ledger_rows import (
+    DAMAGED_HINT,
     SCHEMA,
     SCHEMA_VERSION,
+    DamagedRow,
     NoiseEstimate,
     RunRow,
     StepRow,
     TrialKey,
     TrialRow,
+    run_from_row,
+    step_from_row,
     trial_from_row,
 )
 from dsv4bisect.errors import BisectError
@@ -48,6 +52,7 @@ if TYPE_CHECKING:
 
 
 LOCK_SUFFIX = ".lock"
+T = TypeVar("T")
 
 
 class Ledger:
@@ -149,14 +154,7 @@ class Ledger:
                 f"no bisect run `{run_id}` in ledger `{self.path}`",
                 "check --resume points at the run directory of that bisect",
             )
-        return RunRow(
-            row["id"],
-            row["run_dir"],
-            row["created"],
-            json.loads(row["settings"]),
-            row["status"],
-            json.loads(row["result"]) if row["result"] else None,
-        )
+        return self._rows(run_from_row, [row])[0]
 
     def finish_run(self, run_id: str, status: str, result: Mapping[str, Any]) -> None:
         with self._tx() as c:
@@ -246,7 +244,7 @@ class Ledger:
             "status = 'done' AND verdict IN ('PASS', 'FAIL', 'WARN', 'BETWEEN')",
             (key.fingerprint, key.probe, key.seed_block),
         ).fetchone()
-        return trial_from_row(row) if row else None
+        return self._rows(trial_from_row, [row])[0] if row else None
 
     def attempts(self, run_id: str, key: TrialKey) -> list[TrialRow]:
         """This run's finished attempts for the key that did not test (CANNOT_TEST, crash)."""
@@ -255,14 +253,14 @@ class Ledger:
             "seed_block = ? AND status = 'done' AND verdict = 'CANNOT_TEST' ORDER BY id",
             (run_id, key.fingerprint, key.probe, key.seed_block),
         ).fetchall()
-        return [trial_from_row(r) for r in rows]
+        return self._rows(trial_from_row, rows)
 
     def trials(self, run_id: str) -> list[TrialRow]:
         """Every trial row this run wrote (reused trials of other runs are in `steps`)."""
         rows = self._conn.execute(
             "SELECT * FROM trials WHERE run_id = ? ORDER BY id", (run_id,)
         ).fetchall()
-        return [trial_from_row(r) for r in rows]
+        return self._rows(trial_from_row, rows)
 
     def trial(self, trial_id: int) -> TrialRow:
         row = self._conn.execute("SELECT * FROM trials WHERE id = ?", (trial_id,)).fetchone()
@@ -270,7 +268,14 @@ class Ledger:
             raise BisectError(f"no trial {trial_id} in ledger `{self.path}`",
                               "the ledger was edited or replaced; point --ledger at the one "
                               "this bisect wrote")
-        return trial_from_row(row)
+        return self._rows(trial_from_row, [row])[0]
+
+    def _rows(self, parse: Callable[[sqlite3.Row], T], rows: Sequence[sqlite3.Row]) -> list[T]:
+        """Rows parsed and checked; a damaged one is a BisectError naming it (exit 5)."""
+        try:
+            return [parse(r) for r in rows]
+        except DamagedRow as exc:
+            raise BisectError(f"`{self.path}`: {exc}", DAMAGED_HINT) from None
 
     # -- the search's records ------------------------------------------------------------------
     def put_step(self, run_id: str, step: StepRow) -> None:
@@ -292,17 +297,7 @@ class Ledger:
         rows = self._conn.execute(
             "SELECT * FROM steps WHERE run_id = ? ORDER BY step", (run_id,)
         ).fetchall()
-        return [
-            StepRow(
-                r["step"],
-                frozenset(json.loads(r["subset"])),
-                r["seed_block"],
-                r["outcome"],
-                r["signature"],
-                r["trial_id"],
-            )
-            for r in rows
-        ]
+        return self._rows(step_from_row, rows)
 
     # -- noise ---------------------------------------------------------------------------------
     def add_noise_evidence(

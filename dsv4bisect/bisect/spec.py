@@ -106,6 +106,17 @@ class BisectSpec:
                 f"bisect settings version {data.get('version')} is not supported",
                 "start a new bisect with this version of dsv4bisect",
             )
+        try:
+            return cls._from_json(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise BisectError(
+                f"the bisect's settings in the ledger are damaged ({type(exc).__name__}: "
+                f"{str(exc)[:80]})",
+                "the ledger was edited or damaged: restore it from a copy, or start a fresh "
+                "bisect with its own --ledger") from None
+
+    @classmethod
+    def _from_json(cls, data: Mapping[str, Any]) -> BisectSpec:
         return cls(
             candidates=tuple(data["candidates"]),
             good=dict(data["good"]),
