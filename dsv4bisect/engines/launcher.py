@@ -33,8 +33,8 @@ import requests
 
 from dsv4bisect import env as envvars
 from dsv4bisect.config.engine_config import EngineConfig, ProcessSpec
-from dsv4bisect.engines import ports as portcheck
 from dsv4bisect.engines import oom, procfs
+from dsv4bisect.engines import ports as portcheck
 from dsv4bisect.engines.groups import GroupRecord, wait_gone
 from dsv4bisect.engines.logs import redact_file, redact_text, secret_values, tail
 from dsv4bisect.errors import EngineError

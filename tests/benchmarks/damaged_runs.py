@@ -346,7 +346,7 @@ def run_fixture(name: str, templates: tuple[Path, Path], root: Path, env: dict[s
         start = time.perf_counter()
         try:
             proc = subprocess.run(argv, cwd=root, env=env, capture_output=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL)
+                                  timeout=timeout, stdin=subprocess.DEVNULL, check=False)
             code, err = proc.returncode, proc.stderr.decode(errors="replace")
         except subprocess.TimeoutExpired as exc:
             code, err = None, (exc.stderr or b"").decode(errors="replace")

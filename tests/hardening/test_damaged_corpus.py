@@ -13,7 +13,7 @@ import pytest
 from cli_inproc import cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import damaged_runs  # noqa: E402
+import damaged_runs
 
 SAMPLE = ["trial-verdict-garbage", "trial-details-not-json", "trial-patches-garbage",
           "runs-settings-truncated", "runs-settings-candidates-number", "steps-outcome-maybe",

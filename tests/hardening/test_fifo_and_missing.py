@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from cli_inproc import cli
+
 from dsv4bisect.config.bounded import load_json
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.verdict import Verdict
