@@ -105,10 +105,17 @@ class Ledger:
             conn = sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None)
             conn.row_factory = sqlite3.Row
             found = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            tables = {r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
         except sqlite3.DatabaseError as exc:
             raise BisectError(f"cannot read the ledger `{path}`: {exc}",
                               "is it a dsv4bisect ledger? bisect.json names it") from None
         _check_schema(path, found)
+        missing = sorted({"runs", "trials", "steps", "noise_evidence"} - tables)
+        if missing:  # a writer re-creates them; a reader cannot
+            conn.close()
+            raise BisectError(f"the ledger `{path}` has no table {', '.join(missing)}",
+                              DAMAGED_HINT)
         return cls(conn, path)
 
     def close(self) -> None:

@@ -171,6 +171,19 @@ def _strings(table: str, key: Any, column: str, value: Any) -> Any:
     return value
 
 
+def _details(key: Any, text: Any) -> dict[str, Any]:
+    """A trial's details; `error_rates` (what the search weighs the verdict with) checked."""
+    details = _json_cell("trials", key, "details", text or None, dict, nullable=True) or {}
+    rates = details.get("error_rates")
+    if rates is not None and not (
+            isinstance(rates, list) and len(rates) == 2 and all(
+                isinstance(r, int | float) and not isinstance(r, bool) and 0 <= r <= 1
+                for r in rates)):
+        raise _damaged("trials", key, "details.error_rates", "is not two rates in [0, 1]",
+                       rates)
+    return details
+
+
 def trial_from_row(row: sqlite3.Row) -> TrialRow:
     """A trials row, every cell checked: a damaged row is a DamagedRow naming it."""
     key = row["id"]
@@ -192,7 +205,7 @@ def trial_from_row(row: sqlite3.Row) -> TrialRow:
         status=_cell(t, key, "status", row["status"], str),
         verdict=verdict,
         signature=_cell(t, key, "signature", row["signature"], str, nullable=True),
-        details=_json_cell(t, key, "details", row["details"] or None, dict, nullable=True) or {},
+        details=_details(key, row["details"]),
         duration_s=_cell(t, key, "duration_s", row["duration_s"], (int, float), nullable=True),
         throughput=_cell(t, key, "throughput", row["throughput"], (int, float), nullable=True),
         log_path=_cell(t, key, "log_path", row["log_path"], str, nullable=True),
