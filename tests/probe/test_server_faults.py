@@ -226,3 +226,15 @@ def test_bad_max_model_len_is_refused(fake: Fake, length: Any) -> None:
 def test_a_sound_server_info_is_read(fake: Fake) -> None:
     info = ProbeClient(fake.url).describe()
     assert info.max_model_len == 4096 and info.compress_ratios == (0, 4, 128)
+
+
+def test_nan_in_a_sequential_trial_is_a_fail(fake: Fake) -> None:
+    from dsv4bisect.probe.sequential_run import run_sequential
+
+    good, ref = _drift_run(fake, -0.1, None)
+    ends = ProbeRun(SPEC, fake.url, {}, (_case(),), good.rows, good.drift)
+    fake.logprob = float("nan")
+    result = run_sequential(fake.url, ends, ends, ends, false_fail=0.05, false_pass=0.05)
+    assert result.verdict == "FAIL" and result.decision.decided_by == "signatures"
+    assert "non-finite logprobs" in result.decision.reasons[0]
+    assert result.run.rows[0]["signatures"] == [NON_FINITE] and not result.run.drift
