@@ -23,6 +23,11 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
 
 
+# The last resort for a bad-input error raised without a hint of its own: every exit 5 prints
+# a `hint:` line (the fuzzer counts those that do not).
+GENERIC_HINT = "see `dsv4bisect COMMAND --help`; docs/reliability.md explains each exit code"
+
+
 class Dsv4BisectError(Exception):
     """An error the user can fix; printed without a traceback."""
 
@@ -31,7 +36,7 @@ class Dsv4BisectError(Exception):
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint = hint if hint or self.exit_code != ExitCode.BAD_INPUT else GENERIC_HINT
 
     def __str__(self) -> str:
         return self.message

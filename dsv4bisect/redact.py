@@ -11,7 +11,9 @@ Two passes, because a secret reaches output in two ways:
 
 `redact(data)` collects the secrets of `data` itself (pass 1) and then scrubs every string
 (pass 2); callers holding the unredacted source (e.g. a run's config.json) pass its secrets in.
-Names that only *name* an env var (`api_key_env: SGLANG_API_KEY`) are not secrets.
+Names that only *name* an env var (`api_key_env: SGLANG_API_KEY`) are not secrets, nor is a
+plain number (`--max-total-tokens 4096`, `prompt_tokens: 12`): a count is not a credential. A
+URL's password (`postgres://user:pw@host`) is a secret wherever the URL appears.
 """
 
 from __future__ import annotations
@@ -24,27 +26,47 @@ from dsv4bisect.env import is_secret as _env_is_secret
 
 REDACTED = "***"
 MIN_SECRET = 4  # shorter values are hidden by position only
-_EXTRA_MARKERS = ("PASSWD", "CREDENTIAL", "AUTHORIZATION")
+_EXTRA_MARKERS = ("PASSWD", "CREDENTIAL", "AUTHORIZATION", "COOKIE")
+# `AUTH` as a word of the name (`AUTH`, `BASIC_AUTH`, `AUTH_HEADER`, `PROXY_AUTHTOKEN`), not
+# inside another word (`AUTHOR`).
+_AUTH_WORD = re.compile(r"(?:^|_)(?:AUTH|AUTHN|AUTHZ|AUTHTOKEN|OAUTH)(?:_|$)")
 # `NAME=value` / `--flag=value` inside free text; the name may be dotted (`engine.env.X_TOKEN`).
 _ASSIGN = re.compile(r"(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[^\s'\"]+)")
+# The password of a URL's userinfo: scheme://user:PASSWORD@host.
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@'\"]*:)"
+                           r"(?P<value>[^\s/@'\"]+)(?P<tail>@)")
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 
 def is_secret(name: str) -> bool:
-    """Env var, flag or JSON key whose value must not be shown (TOKEN, KEY, SECRET, ...)."""
+    """Env var, flag or JSON key whose value must not be shown (TOKEN, KEY, SECRET, ..., and
+    their plurals: `HF_TOKENS`, `KEYS`, `GITHUB_TOKENS_FILE`)."""
     if name.endswith(("_env", "_ENV")):  # holds the *name* of a variable (api_key_env)
         return False
     last = re.split(r"[.\s]", name.strip())[-1] if name.strip() else name
     upper = last.upper().replace("-", "_")
-    return _env_is_secret(last) or any(m in upper for m in _EXTRA_MARKERS)
+    return _env_is_secret(last) or any(m in upper for m in _EXTRA_MARKERS) \
+        or bool(_AUTH_WORD.search(upper))
 
 
-# Our own record fields that carry these markers but no secret: a diff row's `key`, token counts.
-_NOT_SECRET_KEY = re.compile(r"(?i)keys?|.*tokens(_.*)?|.*_tokens?_.*")
+def plain_number(value: str) -> bool:
+    """`4096`, `-1`, `0.5`, `1e-3`: a count or a setting, never a credential."""
+    return bool(_PLAIN_NUMBER.fullmatch(value.strip()))
+
+
+# Our own record fields that carry a marker but name no secret: a diff row's `key` / `keys`
+# (lower case, as our records spell them; the env name `KEYS` is a secret).
+_NOT_SECRET_KEY = re.compile(r"keys?")
 
 
 def is_secret_key(name: str) -> bool:
-    """A JSON/YAML record key whose string value is a secret (env names, `api_key`, ...)."""
+    """A JSON/YAML record key whose string value is a secret (env names, `api_key`, ...).
+    Token-count keys (`prompt_tokens`, `max_total_tokens`) hold numbers, which never are."""
     return is_secret(name) and not _NOT_SECRET_KEY.fullmatch(name)
+
+
+def _secret_value(value: Any) -> bool:
+    return isinstance(value, str) and bool(value) and not plain_number(value)
 
 
 def _walk_argv(argv: Iterable[str]) -> Iterator[tuple[str, str | None]]:
@@ -52,13 +74,15 @@ def _walk_argv(argv: Iterable[str]) -> Iterator[tuple[str, str | None]]:
     `--api-key` is itself the secret; any other argument holds none."""
     hide_next = False
     for arg in argv:
-        if hide_next:
+        if hide_next and not arg.startswith("--"):  # a flag after a secret flag is no value
             hide_next = False
-            yield arg, arg
+            yield arg, None if plain_number(arg) else arg
         elif arg.startswith("-") and is_secret(arg.lstrip("-").split("=", 1)[0]):
             hide_next = "=" not in arg
-            yield arg, None if hide_next else arg.split("=", 1)[1]
+            value = None if hide_next else arg.split("=", 1)[1]
+            yield arg, None if value is None or plain_number(value) or not value else value
         else:
+            hide_next = False
             yield arg, None
 
 
@@ -74,7 +98,7 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
 
 
 def env_secrets(*envs: Mapping[str, str]) -> list[str]:
-    return [v for env in envs for k, v in env.items() if isinstance(v, str) and is_secret(str(k))]
+    return [v for env in envs for k, v in env.items() if _secret_value(v) and is_secret(str(k))]
 
 
 def secrets_in(data: Any) -> set[str]:
@@ -85,12 +109,13 @@ def secrets_in(data: Any) -> set[str]:
         item = stack.pop()
         if isinstance(item, Mapping):
             for key, value in item.items():
-                if isinstance(value, str) and is_secret_key(str(key)):
+                if _secret_value(value) and is_secret_key(str(key)):
                     found.add(value)
                 stack.append(value)
         elif isinstance(item, (list, tuple)):
             strings = [x for x in item if isinstance(x, str)]
-            if len(strings) == len(item) and len(item) == 2 and is_secret(strings[0]):
+            if len(strings) == len(item) and len(item) == 2 and is_secret(strings[0]) \
+                    and _secret_value(strings[1]):
                 found.add(strings[1])  # an env pair ("HF_TOKEN", "value")
             found.update(argv_secrets(strings))
             stack.extend(item)
@@ -100,18 +125,23 @@ def secrets_in(data: Any) -> set[str]:
 
 
 def _text_secrets(text: str) -> list[str]:
-    if "=" not in text:
-        return []
-    return [m.group("value") for m in _ASSIGN.finditer(text) if is_secret(m.group("name"))]
+    found = [m.group("value") for m in _URL_PASSWORD.finditer(text)] if "://" in text else []
+    if "=" in text:
+        found += [m.group("value") for m in _ASSIGN.finditer(text)
+                  if is_secret(m.group("name")) and not plain_number(m.group("value"))]
+    return found
 
 
 def redact_text(text: str, secrets: Iterable[str]) -> str:
     """`text` with each secret value (longest first) replaced, and `KEY=value` by position."""
     for secret in sorted({s for s in secrets if len(s) >= MIN_SECRET}, key=len, reverse=True):
         text = text.replace(secret, REDACTED)
+    if "://" in text:
+        text = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED + m.group("tail"), text)
     if "=" in text:
         text = _ASSIGN.sub(lambda m: f"{m.group('name')}={REDACTED}"
-                           if is_secret(m.group("name")) else m.group(0), text)
+                           if is_secret(m.group("name")) and not plain_number(m.group("value"))
+                           else m.group(0), text)
     return text
 
 
@@ -123,11 +153,11 @@ def redact(data: Any, extra: Iterable[str] = ()) -> Any:
 
 def _scrub(item: Any, secrets: set[str]) -> Any:
     if isinstance(item, Mapping):
-        return {key: (REDACTED if isinstance(value, str) and value and is_secret_key(str(key))
+        return {key: (REDACTED if _secret_value(value) and is_secret_key(str(key))
                       else _scrub(value, secrets)) for key, value in item.items()}
     if isinstance(item, (list, tuple)):
         strings = all(isinstance(x, str) for x in item)
-        if strings and len(item) == 2 and is_secret(item[0]) and item[1]:
+        if strings and len(item) == 2 and is_secret(item[0]) and _secret_value(item[1]):
             out: list[Any] = [item[0], REDACTED]
         else:
             out = redact_argv(item) if strings else list(item)

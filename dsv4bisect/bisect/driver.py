@@ -159,7 +159,37 @@ def read_run_file(run_dir: str | Path) -> dict[str, Any]:
             f"`{run_dir}` is not a bisect run directory ({exc})",
             f"pass the directory that holds {RUN_FILE}",
         ) from exc
+    damaged = _damaged_field(info)
+    if damaged:
+        raise BisectError(f"{path}: {damaged}",
+                          "the file was edited or truncated; it cannot be reported or resumed")
     return info
+
+
+# The fields of bisect.json that a report or a resume reads, with the JSON types they must
+# have (a hand-edited `"ledger": 5` or `"request": "x"` is an error naming the field).
+_REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
+    "test_cmd": (str, list, type(None)), "test_cwd": (str, type(None)),
+    "profile": (str, type(None)), "sets": (list, type(None)), "command": (list, type(None)),
+    "executor": (str, type(None)), "tier": (str, type(None))}
+
+
+def _damaged_field(info: dict[str, Any]) -> str | None:
+    for key in ("run_id", "ledger"):
+        if not isinstance(info[key], str) or not info[key]:
+            return f"`{key}` is not a non-empty string"
+    request = info.get("request")
+    if request is None:
+        return None
+    if not isinstance(request, dict):
+        return "`request` is not an object"
+    for key, types in _REQUEST_FIELDS.items():
+        value = request.get(key)
+        if not isinstance(value, types) or isinstance(value, bool):
+            return f"`request.{key}` has the wrong type ({type(value).__name__})"
+        if isinstance(value, list) and not all(isinstance(x, str) for x in value):
+            return f"`request.{key}` holds a value that is not a string"
+    return None
 
 
 class _Driver:

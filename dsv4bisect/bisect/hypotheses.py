@@ -134,7 +134,8 @@ def _log_prior(space: HypothesisSpace, max_order: int, orders: list[int], p: Pri
         )
     for value in (*mass, p.good_end_fails, p.bad_end_passes, p.unexplained):
         if not (value >= 0 and math.isfinite(value)):
-            raise BisectError(f"prior mass {value} is not a non-negative number", None)
+            raise BisectError(f"prior mass {value} is not a non-negative number",
+                               "give priors as finite numbers >= 0")
     for name, w in p.weights.items():
         if name in space.index and not (w > 0 and math.isfinite(w)):
             raise BisectError(f"prior weight of `{name}` is {w}", "weights must be positive")

@@ -18,25 +18,31 @@ takes no lock and creates no file.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import sqlite3
+import stat
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dsv4bisect.bisect.ledger_rows import (
+    DAMAGED_HINT,
     SCHEMA,
     SCHEMA_VERSION,
+    DamagedRow,
     NoiseEstimate,
     RunRow,
     StepRow,
     TrialKey,
     TrialRow,
+    run_from_row,
+    step_from_row,
     trial_from_row,
 )
 from dsv4bisect.errors import BisectError
@@ -46,6 +52,7 @@ if TYPE_CHECKING:
 
 
 LOCK_SUFFIX = ".lock"
+T = TypeVar("T")
 
 
 class Ledger:
@@ -98,10 +105,17 @@ class Ledger:
             conn = sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None)
             conn.row_factory = sqlite3.Row
             found = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            tables = {r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
         except sqlite3.DatabaseError as exc:
             raise BisectError(f"cannot read the ledger `{path}`: {exc}",
                               "is it a dsv4bisect ledger? bisect.json names it") from None
         _check_schema(path, found)
+        missing = sorted({"runs", "trials", "steps", "noise_evidence"} - tables)
+        if missing:  # a writer re-creates them; a reader cannot
+            conn.close()
+            raise BisectError(f"the ledger `{path}` has no table {', '.join(missing)}",
+                              DAMAGED_HINT)
         return cls(conn, path)
 
     def close(self) -> None:
@@ -147,14 +161,7 @@ class Ledger:
                 f"no bisect run `{run_id}` in ledger `{self.path}`",
                 "check --resume points at the run directory of that bisect",
             )
-        return RunRow(
-            row["id"],
-            row["run_dir"],
-            row["created"],
-            json.loads(row["settings"]),
-            row["status"],
-            json.loads(row["result"]) if row["result"] else None,
-        )
+        return self._rows(run_from_row, [row])[0]
 
     def finish_run(self, run_id: str, status: str, result: Mapping[str, Any]) -> None:
         with self._tx() as c:
@@ -244,7 +251,7 @@ class Ledger:
             "status = 'done' AND verdict IN ('PASS', 'FAIL', 'WARN', 'BETWEEN')",
             (key.fingerprint, key.probe, key.seed_block),
         ).fetchone()
-        return trial_from_row(row) if row else None
+        return self._rows(trial_from_row, [row])[0] if row else None
 
     def attempts(self, run_id: str, key: TrialKey) -> list[TrialRow]:
         """This run's finished attempts for the key that did not test (CANNOT_TEST, crash)."""
@@ -253,20 +260,29 @@ class Ledger:
             "seed_block = ? AND status = 'done' AND verdict = 'CANNOT_TEST' ORDER BY id",
             (run_id, key.fingerprint, key.probe, key.seed_block),
         ).fetchall()
-        return [trial_from_row(r) for r in rows]
+        return self._rows(trial_from_row, rows)
 
     def trials(self, run_id: str) -> list[TrialRow]:
         """Every trial row this run wrote (reused trials of other runs are in `steps`)."""
         rows = self._conn.execute(
             "SELECT * FROM trials WHERE run_id = ? ORDER BY id", (run_id,)
         ).fetchall()
-        return [trial_from_row(r) for r in rows]
+        return self._rows(trial_from_row, rows)
 
     def trial(self, trial_id: int) -> TrialRow:
         row = self._conn.execute("SELECT * FROM trials WHERE id = ?", (trial_id,)).fetchone()
         if row is None:
-            raise BisectError(f"no trial {trial_id} in ledger `{self.path}`", None)
-        return trial_from_row(row)
+            raise BisectError(f"no trial {trial_id} in ledger `{self.path}`",
+                              "the ledger was edited or replaced; point --ledger at the one "
+                              "this bisect wrote")
+        return self._rows(trial_from_row, [row])[0]
+
+    def _rows(self, parse: Callable[[sqlite3.Row], T], rows: Sequence[sqlite3.Row]) -> list[T]:
+        """Rows parsed and checked; a damaged one is a BisectError naming it (exit 5)."""
+        try:
+            return [parse(r) for r in rows]
+        except DamagedRow as exc:
+            raise BisectError(f"`{self.path}`: {exc}", DAMAGED_HINT) from None
 
     # -- the search's records ------------------------------------------------------------------
     def put_step(self, run_id: str, step: StepRow) -> None:
@@ -288,17 +304,7 @@ class Ledger:
         rows = self._conn.execute(
             "SELECT * FROM steps WHERE run_id = ? ORDER BY step", (run_id,)
         ).fetchall()
-        return [
-            StepRow(
-                r["step"],
-                frozenset(json.loads(r["subset"])),
-                r["seed_block"],
-                r["outcome"],
-                r["signature"],
-                r["trial_id"],
-            )
-            for r in rows
-        ]
+        return self._rows(step_from_row, rows)
 
     # -- noise ---------------------------------------------------------------------------------
     def add_noise_evidence(
@@ -316,7 +322,8 @@ class Ledger:
         comparison ('aa'), an end check of a bisect whose ends differ ('end'), or a re-test
         ('retest')."""
         if truth not in ("pass", "fail") or outcome not in ("pass", "fail"):
-            raise BisectError(f"noise evidence needs pass/fail, got {truth!r}/{outcome!r}", None)
+            raise BisectError(f"noise evidence needs pass/fail, got {truth!r}/{outcome!r}",
+                              "record noise evidence as pass or fail")
         with self._tx() as c:
             c.execute(
                 "INSERT INTO noise_evidence (probe, source, truth, outcome, fingerprint, "
@@ -375,11 +382,24 @@ class Ledger:
 def _lock(path: Path) -> int:
     """An exclusive flock on `<ledger>.lock`, its holder's PID written in it; or BisectError."""
     lock_path = Path(f"{path}{LOCK_SUFFIX}")
+    # O_NOFOLLOW, and a regular file with one link: on a shared runs root a planted symlink
+    # (or hard link) would otherwise make us truncate its target and write a PID into it.
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by engines
+        fd = os.open(lock_path, flags, 0o644)  # O_CLOEXEC: not inherited by engines
     except OSError as exc:
-        raise BisectError(f"cannot create the ledger's lock `{lock_path}`: {exc.strerror}",
-                          "point --ledger (or --out) at a writable directory") from None
+        why = "it is a symbolic link, which a lock never is" if exc.errno == errno.ELOOP \
+            else exc.strerror
+        raise BisectError(f"cannot create the ledger's lock `{lock_path}`: {why}",
+                          "remove it if it is not yours, or point --ledger (or --out) at a "
+                          "writable directory of your own") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise BisectError(f"the ledger's lock `{lock_path}` is not a plain file of its own "
+                          "(a FIFO, a device or a hard link): refusing to write into it",
+                          "remove it if it is not yours, or point --ledger (or --out) at a "
+                          "directory of your own")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

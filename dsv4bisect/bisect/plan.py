@@ -99,7 +99,8 @@ def plan(
     """Expected launches, wall time and P(correct) for a bisect with these settings."""
     names = tuple(candidates) if candidates is not None else _names(n_candidates)
     if len(names) != n_candidates:
-        raise BisectError(f"{len(names)} names for {n_candidates} candidates", None)
+        raise BisectError(f"{len(names)} names for {n_candidates} candidates",
+                          "give one name per candidate")
     if trials < 1:
         raise BisectError("the plan needs at least one simulated run", "use trials >= 1")
     rng = random.Random(seed)

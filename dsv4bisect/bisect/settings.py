@@ -36,6 +36,7 @@ def validate_settings(
     if parallel < 1:
         raise BisectError(f"parallel is {parallel}", "use at least 1")
     if not 1 <= max_order <= 3:
-        raise BisectError(f"max_order {max_order} is not 1, 2 or 3", None)
+        raise BisectError(f"max_order {max_order} is not 1, 2 or 3", "use 1, 2 or 3")
     if not 0 < design_discount <= 1:
-        raise BisectError(f"design_discount {design_discount} is outside (0, 1]", None)
+        raise BisectError(f"design_discount {design_discount} is outside (0, 1]",
+                          "use a number above 0 and at most 1")

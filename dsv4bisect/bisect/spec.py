@@ -57,7 +57,8 @@ class BisectSpec:
         """The patch set of a configuration: `subset` at its bad-end state, the rest good."""
         unknown = subset - set(self.candidates)
         if unknown:
-            raise BisectError(f"`{min(unknown)}` is not a candidate of this bisect", None)
+            raise BisectError(f"`{min(unknown)}` is not a candidate of this bisect",
+                              "name only the bisect's candidates (see its plan)")
         out = {name: v for name, v in self.good.items() if name not in subset}
         out.update({name: self.bad[name] for name in subset if name in self.bad})
         return out
@@ -105,6 +106,17 @@ class BisectSpec:
                 f"bisect settings version {data.get('version')} is not supported",
                 "start a new bisect with this version of dsv4bisect",
             )
+        try:
+            return cls._from_json(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise BisectError(
+                f"the bisect's settings in the ledger are damaged ({type(exc).__name__}: "
+                f"{str(exc)[:80]})",
+                "the ledger was edited or damaged: restore it from a copy, or start a fresh "
+                "bisect with its own --ledger") from None
+
+    @classmethod
+    def _from_json(cls, data: Mapping[str, Any]) -> BisectSpec:
         return cls(
             candidates=tuple(data["candidates"]),
             good=dict(data["good"]),

@@ -4,9 +4,14 @@ The command runs once per trial with the patch set in `DSV4BISECT_PATCHES` (the 
 `dsv4bisect.patching.wire` when every name is a registry patch, else a plain comma-separated
 list of `name` or `name:variant`), the probe seed block in `DSV4BISECT_SEED_BLOCK` (a noisy
 command may use it to vary its inputs on a re-test) and its trial directory in
-`DSV4BISECT_TRIAL_DIR`. Exit status: 0 good, 125 cannot test, 1-127 otherwise bad, 128 and
-above (or death by a signal) aborts the bisect. An argv list runs without a shell; a single
-string runs through `/bin/sh -c` (the user asked for a shell by writing one).
+`DSV4BISECT_TRIAL_DIR`. Exit status: 0 good, 125 cannot test, 1-124 bad, 126 and 127 (the
+shell's "not executable" and "not found") cannot test, 128 and above (or death by a signal)
+aborts the bisect. A command that cannot be started at all (not found, not executable, its
+working directory gone) is CANNOT_TEST too: only a measurement of the configuration is
+evidence, and a command that did not run measured nothing (`git bisect run` aborts on 126/127
+for the same reason). The command runs in the working directory the bisect was started from,
+recorded so that `--resume` from elsewhere runs it there. An argv list runs without a shell; a
+single string runs through `/bin/sh -c` (the user asked for a shell by writing one).
 """
 
 from __future__ import annotations
@@ -26,7 +31,13 @@ from dsv4bisect.patching.spec import Patch
 from dsv4bisect.patching.wire import ENV_VAR, format_patch_set
 
 CANNOT_TEST_EXIT = 125
+NOT_RUN_EXITS = {126: "found but not executable", 127: "not found"}  # POSIX shells
+NOT_RUN = "not-run"  # the CANNOT_TEST signature of a command that did not run
 LOG_NAME = "test-cmd.log"
+
+
+class _CouldNotRun(Exception):
+    """The command could not be started (OSError from exec or chdir)."""
 
 
 class TestCommandRunner:
@@ -89,10 +100,17 @@ class TestCommandRunner:
         )
         log_path = trial_dir / LOG_NAME
         start = time.monotonic()
+        cwd = str(self.cwd) if self.cwd is not None else os.getcwd()
         with open(log_path, "wb") as log:
-            code = self._execute(env, log)
+            try:
+                code = self._execute(env, log)
+            except _CouldNotRun as exc:
+                log.write(f"dsv4bisect: {exc}\n".encode())
+                return TrialResult(Verdict.CANNOT_TEST, NOT_RUN, time.monotonic() - start,
+                                   {"exit_code": None, "command": self._command_json(),
+                                    "cwd": cwd, "why": str(exc)}, log_path=str(log_path))
         duration = time.monotonic() - start
-        details = {"exit_code": code, "command": self._command_json()}
+        details = {"exit_code": code, "command": self._command_json(), "cwd": cwd}
         if code is None:
             return TrialResult(
                 Verdict.CANNOT_TEST, "timeout", duration, details, log_path=str(log_path)
@@ -101,6 +119,11 @@ class TestCommandRunner:
             return TrialResult(Verdict.PASS, None, duration, details, log_path=str(log_path))
         if code == CANNOT_TEST_EXIT:
             return TrialResult(Verdict.CANNOT_TEST, None, duration, details, log_path=str(log_path))
+        if code in NOT_RUN_EXITS:
+            details["why"] = (f"the test command exited {code} ({NOT_RUN_EXITS[code]} in {cwd}): "
+                              "it did not run, so it measured nothing")
+            return TrialResult(Verdict.CANNOT_TEST, NOT_RUN, duration, details,
+                               log_path=str(log_path))
         if 1 <= code <= 127:
             return TrialResult(Verdict.FAIL, None, duration, details, log_path=str(log_path))
         reason = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
@@ -123,9 +146,7 @@ class TestCommandRunner:
                 start_new_session=True,
             )
         except OSError as exc:
-            raise BisectError(
-                f"cannot run the test command: {exc}", "check the path and that it is executable"
-            ) from exc
+            raise _CouldNotRun(f"cannot run the test command: {exc}") from exc
         try:
             return proc.wait(timeout=self.timeout_s)
         except subprocess.TimeoutExpired:

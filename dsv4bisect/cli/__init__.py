@@ -84,7 +84,13 @@ def main(argv: list[str] | None = None) -> None:
         raise
     except BrokenPipeError:
         _quiet_exit()
-    except Exception as exc:  # noqa: BLE001 - click usage errors and bugs
+    except Exception as exc:  # noqa: BLE001 - click usage errors, storage failures and bugs
+        from dsv4bisect.storage import storage_failure
+
+        storage = storage_failure(exc)
+        if storage is not None:  # a full disk or a lost permission mid-run: infrastructure
+            error(storage.message, storage.hint)
+            sys.exit(int(storage.exit_code))
         _handle_other(exc)
     try:
         sys.stdout.flush()

@@ -11,6 +11,7 @@ test, 130 interrupted (resumable with --resume).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import replace
 from enum import Enum
@@ -210,7 +211,9 @@ def bisect(
         console().print(_plan_line(estimate, spec), markup=False, highlight=False)
         ensure_runs_root(out)
         runner = _executor(runner, req, placement, spec.parallel, not skip_preflight)
+        # The test command's working directory: `--resume` from elsewhere runs it there too.
         request = {**req.to_json(), "profile": profile, "test_cmd": test_cmd,
+                   "test_cwd": os.getcwd() if test_cmd is not None else None,
                    "left_out": [list(x) for x in question.left_out],
                    "command": ["dsv4bisect", *sys.argv[1:]], **placement}
         # The ledger's lock first: a second bisect on it is refused before it writes anything.
@@ -254,7 +257,9 @@ def _resume(run_dir: Path, display: BisectDisplay, preflight: bool = True) -> Bi
         spec = BisectSpec.from_json(ledger.get_run(info["run_id"]).settings)
         runner: Runner
         if request.get("test_cmd"):
-            runner = TestCommandRunner(request["test_cmd"])
+            cwd = request.get("test_cwd")
+            runner = TestCommandRunner(request["test_cmd"],
+                                       cwd=cwd if isinstance(cwd, str) else None)
         else:
             local = request.get("executor", "local") == "local"
             if preflight and local:  # the same check as a fresh bisect's, recorded profile
@@ -282,7 +287,7 @@ def _clean_predecessors(root: Path) -> None:
 
 def _runner(request: RunnerRequest, test_cmd: str | None, display: BisectDisplay) -> Runner:
     if test_cmd is not None:
-        return TestCommandRunner(test_cmd)
+        return TestCommandRunner(test_cmd, cwd=os.getcwd())
     return node_runner(request, display.run_event)
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from dsv4bisect.ui.console import console
+from dsv4bisect.unique_dir import make_unique_dir
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -58,7 +58,7 @@ def microtest(
                         ] = False,
     out: Annotated[Path | None, typer.Option(
         metavar="DIR", help="Run directory for microtest.md / .json (default "
-        "runs/microtest-<time>).")] = None,
+        "runs/microtest-<UTC time>-<random>).")] = None,
 ) -> None:
     """Test each patch's op against its fp32 reference on a checkpoint's real tensors.
 
@@ -78,7 +78,7 @@ def microtest(
         experts=experts, seed=seed, deployed_runner=deployed)
     with _LiveTable() as live:
         report = run_microtest(spec, on_row=live.add)
-    out_dir = out or Path("runs") / f"microtest-{datetime.now():%Y%m%d-%H%M%S}"
+    out_dir = out or make_unique_dir(Path("runs"), "microtest")
     md = write_report(report, out_dir)
     _summary(report, md, profile if deployed else None)
     if json_out:

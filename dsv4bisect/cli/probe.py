@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,6 +16,7 @@ from dsv4bisect.probe.session import ProbeSession, probe_against, resolve_baseli
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.report.heatmap import PLOTS_SKIPPED, render_heatmap
 from dsv4bisect.ui.console import console
+from dsv4bisect.unique_dir import make_unique_dir
 from dsv4bisect.ui.progress import stage_label
 
 _STYLE = {"PASS": "bold green", "FAIL": "bold red", "WARN": "bold yellow",
@@ -42,7 +42,8 @@ def probe(
     api_key_env: Annotated[Optional[str], typer.Option(
         metavar="NAME", help="Environment variable holding the servers' API key.")] = None,
     out: Annotated[Optional[Path], typer.Option(
-        metavar="DIR", help="Where to write the runs and verdict (default runs/probe-<time>).")
+        metavar="DIR",
+        help="Where to write the runs and verdict (default runs/probe-<UTC time>-<random>).")
     ] = None,
 ) -> None:
     """Probe a running server against a baseline and judge it.
@@ -58,7 +59,7 @@ def probe(
             raise ConfigError(f"environment variable `{api_key_env}` is not set",
                               f"export {api_key_env}=<key>, or drop --api-key-env")
     source = resolve_baseline(baseline, tier, fams)
-    out_dir = out or Path("runs") / f"probe-{datetime.now():%Y%m%d-%H%M%S}"
+    out_dir = out or make_unique_dir(Path("runs"), "probe")
     with _StageProgress() as progress:
         session = probe_against(url, source, out_dir, api_key=api_key,
                                 on_progress=progress)

@@ -15,7 +15,9 @@ PyYAML produces iteratively, so depth, node count and anchors are checked at con
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,8 +87,15 @@ def read_bytes(path: Path, kind: str, *, shown: str | None = None) -> bytes:
     limits = _limits(kind)
     shown = shown or str(path)
     try:
-        # Read one byte past the limit instead of trusting stat(): /proc files report size 0.
-        with open(path, "rb") as f:
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever
+        # (a FIFO planted as run.json hung every command that reads the runs root).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                raise ConfigError(f"{shown}: not a regular file ({_file_type(mode)})",
+                                  "dsv4bisect reads regular files only; give the path of one")
+            # Read one byte past the limit instead of trusting stat(): /proc files report 0.
             data = f.read(limits.max_bytes + 1)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
@@ -95,6 +104,15 @@ def read_bytes(path: Path, kind: str, *, shown: str | None = None) -> bytes:
         raise ConfigError(f"{shown}: larger than the {_size(limits.max_bytes)} a {limits.kind} "
                           "may be", limits.hint)
     return data
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a plain file"
 
 
 def decode(data: bytes, shown: str) -> str:

@@ -134,7 +134,8 @@ def load_layers(path: Path, _chain: tuple[Path, ...] = ()) -> Layered:
         return own
     where = doc.marks.get(("extends",), doc.marks[()])
     if not isinstance(base_ref, str):
-        raise ConfigError(f"{where}: `extends` must be a profile name or path", None)
+        raise ConfigError(f"{where}: `extends` must be a profile name or path",
+                          "e.g. `extends: reference`; `dsv4bisect profile list` names the shipped ones")
     try:
         base_path = find_profile(base_ref, relative_to=path.parent)
     except ConfigError as exc:

@@ -220,7 +220,9 @@ class BisectSettings(Strict):
 
 class Profile(Strict):
     schema_version: Literal[1]
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    # At most 64 characters (as `profile new` allows): the name goes into run directory names,
+    # and a file name has 255 bytes at most.
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)
     description: str = ""
     extends: str | None = None
     engine: Engine

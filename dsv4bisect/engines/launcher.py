@@ -33,8 +33,8 @@ import requests
 
 from dsv4bisect import env as envvars
 from dsv4bisect.config.engine_config import EngineConfig, ProcessSpec
+from dsv4bisect.engines import oom, procfs
 from dsv4bisect.engines import ports as portcheck
-from dsv4bisect.engines import procfs
 from dsv4bisect.engines.groups import GroupRecord, wait_gone
 from dsv4bisect.engines.logs import last_line, redact_file, redact_text, secret_values, tail
 from dsv4bisect.errors import EngineError
@@ -55,6 +55,24 @@ class EngineCrashed(EngineError):
         self.role, self.returncode, self.log_tail, self.log_path = role, returncode, log_tail, log_path
 
 
+class EngineKilled(EngineError):
+    """An engine ended by a signal dsv4bisect did not send (and not the OOM killer): it was
+    stopped from outside, so nothing was measured (exit 125, never evidence)."""
+
+    def __init__(self, role: str, sig: str, log_tail: str, log_path: Path, oom: str) -> None:
+        super().__init__(
+            f"engine process `{role}` was killed by {sig}, which dsv4bisect did not send "
+            f"({oom}): stopped from outside, not a failure of its configuration\n{log_tail}",
+            f"another job or an operator ended it; run again (full log: {log_path})")
+        self.role, self.signal = role, sig
+
+
+# Signals an operator, a job scheduler or a terminal sends to stop a process. A process ended
+# by one of these that we did not send was stopped from outside. SIGSEGV, SIGBUS, SIGABRT,
+# SIGFPE, SIGILL (and any non-zero exit) come from the process itself: crash evidence.
+EXTERNAL_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 class PortTaken(EngineError):
     """The engine's port is held, or answered, by a process this launch did not start."""
 
@@ -73,6 +91,8 @@ class Running:
     log_path: Path
     url: str
     state: str = "starting"  # starting | ready | exited
+    oom_file: Path | None = None  # the memory cgroup's OOM-kill counter (engines/oom.py)
+    oom_kills: int | None = None  # its value at spawn
 
 
 @dataclass
@@ -88,6 +108,7 @@ class Launch:
     verified: bool | None = None
     unverified_why: str | None = None
     _record: GroupRecord | None = None
+    _stopping: bool = False
 
     def __enter__(self) -> Launch:
         try:
@@ -148,7 +169,9 @@ class Launch:
         if self._record is not None:
             self._record.add(spec.role, popen.pid, spec.argv[0] if spec.argv else "", launch)
         self._event(spec.role, "starting", "")
-        return Running(spec, popen, log_path, f"http://{self.cfg.host}:{port}")
+        oom_file = oom.memory_cgroup(popen.pid) or oom.memory_cgroup(os.getpid())
+        return Running(spec, popen, log_path, f"http://{self.cfg.host}:{port}", oom_file=oom_file,
+                       oom_kills=oom.oom_kills(oom_file))
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.cfg.startup_timeout_s
@@ -205,11 +228,25 @@ class Launch:
         """Raise if a process died: `EngineError` when its port was taken, else `EngineCrashed`."""
         for p in [proc] if proc else self.procs:
             code = p.popen.poll()
-            if code is None:
+            if code is None or self._stopping:  # alive, or ended by our own stop()
                 continue
             p.state = "exited"
             self._event(p.spec.role, "exited", self._tail(p, 1))
             log = self._tail(p, 20)
+            if code == 0:  # a clean shutdown nobody here asked for
+                raise EngineKilled(p.spec.role, "a request to stop (it exited 0)", log,
+                                   p.log_path, "a server exits 0 when told to stop")
+            if code < 0 and -code in EXTERNAL_SIGNALS:
+                after = oom.oom_kills(p.oom_file)
+                if after is None or p.oom_kills is None:
+                    why = "no memory cgroup counter to tell an out-of-memory kill apart"
+                elif after > p.oom_kills:  # the kernel's OOM killer: the configuration's own
+                    raise EngineCrashed(p.spec.role, code, log + "\n(killed by the kernel's "
+                                        "out-of-memory killer: the cgroup's oom_kill count rose "
+                                        f"from {p.oom_kills} to {after})", p.log_path)
+                else:
+                    why = f"no out-of-memory kill in its cgroup: oom_kill stayed {after}"
+                raise EngineKilled(p.spec.role, signal.Signals(-code).name, log, p.log_path, why)
             # `dsv4bisect serve` exits 125 for infrastructure (port busy); SGLang says so in its log.
             port, bind_failed = p.spec.port, _bind_failure(log)
             local = port is not None and portcheck.is_local_host(self.cfg.host)
@@ -230,6 +267,7 @@ class Launch:
     def stop(self) -> None:
         """SIGTERM every group, grace, SIGKILL; return once each whole group is gone (bounded
         by GRACE_S + groups.GONE_TIMEOUT_S; what is still alive then is named in an event)."""
+        self._stopping = True  # from here on, a signalled exit is ours
         for p in self.procs:
             _signal_group(p.popen, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_S

@@ -19,6 +19,8 @@ REDACTED = redact.REDACTED
 def tail(path: Path, lines: int = 20, max_bytes: int = 64_000) -> str:
     """The last `lines` lines of a log (reads at most `max_bytes` from the end)."""
     try:
+        if not path.is_file():  # a FIFO would block the open, and has no end to seek to
+            return ""
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()

@@ -67,18 +67,22 @@ def ensure_runs_root(root: Path, option: str = "--out") -> Path:
 
 
 def new_run_dir(root: Path, profile: str, fingerprint: str) -> Path:
+    """A new run directory; an exclusive `mkdir`, so two runs started in the same second with
+    the same profile take `…-2`, `…-3` instead of sharing one."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = root / f"{stamp}-{profile}-{fingerprint[:8]}"
-    suffix = 1
-    while path.exists():
-        suffix += 1
-        path = root / f"{stamp}-{profile}-{fingerprint[:8]}-{suffix}"
-    try:
-        path.mkdir(parents=True)
-    except OSError as exc:  # a runs root that went read-only or full since it was checked
-        raise RunsRootError(f"cannot create the run directory {path}: {exc.strerror}",
-                            "free space, or pass --out a writable directory") from None
-    return path
+    base = root / f"{stamp}-{profile}-{fingerprint[:8]}"
+    for suffix in range(1, 1000):
+        path = base if suffix == 1 else base.with_name(f"{base.name}-{suffix}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+        except OSError as exc:  # a runs root that went read-only or full since it was checked
+            raise RunsRootError(f"cannot create the run directory {path}: {exc.strerror}",
+                                "free space, or pass --out a writable directory") from None
+    raise RunsRootError(f"no unused run directory name under {root} for {base.name}",
+                        "pass --out another runs root")
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -49,7 +49,7 @@ class MicrotestSpec:
             raise ConfigError(f"unknown MoE runner backend(s) {unknown or '(none)'}",
                               f"choose from {', '.join(RUNNER_CHOICES)}")
         if self.tokens < 1 or self.experts < 1:
-            raise ConfigError("--tokens and --experts must be at least 1")
+            raise ConfigError("--tokens and --experts must be at least 1", "e.g. --tokens 16")
 
     def describe(self) -> dict[str, object]:
         return {"patches": dict(self.patches), "checkpoint": self.checkpoint,

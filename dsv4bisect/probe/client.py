@@ -4,23 +4,34 @@ Every generation pins greedy decoding (temperature 0, top_p 1, top_k -1: SGLang 
 inherits the model's generation_config), thinking off via `chat_template_kwargs` (unless the
 thinking arm asks for it), the served model name and a bounded `max_tokens`. The API key goes
 in `Authorization: Bearer` and never into a message. Connection errors and 5xx are retried with
-exponential backoff; a read timeout is not (a hung server would only multiply the wait).
-Anything else unexpected is a `ProbeError` carrying an excerpt of the response.
+exponential backoff; a read timeout is not (a hung server would only multiply the wait), and
+neither is a body cut short that then stalls. `timeout_s` is a wall-clock deadline per request
+(connect, headers and body together): a server that trickles its answer a byte at a time would
+otherwise reset a per-read timeout for as long as it likes, so a timer shuts the request's
+socket down at the deadline (`_Deadline`). Anything else unexpected is a `ProbeError` carrying
+an excerpt of the response.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import requests
+import urllib3
+from requests.adapters import HTTPAdapter
 
 from dsv4bisect.errors import ProbeError
+from dsv4bisect.probe.drift import NonFiniteScores
 
 EXCERPT = 300
+MAX_MODEL_LEN = 2 ** 24  # tokens: the profiles' length limit (docs/profiles.md § Ranges)
 
 
 class ProbeHTTPError(ProbeError):
@@ -66,6 +77,92 @@ def find_key(data: Any, key: str) -> Any:
     return None
 
 
+def _count(value: Any) -> int:
+    """A token count from a response: a non-negative JSON integer (a float, a string or a bool
+    is a malformed response, not a number to round)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"token count {value!r} is no non-negative integer")
+    return value
+
+
+class _Deadline:
+    """The sockets of one client's connections, shut down when a request's deadline passes.
+
+    The connection classes register each socket they open; `arm(seconds)` starts a timer that
+    shuts every registered socket down (a blocked `recv` then returns at once), `disarm()`
+    stops it and says whether it fired. The client sends one request at a time, so every
+    registered socket belongs to the request in flight or is idle in the pool."""
+
+    def __init__(self) -> None:
+        # Sockets, not connections: http.client drops `conn.sock` once a response that closes
+        # the connection has its headers, while the body still streams from the socket.
+        self.sockets: list[socket.socket] = []
+        self._timer: threading.Timer | None = None
+        self.fired = False
+
+    def adapter(self) -> HTTPAdapter:
+        deadline = self
+
+        class Conn(urllib3.connection.HTTPConnection):
+            def connect(self) -> None:
+                super().connect()
+                deadline.register(self.sock)
+
+        class SConn(urllib3.connection.HTTPSConnection):
+            def connect(self) -> None:
+                super().connect()
+                deadline.register(self.sock)
+
+        class Pool(urllib3.HTTPConnectionPool):
+            ConnectionCls = Conn
+
+        class SPool(urllib3.HTTPSConnectionPool):
+            ConnectionCls = SConn
+
+        adapter = HTTPAdapter(max_retries=0)
+        adapter.poolmanager.pool_classes_by_scheme = {"http": Pool, "https": SPool}
+        return adapter
+
+    def register(self, sock: socket.socket | None) -> None:
+        if sock is not None:
+            self.sockets = [s for s in self.sockets if s.fileno() != -1] + [sock]
+
+    def arm(self, seconds: float) -> None:
+        self.fired = False
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def disarm(self) -> bool:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        return self.fired
+
+    def _fire(self) -> None:
+        self.fired = True
+        for sock in list(self.sockets):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed
+
+
+def _read_timeout(exc: BaseException) -> bool:
+    """A ConnectionError that is really a read timeout mid-body (requests wraps urllib3's
+    ReadTimeoutError raised while the body streams in)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, urllib3.exceptions.ReadTimeoutError | TimeoutError | socket.timeout):
+            return True
+        args = getattr(seen, "args", ())
+        nested = next((a for a in args if isinstance(a, BaseException)), None)
+        seen = getattr(seen, "reason", None) or nested or seen.__cause__ or seen.__context__
+    return False
+
+
 class ProbeClient:
     """Blocking client for one server; not thread-safe (the probe runs one request at a time)."""
 
@@ -78,6 +175,10 @@ class ProbeClient:
         self.model = model
         self._api_key = api_key
         self._session = requests.Session()
+        self._deadline = _Deadline()
+        adapter = self._deadline.adapter()
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
         if api_key:
             self._session.headers["Authorization"] = f"Bearer {api_key}"
         self._tokenize_messages: bool | None = None  # learnt on first use
@@ -96,23 +197,30 @@ class ProbeClient:
         where = f"{method} {self.url}{path}"
         attempt = 0
         while True:
+            self._deadline.arm(self.timeout_s)
             try:
                 resp = self._session.request(method, self.url + path, json=body,
                                              timeout=(min(10.0, self.timeout_s), self.timeout_s))
-            except requests.exceptions.ConnectionError as exc:
-                if attempt < self.retries:
-                    attempt += 1
-                    time.sleep(self.backoff_s * 2 ** (attempt - 1))
-                    continue
-                raise ServerUnreachable(
-                    f"{where}: cannot connect ({type(exc).__name__}) after {attempt + 1} attempts",
-                    "check that the server is running and the URL is right") from exc
-            except requests.exceptions.Timeout as exc:
-                raise ProbeError(f"{where}: no response within {self.timeout_s:g} s",
-                                 "the server is hung or too slow; raise the probe timeout if "
-                                 "it is only slow") from exc
             except requests.exceptions.RequestException as exc:
-                raise ProbeError(f"{where}: {type(exc).__name__}: {exc}") from exc
+                timed_out = self._deadline.disarm() or isinstance(
+                    exc, requests.exceptions.Timeout) or _read_timeout(exc)
+                if timed_out:
+                    raise ProbeError(f"{where}: no response within {self.timeout_s:g} s "
+                                     "(a deadline for the whole request)",
+                                     "the server is hung or too slow; raise the probe timeout "
+                                     "if it is only slow") from exc
+                if isinstance(exc, requests.exceptions.ConnectionError):
+                    if attempt < self.retries:
+                        attempt += 1
+                        time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                        continue
+                    raise ServerUnreachable(
+                        f"{where}: cannot connect ({type(exc).__name__}) after {attempt + 1} "
+                        "attempts", "check that the server is running and the URL is right"
+                    ) from exc
+                raise ProbeError(f"{where}: {type(exc).__name__}: {exc}",
+                                 "check the URL and that an HTTP server answers there") from exc
+            self._deadline.disarm()
             if resp.status_code >= 500 and attempt < self.retries:
                 attempt += 1
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
@@ -149,12 +257,37 @@ class ProbeClient:
                 break
             except ProbeHTTPError:
                 continue
-        max_len = data[0].get("max_model_len") or find_key(info, "max_model_len")
+        if not isinstance(info, dict):
+            raise self._malformed("/server_info", info, "not a JSON object")
+        max_len = data[0].get("max_model_len")
+        max_len = find_key(info, "max_model_len") if max_len is None else max_len
         ratios = find_key(info, "compress_ratios")
-        ratios_t = tuple(int(r) for r in ratios) if isinstance(ratios, list) else None
         self.model = self.model or data[0]["id"]
-        return ServerInfo(self.model, int(max_len) if max_len else None, ratios_t,
-                          info if isinstance(info, dict) else {})
+        return ServerInfo(self.model, self._max_len(max_len, info), self._ratios(ratios, info),
+                          info)
+
+    def _max_len(self, value: Any, info: Any) -> int | None:
+        """max_model_len: absent, or an integer in [1, MAX_MODEL_LEN] (a negative, zero or
+        astronomically large length would silently change which probe lengths run)."""
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) \
+                or not 1 <= value <= MAX_MODEL_LEN:
+            raise ProbeError(f"GET {self.url}: max_model_len {str(value)[:40]!r} is not an "
+                             f"integer in [1, {MAX_MODEL_LEN}]",
+                             "the server is not an SGLang-compatible API")
+        return value
+
+    def _ratios(self, value: Any, info: Any) -> tuple[int, ...] | None:
+        """compress_ratios: absent, or a list of integers in [0, 2**20] (0: a dense layer)."""
+        if value is None:
+            return None
+        if not isinstance(value, list) or len(value) > 4096 or not all(
+                isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= 2 ** 20
+                for r in value):
+            raise self._malformed("/server_info", info,
+                                  "compress_ratios is not a list of integers in [0, 2**20]")
+        return tuple(value)
 
     def flush_cache(self) -> None:
         self.request("POST", "/flush_cache", parse=False)
@@ -201,10 +334,11 @@ class ProbeClient:
             choice = data["choices"][0]
             text = choice["message"].get("content") or ""
             usage = data["usage"]
-            return ChatResult(str(text), int(usage["prompt_tokens"]),
-                              int(usage.get("completion_tokens") or 0),
+            return ChatResult(str(text), _count(usage["prompt_tokens"]),
+                              _count(usage.get("completion_tokens") or 0),
                               choice.get("finish_reason"), latency)
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError,
+                OverflowError) as exc:
             raise self._malformed("/v1/chat/completions", data, f"{type(exc).__name__} {exc}") \
                 from exc
 
@@ -243,9 +377,35 @@ class ProbeClient:
             raise self._malformed("/generate", data, "input logprobs do not cover the positions")
         positions, token_lps, top_out = [], [], []
         for i, (entry, top) in enumerate(zip(lps, tops)):
-            if entry is None or entry[0] is None or not top:
+            if entry is None or (isinstance(entry, list) and entry and entry[0] is None) \
+                    or not top:
                 continue  # the first input position has no logprob
+            if not isinstance(entry, list) or not entry:
+                raise self._malformed("/generate", data, f"input_token_logprobs[{i}] is no list")
+            if not isinstance(top, list):
+                raise self._malformed("/generate", data, f"input_top_logprobs[{i}] is no list")
             positions.append(start + i)
-            token_lps.append(float(entry[0]))
-            top_out.append([(int(t[1]), float(t[0])) for t in top if t and t[0] is not None])
+            token_lps.append(self._logprob(entry[0], data, f"input_token_logprobs[{i}]"))
+            top_out.append([(self._token_id(t[1], data, f"input_top_logprobs[{i}]"),
+                             self._logprob(t[0], data, f"input_top_logprobs[{i}]"))
+                            for t in top if isinstance(t, list) and len(t) >= 2
+                            and t[0] is not None])
+        bad = [(p, lp) for p, lps_at, top in zip(positions, token_lps, top_out)
+               for lp in (lps_at, *(x for _, x in top)) if not math.isfinite(lp)]
+        if bad:
+            raise NonFiniteScores(
+                f"POST {self.url}/generate: {len(bad)} non-finite logprobs, the first "
+                f"{bad[0][1]!r} at position {bad[0][0]}",
+                "the configuration computes NaN/inf logits (a NaN decode, sglang#25704)")
         return positions, token_lps, top_out
+
+    def _logprob(self, value: Any, data: Any, where: str) -> float:
+        """A logprob: a JSON number (NaN/±inf pass here: the caller judges them)."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self._malformed("/generate", data, f"{where}: logprob {value!r} is no number")
+        return float(value)
+
+    def _token_id(self, value: Any, data: Any, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._malformed("/generate", data, f"{where}: token id {value!r} is no integer")
+        return value

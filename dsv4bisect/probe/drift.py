@@ -18,10 +18,41 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dsv4bisect.errors import ProbeError
+
 # Position bucket lower edges: doubling from 256, so a fault that grows with context shows in
 # the far buckets even when the near ones dilute the overall mean.
 POSITION_BUCKETS = (0, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 _TINY = 1e-12
+NON_FINITE = "non_finite"  # the hard signature of a server that returned NaN/±inf scores
+
+
+class NonFiniteScores(ProbeError):
+    """The server computed NaN or ±inf logprobs. Not malformed input: a real engine produced
+    them (a NaN decode is a field failure, sglang#25704), so it is evidence about the
+    configuration that served them — a FAIL from a candidate, never agreement."""
+
+
+def check_finite(values: Sequence[float], where: str) -> None:
+    """Raise NonFiniteScores naming the first non-finite value (NaN compares equal to nothing
+    and `max(0.0, nan)` is 0: one NaN would otherwise read as perfect agreement)."""
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            raise NonFiniteScores(f"{where}: logprob {v!r} at scored position {i}",
+                                  "the configuration computes non-finite logits")
+
+
+def non_finite_cases(rows: Any) -> list[str]:
+    """Case ids of the rows a server scored with NaN/±inf logprobs (probe rows, any run)."""
+    return sorted({str(r.get("case_id")) for r in rows
+                   if isinstance(r, dict) and NON_FINITE in (r.get("signatures") or ())})
+
+
+def non_finite_reason(who: str, cases: Sequence[str]) -> str:
+    shown = ", ".join(cases[:4]) + ("…" if len(cases) > 4 else "")
+    return (f"{who} computed non-finite logprobs (NaN/inf) on {len(cases)} drift "
+            f"transcript{'s' if len(cases) != 1 else ''} ({shown}): hard signature "
+            f"`{NON_FINITE}` (a NaN decode, sglang#25704)")
 
 
 @dataclass(frozen=True)
@@ -85,6 +116,9 @@ def compare(ref: DriftRecord, other: DriftRecord) -> DriftComparison:
     """Compare two records of the same transcript (positions are matched by index)."""
     if ref.input_ids != other.input_ids:
         raise ValueError(f"drift case {ref.case_id}: the two records scored different token ids")
+    for name, rec in (("reference", ref), ("other", other)):
+        check_finite([*rec.token_logprobs, *(lp for t in rec.top for _, lp in t)],
+                     f"drift case {rec.case_id} ({name})")
     other_at = {p: i for i, p in enumerate(other.positions)}
     kl, same, pos, nll_r, nll_o = [], [], [], [], []
     first = None

@@ -19,7 +19,7 @@ from typing import Any
 
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe import verdict as V
-from dsv4bisect.probe.drift import compare, summarise
+from dsv4bisect.probe.drift import compare, non_finite_cases, non_finite_reason, summarise
 from dsv4bisect.probe.power import accuracy_power
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.stats import holm, mcnemar_one_sided, mcnemar_two_sided
@@ -196,6 +196,12 @@ def _signature_rule(pairs: list[Pair], fails: list[str], reasons: list[str]) -> 
     return {"candidate": sig_cand, "repeat": sig_rep, "hard_fail": hard}
 
 
+def _with_non_finite(signatures: dict[str, Any], cases: list[str]) -> dict[str, Any]:
+    if not cases:
+        return signatures
+    return {**signatures, "non_finite": cases, "hard_fail": True}
+
+
 def decide(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> V.Verdict:
     """Apply the rule; the verdict carries every number it used."""
     _check_specs(base, rep, cand)
@@ -212,6 +218,16 @@ def decide(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> V.Verdict:
     with_evidence = {f for f, r in families.items() if r.evidence}
     cells = _cells(pairs, with_evidence)
     drift = drift_check(base, rep, cand)
+    bad_ends = [(who, cases) for who, run in (("the baseline", base), ("the A/A repeat", rep))
+                if run is not None and (cases := non_finite_cases(run.rows))]
+    if bad_ends:  # the good end computed NaN/inf: no measurement of the candidate is possible
+        return V.Verdict(V.CANNOT_TEST, (
+            *(non_finite_reason(who, cases) for who, cases in bad_ends),
+            "the good end is itself broken, so nothing can be compared with it", *reasons),
+            probe, families, {}, tuple(cells), {}, drift, aa, {})
+    cand_non_finite = non_finite_cases(cand.rows)
+    if cand_non_finite:
+        fails.append(non_finite_reason("the candidate", cand_non_finite))
     if aa["p_value"] < V.ALPHA_AA:
         return V.Verdict(V.CANNOT_TEST, (
             f"the baseline disagrees with its own repeat ({aa['b']} lost, {aa['c']} gained, "
@@ -238,7 +254,7 @@ def decide(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> V.Verdict:
         reasons.insert(0, "no evidence: the baseline answered too few cases right and there "
                           "is no drift family")
     return V.Verdict(outcome, (*fails, *reasons), probe, families, overall, tuple(cells),
-                     signatures, drift, aa, power)
+                     _with_non_finite(signatures, cand_non_finite), drift, aa, power)
 
 
 def _overall(pairs: list[Pair], with_evidence: set[str], families: dict[str, V.FamilyResult],

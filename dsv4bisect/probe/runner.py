@@ -16,7 +16,7 @@ from typing import Any
 
 from dsv4bisect.errors import ConfigError, ProbeError
 from dsv4bisect.probe.client import ProbeClient, ProbeHTTPError, ServerInfo
-from dsv4bisect.probe.drift import DriftRecord, compare
+from dsv4bisect.probe.drift import NON_FINITE, DriftRecord, NonFiniteScores, compare
 from dsv4bisect.probe.grid import DEFAULT_RATIOS, Case, build_cases
 from dsv4bisect.probe.judge import decide
 from dsv4bisect.probe.layout import calibrate
@@ -115,8 +115,11 @@ def _row_head(case: Case, arm: str) -> dict[str, Any]:
 
 
 def drift_row(client: ProbeClient, spec: ProbeSpec, case: Case,
-              ref: DriftRecord | None) -> tuple[dict[str, Any], DriftRecord]:
-    """One drift transcript: generated (baseline) or scored against `ref` (any other run)."""
+              ref: DriftRecord | None) -> tuple[dict[str, Any], DriftRecord | None]:
+    """One drift transcript: generated (baseline) or scored against `ref` (any other run).
+
+    A server that scores it with NaN/±inf logprobs gives a row with the `non_finite` hard
+    signature and no record (`judge.non_finite_rule` turns it into FAIL or CANNOT_TEST)."""
     t0 = time.perf_counter()
     client.flush_cache()
     if ref is None:  # baseline: transcript = prompt ids + the baseline's own greedy answer
@@ -129,7 +132,12 @@ def drift_row(client: ProbeClient, spec: ProbeSpec, case: Case,
         start = max(1, len(input_ids) - spec.drift_window)
     else:
         input_ids, start = ref.input_ids, ref.start
-    pos, lps, tops = client.score(input_ids, start=start, top_k=spec.drift_top_k)
+    try:
+        pos, lps, tops = client.score(input_ids, start=start, top_k=spec.drift_top_k)
+    except NonFiniteScores as exc:
+        return ({**_row_head(case, "drift"), "prompt_tokens": len(input_ids), "output": None,
+                 "correct": None, "signatures": [NON_FINITE], "non_finite": exc.message,
+                 "n_positions": 0, "latency_s": round(time.perf_counter() - t0, 4)}, None)
     rec = DriftRecord(case.case_id, input_ids, start, tuple(pos), tuple(lps),
                       tuple(tuple(t) for t in tops))
     row = {**_row_head(case, "drift"), "prompt_tokens": len(input_ids), "output": None,
@@ -202,7 +210,8 @@ def _run_cases(client: ProbeClient, spec: ProbeSpec, cases: list[Case],
                 drift_ok = False
                 notes.append(str(exc))
                 continue
-            drift.append(rec)
+            if rec is not None:
+                drift.append(rec)
         elif arm == "think" and not think_ok:
             continue
         else:

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsv4bisect.probe import verdict as V
+from dsv4bisect.probe.drift import non_finite_reason
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.stats import mcnemar_one_sided
 
@@ -498,6 +499,11 @@ class SequentialTrial:
                 f"{'>=' if outcome == LIKE_BAD else '<='} "
                 f"{self.upper if outcome == LIKE_BAD else self.lower:.2f} (false FAIL "
                 f"{self.false_fail:g}, false PASS {self.false_pass:g})")
+
+    def decide_non_finite(self, cases: Sequence[str]) -> Decision:
+        """The trial's server scored drift transcripts with NaN/±inf logprobs: a FAIL with the
+        `non_finite` hard signature, whatever else it measured (sglang#25704)."""
+        return self._decide(FAIL, "signatures", non_finite_reason("the trial", cases))
 
     def _decide(self, verdict: str, by: str, reason: str) -> Decision:
         scored = self._drift is not None and self._drift.status != "absent"

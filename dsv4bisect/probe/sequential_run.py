@@ -20,6 +20,7 @@ from typing import Any
 
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.client import ProbeClient
+from dsv4bisect.probe.drift import non_finite_cases
 from dsv4bisect.probe.judge import drift_check
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.runner import DriftUnsupported, chat_row, drift_row
@@ -112,10 +113,14 @@ def run_sequential(url: str, base: ProbeRun, bad: ProbeRun, repeat: ProbeRun | N
                 notes.append(str(exc))
                 break
             rows.append(row)
-            records.append(rec)
+            if rec is not None:
+                records.append(rec)
             used.add(case.case_id)
         partial = ProbeRun(spec, url, {}, (), tuple(rows), tuple(records))
         decision = test.observe_drift(DriftFigures.of(drift_check(base, repeat, partial)))
+        non_finite = non_finite_cases(partial.rows)
+        if non_finite:  # the trial's own server computed NaN/inf: its configuration fails
+            decision = test.decide_non_finite(non_finite)
         by_id = {c.case_id: c for c in base.cases}
         while decision is None:
             batch_cases = test.next_batch()

@@ -88,7 +88,8 @@ class ProbeSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known - {"probe_version"})
         if unknown:
-            raise ConfigError(f"unknown probe spec keys: {', '.join(unknown)}")
+            raise ConfigError(f"unknown probe spec keys: {', '.join(unknown)}",
+                              "was this spec written by another dsv4bisect version?")
         kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known}
         return cls(**kwargs)
 

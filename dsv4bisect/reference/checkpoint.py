@@ -407,7 +407,8 @@ def load_layer(
     args = _config_of(path)
     with CheckpointReader(path) as reader:
         if not 0 <= layer < args.num_hidden_layers:
-            raise ConfigError(f"layer {layer} out of range (0..{args.num_hidden_layers - 1})")
+            raise ConfigError(f"layer {layer} out of range (0..{args.num_hidden_layers - 1})",
+                              "pick a layer the checkpoint has")
         block = build_block(args, layer, expert_ids=expert_ids, device=device)
         load_into(block, reader, prefix=f"layers.{layer}.", reject_unknown=expert_ids is None)
     return block

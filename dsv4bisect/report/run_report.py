@@ -58,6 +58,12 @@ def load_run(run_dir: str | Path) -> RunView:
     verdict = None
     if (root / "verdict.json").exists():
         verdict = _load_verdict(root / "verdict.json")
+    elif run.get("status") == "done" or run.get("verdict") is not None:
+        # A finished run without its verdict: reporting "DONE" (exit 0) would read as success.
+        raise ConfigError(f"`{root}`: run.json says the run finished "
+                          f"({str(run.get('verdict'))[:20]}), but verdict.json is missing",
+                          "the run directory was damaged; re-run `dsv4bisect run` (the "
+                          "command is in run.json)")
     configs = {}
     for arm in ARMS:
         path = root / arm / "config.json"

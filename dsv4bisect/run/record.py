@@ -46,6 +46,7 @@ from dsv4bisect.engines.groups import identity
 from dsv4bisect.engines.rundir import write_json
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.spec import PROBE_VERSION, ProbeSpec
+from dsv4bisect.redact import redact, secrets_in
 
 RUN_SCHEMA = "dsv4bisect.run/1"
 RUN_FILE = "run.json"
@@ -83,11 +84,15 @@ class RunRecord:
     def begin(cls, run_dir: Path, *, command: list[str], profile: str, overrides: Overrides,
               good_overrides: Overrides, use_cache: bool, spec: ProbeSpec,
               good: EngineConfig, candidate: EngineConfig) -> RunRecord:
+        hidden = secrets_in([command, _overrides(overrides), _overrides(good_overrides)])
         doc = {
             "schema": RUN_SCHEMA, "status": "running", "driver": identity(),
-            "command": command, "profile": profile,
-            "tier": spec.tier, "overrides": _overrides(overrides),
-            "good_overrides": _overrides(good_overrides), "use_cache": use_cache,
+            # run.json is shared and archived: the command and the override lists are stored
+            # redacted (`--set engine.env.HF_TOKEN=…`); the configs a rerun needs are the
+            # arms' config.json, which keep the real values.
+            "command": redact(command, hidden), "profile": profile,
+            "tier": spec.tier, "overrides": redact(_overrides(overrides), hidden),
+            "good_overrides": redact(_overrides(good_overrides), hidden), "use_cache": use_cache,
             "versions": {"dsv4bisect": dsv4bisect.__version__, "python": sys.version.split()[0],
                          "platform": platform.platform(), "probe_version": PROBE_VERSION,
                          "engine": candidate.identity.get("engine_version")},

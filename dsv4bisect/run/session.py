@@ -29,6 +29,7 @@ from dsv4bisect.run.orphans import clean_predecessors
 from dsv4bisect.run.record import RunRecord
 from dsv4bisect.run.signals import shielded
 from dsv4bisect.run.trial import Trial
+from dsv4bisect.storage import storage_failure
 
 DEFAULT_PROFILE = "reference-all"
 
@@ -88,7 +89,12 @@ def judge_trial(trial: Trial, record: RunRecord) -> Verdict:
     except Dsv4BisectError as exc:
         _abort(trial, record, "error", int(exc.exit_code), (exc.message, exc.hint))
         raise
-    except BaseException:
+    except BaseException as exc:
+        storage = storage_failure(exc)
+        if storage is not None:  # disk full / permission lost: infrastructure (exit 125)
+            _abort(trial, record, "error", int(storage.exit_code),
+                   (storage.message, storage.hint))
+            raise storage from exc
         _abort(trial, record, "error", int(ExitCode.INTERNAL), ("internal error", None))
         raise
     with shielded():
@@ -101,7 +107,11 @@ def _abort(trial: Trial, record: RunRecord, status: str, code: int,
     """Stop every engine (a second Ctrl-C cannot cut this short) and say how the run ended."""
     with shielded():
         trial.stop()
-        record.finish(status, exit_code=code, error=error)
+        try:
+            record.finish(status, exit_code=code, error=error)
+        except OSError:
+            pass  # the disk that failed the run cannot take its record either: the next run
+            # on this runs root finds it `running` with its driver gone and marks it abandoned
 
 
 def api_key_of(cfg: EngineConfig) -> str | None:

@@ -8,6 +8,7 @@ YAML alias bomb on old code fails instead of eating the machine). A run counts
     traceback   "Traceback" on stderr, or exit 70 (the handler's "internal error")
     hang        no answer within the timeout
     bad exit    an exit code outside the documented 0, 1, 2, 4, 5, 125, 130
+    no hint     exit 5 (bad input) without a `hint:` line (every exit-5 path has one)
 
 Run (the numbers in docs/performance.md came from the first line):
 
@@ -329,6 +330,8 @@ def run_one(m: Mutation, root: Path, timeout: float) -> list[Outcome]:
                 problems.append("traceback")
             if code not in ALLOWED:
                 problems.append("bad exit")
+            if code == 5 and not any(line.startswith("hint: ") for line in err.splitlines()):
+                problems.append("no hint")
         results.append(Outcome(m, " ".join(command), code, seconds, err[-600:], problems))
     return results
 
@@ -378,12 +381,15 @@ def report(outcomes: list[Outcome], muts: list[Mutation], wall: float,
           f"seed {args.seed}, {args.jobs} jobs, wall {wall:.0f} s "
           f"({platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()})")
     print(f"tracebacks {by['traceback']}  hangs (> {args.timeout:.0f} s) {by['hang']}  "
-          f"bad exits {by['bad exit']}  slowest answer {slowest.seconds:.1f} s")
+          f"bad exits {by['bad exit']}  exit 5 without a hint {by['no hint']}  "
+          f"slowest answer {slowest.seconds:.1f} s")
     print("exit codes: " + ", ".join(f"{'timeout' if k is None else k}: {v}"
                                       for k, v in sorted(codes.items(), key=lambda kv: str(kv[0]))))
-    print(f"{'class':<18}{'runs':>6}{'tracebacks':>12}{'hangs':>7}{'bad exits':>11}")
+    print(f"{'class':<18}{'runs':>6}{'tracebacks':>12}{'hangs':>7}{'bad exits':>11}"
+          f"{'no hint':>9}")
     for cls, c in per_class.items():
-        print(f"{cls:<18}{c['runs']:>6}{c['traceback']:>12}{c['hang']:>7}{c['bad exit']:>11}")
+        print(f"{cls:<18}{c['runs']:>6}{c['traceback']:>12}{c['hang']:>7}{c['bad exit']:>11}"
+              f"{c['no hint']:>9}")
     found = [o for o in outcomes if o.problems]
     for o in found[:10]:
         last = (o.stderr_tail.strip().splitlines() or [""])[-1]
@@ -393,7 +399,7 @@ def report(outcomes: list[Outcome], muts: list[Mutation], wall: float,
         args.json.write_text(json.dumps({
             "mutations": len(muts), "runs": len(outcomes), "wall_s": round(wall, 1),
             "seed": args.seed, "tracebacks": by["traceback"], "hangs": by["hang"],
-            "bad_exits": by["bad exit"], "per_class": per_class,
+            "bad_exits": by["bad exit"], "no_hint": by["no hint"], "per_class": per_class,
             "findings": [{"index": o.mutation.index, "class": o.mutation.cls,
                           "base": o.mutation.base, "command": o.command, "code": o.code,
                           "problems": o.problems, "stderr": o.stderr_tail} for o in found],

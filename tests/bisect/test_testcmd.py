@@ -25,7 +25,8 @@ def script(tmp_path, body: str) -> list[str]:
         (1, Verdict.FAIL),
         (124, Verdict.FAIL),
         (125, Verdict.CANNOT_TEST),
-        (127, Verdict.FAIL),
+        (126, Verdict.CANNOT_TEST),  # the shell's "not executable": nothing was measured
+        (127, Verdict.CANNOT_TEST),  # the shell's "not found"
     ],
 )
 def test_exit_codes_map_like_git_bisect_run(tmp_path, code, verdict):
@@ -87,8 +88,9 @@ def test_fingerprints_name_the_command_and_the_patch_set(tmp_path):
     assert a.probe_hash != b.probe_hash
 
 
-def test_a_missing_command_is_a_user_error(tmp_path):
-    with pytest.raises(BisectError, match="cannot run the test command"):
-        TestCommandRunner([str(tmp_path / "nope")]).run({}, 0, tmp_path / "trial")
+def test_a_missing_command_cannot_test(tmp_path):
+    result = TestCommandRunner([str(tmp_path / "nope")]).run({}, 0, tmp_path / "trial")
+    assert result.verdict is Verdict.CANNOT_TEST and "cannot run the test command" in \
+        result.details["why"]
     with pytest.raises(BisectError, match="empty"):
         TestCommandRunner([])
