@@ -31,12 +31,12 @@ from dsv4bisect.bisect.events import (
 )
 from dsv4bisect.bisect.evidence import record_noise_evidence
 from dsv4bisect.bisect.ledger import Ledger, NoiseEstimate, StepRow, TrialKey
-from dsv4bisect.bisect.records import Outcome
-from dsv4bisect.bisect.runner import CRASH, Runner, TrialResult, Verdict
+from dsv4bisect.bisect.runner import CRASH, Runner, TrialResult
 from dsv4bisect.bisect.search import Search, SearchResult, Status
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.config.bounded import load_json
 from dsv4bisect.errors import BisectError, ConfigError
+from dsv4bisect.probe import verdict as V
 
 RUN_FILE = "bisect.json"  # in the run directory: the run id and the ledger it lives in
 
@@ -61,17 +61,18 @@ class Confirmation:
     the hot result and the fresh one disagree, and the report says so."""
 
     subset: frozenset[str]
-    outcomes: tuple[Outcome, ...]
+    outcomes: tuple[str, ...]
     skipped: str | None = None  # why no confirmation ran (`--no-confirm`, ...)
     by_trial: int | None = None  # a search trial that already was that fresh launch (its id)
 
     @property
     def agrees(self) -> bool | None:
-        seen = [o for o in self.outcomes if o in (Outcome.PASS, Outcome.FAIL)]
-        return None if not seen else seen[-1] is Outcome.FAIL
+        seen = [o for o in self.outcomes if o in (V.PASS, V.FAIL)]
+        return None if not seen else seen[-1] == V.FAIL
 
     def to_json(self) -> dict[str, Any]:
-        return {"subset": sorted(self.subset), "outcomes": [o.value for o in self.outcomes],
+        return {"subset": sorted(self.subset),
+                "outcomes": [V.SEARCH_WORDS[o] for o in self.outcomes],
                 "agrees": self.agrees, "skipped": self.skipped, "by_trial": self.by_trial}
 
 
@@ -88,7 +89,7 @@ class _Slot:
 
 @dataclass(frozen=True)
 class _Decision:
-    outcome: Outcome
+    outcome: str
     signature: str | None
     trial_id: int | None
     reused: bool
@@ -200,7 +201,7 @@ class _Driver:
                             slot.step,
                             slot.subset,
                             slot.seed_block,
-                            decision.outcome.value,
+                            V.SEARCH_WORDS[decision.outcome],
                             decision.signature,
                             decision.trial_id,
                         ),
@@ -261,7 +262,7 @@ class _Driver:
             return None
         earlier = self._fresh_trial(subset, seen)
         if earlier is not None:
-            return Confirmation(subset, (Outcome.FAIL,), by_trial=earlier)
+            return Confirmation(subset, (V.FAIL,), by_trial=earlier)
         if confirm is None:  # a hot executor that cannot launch fresh
             return Confirmation(subset, (), skipped="this executor cannot launch fresh")
         if not self.spec.confirm:
@@ -280,7 +281,7 @@ class _Driver:
         for block in range(seen[subset]):
             row = self.ledger.definitive(self._slot(0, subset, block).key)
             if (row is not None and row.details.get("fresh_launch")
-                    and self._outcome(row.verdict) is Outcome.FAIL):
+                    and self._outcome(row.verdict) == V.FAIL):
                 return row.id
         return None
 
@@ -322,17 +323,15 @@ class _Driver:
         last = attempts[-1]
         crashed = all(a.signature == CRASH for a in attempts)
         if crashed and slot.subset:  # a patch that crashes the engine is a culprit
-            return _Decision(Outcome.FAIL, CRASH, last.id, False)
-        return _Decision(Outcome.SKIP, last.signature, last.id, False)
+            return _Decision(V.FAIL, CRASH, last.id, False)
+        return _Decision(V.CANNOT_TEST, last.signature, last.id, False)
 
-    def _outcome(self, verdict: str | None) -> Outcome:
-        if verdict == Verdict.BETWEEN.value:
-            return Outcome.BETWEEN
-        if verdict == Verdict.PASS.value or (
-            verdict == Verdict.WARN.value and self.spec.warn_as == "pass"
-        ):
-            return Outcome.PASS
-        return Outcome.FAIL
+    def _outcome(self, verdict: str | None) -> str:
+        if verdict == V.BETWEEN:
+            return V.BETWEEN
+        if verdict == V.PASS or (verdict == V.WARN and self.spec.warn_as == "pass"):
+            return V.PASS
+        return V.FAIL
 
     def _launch(self, slots: list[_Slot], pool: ThreadPoolExecutor | None) -> None:
         started = []
@@ -393,7 +392,7 @@ class _Driver:
             details["requests"] = result.requests
         self.ledger.finish_trial(
             trial_id,
-            Verdict(result.verdict).value,
+            result.verdict,
             result.signature,
             details,
             result.duration_s,
@@ -401,12 +400,12 @@ class _Driver:
             result.log_path,
         )
         for aa in result.aa_verdicts:
-            if aa is not Verdict.CANNOT_TEST:
+            if aa != V.CANNOT_TEST:
                 self.ledger.add_noise_evidence(
                     self.runner.probe_hash,
                     "aa",
                     "pass",
-                    self._outcome(aa.value).value,
+                    V.SEARCH_WORDS[self._outcome(aa)],
                     fingerprint=slot.key.fingerprint,
                     run_id=self.run_id,
                     trial_id=trial_id,

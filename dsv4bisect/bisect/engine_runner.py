@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.question import base_sets, patch_overrides
-from dsv4bisect.bisect.runner import CRASH, TrialResult, Verdict
+from dsv4bisect.bisect.runner import CRASH, TrialResult
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import Overrides, resolve
 from dsv4bisect.engines.rundir import new_run_dir, save_config
@@ -156,10 +156,10 @@ def trial_result(verdict: V.Verdict, trial: Trial, run_dir: Path, duration_s: fl
                  command: str) -> TrialResult:
     """The bisect's view of one `run`: verdict, signature, scores, the A/A made on the way."""
     cached = trial.record.arm("baseline")["cached"] is not None
-    aa: tuple[Verdict, ...] = ()
+    aa: tuple[str, ...] = ()
     if not cached and trial.base is not None and trial.repeat is not None:
         try:
-            aa = (Verdict(aa_verdict(trial.base, trial.repeat).verdict),)
+            aa = (aa_verdict(trial.base, trial.repeat).verdict,)
         except ConfigError:  # the two runs cannot be paired: no A/A evidence from this trial
             aa = ()
     details = result_details(verdict, ends_cached=cached, run_dir=run_dir,
@@ -167,7 +167,7 @@ def trial_result(verdict: V.Verdict, trial: Trial, run_dir: Path, duration_s: fl
     details["mode"] = "fresh"
     runs = [trial.cand] + ([] if cached else [trial.base, trial.repeat])
     requests = sum(len(r.rows) for r in runs if r is not None)
-    return TrialResult(Verdict(verdict.verdict), signature_of(verdict), duration_s, details,
+    return TrialResult(verdict.verdict, signature_of(verdict), duration_s, details,
                        throughput(trial.cand), _log_path(run_dir), aa, requests=requests)
 
 

@@ -52,7 +52,7 @@ from dsv4bisect.bisect.engine_runner import (
     signature_of,
     throughput,
 )
-from dsv4bisect.bisect.runner import TrialResult, Verdict
+from dsv4bisect.bisect.runner import TrialResult
 from dsv4bisect.bisect.shared_ends import end_name
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.processes import with_plugin
@@ -130,7 +130,7 @@ class HotEngineRunner(EngineRunner):
         self._engines: OrderedDict[str, _Engine] = OrderedDict()
         self._supervisor = Supervisor()
         self._ends: dict[int, dict[str, ProbeRun | None]] = {}  # seed block -> ends' runs
-        self._aa: dict[int, tuple[Verdict, ...]] = {}  # A/A verdicts not yet reported
+        self._aa: dict[int, tuple[str, ...]] = {}  # A/A verdicts not yet reported
         self._pending_bad: dict[int, ProbeRun] = {}  # adopted bad ends of blocks not yet seen
         self._ends_from: dict[tuple[int, str], str] = {}  # (block, end) -> the node it came from
         self._measured_now: list[str] = []  # the ends the current trial measured (b<n>/<end>)
@@ -294,11 +294,9 @@ class HotEngineRunner(EngineRunner):
                                   if b == spec.seed_block},
                        **{k: round(v, 3) for k, v in costs.items()})
         aa = self._aa.pop(block, ())
-        seq = verdict.overall.get("sequential") or {}
-        rates = (seq["false_fail"], seq["false_pass"]) if seq else None
-        return TrialResult(Verdict(verdict.verdict), signature_of(verdict),
+        return TrialResult(verdict.verdict, signature_of(verdict),
                            time.perf_counter() - t0, details, throughput(cand), None, aa,
-                           error_rates=rates, requests=requests)
+                           error_rates=verdict.error_rates, requests=requests)
 
     # -- the ends ------------------------------------------------------------------------------
     def _ends_for(self, spec: ProbeSpec, trial_dir: Path, costs: dict[str, Any]
@@ -325,7 +323,7 @@ class HotEngineRunner(EngineRunner):
             ref, _subset = cache.repeat_reference(base)
             repeat = self._collect(eng, self.good, spec, ref, "A/A repeat", good_end=True,
                                    costs=costs).save(ends_dir / "baseline-repeat")
-            self._aa[block] = (Verdict(aa_verdict(base, repeat).verdict),)
+            self._aa[block] = (aa_verdict(base, repeat).verdict,)
             self._measured_now += [end_name(block, "baseline"), end_name(block, "baseline-repeat")]
             if not fresh:  # a re-test's seed block, measured in a switched engine
                 self.on_event(Notice(f"baseline of seed block {block} measured in a hot-"

@@ -51,10 +51,10 @@ import numpy as np
 
 from dsv4bisect.bisect import remedy as rem
 from dsv4bisect.bisect.pricing import CostTracker, StepCosts
-from dsv4bisect.bisect.records import Outcome
 from dsv4bisect.bisect.search import Status
 from dsv4bisect.bisect.whole_plan import Setup, available_levers, common_draws
 from dsv4bisect.errors import BisectError
+from dsv4bisect.probe import verdict as V
 
 NODE_COUNTS = (1, 2, 4)  # the columns `--plan --executor ray` always shows
 
@@ -238,7 +238,7 @@ def simulate_nodes(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random
     pool = NodePool(cfg.costs, everything, nodes)
     rounds: list[Round] = []
 
-    def run(subsets: list[frozenset[str]]) -> list[tuple[Outcome, bool]]:
+    def run(subsets: list[frozenset[str]]) -> list[tuple[str, bool]]:
         done = pool.run_round([(s, culprits <= s) for s in subsets])
         rounds.append(done)
         out = []
@@ -246,7 +246,7 @@ def simulate_nodes(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random
             fails = culprits <= subset
             noise = cfg.trial_noise if trial.sequential else cfg.noise
             flip = rng.random() < (noise.false_pass if fails else noise.false_fail)
-            out.append((Outcome.FAIL if fails != flip else Outcome.PASS, trial.sequential))
+            out.append((V.FAIL if fails != flip else V.PASS, trial.sequential))
         return out
 
     while proposals := search.next():

@@ -16,9 +16,9 @@ import numpy as np
 
 from dsv4bisect.bisect.design import Noise, capacity
 from dsv4bisect.bisect.hypotheses import Priors
-from dsv4bisect.bisect.records import Outcome
 from dsv4bisect.bisect.search import DEFAULT_PRIORS, NOISELESS, Search, SearchResult, Status
 from dsv4bisect.errors import BisectError
+from dsv4bisect.probe import verdict as V
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,11 @@ class Plan:
 
 def oracle_outcome(
     subset: frozenset[str], culprits: frozenset[str], noise: Noise, rng: random.Random
-) -> Outcome:
+) -> str:
     """A probe with the given error rates on the monotone model."""
     if culprits <= subset:
-        return Outcome.PASS if rng.random() < noise.false_pass else Outcome.FAIL
-    return Outcome.FAIL if rng.random() < noise.false_fail else Outcome.PASS
+        return V.PASS if rng.random() < noise.false_pass else V.FAIL
+    return V.FAIL if rng.random() < noise.false_fail else V.PASS
 
 
 def simulate(

@@ -45,12 +45,13 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from dsv4bisect.bisect import remote_trial as rt
 from dsv4bisect.bisect.engine_runner import EngineRunner
 from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
-from dsv4bisect.bisect.runner import TrialResult, Verdict
+from dsv4bisect.bisect.runner import TrialResult
 from dsv4bisect.bisect.shared_ends import DriverEnds
 from dsv4bisect.engines import reaper
 from dsv4bisect.engines.groups import stop_orphans
 from dsv4bisect.env import cache_dir
 from dsv4bisect.errors import BisectError, Dsv4BisectError
+from dsv4bisect.probe import verdict as V
 
 PLACE_TIMEOUT_S = 120.0  # for the first slot to be placed and pass its node's preflight
 OTHERS_GRACE_S = 20.0  # then for the other slots, before trials start on those placed
@@ -352,7 +353,7 @@ class RayRunner:
 
 def lost_result(node: str, exc: BaseException, duration_s: float) -> TrialResult:
     """A trial whose actor died under it: not the configuration's fault, never evidence."""
-    return TrialResult(Verdict.CANNOT_TEST, f"{NODE_LOST}: {node}", duration_s,
+    return TrialResult(V.CANNOT_TEST, f"{NODE_LOST}: {node}", duration_s,
                        {"node": {"name": node}, "error": first_line(exc)})
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from dsv4bisect.bisect import shared_ends
 from dsv4bisect.bisect.archive import pack, unpack
 from dsv4bisect.bisect.engine_runner import EngineRunner
-from dsv4bisect.bisect.runner import TrialResult, Verdict
+from dsv4bisect.bisect.runner import TrialResult
 from dsv4bisect.errors import (
     BisectError,
     ConfigError,
@@ -148,19 +148,19 @@ def node_error(doc: Mapping[str, Any], node: str) -> Dsv4BisectError:
 
 
 def result_json(result: TrialResult) -> dict[str, Any]:
-    return {"verdict": Verdict(result.verdict).value, "signature": result.signature,
+    return {"verdict": result.verdict, "signature": result.signature,
             "duration_s": result.duration_s, "details": dict(result.details),
             "throughput": result.throughput, "log_path": result.log_path,
-            "aa_verdicts": [Verdict(v).value for v in result.aa_verdicts],
+            "aa_verdicts": list(result.aa_verdicts),
             "error_rates": list(result.error_rates) if result.error_rates is not None else None,
             "requests": result.requests}
 
 
 def result_from_json(doc: Mapping[str, Any]) -> TrialResult:
-    return TrialResult(Verdict(doc["verdict"]), doc.get("signature"),
+    return TrialResult(doc["verdict"], doc.get("signature"),
                        float(doc.get("duration_s") or 0.0), dict(doc.get("details") or {}),
                        doc.get("throughput"), doc.get("log_path"),
-                       tuple(Verdict(v) for v in doc.get("aa_verdicts") or ()),
+                       tuple(doc.get("aa_verdicts") or ()),
                        error_rates=_rates(doc.get("error_rates")), requests=doc.get("requests"))
 
 

@@ -3,33 +3,25 @@
 A `Runner` launches (or otherwise evaluates) one patch set and returns a `TrialResult`. It never
 decides what a crash or an infrastructure error means for the search: it reports them (verdict
 CANNOT_TEST, signature "crash" for an engine crash) and the driver decides (retry once; a
-repeated crash away from the good end is a FAIL with signature "crash").
+repeated crash away from the good end is a FAIL with signature "crash"). Verdicts are
+probe/verdict.py's words: PASS, FAIL, WARN (drift only; FAIL for the search unless
+warn_as="pass"), CANNOT_TEST (infrastructure or a crash) and BETWEEN (a sequential trial probe
+that reached its cap undecided: evidence for neither end, never a pass; docs/bisect.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 CRASH = "crash"
 
 
-class Verdict(str, Enum):
-    PASS = "PASS"
-    FAIL = "FAIL"
-    WARN = "WARN"  # drift only; FAIL for the search unless warn_as="pass"
-    CANNOT_TEST = "CANNOT_TEST"  # infrastructure (port, health timeout, unreachable) or crash
-    # A sequential trial probe that reached its cap undecided: evidence for neither end
-    # (never a pass; the search treats it as such, docs/bisect.md)
-    BETWEEN = "BETWEEN"
-
-
 @dataclass(frozen=True)
 class TrialResult:
-    verdict: Verdict
+    verdict: str  # PASS | FAIL | WARN | CANNOT_TEST | BETWEEN (probe/verdict.py)
     signature: str | None = None  # e.g. "crash", "garbage", "timeout"
     duration_s: float = 0.0
     details: Mapping[str, Any] = field(default_factory=dict)  # scores / evidence (JSON-able)
@@ -37,7 +29,7 @@ class TrialResult:
     log_path: str | None = None
     # Verdicts of A/A comparisons (the good configuration against itself) the runner made
     # inside this trial; each is noise evidence (a FAIL there is a false fail).
-    aa_verdicts: tuple[Verdict, ...] = ()
+    aa_verdicts: tuple[str, ...] = ()
     # The error rates this verdict holds to (false_fail, false_pass), where the trial's probe
     # states them (the sequential trial probe does); None: the search's own noise applies.
     error_rates: tuple[float, float] | None = None

@@ -20,10 +20,11 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dsv4bisect.bisect.runner import TrialResult, Verdict
+from dsv4bisect.bisect.runner import TrialResult
 from dsv4bisect.errors import BisectError
 from dsv4bisect.patching.spec import Patch
 from dsv4bisect.patching.wire import ENV_VAR, format_patch_set
+from dsv4bisect.probe import verdict as V
 
 CANNOT_TEST_EXIT = 125
 LOG_NAME = "test-cmd.log"
@@ -95,14 +96,14 @@ class TestCommandRunner:
         details = {"exit_code": code, "command": self._command_json()}
         if code is None:
             return TrialResult(
-                Verdict.CANNOT_TEST, "timeout", duration, details, log_path=str(log_path)
+                V.CANNOT_TEST, "timeout", duration, details, log_path=str(log_path)
             )
         if code == 0:
-            return TrialResult(Verdict.PASS, None, duration, details, log_path=str(log_path))
+            return TrialResult(V.PASS, None, duration, details, log_path=str(log_path))
         if code == CANNOT_TEST_EXIT:
-            return TrialResult(Verdict.CANNOT_TEST, None, duration, details, log_path=str(log_path))
+            return TrialResult(V.CANNOT_TEST, None, duration, details, log_path=str(log_path))
         if 1 <= code <= 127:
-            return TrialResult(Verdict.FAIL, None, duration, details, log_path=str(log_path))
+            return TrialResult(V.FAIL, None, duration, details, log_path=str(log_path))
         reason = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
         raise BisectError(
             f"the test command {reason}: aborting the bisect (log: {log_path})",

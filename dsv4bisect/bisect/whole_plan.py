@@ -23,9 +23,9 @@ from dsv4bisect.bisect import remedy as rem
 from dsv4bisect.bisect.design import Noise
 from dsv4bisect.bisect.hypotheses import HypothesisSpace, Priors
 from dsv4bisect.bisect.pricing import CostTracker, StepCosts
-from dsv4bisect.bisect.records import Outcome
 from dsv4bisect.bisect.search import Search, Status
 from dsv4bisect.errors import BisectError
+from dsv4bisect.probe import verdict as V
 
 LEVERS = ("hot", "sequential", "priors", "priced")
 PHASES = ("ends", "trials", "remedy", "confirmation")
@@ -153,7 +153,7 @@ def _simulate(cfg: Setup, culprits: frozenset[str], rng: random.Random, priced: 
     trials = 0
     fresh_fails: set[frozenset[str]] = set()  # failed in an engine launched for them (hot)
 
-    def run(subset: frozenset[str], name: str) -> Outcome:
+    def run(subset: frozenset[str], name: str) -> str:
         nonlocal trials
         fails = culprits <= subset
         end = not subset or subset == everything
@@ -161,8 +161,8 @@ def _simulate(cfg: Setup, culprits: frozenset[str], rng: random.Random, priced: 
         phase[name] += spent.charge(subset, fails)
         trials += 1
         flip = rng.random() < (noise.false_pass if fails else noise.false_fail)
-        outcome = Outcome.FAIL if fails != flip else Outcome.PASS
-        if spent.launched_last and outcome is Outcome.FAIL:
+        outcome = V.FAIL if fails != flip else V.PASS
+        if spent.launched_last and outcome == V.FAIL:
             fresh_fails.add(subset)
         return outcome
 

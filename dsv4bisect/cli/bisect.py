@@ -160,15 +160,15 @@ def bisect(
     else:
         ov = overrides(enable, disable, only, sets)
         question = resolve_question(profile, ov, good, bad, candidates)
-        placement = {"executor": (executor.value if executor else None)
-                     or question.bisect.get("executor") or "local",
-                     "ray_address": ray_address or question.bisect.get("ray_address"),
-                     "node_resource": question.bisect.get("node_resource")}
+        cfg = question.bisect
+        placement = {"executor": executor.value if executor else cfg.executor,
+                     "ray_address": ray_address or cfg.ray_address,
+                     "node_resource": cfg.node_resource}
         # One machine keeps one pool of hot engines and runs its trials one at a time, so
         # local rounds of K > 1 launch fresh; on Ray each node keeps its own (docs/cluster.md).
-        rounds = parallel if parallel is not None else question.bisect.get("parallel", 1)
+        rounds = parallel if parallel is not None else cfg.parallel
         hot = not fresh_launches and (placement["executor"] == "ray" or rounds == 1)
-        drift_rule = drift.value if drift else str(question.bisect.get("drift") or "absolute")
+        drift_rule = drift.value if drift else cfg.drift
         if drift_rule == "relative" and (not hot or test_cmd is not None):
             raise BisectError("--drift relative judges the sequential trial probe of a hot "
                               "bisect", "drop --fresh-launches, --parallel K > 1 (local) and "
@@ -176,8 +176,7 @@ def bisect(
         req = RunnerRequest(question.profile, question.good, tuple(question.sets), tier,
                             not no_cache, bad=_bad_end(question),
                             load_time=tuple(question.load_time), hot=hot,
-                            warn_as=(warn_as.value if warn_as else
-                                     str(question.bisect.get("warn_as") or "fail")),
+                            warn_as=warn_as.value if warn_as else cfg.warn_as,
                             drift=drift_rule)
         runner = _runner(req, test_cmd, display)
         measured, durations, details = _history(runner, ledger_path or out / LEDGER)
@@ -318,8 +317,7 @@ def _history(runner: Runner, ledger_path: Path
 
 def _noise(measured: NoiseEstimate | None, ff: float | None,
            fp: float | None) -> tuple[Noise, str]:
-    from dsv4bisect.bisect.design import Noise
-    from dsv4bisect.bisect.spec import DEFAULT_NOISE
+    from dsv4bisect.bisect.design import DEFAULT_NOISE, Noise
 
     base = measured.noise(fallback=DEFAULT_NOISE) if measured else DEFAULT_NOISE
     noise = Noise(base.false_fail if ff is None else ff, base.false_pass if fp is None else fp)
@@ -334,24 +332,26 @@ def _noise(measured: NoiseEstimate | None, ff: float | None,
 def _spec(q: Question, noise: Noise, confidence: float | None, max_trials: int | None,
           parallel: int | None, warn_as: WarnAs | None, costs: PlanCosts,
           confirm: bool = True) -> BisectSpec:
-    from dsv4bisect.bisect.hypotheses import tier_weights
-    from dsv4bisect.bisect.settings import validate_settings
     from dsv4bisect.bisect.spec import BisectSpec
 
     cfg = q.bisect
-    weights = tier_weights(q.tiers)
-    weights.update({k: v for k, v in (cfg.get("priors") or {}).items() if k in weights})
-    spec = BisectSpec(
+    return BisectSpec(
         candidates=q.candidates, good=q.good, bad=q.bad, noise=noise,
-        confidence=confidence if confidence is not None else cfg.get("confidence", 0.95),
-        max_trials=max_trials if max_trials is not None else cfg.get("max_trials"),
-        parallel=parallel if parallel is not None else cfg.get("parallel", 1),
-        weights=weights, warn_as=warn_as.value if warn_as else cfg.get("warn_as", "fail"),
+        confidence=confidence if confidence is not None else cfg.confidence,
+        max_trials=max_trials if max_trials is not None else cfg.max_trials,
+        parallel=parallel if parallel is not None else cfg.parallel,
+        weights=_tier_priors(q), warn_as=warn_as.value if warn_as else cfg.warn_as,
         trial_noise=costs.trial_noise if costs.costs.sequential else None,
         costs=costs.costs, confirm=confirm)
-    validate_settings(spec.candidates, spec.noise, spec.confidence, spec.max_trials,
-                      spec.parallel, spec.max_order, spec.design_discount)
-    return spec
+
+
+def _tier_priors(q: Question) -> dict[str, float]:
+    """Prior weights by patch tier, with the profile's `bisect.priors` over them."""
+    from dsv4bisect.bisect.hypotheses import tier_weights
+
+    weights = tier_weights(q.tiers)
+    weights.update({k: v for k, v in (q.bisect.priors or {}).items() if k in weights})
+    return weights
 
 
 def _costs(runner: Runner, q: Question, noise: Noise, details: list[dict[str, Any]],
@@ -380,12 +380,10 @@ def _plan(spec: BisectSpec, q: Question, trials: int, compare: bool) -> WholePla
 
 def _setup(spec: BisectSpec, q: Question) -> Setup:
     """The simulated bisect of `spec`, with every lever it has on."""
-    from dsv4bisect.bisect.hypotheses import tier_weights
     from dsv4bisect.bisect.pricing import StepCosts
     from dsv4bisect.bisect.whole_plan import Setup
 
-    base = tier_weights(q.tiers)  # the weights without microtest priors
-    base.update({k: v for k, v in (q.bisect.get("priors") or {}).items() if k in base})
+    base = _tier_priors(q)  # the weights without microtest priors
     return Setup(spec.candidates, spec.noise, spec.trial_noise or spec.noise,
                  spec.costs or StepCosts(), spec.confidence, spec.max_order, spec.max_trials,
                  dict(spec.weights), base, spec.confirm)

@@ -65,7 +65,8 @@ class SequentialResult:
                        {"tier": spec.tier, "spec_hash": spec.spec_hash(),
                         "seed_block": spec.seed_block, "sequential": True},
                        overall={"sequential": d.to_dict()},
-                       drift={"status": drift.get("status"), "trigger": drift})
+                       drift={"status": drift.get("status"), "trigger": drift},
+                       error_rates=(d.false_fail, d.false_pass))
 
     def save(self, directory: str | os.PathLike[str]) -> SequentialResult:
         """The rows as a probe run directory, plus `sequential.json`."""

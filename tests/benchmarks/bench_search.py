@@ -38,8 +38,8 @@ from dsv4bisect.bisect import remedy
 from dsv4bisect.bisect.design import Noise, information_bound
 from dsv4bisect.bisect.plan import oracle_outcome, simulate
 from dsv4bisect.bisect.pricing import StepCosts
-from dsv4bisect.bisect.records import Outcome
 from dsv4bisect.bisect.search import Search
+from dsv4bisect.probe import verdict as V
 
 NOISES: dict[str, Noise] = {
     "none": Noise(),
@@ -101,7 +101,7 @@ def run_baseline(
 
     def fails(subset: frozenset[str]) -> bool:
         if subset not in cache:  # a deterministic tool never re-runs a configuration
-            cache[subset] = oracle_outcome(subset, culprit, noise, rng) is Outcome.FAIL
+            cache[subset] = oracle_outcome(subset, culprit, noise, rng) == V.FAIL
         return cache[subset]
 
     found = (ddmin if algorithm == "ddmin" else binary_split)(names, fails)

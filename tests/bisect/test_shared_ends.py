@@ -13,10 +13,10 @@ import pytest
 from dsv4bisect.bisect import shared_ends as se
 from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.question import resolve_question
-from dsv4bisect.bisect.runner import Verdict
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.cli.options import overrides
 from dsv4bisect.errors import BisectError, ConfigError
+from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.run import ProbeRun
 
 NODE = "gpu-03 (10.0.0.3, node 5e6f7a8b)"
@@ -134,7 +134,7 @@ def test_a_runner_with_adopted_ends_probes_sequentially_and_measures_no_good_end
     assert one.error_rates is not None and one.details["baseline_cached"]
     assert 0 < one.requests < bad.requests
     assert one.aa_verdicts == ()
-    assert one.verdict in (Verdict.FAIL, Verdict.WARN)  # hash-topk-scaling is the culprit
+    assert one.verdict in (V.FAIL, V.WARN)  # hash-topk-scaling is the culprit
     # its ∅ check is node a's A/A verdict: no launch, no request, no A/A reported again
     assert empty.verdict is good.verdict and empty.aa_verdicts == ()
     assert empty.requests == 0 and second.launches == 1
