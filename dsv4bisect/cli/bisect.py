@@ -24,7 +24,7 @@ from dsv4bisect.bisect.executors import executor_runner
 from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.question import Question, resolve_question
 from dsv4bisect.bisect.runner import Runner
-from dsv4bisect.bisect.testcmd import TestCommandRunner
+from dsv4bisect.bisect.trials.testcmd import TestCommandRunner
 from dsv4bisect.cli.bisect_display import BisectDisplay
 from dsv4bisect.cli.bisect_priors import bisect_priors, say_priors
 from dsv4bisect.cli.options import (

@@ -215,7 +215,7 @@ def reproduce(view: BisectView, step: StepView) -> str:
     """The command that asks one trial's question again."""
     cmd = view.request.get("test_cmd")
     if cmd:
-        from dsv4bisect.bisect.testcmd import TestCommandRunner
+        from dsv4bisect.bisect.trials.testcmd import TestCommandRunner
 
         try:
             wire = TestCommandRunner(cmd).wire(step.patches)

@@ -21,7 +21,7 @@ from dsv4bisect.bisect.pricing import StepCosts
 from dsv4bisect.bisect.question import resolve_question
 from dsv4bisect.bisect.search import Search, Status
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.bisect.testcmd import TestCommandRunner
+from dsv4bisect.bisect.trials.testcmd import TestCommandRunner
 from dsv4bisect.config.resolve import Overrides
 from dsv4bisect.probe import verdict as V
 
