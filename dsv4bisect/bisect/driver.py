@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect import remedy as rem
-from dsv4bisect.bisect.design import Noise
 from dsv4bisect.bisect.events import (
     Event,
     StepDecided,
@@ -31,9 +30,10 @@ from dsv4bisect.bisect.events import (
 )
 from dsv4bisect.bisect.evidence import record_noise_evidence
 from dsv4bisect.bisect.ledger import Ledger, NoiseEstimate, StepRow, TrialKey
-from dsv4bisect.bisect.runner import CRASH, Runner, TrialResult
-from dsv4bisect.bisect.search import Search, SearchResult, Status
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.search import Search, SearchResult, Status
 from dsv4bisect.bisect.spec import BisectSpec
+from dsv4bisect.bisect.trials.runner import CRASH, Runner, TrialResult
 from dsv4bisect.config.bounded import load_json
 from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.probe import verdict as V

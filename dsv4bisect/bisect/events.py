@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dsv4bisect.bisect.results import SearchResult
-from dsv4bisect.bisect.runner import TrialResult
+from dsv4bisect.bisect.search.results import SearchResult
+from dsv4bisect.bisect.trials.runner import TrialResult
 from dsv4bisect.probe import verdict as V
 
 if TYPE_CHECKING:
-    from dsv4bisect.bisect.search import Search
+    from dsv4bisect.bisect.search.search import Search
 
 
 @dataclass(frozen=True)

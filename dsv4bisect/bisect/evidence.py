@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from dsv4bisect.bisect.ledger import Ledger, StepRow
-from dsv4bisect.bisect.results import SearchResult, Status
+from dsv4bisect.bisect.search.results import SearchResult, Status
 from dsv4bisect.probe import verdict as V
 
 

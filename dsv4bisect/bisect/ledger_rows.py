@@ -8,7 +8,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-from dsv4bisect.bisect.design import DEFAULT_NOISE, Noise
+from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
 
 SCHEMA_VERSION = 1
 

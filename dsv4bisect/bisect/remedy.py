@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dsv4bisect.bisect.records import Record
+from dsv4bisect.bisect.search.records import Record
 from dsv4bisect.probe import verdict as V
 
 MAX_TRIALS = 2

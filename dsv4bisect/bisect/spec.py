@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsv4bisect.bisect.design import DEFAULT_NOISE, Noise
-from dsv4bisect.bisect.hypotheses import Priors
-from dsv4bisect.bisect.pricing import StepCosts
-from dsv4bisect.bisect.search import Search
-from dsv4bisect.bisect.settings import validate_settings
+from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
+from dsv4bisect.bisect.search.hypotheses import Priors
+from dsv4bisect.bisect.search.pricing import StepCosts
+from dsv4bisect.bisect.search.search import Search
+from dsv4bisect.bisect.search.settings import validate_settings
 from dsv4bisect.errors import BisectError
 
 SPEC_VERSION = 2

@@ -1,6 +1,6 @@
 """`dsv4bisect bisect [PROFILE]`: find the patch, or interacting pair, that breaks the probe.
 
-Resolves the question (bisect/engine_runner.py: the ends, the candidates less the inert ones),
+Resolves the question (bisect/question.py: the ends, the candidates less the inert ones),
 prints the plan line, drives the search (bisect/driver.py) with the engine+probe runner or
 `--test-cmd`, shows the posterior live on stderr, and writes report.md, report.json and
 posterior.png into the run directory. Exit codes (docs/bisect.md): 0 culprit found, 1 the
@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from dsv4bisect.bisect.engine_runner import EngineRunner
-from dsv4bisect.bisect.executors import executor_runner
-from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
+from dsv4bisect.bisect.cluster.executors import executor_runner
 from dsv4bisect.bisect.question import Question, resolve_question
-from dsv4bisect.bisect.runner import Runner
+from dsv4bisect.bisect.trials.engine_runner import EngineRunner
+from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
+from dsv4bisect.bisect.trials.runner import Runner
 from dsv4bisect.bisect.trials.testcmd import TestCommandRunner
 from dsv4bisect.cli.bisect_display import BisectDisplay
 from dsv4bisect.cli.bisect_priors import bisect_priors, say_priors
@@ -47,13 +47,13 @@ from dsv4bisect.run.signals import interrupts
 from dsv4bisect.ui.console import console, stdout
 
 if TYPE_CHECKING:  # the search needs numpy: imported when a bisect runs, not with the CLI
-    from dsv4bisect.bisect.costs import PlanCosts
-    from dsv4bisect.bisect.design import Noise
     from dsv4bisect.bisect.driver import BisectOutcome
     from dsv4bisect.bisect.ledger import NoiseEstimate
-    from dsv4bisect.bisect.parallel_plan import NodePlan
+    from dsv4bisect.bisect.plan.costs import PlanCosts
+    from dsv4bisect.bisect.plan.parallel_plan import NodePlan
+    from dsv4bisect.bisect.plan.whole_plan import Setup, WholePlan
+    from dsv4bisect.bisect.search.design import Noise
     from dsv4bisect.bisect.spec import BisectSpec
-    from dsv4bisect.bisect.whole_plan import Setup, WholePlan
 
 LEDGER = "ledger.sqlite"  # in RUNS_ROOT unless --ledger: shared, so no bisect repeats a trial
 EXIT = {"found": ExitCode.OK, "untestable": ExitCode.CANNOT_TEST}  # the rest: 1
@@ -317,7 +317,7 @@ def _history(runner: Runner, ledger_path: Path
 
 def _noise(measured: NoiseEstimate | None, ff: float | None,
            fp: float | None) -> tuple[Noise, str]:
-    from dsv4bisect.bisect.design import DEFAULT_NOISE, Noise
+    from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
 
     base = measured.noise(fallback=DEFAULT_NOISE) if measured else DEFAULT_NOISE
     noise = Noise(base.false_fail if ff is None else ff, base.false_pass if fp is None else fp)
@@ -347,7 +347,7 @@ def _spec(q: Question, noise: Noise, confidence: float | None, max_trials: int |
 
 def _tier_priors(q: Question) -> dict[str, float]:
     """Prior weights by patch tier, with the profile's `bisect.priors` over them."""
-    from dsv4bisect.bisect.hypotheses import tier_weights
+    from dsv4bisect.bisect.search.hypotheses import tier_weights
 
     weights = tier_weights(q.tiers)
     weights.update({k: v for k, v in (q.bisect.priors or {}).items() if k in weights})
@@ -356,14 +356,14 @@ def _tier_priors(q: Question) -> dict[str, float]:
 
 def _costs(runner: Runner, q: Question, noise: Noise, details: list[dict[str, Any]],
            durations: list[float], given: dict[str, float | None], hot: bool) -> PlanCosts:
-    """Every cost the plan and the priced design use, each with its source (bisect/costs.py):
+    """Every cost the plan and the priced design use, each with its source (bisect/plan/costs.py):
     given; else measured in the ledger for this probe; else assumed per engine kind and tier."""
-    from dsv4bisect.bisect.costs import plan_costs, probe_shape, sequential_from_probe
+    from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape, sequential_from_probe
 
     if not isinstance(runner, EngineRunner):
         return plan_costs(None, None, given=given, durations=durations)
     engine = "reference" if runner.good_cfg.kind == "reference" else "sglang"
-    from dsv4bisect.bisect.design import Noise
+    from dsv4bisect.bisect.search.design import Noise
     from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
 
     trial = Noise(*TRIAL_ERROR_RATES)  # what the hot runner asks of its sequential trials
@@ -373,15 +373,15 @@ def _costs(runner: Runner, q: Question, noise: Noise, details: list[dict[str, An
 
 
 def _plan(spec: BisectSpec, q: Question, trials: int, compare: bool) -> WholePlan:
-    from dsv4bisect.bisect.whole_plan import plan_bisect
+    from dsv4bisect.bisect.plan.whole_plan import plan_bisect
 
     return plan_bisect(_setup(spec, q), trials=trials, compare=compare)
 
 
 def _setup(spec: BisectSpec, q: Question) -> Setup:
     """The simulated bisect of `spec`, with every lever it has on."""
-    from dsv4bisect.bisect.pricing import StepCosts
-    from dsv4bisect.bisect.whole_plan import Setup
+    from dsv4bisect.bisect.plan.whole_plan import Setup
+    from dsv4bisect.bisect.search.pricing import StepCosts
 
     base = _tier_priors(q)  # the weights without microtest priors
     return Setup(spec.candidates, spec.noise, spec.trial_noise or spec.noise,
@@ -406,7 +406,7 @@ LEVER_NAMES = {"hot": "hot switching", "sequential": "sequential trial probe",
 def _show_plan(p: WholePlan, costs: PlanCosts, spec: BisectSpec, json_out: bool,
                nodes: NodePlan | None = None) -> None:
     """The plan on stdout (`--json`) or stderr; `nodes`: the node table of `--executor ray`."""
-    from dsv4bisect.bisect.whole_plan import LEVERS
+    from dsv4bisect.bisect.plan.whole_plan import LEVERS
     from dsv4bisect.cli.bisect_nodes import node_json, node_lines
 
     def figures(f: Any) -> dict[str, Any]:

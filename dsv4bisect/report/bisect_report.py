@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4bisect.bisect.design import Noise, capacity
 from dsv4bisect.bisect.driver import read_run_file
 from dsv4bisect.bisect.events import result_json
 from dsv4bisect.bisect.ledger import Ledger
+from dsv4bisect.bisect.search.design import Noise, capacity
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.errors import Dsv4BisectError
 from dsv4bisect.probe import verdict as V

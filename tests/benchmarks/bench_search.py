@@ -35,10 +35,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from dsv4bisect.bisect import remedy
-from dsv4bisect.bisect.design import Noise, information_bound
-from dsv4bisect.bisect.plan import oracle_outcome, simulate
-from dsv4bisect.bisect.pricing import StepCosts
-from dsv4bisect.bisect.search import Search
+from dsv4bisect.bisect.plan.plan import oracle_outcome, simulate
+from dsv4bisect.bisect.search.design import Noise, information_bound
+from dsv4bisect.bisect.search.pricing import StepCosts
+from dsv4bisect.bisect.search.search import Search
 from dsv4bisect.probe import verdict as V
 
 NOISES: dict[str, Noise] = {

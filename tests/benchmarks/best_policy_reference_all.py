@@ -19,14 +19,14 @@ import math
 
 import numpy as np
 
-from dsv4bisect.bisect import confirm
 from dsv4bisect.bisect import remedy as rem
-from dsv4bisect.bisect.costs import plan_costs
-from dsv4bisect.bisect.design import Noise
-from dsv4bisect.bisect.hypotheses import HypothesisSpace, Priors, tier_weights
+from dsv4bisect.bisect.plan.costs import plan_costs
 from dsv4bisect.bisect.question import resolve_question
-from dsv4bisect.bisect.records import Record
-from dsv4bisect.bisect.search import Search
+from dsv4bisect.bisect.search import confirm
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors, tier_weights
+from dsv4bisect.bisect.search.records import Record
+from dsv4bisect.bisect.search.search import Search
 from dsv4bisect.config.resolve import Overrides
 from dsv4bisect.probe import verdict as V
 

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from dsv4bisect.bisect import remedy as rem
-from dsv4bisect.bisect.costs import plan_costs
-from dsv4bisect.bisect.design import Noise
 from dsv4bisect.bisect.driver import start_bisect
-from dsv4bisect.bisect.hypotheses import tier_weights
 from dsv4bisect.bisect.ledger import Ledger
-from dsv4bisect.bisect.plan import simulate
-from dsv4bisect.bisect.pricing import StepCosts
+from dsv4bisect.bisect.plan.costs import plan_costs
+from dsv4bisect.bisect.plan.plan import simulate
 from dsv4bisect.bisect.question import resolve_question
-from dsv4bisect.bisect.search import Search, Status
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.hypotheses import tier_weights
+from dsv4bisect.bisect.search.pricing import StepCosts
+from dsv4bisect.bisect.search.search import Search, Status
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.bisect.trials.testcmd import TestCommandRunner
 from dsv4bisect.config.resolve import Overrides

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bisect.bisect.design import Noise
 from dsv4bisect.bisect.driver import RUN_FILE, resume_bisect, start_bisect
 from dsv4bisect.bisect.events import Progress, StepDecided, TrialFinished, TrialStarted
 from dsv4bisect.bisect.ledger import Ledger
-from dsv4bisect.bisect.runner import CRASH, Runner, TrialResult
-from dsv4bisect.bisect.search import Status
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.search import Status
 from dsv4bisect.bisect.spec import BisectSpec
+from dsv4bisect.bisect.trials.runner import CRASH, Runner, TrialResult
 from dsv4bisect.errors import BisectError
 from dsv4bisect.probe import verdict as V
 

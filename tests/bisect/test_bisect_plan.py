@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from dsv4bisect.bisect.design import Noise
-from dsv4bisect.bisect.plan import plan
+from dsv4bisect.bisect.plan.plan import plan
+from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.errors import BisectError
 
 

@@ -9,14 +9,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dsv4bisect.bisect.costs import plan_costs, probe_shape
-from dsv4bisect.bisect.design import Noise, RoundDesign
-from dsv4bisect.bisect.hypotheses import tier_weights
-from dsv4bisect.bisect.plan import oracle_outcome
-from dsv4bisect.bisect.pricing import CostTracker, StepCosts
-from dsv4bisect.bisect.search import Search, Status
+from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape
+from dsv4bisect.bisect.plan.plan import oracle_outcome
+from dsv4bisect.bisect.plan.whole_plan import Setup, plan_bisect
+from dsv4bisect.bisect.search.design import Noise, RoundDesign
+from dsv4bisect.bisect.search.hypotheses import tier_weights
+from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts
+from dsv4bisect.bisect.search.search import Search, Status
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.bisect.whole_plan import Setup, plan_bisect
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.spec import tier_spec
 
@@ -42,8 +42,8 @@ def test_a_record_counts_at_the_rates_its_own_verdict_holds():
     inside = lambda s: sum(s.marginals()[x] for x in "abc")
     assert inside(sure) > inside(loose) > inside(ended(Search(NAMES, noise=FIVE)))
     # the checks weigh each trial at its own rates too: C = {a} alone failing, sure vs loose
-    from dsv4bisect.bisect import confirm
-    from dsv4bisect.bisect.hypotheses import Hypothesis
+    from dsv4bisect.bisect.search import confirm
+    from dsv4bisect.bisect.search.hypotheses import Hypothesis
 
     def sufficiency(rates: Noise) -> float:
         s = ended(Search(NAMES, noise=FIVE))

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsv4bisect.bisect.design import Noise
-from dsv4bisect.bisect.hypotheses import Priors, tier_weights
-from dsv4bisect.bisect.plan import oracle_outcome, simulate
-from dsv4bisect.bisect.search import Search, Status
+from dsv4bisect.bisect.plan.plan import oracle_outcome, simulate
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.hypotheses import Priors, tier_weights
+from dsv4bisect.bisect.search.search import Search, Status
 from dsv4bisect.errors import BisectError
 from dsv4bisect.probe import verdict as V
 

@@ -33,9 +33,9 @@ def test_only_the_ray_executor_imports_ray() -> None:
     importers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
                        if any(line.lstrip().startswith(("import ray", "from ray"))
                               for line in p.read_text().splitlines()))
-    assert importers == ["bisect/ray_executor.py"]
-    code = ("import sys, dsv4bisect.cli, dsv4bisect.bisect.executors, "
-            "dsv4bisect.bisect.remote_trial, dsv4bisect.engines.reaper; "
+    assert importers == ["bisect/cluster/ray_executor.py"]
+    code = ("import sys, dsv4bisect.cli, dsv4bisect.bisect.cluster.executors, "
+            "dsv4bisect.bisect.cluster.remote_trial, dsv4bisect.engines.reaper; "
             "print([m for m in ('ray', 'torch') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bisect.bisect.hypotheses import tier_weights
 from dsv4bisect.bisect.question import resolve_question
+from dsv4bisect.bisect.search.hypotheses import tier_weights
 from dsv4bisect.cli.bisect_priors import bisect_priors, probe_lengths
 from dsv4bisect.config.resolve import Overrides
 from dsv4bisect.probe.spec import tier_spec

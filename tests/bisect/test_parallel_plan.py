@@ -1,5 +1,5 @@
 """The node plan (`--plan --executor ray`): rounds of K trials on K nodes, as the Ray executor
-runs them (bisect/parallel_plan.py)."""
+runs them (bisect/plan/parallel_plan.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from dsv4bisect.bisect.design import Noise
-from dsv4bisect.bisect.parallel_plan import NodePool, node_counts, plan_nodes, simulate_nodes
-from dsv4bisect.bisect.pricing import StepCosts
-from dsv4bisect.bisect.whole_plan import Setup, common_draws, plan_bisect
+from dsv4bisect.bisect.plan.parallel_plan import NodePool, node_counts, plan_nodes, simulate_nodes
+from dsv4bisect.bisect.plan.whole_plan import Setup, common_draws, plan_bisect
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.pricing import StepCosts
 from dsv4bisect.errors import BisectError
 
 CANDIDATES = ("a", "b", "c", "d")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dsv4bisect.bisect.records import Record
 from dsv4bisect.bisect.remedy import Remedy, needs_more, prior_outcomes, remedy_subset
+from dsv4bisect.bisect.search.records import Record
 from dsv4bisect.probe import verdict as V
 
 P, F, S = V.PASS, V.FAIL, V.CANNOT_TEST

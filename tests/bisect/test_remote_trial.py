@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bisect.bisect import remote_trial as rt
-from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
-from dsv4bisect.bisect.runner import TrialResult
+from dsv4bisect.bisect.cluster import remote_trial as rt
+from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
+from dsv4bisect.bisect.trials.runner import TrialResult
 from dsv4bisect.errors import EngineError
 from dsv4bisect.probe import verdict as V
 

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from dsv4bisect.bisect.runner import Runner
+from dsv4bisect.bisect.trials.runner import Runner
 from dsv4bisect.bisect.trials.testcmd import TestCommandRunner
 from dsv4bisect.errors import BisectError
 from dsv4bisect.probe import verdict as V

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dsv4bisect.bisect.runner import TrialResult
+from dsv4bisect.bisect.trials.runner import TrialResult
 from dsv4bisect.errors import BisectError
 from dsv4bisect.patching.spec import Patch
 from dsv4bisect.patching.wire import ENV_VAR, format_patch_set

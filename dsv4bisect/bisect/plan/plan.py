@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dsv4bisect.bisect.design import Noise, capacity
-from dsv4bisect.bisect.hypotheses import Priors
-from dsv4bisect.bisect.search import DEFAULT_PRIORS, NOISELESS, Search, SearchResult, Status
+from dsv4bisect.bisect.search.design import Noise, capacity
+from dsv4bisect.bisect.search.hypotheses import Priors
+from dsv4bisect.bisect.search.search import DEFAULT_PRIORS, NOISELESS, Search, SearchResult, Status
 from dsv4bisect.errors import BisectError
 from dsv4bisect.probe import verdict as V
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dsv4bisect.bisect import remedy as rem
-from dsv4bisect.bisect.design import Noise
-from dsv4bisect.bisect.hypotheses import HypothesisSpace, Priors
-from dsv4bisect.bisect.pricing import CostTracker, StepCosts
-from dsv4bisect.bisect.search import Search, Status
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
+from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts
+from dsv4bisect.bisect.search.search import Search, Status
 from dsv4bisect.errors import BisectError
 from dsv4bisect.probe import verdict as V
 

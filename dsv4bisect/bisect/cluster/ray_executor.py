@@ -1,15 +1,15 @@
 """The Ray executor: each trial runs on a node of an existing Ray cluster (docs/cluster.md).
 
-`RayRunner` is a `Runner` (bisect/runner.py) on the driver. The driver keeps every decision
+`RayRunner` is a `Runner` (bisect/trials/runner.py) on the driver. The driver keeps every decision
 (re-runs, the ledger); `run()` sends one trial to a free actor — one actor per node slot, K
 slots for `--parallel K` — waits for it and returns its `TrialResult`. Each actor asks for the
 resources of the engine configuration (its GPUs) plus the profile's per-node custom resource
 (`bisect.node_resource`; one unit per node means one slot holds a whole node), builds its
 runner once with `node_runner` — the same factory and trial code as a local bisect — and keeps
 it for every trial it is sent. Results come back as one archive of the trial directory per
-trial (bisect/remote_trial.py), unpacked into the driver's trial directory.
+trial (bisect/cluster/remote_trial.py), unpacked into the driver's trial directory.
 
-The ends travel (hot runners; bisect/shared_ends.py): the good end's baseline and A/A repeat and
+The ends travel (hot runners; trials/shared_ends.py): the good end's baseline and A/A repeat and
 the bad end's run that a node's trial measured come back beside its archive and are kept in the
 driver's run directory (`ends/`); every later trial request carries the ends its slot's runner
 does not have, which that runner installs before the trial. So no node measures a good end
@@ -42,11 +42,11 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
-from dsv4bisect.bisect import remote_trial as rt
-from dsv4bisect.bisect.engine_runner import EngineRunner
-from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
-from dsv4bisect.bisect.runner import TrialResult
-from dsv4bisect.bisect.shared_ends import DriverEnds
+from dsv4bisect.bisect.cluster import remote_trial as rt
+from dsv4bisect.bisect.trials.engine_runner import EngineRunner
+from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
+from dsv4bisect.bisect.trials.runner import TrialResult
+from dsv4bisect.bisect.trials.shared_ends import DriverEnds
 from dsv4bisect.engines import reaper
 from dsv4bisect.engines.groups import stop_orphans
 from dsv4bisect.env import cache_dir

@@ -8,8 +8,8 @@ else under the same key): a `NodeMismatch` naming the node and what differs. It 
 same local trial code as a local bisect into a scratch trial directory and sends back ONE
 archive of that directory (tar.gz) with the `TrialResult` as JSON; the driver unpacks the
 archive into its own trial directory and rewrites the result's paths to point there. No Ray
-here: the executor (bisect/ray_executor.py) only carries these values. The ends a hot runner
-measures travel beside the trial's archive, both ways (bisect/shared_ends.py).
+here: the executor (bisect/cluster/ray_executor.py) only carries these values. The ends a hot runner
+measures travel beside the trial's archive, both ways (bisect/trials/shared_ends.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4bisect.bisect import shared_ends
-from dsv4bisect.bisect.archive import pack, unpack
-from dsv4bisect.bisect.engine_runner import EngineRunner
-from dsv4bisect.bisect.runner import TrialResult
+from dsv4bisect.bisect.cluster.archive import pack, unpack
+from dsv4bisect.bisect.trials import shared_ends
+from dsv4bisect.bisect.trials.engine_runner import EngineRunner
+from dsv4bisect.bisect.trials.runner import TrialResult
 from dsv4bisect.errors import (
     BisectError,
     ConfigError,
@@ -88,7 +88,7 @@ def check_identity(runner: EngineRunner, trial: NodeTrial, node: str) -> None:
 def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
                 node: Mapping[str, Any], ends: bytes | None = None) -> dict[str, Any]:
     """Check, run and pack one trial on this node; the reply the driver receives.
-    `ends`: the driver's archive of ends other nodes measured (bisect/shared_ends.py), installed
+    `ends`: the driver's archive of ends other nodes measured (trials/shared_ends.py), installed
     in a hot runner before the trial; the reply's `ends` holds those this trial measured, and
     `engines` the load-time states whose engine is up after it (where the runner says).
     A project error becomes `{"error": ...}` (re-raised on the driver, naming the node)."""

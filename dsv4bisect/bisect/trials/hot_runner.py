@@ -45,15 +45,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dsv4bisect import env as envvars
-from dsv4bisect.bisect.engine_runner import (
+from dsv4bisect.bisect.trials.engine_runner import (
     EngineRunner,
     aa_verdict,
     result_details,
     signature_of,
     throughput,
 )
-from dsv4bisect.bisect.runner import TrialResult
-from dsv4bisect.bisect.shared_ends import end_name
+from dsv4bisect.bisect.trials.runner import TrialResult
+from dsv4bisect.bisect.trials.shared_ends import end_name
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.processes import with_plugin
 from dsv4bisect.engines import switching

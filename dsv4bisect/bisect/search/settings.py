@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dsv4bisect.bisect.design import Noise
+from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.errors import BisectError
 
 

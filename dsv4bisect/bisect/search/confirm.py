@@ -24,9 +24,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from dsv4bisect.bisect.design import Noise
-from dsv4bisect.bisect.hypotheses import BAD_END_PASSES, GOOD_END_FAILS, Hypothesis
-from dsv4bisect.bisect.records import Record
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.hypotheses import BAD_END_PASSES, GOOD_END_FAILS, Hypothesis
+from dsv4bisect.bisect.search.records import Record
 from dsv4bisect.probe import verdict as V
 
 # Error rates below this are taken as this in the likelihood, so that a noiseless search

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.question import base_sets, patch_overrides
-from dsv4bisect.bisect.runner import CRASH, TrialResult
+from dsv4bisect.bisect.trials.runner import CRASH, TrialResult
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import Overrides, resolve
 from dsv4bisect.engines.rundir import new_run_dir, save_config

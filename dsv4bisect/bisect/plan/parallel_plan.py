@@ -12,7 +12,7 @@ What is modelled, and where the code does it:
   when its trial ends.
 * **Each node its own runner** (node_runner.py, hot_runner.py on the node): its own engines
   (one `CostTracker` per node, `pool` engines up at once: 1 per SGLang node). The ends are
-  shared (bisect/shared_ends.py): a node's trial that measures a seed block's good-end baseline
+  shared (trials/shared_ends.py): a node's trial that measures a seed block's good-end baseline
   and A/A repeat, or the bad end's block-0 run, sends them back to the driver, which sends them
   with every later trial request. So from the round after the one that measured them every
   node has them: it measures no baseline another node measured (its ∅ check of that block is
@@ -50,9 +50,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dsv4bisect.bisect import remedy as rem
-from dsv4bisect.bisect.pricing import CostTracker, StepCosts
-from dsv4bisect.bisect.search import Status
-from dsv4bisect.bisect.whole_plan import Setup, available_levers, common_draws
+from dsv4bisect.bisect.plan.whole_plan import Setup, available_levers, common_draws
+from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts
+from dsv4bisect.bisect.search.search import Status
 from dsv4bisect.errors import BisectError
 from dsv4bisect.probe import verdict as V
 

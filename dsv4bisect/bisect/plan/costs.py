@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dsv4bisect.bisect.design import DEFAULT_NOISE, Noise
-from dsv4bisect.bisect.pricing import StepCosts
+from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
+from dsv4bisect.bisect.search.pricing import StepCosts
 
 MIN_MEASURED = 3  # finished trials with a figure before the plan trusts their median
 

@@ -23,20 +23,20 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from dsv4bisect.bisect import confirm
-from dsv4bisect.bisect.confirm import Check, loglik
-from dsv4bisect.bisect.design import Noise, RoundDesign, capacity, entropy, flips
-from dsv4bisect.bisect.hypotheses import (
+from dsv4bisect.bisect.search import confirm
+from dsv4bisect.bisect.search.confirm import Check, loglik
+from dsv4bisect.bisect.search.design import Noise, RoundDesign, capacity, entropy, flips
+from dsv4bisect.bisect.search.hypotheses import (
     BAD_END_PASSES,
     GOOD_END_FAILS,
     Hypothesis,
     HypothesisSpace,
     Priors,
 )
-from dsv4bisect.bisect.pricing import CostTracker, StepCosts
-from dsv4bisect.bisect.records import Record
-from dsv4bisect.bisect.results import SearchResult, Status, describe
-from dsv4bisect.bisect.settings import validate_settings
+from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts
+from dsv4bisect.bisect.search.records import Record
+from dsv4bisect.bisect.search.results import SearchResult, Status, describe
+from dsv4bisect.bisect.search.settings import validate_settings
 from dsv4bisect.errors import BisectError
 from dsv4bisect.probe import verdict as V
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4bisect.bisect.design import Noise
+from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.probe import verdict as V
 
 

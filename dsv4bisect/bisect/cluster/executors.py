@@ -1,15 +1,15 @@
 """Where trials run: on this machine (`local`) or on the nodes of a Ray cluster (`ray`).
 
 `executor_runner` is the one call the CLI makes to turn the local runner into the chosen
-executor's. Ray is an optional extra imported only by bisect/ray_executor.py, and only here,
+executor's. Ray is an optional extra imported only by bisect/cluster/ray_executor.py, and only here,
 when `ray` is chosen.
 """
 
 from __future__ import annotations
 
-from dsv4bisect.bisect.engine_runner import EngineRunner
-from dsv4bisect.bisect.node_runner import RunnerRequest
-from dsv4bisect.bisect.runner import Runner
+from dsv4bisect.bisect.trials.engine_runner import EngineRunner
+from dsv4bisect.bisect.trials.node_runner import RunnerRequest
+from dsv4bisect.bisect.trials.runner import Runner
 from dsv4bisect.errors import BisectError, ConfigError
 
 EXECUTORS = ("local", "ray")
@@ -28,7 +28,7 @@ def executor_runner(executor: str, local: Runner, request: RunnerRequest, parall
         raise BisectError("--executor ray runs engine trials; a --test-cmd runs on this machine",
                           "drop --executor ray (or --test-cmd)")
     try:
-        from dsv4bisect.bisect.ray_executor import RayRunner
+        from dsv4bisect.bisect.cluster.ray_executor import RayRunner
     except ImportError as exc:
         raise ConfigError(f"--executor ray needs Ray, which is not installed ({exc})",
                           "pip install 'dsv4bisect[ray]' (on the driver and on every node)"

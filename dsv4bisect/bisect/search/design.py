@@ -18,7 +18,7 @@ from functools import reduce
 
 import numpy as np
 
-from dsv4bisect.bisect.hypotheses import HypothesisSpace
+from dsv4bisect.bisect.search.hypotheses import HypothesisSpace
 from dsv4bisect.errors import BisectError
 
 _TIE = 1e-6  # bits; smaller differences are ties (broken by candidate order), so candidates
