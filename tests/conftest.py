@@ -17,16 +17,20 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu = [item for item in items if "gpu" in item.keywords]
+    if not gpu or _has_cuda():  # torch is imported only when a gpu test was collected
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    for item in gpu:
+        item.add_marker(skip_gpu)
+
+
+def _has_cuda() -> bool:
     try:
         import torch
-
-        has_cuda = torch.cuda.is_available()
     except ImportError:
-        has_cuda = False
-    skip_gpu = pytest.mark.skip(reason="needs CUDA")
-    for item in items:
-        if "gpu" in item.keywords and not has_cuda:
-            item.add_marker(skip_gpu)
+        return False
+    return bool(torch.cuda.is_available())
 
 
 @pytest.fixture(autouse=True)

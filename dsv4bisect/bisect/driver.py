@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.base.bounded import load_json
 from dsv4bisect.bisect import remedy as rem
 from dsv4bisect.bisect.events import (
     Event,
@@ -33,8 +34,7 @@ from dsv4bisect.bisect.ledger import Ledger, NoiseEstimate, StepRow, TrialKey
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.search import Search, SearchResult, Status
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.bisect.trials.runner import CRASH, Runner, TrialResult
-from dsv4bisect.config.bounded import load_json
+from dsv4bisect.bisect.trials.runner import CRASH, FreshLaunch, Runner, TrialResult
 from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.probe import verdict as V
 
@@ -256,14 +256,12 @@ class _Driver:
         if result.status is not Status.FOUND or not result.culprits:
             return None
         subset = frozenset(result.culprits)
-        confirm = getattr(self.runner, "confirm", None)
-        hot = confirm is not None or getattr(self.runner, "hot", False)
-        if not hot:  # a runner whose trials are all fresh launches
+        if not self.runner.hot:  # a runner whose trials are all fresh launches
             return None
         earlier = self._fresh_trial(subset, seen)
         if earlier is not None:
             return Confirmation(subset, (V.FAIL,), by_trial=earlier)
-        if confirm is None:  # a hot executor that cannot launch fresh
+        if self.runner.fresh() is None:  # a hot executor that cannot launch fresh
             return Confirmation(subset, (), skipped="this executor cannot launch fresh")
         if not self.spec.confirm:
             return Confirmation(subset, (), skipped="--no-confirm")
@@ -288,10 +286,16 @@ class _Driver:
     def _slot(self, step: int, subset: frozenset[str], block: int, *,
               remedy: bool = False, fresh: bool = False) -> _Slot:
         patches = self.spec.patches_for(subset)
-        fingerprint = (self.runner.fresh_fingerprint(patches)  # type: ignore[attr-defined]
-                       if fresh else self.runner.fingerprint(patches))
+        fingerprint = self._fresh().fingerprint(patches) if fresh else \
+            self.runner.fingerprint(patches)
         key = TrialKey(fingerprint, self.runner.probe_hash, block)
         return _Slot(step, subset, block, key, patches, remedy, fresh)
+
+    def _fresh(self) -> FreshLaunch:
+        fresh = self.runner.fresh()
+        if fresh is None:  # _confirmation asks first
+            raise BisectError("this runner cannot launch fresh", None)
+        return fresh
 
     def _run_round(self, slots: list[_Slot], pool: ThreadPoolExecutor | None) -> list[_Decision]:
         decided: dict[int, _Decision] = {}
@@ -381,7 +385,7 @@ class _Driver:
             raise error
 
     def _call(self, slot: _Slot, trial_dir: Path) -> TrialResult:
-        run = self.runner.confirm if slot.fresh else self.runner.run  # type: ignore[attr-defined]
+        run = self._fresh().run if slot.fresh else self.runner.run
         return run(dict(slot.patches), slot.seed_block, trial_dir)
 
     def _store(self, slot: _Slot, attempt: int, trial_id: int, result: TrialResult) -> None:

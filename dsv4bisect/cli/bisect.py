@@ -178,10 +178,16 @@ def bisect(
                             load_time=tuple(question.load_time), hot=hot,
                             warn_as=warn_as.value if warn_as else cfg.warn_as,
                             drift=drift_rule)
-        runner = _runner(req, test_cmd, display)
+        # the engine runner, or none with --test-cmd: what the costs and the executor need
+        engine: EngineRunner | None = None
+        runner: Runner
+        if test_cmd is None:
+            runner = engine = node_runner(req, display.run_event)
+        else:
+            runner = TestCommandRunner(test_cmd)
         measured, durations, details = _history(runner, ledger_path or out / LEDGER)
         noise, where = _noise(measured, false_fail, false_pass)
-        costs = _costs(runner, question, noise, details, durations,
+        costs = _costs(engine, question, noise, details, durations,
                        {"launch": launch_cost, "switch": switch_cost, "probe": probe_cost},
                        hot=hot)
         # the Ray executor cannot launch fresh: no confirmation to run, price or plan for
@@ -208,7 +214,11 @@ def bisect(
             require(profile, ov)
         console().print(_plan_line(estimate, spec), markup=False, highlight=False)
         ensure_runs_root(out)
-        runner = _executor(runner, req, placement, spec.parallel, not skip_preflight)
+        if engine is not None:
+            runner = _executor(engine, req, placement, spec.parallel, not skip_preflight)
+        elif placement["executor"] != "local":
+            raise BisectError("--executor ray runs engine trials; a --test-cmd runs on this "
+                              "machine", "drop --executor ray (or --test-cmd)")
         request = {**req.to_json(), "profile": profile, "test_cmd": test_cmd,
                    "left_out": [list(x) for x in question.left_out],
                    "command": ["dsv4bisect", *sys.argv[1:]], **placement}
@@ -227,12 +237,9 @@ def _drive(runner: Runner, run_dir: Path, display: BisectDisplay, go: Any) -> Bi
             try:
                 return go()  # type: ignore[no-any-return]
             finally:
-                close = getattr(runner, "close", None)  # hot engines kept up; Ray's actors
-                if close is not None:
-                    close()
+                runner.close()  # hot engines kept up; Ray's actors
     except KeyboardInterrupt:
-        if hasattr(runner, "stop_all"):  # trials in worker threads (--parallel) or on nodes
-            runner.stop_all()
+        runner.stop_all()  # trials in worker threads (--parallel) or on nodes
         console().print(f"interrupted: finished trials are kept in the ledger; resume with\n"
                         f"  dsv4bisect bisect --resume {run_dir}", style="yellow",
                         markup=False)
@@ -279,12 +286,6 @@ def _clean_predecessors(root: Path) -> None:
         console().print(sentence, style="yellow", markup=False, highlight=False)
 
 
-def _runner(request: RunnerRequest, test_cmd: str | None, display: BisectDisplay) -> Runner:
-    if test_cmd is not None:
-        return TestCommandRunner(test_cmd)
-    return node_runner(request, display.run_event)
-
-
 def _bad_end(q: Question) -> dict[str, str]:
     """The patch set of the full candidate set (the bad end as the search names it)."""
     from dsv4bisect.bisect.spec import BisectSpec
@@ -293,7 +294,7 @@ def _bad_end(q: Question) -> dict[str, str]:
     return spec.patches_for(frozenset(q.candidates))
 
 
-def _executor(runner: Runner, request: RunnerRequest, placement: dict[str, Any],
+def _executor(runner: EngineRunner, request: RunnerRequest, placement: dict[str, Any],
               parallel: int, preflight: bool) -> Runner:
     """The local runner, or the executor's that sends its trials to a Ray cluster's nodes."""
     return executor_runner(placement.get("executor") or "local", runner, request, parallel,
@@ -354,13 +355,13 @@ def _tier_priors(q: Question) -> dict[str, float]:
     return weights
 
 
-def _costs(runner: Runner, q: Question, noise: Noise, details: list[dict[str, Any]],
+def _costs(runner: EngineRunner | None, q: Question, noise: Noise, details: list[dict[str, Any]],
            durations: list[float], given: dict[str, float | None], hot: bool) -> PlanCosts:
     """Every cost the plan and the priced design use, each with its source (bisect/plan/costs.py):
     given; else measured in the ledger for this probe; else assumed per engine kind and tier."""
     from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape, sequential_from_probe
 
-    if not isinstance(runner, EngineRunner):
+    if runner is None:  # a test command: nothing to assume about an engine
         return plan_costs(None, None, given=given, durations=durations)
     engine = "reference" if runner.good_cfg.kind == "reference" else "sglang"
     from dsv4bisect.bisect.search.design import Noise
@@ -480,7 +481,7 @@ def _say_question(q: Question, noise: Noise, where: str) -> None:
 
 
 def _finish(outcome: BisectOutcome, json_out: bool, fmt: Format | None) -> None:
-    from dsv4bisect.report import bisect_report as report
+    from dsv4bisect.bisect import report as report
 
     view = report.load_bisect(outcome.run_dir)
     report.write_report(view)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4bisect.config.bounded import load_json
+from dsv4bisect.base.bounded import load_json
 from dsv4bisect.config.checkpoints import CONFIG_NAME, load_checkpoint_config
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import LoadedProfile, Overrides, load_profile, resolve_loaded
@@ -144,14 +144,14 @@ def engine_python(cfg: EngineConfig) -> str:
 
 def sglang_checks(python: str, pin: str | None, allow_unverified: bool) -> list[Finding]:
     """engine Python runs; SGLang installed, verified, as pinned, importable; plugin registered."""
-    from dsv4bisect.plugin.doctor import check_entry_point
-    from dsv4bisect.plugin.versions import (
+    from dsv4bisect.base.versions import (
         FIRST_SUPPORTED,
         NEWEST_VERIFIED,
         VERIFIED,
         allowed_by_env,
         check_version,
     )
+    from dsv4bisect.engines.doctor import check_entry_point
 
     exe = shutil.which(python) or python
     fix_py = "set engine.python to the interpreter of the SGLang environment"
@@ -377,7 +377,7 @@ def doctor_rows(loaded: LoadedProfile, cfg: EngineConfig, python: str | None = N
                 ) -> list[Any]:
     """The preflight's checks that `doctor` has no row for, as doctor rows (`plugin.doctor.
     Check`): the engine Python runs, SGLang as pinned and importable, the model, GPUs free."""
-    from dsv4bisect.plugin.doctor import FAIL, OK, Check
+    from dsv4bisect.engines.doctor import FAIL, OK, Check
 
     status = {"ok": OK, "fail": FAIL}
     return [Check(f"preflight: {f.check}", status[f.status], f.detail, f.hint)

@@ -17,7 +17,7 @@ from dsv4bisect.bisect.ledger import Ledger
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.search import Status
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.bisect.trials.runner import CRASH, Runner, TrialResult
+from dsv4bisect.bisect.trials.runner import CRASH, FreshLaunch, Runner, TrialResult, TrialRunner
 from dsv4bisect.errors import BisectError
 from dsv4bisect.probe import verdict as V
 
@@ -25,7 +25,7 @@ NAMES = ("a", "b", "c", "d", "e", "f", "g", "h")
 NOISELESS = Noise()
 
 
-class OracleRunner:
+class OracleRunner(TrialRunner):
     """Evaluates a patch set against a hidden culprit set, like an engine with a faulty patch.
 
     Outcomes flip at the given rates, deterministically per (patch set, seed block), so a re-test
@@ -292,6 +292,11 @@ class HotOracle(OracleRunner):
 
     def fresh_fingerprint(self, patches) -> str:
         return "fresh-" + self.fingerprint(patches)
+
+    hot = True
+
+    def fresh(self):
+        return FreshLaunch(self.fresh_fingerprint, self.confirm)
 
 
 def test_a_failing_trial_launched_in_the_culprits_configuration_is_their_confirmation(

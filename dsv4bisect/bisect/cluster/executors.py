@@ -10,13 +10,13 @@ from __future__ import annotations
 from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest
 from dsv4bisect.bisect.trials.runner import Runner
-from dsv4bisect.errors import BisectError, ConfigError
+from dsv4bisect.errors import ConfigError
 
 EXECUTORS = ("local", "ray")
 
 
-def executor_runner(executor: str, local: Runner, request: RunnerRequest, parallel: int, *,
-                    address: str | None = None, node_resource: str | None = None,
+def executor_runner(executor: str, local: EngineRunner, request: RunnerRequest,
+                    parallel: int, *, address: str | None = None, node_resource: str | None = None,
                     preflight: bool = True) -> Runner:
     """`local` as it is, or a `RayRunner` with `parallel` node slots that runs `request`'s
     trials on the cluster at `address` (`local` resolves and fingerprints on the driver)."""
@@ -24,9 +24,6 @@ def executor_runner(executor: str, local: Runner, request: RunnerRequest, parall
         return local
     if executor != "ray":
         raise ConfigError(f"unknown executor `{executor}`", f"use one of {', '.join(EXECUTORS)}")
-    if not isinstance(local, EngineRunner):
-        raise BisectError("--executor ray runs engine trials; a --test-cmd runs on this machine",
-                          "drop --executor ray (or --test-cmd)")
     try:
         from dsv4bisect.bisect.cluster.ray_executor import RayRunner
     except ImportError as exc:

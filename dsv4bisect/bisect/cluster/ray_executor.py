@@ -45,7 +45,7 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from dsv4bisect.bisect.cluster import remote_trial as rt
 from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
-from dsv4bisect.bisect.trials.runner import TrialResult
+from dsv4bisect.bisect.trials.runner import TrialResult, TrialRunner
 from dsv4bisect.bisect.trials.shared_ends import DriverEnds
 from dsv4bisect.engines import reaper
 from dsv4bisect.engines.groups import stop_orphans
@@ -142,7 +142,7 @@ class _Slot:
         self.engines: tuple[str, ...] = ()  # load-time states up after its last trial
 
 
-class RayRunner:
+class RayRunner(TrialRunner):
     """The `Runner` that runs each trial on a node slot of a Ray cluster."""
 
     def __init__(self, request: RunnerRequest, local: EngineRunner, slots: int, *,
@@ -220,10 +220,7 @@ class RayRunner:
     def _state_of(self, patches: Mapping[str, str]) -> str | None:
         """The engine a trial of `patches` runs in on a node (its load-time state), as the
         nodes' runners name it; None for fresh launches."""
-        engine_key = getattr(self.local, "engine_key", None)
-        if not self.request.hot or engine_key is None:
-            return None
-        return str(engine_key(patches))
+        return self.local.engine_key(patches) if self.request.hot else None
 
     # -- slots --------------------------------------------------------------------------------
     def _ask(self) -> tuple[Any, Any]:

@@ -97,14 +97,15 @@ def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
         check_identity(runner, trial, str(node["name"]))
         trial_dir = scratch_trial_dir(scratch, trial)
         trial_dir.mkdir(parents=True, exist_ok=True)
-        if ends is not None and hasattr(runner, "adopt_ends"):
+        if ends is not None and runner.hot:
             shared_ends.adopt(runner, ends, scratch / trial.run_name / "adopted" / trial.trial_name)
         started = time.time()
         result = runner.run(dict(trial.patches), trial.seed_block, trial_dir)
         finished = time.time()
         names = result.details.get("ends_measured") or []
-        if names and hasattr(runner, "ends_dir"):
-            measured = shared_ends.pack_ends(runner.ends_dir(trial_dir), names,
+        kept = runner.ends_dir(trial_dir)
+        if names and kept is not None:
+            measured = shared_ends.pack_ends(kept, names,
                                              good=runner.good_cfg.fingerprint,
                                              node=str(node["name"]))
     except Dsv4BisectError as exc:
@@ -118,7 +119,7 @@ def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
             break
     return {"result": result_json(result), "node_dir": str(trial_dir), "archive": archive,
             "node": {**node, "started": started, "finished": finished}, "ends": measured,
-            "engines": list(getattr(runner, "engines_up", ()))}
+            "engines": list(runner.engines_up)}
 
 
 def receive(reply: Mapping[str, Any], trial_dir: Path, node: str) -> TrialResult:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.question import base_sets, patch_overrides
-from dsv4bisect.bisect.trials.runner import CRASH, TrialResult
+from dsv4bisect.bisect.trials.runner import CRASH, TrialResult, TrialRunner
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import Overrides, resolve
 from dsv4bisect.engines.rundir import new_run_dir, save_config
@@ -38,7 +38,7 @@ from dsv4bisect.run.record import RunRecord
 from dsv4bisect.run.trial import Trial
 
 
-class EngineRunner:
+class EngineRunner(TrialRunner):
     """Launch each configuration on its own engine and judge it against the good end."""
 
     def __init__(self, profile: str, good: Mapping[str, str], *, sets: Sequence[str] = (),
@@ -113,6 +113,26 @@ class EngineRunner:
             active = list(self._active)
         for supervisor in active:
             supervisor.stop_all()
+
+    # -- what a node's runner tells the Ray executor (hot_runner.py overrides each) ----------
+    def engine_key(self, patches: Mapping[str, str]) -> str | None:
+        """The engine kept up that a trial of `patches` runs in; None: a fresh launch."""
+        return None
+
+    @property
+    def engines_up(self) -> tuple[str, ...]:
+        """The engines kept up after a trial (`engine_key`): none for fresh launches."""
+        return ()
+
+    @staticmethod
+    def ends_dir(trial_dir: Path) -> Path | None:
+        """Where the ends other nodes may adopt are kept; None: each trial measures its own."""
+        return None
+
+    def adopt_ends(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
+                   bad: ProbeRun | None, *, good_fingerprint: str, source: str) -> list[str]:
+        """Fresh launches judge each trial against its own ends: nothing to adopt."""
+        return []
 
     def run_argv(self, patches: Mapping[str, str]) -> list[str]:
         """`dsv4bisect run` for this patch set (against `run`'s own good end)."""

@@ -5,7 +5,7 @@ effect is fixed at load, `Question.load_time`). When no engine of λ(C) is up, o
 C itself (hot environment on, so it can be switched later): that trial is then a fresh launch's,
 and its result says so (`fresh_launch`), which can stand as the fresh confirmation of a culprit
 set (driver.py). Later trials of the same λ are switched in that engine by the protocol of
-engines/switching.py (drain, request, `/flush_cache`, a receipt from every process naming the
+base/switching.py (drain, request, `/flush_cache`, a receipt from every process naming the
 generation, verified before any probe request).
 Engines kept up at once: `pool` (the embedded engine: 2; one SGLang node: 1; the oldest is
 stopped first).
@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dsv4bisect import env as envvars
+from dsv4bisect.base import switching
 from dsv4bisect.bisect.trials.engine_runner import (
     EngineRunner,
     aa_verdict,
@@ -52,11 +53,10 @@ from dsv4bisect.bisect.trials.engine_runner import (
     signature_of,
     throughput,
 )
-from dsv4bisect.bisect.trials.runner import TrialResult
+from dsv4bisect.bisect.trials.runner import FreshLaunch, TrialResult
 from dsv4bisect.bisect.trials.shared_ends import end_name
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.processes import with_plugin
-from dsv4bisect.engines import switching
 from dsv4bisect.engines.rundir import save_config
 from dsv4bisect.engines.verify import server_info, verify_reference_patches
 from dsv4bisect.errors import ConfigError, EngineError, PatchError, ProbeError
@@ -107,6 +107,8 @@ class _Engine:
 class HotEngineRunner(EngineRunner):
     """`EngineRunner` with hot switching (see the module docstring). `good`, `bad`: the patch
     sets of the two ends as the search names them (`BisectSpec.patches_for`)."""
+
+    hot = True
 
     def __init__(self, profile: str, good: Mapping[str, str], bad: Mapping[str, str], *,
                  load_time: Sequence[str] = (), sets: Sequence[str] = (),
@@ -168,6 +170,9 @@ class HotEngineRunner(EngineRunner):
 
     def fresh_fingerprint(self, patches: Mapping[str, str]) -> str:
         return self.config(patches).fingerprint
+
+    def fresh(self) -> FreshLaunch:
+        return FreshLaunch(self.fresh_fingerprint, self.confirm)
 
     # -- trials --------------------------------------------------------------------------------
     def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult:

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.base.atomic import write_json
+from dsv4bisect.base.bounded import load_json
 from dsv4bisect.bisect.cluster.archive import pack, unpack
-from dsv4bisect.config.bounded import load_json
 from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.probe.run import ProbeRun
 
@@ -178,9 +179,8 @@ class DriverEnds:
                     shutil.move(str(tmp / name), str(self.root / name))
                 ends = {**have.ends, **{n: got.ends[n] for n in new}}
                 index = EndsIndex(have.good, ends)
-                part = self.root / f".{INDEX}.tmp"
-                part.write_text(json.dumps(index.to_json(), indent=2) + "\n")
-                part.replace(self.root / INDEX)  # the index names only ends fully in place
+                # the index names only ends fully in place
+                write_json(self.root / INDEX, index.to_json())
                 return new
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)

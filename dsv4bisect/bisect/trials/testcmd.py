@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dsv4bisect.bisect.trials.runner import TrialResult
+from dsv4bisect.bisect.trials.runner import TrialResult, TrialRunner
 from dsv4bisect.errors import BisectError
 from dsv4bisect.patching.spec import Patch
 from dsv4bisect.patching.wire import ENV_VAR, format_patch_set
@@ -30,7 +30,7 @@ CANNOT_TEST_EXIT = 125
 LOG_NAME = "test-cmd.log"
 
 
-class TestCommandRunner:
+class TestCommandRunner(TrialRunner):
     """A `Runner` that evaluates a configuration by running a command."""
 
     __test__ = False  # not a pytest class
