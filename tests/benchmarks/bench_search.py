@@ -33,13 +33,17 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from dsv4bisect.bisect import remedy
-from dsv4bisect.bisect.plan.plan import oracle_outcome, simulate
+from dsv4bisect.bisect.plan.simulate import oracle_outcome
 from dsv4bisect.bisect.search.design import Noise, information_bound
 from dsv4bisect.bisect.search.pricing import StepCosts
 from dsv4bisect.bisect.search.search import Search
 from dsv4bisect.probe import verdict as V
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bisect"))
+from simulated import simulate  # noqa: E402 - tests/bisect/simulated.py
 
 NOISES: dict[str, Noise] = {
     "none": Noise(),

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from simulated import simulate  # tests/bisect/simulated.py
 
 from dsv4bisect.bisect import remedy as rem
 from dsv4bisect.bisect.driver import start_bisect
 from dsv4bisect.bisect.ledger import Ledger
 from dsv4bisect.bisect.plan.costs import plan_costs
-from dsv4bisect.bisect.plan.plan import simulate
 from dsv4bisect.bisect.question import resolve_question
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.hypotheses import tier_weights

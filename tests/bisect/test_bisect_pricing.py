@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape
-from dsv4bisect.bisect.plan.plan import oracle_outcome
+from dsv4bisect.bisect.plan.simulate import oracle_outcome
 from dsv4bisect.bisect.plan.whole_plan import Setup, plan_bisect
 from dsv4bisect.bisect.search.design import Noise, RoundDesign
 from dsv4bisect.bisect.search.hypotheses import tier_weights

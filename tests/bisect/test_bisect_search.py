@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 import random
-import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from simulated import simulate  # tests/bisect/simulated.py
 
-from dsv4bisect.bisect.plan.plan import oracle_outcome, simulate
+from dsv4bisect.bisect.plan.simulate import oracle_outcome
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.hypotheses import Priors, tier_weights
 from dsv4bisect.bisect.search.search import Search, Status
@@ -223,14 +223,12 @@ def test_risk_tiers_steer_the_prior():
     assert marg["a"] > marg["b"] == marg["c"]
 
 
-def test_deciding_a_step_at_n64_with_pairs_is_fast():
+def test_deciding_a_step_at_n64_with_pairs():  # its time: tests/benchmarks/budgets.py
     search = Search(names(64), noise=Noise(0.1, 0.1))
     assert search.space.n_sets == 2080
     search.record(frozenset(), V.PASS)
     search.record(frozenset(names(64)), V.FAIL)
-    start = time.perf_counter()
     proposals = search.next()
-    assert time.perf_counter() - start < 1.0
     assert proposals and 0 < len(proposals[0]) < 64
 
 

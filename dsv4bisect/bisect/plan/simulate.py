@@ -1,0 +1,300 @@
+"""The one simulated bisect behind `--plan`: K >= 1 nodes (K = 1: this machine), the ends, the
+A/A, the trials, the remedy check and the fresh confirmation, priced as the driver and the
+runners spend them (pricing.py), against a hidden culprit set and a noisy probe (the one oracle,
+`oracle_outcome`). whole_plan.py runs it on one node with and without each lever;
+parallel_plan.py on 1, 2, 4 and K nodes. Pure; deterministic given its random stream.
+
+What is modelled, and where the code does it:
+
+
+* **Rounds** (driver.py): the search proposes up to K subsets per round (`Search(parallel=K)`);
+  each trial of a round runs on its own node; the next round starts when the round's slowest
+  trial is done. The remedy check runs its trials one per round.
+* **Which node** (ray_executor.py, `RayRunner._acquire`): the proposals of a round in order,
+  each takes the free slot whose engine is up in its load-time state (`CostTracker.engine_up`:
+  a hot switch, not a launch), else the slot free longest; a slot goes back to the queue
+  when its trial ends.
+* **Each node its own runner** (node_runner.py, hot_runner.py on the node): its own engines
+  (one `CostTracker` per node, `pool` engines up at once: 1 per SGLang node). The ends are
+  shared (trials/shared_ends.py): a node's trial that measures a seed block's good-end baseline
+  and A/A repeat, or the bad end's block-0 run, sends them back to the driver, which sends them
+  with every later trial request. So from the round after the one that measured them every
+  node has them: it measures no baseline another node measured (its ∅ check of that block is
+  the A/A verdict, no launch), and it probes with the sequential trial probe once any node ran
+  the bad end. Within a round no node has what another measures in it (every trial of a round
+  starts at once): two nodes of the first round may both measure block 0's baseline, and until
+  the bad end's round is over, trials run full size at the ends' error rates (the verdict
+  states none: the search weighs it at the ends' rates), against their own block's
+  baseline. Only hot runners share their ends: with fresh launches (`--fresh-launches`, the
+  rows without the levers) each node measures its own baselines, as its runner does (the
+  node's baseline cache).
+* **Seed blocks** are the driver's: the n-th trial of a subset in the bisect, whichever nodes
+  ran the earlier ones.
+* **No fresh confirmation**: the Ray runner cannot launch fresh (driver._confirmation: the
+  report says "skipped"), so none is priced; the single-node plan (whole_plan.py) prices it.
+
+Idle slots: a round holds K node slots for as long as its slowest trial. `idle_slots` counts
+node-rounds with no trial at all (a round with fewer proposals than nodes: the end checks,
+the endgame's single confirmations, the remedy check); `idle_share` is the share of node time
+(K × wall) spent without work, counting those empty slots and every node that waits for the
+round's slowest trial after its own.
+
+Columns share the hidden culprit sets and outcome-stream seeds of the single-node plan
+(`whole_plan.common_draws`: common random numbers), so K = 1 without a confirmation is the
+single-node plan's figure exactly (a test holds it).
+* **The confirmation** (driver._confirmation): after a hot search that found its culprits, a
+  fresh launch of them against the good end, unless a search trial already was one that failed
+  (`CostTracker.launched_last`); on one node only (the Ray runner cannot launch fresh).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from dsv4bisect.bisect import remedy as rem
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
+from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts
+from dsv4bisect.bisect.search.search import Search, Status
+from dsv4bisect.probe import verdict as V
+
+LEVERS = ("hot", "sequential", "priors", "priced")
+PHASES = ("ends", "trials", "remedy", "confirmation")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the simulated bisect is, with every lever it has on."""
+
+    candidates: tuple[str, ...]
+    noise: Noise  # the ends' (full probe) error rates
+    trial_noise: Noise  # the sequential trial probe's
+    costs: StepCosts  # with the sequential fractions; `hot` as the bisect would run
+    confidence: float = 0.95
+    max_order: int = 2
+    max_trials: int | None = None
+    weights: Mapping[str, float] = field(default_factory=dict)  # with the microtest priors
+    base_weights: Mapping[str, float] = field(default_factory=dict)  # without them
+    confirm: bool = True  # the fresh confirmation after FOUND (hot mode only)
+
+    def search(self, *, priced: bool, parallel: int = 1) -> Search:
+        """The search this bisect runs (`priced=False`: the unpriced design)."""
+        return Search(self.candidates, noise=self.noise, confidence=self.confidence,
+                      max_trials=self.max_trials, parallel=parallel, max_order=self.max_order,
+                      priors=Priors(weights=dict(self.weights)), trial_noise=self.trial_noise,
+                      costs=self.costs if priced else None, confirm=self.confirm)
+
+    def without(self, levers: Sequence[str]) -> Setup:
+        """The same bisect with `levers` off."""
+        out = self
+        if "hot" in levers:
+            out = replace(out, costs=out.costs.fresh())
+        if "sequential" in levers:
+            out = replace(out, trial_noise=out.noise, costs=replace(out.costs, sequential=False))
+        if "priors" in levers:
+            out = replace(out, weights=out.base_weights)
+        return out
+
+
+def available_levers(setup: Setup) -> tuple[str, ...]:
+    """The levers this bisect has (the others cannot be turned on)."""
+    return tuple(lever for lever in LEVERS if _has(setup, lever))
+
+
+def common_draws(setup: Setup, trials: int, seed: int) -> tuple[list[frozenset[str]], list[int]]:
+    """The hidden culprit sets (flat prior) and the outcome-stream seeds of `trials` simulated
+    bisects: the same for every configuration simulated with this `seed` (common random
+    numbers; parallel_plan.py draws its node columns from them too)."""
+    draw = random.Random(seed)
+    flat = HypothesisSpace(setup.candidates, setup.max_order, Priors())
+    culprits = [draw_culprits(flat, draw) for _ in range(trials)]
+    return culprits, [draw.getrandbits(32) for _ in range(trials)]
+
+
+def _has(setup: Setup, lever: str) -> bool:
+    c = setup.costs
+    if lever == "hot":
+        return c.hot
+    if lever == "sequential":
+        return c.sequential
+    if lever == "priors":
+        return dict(setup.weights) != dict(setup.base_weights)
+    return True  # the priced design
+
+
+def oracle_outcome(subset: frozenset[str], culprits: frozenset[str], noise: Noise,
+                   rng: random.Random) -> str:
+    """The probe of a simulation: FAIL iff `subset` holds the culprits (the monotone model),
+    flipped at the noise's rates, one draw of `rng` per trial."""
+    if culprits <= subset:
+        return V.PASS if rng.random() < noise.false_pass else V.FAIL
+    return V.FAIL if rng.random() < noise.false_fail else V.PASS
+
+
+def draw_culprits(space: HypothesisSpace, rng: random.Random) -> frozenset[str]:
+    """A culprit set drawn from `space`'s prior over culprit sets (one draw of `rng`)."""
+    prior = np.exp(space.log_prior[: space.n_sets])
+    cumulative = np.cumsum(prior / prior.sum())
+    row = int(np.searchsorted(cumulative, rng.random(), side="right"))
+    return space.hypothesis(min(row, space.n_sets - 1)).members
+
+
+@dataclass(frozen=True)
+class NodeTrial:
+    """One trial as its node ran it."""
+
+    node: int  # 0..K-1
+    seconds: float
+    sequential: bool  # the sequential trial probe (else full size, at the ends' rates)
+
+
+@dataclass(frozen=True)
+class Round:
+    """The trials of one round, one per node used; the round lasts as long as the slowest."""
+
+    trials: tuple[NodeTrial, ...]
+    nodes: int
+
+    @property
+    def wall_s(self) -> float:
+        return max((t.seconds for t in self.trials), default=0.0)
+
+    @property
+    def idle_slots(self) -> int:
+        """Nodes with no trial this round."""
+        return self.nodes - len(self.trials)
+
+    @property
+    def idle_s(self) -> float:
+        """Node-seconds without work: the empty slots, and the wait for the slowest trial."""
+        return self.nodes * self.wall_s - sum(t.seconds for t in self.trials)
+
+
+class NodePool:
+    """K nodes as the Ray executor keeps them (see the module docstring): a queue of free
+    slots, and per node the engines, baselines and bad end its runner has."""
+
+    def __init__(self, costs: StepCosts, everything: frozenset[str], nodes: int) -> None:
+        if nodes < 1:
+            raise ValueError(f"nodes is {nodes}")
+        self.nodes, self.everything = nodes, everything
+        self._sequential = costs  # the costs once a node has run the bad end of block 0
+        # Until then a node's non-end trials are full size against their own block's baseline.
+        full = replace(costs, sequential=False)
+        self.trackers = [CostTracker(full, everything) for _ in range(nodes)]
+        self._free: deque[int] = deque(range(nodes))  # free longest first
+        self._seen: Counter[frozenset[str]] = Counter()  # the driver's seed blocks
+        self._baselines: set[int] = set()  # seed blocks whose good end the driver has
+        self._bad_end = False  # the driver has the bad end's block-0 run
+
+    @property
+    def launches(self) -> int:
+        return sum(t.launches for t in self.trackers)
+
+    def has_bad_end(self, node: int) -> bool:
+        """Whether `node` probes its trials sequentially (it has the bad end of block 0)."""
+        return self.trackers[node].costs.sequential
+
+    def run_round(self, trials: Sequence[tuple[frozenset[str], bool]]) -> Round:
+        """Run one round of (subset, truly fails) trials, one per node, in proposal order."""
+        if not 1 <= len(trials) <= self.nodes:
+            raise ValueError(f"{len(trials)} trials for {self.nodes} nodes")
+        for tracker in self.trackers:  # the ends the driver sends with this round's trials
+            tracker.baselines |= self._baselines
+            if self._bad_end:
+                tracker.costs = self._sequential
+        ran = [self._run(self._place(subset), subset, fails) for subset, fails in trials]
+        for trial in sorted(ran, key=lambda t: t.seconds):  # back to the queue as they end
+            self._free.append(trial.node)
+        if self._sequential.hot:  # what this round measured comes back to the driver
+            for tracker in self.trackers:
+                self._baselines |= tracker.baselines
+        return Round(tuple(ran), self.nodes)
+
+    def _place(self, subset: frozenset[str]) -> int:
+        """The free node whose engine is up in the trial's load-time state, else the node
+        free longest (RayRunner._acquire)."""
+        node = next((n for n in self._free if self.trackers[n].engine_up(subset)),
+                    self._free[0])
+        self._free.remove(node)
+        return node
+
+    def _run(self, node: int, subset: frozenset[str], fails: bool) -> NodeTrial:
+        tracker = self.trackers[node]
+        end = not subset or subset == self.everything
+        block = self._seen[subset]
+        self._seen[subset] += 1
+        sequential = tracker.costs.sequential and not end
+        # The node's tracker prices its own engines and baselines, at the driver's seed block
+        # (its own count of this subset's trials would miss those run on other nodes).
+        tracker.seen[subset] = block
+        seconds = tracker.charge(subset, fails)
+        if subset == self.everything and block == 0 and self._sequential.sequential:
+            tracker.costs = self._sequential  # its later trials: the sequential trial probe
+            self._bad_end = True  # and every node's from the next round
+        return NodeTrial(node, seconds, sequential)
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    """One simulated bisect: its rounds, and the seconds of each phase (PHASES)."""
+
+    rounds: tuple[Round, ...]
+    trials: int  # probe runs, remedy and confirmation included
+    launches: int  # on all nodes together
+    correct: bool
+    phase_s: Mapping[str, float]
+
+    @property
+    def wall_s(self) -> float:
+        """The rounds' wall time, then the confirmation (the per-phase figures add up the same
+        seconds in another order: whole_plan.py sums them by phase)."""
+        return sum(r.wall_s for r in self.rounds) + self.phase_s["confirmation"]
+
+
+def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Random,
+             priced: bool) -> NodeRun:
+    """One whole bisect on `nodes` nodes against `culprits`, outcomes drawn from `rng` in
+    trial order. A round's wall time counts to the phase of its trials (ends, trials, remedy);
+    the confirmation is priced where `cfg` asks for it (one node, hot)."""
+    everything = frozenset(cfg.candidates)
+    search = cfg.search(priced=priced, parallel=nodes)
+    pool = NodePool(cfg.costs, everything, nodes)
+    rounds: list[Round] = []
+    phase = dict.fromkeys(PHASES, 0.0)
+    fresh_fails: set[frozenset[str]] = set()  # failed in an engine launched for them (hot)
+
+    def run(subsets: list[frozenset[str]], name: str | None = None) -> list[tuple[str, bool]]:
+        done = pool.run_round([(s, culprits <= s) for s in subsets])
+        rounds.append(done)
+        ends = any(not s or s == everything for s in subsets)
+        phase[name or ("ends" if ends else "trials")] += done.wall_s
+        out = []
+        for subset, trial in zip(subsets, done.trials):
+            noise = cfg.trial_noise if trial.sequential else cfg.noise
+            outcome = oracle_outcome(subset, culprits, noise, rng)
+            if pool.trackers[trial.node].launched_last and outcome == V.FAIL:
+                fresh_fails.add(subset)
+            out.append((outcome, trial.sequential))
+        return out
+
+    while proposals := search.next():
+        for subset, (outcome, sequential) in zip(proposals, run(proposals)):
+            search.record(subset, outcome, cfg.trial_noise if sequential else None)
+    result = search.result()
+    trials = 0
+    if result.status is Status.FOUND and result.culprits:
+        rem.simulate(cfg.candidates, result.culprits, search.records,
+                     lambda subset: run([subset], "remedy")[0][0])
+        confirmed = frozenset(result.culprits) in fresh_fails  # a search trial was it
+        if cfg.costs.hot and cfg.confirm and not confirmed:
+            phase["confirmation"] += pool.trackers[0].confirmation(culprits <= result.culprits)
+            trials += 1
+    correct = result.status is Status.FOUND and result.culprits == culprits
+    trials += sum(len(r.trials) for r in rounds)
+    return NodeRun(tuple(rounds), trials, pool.launches, correct, phase)
