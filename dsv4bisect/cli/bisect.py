@@ -1,9 +1,10 @@
 """`dsv4bisect bisect [PROFILE]`: find the patch, or interacting pair, that breaks the probe.
 
-Resolves the question (bisect/question.py: the ends, the candidates less the inert ones),
-prints the plan line, drives the search (bisect/driver.py) with the engine+probe runner or
-`--test-cmd`, shows the posterior live on stderr, and writes report.md, report.json and
-posterior.png into the run directory. Exit codes (docs/bisect.md): 0 culprit found, 1 the
+Parse → prepare → drive → render: resolves the question (bisect/question.py: the ends, the
+candidates less the inert ones), prepares the bisect (bisect/setup.py: the runner, the noise,
+the costs, the spec, the plan), prints the plan line, drives the search (bisect/driver.py)
+with the engine+probe runner or `--test-cmd`, shows the posterior live on stderr, and writes
+report.md, report.json and posterior.png into the run directory. Exit codes (docs/bisect.md): 0 culprit found, 1 the
 ends do not differ or the search ends unexplained or over budget, 5 bad input, 125 cannot
 test, 130 interrupted (resumable with --resume).
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -48,10 +48,9 @@ from dsv4bisect.ui.console import console, stdout
 
 if TYPE_CHECKING:  # the search needs numpy: imported when a bisect runs, not with the CLI
     from dsv4bisect.bisect.driver import BisectOutcome
-    from dsv4bisect.bisect.ledger import NoiseEstimate
     from dsv4bisect.bisect.plan.costs import PlanCosts
     from dsv4bisect.bisect.plan.parallel_plan import NodePlan
-    from dsv4bisect.bisect.plan.whole_plan import Setup, WholePlan
+    from dsv4bisect.bisect.plan.whole_plan import WholePlan
     from dsv4bisect.bisect.search.design import Noise
     from dsv4bisect.bisect.spec import BisectSpec
 
@@ -158,55 +157,31 @@ def bisect(
     if resume is not None:
         outcome = _resume(resume, display, preflight=not skip_preflight)
     else:
+        from dsv4bisect.bisect.setup import Asked, prepare
+
         ov = overrides(enable, disable, only, sets)
         question = resolve_question(profile, ov, good, bad, candidates)
-        cfg = question.bisect
-        placement = {"executor": executor.value if executor else cfg.executor,
-                     "ray_address": ray_address or cfg.ray_address,
-                     "node_resource": cfg.node_resource}
-        # One machine keeps one pool of hot engines and runs its trials one at a time, so
-        # local rounds of K > 1 launch fresh; on Ray each node keeps its own (docs/cluster.md).
-        rounds = parallel if parallel is not None else cfg.parallel
-        hot = not fresh_launches and (placement["executor"] == "ray" or rounds == 1)
-        drift_rule = drift.value if drift else cfg.drift
-        if drift_rule == "relative" and (not hot or test_cmd is not None):
-            raise BisectError("--drift relative judges the sequential trial probe of a hot "
-                              "bisect", "drop --fresh-launches, --parallel K > 1 (local) and "
-                              "--test-cmd, or use --drift absolute")
-        req = RunnerRequest(question.profile, question.good, tuple(question.sets), tier,
-                            not no_cache, bad=_bad_end(question),
-                            load_time=tuple(question.load_time), hot=hot,
-                            warn_as=warn_as.value if warn_as else cfg.warn_as,
-                            drift=drift_rule)
-        # the engine runner, or none with --test-cmd: what the costs and the executor need
-        engine: EngineRunner | None = None
-        runner: Runner
-        if test_cmd is None:
-            runner = engine = node_runner(req, display.run_event)
-        else:
-            runner = TestCommandRunner(test_cmd)
-        measured, durations, details = _history(runner, ledger_path or out / LEDGER)
-        noise, where = _noise(measured, false_fail, false_pass)
-        costs = _costs(engine, question, noise, details, durations,
-                       {"launch": launch_cost, "switch": switch_cost, "probe": probe_cost},
-                       hot=hot)
-        # the Ray executor cannot launch fresh: no confirmation to run, price or plan for
-        spec = _spec(question, noise, confidence, max_trials, parallel, warn_as, costs,
-                     confirm=not no_confirm and placement["executor"] != "ray")
-        _say_question(question, noise, where)
+        prep = prepare(question, Asked(
+            ledger_path or out / LEDGER, tier, confidence, max_trials, parallel,
+            warn_as.value if warn_as else None, drift.value if drift else None, test_cmd,
+            false_fail, false_pass,
+            {"launch": launch_cost, "switch": switch_cost, "probe": probe_cost},
+            fresh_launches, not no_confirm, not no_cache,
+            executor.value if executor else None, ray_address), display.run_event)
+        _say_question(question, prep.noise, prep.noise_source)
         mt_priors = bisect_priors(question, microtest_priors, test_cmd=test_cmd is not None,
                                   tier=tier)
-        spec = replace(spec, weights=mt_priors.apply(spec.weights))
+        prep = prep.with_weights(mt_priors.apply(prep.spec.weights))
+        spec, placement = prep.spec, prep.placement
         say_priors(mt_priors, spec.weights)
-        estimate = _plan(spec, question, trials=PLAN_RUNS if plan_only else 30,
-                         compare=plan_only)
+        estimate = prep.plan(trials=PLAN_RUNS if plan_only else 30, compare=plan_only)
         if plan_only:
             nodes = None
             if placement["executor"] == "ray":  # the same bisect on 1, 2, 4 and K nodes
                 from dsv4bisect.cli.bisect_nodes import node_plan
 
-                nodes = node_plan(_setup(spec, question), spec.parallel, PLAN_RUNS)
-            _show_plan(estimate, costs, spec, json_out, nodes)
+                nodes = node_plan(prep.setup(), spec.parallel, PLAN_RUNS)
+            _show_plan(estimate, prep.costs, spec, json_out, nodes)
             raise typer.Exit(0)
         if test_cmd is None and not skip_preflight and placement["executor"] == "local":
             from dsv4bisect.engines.preflight import require  # on each node for Ray
@@ -214,8 +189,9 @@ def bisect(
             require(profile, ov)
         console().print(_plan_line(estimate, spec), markup=False, highlight=False)
         ensure_runs_root(out)
-        if engine is not None:
-            runner = _executor(engine, req, placement, spec.parallel, not skip_preflight)
+        runner, req = prep.runner, prep.request
+        if prep.engine is not None:
+            runner = _executor(prep.engine, req, placement, spec.parallel, not skip_preflight)
         elif placement["executor"] != "local":
             raise BisectError("--executor ray runs engine trials; a --test-cmd runs on this "
                               "machine", "drop --executor ray (or --test-cmd)")
@@ -286,13 +262,6 @@ def _clean_predecessors(root: Path) -> None:
         console().print(sentence, style="yellow", markup=False, highlight=False)
 
 
-def _bad_end(q: Question) -> dict[str, str]:
-    """The patch set of the full candidate set (the bad end as the search names it)."""
-    from dsv4bisect.bisect.spec import BisectSpec
-
-    spec = BisectSpec(candidates=q.candidates, good=q.good, bad=q.bad)
-    return spec.patches_for(frozenset(q.candidates))
-
 
 def _executor(runner: EngineRunner, request: RunnerRequest, placement: dict[str, Any],
               parallel: int, preflight: bool) -> Runner:
@@ -302,92 +271,11 @@ def _executor(runner: EngineRunner, request: RunnerRequest, placement: dict[str,
                            node_resource=placement.get("node_resource"), preflight=preflight)
 
 
-def _history(runner: Runner, ledger_path: Path
-             ) -> tuple[NoiseEstimate | None, list[float], list[dict[str, Any]]]:
-    """What the ledger measured with this probe before: noise rates, trial wall times and the
-    trials' details (measured launch, switch and probe seconds)."""
-    if not ledger_path.exists():  # --plan creates nothing
-        return None, [], []
-    from dsv4bisect.bisect.ledger import Ledger
-
-    with Ledger.open_readonly(ledger_path) as ledger:  # no lock: a running bisect may hold it
-        return (ledger.measured_noise(runner.probe_hash),
-                ledger.trial_durations(runner.probe_hash),
-                ledger.trial_details(runner.probe_hash))
 
 
-def _noise(measured: NoiseEstimate | None, ff: float | None,
-           fp: float | None) -> tuple[Noise, str]:
-    from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
-
-    base = measured.noise(fallback=DEFAULT_NOISE) if measured else DEFAULT_NOISE
-    noise = Noise(base.false_fail if ff is None else ff, base.false_pass if fp is None else fp)
-    if ff is not None and fp is not None:
-        return noise, "given"
-    if measured and (measured.good_runs >= 5 or measured.bad_runs >= 5):
-        return noise, (f"measured: {measured.good_runs} runs known good, {measured.bad_runs} "
-                       "known bad")
-    return noise, "default" if ff is None and fp is None else "partly given"
 
 
-def _spec(q: Question, noise: Noise, confidence: float | None, max_trials: int | None,
-          parallel: int | None, warn_as: WarnAs | None, costs: PlanCosts,
-          confirm: bool = True) -> BisectSpec:
-    from dsv4bisect.bisect.spec import BisectSpec
 
-    cfg = q.bisect
-    return BisectSpec(
-        candidates=q.candidates, good=q.good, bad=q.bad, noise=noise,
-        confidence=confidence if confidence is not None else cfg.confidence,
-        max_trials=max_trials if max_trials is not None else cfg.max_trials,
-        parallel=parallel if parallel is not None else cfg.parallel,
-        weights=_tier_priors(q), warn_as=warn_as.value if warn_as else cfg.warn_as,
-        trial_noise=costs.trial_noise if costs.costs.sequential else None,
-        costs=costs.costs, confirm=confirm)
-
-
-def _tier_priors(q: Question) -> dict[str, float]:
-    """Prior weights by patch tier, with the profile's `bisect.priors` over them."""
-    from dsv4bisect.bisect.search.hypotheses import tier_weights
-
-    weights = tier_weights(q.tiers)
-    weights.update({k: v for k, v in (q.bisect.priors or {}).items() if k in weights})
-    return weights
-
-
-def _costs(runner: EngineRunner | None, q: Question, noise: Noise, details: list[dict[str, Any]],
-           durations: list[float], given: dict[str, float | None], hot: bool) -> PlanCosts:
-    """Every cost the plan and the priced design use, each with its source (bisect/plan/costs.py):
-    given; else measured in the ledger for this probe; else assumed per engine kind and tier."""
-    from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape, sequential_from_probe
-
-    if runner is None:  # a test command: nothing to assume about an engine
-        return plan_costs(None, None, given=given, durations=durations)
-    engine = "reference" if runner.good_cfg.kind == "reference" else "sglang"
-    from dsv4bisect.bisect.search.design import Noise
-    from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
-
-    trial = Noise(*TRIAL_ERROR_RATES)  # what the hot runner asks of its sequential trials
-    return plan_costs(engine, probe_shape(runner.spec), given=given, details=details,
-                      load_time=tuple(q.load_time), hot=hot, noise=noise,
-                      sequential=sequential_from_probe(runner.spec, trial) if hot else None)
-
-
-def _plan(spec: BisectSpec, q: Question, trials: int, compare: bool) -> WholePlan:
-    from dsv4bisect.bisect.plan.whole_plan import plan_bisect
-
-    return plan_bisect(_setup(spec, q), trials=trials, compare=compare)
-
-
-def _setup(spec: BisectSpec, q: Question) -> Setup:
-    """The simulated bisect of `spec`, with every lever it has on."""
-    from dsv4bisect.bisect.plan.whole_plan import Setup
-    from dsv4bisect.bisect.search.pricing import StepCosts
-
-    base = _tier_priors(q)  # the weights without microtest priors
-    return Setup(spec.candidates, spec.noise, spec.trial_noise or spec.noise,
-                 spec.costs or StepCosts(), spec.confidence, spec.max_order, spec.max_trials,
-                 dict(spec.weights), base, spec.confirm)
 
 
 def _plan_line(p: WholePlan, spec: BisectSpec) -> str:
