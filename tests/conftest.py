@@ -7,6 +7,10 @@ the code, not on the draw; `HYPOTHESIS_PROFILE=explore` draws fresh examples to 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -34,6 +38,24 @@ def _has_cuda() -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory,
+                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests never read or write the user's ~/.cache/dsv4bisect."""
     monkeypatch.setenv("DSV4BISECT_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
+def run_dsv4bisect(*args: str | Path, cwd: Path | None = None, timeout: float = 600,
+                   python: Sequence[str] = ("-m", "dsv4bisect")
+                   ) -> subprocess.CompletedProcess[str]:
+    """`dsv4bisect ARGS` in a subprocess of this interpreter: text output captured, NO_COLOR,
+    never raising on a nonzero exit (the tests assert the exit code and the lines).
+    `python`: what runs instead of `-m dsv4bisect` (e.g. `-c` code that hides a package)."""
+    return subprocess.run([sys.executable, *python, *map(str, args)], cwd=cwd,
+                          env={**os.environ, "NO_COLOR": "1"}, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+@pytest.fixture
+def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """The one way the tests invoke the command line as a user would (`run_dsv4bisect`)."""
+    return run_dsv4bisect

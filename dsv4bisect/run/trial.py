@@ -200,13 +200,7 @@ class Trial:
         return self._guard(arm, lambda: arm.probe(work))
 
     def _progress(self, key: str) -> Callable[..., None]:
-        label = LABELS[key]
-
-        def progress(p: ProbeProgress) -> None:
-            self.on_event(ProbeEvent(label, p))
-            check_interrupt()  # after each request: a safe point to act on a lost Ctrl-C
-
-        return progress
+        return probe_progress(self.on_event, LABELS[key])
 
     def _candidate(self, work: Callable[[], T]) -> T:
         """The candidate's work; a crash on every attempt is the trial's verdict (FAIL crash)."""
@@ -250,6 +244,16 @@ class Trial:
             self.record.note(f"baseline not cached: {exc}")
             return
         self.record.note(f"baseline cached at {path}")
+
+
+def probe_progress(on_event: EventSink, label: str) -> Callable[[ProbeProgress], None]:
+    """A probe's progress as events of the arm `label` (the hot runner's trials too)."""
+
+    def progress(p: ProbeProgress) -> None:
+        on_event(ProbeEvent(label, p))
+        check_interrupt()  # after each request: a safe point to act on a lost Ctrl-C
+
+    return progress
 
 
 def _who(arm: EngineArm) -> str:

@@ -73,6 +73,7 @@ from dsv4bisect.run import baseline as cache
 from dsv4bisect.run.arm import ArmCrashed, EngineArm, Supervisor
 from dsv4bisect.run.crash import cannot_test_verdict, crash_verdict, good_end_crash_verdict
 from dsv4bisect.run.events import EventSink, Notice, ignore
+from dsv4bisect.run.trial import Stop, probe_progress
 
 T = TypeVar("T")
 HOT_MARKER = "hot-v1"
@@ -280,7 +281,7 @@ class HotEngineRunner(EngineRunner):
             if measured_base:  # this trial also measured the good end and its A/A repeat
                 requests = (requests or 0) + sum(len(ends[k].rows) for k in ("base", "repeat")
                                                  if ends[k] is not None)
-        except _Stop as stop:
+        except Stop as stop:
             verdict, cand, requests = stop.verdict, None, None
         finally:
             if eng is not None:
@@ -398,13 +399,7 @@ class HotEngineRunner(EngineRunner):
     def _collect(self, eng: _Engine, patches: Mapping[str, str], spec: ProbeSpec,
                  reference: ProbeRun | None, label: str, *, good_end: bool,
                  costs: dict[str, Any]) -> ProbeRun:
-        from dsv4bisect.probe.runner import ProbeProgress
-        from dsv4bisect.run.events import ProbeEvent
-        from dsv4bisect.run.signals import check_interrupt
-
-        def progress(p: ProbeProgress) -> None:
-            self.on_event(ProbeEvent(label, p))
-            check_interrupt()
+        progress = probe_progress(self.on_event, label)
 
         def work(url: str) -> ProbeRun:
             self._switch(eng, patches, costs)
@@ -516,8 +511,8 @@ class HotEngineRunner(EngineRunner):
         except ArmCrashed as exc:
             self._drop(eng)
             if good_end:
-                raise _Stop(good_end_crash_verdict(spec, exc.crashes)) from None
-            raise _Stop(crash_verdict(spec, exc.crashes, "the good end ran without crashing")
+                raise Stop(good_end_crash_verdict(spec, exc.crashes)) from None
+            raise Stop(crash_verdict(spec, exc.crashes, "the good end ran without crashing")
                         ) from None
         except (EngineError, ProbeError, PatchError) as exc:
             # a switch that did not take effect, or an engine that cannot serve: stop it; a
@@ -526,14 +521,8 @@ class HotEngineRunner(EngineRunner):
                 self._drop(eng)
             who = "good end" if good_end else "candidate"
             tail, path = eng.arm.log_tail()
-            raise _Stop(cannot_test_verdict(spec, who, exc.message, tail, path, exc.hint)
+            raise Stop(cannot_test_verdict(spec, who, exc.message, tail, path, exc.hint)
                         ) from None
-
-
-class _Stop(Exception):
-    def __init__(self, verdict: V.Verdict) -> None:
-        super().__init__(verdict.verdict)
-        self.verdict = verdict
 
 
 def _new_dir(parent: Path, stem: str) -> Path:
