@@ -20,6 +20,7 @@ implemented upstream from 0.5.14 on, where the default variant is inert.
 
 from __future__ import annotations
 
+from dsv4bisect.base.versions import LAYOUTS
 from dsv4bisect.patching.spec import (
     Condition,
     EngineContext,
@@ -29,7 +30,6 @@ from dsv4bisect.patching.spec import (
     version_at_least,
     version_at_most,
 )
-from dsv4bisect.plugin.versions import LAYOUTS
 
 
 def _nvfp4_on_stock(ctx: EngineContext) -> bool:

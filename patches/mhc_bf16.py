@@ -22,9 +22,9 @@ Upstream site (SGLang 0.5.13): `sglang.srt.models.deepseek_v4.DeepseekV4DecoderL
 
 from __future__ import annotations
 
+from dsv4bisect.base.versions import LAYOUTS
 from dsv4bisect.patching.spec import Mask, Patch, SglangDelivery, Variant
 from dsv4bisect.plugin.targets import hc_pre_target
-from dsv4bisect.plugin.versions import LAYOUTS
 
 PATCH = Patch(
     name="mhc-bf16",

@@ -24,10 +24,9 @@ UE8M0 scale per 64 and 64 bf16 rope dims).
 
 from __future__ import annotations
 
+from dsv4bisect.base.versions import LAYOUTS
 from dsv4bisect.patching.spec import Patch, SglangDelivery, SglangRule, Variant
 from dsv4bisect.plugin.targets import mla_module
-from dsv4bisect.plugin.versions import LAYOUTS
-
 
 PATCH = Patch(
     name="mma-decode",

@@ -19,8 +19,8 @@ Upstream site: `ModelOptFp4Config.get_quant_method` / `ModelOptMixedPrecisionCon
 
 from __future__ import annotations
 
+from dsv4bisect.base.versions import LAYOUTS
 from dsv4bisect.patching.spec import Condition, Patch, SglangDelivery, Variant
-from dsv4bisect.plugin.versions import LAYOUTS
 
 _QUANT = "sglang.srt.layers.quantization.modelopt_quant"
 _HOOKS = (

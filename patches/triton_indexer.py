@@ -25,8 +25,8 @@ Upstream site: module global `sglang.srt.layers.attention.dsv4.indexer.fp8_paged
 
 from __future__ import annotations
 
+from dsv4bisect.base.versions import LAYOUTS
 from dsv4bisect.patching.spec import Mask, Patch, SglangDelivery, SglangRule, Variant
-from dsv4bisect.plugin.versions import LAYOUTS
 
 _TARGET = "sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120"
 

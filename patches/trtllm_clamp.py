@@ -20,8 +20,8 @@ Upstream site: `ModelOptNvFp4FusedMoEMethod.process_weights_after_loading`
 
 from __future__ import annotations
 
+from dsv4bisect.base.versions import LAYOUTS
 from dsv4bisect.patching.spec import TRTLLM_BACKENDS, Condition, Patch, SglangDelivery, Variant
-from dsv4bisect.plugin.versions import LAYOUTS
 
 _TARGET = (
     "sglang.srt.layers.quantization.modelopt_quant."

@@ -7,6 +7,10 @@ the code, not on the draw; `HYPOTHESIS_PROFILE=explore` draws fresh examples to 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -17,19 +21,41 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu = [item for item in items if "gpu" in item.keywords]
+    if not gpu or _has_cuda():  # torch is imported only when a gpu test was collected
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    for item in gpu:
+        item.add_marker(skip_gpu)
+
+
+def _has_cuda() -> bool:
     try:
         import torch
-
-        has_cuda = torch.cuda.is_available()
     except ImportError:
-        has_cuda = False
-    skip_gpu = pytest.mark.skip(reason="needs CUDA")
-    for item in items:
-        if "gpu" in item.keywords and not has_cuda:
-            item.add_marker(skip_gpu)
+        return False
+    return bool(torch.cuda.is_available())
 
 
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory,
+                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests never read or write the user's ~/.cache/dsv4bisect."""
     monkeypatch.setenv("DSV4BISECT_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
+def run_dsv4bisect(*args: str | Path, cwd: Path | None = None, timeout: float = 600,
+                   python: Sequence[str] = ("-m", "dsv4bisect")
+                   ) -> subprocess.CompletedProcess[str]:
+    """`dsv4bisect ARGS` in a subprocess of this interpreter: text output captured, NO_COLOR,
+    never raising on a nonzero exit (the tests assert the exit code and the lines).
+    `python`: what runs instead of `-m dsv4bisect` (e.g. `-c` code that hides a package)."""
+    return subprocess.run([sys.executable, *python, *map(str, args)], cwd=cwd,
+                          env={**os.environ, "NO_COLOR": "1"}, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+@pytest.fixture
+def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """The one way the tests invoke the command line as a user would (`run_dsv4bisect`)."""
+    return run_dsv4bisect

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.base.bounded import load_json
 from dsv4bisect.bisect import remedy as rem
-from dsv4bisect.bisect.design import Noise
 from dsv4bisect.bisect.events import (
     Event,
     StepDecided,
@@ -31,12 +31,12 @@ from dsv4bisect.bisect.events import (
 )
 from dsv4bisect.bisect.evidence import record_noise_evidence
 from dsv4bisect.bisect.ledger import Ledger, NoiseEstimate, StepRow, TrialKey
-from dsv4bisect.bisect.records import Outcome
-from dsv4bisect.bisect.runner import CRASH, Runner, TrialResult, Verdict
-from dsv4bisect.bisect.search import Search, SearchResult, Status
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.search import Search, SearchResult, Status
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.config.bounded import load_json
+from dsv4bisect.bisect.trials.runner import CRASH, FreshLaunch, Runner, TrialResult
 from dsv4bisect.errors import BisectError, ConfigError
+from dsv4bisect.probe import verdict as V
 
 RUN_FILE = "bisect.json"  # in the run directory: the run id and the ledger it lives in
 
@@ -61,17 +61,18 @@ class Confirmation:
     the hot result and the fresh one disagree, and the report says so."""
 
     subset: frozenset[str]
-    outcomes: tuple[Outcome, ...]
+    outcomes: tuple[str, ...]
     skipped: str | None = None  # why no confirmation ran (`--no-confirm`, ...)
     by_trial: int | None = None  # a search trial that already was that fresh launch (its id)
 
     @property
     def agrees(self) -> bool | None:
-        seen = [o for o in self.outcomes if o in (Outcome.PASS, Outcome.FAIL)]
-        return None if not seen else seen[-1] is Outcome.FAIL
+        seen = [o for o in self.outcomes if o in (V.PASS, V.FAIL)]
+        return None if not seen else seen[-1] == V.FAIL
 
     def to_json(self) -> dict[str, Any]:
-        return {"subset": sorted(self.subset), "outcomes": [o.value for o in self.outcomes],
+        return {"subset": sorted(self.subset),
+                "outcomes": [V.SEARCH_WORDS[o] for o in self.outcomes],
                 "agrees": self.agrees, "skipped": self.skipped, "by_trial": self.by_trial}
 
 
@@ -88,7 +89,7 @@ class _Slot:
 
 @dataclass(frozen=True)
 class _Decision:
-    outcome: Outcome
+    outcome: str
     signature: str | None
     trial_id: int | None
     reused: bool
@@ -230,7 +231,7 @@ class _Driver:
                             slot.step,
                             slot.subset,
                             slot.seed_block,
-                            decision.outcome.value,
+                            V.SEARCH_WORDS[decision.outcome],
                             decision.signature,
                             decision.trial_id,
                         ),
@@ -285,14 +286,12 @@ class _Driver:
         if result.status is not Status.FOUND or not result.culprits:
             return None
         subset = frozenset(result.culprits)
-        confirm = getattr(self.runner, "confirm", None)
-        hot = confirm is not None or getattr(self.runner, "hot", False)
-        if not hot:  # a runner whose trials are all fresh launches
+        if not self.runner.hot:  # a runner whose trials are all fresh launches
             return None
         earlier = self._fresh_trial(subset, seen)
         if earlier is not None:
-            return Confirmation(subset, (Outcome.FAIL,), by_trial=earlier)
-        if confirm is None:  # a hot executor that cannot launch fresh
+            return Confirmation(subset, (V.FAIL,), by_trial=earlier)
+        if self.runner.fresh() is None:  # a hot executor that cannot launch fresh
             return Confirmation(subset, (), skipped="this executor cannot launch fresh")
         if not self.spec.confirm:
             return Confirmation(subset, (), skipped="--no-confirm")
@@ -310,17 +309,23 @@ class _Driver:
         for block in range(seen[subset]):
             row = self.ledger.definitive(self._slot(0, subset, block).key)
             if (row is not None and row.details.get("fresh_launch")
-                    and self._outcome(row.verdict) is Outcome.FAIL):
+                    and self._outcome(row.verdict) == V.FAIL):
                 return row.id
         return None
 
     def _slot(self, step: int, subset: frozenset[str], block: int, *,
               remedy: bool = False, fresh: bool = False) -> _Slot:
         patches = self.spec.patches_for(subset)
-        fingerprint = (self.runner.fresh_fingerprint(patches)  # type: ignore[attr-defined]
-                       if fresh else self.runner.fingerprint(patches))
+        fingerprint = self._fresh().fingerprint(patches) if fresh else \
+            self.runner.fingerprint(patches)
         key = TrialKey(fingerprint, self.runner.probe_hash, block)
         return _Slot(step, subset, block, key, patches, remedy, fresh)
+
+    def _fresh(self) -> FreshLaunch:
+        fresh = self.runner.fresh()
+        if fresh is None:  # _confirmation asks first
+            raise BisectError("this runner cannot launch fresh", None)
+        return fresh
 
     def _run_round(self, slots: list[_Slot], pool: ThreadPoolExecutor | None) -> list[_Decision]:
         decided: dict[int, _Decision] = {}
@@ -352,17 +357,15 @@ class _Driver:
         last = attempts[-1]
         crashed = all(a.signature == CRASH for a in attempts)
         if crashed and slot.subset:  # a patch that crashes the engine is a culprit
-            return _Decision(Outcome.FAIL, CRASH, last.id, False)
-        return _Decision(Outcome.SKIP, last.signature, last.id, False)
+            return _Decision(V.FAIL, CRASH, last.id, False)
+        return _Decision(V.CANNOT_TEST, last.signature, last.id, False)
 
-    def _outcome(self, verdict: str | None) -> Outcome:
-        if verdict == Verdict.BETWEEN.value:
-            return Outcome.BETWEEN
-        if verdict == Verdict.PASS.value or (
-            verdict == Verdict.WARN.value and self.spec.warn_as == "pass"
-        ):
-            return Outcome.PASS
-        return Outcome.FAIL
+    def _outcome(self, verdict: str | None) -> str:
+        if verdict == V.BETWEEN:
+            return V.BETWEEN
+        if verdict == V.PASS or (verdict == V.WARN and self.spec.warn_as == "pass"):
+            return V.PASS
+        return V.FAIL
 
     def _launch(self, slots: list[_Slot], pool: ThreadPoolExecutor | None) -> None:
         started = []
@@ -412,7 +415,7 @@ class _Driver:
             raise error
 
     def _call(self, slot: _Slot, trial_dir: Path) -> TrialResult:
-        run = self.runner.confirm if slot.fresh else self.runner.run  # type: ignore[attr-defined]
+        run = self._fresh().run if slot.fresh else self.runner.run
         return run(dict(slot.patches), slot.seed_block, trial_dir)
 
     def _store(self, slot: _Slot, attempt: int, trial_id: int, result: TrialResult) -> None:
@@ -423,7 +426,7 @@ class _Driver:
             details["requests"] = result.requests
         self.ledger.finish_trial(
             trial_id,
-            Verdict(result.verdict).value,
+            result.verdict,
             result.signature,
             details,
             result.duration_s,
@@ -431,12 +434,12 @@ class _Driver:
             result.log_path,
         )
         for aa in result.aa_verdicts:
-            if aa is not Verdict.CANNOT_TEST:
+            if aa != V.CANNOT_TEST:
                 self.ledger.add_noise_evidence(
                     self.runner.probe_hash,
                     "aa",
                     "pass",
-                    self._outcome(aa.value).value,
+                    V.SEARCH_WORDS[self._outcome(aa)],
                     fingerprint=slot.key.fingerprint,
                     run_id=self.run_id,
                     trial_id=trial_id,

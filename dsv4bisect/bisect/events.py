@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dsv4bisect.bisect.records import Outcome
-from dsv4bisect.bisect.results import SearchResult
-from dsv4bisect.bisect.runner import TrialResult
+from dsv4bisect.bisect.search.results import SearchResult
+from dsv4bisect.bisect.trials.runner import TrialResult
+from dsv4bisect.probe import verdict as V
 
 if TYPE_CHECKING:
-    from dsv4bisect.bisect.search import Search
+    from dsv4bisect.bisect.search.search import Search
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class StepDecided:
     step: int
     subset: frozenset[str]
     seed_block: int
-    outcome: Outcome
+    outcome: str
     signature: str | None
     reused: bool
     remedy: bool = False
@@ -83,7 +83,7 @@ def result_json(result: SearchResult) -> dict[str, Any]:
             {
                 "config": sorted(c.config),
                 "member": c.member,
-                "expect": c.expect.value,
+                "expect": V.SEARCH_WORDS[c.expect],
                 "log10_ratio": c.log10_ratio,
                 "fresh_log10_ratio": c.fresh_log10_ratio,
                 "trials": c.trials,

@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from dsv4bisect.bisect.ledger import Ledger, StepRow
-from dsv4bisect.bisect.records import Outcome
-from dsv4bisect.bisect.results import SearchResult, Status
+from dsv4bisect.bisect.search.results import SearchResult, Status
+from dsv4bisect.probe import verdict as V
 
 
 def record_noise_evidence(
@@ -30,7 +30,7 @@ def record_noise_evidence(
     counts = Counter(s.subset for s in steps)
     added = 0
     for s in steps:
-        if s.outcome in (Outcome.SKIP.value, Outcome.BETWEEN.value) or s.trial_id is None:
+        if V.FROM_SEARCH_WORD[s.outcome] in (V.CANNOT_TEST, V.BETWEEN) or s.trial_id is None:
             continue
         if s.subset in (frozenset(), everything):
             truth, source = ("fail" if s.subset else "pass"), "end"

@@ -8,9 +8,8 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-from dsv4bisect.bisect.design import Noise
+from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
 
-DEFAULT_NOISE = Noise(0.05, 0.05)  # assumed when nothing was measured
 SCHEMA_VERSION = 1
 
 SCHEMA = """

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from dsv4bisect.config.engine_config import EngineConfig, PatchChoice
 from dsv4bisect.config.resolve import Overrides, resolve
+from dsv4bisect.config.schema import BisectSettings
 from dsv4bisect.errors import BisectError, ConfigError, PatchError
 from dsv4bisect.patching.registry import builtin_patches, unknown_patch_hint
 from dsv4bisect.run.ends import good_overrides
@@ -31,7 +31,7 @@ class Question:
     candidates: tuple[str, ...]  # registry order
     left_out: tuple[tuple[str, str], ...]  # (patch, why) for patches that differ, not searched
     tiers: dict[str, int]  # candidate -> risk tier (the prior)
-    bisect: dict[str, Any]  # the profile's `bisect` settings (defaults for the CLI's options)
+    bisect: BisectSettings  # the profile's `bisect` settings (defaults for the CLI's options)
     deliveries: dict[str, str] = field(default_factory=dict)  # candidate -> how "on" reaches it
     # candidate -> why switching it needs a fresh launch; absent: hot-switchable in a running
     # engine (docs/hot-switching.md)
@@ -125,7 +125,8 @@ def resolve_question(profile: str, overrides: Overrides, good: str | None = None
     load_time = {n: bad_choices[n].load_time or "" for n in chosen
                  if n in bad_choices and bad_choices[n].load_time}
     return Question(profile, sets, good_set, bad_set, tuple(chosen), left,
-                    {n: known[n].tier for n in chosen}, dict(shaped.bisect), deliveries,
+                    {n: known[n].tier for n in chosen},
+                    BisectSettings.model_construct(**shaped.bisect), deliveries,
                     load_time)
 
 

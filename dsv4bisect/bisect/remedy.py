@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dsv4bisect.bisect.records import Outcome, Record
+from dsv4bisect.bisect.search.records import Record
+from dsv4bisect.probe import verdict as V
 
 MAX_TRIALS = 2
 
@@ -29,22 +30,23 @@ UNTESTED = "untested"  # cannot test, or nothing to remove
 @dataclass(frozen=True)
 class Remedy:
     subset: frozenset[str]  # the candidates that stay switched to the bad end
-    outcomes: tuple[Outcome, ...]  # search records of that subset first, then the check's own
+    outcomes: tuple[str, ...]  # search records of that subset first, then the check's own
     trials_run: int  # trials the check itself needed (0 when the search had tested it)
 
     @property
     def verdict(self) -> str:
-        seen = [o for o in self.outcomes if o in (Outcome.PASS, Outcome.FAIL)]  # BETWEEN and
+        seen = [o for o in self.outcomes if o in (V.PASS, V.FAIL)]  # BETWEEN and
         # SKIP say nothing about it
         if not seen:
             return UNTESTED
-        if Outcome.PASS in seen and Outcome.FAIL in seen:
+        if V.PASS in seen and V.FAIL in seen:
             return MIXED
-        return PASSES if seen[0] is Outcome.PASS else FAILS
+        return PASSES if seen[0] == V.PASS else FAILS
 
     def to_json(self) -> dict[str, Any]:
         return {"subset": sorted(self.subset), "verdict": self.verdict,
-                "outcomes": [o.value for o in self.outcomes], "trials_run": self.trials_run}
+                "outcomes": [V.SEARCH_WORDS[o] for o in self.outcomes],
+                "trials_run": self.trials_run}
 
 
 def remedy_subset(candidates: Sequence[str], culprits: frozenset[str] | None) -> frozenset[str]:
@@ -54,21 +56,21 @@ def remedy_subset(candidates: Sequence[str], culprits: frozenset[str] | None) ->
     return frozenset(candidates) - culprits
 
 
-def needs_more(outcomes: Sequence[Outcome], own_trials: int) -> bool:
+def needs_more(outcomes: Sequence[str], own_trials: int) -> bool:
     """Whether the check runs another trial: no PASS yet, fewer than two FAILs, and fewer than
     `MAX_TRIALS` of its own (a configuration that cannot be tested is not retried forever)."""
-    if own_trials >= MAX_TRIALS or Outcome.PASS in outcomes:
+    if own_trials >= MAX_TRIALS or V.PASS in outcomes:
         return False
-    return sum(o is Outcome.FAIL for o in outcomes) < MAX_TRIALS
+    return sum(o == V.FAIL for o in outcomes) < MAX_TRIALS
 
 
-def prior_outcomes(records: Sequence[Record], subset: frozenset[str]) -> list[Outcome]:
+def prior_outcomes(records: Sequence[Record], subset: frozenset[str]) -> list[str]:
     """What the search already measured on `subset` (in order)."""
     return [r.outcome for r in records if r.subset == subset]
 
 
 def simulate(candidates: Sequence[str], culprits: frozenset[str] | None,
-             records: Sequence[Record], run: Callable[[frozenset[str]], Outcome]) -> None:
+             records: Sequence[Record], run: Callable[[frozenset[str]], str]) -> None:
     """The remedy check as the driver runs it, for a simulated bisect (`--plan`): the search's
     own outcomes of the remedy subset, then `run(subset)` until they decide."""
     subset = remedy_subset(candidates, culprits)

@@ -12,15 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsv4bisect.bisect.design import Noise
-from dsv4bisect.bisect.hypotheses import Priors
-from dsv4bisect.bisect.pricing import StepCosts
-from dsv4bisect.bisect.search import Search
+from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
+from dsv4bisect.bisect.search.hypotheses import Priors
+from dsv4bisect.bisect.search.pricing import StepCosts
+from dsv4bisect.bisect.search.search import Search
+from dsv4bisect.bisect.search.settings import validate_settings
 from dsv4bisect.errors import BisectError
 
 SPEC_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1: no costs, no trial noise (the unpriced design)
-DEFAULT_NOISE = Noise(0.05, 0.05)  # a probe's error rates when none were measured or given
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class BisectSpec:
     confirm: bool = True  # the fresh confirmation after FOUND in hot mode (--no-confirm: off)
 
     def __post_init__(self) -> None:
+        # the search's own check, here too: a bad setting is reported before anything runs
+        validate_settings(self.candidates, self.noise, self.confidence, self.max_trials,
+                          self.parallel, self.max_order, self.design_discount)
         if self.warn_as not in ("fail", "pass"):
             raise BisectError(f"warn_as is `{self.warn_as}`", "use `fail` or `pass`")
         for name in self.candidates:

@@ -1,9 +1,10 @@
 """`dsv4bisect bisect [PROFILE]`: find the patch, or interacting pair, that breaks the probe.
 
-Resolves the question (bisect/engine_runner.py: the ends, the candidates less the inert ones),
-prints the plan line, drives the search (bisect/driver.py) with the engine+probe runner or
-`--test-cmd`, shows the posterior live on stderr, and writes report.md, report.json and
-posterior.png into the run directory. Exit codes (docs/bisect.md): 0 culprit found, 1 the
+Parse → prepare → drive → render: resolves the question (bisect/question.py: the ends, the
+candidates less the inert ones), prepares the bisect (bisect/setup.py: the runner, the noise,
+the costs, the spec, the plan), prints the plan line, drives the search (bisect/driver.py)
+with the engine+probe runner or `--test-cmd`, shows the posterior live on stderr, and writes
+report.md, report.json and posterior.png into the run directory. Exit codes (docs/bisect.md): 0 culprit found, 1 the
 ends do not differ or the search ends unexplained or over budget, 5 bad input, 125 cannot
 test, 130 interrupted (resumable with --resume).
 """
@@ -13,19 +14,18 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from dsv4bisect.bisect.engine_runner import EngineRunner
-from dsv4bisect.bisect.executors import executor_runner
-from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
+from dsv4bisect.bisect.cluster.executors import executor_runner
 from dsv4bisect.bisect.question import Question, resolve_question
-from dsv4bisect.bisect.runner import Runner
-from dsv4bisect.bisect.testcmd import TestCommandRunner
+from dsv4bisect.bisect.trials.engine_runner import EngineRunner
+from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
+from dsv4bisect.bisect.trials.runner import Runner
+from dsv4bisect.bisect.trials.testcmd import TestCommandRunner
 from dsv4bisect.cli.bisect_display import BisectDisplay
 from dsv4bisect.cli.bisect_priors import bisect_priors, say_priors
 from dsv4bisect.cli.options import (
@@ -48,13 +48,12 @@ from dsv4bisect.run.signals import interrupts
 from dsv4bisect.ui.console import console, stdout
 
 if TYPE_CHECKING:  # the search needs numpy: imported when a bisect runs, not with the CLI
-    from dsv4bisect.bisect.costs import PlanCosts
-    from dsv4bisect.bisect.design import Noise
     from dsv4bisect.bisect.driver import BisectOutcome
-    from dsv4bisect.bisect.ledger import NoiseEstimate
-    from dsv4bisect.bisect.parallel_plan import NodePlan
+    from dsv4bisect.bisect.plan.costs import PlanCosts
+    from dsv4bisect.bisect.plan.parallel_plan import NodePlan
+    from dsv4bisect.bisect.plan.whole_plan import WholePlan
+    from dsv4bisect.bisect.search.design import Noise
     from dsv4bisect.bisect.spec import BisectSpec
-    from dsv4bisect.bisect.whole_plan import Setup, WholePlan
 
 LEDGER = "ledger.sqlite"  # in RUNS_ROOT unless --ledger: shared, so no bisect repeats a trial
 EXIT = {"found": ExitCode.OK, "untestable": ExitCode.CANNOT_TEST}  # the rest: 1
@@ -159,50 +158,31 @@ def bisect(
     if resume is not None:
         outcome = _resume(resume, display, preflight=not skip_preflight)
     else:
+        from dsv4bisect.bisect.setup import Asked, prepare
+
         ov = overrides(enable, disable, only, sets)
         question = resolve_question(profile, ov, good, bad, candidates)
-        placement = {"executor": (executor.value if executor else None)
-                     or question.bisect.get("executor") or "local",
-                     "ray_address": ray_address or question.bisect.get("ray_address"),
-                     "node_resource": question.bisect.get("node_resource")}
-        # One machine keeps one pool of hot engines and runs its trials one at a time, so
-        # local rounds of K > 1 launch fresh; on Ray each node keeps its own (docs/cluster.md).
-        rounds = parallel if parallel is not None else question.bisect.get("parallel", 1)
-        hot = not fresh_launches and (placement["executor"] == "ray" or rounds == 1)
-        drift_rule = drift.value if drift else str(question.bisect.get("drift") or "absolute")
-        if drift_rule == "relative" and (not hot or test_cmd is not None):
-            raise BisectError("--drift relative judges the sequential trial probe of a hot "
-                              "bisect", "drop --fresh-launches, --parallel K > 1 (local) and "
-                              "--test-cmd, or use --drift absolute")
-        req = RunnerRequest(question.profile, question.good, tuple(question.sets), tier,
-                            not no_cache, bad=_bad_end(question),
-                            load_time=tuple(question.load_time), hot=hot,
-                            warn_as=(warn_as.value if warn_as else
-                                     str(question.bisect.get("warn_as") or "fail")),
-                            drift=drift_rule)
-        runner = _runner(req, test_cmd, display)
-        measured, durations, details = _history(runner, ledger_path or out / LEDGER)
-        noise, where = _noise(measured, false_fail, false_pass)
-        costs = _costs(runner, question, noise, details, durations,
-                       {"launch": launch_cost, "switch": switch_cost, "probe": probe_cost},
-                       hot=hot)
-        # the Ray executor cannot launch fresh: no confirmation to run, price or plan for
-        spec = _spec(question, noise, confidence, max_trials, parallel, warn_as, costs,
-                     confirm=not no_confirm and placement["executor"] != "ray")
-        _say_question(question, noise, where)
+        prep = prepare(question, Asked(
+            ledger_path or out / LEDGER, tier, confidence, max_trials, parallel,
+            warn_as.value if warn_as else None, drift.value if drift else None, test_cmd,
+            false_fail, false_pass,
+            {"launch": launch_cost, "switch": switch_cost, "probe": probe_cost},
+            fresh_launches, not no_confirm, not no_cache,
+            executor.value if executor else None, ray_address), display.run_event)
+        _say_question(question, prep.noise, prep.noise_source)
         mt_priors = bisect_priors(question, microtest_priors, test_cmd=test_cmd is not None,
                                   tier=tier)
-        spec = replace(spec, weights=mt_priors.apply(spec.weights))
+        prep = prep.with_weights(mt_priors.apply(prep.spec.weights))
+        spec, placement = prep.spec, prep.placement
         say_priors(mt_priors, spec.weights)
-        estimate = _plan(spec, question, trials=PLAN_RUNS if plan_only else 30,
-                         compare=plan_only)
+        estimate = prep.plan(trials=PLAN_RUNS if plan_only else 30, compare=plan_only)
         if plan_only:
             nodes = None
             if placement["executor"] == "ray":  # the same bisect on 1, 2, 4 and K nodes
                 from dsv4bisect.cli.bisect_nodes import node_plan
 
-                nodes = node_plan(_setup(spec, question), spec.parallel, PLAN_RUNS)
-            _show_plan(estimate, costs, spec, json_out, nodes)
+                nodes = node_plan(prep.setup(), spec.parallel, PLAN_RUNS)
+            _show_plan(estimate, prep.costs, spec, json_out, nodes)
             raise typer.Exit(0)
         if test_cmd is None and not skip_preflight and placement["executor"] == "local":
             from dsv4bisect.engines.preflight import require  # on each node for Ray
@@ -210,8 +190,12 @@ def bisect(
             require(profile, ov)
         console().print(_plan_line(estimate, spec), markup=False, highlight=False)
         ensure_runs_root(out)
-        runner = _executor(runner, req, placement, spec.parallel, not skip_preflight)
-        # The test command's working directory: `--resume` from elsewhere runs it there too.
+        runner, req = prep.runner, prep.request
+        if prep.engine is not None:
+            runner = _executor(prep.engine, req, placement, spec.parallel, not skip_preflight)
+        elif placement["executor"] != "local":
+            raise BisectError("--executor ray runs engine trials; a --test-cmd runs on this "
+                              "machine", "drop --executor ray (or --test-cmd)")
         request = {**req.to_json(), "profile": profile, "test_cmd": test_cmd,
                    "test_cwd": os.getcwd() if test_cmd is not None else None,
                    "left_out": [list(x) for x in question.left_out],
@@ -231,12 +215,9 @@ def _drive(runner: Runner, run_dir: Path, display: BisectDisplay, go: Any) -> Bi
             try:
                 return go()  # type: ignore[no-any-return]
             finally:
-                close = getattr(runner, "close", None)  # hot engines kept up; Ray's actors
-                if close is not None:
-                    close()
+                runner.close()  # hot engines kept up; Ray's actors
     except KeyboardInterrupt:
-        if hasattr(runner, "stop_all"):  # trials in worker threads (--parallel) or on nodes
-            runner.stop_all()
+        runner.stop_all()  # trials in worker threads (--parallel) or on nodes
         console().print(f"interrupted: finished trials are kept in the ledger; resume with\n"
                         f"  dsv4bisect bisect --resume {run_dir}", style="yellow",
                         markup=False)
@@ -285,21 +266,8 @@ def _clean_predecessors(root: Path) -> None:
         console().print(sentence, style="yellow", markup=False, highlight=False)
 
 
-def _runner(request: RunnerRequest, test_cmd: str | None, display: BisectDisplay) -> Runner:
-    if test_cmd is not None:
-        return TestCommandRunner(test_cmd, cwd=os.getcwd())
-    return node_runner(request, display.run_event)
 
-
-def _bad_end(q: Question) -> dict[str, str]:
-    """The patch set of the full candidate set (the bad end as the search names it)."""
-    from dsv4bisect.bisect.spec import BisectSpec
-
-    spec = BisectSpec(candidates=q.candidates, good=q.good, bad=q.bad)
-    return spec.patches_for(frozenset(q.candidates))
-
-
-def _executor(runner: Runner, request: RunnerRequest, placement: dict[str, Any],
+def _executor(runner: EngineRunner, request: RunnerRequest, placement: dict[str, Any],
               parallel: int, preflight: bool) -> Runner:
     """The local runner, or the executor's that sends its trials to a Ray cluster's nodes."""
     return executor_runner(placement.get("executor") or "local", runner, request, parallel,
@@ -307,93 +275,11 @@ def _executor(runner: Runner, request: RunnerRequest, placement: dict[str, Any],
                            node_resource=placement.get("node_resource"), preflight=preflight)
 
 
-def _history(runner: Runner, ledger_path: Path
-             ) -> tuple[NoiseEstimate | None, list[float], list[dict[str, Any]]]:
-    """What the ledger measured with this probe before: noise rates, trial wall times and the
-    trials' details (measured launch, switch and probe seconds)."""
-    if not ledger_path.exists():  # --plan creates nothing
-        return None, [], []
-    from dsv4bisect.bisect.ledger import Ledger
-
-    with Ledger.open_readonly(ledger_path) as ledger:  # no lock: a running bisect may hold it
-        return (ledger.measured_noise(runner.probe_hash),
-                ledger.trial_durations(runner.probe_hash),
-                ledger.trial_details(runner.probe_hash))
 
 
-def _noise(measured: NoiseEstimate | None, ff: float | None,
-           fp: float | None) -> tuple[Noise, str]:
-    from dsv4bisect.bisect.design import Noise
-    from dsv4bisect.bisect.spec import DEFAULT_NOISE
-
-    base = measured.noise(fallback=DEFAULT_NOISE) if measured else DEFAULT_NOISE
-    noise = Noise(base.false_fail if ff is None else ff, base.false_pass if fp is None else fp)
-    if ff is not None and fp is not None:
-        return noise, "given"
-    if measured and (measured.good_runs >= 5 or measured.bad_runs >= 5):
-        return noise, (f"measured: {measured.good_runs} runs known good, {measured.bad_runs} "
-                       "known bad")
-    return noise, "default" if ff is None and fp is None else "partly given"
 
 
-def _spec(q: Question, noise: Noise, confidence: float | None, max_trials: int | None,
-          parallel: int | None, warn_as: WarnAs | None, costs: PlanCosts,
-          confirm: bool = True) -> BisectSpec:
-    from dsv4bisect.bisect.hypotheses import tier_weights
-    from dsv4bisect.bisect.settings import validate_settings
-    from dsv4bisect.bisect.spec import BisectSpec
 
-    cfg = q.bisect
-    weights = tier_weights(q.tiers)
-    weights.update({k: v for k, v in (cfg.get("priors") or {}).items() if k in weights})
-    spec = BisectSpec(
-        candidates=q.candidates, good=q.good, bad=q.bad, noise=noise,
-        confidence=confidence if confidence is not None else cfg.get("confidence", 0.95),
-        max_trials=max_trials if max_trials is not None else cfg.get("max_trials"),
-        parallel=parallel if parallel is not None else cfg.get("parallel", 1),
-        weights=weights, warn_as=warn_as.value if warn_as else cfg.get("warn_as", "fail"),
-        trial_noise=costs.trial_noise if costs.costs.sequential else None,
-        costs=costs.costs, confirm=confirm)
-    validate_settings(spec.candidates, spec.noise, spec.confidence, spec.max_trials,
-                      spec.parallel, spec.max_order, spec.design_discount)
-    return spec
-
-
-def _costs(runner: Runner, q: Question, noise: Noise, details: list[dict[str, Any]],
-           durations: list[float], given: dict[str, float | None], hot: bool) -> PlanCosts:
-    """Every cost the plan and the priced design use, each with its source (bisect/costs.py):
-    given; else measured in the ledger for this probe; else assumed per engine kind and tier."""
-    from dsv4bisect.bisect.costs import plan_costs, probe_shape, sequential_from_probe
-
-    if not isinstance(runner, EngineRunner):
-        return plan_costs(None, None, given=given, durations=durations)
-    engine = "reference" if runner.good_cfg.kind == "reference" else "sglang"
-    from dsv4bisect.bisect.design import Noise
-    from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
-
-    trial = Noise(*TRIAL_ERROR_RATES)  # what the hot runner asks of its sequential trials
-    return plan_costs(engine, probe_shape(runner.spec), given=given, details=details,
-                      load_time=tuple(q.load_time), hot=hot, noise=noise,
-                      sequential=sequential_from_probe(runner.spec, trial) if hot else None)
-
-
-def _plan(spec: BisectSpec, q: Question, trials: int, compare: bool) -> WholePlan:
-    from dsv4bisect.bisect.whole_plan import plan_bisect
-
-    return plan_bisect(_setup(spec, q), trials=trials, compare=compare)
-
-
-def _setup(spec: BisectSpec, q: Question) -> Setup:
-    """The simulated bisect of `spec`, with every lever it has on."""
-    from dsv4bisect.bisect.hypotheses import tier_weights
-    from dsv4bisect.bisect.pricing import StepCosts
-    from dsv4bisect.bisect.whole_plan import Setup
-
-    base = tier_weights(q.tiers)  # the weights without microtest priors
-    base.update({k: v for k, v in (q.bisect.get("priors") or {}).items() if k in base})
-    return Setup(spec.candidates, spec.noise, spec.trial_noise or spec.noise,
-                 spec.costs or StepCosts(), spec.confidence, spec.max_order, spec.max_trials,
-                 dict(spec.weights), base, spec.confirm)
 
 
 def _plan_line(p: WholePlan, spec: BisectSpec) -> str:
@@ -413,7 +299,7 @@ LEVER_NAMES = {"hot": "hot switching", "sequential": "sequential trial probe",
 def _show_plan(p: WholePlan, costs: PlanCosts, spec: BisectSpec, json_out: bool,
                nodes: NodePlan | None = None) -> None:
     """The plan on stdout (`--json`) or stderr; `nodes`: the node table of `--executor ray`."""
-    from dsv4bisect.bisect.whole_plan import LEVERS
+    from dsv4bisect.bisect.plan.whole_plan import LEVERS
     from dsv4bisect.cli.bisect_nodes import node_json, node_lines
 
     def figures(f: Any) -> dict[str, Any]:
@@ -487,7 +373,7 @@ def _say_question(q: Question, noise: Noise, where: str) -> None:
 
 
 def _finish(outcome: BisectOutcome, json_out: bool, fmt: Format | None) -> None:
-    from dsv4bisect.report import bisect_report as report
+    from dsv4bisect.bisect import report as report
 
     view = report.load_bisect(outcome.run_dir)
     report.write_report(view)

@@ -10,6 +10,7 @@ from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from dsv4bisect.probe import verdict as V
 from dsv4bisect.run.events import EngineEvent, Notice, ProbeEvent, RunEvent
 from dsv4bisect.ui.console import console
 from dsv4bisect.ui.progress import stage_label
@@ -69,7 +70,7 @@ class BisectDisplay:
                     self.note(self._current[0] + " ...", None)
             elif isinstance(event, TrialFinished):
                 r = event.result
-                text = (f"{_trial(event)}: {r.verdict.value}"
+                text = (f"{_trial(event)}: {r.verdict}"
                         + (f" ({r.signature})" if r.signature else "")
                         + f" in {r.duration_s:.0f} s")
                 self._current, self._stage = None, ""
@@ -78,7 +79,7 @@ class BisectDisplay:
             elif isinstance(event, StepDecided):
                 src = " (from the ledger)" if event.reused else ""
                 what = subset_label(event.subset)
-                head, tail = _trial(event, "step"), f"{event.outcome.value}{src}"
+                head, tail = _trial(event, "step"), f"{V.SEARCH_WORDS[event.outcome]}{src}"
                 self._done.append((head, what, tail))
                 if self._live is None:
                     self.note(f"{head}: {what} -> {tail}", "dim")

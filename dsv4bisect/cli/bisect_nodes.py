@@ -1,6 +1,6 @@
 """The node table of `bisect --plan --executor ray`: the whole bisect on 1, 2 and 4 nodes (and
 the K of `--parallel` where it is another), with every lever and without any, from one
-simulation (bisect/parallel_plan.py; docs/cluster.md, "Reading the node plan")."""
+simulation (bisect/plan/parallel_plan.py; docs/cluster.md, "Reading the node plan")."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # numpy and the search: imported when the plan runs, not with the CLI
-    from dsv4bisect.bisect.parallel_plan import NodePlan
-    from dsv4bisect.bisect.whole_plan import Setup
+    from dsv4bisect.bisect.plan.parallel_plan import NodePlan
+    from dsv4bisect.bisect.plan.whole_plan import Setup
 
 # Simulated bisects per row: fewer than the single-node plan's, so that 6-8 rows of rounds of
 # up to K proposals (each scored over 2^K outcome patterns) stay within a few seconds.
@@ -19,7 +19,7 @@ NODE_PLAN_RUNS = 100
 def node_plan(setup: Setup, asked: int, main_runs: int, runs: int = NODE_PLAN_RUNS) -> NodePlan:
     """The rows, on the first `runs` culprit sets and outcome streams of the single-node plan
     of `main_runs` bisects."""
-    from dsv4bisect.bisect.parallel_plan import node_counts, plan_nodes
+    from dsv4bisect.bisect.plan.parallel_plan import node_counts, plan_nodes
 
     return plan_nodes(setup, node_counts(asked), trials=min(runs, main_runs), of=main_runs)
 

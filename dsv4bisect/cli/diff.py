@@ -35,7 +35,7 @@ def diff_config(
     """
     from pathlib import Path
 
-    from dsv4bisect.config.load_any import load_config
+    from dsv4bisect.engines.load_any import load_config
 
     ov = overrides(enable, disable, only, sets)
     if ov != Overrides() and Path(b).is_dir():

@@ -44,8 +44,8 @@ def doctor(
     line, unless --allow-unverified-sglang (or the profile's engine.allow_unverified_sglang).
     Exit 0 when all is well (warnings allowed), 1 when something must be fixed, 5 on bad input.
     """
+    from dsv4bisect.engines import doctor as d
     from dsv4bisect.patching.registry import builtin_patches
-    from dsv4bisect.plugin import doctor as d
 
     patches, host, ports, engine_py = list(builtin_patches()), "127.0.0.1", [], None
     if profile is not None:

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
+from dsv4bisect.base.bounded import json_object, load_json
 from dsv4bisect.cli.options import Format, FormatOpt, Json, one_output
-from dsv4bisect.config.bounded import json_object, load_json
 from dsv4bisect.config.layering import is_dir
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.report.run_report import (
@@ -80,7 +80,7 @@ def _check_bisect_file(path: Path) -> None:
 
 
 def _bisect(run_dir: Path, json_out: bool, fmt: Format | None) -> None:
-    from dsv4bisect.report import bisect_report as br
+    from dsv4bisect.bisect import report as br
 
     view = br.load_bisect(run_dir)
     if json_out:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dsv4bisect.config.bounded import json_object, load_json
+from dsv4bisect.base.bounded import json_object, load_json
 from dsv4bisect.errors import ConfigError
 
 # The trained checkpoint shipped inside the package (config.json + safetensors shards).

@@ -3,7 +3,9 @@
 It covers the canonical engine configuration (processes with symbolic ports, interpreter, model
 path and worktree path; patch set), the model's identity (its config.json and shard index, not
 its path), the engine's version (SGLang's installed version or the profile's; the embedded
-engine's source), the hash of the patch, kernel and plugin code, and the probe code version.
+engine's source) and the hash of the patch, kernel and plugin code. The probe's version is not
+part of it: every key built on a fingerprint (ledger trials, cached baselines) pairs it with the
+probe spec's hash, which carries the probe version.
 Volatile fields (ports chosen `auto`, run directories, receipt paths, cache paths) are left out.
 """
 
@@ -59,16 +61,17 @@ def _sources(*subdirs: str) -> list[tuple[str, Path]]:
     return files
 
 
-# Plugin modules that only the CLI runs (doctor's static checks), never an engine process: a
-# change to them changes no experiment, so it must not change every fingerprint.
-CLI_ONLY = frozenset({"plugin/doctor.py", "plugin/static.py"})
+# Plugin modules that only the CLI runs (the static checks of a wheel), never an engine process:
+# a change to them changes no experiment, so it must not change every fingerprint.
+CLI_ONLY = frozenset({"plugin/static.py"})
 
 
 @cache
 def code_hash() -> str:
-    """The patch, kernel and plugin code an engine runs: a change to any of it is a new
-    experiment (the CLI-only plugin checks are left out)."""
-    files = [f for f in _sources("patches", "kernels", "plugin") if f[0] not in CLI_ONLY]
+    """The patch, kernel and plugin code an engine runs, and the foundation it imports (release
+    data, the switch-file protocol): a change to any of it is a new experiment (the CLI-only
+    plugin checks are left out)."""
+    files = [f for f in _sources("patches", "kernels", "plugin", "base") if f[0] not in CLI_ONLY]
     return _hash_files(files) if files else "none"
 
 
@@ -97,15 +100,10 @@ def model_identity(path: str | None) -> dict[str, Any]:
     if not found:
         return {"model": "unavailable-here", "name": directory.name}
     # The model path is user input: its files are read through the bounded loader.
-    from dsv4bisect.config.bounded import read_bytes
+    from dsv4bisect.base.bounded import read_bytes
 
     kinds = {"model.safetensors.index.json": "checkpoint-index"}
     return {"model": _hash_contents([(p.name, read_bytes(p, kinds.get(p.name,
                                                                        "checkpoint-config")))
                                      for p in found])}
 
-
-def probe_version() -> int:
-    from dsv4bisect.probe.spec import PROBE_VERSION
-
-    return PROBE_VERSION

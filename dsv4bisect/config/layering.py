@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dsv4bisect.config import bounded
+from dsv4bisect.base import bounded
 from dsv4bisect.config.yamlsource import KeyPath, Mark, load_yaml
 from dsv4bisect.errors import ConfigError, did_you_mean
 

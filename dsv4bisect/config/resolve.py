@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect import env as envvars
+from dsv4bisect.base.versions import ALLOW_ENV, parse_version
 from dsv4bisect.config import fingerprint as fp
 from dsv4bisect.config.checkpoints import EMBEDDED_CHECKPOINT
 from dsv4bisect.config.engine_config import EngineConfig, PatchChoice
@@ -30,7 +31,6 @@ from dsv4bisect.errors import ConfigError, PatchError
 from dsv4bisect.patching.registry import builtin_patches, unknown_patch_hint
 from dsv4bisect.patching.spec import EngineContext, Patch
 from dsv4bisect.patching.wire import format_patch_set
-from dsv4bisect.plugin.versions import ALLOW_ENV, parse_version
 
 
 @dataclass(frozen=True)
@@ -284,7 +284,6 @@ def _identity(profile: Profile, config: EngineConfig, plan: WorktreePlan | None)
         "model": model,
         "engine_version": version,
         "code": fp.code_hash(),
-        "probe_version": fp.probe_version(),
     }
 
 

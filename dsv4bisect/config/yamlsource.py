@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from dsv4bisect.config import bounded
+from dsv4bisect.base import bounded
 from dsv4bisect.errors import ConfigError
 
 KeyPath = tuple[Any, ...]

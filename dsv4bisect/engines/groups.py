@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4bisect.config.bounded import load_json
+from dsv4bisect.base.bounded import load_json
 from dsv4bisect.engines import procfs
 from dsv4bisect.engines.rundir import write_json
 from dsv4bisect.env import LAUNCH

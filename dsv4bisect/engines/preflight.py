@@ -6,12 +6,12 @@ anything is launched; `doctor PROFILE` shows the same checks as rows (`doctor_ro
 
 1. **engine Python**: the interpreter the profile launches (`engine.python`, default `python3`
    on PATH) runs;
-2. **SGLang**: installed there, at a verified release (`plugin.versions.check_version`; an
+2. **SGLang**: installed there, at a verified release (`base.versions.check_version`; an
    unverified one only with `engine.allow_unverified_sglang` or
    `DSV4BISECT_ALLOW_UNVERIFIED_SGLANG=1`), equal to the profile's `engine.sglang_version` pin,
    and `import sglang` succeeds there;
 3. **plugin**: the `dsv4bisect` entry point is registered in that Python
-   (`plugin.doctor.check_entry_point`, the row `doctor` shows);
+   (`engines.doctor.check_entry_point`, the row `doctor` shows);
 4. **model**: `engine.model` is a directory with a `config.json` whose `architectures` name
    DeepSeek-V4 (`DeepseekV4ForCausalLM`) and whose quantization matches `engine.expert_quant`;
 5. **GPUs**: every GPU the profile names is visible (`nvidia-smi --query-gpu=...`), runs no
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4bisect.config.bounded import load_json
+from dsv4bisect.base.bounded import load_json
 from dsv4bisect.config.checkpoints import CONFIG_NAME, load_checkpoint_config
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import LoadedProfile, Overrides, load_profile, resolve_loaded
@@ -144,14 +144,14 @@ def engine_python(cfg: EngineConfig) -> str:
 
 def sglang_checks(python: str, pin: str | None, allow_unverified: bool) -> list[Finding]:
     """engine Python runs; SGLang installed, verified, as pinned, importable; plugin registered."""
-    from dsv4bisect.plugin.doctor import check_entry_point
-    from dsv4bisect.plugin.versions import (
+    from dsv4bisect.base.versions import (
         FIRST_SUPPORTED,
         NEWEST_VERIFIED,
         VERIFIED,
         allowed_by_env,
         check_version,
     )
+    from dsv4bisect.engines.doctor import check_entry_point
 
     exe = shutil.which(python) or python
     fix_py = "set engine.python to the interpreter of the SGLang environment"
@@ -375,9 +375,9 @@ DOCTOR_CHECKS = ("engine Python", "SGLang", "model", "GPUs")  # the rest are doc
 
 def doctor_rows(loaded: LoadedProfile, cfg: EngineConfig, python: str | None = None
                 ) -> list[Any]:
-    """The preflight's checks that `doctor` has no row for, as doctor rows (`plugin.doctor.
+    """The preflight's checks that `doctor` has no row for, as doctor rows (`engines.doctor.
     Check`): the engine Python runs, SGLang as pinned and importable, the model, GPUs free."""
-    from dsv4bisect.plugin.doctor import FAIL, OK, Check
+    from dsv4bisect.engines.doctor import FAIL, OK, Check
 
     status = {"ok": OK, "fail": FAIL}
     return [Check(f"preflight: {f.check}", status[f.status], f.detail, f.hint)

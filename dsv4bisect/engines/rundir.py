@@ -18,14 +18,14 @@ A reused baseline is copied in from the cache with the logs of the launch that m
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from dsv4bisect.config.bounded import load_json
+from dsv4bisect.base import atomic
+from dsv4bisect.base.bounded import load_json
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.errors import ConfigError, Dsv4BisectError
 
@@ -86,11 +86,8 @@ def new_run_dir(root: Path, profile: str, fingerprint: str) -> Path:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Atomic write: a reader never sees half a file, a crash never leaves one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    """A run directory's JSON (values JSON cannot hold written as text), atomically."""
+    atomic.write_json(path, data, default=str)
 
 
 def save_config(arm_dir: Path, cfg: EngineConfig) -> None:

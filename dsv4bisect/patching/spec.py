@@ -198,7 +198,7 @@ class Patch:
             if rule is not None and rule.how == "env" and rule.read_once:
                 return rule.read_once
             if (rule is None or rule.how == "hook") and ctx.sglang_version is not None:
-                from dsv4bisect.plugin.versions import layout_of_range
+                from dsv4bisect.base.versions import layout_of_range
 
                 targets = self.sglang.hooks.get(layout_of_range(ctx.sglang_version), ())
                 at_load = [t for t in targets if t.rsplit(".", 1)[-1] in LOAD_TIME_METHODS]
@@ -221,7 +221,7 @@ def _frozen_delivery(d: SglangDelivery) -> SglangDelivery:
 def by_layout(**changes: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     """Hook targets per layout from the layouts where they change: `by_layout(l0_5_13=(..),
     l0_5_16=(..))` gives every layout the targets of the newest change at or before it."""
-    from dsv4bisect.plugin.versions import LAYOUTS
+    from dsv4bisect.base.versions import LAYOUTS
 
     given = {k[1:].replace("_", "."): v for k, v in changes.items()}
     out: dict[str, tuple[str, ...]] = {}

@@ -50,11 +50,11 @@ def run(wire: str, process: object, hot: str = "",
         switch_dir: Path | None = None) -> list[object]:
     """Parse, detect, install, write receipts; raise PluginRefused if anything was refused.
     With `switch_dir` (hot mode) the candidates in `hot` are installed too, gated."""
+    from dsv4bisect.base.versions import detect_sglang
     from dsv4bisect.patching.registry import builtin_patches
     from dsv4bisect.patching.wire import parse_patch_set
     from dsv4bisect.plugin.install import install_patches
     from dsv4bisect.plugin.receipts import OK_STATES, ReceiptWriter
-    from dsv4bisect.plugin.versions import detect_sglang
 
     known = builtin_patches()
     patches = parse_patch_set(wire, known)  # PatchError on unknown names: SGLang logs it

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsv4bisect.plugin.versions import parse_version
+from dsv4bisect.base.versions import parse_version
 
 # (first release, method name, attribute holding the decode graph runner)
 RECAPTURE = (

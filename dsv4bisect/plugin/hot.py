@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.base.versions import SglangInfo
 from dsv4bisect.patching.spec import ARCHS, EngineContext, Patch, SglangRule
 from dsv4bisect.plugin.receipts import OK_STATES, ProcessInfo, Receipt, ReceiptWriter
 from dsv4bisect.plugin.spec import HookSpec, Plan, Recorder, first_call
 from dsv4bisect.plugin.targets import Signature
-from dsv4bisect.plugin.versions import SglangInfo
 
 logger = logging.getLogger("dsv4bisect.plugin")
 
@@ -295,7 +295,7 @@ def refusals(state: SwitchState, new: Mapping[str, str]) -> list[str]:
 
 
 def _vt(version: str) -> tuple[int, ...] | None:
-    from dsv4bisect.plugin.versions import parse_version
+    from dsv4bisect.base.versions import parse_version
 
     return parse_version(version) if version else None
 
@@ -364,7 +364,7 @@ def switch(state: SwitchState, scheduler: Any, request: Any,
 def flush_hook(state: SwitchState) -> Callable[..., Any]:
     """AROUND Scheduler.flush_cache(self, empty_cache=True)."""
 
-    from dsv4bisect.engines.switching import read_request, write_receipt
+    from dsv4bisect.base.switching import read_request, write_receipt
 
     def around(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
         request = read_request(state.directory)

@@ -17,10 +17,10 @@ import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dsv4bisect.base.versions import SglangInfo
 from dsv4bisect.plugin.receipts import Receipt, ReceiptWriter
 from dsv4bisect.plugin.spec import HookSpec, Plan, Recorder
 from dsv4bisect.plugin.targets import CONTRACT_TARGET, SIGNATURES, uses
-from dsv4bisect.plugin.versions import SglangInfo
 
 PLANNERS: dict[str, tuple[str, str]] = {  # patch -> (module, function)
     "mhc-bf16": ("hooks_mhc", "plan"),

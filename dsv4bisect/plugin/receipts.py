@@ -12,13 +12,13 @@ record per process (`contract`). Imports no torch.
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dsv4bisect.base.atomic import write_json
 
 SCHEMA = 1
 OK_STATES = ("installed", "inert")
@@ -111,15 +111,12 @@ class ReceiptWriter:
             return
         rec.written_at = time.time()
         path = receipt_path(self.directory, self.process, rec.patch)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(rec.to_json(), indent=1, default=str) + "\n")
-        os.replace(tmp, path)
+        write_json(path, rec.to_json(), indent=1, default=str)
 
 
 def load_receipt(path: Path) -> dict[str, Any]:
     """One receipt as a dict (raises ValueError on a malformed file)."""
-    from dsv4bisect.config.bounded import load_json
+    from dsv4bisect.base.bounded import load_json
     from dsv4bisect.errors import ConfigError
 
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4bisect.plugin.versions import LAYOUTS
+from dsv4bisect.base.versions import LAYOUTS
 
 _V4_MOD = "sglang.srt.models.deepseek_v4"
 _V4 = f"{_V4_MOD}.DeepseekV4DecoderLayer"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.base.atomic import write_text
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.drift import DriftRecord
 from dsv4bisect.probe.grid import Case
@@ -79,7 +80,7 @@ class ProbeRun:
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> ProbeRun:
         """Read a directory written by `save`; a missing or foreign directory is a ConfigError."""
-        from dsv4bisect.config.bounded import json_object, load_json
+        from dsv4bisect.base.bounded import json_object, load_json
 
         src = Path(directory)
         hint = "pass a directory written by `dsv4bisect probe --out`"
@@ -112,7 +113,7 @@ def _jsonl(items: Iterable[dict[str, Any]]) -> str:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    from dsv4bisect.config.bounded import load_jsonl
+    from dsv4bisect.base.bounded import load_jsonl
 
     if not path.exists():
         return []
@@ -125,6 +126,4 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text(path, text)

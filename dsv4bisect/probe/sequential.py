@@ -51,7 +51,6 @@ from dsv4bisect.probe.drift import non_finite_reason
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.stats import mcnemar_one_sided
 
-PASS, FAIL, BETWEEN = "PASS", "FAIL", "BETWEEN"
 LIKE_GOOD, LIKE_BAD = "like good", "like bad"
 
 BENIGN_FLIP_RATE = 0.01  # losses (gains) per request a harmless numeric change may cause
@@ -196,7 +195,7 @@ class Decision:
 
     @property
     def outcome(self) -> str | None:
-        return {PASS: LIKE_GOOD, FAIL: LIKE_BAD}.get(self.verdict)
+        return {V.PASS: LIKE_GOOD, V.FAIL: LIKE_BAD}.get(self.verdict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "outcome": self.outcome, "decided_by": self.decided_by,
@@ -402,33 +401,33 @@ class SequentialTrial:
         if nearer_good:
             shown = f"{kl_share:.0%} (mean KL)"
         if drift.status == "fail" and not nearer_good:
-            return self._decide(FAIL, "drift", f"drift FAIL{where} in the trial: like the bad "
+            return self._decide(V.FAIL, "drift", f"drift FAIL{where} in the trial: like the bad "
                                                "end or worse")
         bad_drift_differs = _DRIFT_RANK[bad.status] > 0
         if not self._differs and bad_drift_differs:
             if drift.status == "absent":
-                return self._decide(BETWEEN, "drift", "the ends differ only by drift and the "
+                return self._decide(V.BETWEEN, "drift", "the ends differ only by drift and the "
                                                       "trial has no drift measurement")
             if nearer_good:
-                return self._decide(PASS, "drift", f"the ends differ only by drift; the trial's "
+                return self._decide(V.PASS, "drift", f"the ends differ only by drift; the trial's "
                                     f"drift ({drift.status}{where}) is {shown} of the bad end's: "
                                     "nearer the good end (--drift relative)")
             if not self.warn_fails:  # a WARN counts as PASS: only a drift FAIL (above) fails
-                return self._decide(PASS, "drift", f"the ends differ only by drift; the trial's "
+                return self._decide(V.PASS, "drift", f"the ends differ only by drift; the trial's "
                                     f"drift is {drift.status.upper()}{where}, which counts as "
                                     "PASS (--warn-as pass)")
             if drift.status != "pass" and share is not None and share >= DRIFT_LIKE_BAD:
-                return self._decide(FAIL, "drift", f"the ends differ only by drift; the "
+                return self._decide(V.FAIL, "drift", f"the ends differ only by drift; the "
                                     f"trial's drift is {drift.status}{where}, {shown} of the bad "
                                     f"end's ({bad.status}, {bad.where})")
             if drift.status == "pass" and (share is None or share < DRIFT_LIKE_BAD):
-                return self._decide(PASS, "drift", "the ends differ only by drift; the trial's "
+                return self._decide(V.PASS, "drift", "the ends differ only by drift; the trial's "
                                     f"drift passes ({shown} of the bad end's {bad.status})")
-            return self._decide(BETWEEN, "drift", f"the ends differ only by drift; the trial's "
+            return self._decide(V.BETWEEN, "drift", f"the ends differ only by drift; the trial's "
                                 f"drift ({drift.status}{where}, {shown} of the bad end's) is "
                                 f"between the ends")
         if not self._differs and not self.ends.bad_signature_cases():
-            return self._decide(BETWEEN, "ends", "the ends do not differ in accuracy, drift or "
+            return self._decide(V.BETWEEN, "ends", "the ends do not differ in accuracy, drift or "
                                                  "hard signatures: no trial can be told apart")
         if drift.status in ("warn", "fail"):  # a FAIL here is nearer the good end's drift
             self._reasons.append(f"trial drift {drift.status.upper()}{where}"
@@ -477,17 +476,17 @@ class SequentialTrial:
         if len(seeds) >= V.HARD_SIGNATURE_SEEDS and not self._sig_suspended:
             names = ", ".join(f"{k} (seeds {', '.join(map(str, sorted(v)[:4]))})"
                               for k, v in sorted(self._sig_seeds.items()))
-            return self._decide(FAIL, "signatures", f"hard signatures where the good end was "
+            return self._decide(V.FAIL, "signatures", f"hard signatures where the good end was "
                                                     f"right: {names}")
         if self._differs:
             if self._log_lr >= self.upper:
-                return self._decide(FAIL, "accuracy", self._accuracy_reason(LIKE_BAD))
+                return self._decide(V.FAIL, "accuracy", self._accuracy_reason(LIKE_BAD))
             if self._log_lr <= self.lower:
-                return self._decide(PASS, "accuracy", self._accuracy_reason(LIKE_GOOD))
+                return self._decide(V.PASS, "accuracy", self._accuracy_reason(LIKE_GOOD))
         if self._next >= len(self._order):
             what = ("every accuracy request of the tier" if self._differs
                     else "the bad end's hard-signature cases")
-            return self._decide(BETWEEN, "cap", f"no decision after {what} "
+            return self._decide(V.BETWEEN, "cap", f"no decision after {what} "
                                 f"({len(self._order)}): log LR {self._log_lr:.2f} inside "
                                 f"({self.lower:.2f}, {self.upper:.2f}); evidence for neither "
                                 "end")

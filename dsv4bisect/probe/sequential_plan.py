@@ -23,10 +23,7 @@ from dataclasses import dataclass
 from dsv4bisect.probe.grid import Cell, cells
 from dsv4bisect.probe.judge import drift_gate
 from dsv4bisect.probe.sequential import (
-    BETWEEN,
     DEFAULT_BATCH,
-    FAIL,
-    PASS,
     Decision,
     DriftFigures,
     EndCase,
@@ -35,6 +32,7 @@ from dsv4bisect.probe.sequential import (
     run_offline,
 )
 from dsv4bisect.probe.spec import ProbeSpec
+from dsv4bisect.probe.verdict import BETWEEN, FAIL, PASS
 
 REQUEST_OVERHEAD_TOKENS = 4096
 

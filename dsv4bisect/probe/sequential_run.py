@@ -10,7 +10,6 @@ can show them; `sequential.json` beside it holds the decision.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.base.atomic import write_json
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.client import ProbeClient
 from dsv4bisect.probe.drift import non_finite_cases
@@ -66,15 +66,14 @@ class SequentialResult:
                        {"tier": spec.tier, "spec_hash": spec.spec_hash(),
                         "seed_block": spec.seed_block, "sequential": True},
                        overall={"sequential": d.to_dict()},
-                       drift={"status": drift.get("status"), "trigger": drift})
+                       drift={"status": drift.get("status"), "trigger": drift},
+                       error_rates=(d.false_fail, d.false_pass))
 
     def save(self, directory: str | os.PathLike[str]) -> SequentialResult:
         """The rows as a probe run directory, plus `sequential.json`."""
         saved = self.run.save(directory)
         out = SequentialResult(self.decision, saved, self.seed, self.notes)
-        tmp = Path(directory) / "sequential.json.tmp"
-        tmp.write_text(json.dumps(out.to_json(), indent=2) + "\n")
-        os.replace(tmp, Path(directory) / "sequential.json")
+        write_json(Path(directory) / "sequential.json", out.to_json())
         return out
 
 

@@ -8,12 +8,12 @@ run directory (`run.json` inside) or such an output directory (its `baseline/` a
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsv4bisect.base.atomic import write_json
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.runner import ProbeProgress, collect, judge
@@ -99,9 +99,4 @@ def probe_against(url: str, source: BaselineSource, out_dir: str | os.PathLike[s
 
 
 def write_verdict(out_dir: str | os.PathLike[str], verdict: Verdict) -> Path:
-    path = Path(out_dir) / "verdict.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(verdict.to_dict(), indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_json(Path(out_dir) / "verdict.json", verdict.to_dict())

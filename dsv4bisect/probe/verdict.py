@@ -31,6 +31,13 @@ from dsv4bisect.errors import ExitCode
 VERDICT_SCHEMA = "dsv4bisect.verdict/1"
 PASS, FAIL, WARN, CANNOT_TEST = "PASS", "FAIL", "WARN", "CANNOT_TEST"
 BETWEEN = "BETWEEN"
+# The one vocabulary of a verdict: `dsv4bisect run`/`probe` write PASS/FAIL/WARN/CANNOT_TEST,
+# the sequential trial probe PASS/FAIL/BETWEEN, a bisect's runners report these words and its
+# search records them (a WARN counted as one end by --warn-as; CANNOT_TEST routed around).
+# The ledger, the bisect's JSON and its report write what the search recorded in git bisect's
+# words (the ledger's stored form since its first schema; docs/bisect.md).
+SEARCH_WORDS = {PASS: "pass", FAIL: "fail", BETWEEN: "between", CANNOT_TEST: "skip"}
+FROM_SEARCH_WORD = {word: verdict for verdict, word in SEARCH_WORDS.items()}
 EXIT_CODES = {PASS: ExitCode.OK, FAIL: ExitCode.FAIL, WARN: ExitCode.WARN,
               CANNOT_TEST: ExitCode.CANNOT_TEST, BETWEEN: ExitCode.FAIL}
 
@@ -93,6 +100,9 @@ class Verdict:
     aa: dict[str, Any] = field(default_factory=dict)
     power: dict[str, Any] = field(default_factory=dict)
     evidence: dict[str, str | None] = field(default_factory=dict)
+    # (false fail, false pass) a sequential trial probe's verdict holds to (also under
+    # overall.sequential in the JSON); None: the fixed probe, whose rates the bisect measures.
+    error_rates: tuple[float, float] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -119,4 +129,11 @@ class Verdict:
                    {k: FamilyResult(**v) for k, v in d.get("families", {}).items()},
                    d.get("overall", {}), tuple(CellResult(**c) for c in d.get("cells", [])),
                    d.get("signatures", {}), d.get("drift", {}), d.get("aa", {}),
-                   d.get("power", {}), d.get("evidence", {}))
+                   d.get("power", {}), d.get("evidence", {}),
+                   _rates(d.get("overall", {}).get("sequential")))
+
+
+def _rates(sequential: dict[str, Any] | None) -> tuple[float, float] | None:
+    if not sequential:
+        return None
+    return float(sequential["false_fail"]), float(sequential["false_pass"])

@@ -28,7 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from dsv4bisect.config.bounded import json_object, load_json
+from dsv4bisect.base.bounded import json_object, load_json
 from dsv4bisect.config.checkpoints import load_weight_map
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.reference import mtp as mtp_file

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from dsv4bisect.config.bounded import json_object, load_json
+from dsv4bisect.base.bounded import json_object, load_json
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.kernels.nvfp4 import (
     E2M1_VALUES,

@@ -1,4 +1,4 @@
-"""The embedded engine's side of the hot-switch protocol (engines/switching.py).
+"""The embedded engine's side of the hot-switch protocol (base/switching.py).
 
 In hot mode the launcher gives the server DSV4BISECT_SWITCH_DIR and DSV4BISECT_HOT (the patches
 that may be switched in, at their bad-end variants). At `/flush_cache`, a switch request newer
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect import env as envvars
-from dsv4bisect.engines.switching import read_request, write_receipt
+from dsv4bisect.base.switching import read_request, write_receipt
 from dsv4bisect.errors import Dsv4BisectError
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.patching.spec import EngineContext

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4bisect.config.bounded import json_object, load_json
+from dsv4bisect.base.bounded import json_object, load_json
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.redact import redact, redact_text, secrets_in

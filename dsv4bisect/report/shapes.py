@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsv4bisect.config.bounded import json_type
+from dsv4bisect.base.bounded import json_type
 from dsv4bisect.errors import ConfigError
 
 NUM = (int, float)

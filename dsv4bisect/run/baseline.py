@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dsv4bisect.config.bounded import json_object, load_json
+from dsv4bisect.base.bounded import json_object, load_json
 from dsv4bisect.env import cache_dir
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.run import ProbeRun

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import dsv4bisect
-from dsv4bisect.config.bounded import json_object, load_json
+from dsv4bisect.base.bounded import json_object, load_json
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import Overrides
 from dsv4bisect.engines import procfs

@@ -205,12 +205,7 @@ class Trial:
             # a bisect's check of the good end (or `run --only none`): its requests are the good
             # end's, not a candidate's
             label = label.replace("candidate", "good end")
-
-        def progress(p: ProbeProgress) -> None:
-            self.on_event(ProbeEvent(label, p))
-            check_interrupt()  # after each request: a safe point to act on a lost Ctrl-C
-
-        return progress
+        return probe_progress(self.on_event, label)
 
     def _candidate(self, work: Callable[[], T]) -> T:
         """The candidate's work; a crash on every attempt is the trial's verdict (FAIL crash)."""
@@ -254,6 +249,16 @@ class Trial:
             self.record.note(f"baseline not cached: {exc}")
             return
         self.record.note(f"baseline cached at {path}")
+
+
+def probe_progress(on_event: EventSink, label: str) -> Callable[[ProbeProgress], None]:
+    """A probe's progress as events of the arm `label` (the hot runner's trials too)."""
+
+    def progress(p: ProbeProgress) -> None:
+        on_event(ProbeEvent(label, p))
+        check_interrupt()  # after each request: a safe point to act on a lost Ctrl-C
+
+    return progress
 
 
 def _who(arm: EngineArm) -> str:

@@ -33,13 +33,17 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from dsv4bisect.bisect import remedy
-from dsv4bisect.bisect.design import Noise, information_bound
-from dsv4bisect.bisect.plan import oracle_outcome, simulate
-from dsv4bisect.bisect.pricing import StepCosts
-from dsv4bisect.bisect.records import Outcome
-from dsv4bisect.bisect.search import Search
+from dsv4bisect.bisect.plan.simulate import oracle_outcome
+from dsv4bisect.bisect.search.design import Noise, information_bound
+from dsv4bisect.bisect.search.pricing import StepCosts
+from dsv4bisect.bisect.search.search import Search
+from dsv4bisect.probe import verdict as V
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bisect"))
+from simulated import simulate  # noqa: E402 - tests/bisect/simulated.py
 
 NOISES: dict[str, Noise] = {
     "none": Noise(),
@@ -101,7 +105,7 @@ def run_baseline(
 
     def fails(subset: frozenset[str]) -> bool:
         if subset not in cache:  # a deterministic tool never re-runs a configuration
-            cache[subset] = oracle_outcome(subset, culprit, noise, rng) is Outcome.FAIL
+            cache[subset] = oracle_outcome(subset, culprit, noise, rng) == V.FAIL
         return cache[subset]
 
     found = (ddmin if algorithm == "ddmin" else binary_split)(names, fails)

@@ -19,15 +19,16 @@ import math
 
 import numpy as np
 
-from dsv4bisect.bisect import confirm
 from dsv4bisect.bisect import remedy as rem
-from dsv4bisect.bisect.costs import plan_costs
-from dsv4bisect.bisect.design import Noise
-from dsv4bisect.bisect.hypotheses import HypothesisSpace, Priors, tier_weights
+from dsv4bisect.bisect.plan.costs import plan_costs
 from dsv4bisect.bisect.question import resolve_question
-from dsv4bisect.bisect.records import Outcome, Record
-from dsv4bisect.bisect.search import Search
+from dsv4bisect.bisect.search import confirm
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors, tier_weights
+from dsv4bisect.bisect.search.records import Record
+from dsv4bisect.bisect.search.search import Search
 from dsv4bisect.config.resolve import Overrides
+from dsv4bisect.probe import verdict as V
 
 QUESTION = resolve_question("reference-all", Overrides())
 NAMES = QUESTION.candidates
@@ -73,7 +74,7 @@ def verdict(records: tuple[tuple[int, bool], ...], bad_end_first: bool) -> froze
         return None
     hyp = SPACE.hypothesis(best)
     evidence = confirm.Evidence(
-        records=[Record(subset(b), Outcome.FAIL if f else Outcome.PASS) for b, f in records],
+        records=[Record(subset(b), V.FAIL if f else V.PASS) for b, f in records],
         loglik=TABLE, confidence=CONFIDENCE, fresh_from=len(records),
         good_end_established=bool(post[-3] <= 1 - CONFIDENCE), candidates=NAMES, max_order=2)
     if not all(c.confirmed for c in confirm.checks_for(hyp, evidence)):
@@ -125,7 +126,7 @@ def search_calls(bad_end_first: bool) -> list[int]:
             for s in proposals:
                 bits = sum(1 << NAMES.index(x) for x in s)
                 records.append((bits, bool(bits >> c & 1)))
-                search.record(s, Outcome.FAIL if bits >> c & 1 else Outcome.PASS)
+                search.record(s, V.FAIL if bits >> c & 1 else V.PASS)
         assert verdict(tuple(sorted(records)), bad_end_first) == search.result().culprits
         remedy = rem.remedy_subset(NAMES, search.result().culprits)
         out.append(search.trials_used + (remedy not in {r.subset for r in search.records}))

@@ -22,7 +22,7 @@ import json
 import subprocess
 import sys
 
-from dsv4bisect.bisect.pricing import CostTracker, StepCosts
+from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts
 
 
 def plan_costs(profile: str) -> tuple[tuple[str, ...], StepCosts]:

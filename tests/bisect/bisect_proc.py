@@ -11,11 +11,11 @@ import os
 import sys
 from pathlib import Path
 
-from dsv4bisect.bisect.design import Noise
 from dsv4bisect.bisect.driver import resume_bisect, start_bisect
 from dsv4bisect.bisect.ledger import Ledger
+from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.bisect.testcmd import TestCommandRunner
+from dsv4bisect.bisect.trials.testcmd import TestCommandRunner
 from dsv4bisect.patching.registry import builtin_patches
 
 CHECK = Path(__file__).with_name("fake_check.py")

@@ -9,21 +9,21 @@ import sys
 from pathlib import Path
 
 import pytest
+from simulated import simulate  # tests/bisect/simulated.py
 
 from dsv4bisect.bisect import remedy as rem
-from dsv4bisect.bisect.costs import plan_costs
-from dsv4bisect.bisect.design import Noise
 from dsv4bisect.bisect.driver import start_bisect
-from dsv4bisect.bisect.hypotheses import tier_weights
 from dsv4bisect.bisect.ledger import Ledger
-from dsv4bisect.bisect.plan import simulate
-from dsv4bisect.bisect.pricing import StepCosts
+from dsv4bisect.bisect.plan.costs import plan_costs
 from dsv4bisect.bisect.question import resolve_question
-from dsv4bisect.bisect.records import Outcome
-from dsv4bisect.bisect.search import Search, Status
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.hypotheses import tier_weights
+from dsv4bisect.bisect.search.pricing import StepCosts
+from dsv4bisect.bisect.search.search import Search, Status
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.bisect.testcmd import TestCommandRunner
+from dsv4bisect.bisect.trials.testcmd import TestCommandRunner
 from dsv4bisect.config.resolve import Overrides
+from dsv4bisect.probe import verdict as V
 
 CHECK = Path(__file__).parent / "fake_check.py"  # exits 1 when the culprit is switched on
 NAMES = tuple(f"p{i}" for i in range(8))
@@ -35,11 +35,11 @@ def test_the_bad_end_runs_first_only_where_trials_are_judged_against_the_ends() 
     assert Search(NAMES).next() == [frozenset()]
     for costs in (None, StepCosts(paired=True), StepCosts(sequential=True)):
         search = Search(NAMES, costs=costs)
-        search.record(frozenset(), Outcome.PASS)
+        search.record(frozenset(), V.PASS)
         assert search.phase == "ends" and search.next() == [EVERYTHING]
     search = Search(NAMES, costs=TEST_CMD)
     assert search.next() == [frozenset()]
-    search.record(frozenset(), Outcome.PASS)
+    search.record(frozenset(), V.PASS)
     assert search.phase == "search" and search.ends_known
     assert EVERYTHING not in search.next()  # the design asks a question about the sets
     assert Search(NAMES, costs=TEST_CMD, bad_end_first=True).next() == [frozenset()]
@@ -47,7 +47,7 @@ def test_the_bad_end_runs_first_only_where_trials_are_judged_against_the_ends() 
 
 def test_a_failing_good_end_is_still_rechecked_before_the_search() -> None:
     search = Search(NAMES, noise=Noise(0.1, 0.1), costs=TEST_CMD)
-    search.record(frozenset(), Outcome.FAIL)
+    search.record(frozenset(), V.FAIL)
     assert search.phase == "ends" and search.next()[0] in (frozenset(), EVERYTHING)
 
 
@@ -62,7 +62,7 @@ def test_a_bad_end_that_passes_is_run_and_reported(noise: Noise) -> None:
         while proposals := search.next():
             for subset in proposals:
                 flip = rng.random() < noise.false_fail
-                search.record(subset, Outcome.FAIL if flip else Outcome.PASS)
+                search.record(subset, V.FAIL if flip else V.PASS)
         result = search.result()
         if result.status is Status.BAD_END_PASSES:
             right += 1

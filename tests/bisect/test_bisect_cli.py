@@ -261,7 +261,7 @@ def _posterior_ticks_are_whole_trials(run_dir: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dsv4bisect.report.bisect_report import load_bisect, posterior_figure
+    from dsv4bisect.bisect.report import load_bisect, posterior_figure
 
     fig = posterior_figure(load_bisect(run_dir))
     ticks = [t for t in fig.axes[0].get_xticks() if 0 <= t <= len(load_bisect(run_dir).history)]

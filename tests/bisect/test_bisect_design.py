@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from dsv4bisect.bisect.design import Noise, RoundDesign, capacity, information_bound
-from dsv4bisect.bisect.hypotheses import HypothesisSpace, Priors
+from dsv4bisect.bisect.search.design import Noise, RoundDesign, capacity, information_bound
+from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
 
 
 def brute_force_info(space: HypothesisSpace, post: np.ndarray, noise: Noise, tests) -> float:

@@ -11,20 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bisect.bisect.design import Noise
 from dsv4bisect.bisect.driver import RUN_FILE, resume_bisect, start_bisect
 from dsv4bisect.bisect.events import Progress, StepDecided, TrialFinished, TrialStarted
 from dsv4bisect.bisect.ledger import Ledger
-from dsv4bisect.bisect.runner import CRASH, Runner, TrialResult, Verdict
-from dsv4bisect.bisect.search import Status
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.search import Status
 from dsv4bisect.bisect.spec import BisectSpec
+from dsv4bisect.bisect.trials.runner import CRASH, FreshLaunch, Runner, TrialResult, TrialRunner
 from dsv4bisect.errors import BisectError
+from dsv4bisect.probe import verdict as V
 
 NAMES = ("a", "b", "c", "d", "e", "f", "g", "h")
 NOISELESS = Noise()
 
 
-class OracleRunner:
+class OracleRunner(TrialRunner):
     """Evaluates a patch set against a hidden culprit set, like an engine with a faulty patch.
 
     Outcomes flip at the given rates, deterministically per (patch set, seed block), so a re-test
@@ -38,7 +39,7 @@ class OracleRunner:
         probe: str = "oracle-v1",
         verdicts: dict[frozenset[str], list[TrialResult]] | None = None,
         interrupt_at: int | None = None,
-        aa: tuple[Verdict, ...] = (),
+        aa: tuple[str, ...] = (),
     ) -> None:
         self.culprits, self.noise, self._probe = frozenset(culprits), noise, probe
         self.verdicts = verdicts or {}
@@ -68,7 +69,7 @@ class OracleRunner:
         rng = random.Random(f"{self.fingerprint(patches)}/{seed_block}")
         fails = self.culprits <= on
         flip = rng.random() < (self.noise.false_pass if fails else self.noise.false_fail)
-        verdict = Verdict.FAIL if fails != flip else Verdict.PASS
+        verdict = V.FAIL if fails != flip else V.PASS
         return TrialResult(
             verdict, None, 1.0, {"on": sorted(on)}, throughput=42.0, aa_verdicts=self.aa
         )
@@ -117,7 +118,7 @@ def test_a_second_bisect_reuses_every_finished_trial(ledger, tmp_path):
 
 
 def test_warn_counts_as_fail_unless_told_otherwise(ledger, tmp_path):
-    warn = TrialResult(Verdict.WARN, None, 1.0)
+    warn = TrialResult(V.WARN, None, 1.0)
 
     def runner():
         r = OracleRunner({"none of them"})
@@ -141,11 +142,11 @@ def _supersets(core: set[str]) -> list[frozenset[str]]:
 
 
 def test_cannot_test_is_retried_once_then_skipped(ledger, tmp_path):
-    infra = TrialResult(Verdict.CANNOT_TEST, None, 1.0, {"why": "port busy"})
+    infra = TrialResult(V.CANNOT_TEST, None, 1.0, {"why": "port busy"})
     runner = OracleRunner({"b"})
     flaky = frozenset("abcd")  # fails to launch once, then works
     dead = frozenset("efgh")  # never launches
-    runner.verdicts = {flaky: [infra, TrialResult(Verdict.FAIL)], dead: [infra, infra]}
+    runner.verdicts = {flaky: [infra, TrialResult(V.FAIL)], dead: [infra, infra]}
     out = start_bisect(spec(), runner, ledger, tmp_path / "run")
     assert out.result.culprits == {"b"}
     outcomes = {s.subset: s.outcome for s in out.steps}
@@ -156,7 +157,7 @@ def test_cannot_test_is_retried_once_then_skipped(ledger, tmp_path):
 
 
 def test_a_patch_that_crashes_the_engine_is_the_culprit(ledger, tmp_path):
-    crash = TrialResult(Verdict.CANNOT_TEST, CRASH, 1.0)
+    crash = TrialResult(V.CANNOT_TEST, CRASH, 1.0)
     runner = OracleRunner({"none of them"})
     runner.verdicts = {s: [crash, crash] for s in _supersets({"g"})}
     out = start_bisect(spec(), runner, ledger, tmp_path / "run")
@@ -166,7 +167,7 @@ def test_a_patch_that_crashes_the_engine_is_the_culprit(ledger, tmp_path):
 
 
 def test_a_good_end_that_crashes_cannot_be_tested(ledger, tmp_path):
-    crash = TrialResult(Verdict.CANNOT_TEST, CRASH, 1.0)
+    crash = TrialResult(V.CANNOT_TEST, CRASH, 1.0)
     runner = OracleRunner({"a"})
     runner.verdicts = {frozenset(): [crash, crash]}
     out = start_bisect(spec(), runner, ledger, tmp_path / "run")
@@ -219,7 +220,7 @@ def test_retests_draw_fresh_seed_blocks(ledger, tmp_path):
 
 
 def test_noise_evidence_from_ends_and_aa_runs(ledger, tmp_path):
-    runner = OracleRunner({"a"}, aa=(Verdict.PASS, Verdict.FAIL))
+    runner = OracleRunner({"a"}, aa=(V.PASS, V.FAIL))
     out = start_bisect(spec(), runner, ledger, tmp_path / "run")
     est = out.measured_noise
     ends = sum(1 for s in out.steps if s.subset in (frozenset(), frozenset(NAMES)))
@@ -291,6 +292,11 @@ class HotOracle(OracleRunner):
 
     def fresh_fingerprint(self, patches) -> str:
         return "fresh-" + self.fingerprint(patches)
+
+    hot = True
+
+    def fresh(self):
+        return FreshLaunch(self.fresh_fingerprint, self.confirm)
 
 
 def test_a_failing_trial_launched_in_the_culprits_configuration_is_their_confirmation(

@@ -9,15 +9,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dsv4bisect.bisect.costs import plan_costs, probe_shape
-from dsv4bisect.bisect.design import Noise, RoundDesign
-from dsv4bisect.bisect.hypotheses import tier_weights
-from dsv4bisect.bisect.plan import oracle_outcome
-from dsv4bisect.bisect.pricing import CostTracker, StepCosts
-from dsv4bisect.bisect.records import Outcome
-from dsv4bisect.bisect.search import Search, Status
+from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape
+from dsv4bisect.bisect.plan.simulate import oracle_outcome
+from dsv4bisect.bisect.plan.whole_plan import Setup, plan_bisect
+from dsv4bisect.bisect.search.design import Noise, RoundDesign
+from dsv4bisect.bisect.search.hypotheses import tier_weights
+from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts
+from dsv4bisect.bisect.search.search import Search, Status
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.bisect.whole_plan import Setup, plan_bisect
+from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.spec import tier_spec
 
 NAMES = ("a", "b", "c", "d", "e", "f")
@@ -29,25 +29,25 @@ SGLANG = StepCosts(launch_s=600, switch_s=90, probe_s=1200, aa_fraction=1.0, seq
 
 
 def ended(search: Search) -> Search:
-    search.record(frozenset(), Outcome.PASS)
-    search.record(frozenset(search.candidates), Outcome.FAIL)
+    search.record(frozenset(), V.PASS)
+    search.record(frozenset(search.candidates), V.FAIL)
     return search
 
 
 # -- per-record error rates and BETWEEN --------------------------------------------------------
 def test_a_record_counts_at_the_rates_its_own_verdict_holds():
     sure, loose = ended(Search(NAMES, noise=FIVE)), ended(Search(NAMES, noise=FIVE))
-    sure.record({"a", "b", "c"}, Outcome.FAIL, noise=Noise(0.001, 0.001))
-    loose.record({"a", "b", "c"}, Outcome.FAIL, noise=Noise(0.3, 0.3))
+    sure.record({"a", "b", "c"}, V.FAIL, noise=Noise(0.001, 0.001))
+    loose.record({"a", "b", "c"}, V.FAIL, noise=Noise(0.3, 0.3))
     inside = lambda s: sum(s.marginals()[x] for x in "abc")
     assert inside(sure) > inside(loose) > inside(ended(Search(NAMES, noise=FIVE)))
     # the checks weigh each trial at its own rates too: C = {a} alone failing, sure vs loose
-    from dsv4bisect.bisect import confirm
-    from dsv4bisect.bisect.hypotheses import Hypothesis
+    from dsv4bisect.bisect.search import confirm
+    from dsv4bisect.bisect.search.hypotheses import Hypothesis
 
     def sufficiency(rates: Noise) -> float:
         s = ended(Search(NAMES, noise=FIVE))
-        s.record({"a"}, Outcome.FAIL, noise=rates)
+        s.record({"a"}, V.FAIL, noise=rates)
         ev = confirm.Evidence(s.records, confirm.loglik(FIVE), 0.95, 0, True, NAMES, 2)
         (check,) = [c for c in confirm.checks_for(Hypothesis("set", frozenset("a")), ev)
                     if c.member is None]
@@ -61,7 +61,7 @@ def test_between_is_evidence_for_neither_end_and_may_be_retested():
     search = ended(Search(NAMES, noise=FIVE))
     before = search.posterior()
     subset = frozenset({"a", "b", "c"})
-    search.record(subset, Outcome.BETWEEN)
+    search.record(subset, V.BETWEEN)
     after = search.posterior()
     sets_and_ends = slice(0, len(before) - 1)
     ratio = after[sets_and_ends] / before[sets_and_ends]
@@ -70,13 +70,13 @@ def test_between_is_evidence_for_neither_end_and_may_be_retested():
     assert search.result().status is Status.RUNNING
     assert subset not in {s for s in search._skipped}  # not routed around: it may come back
     for _ in range(3):  # a BETWEEN never confirms anything
-        search.record(subset, Outcome.BETWEEN)
+        search.record(subset, V.BETWEEN)
     assert all(c.trials == 0 for c in search.result().checks)
 
 
 def test_a_between_at_an_end_does_not_count_as_checking_it():
     search = Search(NAMES, noise=FIVE)
-    search.record(frozenset(), Outcome.BETWEEN)
+    search.record(frozenset(), V.BETWEEN)
     assert search.next()[0] == frozenset()  # the good end is still to be checked
 
 
@@ -249,8 +249,8 @@ def test_a_launch_of_the_likely_culprits_is_credited_as_the_fresh_confirmation()
     def credit(confirm: bool, subset: frozenset[str]) -> float:
         search = ended(Search(NAMES, noise=FIVE, costs=SGLANG, confirm=confirm))
         for _ in range(2):  # {a} becomes the likely culprit set; the engine up is λ = {b, c}
-            search.record(frozenset({"a", "b", "c"}), Outcome.FAIL)
-            search.record(frozenset({"b", "c", "d", "e", "f"}), Outcome.PASS)
+            search.record(frozenset({"a", "b", "c"}), V.FAIL)
+            search.record(frozenset({"b", "c", "d", "e", "f"}), V.PASS)
         tracker = search._tracker.copy()
         design = RoundDesign(search.space, search.posterior(), search.trial_noise)
         price = search._pricer(design, tracker)

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import math
 import random
-import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from simulated import simulate  # tests/bisect/simulated.py
 
-from dsv4bisect.bisect.design import Noise
-from dsv4bisect.bisect.hypotheses import Priors, tier_weights
-from dsv4bisect.bisect.plan import oracle_outcome, simulate
-from dsv4bisect.bisect.records import Outcome
-from dsv4bisect.bisect.search import Search, Status
+from dsv4bisect.bisect.plan.simulate import oracle_outcome
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.hypotheses import Priors, tier_weights
+from dsv4bisect.bisect.search.search import Search, Status
 from dsv4bisect.errors import BisectError
+from dsv4bisect.probe import verdict as V
 
 
 def names(n: int) -> list[str]:
@@ -27,7 +27,7 @@ def run_noiseless(search: Search, culprits: frozenset[str]) -> list[frozenset[st
     while proposals := search.next():
         for subset in proposals:
             tested.append(subset)
-            search.record(subset, Outcome.FAIL if culprits <= subset else Outcome.PASS)
+            search.record(subset, V.FAIL if culprits <= subset else V.PASS)
     return tested
 
 
@@ -55,7 +55,7 @@ def test_noiseless_finds_the_culprit_set_and_it_is_1_minimal(case: tuple[int, fr
     assert {c.member for c in minimality} == culprits
     for check in result.checks:  # each member removed passes (1-minimal); the set fails
         truly_fails = culprits <= check.config
-        assert check.confirmed and truly_fails == (check.expect is Outcome.FAIL)
+        assert check.confirmed and truly_fails == (check.expect == V.FAIL)
     # within twice the information bound over all culprit sets of size <= 2, plus the ends
     bound = math.ceil(math.log2(n + math.comb(n, 2)))
     assert result.trials_used - 2 <= 2 * bound + 2
@@ -73,7 +73,7 @@ def test_a_pair_is_not_reported_as_its_single_on_the_strength_of_the_prior():
 def test_both_ends_come_first():
     search = Search(names(8), noise=Noise())
     assert search.next() == [frozenset()]
-    search.record(frozenset(), Outcome.PASS)
+    search.record(frozenset(), V.PASS)
     assert search.next() == [frozenset(names(8))]
     parallel = Search(names(8), noise=Noise(), parallel=3)
     assert parallel.next()[:2] == [frozenset(), frozenset(names(8))]
@@ -95,7 +95,7 @@ def test_noiseless_single_culprits_reduce_to_binary_splitting():
                 elif phase == "confirm":
                     extra += 1
                 live = (live & subset) if fails else (live - subset)
-                search.record(subset, Outcome.FAIL if fails else Outcome.PASS)
+                search.record(subset, V.FAIL if fails else V.PASS)
         assert search.result().culprits == {culprit}
         assert halvings == 4 and extra <= 1  # log2(16), then "does it fail alone?" at most
 
@@ -104,7 +104,7 @@ def test_good_end_failing_stops_and_says_so():
     search = Search(names(6), noise=Noise())
     while proposals := search.next():
         for subset in proposals:
-            search.record(subset, Outcome.FAIL)
+            search.record(subset, V.FAIL)
     result = search.result()
     assert result.status is Status.GOOD_END_FAILS
     assert result.trials_used == 1  # noiseless: one failing good end settles it
@@ -115,7 +115,7 @@ def test_bad_end_passing_consistently_under_noise_stops_and_says_so():
     search = Search(names(6), noise=Noise(0.1, 0.1))
     while proposals := search.next():
         for subset in proposals:
-            search.record(subset, Outcome.PASS)
+            search.record(subset, V.PASS)
     result = search.result()
     assert result.status is Status.BAD_END_PASSES
     assert result.trials_used <= 8  # the bad end re-tested a few times, nothing else
@@ -141,9 +141,9 @@ def test_skipped_subsets_are_routed_around_and_never_proposed_again():
             assert subset not in skipped
             if subset and subset != frozenset(candidates) and len(skipped) < 3:
                 skipped.add(subset)
-                search.record(subset, Outcome.SKIP)
+                search.record(subset, V.CANNOT_TEST)
             else:
-                search.record(subset, Outcome.FAIL if culprit <= subset else Outcome.PASS)
+                search.record(subset, V.FAIL if culprit <= subset else V.PASS)
     result = search.result()
     assert len(skipped) >= 2
     assert result.status is Status.FOUND and result.culprits == culprit
@@ -151,7 +151,7 @@ def test_skipped_subsets_are_routed_around_and_never_proposed_again():
 
 def test_an_untestable_good_end_stops_the_search():
     search = Search(names(4), noise=Noise())
-    search.record(frozenset(), Outcome.SKIP)
+    search.record(frozenset(), V.CANNOT_TEST)
     assert search.next() == []
     assert search.result().status is Status.UNTESTABLE
 
@@ -200,7 +200,7 @@ def test_parallel_rounds_ask_different_questions():
         if search.phase == "search":
             assert len(set(proposals)) == len(proposals)
         for subset in proposals:
-            search.record(subset, Outcome.FAIL if culprit <= subset else Outcome.PASS)
+            search.record(subset, V.FAIL if culprit <= subset else V.PASS)
     assert search.result().culprits == culprit
     assert rounds <= 4  # 16 candidates: the ends, then 4 informative tests per round
 
@@ -223,14 +223,12 @@ def test_risk_tiers_steer_the_prior():
     assert marg["a"] > marg["b"] == marg["c"]
 
 
-def test_deciding_a_step_at_n64_with_pairs_is_fast():
+def test_deciding_a_step_at_n64_with_pairs():  # its time: tests/benchmarks/budgets.py
     search = Search(names(64), noise=Noise(0.1, 0.1))
     assert search.space.n_sets == 2080
-    search.record(frozenset(), Outcome.PASS)
-    search.record(frozenset(names(64)), Outcome.FAIL)
-    start = time.perf_counter()
+    search.record(frozenset(), V.PASS)
+    search.record(frozenset(names(64)), V.FAIL)
     proposals = search.next()
-    assert time.perf_counter() - start < 1.0
     assert proposals and 0 < len(proposals[0]) < 64
 
 
@@ -253,4 +251,4 @@ def test_unknown_and_duplicate_candidates_are_errors():
     with pytest.raises(BisectError, match="listed twice"):
         Search(["a", "a"])
     with pytest.raises(BisectError, match="not a candidate"):
-        Search(["a", "b"]).record({"zzz"}, Outcome.PASS)
+        Search(["a", "b"]).record({"zzz"}, V.PASS)

@@ -33,25 +33,20 @@ def test_only_the_ray_executor_imports_ray() -> None:
     importers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
                        if any(line.lstrip().startswith(("import ray", "from ray"))
                               for line in p.read_text().splitlines()))
-    assert importers == ["bisect/ray_executor.py"]
-    code = ("import sys, dsv4bisect.bisect.executors; from dsv4bisect.cli import app; import "
-            "dsv4bisect.bisect.remote_trial, dsv4bisect.engines.reaper; "
+    assert importers == ["bisect/cluster/ray_executor.py"]
+    code = ("import sys, dsv4bisect.bisect.cluster.executors; from dsv4bisect.cli import app; "
+            "import dsv4bisect.bisect.cluster.remote_trial, dsv4bisect.engines.reaper; "
             "print([m for m in ('ray', 'torch') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
 
 
-def _plan(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", NO_RAY, "bisect", "dsv4-flash-tp8-all",
-                           "--plan", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "NO_COLOR": "1"}, timeout=300, check=False)
-
-
-def test_plan_for_ray_nodes_prints_the_node_table_without_ray(tmp_path: Path) -> None:
+def test_plan_for_ray_nodes_prints_the_node_table_without_ray(cli, tmp_path: Path) -> None:
     """`--plan --executor ray --parallel 3` needs no Ray: the single-node plan as without the
     executor, then rows for 1, 2, 3 and 4 nodes, with and without the levers."""
-    text = _plan("--executor", "ray", "--parallel", "3", cwd=tmp_path)
+    plan = ("bisect", "dsv4-flash-tp8-all", "--plan", "--executor", "ray", "--parallel", "3")
+    text = cli(*plan, cwd=tmp_path, python=("-c", NO_RAY))
     assert text.returncode == 0, text.stderr
     lines = text.stderr.splitlines()
     head = lines.index(next(x for x in lines if x.startswith("on Ray nodes (--executor ray")))
@@ -70,7 +65,7 @@ def test_plan_for_ray_nodes_prints_the_node_table_without_ray(tmp_path: Path) ->
     assert any(x.startswith("  with the levers, 2, 3 and 4 nodes save ") for x in
                lines[head + 10:])
 
-    ray = json.loads(_plan("--executor", "ray", "--parallel", "3", "--json", cwd=tmp_path).stdout)
+    ray = json.loads(cli(*plan, "--json", cwd=tmp_path, python=("-c", NO_RAY)).stdout)
     nodes = ray.pop("nodes")  # beside the single-node plan's keys, which stay as they are
     assert sorted(ray) == ["candidates", "confirm", "costs", "hot", "levers", "load_time",
                            "mean_launches", "mean_trials", "mean_wall_s", "n_candidates", "noise",

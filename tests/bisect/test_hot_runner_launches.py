@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.question import resolve_question
 from dsv4bisect.bisect.spec import BisectSpec
+from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.cli.options import overrides
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]

@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
-from dsv4bisect.bisect.design import Noise
 from dsv4bisect.bisect.ledger import Ledger, StepRow, TrialKey
+from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.errors import BisectError
 
 

@@ -95,14 +95,8 @@ def test_a_reader_sees_what_a_live_writer_committed(tmp_path: Path) -> None:
             assert reader.get_run(run).settings == {"x": 1}
 
 
-def _cli(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "dsv4bisect", *map(str, args)], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=120, check=False)
-
-
 def test_two_bisects_on_one_ledger_the_second_is_refused_with_the_holders_pid(
-        tmp_path: Path) -> None:
+        cli, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     log = tmp_path / "calls.log"
     check = f"{sys.executable} {CHECK} {log} mma-decode"
@@ -120,7 +114,7 @@ def test_two_bisects_on_one_ledger_the_second_is_refused_with_the_holders_pid(
         run_dir = next(runs.glob("*-bisect-*"))
         for args in (("bisect", "--test-cmd", check, "--out", runs),
                      ("bisect", "--resume", run_dir)):
-            r = _cli(*args, cwd=tmp_path)
+            r = cli(*args, cwd=tmp_path)
             assert r.returncode == 5, r.stderr
             lines = r.stderr.strip().splitlines()
             assert lines[-2].startswith("error:") and f"PID {first.pid}" in lines[-2], r.stderr
@@ -132,12 +126,12 @@ def test_two_bisects_on_one_ledger_the_second_is_refused_with_the_holders_pid(
         first.wait()
 
 
-def test_report_on_a_bisect_whose_ledger_is_missing_creates_nothing(tmp_path: Path) -> None:
+def test_report_on_a_bisect_whose_ledger_is_missing_creates_nothing(cli, tmp_path: Path) -> None:
     run_dir = tmp_path / "bisect-run"
     run_dir.mkdir()
     ledger = tmp_path / "gone" / "ledger.sqlite"
     (run_dir / "bisect.json").write_text(json.dumps({"run_id": "r1", "ledger": str(ledger)}))
-    r = _cli("report", run_dir, cwd=tmp_path)
+    r = cli("report", run_dir, cwd=tmp_path)
     assert r.returncode == 5, r.stderr
     assert "does not exist" in r.stderr and "hint:" in r.stderr and "Traceback" not in r.stderr
     assert not ledger.exists() and not ledger.parent.exists()

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsv4bisect.bisect.hypotheses import HypothesisSpace, Priors, tier_weights
 from dsv4bisect.bisect.microtest_priors import (
     HEAVIEST,
     LIGHTEST,
@@ -20,6 +19,7 @@ from dsv4bisect.bisect.microtest_priors import (
     ratio,
 )
 from dsv4bisect.bisect.question import resolve_question
+from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors, tier_weights
 from dsv4bisect.cli.bisect_priors import (
     candidate_coverage,
     checkpoint_here,

@@ -7,26 +7,17 @@ not readable here the priors are off and the question block says why.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from dsv4bisect.bisect.hypotheses import tier_weights
 from dsv4bisect.bisect.question import resolve_question
+from dsv4bisect.bisect.search.hypotheses import tier_weights
 from dsv4bisect.cli.bisect_priors import bisect_priors, probe_lengths
 from dsv4bisect.config.resolve import Overrides
 from dsv4bisect.probe.spec import tier_spec
 
 pytest.importorskip("torch")
-
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dsv4bisect", "bisect", *args],
-                          cwd=cwd, env={**os.environ, "NO_COLOR": "1"}, capture_output=True,
-                          text=True, timeout=300, check=False)
 
 
 def test_the_split_k_fault_starts_as_the_favourite_on_the_embedded_checkpoint() -> None:
@@ -46,9 +37,9 @@ def test_the_split_k_fault_starts_as_the_favourite_on_the_embedded_checkpoint() 
     assert weights["mma-decode"] > 4 * max(w for n, w in weights.items() if n != "mma-decode")
 
 
-def test_bisect_plan_prints_the_priors(tmp_path: Path) -> None:
-    r = cli("reference-all", "--plan", "--set", "patches.hash-topk-scaling.variant=double-scale",
-            cwd=tmp_path)
+def test_bisect_plan_prints_the_priors(cli, tmp_path: Path) -> None:
+    r = cli("bisect", "reference-all", "--plan", "--set",
+            "patches.hash-topk-scaling.variant=double-scale", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("microtest priors (embedded"))
@@ -62,16 +53,16 @@ def test_bisect_plan_prints_the_priors(tmp_path: Path) -> None:
     assert "plan: 5 candidates" in r.stderr and not (tmp_path / "runs").exists()
 
 
-def test_priors_are_off_where_they_cannot_or_should_not_run(tmp_path: Path) -> None:
-    off = cli("reference-all", "--plan", "--no-microtest-priors", cwd=tmp_path)
+def test_priors_are_off_where_they_cannot_or_should_not_run(cli, tmp_path: Path) -> None:
+    off = cli("bisect", "reference-all", "--plan", "--no-microtest-priors", cwd=tmp_path)
     assert off.returncode == 0 and "microtest priors: off (--no-microtest-priors)" in off.stderr
-    judged = cli("reference-all", "--plan", "--test-cmd", "true", cwd=tmp_path)
+    judged = cli("bisect", "reference-all", "--plan", "--test-cmd", "true", cwd=tmp_path)
     assert judged.returncode == 0 and "microtest priors: off (--test-cmd judges" in judged.stderr
-    flash = cli("dsv4-flash-tp8-all", "--plan", cwd=tmp_path)
+    flash = cli("bisect", "dsv4-flash-tp8-all", "--plan", cwd=tmp_path)
     assert flash.returncode == 0, flash.stderr
     assert ("microtest priors: off (the checkpoint /models/DeepSeek-V4-Flash-NVFP4 is not "
             "readable here") in flash.stderr
-    forced = cli("dsv4-flash-tp8-all", "--plan", "--microtest-priors", cwd=tmp_path)
+    forced = cli("bisect", "dsv4-flash-tp8-all", "--plan", "--microtest-priors", cwd=tmp_path)
     lines = forced.stderr.strip().splitlines()
     assert forced.returncode == 5 and lines[-2].startswith("error: --microtest-priors: the "
                                                            "checkpoint")

@@ -1,5 +1,5 @@
 """The node plan (`--plan --executor ray`): rounds of K trials on K nodes, as the Ray executor
-runs them (bisect/parallel_plan.py)."""
+runs them (bisect/plan/parallel_plan.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from dsv4bisect.bisect.design import Noise
-from dsv4bisect.bisect.parallel_plan import NodePool, node_counts, plan_nodes, simulate_nodes
-from dsv4bisect.bisect.pricing import StepCosts
-from dsv4bisect.bisect.whole_plan import Setup, common_draws, plan_bisect
+from dsv4bisect.bisect.plan.parallel_plan import node_counts, plan_nodes
+from dsv4bisect.bisect.plan.simulate import NodePool, simulate
+from dsv4bisect.bisect.plan.whole_plan import Setup, common_draws, plan_bisect
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.pricing import StepCosts
 from dsv4bisect.errors import BisectError
 
 CANDIDATES = ("a", "b", "c", "d")
@@ -52,7 +53,7 @@ def test_the_node_columns_can_take_the_first_draws_of_a_longer_plan():
     CLI's node table beside its 200-run single-node plan)."""
     setup = _setup(confirm=False)
     culprits, seeds = common_draws(setup, 40, 2)
-    walls = [simulate_nodes(setup, 2, c, random.Random(s), priced=True).wall_s
+    walls = [simulate(setup, 2, c, random.Random(s), priced=True).wall_s
              for c, s in zip(culprits[:10], seeds[:10])]
     short = plan_nodes(setup, (2,), trials=10, seed=2, of=40)
     assert short.runs == 10

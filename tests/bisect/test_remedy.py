@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dsv4bisect.bisect.records import Outcome, Record
 from dsv4bisect.bisect.remedy import Remedy, needs_more, prior_outcomes, remedy_subset
+from dsv4bisect.bisect.search.records import Record
+from dsv4bisect.probe import verdict as V
 
-P, F, S = Outcome.PASS, Outcome.FAIL, Outcome.SKIP
+P, F, S = V.PASS, V.FAIL, V.CANNOT_TEST
 
 
 def test_one_pass_settles_it_and_a_fail_is_checked_once_more() -> None:

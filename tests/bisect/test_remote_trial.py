@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bisect.bisect import remote_trial as rt
-from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
-from dsv4bisect.bisect.runner import TrialResult, Verdict
+from dsv4bisect.bisect.cluster import remote_trial as rt
+from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
+from dsv4bisect.bisect.trials.runner import TrialResult
 from dsv4bisect.errors import EngineError
+from dsv4bisect.probe import verdict as V
 
 NODE = "gpu-07 (10.0.0.7, node 1a2b3c4d)"
 
@@ -22,9 +23,9 @@ def test_archive_round_trip_and_paths_moved_to_the_driver(tmp_path: Path) -> Non
     (node_dir / "run" / "verdict.json").write_text('{"verdict": "FAIL"}\n')
     (node_dir / "run" / "candidate" / "logs" / "server.log").write_text("log\n")
     log = str(node_dir / "run" / "candidate" / "logs" / "server.log")
-    result = TrialResult(Verdict.FAIL, "drift", 12.5, {"run_dir": str(node_dir / "run"),
+    result = TrialResult(V.FAIL, "drift", 12.5, {"run_dir": str(node_dir / "run"),
                                                        "other": str(tmp_path / "elsewhere")},
-                         88.0, log, (Verdict.PASS,), error_rates=(0.01, 0.02), requests=40)
+                         88.0, log, (V.PASS,), error_rates=(0.01, 0.02), requests=40)
     reply = {"result": rt.result_json(result), "node_dir": str(node_dir),
              "archive": rt.pack(node_dir), "node": {"name": NODE, "started": 1.0,
                                                    "finished": 2.0}}
@@ -36,8 +37,8 @@ def test_archive_round_trip_and_paths_moved_to_the_driver(tmp_path: Path) -> Non
     assert got.details["run_dir"] == str(driver_dir / "run")
     assert got.details["other"] == str(tmp_path / "elsewhere")  # not under the node's dir
     assert got.details["node"]["name"] == NODE
-    assert (got.verdict, got.signature, got.aa_verdicts) == (Verdict.FAIL, "drift",
-                                                             (Verdict.PASS,))
+    assert (got.verdict, got.signature, got.aa_verdicts) == (V.FAIL, "drift",
+                                                             (V.PASS,))
     # a sequential trial's error rates: the search weighs its verdict with them
     assert (got.error_rates, got.requests) == ((0.01, 0.02), 40)
 

@@ -4,7 +4,7 @@ says the trial is the ledger's from an earlier run."""
 
 from __future__ import annotations
 
-from dsv4bisect.report.bisect_report import StepView, confirmation_text
+from dsv4bisect.bisect.report import StepView, confirmation_text
 
 
 def step(n: int, trial_id: int | None) -> StepView:

@@ -1,4 +1,4 @@
-"""Ends measured on one node serve every node (bisect/shared_ends.py, HotEngineRunner.adopt_ends):
+"""Ends measured on one node serve every node (trials/shared_ends.py, HotEngineRunner.adopt_ends):
 the checks an adoption makes, and on the embedded engine a runner that adopts another runner's
 ends and then probes a trial sequentially without measuring the good end, as a second Ray node
 does, with the ends going through the driver's copy as files."""
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bisect.bisect import shared_ends as se
-from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.question import resolve_question
-from dsv4bisect.bisect.runner import Verdict
 from dsv4bisect.bisect.spec import BisectSpec
+from dsv4bisect.bisect.trials import shared_ends as se
+from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.cli.options import overrides
 from dsv4bisect.errors import BisectError, ConfigError
+from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.run import ProbeRun
 
 NODE = "gpu-03 (10.0.0.3, node 5e6f7a8b)"
@@ -134,7 +134,7 @@ def test_a_runner_with_adopted_ends_probes_sequentially_and_measures_no_good_end
     assert one.error_rates is not None and one.details["baseline_cached"]
     assert 0 < one.requests < bad.requests
     assert one.aa_verdicts == ()
-    assert one.verdict in (Verdict.FAIL, Verdict.WARN)  # hash-topk-scaling is the culprit
+    assert one.verdict in (V.FAIL, V.WARN)  # hash-topk-scaling is the culprit
     # its ∅ check is node a's A/A verdict: no launch, no request, no A/A reported again
     assert empty.verdict is good.verdict and empty.aa_verdicts == ()
     assert empty.requests == 0 and second.launches == 1
@@ -143,7 +143,7 @@ def test_a_runner_with_adopted_ends_probes_sequentially_and_measures_no_good_end
 def test_ends_of_another_good_end_sent_to_a_node_are_its_error_naming_it(tmp_path: Path) -> None:
     """The node side of a trial request (remote_trial.run_on_node): the ends are installed
     before anything launches, and a mismatch comes back as the node's one-line error."""
-    from dsv4bisect.bisect import remote_trial as rt
+    from dsv4bisect.bisect.cluster import remote_trial as rt
 
     runner = _runner()
     other = _runner({"hash-topk-scaling": "double-scale"})  # another good end

@@ -7,9 +7,10 @@ import textwrap
 
 import pytest
 
-from dsv4bisect.bisect.runner import Runner, Verdict
-from dsv4bisect.bisect.testcmd import TestCommandRunner
+from dsv4bisect.bisect.trials.runner import Runner
+from dsv4bisect.bisect.trials.testcmd import TestCommandRunner
 from dsv4bisect.errors import BisectError
+from dsv4bisect.probe import verdict as V
 
 
 def script(tmp_path, body: str) -> list[str]:
@@ -21,12 +22,12 @@ def script(tmp_path, body: str) -> list[str]:
 @pytest.mark.parametrize(
     ("code", "verdict"),
     [
-        (0, Verdict.PASS),
-        (1, Verdict.FAIL),
-        (124, Verdict.FAIL),
-        (125, Verdict.CANNOT_TEST),
-        (126, Verdict.CANNOT_TEST),  # the shell's "not executable": nothing was measured
-        (127, Verdict.CANNOT_TEST),  # the shell's "not found"
+        (0, V.PASS),
+        (1, V.FAIL),
+        (124, V.FAIL),
+        (125, V.CANNOT_TEST),
+        (126, V.CANNOT_TEST),  # the shell's "not executable": nothing was measured
+        (127, V.CANNOT_TEST),  # the shell's "not found"
     ],
 )
 def test_exit_codes_map_like_git_bisect_run(tmp_path, code, verdict):
@@ -67,14 +68,14 @@ def test_registry_patches_travel_in_the_wire_format(tmp_path):
 
 def test_a_shell_string_runs_through_the_shell(tmp_path):
     runner = TestCommandRunner('test -n "$DSV4BISECT_PATCHES" && exit 3 || exit 0')
-    assert runner.run({"mhc-bf16": "bf16"}, 0, tmp_path / "a").verdict is Verdict.FAIL
-    assert runner.run({}, 0, tmp_path / "b").verdict is Verdict.PASS
+    assert runner.run({"mhc-bf16": "bf16"}, 0, tmp_path / "a").verdict == V.FAIL
+    assert runner.run({}, 0, tmp_path / "b").verdict == V.PASS
 
 
 def test_a_hanging_command_times_out_as_cannot_test(tmp_path):
     runner = TestCommandRunner(script(tmp_path, "time.sleep(30)"), timeout_s=0.5)
     result = runner.run({}, 0, tmp_path / "trial")
-    assert result.verdict is Verdict.CANNOT_TEST and result.signature == "timeout"
+    assert result.verdict == V.CANNOT_TEST and result.signature == "timeout"
     assert result.duration_s < 10
 
 
@@ -90,7 +91,7 @@ def test_fingerprints_name_the_command_and_the_patch_set(tmp_path):
 
 def test_a_missing_command_cannot_test(tmp_path):
     result = TestCommandRunner([str(tmp_path / "nope")]).run({}, 0, tmp_path / "trial")
-    assert result.verdict is Verdict.CANNOT_TEST and "cannot run the test command" in \
+    assert result.verdict is V.CANNOT_TEST and "cannot run the test command" in \
         result.details["why"]
     with pytest.raises(BisectError, match="empty"):
         TestCommandRunner([])

@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dsv4bisect.bisect.runner import Verdict
-from dsv4bisect.bisect.testcmd import NOT_RUN, TestCommandRunner
+from dsv4bisect.bisect.trials.testcmd import NOT_RUN, TestCommandRunner
+from dsv4bisect.probe import verdict as V
 
 HERE = Path(__file__).parent
 NOISELESS = ("--false-fail", "0", "--false-pass", "0")
@@ -30,10 +30,10 @@ def test_126_127_and_a_missing_working_directory_cannot_test(tmp_path: Path) -> 
     script.write_text("#!/bin/sh\nexit 0\n")  # not executable: the shell says 126
     for command, code in (("./tc.sh", 126), ("./absent.sh", 127)):
         result = TestCommandRunner(command, cwd=tmp_path).run({}, 0, tmp_path / "t")
-        assert result.verdict is Verdict.CANNOT_TEST and result.signature == NOT_RUN
+        assert result.verdict is V.CANNOT_TEST and result.signature == NOT_RUN
         assert result.details["exit_code"] == code and str(tmp_path) in result.details["why"]
     gone = TestCommandRunner(["true"], cwd=tmp_path / "deleted").run({}, 0, tmp_path / "t")
-    assert gone.verdict is Verdict.CANNOT_TEST and gone.signature == NOT_RUN
+    assert gone.verdict is V.CANNOT_TEST and gone.signature == NOT_RUN
 
 
 def test_resume_from_another_directory_runs_the_command_where_it_was_started(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bisect.bisect.engine_runner import EngineRunner
+from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 from dsv4bisect.cli.options import overrides
 from dsv4bisect.config.resolve import resolve
 from dsv4bisect.errors import ConfigError

@@ -12,11 +12,6 @@ import yaml
 BROKEN = Path(__file__).parents[1] / "data" / "broken"
 
 
-def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dsv4bisect", *args], capture_output=True,
-                          text=True, cwd=cwd)
-
-
 def test_import_of_cli_loads_no_torch() -> None:
     # `app` builds every command (main imports only the one it runs)
     code = ("import sys, dsv4bisect.config.resolve; from dsv4bisect.cli import app; "
@@ -27,15 +22,15 @@ def test_import_of_cli_loads_no_torch() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_help_lists_commands() -> None:
-    proc = _cli("--help")
+def test_help_lists_commands(cli) -> None:
+    proc = cli("--help")
     assert proc.returncode == 0
     for command in ("patches", "profile", "diff-config"):
         assert command in proc.stdout
 
 
-def test_resolved_json_has_fingerprint_patches_processes() -> None:
-    proc = _cli("profile", "show", "dsv4-flash-pd8-all", "--resolved", "--json")
+def test_resolved_json_has_fingerprint_patches_processes(cli) -> None:
+    proc = cli("profile", "show", "dsv4-flash-pd8-all", "--resolved", "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert len(data["fingerprint"]) == 16
@@ -45,15 +40,15 @@ def test_resolved_json_has_fingerprint_patches_processes() -> None:
         assert {"role", "argv", "env"} <= proc_.keys()
 
 
-def test_show_why_reports_sources_of_values() -> None:
-    proc = _cli("profile", "show", "reference-all", "--why", "--set", "engine.tp=2")
+def test_show_why_reports_sources_of_values(cli) -> None:
+    proc = cli("profile", "show", "reference-all", "--why", "--set", "engine.tp=2")
     assert proc.returncode == 0, proc.stderr
     assert "engine.tp" in proc.stdout and "--set engine.tp=2" in proc.stdout
     assert "builtin:reference-all.yaml:" in proc.stdout
 
 
-def test_validate_broken_profile_is_one_line_error_and_exit_5() -> None:
-    proc = _cli("profile", "validate", str(BROKEN / "unknown_key.yaml"))
+def test_validate_broken_profile_is_one_line_error_and_exit_5(cli) -> None:
+    proc = cli("profile", "validate", str(BROKEN / "unknown_key.yaml"))
     assert proc.returncode == 5
     lines = proc.stderr.strip().splitlines()
     assert lines[0].startswith("error: ") and ":8:3: " in lines[0]
@@ -61,40 +56,40 @@ def test_validate_broken_profile_is_one_line_error_and_exit_5() -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_unknown_patch_flag_exit_5() -> None:
-    proc = _cli("profile", "show", "reference", "--enable", "mma-decod")
+def test_unknown_patch_flag_exit_5(cli) -> None:
+    proc = cli("profile", "show", "reference", "--enable", "mma-decod")
     assert proc.returncode == 5
     assert "did you mean `mma-decode`" in proc.stderr
 
 
-def test_profile_new_writes_a_starter_that_validates(tmp_path: Path) -> None:
-    proc = _cli("profile", "new", "mine", cwd=tmp_path)
+def test_profile_new_writes_a_starter_that_validates(cli, tmp_path: Path) -> None:
+    proc = cli("profile", "new", "mine", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "mine.yaml").read_text()
     assert "# " in text and "mma-decode: false" in text
-    assert _cli("profile", "validate", "mine.yaml", cwd=tmp_path).returncode == 0
-    proc = _cli("profile", "new", "child", "--from", "reference-all", cwd=tmp_path)
+    assert cli("profile", "validate", "mine.yaml", cwd=tmp_path).returncode == 0
+    proc = cli("profile", "new", "child", "--from", "reference-all", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert _cli("profile", "validate", "child.yaml", cwd=tmp_path).returncode == 0
-    assert _cli("profile", "new", "mine", cwd=tmp_path).returncode == 5  # no overwrite
+    assert cli("profile", "validate", "child.yaml", cwd=tmp_path).returncode == 0
+    assert cli("profile", "new", "mine", cwd=tmp_path).returncode == 5  # no overwrite
 
 
-def test_schema_is_json_schema_with_strict_objects() -> None:
-    proc = _cli("profile", "schema")
+def test_schema_is_json_schema_with_strict_objects(cli) -> None:
+    proc = cli("profile", "schema")
     schema = json.loads(proc.stdout)
     assert schema["title"] == "dsv4bisect profile"
     assert schema["additionalProperties"] is False
     assert "engine" in schema["properties"]
 
 
-def test_patches_list_and_show() -> None:
-    listing = _cli("patches", "list", "--json")
+def test_patches_list_and_show(cli) -> None:
+    listing = cli("patches", "list", "--json")
     names = [row["name"] for row in json.loads(listing.stdout)]
     assert names[:6] == ["mhc-bf16", "hash-topk-scaling", "mma-decode", "triton-indexer",
                          "nvfp4-dispatch", "trtllm-clamp"] and len(names) == 12
-    shown = _cli("patches", "show", "trtllm-clamp")
+    shown = cli("patches", "show", "trtllm-clamp")
     assert shown.returncode == 0 and "ignore-alpha (FAULT)" in shown.stdout
-    under = json.loads(_cli("patches", "list", "--profile", "reference-all", "--json").stdout)
+    under = json.loads(cli("patches", "list", "--profile", "reference-all", "--json").stdout)
     clamp = next(r for r in under if r["name"] == "trtllm-clamp")
     assert clamp["enabled"] and clamp["inert"]
 

@@ -3,26 +3,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from dsv4bisect.config.diff import argv_items, diff_configs
 from dsv4bisect.config.resolve import Overrides, resolve
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dsv4bisect", *args], capture_output=True,
-                          text=True)
-
-
-def test_identical_profiles_exit_0() -> None:
-    proc = _cli("diff-config", "reference", "reference")
+def test_identical_profiles_exit_0(cli) -> None:
+    proc = cli("diff-config", "reference", "reference")
     assert proc.returncode == 0, proc.stderr
     assert "identical" in proc.stdout
 
 
-def test_tp8_vs_all_shows_patches_and_env_flag_by_flag() -> None:
-    proc = _cli("diff-config", "dsv4-flash-tp8", "dsv4-flash-tp8-all", "--json")
+def test_tp8_vs_all_shows_patches_and_env_flag_by_flag(cli) -> None:
+    proc = cli("diff-config", "dsv4-flash-tp8", "dsv4-flash-tp8-all", "--json")
     assert proc.returncode == 1, proc.stderr
     data = json.loads(proc.stdout)
     changes = {(c["section"], c["key"]): (c["a"], c["b"]) for c in data["changes"]}

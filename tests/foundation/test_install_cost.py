@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bisect.plugin.versions import VERIFIED
+from dsv4bisect.base.versions import VERIFIED
 
 ROOT = Path(__file__).parents[2]
 

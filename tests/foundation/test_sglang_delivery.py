@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from dsv4bisect.base.versions import VERIFIED, parse_version
 from dsv4bisect.config.resolve import Overrides, resolve
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.patching.spec import ARCHS
-from dsv4bisect.plugin.versions import VERIFIED, parse_version
 
 SWITCHES = "DSV4BISECT_SWITCHES"
 

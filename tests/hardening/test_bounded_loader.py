@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
-from dsv4bisect.config import bounded
+from dsv4bisect.base import bounded
 from dsv4bisect.config.checkpoints import (
     EMBEDDED_CHECKPOINT,
     load_checkpoint_config,
@@ -42,9 +41,8 @@ def _flash_index(directory: Path) -> int:
 def test_a_v4_flash_sized_shard_index_loads(tmp_path: Path) -> None:
     n = _flash_index(tmp_path)
     assert n > 60_000  # order 10^5, as the real checkpoint
-    start = time.perf_counter()
-    weight_map = load_weight_map(tmp_path)
-    assert len(weight_map) == n and time.perf_counter() - start < 10
+    weight_map = load_weight_map(tmp_path)  # its time: tests/benchmarks/budgets.py
+    assert len(weight_map) == n
 
 
 def test_the_shipped_checkpoint_config_and_index_load() -> None:
@@ -111,13 +109,11 @@ def _bomb(levels: int) -> str:
     ("engine:\n  tp: " + "9" * 5000 + "\n", "a number with 5000 characters"),
     ("a: 1\n---\nb: 2\n", "another document"),
 ])
-def test_hostile_yaml_is_refused_fast(tmp_path: Path, text: str, what: str) -> None:
-    path = tmp_path / "p.yaml"
+def test_hostile_yaml_is_refused(tmp_path: Path, text: str, what: str) -> None:
+    path = tmp_path / "p.yaml"  # how fast: tests/benchmarks/budgets.py
     path.write_text(text)
-    start = time.perf_counter()
     with pytest.raises(ConfigError, match=what) as info:
         load_yaml(path)
-    assert time.perf_counter() - start < 2
     assert info.value.message.startswith(f"{path}:")
 
 

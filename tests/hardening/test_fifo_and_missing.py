@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from cli_inproc import cli
 
-from dsv4bisect.config.bounded import load_json
+from dsv4bisect.base.bounded import load_json
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.run.record import reconcile_abandoned

@@ -120,7 +120,7 @@ def test_what_the_switch_cannot_recapture_is_refused():
 def test_a_busy_scheduler_refuses_and_applies_once_idle(tmp_path):
     import json
 
-    from dsv4bisect.engines.switching import write_request
+    from dsv4bisect.base.switching import write_request
     from dsv4bisect.plugin.hot import flush_hook
 
     state = _state({"mhc-bf16": "bf16"})

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
+from dsv4bisect.base.versions import check_version
 from dsv4bisect.plugin.install import install_patches
 from dsv4bisect.plugin.receipts import ProcessInfo, ReceiptWriter
-from dsv4bisect.plugin.versions import check_version
 
 PROC = ProcessInfo(pid=1, role="server", kind="scheduler", tp_rank=0, dp_rank=0, pp_rank=0)
 

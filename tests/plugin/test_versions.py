@@ -8,9 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsv4bisect.plugin.install import install_patches
-from dsv4bisect.plugin.receipts import ProcessInfo, ReceiptWriter
-from dsv4bisect.plugin.versions import (
+from dsv4bisect.base.versions import (
     LAYOUTS,
     NEWEST_VERIFIED,
     VERIFIED,
@@ -18,6 +16,8 @@ from dsv4bisect.plugin.versions import (
     detect_sglang,
     parse_version,
 )
+from dsv4bisect.plugin.install import install_patches
+from dsv4bisect.plugin.receipts import ProcessInfo, ReceiptWriter
 
 
 def test_post_releases_keep_their_number_and_sort_between_releases():

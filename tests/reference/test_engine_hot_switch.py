@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bisect.engines.switching import read_request, wait_receipts, write_request
+from dsv4bisect.base.switching import read_request, wait_receipts, write_request
 from dsv4bisect.errors import EngineError
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.patching.wire import format_patch_set

@@ -26,15 +26,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu_paths  # noqa: E402, F401  (sys.path and the package's layout)
-
 import torch  # noqa: E402
 from hookenv import PROC  # noqa: E402
 from sglang_tree import SglangTree, add_scheduler, decoder_layer  # noqa: E402
 
+from dsv4bisect.base.versions import check_version  # noqa: E402
 from dsv4bisect.patching.registry import builtin_patches  # noqa: E402
 from dsv4bisect.plugin.hot import apply_state, install_hot  # noqa: E402
 from dsv4bisect.plugin.receipts import ReceiptWriter  # noqa: E402
-from dsv4bisect.plugin.versions import check_version  # noqa: E402
 
 ROWS: list[dict] = []
 

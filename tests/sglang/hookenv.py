@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dsv4bisect.base.versions import check_version
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.plugin.install import install_patches
 from dsv4bisect.plugin.receipts import ProcessInfo, Receipt, ReceiptWriter
-from dsv4bisect.plugin.versions import check_version
 
 PROC = ProcessInfo(pid=1, role="server", kind="scheduler", tp_rank=0, dp_rank=0, pp_rank=0)
 

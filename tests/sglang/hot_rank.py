@@ -37,7 +37,7 @@ from sglang_tree import (
 )
 
 from dsv4bisect import env as envvars
-from dsv4bisect.engines.switching import read_request
+from dsv4bisect.base.switching import read_request
 
 
 def run_scheduler_process(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank,

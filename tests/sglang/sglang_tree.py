@@ -157,8 +157,8 @@ class SglangTree:
         return self._exec(name, src, {"__name__": name})
 
     def _build(self) -> None:
+        from dsv4bisect.base.versions import check_version
         from dsv4bisect.plugin.targets import fused_guard_target, mla_module, sinkhorn_target
-        from dsv4bisect.plugin.versions import check_version
 
         self.layout = check_version(self.version or "", allow_unverified=True).layout or ""
         self.whole("sglang.srt.plugins.hook_registry")

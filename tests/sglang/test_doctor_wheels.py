@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 from wheels import wheel_of
 
+from dsv4bisect.base.versions import NEWEST_VERIFIED
 from dsv4bisect.cli import app
-from dsv4bisect.plugin.versions import NEWEST_VERIFIED
 
 
 def doctor(*args: str):

@@ -12,11 +12,11 @@ import ast
 
 import pytest
 
+from dsv4bisect.base.versions import parse_version
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.plugin.graphs import PREFILL_RUNNERS, recapture_entry
 from dsv4bisect.plugin.hot import SWITCH_SIGNATURES
 from dsv4bisect.plugin.static import SourceTree
-from dsv4bisect.plugin.versions import parse_version
 
 SCHED = "sglang.srt.managers.scheduler"
 RUNNER = "sglang.srt.model_executor.model_runner"
@@ -245,8 +245,8 @@ def test_sm120_backend_is_compared_at_every_call_of_the_decode_entry(tree):
     version = parse_version(tree.version() or "")
     if version < (0, 5, 15):
         pytest.skip("SGLANG_SM120_FLASHMLA_BACKEND first appears in 0.5.15")
+    from dsv4bisect.base.versions import check_version
     from dsv4bisect.plugin.targets import mla_module
-    from dsv4bisect.plugin.versions import check_version
 
     layout = check_version(tree.version() or "", allow_unverified=True).layout or ""
     mod = tree.tree(mla_module(layout))

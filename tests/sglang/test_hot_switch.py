@@ -1,6 +1,6 @@
 """Hot switching against the wheels' own classes (CPU): two scheduler ranks in two processes
 (hot_rank.py) run the real plugin in hot mode; the driver side is the real
-`dsv4bisect.engines.switching`. Each rank calls the wheel's own `Scheduler.flush_cache`
+`dsv4bisect.base.switching`. Each rank calls the wheel's own `Scheduler.flush_cache`
 (extracted from the release, wrapped by the plugin) when a request appears, as SGLang does on
 POST /flush_cache; capturing CUDA graphs needs a GPU and a built model, so the ModelRunner is a
 stand-in carrying the release's verified re-capture entry (test_hot_static.py)."""
@@ -19,12 +19,12 @@ import pytest
 from sglang_tree import real_environ
 
 from dsv4bisect import env as envvars
+from dsv4bisect.base.switching import expected_receipts, wait_receipts, write_request
+from dsv4bisect.base.versions import VERIFIED, parse_version
 from dsv4bisect.config.resolve import Overrides, resolve
-from dsv4bisect.engines.switching import expected_receipts, wait_receipts, write_request
 from dsv4bisect.errors import EngineError
 from dsv4bisect.plugin.graphs import hot_server_args
 from dsv4bisect.plugin.static import SourceTree
-from dsv4bisect.plugin.versions import VERIFIED, parse_version
 
 RANKS = 2
 EXPECTED = {("server", r) for r in range(RANKS)}

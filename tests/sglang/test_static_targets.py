@@ -12,6 +12,7 @@ import ast
 
 import pytest
 
+from dsv4bisect.base.versions import LAYOUTS, check_version, parse_version
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.plugin.static import SourceTree, call_keywords, result_index, sm120_forced_flags
 from dsv4bisect.plugin.targets import (
@@ -22,7 +23,6 @@ from dsv4bisect.plugin.targets import (
     mla_module,
     uses,
 )
-from dsv4bisect.plugin.versions import LAYOUTS, check_version, parse_version
 
 
 @pytest.fixture(scope="module")

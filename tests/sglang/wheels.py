@@ -1,6 +1,6 @@
 """The SGLang wheels the tests read (never imported, never committed).
 
-One wheel per verified release (`dsv4bisect.plugin.versions.VERIFIED`), downloaded with
+One wheel per verified release (`dsv4bisect.base.versions.VERIFIED`), downloaded with
 `pip download --no-deps` into a cache outside the repository (`$DSV4BISECT_SGLANG_WHEELS`,
 default ~/.cache/dsv4bisect/sglang-wheels), all missing ones at once in parallel; a wheel already
 there is reused. Only the files the checks need are read from each zip. A test may skip only
@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
-from dsv4bisect.plugin.versions import VERIFIED
+from dsv4bisect.base.versions import VERIFIED
 
 VERSIONS = VERIFIED
 # The releases whose pure-torch SGLang code the hooks are compared with (tests/sglang/

@@ -8,8 +8,8 @@ else under the same key): a `NodeMismatch` naming the node and what differs. It 
 same local trial code as a local bisect into a scratch trial directory and sends back ONE
 archive of that directory (tar.gz) with the `TrialResult` as JSON; the driver unpacks the
 archive into its own trial directory and rewrites the result's paths to point there. No Ray
-here: the executor (bisect/ray_executor.py) only carries these values. The ends a hot runner
-measures travel beside the trial's archive, both ways (bisect/shared_ends.py).
+here: the executor (bisect/cluster/ray_executor.py) only carries these values. The ends a hot runner
+measures travel beside the trial's archive, both ways (bisect/trials/shared_ends.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4bisect.bisect import shared_ends
-from dsv4bisect.bisect.archive import pack, unpack
-from dsv4bisect.bisect.engine_runner import EngineRunner
-from dsv4bisect.bisect.runner import TrialResult, Verdict
+from dsv4bisect.bisect.cluster.archive import pack, unpack
+from dsv4bisect.bisect.trials import shared_ends
+from dsv4bisect.bisect.trials.engine_runner import EngineRunner
+from dsv4bisect.bisect.trials.runner import TrialResult
 from dsv4bisect.errors import (
     BisectError,
     ConfigError,
@@ -88,7 +88,7 @@ def check_identity(runner: EngineRunner, trial: NodeTrial, node: str) -> None:
 def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
                 node: Mapping[str, Any], ends: bytes | None = None) -> dict[str, Any]:
     """Check, run and pack one trial on this node; the reply the driver receives.
-    `ends`: the driver's archive of ends other nodes measured (bisect/shared_ends.py), installed
+    `ends`: the driver's archive of ends other nodes measured (trials/shared_ends.py), installed
     in a hot runner before the trial; the reply's `ends` holds those this trial measured, and
     `engines` the load-time states whose engine is up after it (where the runner says).
     A project error becomes `{"error": ...}` (re-raised on the driver, naming the node)."""
@@ -97,14 +97,15 @@ def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
         check_identity(runner, trial, str(node["name"]))
         trial_dir = scratch_trial_dir(scratch, trial)
         trial_dir.mkdir(parents=True, exist_ok=True)
-        if ends is not None and hasattr(runner, "adopt_ends"):
+        if ends is not None and runner.hot:
             shared_ends.adopt(runner, ends, scratch / trial.run_name / "adopted" / trial.trial_name)
         started = time.time()
         result = runner.run(dict(trial.patches), trial.seed_block, trial_dir)
         finished = time.time()
         names = result.details.get("ends_measured") or []
-        if names and hasattr(runner, "ends_dir"):
-            measured = shared_ends.pack_ends(runner.ends_dir(trial_dir), names,
+        kept = runner.ends_dir(trial_dir)
+        if names and kept is not None:
+            measured = shared_ends.pack_ends(kept, names,
                                              good=runner.good_cfg.fingerprint,
                                              node=str(node["name"]))
     except Dsv4BisectError as exc:
@@ -118,7 +119,7 @@ def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
             break
     return {"result": result_json(result), "node_dir": str(trial_dir), "archive": archive,
             "node": {**node, "started": started, "finished": finished}, "ends": measured,
-            "engines": list(getattr(runner, "engines_up", ()))}
+            "engines": list(runner.engines_up)}
 
 
 def receive(reply: Mapping[str, Any], trial_dir: Path, node: str) -> TrialResult:
@@ -148,19 +149,19 @@ def node_error(doc: Mapping[str, Any], node: str) -> Dsv4BisectError:
 
 
 def result_json(result: TrialResult) -> dict[str, Any]:
-    return {"verdict": Verdict(result.verdict).value, "signature": result.signature,
+    return {"verdict": result.verdict, "signature": result.signature,
             "duration_s": result.duration_s, "details": dict(result.details),
             "throughput": result.throughput, "log_path": result.log_path,
-            "aa_verdicts": [Verdict(v).value for v in result.aa_verdicts],
+            "aa_verdicts": list(result.aa_verdicts),
             "error_rates": list(result.error_rates) if result.error_rates is not None else None,
             "requests": result.requests}
 
 
 def result_from_json(doc: Mapping[str, Any]) -> TrialResult:
-    return TrialResult(Verdict(doc["verdict"]), doc.get("signature"),
+    return TrialResult(doc["verdict"], doc.get("signature"),
                        float(doc.get("duration_s") or 0.0), dict(doc.get("details") or {}),
                        doc.get("throughput"), doc.get("log_path"),
-                       tuple(Verdict(v) for v in doc.get("aa_verdicts") or ()),
+                       tuple(doc.get("aa_verdicts") or ()),
                        error_rates=_rates(doc.get("error_rates")), requests=doc.get("requests"))
 
 

@@ -5,8 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from dsv4bisect.bisect.confirm import Check
-from dsv4bisect.bisect.hypotheses import BAD_END_PASSES, GOOD_END_FAILS, UNEXPLAINED, Hypothesis
+from dsv4bisect.bisect.search.confirm import Check
+from dsv4bisect.bisect.search.hypotheses import (
+    BAD_END_PASSES,
+    GOOD_END_FAILS,
+    UNEXPLAINED,
+    Hypothesis,
+)
 
 
 class Status(str, Enum):

@@ -1,22 +1,22 @@
 """Where trials run: on this machine (`local`) or on the nodes of a Ray cluster (`ray`).
 
 `executor_runner` is the one call the CLI makes to turn the local runner into the chosen
-executor's. Ray is an optional extra imported only by bisect/ray_executor.py, and only here,
+executor's. Ray is an optional extra imported only by bisect/cluster/ray_executor.py, and only here,
 when `ray` is chosen.
 """
 
 from __future__ import annotations
 
-from dsv4bisect.bisect.engine_runner import EngineRunner
-from dsv4bisect.bisect.node_runner import RunnerRequest
-from dsv4bisect.bisect.runner import Runner
-from dsv4bisect.errors import BisectError, ConfigError
+from dsv4bisect.bisect.trials.engine_runner import EngineRunner
+from dsv4bisect.bisect.trials.node_runner import RunnerRequest
+from dsv4bisect.bisect.trials.runner import Runner
+from dsv4bisect.errors import ConfigError
 
 EXECUTORS = ("local", "ray")
 
 
-def executor_runner(executor: str, local: Runner, request: RunnerRequest, parallel: int, *,
-                    address: str | None = None, node_resource: str | None = None,
+def executor_runner(executor: str, local: EngineRunner, request: RunnerRequest,
+                    parallel: int, *, address: str | None = None, node_resource: str | None = None,
                     preflight: bool = True) -> Runner:
     """`local` as it is, or a `RayRunner` with `parallel` node slots that runs `request`'s
     trials on the cluster at `address` (`local` resolves and fingerprints on the driver)."""
@@ -24,11 +24,8 @@ def executor_runner(executor: str, local: Runner, request: RunnerRequest, parall
         return local
     if executor != "ray":
         raise ConfigError(f"unknown executor `{executor}`", f"use one of {', '.join(EXECUTORS)}")
-    if not isinstance(local, EngineRunner):
-        raise BisectError("--executor ray runs engine trials; a --test-cmd runs on this machine",
-                          "drop --executor ray (or --test-cmd)")
     try:
-        from dsv4bisect.bisect.ray_executor import RayRunner
+        from dsv4bisect.bisect.cluster.ray_executor import RayRunner
     except ImportError as exc:
         raise ConfigError(f"--executor ray needs Ray, which is not installed ({exc})",
                           "pip install 'dsv4bisect[ray]' (on the driver and on every node)"

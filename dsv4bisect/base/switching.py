@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from dsv4bisect.config.engine_config import EngineConfig
+from dsv4bisect.base.atomic import write_json
 from dsv4bisect.errors import EngineError
 
 REQUEST = "request.json"
@@ -32,9 +32,7 @@ class SwitchRequest:
 
 
 def _atomic_write(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_json(path, data, indent=None, sort_keys=True)
 
 
 def write_request(switch_dir: Path, generation: int, wire: str) -> None:
@@ -69,7 +67,18 @@ def write_receipt(switch_dir: Path, generation: int, role: str, tp_rank: int, *,
     return path
 
 
-def expected_receipts(cfg: EngineConfig) -> set[tuple[str, int]]:
+class _Process(Protocol):  # what this reads of config.engine_config.ProcessSpec
+    role: str
+    gets_patches: bool
+    schedulers: int
+
+
+class _Config(Protocol):  # ... and of an EngineConfig (the foundation imports no config/)
+    @property
+    def processes(self) -> Sequence[_Process]: ...
+
+
+def expected_receipts(cfg: _Config) -> set[tuple[str, int]]:
     """(role, tp_rank) of every process that must apply a switch: each scheduler of each
     process that runs engine code (the router runs none)."""
     return {(p.role, rank) for p in cfg.processes if p.gets_patches

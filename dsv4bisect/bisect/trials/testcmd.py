@@ -25,10 +25,11 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dsv4bisect.bisect.runner import TrialResult, Verdict
+from dsv4bisect.bisect.trials.runner import TrialResult, TrialRunner
 from dsv4bisect.errors import BisectError
 from dsv4bisect.patching.spec import Patch
 from dsv4bisect.patching.wire import ENV_VAR, format_patch_set
+from dsv4bisect.probe import verdict as V
 
 CANNOT_TEST_EXIT = 125
 NOT_RUN_EXITS = {126: "found but not executable", 127: "not found"}  # POSIX shells
@@ -40,7 +41,7 @@ class _CouldNotRun(Exception):
     """The command could not be started (OSError from exec or chdir)."""
 
 
-class TestCommandRunner:
+class TestCommandRunner(TrialRunner):
     """A `Runner` that evaluates a configuration by running a command."""
 
     __test__ = False  # not a pytest class
@@ -106,26 +107,26 @@ class TestCommandRunner:
                 code = self._execute(env, log)
             except _CouldNotRun as exc:
                 log.write(f"dsv4bisect: {exc}\n".encode())
-                return TrialResult(Verdict.CANNOT_TEST, NOT_RUN, time.monotonic() - start,
+                return TrialResult(V.CANNOT_TEST, NOT_RUN, time.monotonic() - start,
                                    {"exit_code": None, "command": self._command_json(),
                                     "cwd": cwd, "why": str(exc)}, log_path=str(log_path))
         duration = time.monotonic() - start
         details = {"exit_code": code, "command": self._command_json(), "cwd": cwd}
         if code is None:
             return TrialResult(
-                Verdict.CANNOT_TEST, "timeout", duration, details, log_path=str(log_path)
+                V.CANNOT_TEST, "timeout", duration, details, log_path=str(log_path)
             )
         if code == 0:
-            return TrialResult(Verdict.PASS, None, duration, details, log_path=str(log_path))
+            return TrialResult(V.PASS, None, duration, details, log_path=str(log_path))
         if code == CANNOT_TEST_EXIT:
-            return TrialResult(Verdict.CANNOT_TEST, None, duration, details, log_path=str(log_path))
+            return TrialResult(V.CANNOT_TEST, None, duration, details, log_path=str(log_path))
         if code in NOT_RUN_EXITS:
             details["why"] = (f"the test command exited {code} ({NOT_RUN_EXITS[code]} in {cwd}): "
                               "it did not run, so it measured nothing")
-            return TrialResult(Verdict.CANNOT_TEST, NOT_RUN, duration, details,
+            return TrialResult(V.CANNOT_TEST, NOT_RUN, duration, details,
                                log_path=str(log_path))
         if 1 <= code <= 127:
-            return TrialResult(Verdict.FAIL, None, duration, details, log_path=str(log_path))
+            return TrialResult(V.FAIL, None, duration, details, log_path=str(log_path))
         reason = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
         raise BisectError(
             f"the test command {reason}: aborting the bisect (log: {log_path})",

@@ -24,9 +24,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from dsv4bisect.bisect.design import Noise
-from dsv4bisect.bisect.hypotheses import BAD_END_PASSES, GOOD_END_FAILS, Hypothesis
-from dsv4bisect.bisect.records import Outcome, Record
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.hypotheses import BAD_END_PASSES, GOOD_END_FAILS, Hypothesis
+from dsv4bisect.bisect.search.records import Record
+from dsv4bisect.probe import verdict as V
 
 # Error rates below this are taken as this in the likelihood, so that a noiseless search
 # survives a contradiction (the least-contradicted hypothesis wins) instead of dividing by 0.
@@ -48,7 +49,7 @@ class Check:
 
     config: frozenset[str]  # C minus `member`; C itself (sufficiency); or an end
     member: str | None  # the culprit removed; None for sufficiency and end checks
-    expect: Outcome  # PASS (minimality, bad end passes) or FAIL (sufficiency, good end fails)
+    expect: str  # PASS (minimality, bad end passes) or FAIL (sufficiency, good end fails)
     log10_ratio: float  # log10 P(outcomes | as expected) / P(outcomes | not), all trials
     fresh_log10_ratio: float  # the same over the trials run since the conclusion led
     trials: int  # trials that counted
@@ -77,20 +78,20 @@ def checks_for(hyp: Hypothesis, ev: Evidence) -> tuple[Check, ...]:
     """The checks a conclusion needs; `unexplained` needs none."""
     everything = frozenset(ev.candidates)
     if hyp.kind == BAD_END_PASSES:
-        return (_check(everything, None, Outcome.PASS, ev, lambda s: s == everything),)
+        return (_check(everything, None, V.PASS, ev, lambda s: s == everything),)
     if hyp.kind == GOOD_END_FAILS:
-        return (_check(frozenset(), None, Outcome.FAIL, ev, lambda s: not s),)
+        return (_check(frozenset(), None, V.FAIL, ev, lambda s: not s),)
     if not hyp.is_set:
         return ()
     out = []
     for x in sorted(hyp.members, key=ev.candidates.index):
         rest = hyp.members - {x}
-        check = _check(rest, x, Outcome.PASS, ev, lambda s, r=rest, m=x: m not in s and r <= s)
+        check = _check(rest, x, V.PASS, ev, lambda s, r=rest, m=x: m not in s and r <= s)
         if not rest:  # the good end: established by the end checks, not by fresh trials
             check = Check(
                 rest,
                 x,
-                Outcome.PASS,
+                V.PASS,
                 check.log10_ratio,
                 check.fresh_log10_ratio,
                 check.trials,
@@ -118,7 +119,7 @@ def _sufficiency(members: frozenset[str], ev: Evidence, fresh: bool) -> Check:
     for i, r in enumerate(ev.records):
         if not r.evidence or not members <= r.subset:
             continue
-        obs, lr = 1 if r.outcome is Outcome.FAIL else 0, ev.log10_lr(r)
+        obs, lr = 1 if r.outcome == V.FAIL else 0, ev.log10_lr(r)
         step = float(lr[obs, 1] - lr[obs, 0])
         trials += 1
         for y in others:
@@ -128,19 +129,19 @@ def _sufficiency(members: frozenset[str], ev: Evidence, fresh: bool) -> Check:
     need_all, need_fresh = (need, need / 2) if fresh else (need / 2, -math.inf)
     ok = all(ratio[y] >= need_all - 1e-9 and fresh_lr[y] >= need_fresh - 1e-9 for y in others)
     weakest = min(others, key=lambda y: (min(ratio[y], 2 * fresh_lr[y]), ev.candidates.index(y)))
-    return Check(members, None, Outcome.FAIL, ratio[weakest], fresh_lr[weakest], trials, ok)
+    return Check(members, None, V.FAIL, ratio[weakest], fresh_lr[weakest], trials, ok)
 
 
 def _check(
-    config: frozenset[str], member: str | None, expect: Outcome, ev: Evidence, counts: object
+    config: frozenset[str], member: str | None, expect: str, ev: Evidence, counts: object
 ) -> Check:
     need = math.log10(ev.confidence / (1 - ev.confidence))
-    truth, other = (0, 1) if expect is Outcome.PASS else (1, 0)
+    truth, other = (0, 1) if expect == V.PASS else (1, 0)
     ratio, fresh, trials = 0.0, 0.0, 0
     for i, r in enumerate(ev.records):
         if not r.evidence or not counts(r.subset):  # type: ignore[operator]
             continue
-        obs, lr = 1 if r.outcome is Outcome.FAIL else 0, ev.log10_lr(r)
+        obs, lr = 1 if r.outcome == V.FAIL else 0, ev.log10_lr(r)
         step = float(lr[obs, truth] - lr[obs, other])
         ratio += step
         fresh += step if i >= ev.fresh_from else 0.0

@@ -10,10 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dsv4bisect.bisect.design import Noise
-from dsv4bisect.bisect.pricing import StepCosts
+from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
+from dsv4bisect.bisect.search.pricing import StepCosts
 
-DEFAULT_TRIAL_NOISE = Noise(0.05, 0.05)  # the ends' default rates (spec.DEFAULT_NOISE)
 MIN_MEASURED = 3  # finished trials with a figure before the plan trusts their median
 
 # The standard tier's 30.4 M prompt tokens in 1200 s (the dsv4bisect default since the first
@@ -90,7 +89,7 @@ def plan_costs(
     durations: Sequence[float] = (),
     load_time: Sequence[str] = (),
     hot: bool = True,
-    noise: Noise = DEFAULT_TRIAL_NOISE,
+    noise: Noise = DEFAULT_NOISE,
     sequential: Sequential | None = None,
 ) -> PlanCosts:
     """The step costs of a bisect. `engine`: "sglang", "reference", or None for a --test-cmd;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dsv4bisect.bisect.design import Noise
+from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.errors import BisectError
 
 
@@ -21,14 +21,7 @@ def validate_settings(
         raise BisectError("no candidate patches to bisect", "the good and bad ends are equal")
     if len(set(candidates)) != len(candidates):
         raise BisectError("a candidate is listed twice", ", ".join(candidates))
-    for name, rate in (("false-fail", noise.false_fail), ("false-pass", noise.false_pass)):
-        if not 0 <= rate < 1:
-            raise BisectError(f"{name} rate {rate} is outside [0, 1)", "e.g. 0.05")
-    if noise.false_fail + noise.false_pass >= 1:
-        raise BisectError(
-            "the probe cannot tell good from bad at these error rates",
-            "false-fail + false-pass must be below 1; use a stronger probe tier",
-        )
+    noise.validate()
     if not 0.5 <= confidence < 1:
         raise BisectError(f"confidence {confidence} is outside [0.5, 1)", "e.g. 0.95")
     if max_trials is not None and max_trials < 2:

@@ -23,20 +23,22 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from dsv4bisect.bisect import confirm
-from dsv4bisect.bisect.confirm import Check, loglik
-from dsv4bisect.bisect.design import Noise, RoundDesign, capacity, entropy, flips
-from dsv4bisect.bisect.hypotheses import (
+from dsv4bisect.bisect.search import confirm
+from dsv4bisect.bisect.search.confirm import Check, loglik
+from dsv4bisect.bisect.search.design import Noise, RoundDesign, capacity, entropy, flips
+from dsv4bisect.bisect.search.hypotheses import (
     BAD_END_PASSES,
     GOOD_END_FAILS,
     Hypothesis,
     HypothesisSpace,
     Priors,
 )
-from dsv4bisect.bisect.pricing import CostTracker, StepCosts
-from dsv4bisect.bisect.records import Outcome, Record
-from dsv4bisect.bisect.results import SearchResult, Status, describe
-from dsv4bisect.bisect.settings import validate_settings
+from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts
+from dsv4bisect.bisect.search.records import Record
+from dsv4bisect.bisect.search.results import SearchResult, Status, describe
+from dsv4bisect.bisect.search.settings import validate_settings
+from dsv4bisect.errors import BisectError
+from dsv4bisect.probe import verdict as V
 
 NOISELESS = Noise()
 DEFAULT_PRIORS = Priors()
@@ -140,20 +142,23 @@ class Search:
         return "search" if self._ends_known else "ends"
 
     # -- the protocol --------------------------------------------------------------------------
-    def record(self, subset: frozenset[str] | set[str], outcome: Outcome | str,
+    def record(self, subset: frozenset[str] | set[str], outcome: str,
                noise: Noise | None = None) -> None:
         """Add one observation: PASS, FAIL, BETWEEN (a sequential probe at its cap: evidence
-        for neither end; may be re-tested), or SKIP (could not test; routed around). `noise`:
-        the error rates this verdict holds to, where its probe states them."""
-        outcome, subset = Outcome(outcome), frozenset(subset)
+        for neither end; may be re-tested), or CANNOT_TEST (routed around: git bisect's skip).
+        `noise`: the error rates this verdict holds to, where its probe states them."""
+        if outcome not in V.SEARCH_WORDS:
+            raise BisectError(f"`{outcome}` is not an outcome the search records",
+                              "PASS, FAIL, BETWEEN or CANNOT_TEST")
+        subset = frozenset(subset)
         mask = self.space.mask(subset)
         if noise is not None:
-            validate_settings(self.candidates, noise, self.confidence, None, 1, 1, 1.0)
+            noise.validate()
         self._records.append(Record(subset, outcome, noise))
         self._cache, self._post = None, None
         self._checks_cache.clear()
         self._tracker.charge(subset, 0.5)  # the engines and baselines after it (prices only)
-        if outcome is Outcome.SKIP:
+        if outcome == V.CANNOT_TEST:
             self._skipped.add(subset)
             return
         table = self._loglik if noise is None else loglik(noise)
@@ -337,7 +342,7 @@ class Search:
         seen = {r.subset for r in self._records if r.evidence}
         ends = (frozenset(), frozenset(self.candidates))
         first = ends if self._bad_end_first else ends[:1]
-        tried = {r.subset for r in self._records if r.outcome is not Outcome.SKIP}
+        tried = {r.subset for r in self._records if r.outcome != V.CANNOT_TEST}
         if any(end in self._skipped and end not in tried for end in first):
             return []  # an end that cannot be tested: the search cannot start
         out = [end for end in first if end not in seen][:k]
@@ -418,15 +423,15 @@ class Search:
     def _skipped_masks(self) -> set[bytes]:
         return {self.space.mask(s).tobytes() for s in self._skipped}
 
-    def _likelihood(self, mask: np.ndarray, outcome: Outcome, table: np.ndarray) -> np.ndarray:
+    def _likelihood(self, mask: np.ndarray, outcome: str, table: np.ndarray) -> np.ndarray:
         """[H + 3] log P(outcome | hypothesis) for one trial of `mask`; `table`: [observed,
         true] log-likelihoods at the rates the trial holds to."""
-        if outcome is Outcome.BETWEEN:  # the same under every set and end catch-all
+        if outcome == V.BETWEEN:  # the same under every set and end catch-all
             between = np.zeros(self.space.n_hypotheses)
             if mask.any() and not mask.all():  # `unexplained` keeps ends that behave
                 between[-1] = math.log(_BETWEEN_RATIO)
             return between
-        obs = 1 if outcome is Outcome.FAIL else 0
+        obs = 1 if outcome == V.FAIL else 0
         sets = np.where(self.space.contained(mask), table[obs, 1], table[obs, 0])
         if not mask.any():
             other = table[obs, 0]  # `unexplained` still has a passing good end
@@ -459,4 +464,4 @@ def _bad_end_first(costs: StepCosts | None) -> bool:
     return costs is None or costs.paired or costs.sequential
 
 
-__all__ = ["Check", "Noise", "Outcome", "Priors", "Record", "Search", "SearchResult", "Status"]
+__all__ = ["Check", "Noise", "Priors", "Record", "Search", "SearchResult", "Status"]

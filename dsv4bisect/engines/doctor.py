@@ -19,9 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsv4bisect.base.versions import LAYOUTS, NEWEST_VERIFIED, VERIFIED, SglangInfo, check_version
 from dsv4bisect.plugin.static import SourceTree, call_keywords, result_index, sm120_forced_flags
 from dsv4bisect.plugin.targets import CONTRACT_TARGET, SIGNATURES, call_contracts, uses
-from dsv4bisect.plugin.versions import LAYOUTS, NEWEST_VERIFIED, VERIFIED, SglangInfo, check_version
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 SM120_ONLY = {"mma-decode": "the SM120 decode entry (flash_mla_with_kvcache_sm120)",

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4bisect.bisect.design import Noise, capacity
 from dsv4bisect.bisect.driver import read_run_file
 from dsv4bisect.bisect.events import result_json
 from dsv4bisect.bisect.ledger import Ledger
+from dsv4bisect.bisect.search.design import Noise, capacity
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.errors import Dsv4BisectError
+from dsv4bisect.probe import verdict as V
 from dsv4bisect.redact import redact, redact_text, secrets_in
 
 REPORT_SCHEMA = "dsv4bisect.bisect-report/1"
@@ -80,7 +81,8 @@ def load_bisect(run_dir: str | Path) -> BisectView:
     for step in steps:  # with the error rates each verdict held to, as the driver did
         decided = decisive.get(step.trial_id) if step.trial_id else None
         rates = decided.details.get("error_rates") if decided else None
-        search.record(step.subset, step.outcome, noise=Noise(*rates) if rates else None)
+        search.record(step.subset, V.FROM_SEARCH_WORD[step.outcome],
+                      noise=Noise(*rates) if rates else None)
         posts.append({h.describe(): p for h, p in _all(search)})
     result = run.result if run.result else result_json(search.result())
     names = [t["hypothesis"] for t in result["top"]]  # the final top five, tracked over trials
@@ -215,7 +217,7 @@ def reproduce(view: BisectView, step: StepView) -> str:
     """The command that asks one trial's question again."""
     cmd = view.request.get("test_cmd")
     if cmd:
-        from dsv4bisect.bisect.testcmd import TestCommandRunner
+        from dsv4bisect.bisect.trials.testcmd import TestCommandRunner
 
         try:
             wire = TestCommandRunner(cmd).wire(step.patches)

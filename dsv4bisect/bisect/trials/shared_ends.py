@@ -1,6 +1,6 @@
 """The ends of a bisect whose trials run on several nodes: measured once, used by every node.
 
-A hot runner measures a seed block's ends as its trials need them (bisect/hot_runner.py): the
+A hot runner measures a seed block's ends as its trials need them (bisect/trials/hot_runner.py): the
 good end's baseline and A/A repeat, and the bad end's full-size run, each a probe-run directory
 under its `ends/b<block>/{baseline,baseline-repeat,bad}`. On the Ray executor those ends travel
 as files (docs/cluster.md, "The ends travel"):
@@ -13,7 +13,7 @@ as files (docs/cluster.md, "The ends travel"):
   (`DriverEnds.pack`), and the node installs them in its runner before the trial
   (`adopt`: `HotEngineRunner.adopt_ends`, which checks probe spec, seed block and good end).
 
-No Ray here (bisect/ray_executor.py carries the bytes); only files, never probe objects, go
+No Ray here (bisect/cluster/ray_executor.py carries the bytes); only files, never probe objects, go
 through Ray's object store.
 """
 
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4bisect.bisect.archive import pack, unpack
-from dsv4bisect.config.bounded import load_json
+from dsv4bisect.base.atomic import write_json
+from dsv4bisect.base.bounded import load_json
+from dsv4bisect.bisect.cluster.archive import pack, unpack
 from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.probe.run import ProbeRun
 
@@ -178,9 +179,8 @@ class DriverEnds:
                     shutil.move(str(tmp / name), str(self.root / name))
                 ends = {**have.ends, **{n: got.ends[n] for n in new}}
                 index = EndsIndex(have.good, ends)
-                part = self.root / f".{INDEX}.tmp"
-                part.write_text(json.dumps(index.to_json(), indent=2) + "\n")
-                part.replace(self.root / INDEX)  # the index names only ends fully in place
+                # the index names only ends fully in place
+                write_json(self.root / INDEX, index.to_json())
                 return new
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -1,7 +1,7 @@
 """The one factory of the runner that runs trials on this machine, for every executor.
 
 A local bisect calls `node_runner(request)` on the machine it runs on; the Ray executor
-(bisect/ray_executor.py) calls the same function inside its actor on each node and keeps the
+(bisect/cluster/ray_executor.py) calls the same function inside its actor on each node and keeps the
 object alive across the trials the actor is sent. So whatever the local runner learns to do
 across trials (an engine kept up and switched in place) happens on a node too, with no second
 code path. `RunnerRequest` is everything that function needs, as plain JSON: it is what the
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsv4bisect.bisect.engine_runner import EngineRunner
-from dsv4bisect.bisect.hot_runner import HotEngineRunner
+from dsv4bisect.bisect.trials.engine_runner import EngineRunner
+from dsv4bisect.bisect.trials.hot_runner import HotEngineRunner
 from dsv4bisect.run.events import EventSink, ignore
 
 

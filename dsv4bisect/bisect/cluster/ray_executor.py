@@ -1,15 +1,15 @@
 """The Ray executor: each trial runs on a node of an existing Ray cluster (docs/cluster.md).
 
-`RayRunner` is a `Runner` (bisect/runner.py) on the driver. The driver keeps every decision
+`RayRunner` is a `Runner` (bisect/trials/runner.py) on the driver. The driver keeps every decision
 (re-runs, the ledger); `run()` sends one trial to a free actor — one actor per node slot, K
 slots for `--parallel K` — waits for it and returns its `TrialResult`. Each actor asks for the
 resources of the engine configuration (its GPUs) plus the profile's per-node custom resource
 (`bisect.node_resource`; one unit per node means one slot holds a whole node), builds its
 runner once with `node_runner` — the same factory and trial code as a local bisect — and keeps
 it for every trial it is sent. Results come back as one archive of the trial directory per
-trial (bisect/remote_trial.py), unpacked into the driver's trial directory.
+trial (bisect/cluster/remote_trial.py), unpacked into the driver's trial directory.
 
-The ends travel (hot runners; bisect/shared_ends.py): the good end's baseline and A/A repeat and
+The ends travel (hot runners; trials/shared_ends.py): the good end's baseline and A/A repeat and
 the bad end's run that a node's trial measured come back beside its archive and are kept in the
 driver's run directory (`ends/`); every later trial request carries the ends its slot's runner
 does not have, which that runner installs before the trial. So no node measures a good end
@@ -42,15 +42,16 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
-from dsv4bisect.bisect import remote_trial as rt
-from dsv4bisect.bisect.engine_runner import EngineRunner
-from dsv4bisect.bisect.node_runner import RunnerRequest, node_runner
-from dsv4bisect.bisect.runner import TrialResult, Verdict
-from dsv4bisect.bisect.shared_ends import DriverEnds
+from dsv4bisect.bisect.cluster import remote_trial as rt
+from dsv4bisect.bisect.trials.engine_runner import EngineRunner
+from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
+from dsv4bisect.bisect.trials.runner import TrialResult, TrialRunner
+from dsv4bisect.bisect.trials.shared_ends import DriverEnds
 from dsv4bisect.engines import reaper
 from dsv4bisect.engines.groups import stop_orphans
 from dsv4bisect.env import cache_dir
 from dsv4bisect.errors import BisectError, Dsv4BisectError
+from dsv4bisect.probe import verdict as V
 
 PLACE_TIMEOUT_S = 120.0  # for the first slot to be placed and pass its node's preflight
 OTHERS_GRACE_S = 20.0  # then for the other slots, before trials start on those placed
@@ -141,7 +142,7 @@ class _Slot:
         self.engines: tuple[str, ...] = ()  # load-time states up after its last trial
 
 
-class RayRunner:
+class RayRunner(TrialRunner):
     """The `Runner` that runs each trial on a node slot of a Ray cluster."""
 
     def __init__(self, request: RunnerRequest, local: EngineRunner, slots: int, *,
@@ -219,10 +220,7 @@ class RayRunner:
     def _state_of(self, patches: Mapping[str, str]) -> str | None:
         """The engine a trial of `patches` runs in on a node (its load-time state), as the
         nodes' runners name it; None for fresh launches."""
-        engine_key = getattr(self.local, "engine_key", None)
-        if not self.request.hot or engine_key is None:
-            return None
-        return str(engine_key(patches))
+        return self.local.engine_key(patches) if self.request.hot else None
 
     # -- slots --------------------------------------------------------------------------------
     def _ask(self) -> tuple[Any, Any]:
@@ -352,7 +350,7 @@ class RayRunner:
 
 def lost_result(node: str, exc: BaseException, duration_s: float) -> TrialResult:
     """A trial whose actor died under it: not the configuration's fault, never evidence."""
-    return TrialResult(Verdict.CANNOT_TEST, f"{NODE_LOST}: {node}", duration_s,
+    return TrialResult(V.CANNOT_TEST, f"{NODE_LOST}: {node}", duration_s,
                        {"node": {"name": node}, "error": first_line(exc)})
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.question import base_sets, patch_overrides
-from dsv4bisect.bisect.runner import CRASH, TrialResult, Verdict
+from dsv4bisect.bisect.trials.runner import CRASH, TrialResult, TrialRunner
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import Overrides, resolve
 from dsv4bisect.engines.rundir import new_run_dir, save_config
@@ -38,7 +38,7 @@ from dsv4bisect.run.record import RunRecord
 from dsv4bisect.run.trial import Trial
 
 
-class EngineRunner:
+class EngineRunner(TrialRunner):
     """Launch each configuration on its own engine and judge it against the good end."""
 
     def __init__(self, profile: str, good: Mapping[str, str], *, sets: Sequence[str] = (),
@@ -114,6 +114,26 @@ class EngineRunner:
         for supervisor in active:
             supervisor.stop_all()
 
+    # -- what a node's runner tells the Ray executor (hot_runner.py overrides each) ----------
+    def engine_key(self, patches: Mapping[str, str]) -> str | None:
+        """The engine kept up that a trial of `patches` runs in; None: a fresh launch."""
+        return None
+
+    @property
+    def engines_up(self) -> tuple[str, ...]:
+        """The engines kept up after a trial (`engine_key`): none for fresh launches."""
+        return ()
+
+    @staticmethod
+    def ends_dir(trial_dir: Path) -> Path | None:
+        """Where the ends other nodes may adopt are kept; None: each trial measures its own."""
+        return None
+
+    def adopt_ends(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
+                   bad: ProbeRun | None, *, good_fingerprint: str, source: str) -> list[str]:
+        """Fresh launches judge each trial against its own ends: nothing to adopt."""
+        return []
+
     def run_argv(self, patches: Mapping[str, str], seed_block: int = 0) -> list[str]:
         """`dsv4bisect run` for this patch set (against `run`'s own good end); the good end
         itself is `--only none` (an empty `--only` is refused)."""
@@ -156,10 +176,10 @@ def trial_result(verdict: V.Verdict, trial: Trial, run_dir: Path, duration_s: fl
                  command: str) -> TrialResult:
     """The bisect's view of one `run`: verdict, signature, scores, the A/A made on the way."""
     cached = trial.record.arm("baseline")["cached"] is not None
-    aa: tuple[Verdict, ...] = ()
+    aa: tuple[str, ...] = ()
     if not cached and trial.base is not None and trial.repeat is not None:
         try:
-            aa = (Verdict(aa_verdict(trial.base, trial.repeat).verdict),)
+            aa = (aa_verdict(trial.base, trial.repeat).verdict,)
         except ConfigError:  # the two runs cannot be paired: no A/A evidence from this trial
             aa = ()
     details = result_details(verdict, ends_cached=cached, run_dir=run_dir,
@@ -167,7 +187,7 @@ def trial_result(verdict: V.Verdict, trial: Trial, run_dir: Path, duration_s: fl
     details["mode"] = "fresh"
     runs = [trial.cand] + ([] if cached else [trial.base, trial.repeat])
     requests = sum(len(r.rows) for r in runs if r is not None)
-    return TrialResult(Verdict(verdict.verdict), signature_of(verdict), duration_s, details,
+    return TrialResult(verdict.verdict, signature_of(verdict), duration_s, details,
                        throughput(trial.cand), _log_path(run_dir), aa, requests=requests)
 
 

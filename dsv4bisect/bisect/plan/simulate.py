@@ -1,7 +1,11 @@
-"""`--plan --executor ray --parallel K`: the whole bisect on K nodes, as the Ray executor runs it
-(pure; docs/cluster.md, "Reading the node plan").
+"""The one simulated bisect behind `--plan`: K >= 1 nodes (K = 1: this machine), the ends, the
+A/A, the trials, the remedy check and the fresh confirmation, priced as the driver and the
+runners spend them (pricing.py), against a hidden culprit set and a noisy probe (the one oracle,
+`oracle_outcome`). whole_plan.py runs it on one node with and without each lever;
+parallel_plan.py on 1, 2, 4 and K nodes. Pure; deterministic given its random stream.
 
 What is modelled, and where the code does it:
+
 
 * **Rounds** (driver.py): the search proposes up to K subsets per round (`Search(parallel=K)`);
   each trial of a round runs on its own node; the next round starts when the round's slowest
@@ -12,7 +16,7 @@ What is modelled, and where the code does it:
   when its trial ends.
 * **Each node its own runner** (node_runner.py, hot_runner.py on the node): its own engines
   (one `CostTracker` per node, `pool` engines up at once: 1 per SGLang node). The ends are
-  shared (bisect/shared_ends.py): a node's trial that measures a seed block's good-end baseline
+  shared (trials/shared_ends.py): a node's trial that measures a seed block's good-end baseline
   and A/A repeat, or the bad end's block-0 run, sends them back to the driver, which sends them
   with every later trial request. So from the round after the one that measured them every
   node has them: it measures no baseline another node measured (its ∅ check of that block is
@@ -38,25 +42,106 @@ round's slowest trial after its own.
 Columns share the hidden culprit sets and outcome-stream seeds of the single-node plan
 (`whole_plan.common_draws`: common random numbers), so K = 1 without a confirmation is the
 single-node plan's figure exactly (a test holds it).
+* **The confirmation** (driver._confirmation): after a hot search that found its culprits, a
+  fresh launch of them against the good end, unless a search trial already was one that failed
+  (`CostTracker.launched_last`); on one node only (the Ray runner cannot launch fresh).
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter, deque
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from dsv4bisect.bisect import remedy as rem
-from dsv4bisect.bisect.pricing import CostTracker, StepCosts
-from dsv4bisect.bisect.records import Outcome
-from dsv4bisect.bisect.search import Status
-from dsv4bisect.bisect.whole_plan import Setup, available_levers, common_draws
-from dsv4bisect.errors import BisectError
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
+from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts
+from dsv4bisect.bisect.search.search import Search, Status
+from dsv4bisect.probe import verdict as V
 
-NODE_COUNTS = (1, 2, 4)  # the columns `--plan --executor ray` always shows
+LEVERS = ("hot", "sequential", "priors", "priced")
+PHASES = ("ends", "trials", "remedy", "confirmation")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the simulated bisect is, with every lever it has on."""
+
+    candidates: tuple[str, ...]
+    noise: Noise  # the ends' (full probe) error rates
+    trial_noise: Noise  # the sequential trial probe's
+    costs: StepCosts  # with the sequential fractions; `hot` as the bisect would run
+    confidence: float = 0.95
+    max_order: int = 2
+    max_trials: int | None = None
+    weights: Mapping[str, float] = field(default_factory=dict)  # with the microtest priors
+    base_weights: Mapping[str, float] = field(default_factory=dict)  # without them
+    confirm: bool = True  # the fresh confirmation after FOUND (hot mode only)
+
+    def search(self, *, priced: bool, parallel: int = 1) -> Search:
+        """The search this bisect runs (`priced=False`: the unpriced design)."""
+        return Search(self.candidates, noise=self.noise, confidence=self.confidence,
+                      max_trials=self.max_trials, parallel=parallel, max_order=self.max_order,
+                      priors=Priors(weights=dict(self.weights)), trial_noise=self.trial_noise,
+                      costs=self.costs if priced else None, confirm=self.confirm)
+
+    def without(self, levers: Sequence[str]) -> Setup:
+        """The same bisect with `levers` off."""
+        out = self
+        if "hot" in levers:
+            out = replace(out, costs=out.costs.fresh())
+        if "sequential" in levers:
+            out = replace(out, trial_noise=out.noise, costs=replace(out.costs, sequential=False))
+        if "priors" in levers:
+            out = replace(out, weights=out.base_weights)
+        return out
+
+
+def available_levers(setup: Setup) -> tuple[str, ...]:
+    """The levers this bisect has (the others cannot be turned on)."""
+    return tuple(lever for lever in LEVERS if _has(setup, lever))
+
+
+def common_draws(setup: Setup, trials: int, seed: int) -> tuple[list[frozenset[str]], list[int]]:
+    """The hidden culprit sets (flat prior) and the outcome-stream seeds of `trials` simulated
+    bisects: the same for every configuration simulated with this `seed` (common random
+    numbers; parallel_plan.py draws its node columns from them too)."""
+    draw = random.Random(seed)
+    flat = HypothesisSpace(setup.candidates, setup.max_order, Priors())
+    culprits = [draw_culprits(flat, draw) for _ in range(trials)]
+    return culprits, [draw.getrandbits(32) for _ in range(trials)]
+
+
+def _has(setup: Setup, lever: str) -> bool:
+    c = setup.costs
+    if lever == "hot":
+        return c.hot
+    if lever == "sequential":
+        return c.sequential
+    if lever == "priors":
+        return dict(setup.weights) != dict(setup.base_weights)
+    return True  # the priced design
+
+
+def oracle_outcome(subset: frozenset[str], culprits: frozenset[str], noise: Noise,
+                   rng: random.Random) -> str:
+    """The probe of a simulation: FAIL iff `subset` holds the culprits (the monotone model),
+    flipped at the noise's rates, one draw of `rng` per trial."""
+    if culprits <= subset:
+        return V.PASS if rng.random() < noise.false_pass else V.FAIL
+    return V.FAIL if rng.random() < noise.false_fail else V.PASS
+
+
+def draw_culprits(space: HypothesisSpace, rng: random.Random) -> frozenset[str]:
+    """A culprit set drawn from `space`'s prior over culprit sets (one draw of `rng`)."""
+    prior = np.exp(space.log_prior[: space.n_sets])
+    cumulative = np.cumsum(prior / prior.sum())
+    row = int(np.searchsorted(cumulative, rng.random(), side="right"))
+    return space.hypothesis(min(row, space.n_sets - 1)).members
 
 
 @dataclass(frozen=True)
@@ -156,122 +241,60 @@ class NodePool:
 
 
 @dataclass(frozen=True)
-class NodeFigures:
-    """One node count and lever setting over every simulated bisect."""
-
-    nodes: int
-    levers: bool  # every lever the bisect has on, or none
-    mean_wall_s: float
-    p90_wall_s: float
-    mean_rounds: float
-    mean_trials: float  # remedy included
-    mean_launches: float  # on all nodes together
-    mean_idle_slots: float  # node-rounds with no trial
-    idle_share: float  # node time without work / node time (K × wall), over every run
-    p_correct: float
-
-    def to_json(self) -> dict[str, float | int | bool]:
-        return {"nodes": self.nodes, "levers": self.levers, "mean_wall_s": self.mean_wall_s,
-                "p90_wall_s": self.p90_wall_s, "mean_rounds": self.mean_rounds,
-                "mean_trials": self.mean_trials, "mean_launches": self.mean_launches,
-                "mean_idle_slots": self.mean_idle_slots, "idle_share": self.idle_share,
-                "p_correct": self.p_correct}
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    runs: int
-    levers: tuple[str, ...]  # the levers this bisect has ("without" turns them all off)
-    rows: tuple[NodeFigures, ...]  # per node count: with the levers, then without
-
-    def row(self, nodes: int, levers: bool) -> NodeFigures:
-        return next(r for r in self.rows if r.nodes == nodes and r.levers == levers)
-
-
-def node_counts(asked: int) -> tuple[int, ...]:
-    """1, 2 and 4 nodes, and the K asked for where it is another."""
-    return tuple(sorted({*NODE_COUNTS, asked}))
-
-
-def plan_nodes(setup: Setup, nodes: Sequence[int] = NODE_COUNTS, *, trials: int = 100,
-               seed: int = 0, of: int | None = None) -> NodePlan:
-    """Simulate `trials` whole bisects per node count, with every lever and without any, on the
-    culprit sets and outcome streams of `whole_plan.plan_bisect(setup, trials=of, seed=seed)`
-    (its first `trials`; `of` defaults to `trials`)."""
-    if trials < 1:
-        raise BisectError("the plan needs at least one simulated run", "use trials >= 1")
-    if not nodes or min(nodes) < 1:
-        raise BisectError(f"node counts {list(nodes)}", "use at least one node")
-    setup = replace(setup, confirm=False)  # the Ray executor cannot launch fresh
-    levers = available_levers(setup)
-    culprits, seeds = common_draws(setup, max(of or trials, trials), seed)
-    culprits, seeds = culprits[:trials], seeds[:trials]
-    bare = setup.without(levers)
-    rows = []
-    for k in nodes:
-        for on, cfg in ((True, setup), (False, bare)):
-            priced = on or "priced" not in levers
-            runs = [simulate_nodes(cfg, k, c, random.Random(s), priced)
-                    for c, s in zip(culprits, seeds)]
-            rows.append(_figures(k, on, runs))
-    return NodePlan(trials, levers, tuple(rows))
-
-
-@dataclass(frozen=True)
 class NodeRun:
+    """One simulated bisect: its rounds, and the seconds of each phase (PHASES)."""
+
     rounds: tuple[Round, ...]
-    trials: int
-    launches: int
+    trials: int  # probe runs, remedy and confirmation included
+    launches: int  # on all nodes together
     correct: bool
+    phase_s: Mapping[str, float]
 
     @property
     def wall_s(self) -> float:
-        return sum(r.wall_s for r in self.rounds)
+        """The rounds' wall time, then the confirmation (the per-phase figures add up the same
+        seconds in another order: whole_plan.py sums them by phase)."""
+        return sum(r.wall_s for r in self.rounds) + self.phase_s["confirmation"]
 
 
-def simulate_nodes(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Random,
-                   priced: bool) -> NodeRun:
+def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Random,
+             priced: bool) -> NodeRun:
     """One whole bisect on `nodes` nodes against `culprits`, outcomes drawn from `rng` in
-    trial order (as `whole_plan._simulate` draws them)."""
+    trial order. A round's wall time counts to the phase of its trials (ends, trials, remedy);
+    the confirmation is priced where `cfg` asks for it (one node, hot)."""
     everything = frozenset(cfg.candidates)
     search = cfg.search(priced=priced, parallel=nodes)
     pool = NodePool(cfg.costs, everything, nodes)
     rounds: list[Round] = []
+    phase = dict.fromkeys(PHASES, 0.0)
+    fresh_fails: set[frozenset[str]] = set()  # failed in an engine launched for them (hot)
 
-    def run(subsets: list[frozenset[str]]) -> list[tuple[Outcome, bool]]:
+    def run(subsets: list[frozenset[str]], name: str | None = None) -> list[tuple[str, bool]]:
         done = pool.run_round([(s, culprits <= s) for s in subsets])
         rounds.append(done)
+        ends = any(not s or s == everything for s in subsets)
+        phase[name or ("ends" if ends else "trials")] += done.wall_s
         out = []
         for subset, trial in zip(subsets, done.trials):
-            fails = culprits <= subset
             noise = cfg.trial_noise if trial.sequential else cfg.noise
-            flip = rng.random() < (noise.false_pass if fails else noise.false_fail)
-            out.append((Outcome.FAIL if fails != flip else Outcome.PASS, trial.sequential))
+            outcome = oracle_outcome(subset, culprits, noise, rng)
+            if pool.trackers[trial.node].launched_last and outcome == V.FAIL:
+                fresh_fails.add(subset)
+            out.append((outcome, trial.sequential))
         return out
 
     while proposals := search.next():
         for subset, (outcome, sequential) in zip(proposals, run(proposals)):
             search.record(subset, outcome, cfg.trial_noise if sequential else None)
     result = search.result()
+    trials = 0
     if result.status is Status.FOUND and result.culprits:
         rem.simulate(cfg.candidates, result.culprits, search.records,
-                     lambda subset: run([subset])[0][0])
+                     lambda subset: run([subset], "remedy")[0][0])
+        confirmed = frozenset(result.culprits) in fresh_fails  # a search trial was it
+        if cfg.costs.hot and cfg.confirm and not confirmed:
+            phase["confirmation"] += pool.trackers[0].confirmation(culprits <= result.culprits)
+            trials += 1
     correct = result.status is Status.FOUND and result.culprits == culprits
-    trials = sum(len(r.trials) for r in rounds)
-    return NodeRun(tuple(rounds), trials, pool.launches, correct)
-
-
-def _figures(nodes: int, levers: bool, runs: list[NodeRun]) -> NodeFigures:
-    wall = np.array([r.wall_s for r in runs])
-    node_time = float(wall.sum()) * nodes
-    idle = sum(rd.idle_s for r in runs for rd in r.rounds)
-    return NodeFigures(
-        nodes=nodes, levers=levers,
-        mean_wall_s=float(wall.mean()), p90_wall_s=float(np.quantile(wall, 0.9)),
-        mean_rounds=float(np.mean([len(r.rounds) for r in runs])),
-        mean_trials=float(np.mean([r.trials for r in runs])),
-        mean_launches=float(np.mean([r.launches for r in runs])),
-        mean_idle_slots=float(np.mean([sum(rd.idle_slots for rd in r.rounds) for r in runs])),
-        idle_share=idle / node_time if node_time > 0 else 0.0,
-        p_correct=sum(r.correct for r in runs) / len(runs),
-    )
+    trials += sum(len(r.trials) for r in rounds)
+    return NodeRun(tuple(rounds), trials, pool.launches, correct, phase)

@@ -18,7 +18,8 @@ from functools import reduce
 
 import numpy as np
 
-from dsv4bisect.bisect.hypotheses import HypothesisSpace
+from dsv4bisect.bisect.search.hypotheses import HypothesisSpace
+from dsv4bisect.errors import BisectError
 
 _TIE = 1e-6  # bits; smaller differences are ties (broken by candidate order), so candidates
 # that are already ruled out (posterior ~1e-6, not 0: see search._FLOOR) are not added
@@ -34,10 +35,26 @@ class Noise:
     false_fail: float = 0.0
     false_pass: float = 0.0
 
+    def validate(self) -> Noise:
+        """Itself, or a BisectError with a hint: each rate in [0, 1), and together below 1
+        (else a FAIL says nothing about the configuration)."""
+        for name, rate in (("false-fail", self.false_fail), ("false-pass", self.false_pass)):
+            if not 0 <= rate < 1:
+                raise BisectError(f"{name} rate {rate} is outside [0, 1)", "e.g. 0.05")
+        if self.false_fail + self.false_pass >= 1:
+            raise BisectError(
+                "the probe cannot tell good from bad at these error rates",
+                "false-fail + false-pass must be below 1; use a stronger probe tier",
+            )
+        return self
+
     def channel(self) -> np.ndarray:
         """[observed, true] with 0 = pass, 1 = fail."""
         a, b = self.false_fail, self.false_pass
         return np.array([[1 - a, b], [a, 1 - b]])
+
+
+DEFAULT_NOISE = Noise(0.05, 0.05)  # a probe's error rates when none were measured or given
 
 
 def entropy(p: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ effect is fixed at load, `Question.load_time`). When no engine of λ(C) is up, o
 C itself (hot environment on, so it can be switched later): that trial is then a fresh launch's,
 and its result says so (`fresh_launch`), which can stand as the fresh confirmation of a culprit
 set (driver.py). Later trials of the same λ are switched in that engine by the protocol of
-engines/switching.py (drain, request, `/flush_cache`, a receipt from every process naming the
+base/switching.py (drain, request, `/flush_cache`, a receipt from every process naming the
 generation, verified before any probe request).
 Engines kept up at once: `pool` (the embedded engine: 2; one SGLang node: 1; the oldest is
 stopped first).
@@ -45,18 +45,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dsv4bisect import env as envvars
-from dsv4bisect.bisect.engine_runner import (
+from dsv4bisect.base import switching
+from dsv4bisect.bisect.trials.engine_runner import (
     EngineRunner,
     aa_verdict,
     result_details,
     signature_of,
     throughput,
 )
-from dsv4bisect.bisect.runner import TrialResult, Verdict
-from dsv4bisect.bisect.shared_ends import end_name
+from dsv4bisect.bisect.trials.runner import FreshLaunch, TrialResult
+from dsv4bisect.bisect.trials.shared_ends import end_name
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.processes import with_plugin
-from dsv4bisect.engines import switching
 from dsv4bisect.engines.rundir import save_config
 from dsv4bisect.engines.verify import server_info, verify_reference_patches
 from dsv4bisect.errors import ConfigError, EngineError, PatchError, ProbeError
@@ -73,6 +73,7 @@ from dsv4bisect.run import baseline as cache
 from dsv4bisect.run.arm import ArmCrashed, EngineArm, Supervisor
 from dsv4bisect.run.crash import cannot_test_verdict, crash_verdict, good_end_crash_verdict
 from dsv4bisect.run.events import EventSink, Notice, ignore
+from dsv4bisect.run.trial import Stop, probe_progress
 
 T = TypeVar("T")
 HOT_MARKER = "hot-v1"
@@ -108,6 +109,8 @@ class HotEngineRunner(EngineRunner):
     """`EngineRunner` with hot switching (see the module docstring). `good`, `bad`: the patch
     sets of the two ends as the search names them (`BisectSpec.patches_for`)."""
 
+    hot = True
+
     def __init__(self, profile: str, good: Mapping[str, str], bad: Mapping[str, str], *,
                  load_time: Sequence[str] = (), sets: Sequence[str] = (),
                  tier: str | None = None, use_cache: bool = True, pool: int | None = None,
@@ -130,7 +133,7 @@ class HotEngineRunner(EngineRunner):
         self._engines: OrderedDict[str, _Engine] = OrderedDict()
         self._supervisor = Supervisor()
         self._ends: dict[int, dict[str, ProbeRun | None]] = {}  # seed block -> ends' runs
-        self._aa: dict[int, tuple[Verdict, ...]] = {}  # A/A verdicts not yet reported
+        self._aa: dict[int, tuple[str, ...]] = {}  # A/A verdicts not yet reported
         self._pending_bad: dict[int, ProbeRun] = {}  # adopted bad ends of blocks not yet seen
         self._ends_from: dict[tuple[int, str], str] = {}  # (block, end) -> the node it came from
         self._measured_now: list[str] = []  # the ends the current trial measured (b<n>/<end>)
@@ -169,6 +172,9 @@ class HotEngineRunner(EngineRunner):
 
     def fresh_fingerprint(self, patches: Mapping[str, str]) -> str:
         return self.config(patches).fingerprint
+
+    def fresh(self) -> FreshLaunch:
+        return FreshLaunch(self.fresh_fingerprint, self.confirm)
 
     # -- trials --------------------------------------------------------------------------------
     def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult:
@@ -277,7 +283,7 @@ class HotEngineRunner(EngineRunner):
             if measured_base:  # this trial also measured the good end and its A/A repeat
                 requests = (requests or 0) + sum(len(ends[k].rows) for k in ("base", "repeat")
                                                  if ends[k] is not None)
-        except _Stop as stop:
+        except Stop as stop:
             verdict, cand, requests = stop.verdict, None, None
         finally:
             self._trial_spec = None
@@ -297,11 +303,9 @@ class HotEngineRunner(EngineRunner):
                                   if b == spec.seed_block},
                        **{k: round(v, 3) for k, v in costs.items()})
         aa = self._aa.pop(block, ())
-        seq = verdict.overall.get("sequential") or {}
-        rates = (seq["false_fail"], seq["false_pass"]) if seq else None
-        return TrialResult(Verdict(verdict.verdict), signature_of(verdict),
+        return TrialResult(verdict.verdict, signature_of(verdict),
                            time.perf_counter() - t0, details, throughput(cand), None, aa,
-                           error_rates=rates, requests=requests)
+                           error_rates=verdict.error_rates, requests=requests)
 
     # -- the ends ------------------------------------------------------------------------------
     def _ends_for(self, spec: ProbeSpec, trial_dir: Path, costs: dict[str, Any]
@@ -328,7 +332,7 @@ class HotEngineRunner(EngineRunner):
             ref, _subset = cache.repeat_reference(base)
             repeat = self._collect(eng, self.good, spec, ref, "A/A repeat", good_end=True,
                                    costs=costs).save(ends_dir / "baseline-repeat")
-            self._aa[block] = (Verdict(aa_verdict(base, repeat).verdict),)
+            self._aa[block] = (aa_verdict(base, repeat).verdict,)
             self._measured_now += [end_name(block, "baseline"), end_name(block, "baseline-repeat")]
             if not fresh:  # a re-test's seed block, measured in a switched engine
                 self.on_event(Notice(f"baseline of seed block {block} measured in a hot-"
@@ -399,13 +403,7 @@ class HotEngineRunner(EngineRunner):
     def _collect(self, eng: _Engine, patches: Mapping[str, str], spec: ProbeSpec,
                  reference: ProbeRun | None, label: str, *, good_end: bool,
                  costs: dict[str, Any]) -> ProbeRun:
-        from dsv4bisect.probe.runner import ProbeProgress
-        from dsv4bisect.run.events import ProbeEvent
-        from dsv4bisect.run.signals import check_interrupt
-
-        def progress(p: ProbeProgress) -> None:
-            self.on_event(ProbeEvent(label, p))
-            check_interrupt()
+        progress = probe_progress(self.on_event, label)
 
         def work(url: str) -> ProbeRun:
             self._switch(eng, patches, costs)
@@ -517,8 +515,8 @@ class HotEngineRunner(EngineRunner):
         except ArmCrashed as exc:
             self._drop(eng)
             if good_end:
-                raise _Stop(good_end_crash_verdict(spec, exc.crashes)) from None
-            raise _Stop(crash_verdict(spec, exc.crashes, "the good end ran without crashing")
+                raise Stop(good_end_crash_verdict(spec, exc.crashes)) from None
+            raise Stop(crash_verdict(spec, exc.crashes, "the good end ran without crashing")
                         ) from None
         except (EngineError, ProbeError, PatchError) as exc:
             # a switch that did not take effect, or an engine that cannot serve: stop it; a
@@ -527,14 +525,8 @@ class HotEngineRunner(EngineRunner):
                 self._drop(eng)
             who = "good end" if good_end else "candidate"
             tail, path = eng.arm.log_tail()
-            raise _Stop(cannot_test_verdict(spec, who, exc.message, tail, path, exc.hint)
+            raise Stop(cannot_test_verdict(spec, who, exc.message, tail, path, exc.hint)
                         ) from None
-
-
-class _Stop(Exception):
-    def __init__(self, verdict: V.Verdict) -> None:
-        super().__init__(verdict.verdict)
-        self.verdict = verdict
 
 
 def _new_dir(parent: Path, stem: str) -> Path:

@@ -1,0 +1,113 @@
+"""`--plan --executor ray --parallel K`: the whole bisect on K nodes, as the Ray executor runs it
+(pure; docs/cluster.md, "Reading the node plan").
+
+The model (which node, rounds, shared ends, seed blocks, no confirmation) is simulate.py's: the
+one simulated bisect, here on 1, 2, 4 and K nodes.
+
+Idle slots: a round holds K node slots for as long as its slowest trial. `idle_slots` counts
+node-rounds with no trial at all (a round with fewer proposals than nodes: the end checks,
+the endgame's single confirmations, the remedy check); `idle_share` is the share of node time
+(K × wall) spent without work, counting those empty slots and every node that waits for the
+round's slowest trial after its own.
+
+Columns share the hidden culprit sets and outcome-stream seeds of the single-node plan
+(`common_draws`: common random numbers), so K = 1 without a confirmation is the single-node
+plan's figure exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from dsv4bisect.bisect.plan.simulate import (
+    NodeRun,
+    Setup,
+    available_levers,
+    common_draws,
+    simulate,
+)
+from dsv4bisect.errors import BisectError
+
+NODE_COUNTS = (1, 2, 4)  # the columns `--plan --executor ray` always shows
+
+
+@dataclass(frozen=True)
+class NodeFigures:
+    """One node count and lever setting over every simulated bisect."""
+
+    nodes: int
+    levers: bool  # every lever the bisect has on, or none
+    mean_wall_s: float
+    p90_wall_s: float
+    mean_rounds: float
+    mean_trials: float  # remedy included
+    mean_launches: float  # on all nodes together
+    mean_idle_slots: float  # node-rounds with no trial
+    idle_share: float  # node time without work / node time (K × wall), over every run
+    p_correct: float
+
+    def to_json(self) -> dict[str, float | int | bool]:
+        return {"nodes": self.nodes, "levers": self.levers, "mean_wall_s": self.mean_wall_s,
+                "p90_wall_s": self.p90_wall_s, "mean_rounds": self.mean_rounds,
+                "mean_trials": self.mean_trials, "mean_launches": self.mean_launches,
+                "mean_idle_slots": self.mean_idle_slots, "idle_share": self.idle_share,
+                "p_correct": self.p_correct}
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    runs: int
+    levers: tuple[str, ...]  # the levers this bisect has ("without" turns them all off)
+    rows: tuple[NodeFigures, ...]  # per node count: with the levers, then without
+
+    def row(self, nodes: int, levers: bool) -> NodeFigures:
+        return next(r for r in self.rows if r.nodes == nodes and r.levers == levers)
+
+
+def node_counts(asked: int) -> tuple[int, ...]:
+    """1, 2 and 4 nodes, and the K asked for where it is another."""
+    return tuple(sorted({*NODE_COUNTS, asked}))
+
+
+def plan_nodes(setup: Setup, nodes: Sequence[int] = NODE_COUNTS, *, trials: int = 100,
+               seed: int = 0, of: int | None = None) -> NodePlan:
+    """Simulate `trials` whole bisects per node count, with every lever and without any, on the
+    culprit sets and outcome streams of `whole_plan.plan_bisect(setup, trials=of, seed=seed)`
+    (its first `trials`; `of` defaults to `trials`)."""
+    if trials < 1:
+        raise BisectError("the plan needs at least one simulated run", "use trials >= 1")
+    if not nodes or min(nodes) < 1:
+        raise BisectError(f"node counts {list(nodes)}", "use at least one node")
+    setup = replace(setup, confirm=False)  # the Ray executor cannot launch fresh
+    levers = available_levers(setup)
+    culprits, seeds = common_draws(setup, max(of or trials, trials), seed)
+    culprits, seeds = culprits[:trials], seeds[:trials]
+    bare = setup.without(levers)
+    rows = []
+    for k in nodes:
+        for on, cfg in ((True, setup), (False, bare)):
+            priced = on or "priced" not in levers
+            runs = [simulate(cfg, k, c, random.Random(s), priced)
+                    for c, s in zip(culprits, seeds)]
+            rows.append(_figures(k, on, runs))
+    return NodePlan(trials, levers, tuple(rows))
+
+
+def _figures(nodes: int, levers: bool, runs: list[NodeRun]) -> NodeFigures:
+    wall = np.array([r.wall_s for r in runs])
+    node_time = float(wall.sum()) * nodes
+    idle = sum(rd.idle_s for r in runs for rd in r.rounds)
+    return NodeFigures(
+        nodes=nodes, levers=levers,
+        mean_wall_s=float(wall.mean()), p90_wall_s=float(np.quantile(wall, 0.9)),
+        mean_rounds=float(np.mean([len(r.rounds) for r in runs])),
+        mean_trials=float(np.mean([r.trials for r in runs])),
+        mean_launches=float(np.mean([r.launches for r in runs])),
+        mean_idle_slots=float(np.mean([sum(rd.idle_slots for rd in r.rounds) for r in runs])),
+        idle_share=idle / node_time if node_time > 0 else 0.0,
+        p_correct=sum(r.correct for r in runs) / len(runs),
+    )

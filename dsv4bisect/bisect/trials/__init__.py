@@ -1,0 +1,1 @@
+"""What evaluates one configuration of a bisect: the `Runner` protocol and its runners."""

@@ -1,0 +1,93 @@
+"""The contract between the bisect driver and whatever evaluates a configuration.
+
+A `Runner` launches (or otherwise evaluates) one patch set and returns a `TrialResult`. It never
+decides what a crash or an infrastructure error means for the search: it reports them (verdict
+CANNOT_TEST, signature "crash" for an engine crash) and the driver decides (retry once; a
+repeated crash away from the good end is a FAIL with signature "crash"). Verdicts are
+probe/verdict.py's words: PASS, FAIL, WARN (drift only; FAIL for the search unless
+warn_as="pass"), CANNOT_TEST (infrastructure or a crash) and BETWEEN (a sequential trial probe
+that reached its cap undecided: evidence for neither end, never a pass; docs/bisect.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+CRASH = "crash"
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    verdict: str  # PASS | FAIL | WARN | CANNOT_TEST | BETWEEN (probe/verdict.py)
+    signature: str | None = None  # e.g. "crash", "garbage", "timeout"
+    duration_s: float = 0.0
+    details: Mapping[str, Any] = field(default_factory=dict)  # scores / evidence (JSON-able)
+    throughput: float | None = None  # tokens/s measured during the trial, if any
+    log_path: str | None = None
+    # Verdicts of A/A comparisons (the good configuration against itself) the runner made
+    # inside this trial; each is noise evidence (a FAIL there is a false fail).
+    aa_verdicts: tuple[str, ...] = ()
+    # The error rates this verdict holds to (false_fail, false_pass), where the trial's probe
+    # states them (the sequential trial probe does); None: the search's own noise applies.
+    error_rates: tuple[float, float] | None = None
+    requests: int | None = None  # probe requests this trial sent, where counted
+
+
+@dataclass(frozen=True)
+class FreshLaunch:
+    """How a hot runner confirms its culprits: a fresh launch of the configuration (its own
+    fingerprint: the deployment's graph mode, no switch before the probe) and its trial."""
+
+    fingerprint: Callable[[Mapping[str, str]], str]
+    run: Callable[[dict[str, str], int, Path], TrialResult]
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Evaluates configurations. `probe_hash` identifies what is measured (the probe spec and
+    its version); `fingerprint` identifies the configuration (for the engine runner: the
+    resolved engine configuration's fingerprint). Both are part of the ledger key.
+
+    The optional capabilities are members too, so the driver and the CLI ask, never probe;
+    `TrialRunner` gives the defaults of a runner that has none of them."""
+
+    @property
+    def probe_hash(self) -> str: ...
+
+    @property
+    def hot(self) -> bool:
+        """Whether trials switch patches in engines kept up (a FOUND result is then confirmed
+        in a fresh launch where `fresh()` can, or the report says it was not)."""
+
+    def fingerprint(self, patches: Mapping[str, str]) -> str: ...
+
+    def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult: ...
+
+    def fresh(self) -> FreshLaunch | None:
+        """The fresh-launch confirmation of a hot runner; None where it cannot launch fresh."""
+
+    def stop_all(self) -> None:
+        """Ctrl-C: stop the engines of every trial in flight (worker threads, nodes)."""
+
+    def close(self) -> None:
+        """The bisect is over: stop what the runner keeps up (hot engines, Ray actors)."""
+
+
+class TrialRunner:
+    """The optional capabilities of `Runner` for a runner that has none: not hot, no fresh
+    confirmation, nothing in flight to stop or kept up to close. Runners subclass it and
+    override what they do have."""
+
+    hot = False
+
+    def fresh(self) -> FreshLaunch | None:
+        return None
+
+    def stop_all(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
