@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         _quiet_exit()
     except Exception as exc:  # noqa: BLE001 - click usage errors, storage failures and bugs
-        from dsv4bisect.storage import storage_failure
+        from dsv4bisect.base.storage import storage_failure
 
         storage = storage_failure(exc)
         if storage is not None:  # a full disk or a lost permission mid-run: infrastructure

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from dsv4bisect.ui.console import console
-from dsv4bisect.unique_dir import make_unique_dir
+from dsv4bisect.base.unique_dir import make_unique_dir
 
 if TYPE_CHECKING:
     from rich.table import Table

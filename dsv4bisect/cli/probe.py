@@ -16,7 +16,7 @@ from dsv4bisect.probe.session import ProbeSession, probe_against, resolve_baseli
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.report.heatmap import PLOTS_SKIPPED, render_heatmap
 from dsv4bisect.ui.console import console
-from dsv4bisect.unique_dir import make_unique_dir
+from dsv4bisect.base.unique_dir import make_unique_dir
 from dsv4bisect.ui.progress import stage_label
 
 _STYLE = {"PASS": "bold green", "FAIL": "bold red", "WARN": "bold yellow",

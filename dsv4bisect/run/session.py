@@ -29,7 +29,7 @@ from dsv4bisect.run.orphans import clean_predecessors
 from dsv4bisect.run.record import RunRecord
 from dsv4bisect.run.signals import shielded
 from dsv4bisect.run.trial import Trial
-from dsv4bisect.storage import storage_failure
+from dsv4bisect.base.storage import storage_failure
 
 DEFAULT_PROFILE = "reference-all"
 

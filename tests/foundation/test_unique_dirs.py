@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from dsv4bisect.engines.rundir import new_run_dir
-from dsv4bisect.unique_dir import make_unique_dir
+from dsv4bisect.base.unique_dir import make_unique_dir
 from tests.hardening.cli_inproc import cli
 
 
