@@ -73,10 +73,12 @@ class Scenario:
 
 
 def spec_cells(spec: ProbeSpec, accuracy: float | Callable[[Cell], float]) -> list[SimCell]:
-    """The spec's accuracy grid (every arm) with the good configuration's accuracy per cell."""
+    """The spec's accuracy grid (every arm at concurrency 1: what a sequential trial replays)
+    with the good configuration's accuracy per cell."""
     acc = accuracy if callable(accuracy) else (lambda _c, a=float(accuracy): a)
+    arms = spec.arms_at(1) if 1 in spec.concurrency else ()
     return [SimCell(c.key, c.family, c.length, n, acc(c), arm)
-            for c, n in cells(spec) if c.family != "drift" for arm in spec.arms]
+            for c, n in cells(spec) if c.family != "drift" for arm in arms]
 
 
 def drift_lengths(spec: ProbeSpec) -> list[int]:
