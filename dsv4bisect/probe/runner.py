@@ -305,10 +305,12 @@ def _run_cases(client: ProbeClient, spec: ProbeSpec, cases: list[Case],
 def _concurrent(client: ProbeClient, spec: ProbeSpec, tasks: list[Task], ids: list[int],
                 level: int, tally: _Tally) -> dict[int, dict[str, Any]]:
     """A level's requests with `level` in flight at once, sent in `submission_order`; each
-    worker has its own connection. The first error cancels what has not started and is
-    raised once the requests in flight have returned."""
-    if any(arm == "cold" for _, arm, _ in tasks):
-        client.flush_cache()  # once, before anything is in flight (cold: nothing cached)
+    worker has its own connection. The first error (or an interrupt from the progress
+    callback) cancels what has not started and is raised at once; requests in flight end on
+    their own (their answers or the server's stop)."""
+    # Once, before anything is in flight: every level starts from an empty cache, so what a
+    # request finds cached comes from its own conversation and its batch mates at this level.
+    client.flush_cache()
     local = threading.local()
     clients: list[ProbeClient] = []
     lock = threading.Lock()
@@ -330,12 +332,14 @@ def _concurrent(client: ProbeClient, spec: ProbeSpec, tasks: list[Task], ids: li
         futures = {pool.submit(run, k): k for k in submission_order(spec, level, len(tasks))}
         for future in as_completed(futures):
             k = futures[future]
-            out[ids[k]] = future.result()  # an error propagates; `finally` cancels the rest
+            out[ids[k]] = future.result()
             tally.add(out[ids[k]])
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        for c in clients:
-            c.close()
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # no wait on a failing or stopped server
+        raise
+    pool.shutdown(wait=True)
+    for c in clients:
+        c.close()
     return out
 
 
