@@ -86,10 +86,11 @@ class ProbeClient:
     def close(self) -> None:
         self._session.close()
 
-    def clone(self) -> ProbeClient:
+    def clone(self, timeout_s: float | None = None) -> ProbeClient:
         """Another client of the same server, settings and model, with its own connection (one
-        per thread when the probe sends several requests at once)."""
-        return ProbeClient(self.url, api_key=self._api_key, timeout_s=self.timeout_s,
+        per thread when the probe sends several requests at once), optionally another timeout."""
+        return ProbeClient(self.url, api_key=self._api_key,
+                           timeout_s=self.timeout_s if timeout_s is None else timeout_s,
                            retries=self.retries, backoff_s=self.backoff_s, model=self.model)
 
     # -- transport ---------------------------------------------------------------------------

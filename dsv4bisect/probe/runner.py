@@ -317,7 +317,9 @@ def _concurrent(client: ProbeClient, spec: ProbeSpec, tasks: list[Task], ids: li
 
     def own_client() -> ProbeClient:
         if not hasattr(local, "client"):
-            local.client = client.clone()
+            # A request waits behind up to level - 1 others on a server that runs one at a
+            # time (they queue), so its deadline is the per-request timeout times the level.
+            local.client = client.clone(timeout_s=spec.timeout_s * level)
             with lock:
                 clients.append(local.client)
         return local.client

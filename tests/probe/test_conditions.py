@@ -154,3 +154,15 @@ def test_sequential_trial_ends_hold_the_level_one_rows_only() -> None:
     bad = _run(_rows({1: False, 16: False}))
     ends = ends_from_runs(base, bad, None)
     assert len(ends.cases) == 10 and {c.arm for c in ends.cases} == {"cold"}
+
+
+def test_a_level_clones_the_client_with_its_own_deadline() -> None:
+    from dsv4bisect.probe.client import ProbeClient
+
+    client = ProbeClient("http://127.0.0.1:9", api_key="k", timeout_s=60, retries=3, model="m")
+    twin = client.clone(timeout_s=60 * 16)
+    assert (twin.url, twin.model, twin.retries, twin.timeout_s) == (client.url, "m", 3, 960)
+    assert twin._session is not client._session
+    assert client.clone().timeout_s == 60
+    client.close()
+    twin.close()
