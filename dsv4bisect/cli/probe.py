@@ -11,6 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dsv4bisect.errors import ConfigError
+from dsv4bisect.probe.conditions import family_conditions, throughput_lines
 from dsv4bisect.probe.runner import ProbeProgress
 from dsv4bisect.probe.session import ProbeSession, probe_against, resolve_baseline, write_verdict
 from dsv4bisect.probe.verdict import Verdict
@@ -123,6 +124,11 @@ def _summary(v: Verdict, session: ProbeSession) -> None:
                if r.baseline_accuracy is not None else "-")
         con.print(f"  {fam:<9} {acc:<12} n={r.n:<4} lost {r.b}, gained {r.c}, "
                   f"p={r.p_value:.2g}{'' if r.evidence else '  (no evidence)'}", markup=False)
+        con.print(f"            ran {family_conditions(v.conditions.get(fam))}", markup=False)
+    if "drift" in v.conditions:
+        con.print(f"  drift     ran {family_conditions(v.conditions['drift'])}", markup=False)
+    for line in throughput_lines(v.throughput):
+        con.print(f"  {line}", markup=False)
     for reason in v.reasons:
         con.print(f"  - {reason}", markup=False)
     con.print(f"run dir: {session.out_dir}", markup=False)

@@ -82,7 +82,8 @@ def _reference(engine: Engine, delivery: PatchDelivery) -> ProcessSpec:
             "--port", "{port:server}", "--checkpoint", checkpoint,
             "--moe-backend", engine.moe_backend,
             "--precision", engine.precision or "deployment",
-            "--chunk-size", str(engine.chunked_prefill_size or DEFAULT_REFERENCE_CHUNK)]
+            "--chunk-size", str(engine.chunked_prefill_size or DEFAULT_REFERENCE_CHUNK),
+            *_serving_flags(engine)]
     if ref is not None:
         argv += ["--device", ref.device]
         if ref.threads:
@@ -121,8 +122,21 @@ def _sglang_common(engine: Engine, role: str, tp: int) -> list[str]:
         argv += ["--quantization", engine.quantization]
     if engine.chunked_prefill_size:
         argv += ["--chunked-prefill-size", str(engine.chunked_prefill_size)]
+    argv += _serving_flags(engine)
     if engine.served_model_name:
         argv += ["--served-model-name", engine.served_model_name]
+    return argv
+
+
+def _serving_flags(engine: Engine) -> list[str]:
+    """SGLang's batching and prefix-cache flags; `dsv4bisect serve` takes the same names. Left
+    out when the profile leaves them to the engine's default, so a profile that does not state
+    them starts the engine (and fingerprints) exactly as before they existed."""
+    argv: list[str] = []
+    if engine.max_running_requests is not None:
+        argv += ["--max-running-requests", str(engine.max_running_requests)]
+    if engine.disable_radix_cache:
+        argv.append("--disable-radix-cache")
     return argv
 
 

@@ -19,6 +19,7 @@ Port = Union[Annotated[int, Field(ge=1, le=65535)], Literal["auto"]]
 MAX_GPUS = 1024  # GPU indices and ranks; an 8-GPU node uses 0..7
 MAX_TOKENS = 1 << 24  # context lengths and chunk sizes (V4 serves 1M tokens)
 MAX_SECONDS = 7 * 24 * 3600.0  # timeouts: a week
+MAX_REQUESTS = 1 << 16  # max_running_requests, probe concurrency levels
 GpuIndex = Annotated[int, Field(ge=0, lt=MAX_GPUS)]
 Ranks = Annotated[int, Field(ge=1, le=MAX_GPUS)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
@@ -125,7 +126,13 @@ class Engine(Strict):
     # NVFP4 / FP8 formats; exact: fp32). None: deployment.
     precision: Literal["deployment", "exact"] | None = None
     quantization: str | None = None
+    # Serving settings, SGLang's server arguments under their own names and meanings, for both
+    # engine kinds (docs/profiles.md "Serving settings"): the chunked-prefill token budget of
+    # one prefill batch, the most requests one batch runs, and the prefix (radix) cache off.
+    # None / false: the engine's own default (the flag is not passed).
     chunked_prefill_size: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
+    max_running_requests: Annotated[int, Field(ge=1, le=MAX_REQUESTS)] | None = None
+    disable_radix_cache: bool = False
     env: EnvMap = {}
     args: Args = []
     startup_timeout_s: Seconds = 1800.0
@@ -199,6 +206,17 @@ class ProbeSettings(Strict):
     warm: bool = False
     thinking: bool = False
     request_timeout_s: Seconds = 300.0
+    # Requests in flight at once, per level: every case of the tier runs at each level
+    # (docs/probe.md "Conditions"). None: the tier's own, [1].
+    concurrency: list[Annotated[int, Field(ge=1, le=MAX_REQUESTS)]] | None = Field(
+        None, min_length=1, max_length=8)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _increasing(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(a >= b for a, b in zip(value, value[1:])):
+            raise ValueError("list the concurrency levels in increasing order, without repeats")
+        return value
 
 
 class BisectSettings(Strict):

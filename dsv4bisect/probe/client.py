@@ -164,7 +164,8 @@ def _read_timeout(exc: BaseException) -> bool:
 
 
 class ProbeClient:
-    """Blocking client for one server; not thread-safe (the probe runs one request at a time)."""
+    """Blocking client for one server; not thread-safe: concurrent requests use one `clone()`
+    per thread."""
 
     def __init__(self, url: str, *, api_key: str | None = None, timeout_s: float = 120.0,
                  retries: int = 2, backoff_s: float = 0.5, model: str | None = None) -> None:
@@ -185,6 +186,13 @@ class ProbeClient:
 
     def close(self) -> None:
         self._session.close()
+
+    def clone(self, timeout_s: float | None = None) -> ProbeClient:
+        """Another client of the same server, settings and model, with its own connection (one
+        per thread when the probe sends several requests at once), optionally another timeout."""
+        return ProbeClient(self.url, api_key=self._api_key,
+                           timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+                           retries=self.retries, backoff_s=self.backoff_s, model=self.model)
 
     # -- transport ---------------------------------------------------------------------------
     def _excerpt(self, text: str) -> str:

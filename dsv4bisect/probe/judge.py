@@ -10,6 +10,9 @@
 4. Drift (teacher-forced, candidate vs baseline, floor = repeat vs baseline): FAIL beyond the
    hard gate, WARN between the floor and it.
 5. Otherwise PASS, provided something carried evidence; if nothing did, CANNOT_TEST.
+
+Rows pair by (case_id, arm, concurrency level); every verdict also says under which conditions
+each family ran (`conditions`) and the throughput per level (`throughput`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.drift import compare, non_finite_cases, non_finite_reason, summarise
 from dsv4bisect.probe.power import accuracy_power
-from dsv4bisect.probe.run import ProbeRun
+from dsv4bisect.probe.run import ProbeRun, row_key
 from dsv4bisect.probe.stats import holm, mcnemar_one_sided, mcnemar_two_sided
 from dsv4bisect.probe.stats import min_significant_discordant as min_b
 
@@ -84,11 +87,12 @@ def _repeat_accuracy(ps: list[Pair]) -> float | None:
 
 
 def _cells(pairs: list[Pair], families: set[str]) -> list[V.CellResult]:
-    grouped: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    """Per cell × arm × concurrency level: a loss confined to one condition is its own cell."""
+    grouped: dict[tuple[str, str, int], list[int]] = defaultdict(lambda: [0, 0, 0])
     for b, _, c in pairs:
         if b["family"] not in families:
             continue
-        acc = grouped[(b["cell"], b["arm"])]
+        acc = grouped[(b["cell"], b["arm"], int(b.get("concurrency", 1)))]
         acc[0] += 1
         acc[1] += bool(b["correct"]) and not c["correct"]
         acc[2] += not b["correct"] and bool(c["correct"])
@@ -96,7 +100,31 @@ def _cells(pairs: list[Pair], families: set[str]) -> list[V.CellResult]:
     ps = [mcnemar_one_sided(grouped[k][1], grouped[k][2]) for k in keys]
     adj = holm(ps)
     return [V.CellResult(k[0], k[1], grouped[k][0], grouped[k][1], grouped[k][2], p, a,
-                         a < V.ALPHA_CELL) for k, p, a in zip(keys, ps, adj)]
+                         a < V.ALPHA_CELL, k[2]) for k, p, a in zip(keys, ps, adj)]
+
+
+def conditions(base: ProbeRun, cand: ProbeRun) -> dict[str, dict[str, Any]]:
+    """Under which conditions each family ran, from the requests the two runs share: the arms,
+    the concurrency levels, and the requests per (arm, level)."""
+    cand_keys = set(cand.rows_by_key())
+    out: dict[str, dict[str, Any]] = {}
+    for row in base.rows:
+        key = row_key(row)
+        if key not in cand_keys:
+            continue
+        fam = out.setdefault(row["family"], {"arms": [], "concurrency": [], "requests": {}})
+        label = f"{key[1]}@{key[2]}"
+        fam["requests"][label] = fam["requests"].get(label, 0) + 1
+    for fam in out.values():
+        labels = [k.split("@") for k in fam["requests"]]
+        fam["arms"] = sorted({a for a, _ in labels})
+        fam["concurrency"] = sorted({int(c) for _, c in labels})
+    return out
+
+
+def throughput(base: ProbeRun, cand: ProbeRun) -> dict[str, Any]:
+    """Requests/s and tokens/s per concurrency level of each configuration, as measured."""
+    return {"baseline": dict(base.throughput), "candidate": dict(cand.throughput)}
 
 
 def _signature_seeds(pairs: list[Pair], pick: int) -> dict[str, list[int]]:
@@ -212,6 +240,7 @@ def decide(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> V.Verdict:
              "seed_block": base.spec.seed_block,
              "probe_version": base.spec.to_dict()["probe_version"]}
     aa = _aa(pairs, rep)
+    serving = {"conditions": conditions(base, cand), "throughput": throughput(base, cand)}
     if rep is None:
         reasons.append("no A/A repeat: the noise floor is taken as zero")
     families = _families(pairs, rep is not None)
@@ -232,11 +261,11 @@ def decide(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> V.Verdict:
         return V.Verdict(V.CANNOT_TEST, (
             f"the baseline disagrees with its own repeat ({aa['b']} lost, {aa['c']} gained, "
             f"p = {aa['p_value']:.2g}): no stable noise floor", *reasons), probe,
-            families, {}, tuple(cells), {}, drift, aa, {})
+            families, {}, tuple(cells), {}, drift, aa, {}, **serving)
     signatures = _signature_rule(pairs, fails, reasons)
     overall = _overall(pairs, with_evidence, families, fails, reasons)
-    fails += [f"cell {c.cell} ({c.arm}): lost {c.b}, gained {c.c}, Holm p = {c.p_holm:.2g}"
-              for c in cells if c.failed]
+    fails += [f"cell {c.cell} ({c.arm}, concurrency {c.concurrency}): lost {c.b}, gained "
+              f"{c.c}, Holm p = {c.p_holm:.2g}" for c in cells if c.failed]
     if drift["status"] != "absent":
         (fails if drift["status"] == "fail" else reasons).append(_drift_reason(drift))
     power = accuracy_power(overall.get("baseline_right", 0), overall.get("baseline_accuracy"),
@@ -254,7 +283,7 @@ def decide(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> V.Verdict:
         reasons.insert(0, "no evidence: the baseline answered too few cases right and there "
                           "is no drift family")
     return V.Verdict(outcome, (*fails, *reasons), probe, families, overall, tuple(cells),
-                     _with_non_finite(signatures, cand_non_finite), drift, aa, power)
+                     _with_non_finite(signatures, cand_non_finite), drift, aa, power, **serving)
 
 
 def _overall(pairs: list[Pair], with_evidence: set[str], families: dict[str, V.FamilyResult],

@@ -48,7 +48,7 @@ class TierPower:
     """The power a tier can have at best (every baseline answer right)."""
 
     tier: str
-    accuracy_cases: int  # paired accuracy requests per run (all arms)
+    accuracy_cases: int  # paired accuracy requests per run (all arms and levels)
     cells: int
     cases_per_cell: int
     min_detectable_loss_rate: float | None
@@ -68,9 +68,9 @@ class TierPower:
 def tier_power(spec: ProbeSpec) -> TierPower:
     """Computed from the spec's grid and the verdict rule's alphas (thinking arm left out)."""
     plan = [(c, n) for c, n in cells(spec) if c.family != "drift"]
-    n_arms = len(spec.arms)
-    n_cases = sum(n for _, n in plan) * n_arms
-    n_cells = len(plan) * n_arms
+    n_conditions = len(spec.conditions())  # (arm, concurrency) pairs each case runs under
+    n_cases = sum(n for _, n in plan) * n_conditions
+    n_cells = len(plan) * n_conditions
     overall = min_significant_discordant(ALPHA_OVERALL)
     cell_alone = min_significant_discordant(ALPHA_CELL / max(1, n_cells))
     threshold = min(overall, cell_alone)

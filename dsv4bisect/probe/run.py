@@ -27,6 +27,15 @@ from dsv4bisect.probe.spec import PROBE_VERSION, ProbeSpec
 RUN_SCHEMA = "dsv4bisect.probe-run/1"
 
 
+RowKey = tuple[str, str, int]
+
+
+def row_key(row: dict[str, Any]) -> RowKey:
+    """The same request in two runs: same case, same arm, same concurrency level (a row
+    written before levels existed ran at 1)."""
+    return row["case_id"], row["arm"], int(row.get("concurrency", 1))
+
+
 def redact(data: Any) -> Any:
     """Copy of nested data with every secret hidden (the one policy: dsv4bisect/redact.py)."""
     from dsv4bisect.redact import redact as redact_data
@@ -47,10 +56,12 @@ class ProbeRun:
     notes: tuple[str, ...] = ()
     timing: dict[str, float] = field(default_factory=dict)
     path: str | None = None  # set by save() and load()
+    # per concurrency level ("1", "16"): requests, tokens, wall_s, requests_per_s, tokens_per_s
+    throughput: dict[str, Any] = field(default_factory=dict)
 
-    def rows_by_key(self) -> dict[tuple[str, str], dict[str, Any]]:
-        """Rows keyed by (case_id, arm): the pairing key across runs."""
-        return {(r["case_id"], r["arm"]): r for r in self.rows}
+    def rows_by_key(self) -> dict[RowKey, dict[str, Any]]:
+        """Rows keyed by (case_id, arm, concurrency): the pairing key across runs."""
+        return {row_key(r): r for r in self.rows}
 
     def drift_by_case(self) -> dict[str, DriftRecord]:
         return {d.case_id: d for d in self.drift}
@@ -69,6 +80,7 @@ class ProbeRun:
                 "spec_hash": self.spec.spec_hash(), "seed_block": self.spec.seed_block,
                 "spec": self.spec.to_dict(), "url": self.url,
                 "server": redact(self.server), "notes": list(self.notes), "timing": self.timing,
+                "throughput": self.throughput,
                 "counts": {"cases": len(self.cases), "rows": len(self.rows),
                            "drift": len(self.drift)}}
         _write(out / "run.json", json.dumps(head, indent=2) + "\n")
@@ -100,7 +112,8 @@ class ProbeRun:
                        tuple(Case.from_dict(d) for d in _read_jsonl(src / "cases.jsonl")),
                        tuple(_read_jsonl(src / "rows.jsonl")),
                        tuple(DriftRecord.from_dict(d) for d in _read_jsonl(src / "drift.jsonl")),
-                       tuple(head.get("notes", [])), head.get("timing", {}), str(src))
+                       tuple(head.get("notes", [])), head.get("timing", {}), str(src),
+                       dict(head.get("throughput") or {}))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             # A field missing or of the wrong type: the files were edited, not our bug.
             raise ConfigError(f"`{src}`: a probe record of the wrong shape "

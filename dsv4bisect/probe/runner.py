@@ -8,9 +8,13 @@ applies the verdict rule (`probe/judge.py`) to baseline, A/A repeat and candidat
 
 from __future__ import annotations
 
+import hashlib
+import random
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -83,14 +87,17 @@ def _build(client: ProbeClient, spec: ProbeSpec, server: ServerInfo, notes: list
                        on_case=built)
 
 
-def chat_row(client: ProbeClient, spec: ProbeSpec, case: Case, arm: str) -> dict[str, Any]:
-    """One accuracy request, scored (also the sequential trial probe's request)."""
+def chat_row(client: ProbeClient, spec: ProbeSpec, case: Case, arm: str,
+             concurrency: int = 1) -> dict[str, Any]:
+    """One accuracy request, scored (also the sequential trial probe's request). `concurrency`
+    is the level it runs at: above 1 a cold request does not flush the cache (that would empty
+    it under its batch mates; the level flushes once before it starts)."""
     messages = list(case.messages)
     if arm == "warm":  # replay turn by turn so the server's prefix cache is exercised
         for i, m in enumerate(messages[:-1]):
             if m["role"] == "user":
                 client.chat(messages[: i + 1], max_tokens=1)
-    else:
+    elif concurrency == 1:
         client.flush_cache()
     think = arm == "think"
     budget = spec.thinking_max_tokens if think else case.max_tokens
@@ -101,17 +108,19 @@ def chat_row(client: ProbeClient, spec: ProbeSpec, case: Case, arm: str) -> dict
             f"baseline counted {case.prompt_tokens}",
             "baseline and candidate must serve the same tokenizer and chat template")
     s = score(res.text, case.expected, case.values, res.finish_reason)
-    return {**_row_head(case, arm), "prompt_tokens": res.prompt_tokens, "output": res.text,
+    return {**_row_head(case, arm, concurrency), "prompt_tokens": res.prompt_tokens,
+            "output": res.text,
             "correct": s.correct, "exact": s.exact, "first_wrong_char": s.first_wrong_char,
             "edit_distance": s.edit_distance, "signatures": list(s.signatures),
             "finish_reason": res.finish_reason, "completion_tokens": res.completion_tokens,
             "latency_s": round(res.latency_s, 4)}
 
 
-def _row_head(case: Case, arm: str) -> dict[str, Any]:
+def _row_head(case: Case, arm: str, concurrency: int = 1) -> dict[str, Any]:
     return {"case_id": case.case_id, "family": case.family, "cell": case.cell.key,
             "length": case.cell.length, "depth": case.cell.depth, "turns": case.cell.turns,
-            "seed": case.seed, "arm": arm, "target": case.target, "expected": case.expected}
+            "seed": case.seed, "arm": arm, "concurrency": concurrency, "target": case.target,
+            "expected": case.expected}
 
 
 def drift_row(client: ProbeClient, spec: ProbeSpec, case: Case,
@@ -177,64 +186,182 @@ def collect(url: str, spec: ProbeSpec, *, reference_run: ProbeRun | None = None,
         else:
             cases = _build(client, spec, server, notes, on_progress)
         t_build = time.perf_counter() - t0
-        rows, drift = _run_cases(client, spec, cases, reference_run, notes, on_progress)
+        rows, drift, throughput = _run_cases(client, spec, cases, reference_run, notes,
+                                             on_progress)
     finally:
         client.close()
     timing = {"build_s": round(t_build, 3), "total_s": round(time.perf_counter() - t0, 3)}
     return ProbeRun(spec, url, {**_server_dict(server), "started_at": started}, tuple(cases),
-                    tuple(rows), tuple(drift), tuple(notes), timing)
+                    tuple(rows), tuple(drift), tuple(notes), timing, throughput=throughput)
 
 
-def _tasks(spec: ProbeSpec, cases: list[Case]) -> list[tuple[Case, str]]:
-    tasks = [(c, arm) for c in cases if c.family != "drift" for arm in spec.arms]
-    if spec.thinking:
-        tasks += [(c, "think") for c in cases if c.family == "needle"]
-    return tasks + [(c, "drift") for c in cases if c.family == "drift"]
+Task = tuple[Case, str, int]  # case, arm, concurrency level
+
+
+def _tasks(spec: ProbeSpec, cases: list[Case]) -> list[Task]:
+    """Every request of a run, level by level (the thinking arm and drift at level 1)."""
+    accuracy = [c for c in cases if c.family != "drift"]
+    tasks: list[Task] = []
+    for level in spec.concurrency:
+        tasks += [(c, arm, level) for c in accuracy for arm in spec.arms_at(level)]
+        if level == 1 and spec.thinking:
+            tasks += [(c, "think", 1) for c in cases if c.family == "needle"]
+    if 1 not in spec.concurrency and spec.thinking:
+        tasks += [(c, "think", 1) for c in cases if c.family == "needle"]
+    return tasks + [(c, "drift", 1) for c in cases if c.family == "drift"]
+
+
+def submission_order(spec: ProbeSpec, level: int, n: int) -> list[int]:
+    """The order in which a level's n requests are sent: at level 1 the grid's order, above it a
+    shuffle fixed by (seed, seed block, level), so the baseline, its repeat and the candidate
+    send the same requests in the same order and a comparison stays paired."""
+    order = list(range(n))
+    if level > 1:
+        key = f"order:{spec.seed}:{spec.seed_block}:{level}"
+        random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+                      ).shuffle(order)
+    return order
+
+
+@dataclass
+class _Tally:
+    """Progress over a whole run and throughput per level."""
+
+    total: int
+    on_progress: Progress | None
+    t0: float = field(default_factory=time.perf_counter)
+    done: int = 0
+    tokens: int = 0
+    correct: int = 0
+    scored: int = 0
+
+    def add(self, row: dict[str, Any] | None) -> None:
+        self.done += 1
+        if row is not None:
+            self.tokens += row["prompt_tokens"] + int(row.get("completion_tokens") or 0)
+            if row.get("correct") is not None:
+                self.correct += bool(row["correct"])
+                self.scored += 1
+        self.report(self.done)
+
+    def report(self, done: int) -> None:
+        if self.on_progress:
+            elapsed = max(1e-9, time.perf_counter() - self.t0)
+            self.on_progress(ProbeProgress("probe", done, self.total, self.tokens / elapsed,
+                                           self.correct, self.scored))
 
 
 def _run_cases(client: ProbeClient, spec: ProbeSpec, cases: list[Case],
                reference_run: ProbeRun | None, notes: list[str], on_progress: Progress | None
-               ) -> tuple[list[dict[str, Any]], list[DriftRecord]]:
+               ) -> tuple[list[dict[str, Any]], list[DriftRecord], dict[str, Any]]:
     tasks = _tasks(spec, cases)
     ref_drift = reference_run.drift_by_case() if reference_run else {}
-    rows: list[dict[str, Any]] = []
+    tally = _Tally(len(tasks), on_progress)
+    results: dict[int, dict[str, Any]] = {}
     drift: list[DriftRecord] = []
-    t0, tokens, correct, scored, think_ok, drift_ok = time.perf_counter(), 0, 0, 0, True, True
-    for done, (case, arm) in enumerate(tasks, 1):
+    throughput: dict[str, Any] = {}
+    think_ok, drift_ok = True, True
+    for level in spec.concurrency:
+        batch = [i for i, (_, arm, lv) in enumerate(tasks) if lv == level and arm in spec.arms]
+        if level > 1 and batch:
+            t0 = time.perf_counter()
+            results.update(_concurrent(client, spec, [tasks[i] for i in batch], batch, level,
+                                       tally))
+            throughput[str(level)] = _level_figures([results[i] for i in batch],
+                                                    time.perf_counter() - t0)
+            continue
+        t0 = time.perf_counter()
+        for i in batch:
+            case, arm, _ = tasks[i]
+            results[i] = chat_row(client, spec, case, arm)
+            tally.add(results[i])
+        if batch:
+            throughput["1"] = _level_figures([results[i] for i in batch],
+                                             time.perf_counter() - t0)
+    for i, (case, arm, _) in enumerate(tasks):
+        if i in results or arm in spec.arms:
+            continue
         if arm == "drift":
             if not drift_ok or (reference_run is not None and case.case_id not in ref_drift):
+                tally.add(None)
                 continue  # the baseline could not score this transcript
             try:
                 row, rec = drift_row(client, spec, case, ref_drift.get(case.case_id))
             except DriftUnsupported as exc:
                 drift_ok = False
                 notes.append(str(exc))
+                tally.add(None)
                 continue
             if rec is not None:
                 drift.append(rec)
-        elif arm == "think" and not think_ok:
-            continue
-        else:
+            results[i] = row
+        elif think_ok:  # the thinking arm
             try:
-                row = chat_row(client, spec, case, arm)
+                results[i] = chat_row(client, spec, case, arm)
             except ProbeHTTPError as exc:
-                if arm != "think" or exc.status != 400:
+                if exc.status != 400:
                     raise
                 think_ok = False
                 notes.append(f"thinking arm skipped: the server refused thinking ({exc.message})")
+                tally.add(None)
                 continue
-            correct += bool(row["correct"])
-            scored += 1
-        rows.append(row)
-        tokens += row["prompt_tokens"] + int(row.get("completion_tokens") or 0)
-        if on_progress:
-            elapsed = max(1e-9, time.perf_counter() - t0)
-            on_progress(ProbeProgress("probe", done, len(tasks), tokens / elapsed, correct, scored))
-    if on_progress and tasks:  # skipped tasks at the end: still report the stage as complete
-        elapsed = max(1e-9, time.perf_counter() - t0)
-        on_progress(ProbeProgress("probe", len(tasks), len(tasks), tokens / elapsed, correct,
-                                  scored))
-    return rows, drift
+        tally.add(results.get(i))
+    if tasks:  # skipped tasks at the end: still report the stage as complete
+        tally.report(len(tasks))
+    return [results[i] for i in sorted(results)], drift, throughput
+
+
+def _concurrent(client: ProbeClient, spec: ProbeSpec, tasks: list[Task], ids: list[int],
+                level: int, tally: _Tally) -> dict[int, dict[str, Any]]:
+    """A level's requests with `level` in flight at once, sent in `submission_order`; each
+    worker has its own connection. The first error (or an interrupt from the progress
+    callback) cancels what has not started and is raised at once; requests in flight end on
+    their own (their answers or the server's stop)."""
+    # Once, before anything is in flight: every level starts from an empty cache, so what a
+    # request finds cached comes from its own conversation and its batch mates at this level.
+    client.flush_cache()
+    local = threading.local()
+    clients: list[ProbeClient] = []
+    lock = threading.Lock()
+
+    def own_client() -> ProbeClient:
+        if not hasattr(local, "client"):
+            # A request waits behind up to level - 1 others on a server that runs one at a
+            # time (they queue), so its deadline is the per-request timeout times the level.
+            local.client = client.clone(timeout_s=spec.timeout_s * level)
+            with lock:
+                clients.append(local.client)
+        return local.client
+
+    def run(k: int) -> dict[str, Any]:
+        case, arm, _ = tasks[k]
+        return chat_row(own_client(), spec, case, arm, concurrency=level)
+
+    out: dict[int, dict[str, Any]] = {}
+    pool = ThreadPoolExecutor(max_workers=level, thread_name_prefix=f"probe-c{level}")
+    try:
+        futures = {pool.submit(run, k): k for k in submission_order(spec, level, len(tasks))}
+        for future in as_completed(futures):
+            k = futures[future]
+            out[ids[k]] = future.result()
+            tally.add(out[ids[k]])
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # no wait on a failing or stopped server
+        raise
+    pool.shutdown(wait=True)
+    for c in clients:
+        c.close()
+    return out
+
+
+def _level_figures(rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    """Throughput of one level: scored requests and their prompt + completion tokens per
+    second of the level's wall time (a warm arm's replay requests are not counted)."""
+    tokens = sum(r["prompt_tokens"] + int(r.get("completion_tokens") or 0) for r in rows)
+    wall = max(wall_s, 1e-9)
+    return {"requests": len(rows), "tokens": tokens, "wall_s": round(wall_s, 3),
+            "requests_per_s": round(len(rows) / wall, 4), "tokens_per_s": round(tokens / wall, 1),
+            "arms": sorted({r["arm"] for r in rows})}
 
 
 def judge(baseline: ProbeRun, baseline_repeat: ProbeRun | None, candidate: ProbeRun) -> Verdict:

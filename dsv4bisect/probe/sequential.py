@@ -517,14 +517,16 @@ class SequentialTrial:
 
 def ends_from_runs(base: ProbeRun, bad: ProbeRun, repeat: ProbeRun | None) -> TrialEnds:
     """The ends as measured: the good end's baseline, the bad end, the A/A repeat (or None).
-    Rows pair by (case_id, arm) as in the fixed verdict; drift is judge.drift_check's."""
+    Rows pair by (case_id, arm, concurrency) as in the fixed verdict; drift is
+    judge.drift_check's. Only the rows at concurrency 1 are the trial's cases: a trial sends one
+    request at a time, so only those are replayed under the condition the ends measured."""
     from dsv4bisect.probe.judge import drift_check
 
     bad_rows, rep_rows = bad.rows_by_key(), repeat.rows_by_key() if repeat else {}
     cases: list[EndCase] = []
     for key, row in base.rows_by_key().items():
         other = bad_rows.get(key)
-        if row["family"] == "drift" or other is None:
+        if row["family"] == "drift" or other is None or key[2] != 1:
             continue
         rep = rep_rows.get(key)
         cases.append(EndCase(

@@ -71,10 +71,12 @@ class Scenario:
 
 
 def spec_cells(spec: ProbeSpec, accuracy: float | Callable[[Cell], float]) -> list[SimCell]:
-    """The spec's accuracy grid (every arm) with the good configuration's accuracy per cell."""
+    """The spec's accuracy grid (every arm at concurrency 1: what a sequential trial replays)
+    with the good configuration's accuracy per cell."""
     acc = accuracy if callable(accuracy) else (lambda _c, a=float(accuracy): a)
+    arms = spec.arms_at(1) if 1 in spec.concurrency else ()
     return [SimCell(c.key, c.family, c.length, n, acc(c), arm)
-            for c, n in cells(spec) if c.family != "drift" for arm in spec.arms]
+            for c, n in cells(spec) if c.family != "drift" for arm in arms]
 
 
 def drift_lengths(spec: ProbeSpec) -> list[int]:
@@ -164,7 +166,7 @@ class TrialProbePlan:
     cost_fraction_bad: float
     false_fail: float
     false_pass: float
-    full_requests: int  # accuracy requests + drift transcripts at the tier's full size
+    full_requests: int  # accuracy requests (every condition) + drift transcripts, full size
     between_good: float  # share of simulated trials that reached the cap undecided
     between_bad: float
     sims: int
@@ -196,8 +198,11 @@ def plan_trial(spec: ProbeSpec, false_fail: float, false_pass: float, loss_rate:
     def cost(d: Decision) -> float:
         return d.prompt_tokens + d.requests * request_overhead_tokens
 
-    full = (sum((c.length + request_overhead_tokens) * c.cases for c in world)
-            + drift_tokens + len(drift) * request_overhead_tokens)
+    # The full probe asks every accuracy case under each of its conditions (arm × level); a
+    # trial replays the level-1 ones only (`spec_cells`), so its share is of the whole.
+    accuracy = [(c, n) for c, n in cells(spec) if c.family != "drift"]
+    full = (sum((c.length + request_overhead_tokens) * n for c, n in accuracy)
+            * len(spec.conditions()) + drift_tokens + len(drift) * request_overhead_tokens)
     scenario = Scenario(loss_rate=loss_rate)
     rng = random.Random(seed)
     out = {}
@@ -209,5 +214,6 @@ def plan_trial(spec: ProbeSpec, false_fail: float, false_pass: float, loss_rate:
     return TrialProbePlan(
         out["good"].mean_requests, out["bad"].mean_requests, out["good"].mean_cost / full,
         out["bad"].mean_cost / full, false_fail, false_pass,
-        sum(c.cases for c in world) + len(drift), out["good"].between, out["bad"].between,
+        sum(n for _, n in accuracy) * len(spec.conditions()) + len(drift), out["good"].between,
+        out["bad"].between,
         sims, request_overhead_tokens)

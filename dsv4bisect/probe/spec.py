@@ -23,6 +23,8 @@ PROBE_VERSION = 2  # 2: a value glued to more characters is not correct
 ACCURACY_FAMILIES = ("needle", "copy", "vartrack")
 FAMILIES = (*ACCURACY_FAMILIES, "drift")
 ARMS = ("cold", "warm")
+ARM_PLANS = ("every", "staggered")
+MAX_CONCURRENCY = 1 << 16
 TIER_NAMES = ("ci", "smoke", "standard", "deep")
 
 
@@ -48,6 +50,12 @@ class ProbeSpec:
     drift_top_k: int = 8
     drift_window: int = 4096  # score at most the last N tokens of each transcript
     arms: tuple[str, ...] = ("cold",)
+    # Requests in flight at once: every accuracy case runs at each level (docs/probe.md
+    # "Conditions"); at a level above 1 the submission order is a shuffle fixed by the seed.
+    concurrency: tuple[int, ...] = (1,)
+    # Which arm a case takes at which level: `every` arm at every level, or `staggered`: the
+    # first arm at the lowest level, the others at the higher levels in turn (one level: all).
+    arm_plan: str = "every"
     thinking: bool = False  # also run needle cases with thinking on (when the server has it)
     thinking_max_tokens: int = 1024
     timeout_s: float = 120.0  # per request
@@ -58,10 +66,16 @@ class ProbeSpec:
         _validate(self)
 
     def canonical(self) -> dict[str, Any]:
-        """The hashed form: every field but `notes` and `seed_block`, plus PROBE_VERSION."""
+        """The hashed form: every field but `notes` and `seed_block`, plus PROBE_VERSION. The
+        serving conditions are left out at their defaults (one level, every arm), so a spec
+        that asks for none keeps the hash it had before they existed."""
         data = dataclasses.asdict(self)
         data.pop("notes")
         data.pop("seed_block")
+        if tuple(data["concurrency"]) == (1,):
+            data.pop("concurrency")
+        if data["arm_plan"] == "every":
+            data.pop("arm_plan")
         data["probe_version"] = PROBE_VERSION
         return data
 
@@ -100,6 +114,20 @@ class ProbeSpec:
     def accuracy_families(self) -> tuple[str, ...]:
         return tuple(f for f in self.families if f in ACCURACY_FAMILIES)
 
+    def arms_at(self, level: int) -> tuple[str, ...]:
+        """The arms every accuracy case runs at concurrency `level` (one of `concurrency`)."""
+        if self.arm_plan == "every" or len(self.concurrency) == 1 or len(self.arms) == 1:
+            return self.arms
+        index = self.concurrency.index(level)
+        if index == 0:
+            return self.arms[:1]
+        rest = self.arms[1:]
+        return (rest[(index - 1) % len(rest)],)
+
+    def conditions(self) -> tuple[tuple[str, int], ...]:
+        """Every (arm, concurrency) an accuracy case runs under, in the order they run."""
+        return tuple((arm, level) for level in self.concurrency for arm in self.arms_at(level))
+
 
 def _validate(spec: ProbeSpec) -> None:
     def bad(message: str, hint: str | None = None) -> ConfigError:
@@ -135,6 +163,10 @@ def _validate(spec: ProbeSpec) -> None:
         (spec.drift_window >= 16, "drift_window must be >= 16"),
         (spec.timeout_s > 0 and spec.retries >= 0, "timeout_s must be > 0 and retries >= 0"),
         (bool(spec.arms), "arms must not be empty"),
+        (bool(spec.concurrency) and all(1 <= c <= MAX_CONCURRENCY for c in spec.concurrency)
+         and all(a < b for a, b in zip(spec.concurrency, spec.concurrency[1:])),
+         f"concurrency must be increasing levels in 1..{MAX_CONCURRENCY} without repeats"),
+        (spec.arm_plan in ARM_PLANS, f"arm_plan must be one of {', '.join(ARM_PLANS)}"),
     ]
     for ok, message in checks:
         if not ok:
@@ -147,17 +179,20 @@ _TIERS: dict[str, ProbeSpec] = {
                     depths=(0.5,), turns=(2,), cases_per_cell=1, distractors=1,
                     copy_chars=(24, 24), drift_cases=1, drift_top_k=5, max_tokens=48,
                     timeout_s=60.0),
-    # The default on the embedded engine: baseline + A/A + candidate in ~60-80 s on 2 CPU cores.
+    # The default on the embedded engine. Its cases are all multi-turn: cold at the lowest
+    # concurrency level, warm (turn-by-turn replay: prefix-cache hits) at the others.
     "smoke": ProbeSpec(tier="smoke", families=("needle", "copy", "vartrack", "drift"),
                        lengths=(256, 512, 1024, 2048), depths=(0.1, 0.5, 0.9), turns=(3,),
                        cases_per_cell=1, distractors=1, copy_chars=(24, 28), drift_cases=1,
-                       max_tokens=64, timeout_s=60.0),
-    # A real deployment, ~1k requests per arm.
+                       max_tokens=64, timeout_s=60.0, arms=("cold", "warm"),
+                       arm_plan="staggered", concurrency=(1, 16)),
+    # A real deployment, ~1k requests per level; arms as in smoke.
     "standard": ProbeSpec(tier="standard", families=("needle", "copy", "vartrack", "drift"),
                           lengths=(4096, 16384, 32768, 65536),
                           depths=(0.02, 0.1, 0.25, 0.5, 0.75, 0.9), turns=(8, 32),
                           cases_per_cell=7, drift_cases=4, drift_top_k=20, drift_window=2048,
-                          copy_chars=(32, 64), timeout_s=600.0),
+                          copy_chars=(32, 64), timeout_s=600.0, arms=("cold", "warm"),
+                          arm_plan="staggered", concurrency=(1, 16)),
     # Everything: long lengths, warm arm, thinking arm, more jitter.
     "deep": ProbeSpec(tier="deep", families=("needle", "copy", "vartrack", "drift"),
                       lengths=(8192, 16384, 32768, 65536, 131072),
@@ -166,6 +201,18 @@ _TIERS: dict[str, ProbeSpec] = {
                       hops=4, drift_cases=8, drift_top_k=20, drift_window=2048,
                       arms=("cold", "warm"), thinking=True, timeout_s=900.0),
 }
+
+
+# The tests' tier runs at one level whatever a profile lists, so that the many runs of the test
+# suite keep their cost; every other tier takes the profile's levels (`with_concurrency`).
+SINGLE_LEVEL_TIERS = ("ci",)
+
+
+def with_concurrency(spec: ProbeSpec, levels: tuple[int, ...] | None) -> ProbeSpec:
+    """`spec` at the concurrency levels a profile asks for (None: the tier's own)."""
+    if levels is None or spec.tier in SINGLE_LEVEL_TIERS:
+        return spec
+    return spec.replace(concurrency=tuple(levels))
 
 
 def tier_spec(tier: str, *, families: tuple[str, ...] | None = None, seed: int | None = None,

@@ -10,7 +10,7 @@ JSON (`Verdict.to_dict()`, schema `dsv4bisect.verdict/1`; docs/probe.md document
     families.<f>   {n, baseline_accuracy, candidate_accuracy, repeat_accuracy, baseline_right,
                     b, c, p_value, evidence}
     overall        {n, b, c, p_value, alpha, families}
-    cells[]        {cell, arm, n, b, c, p_value, p_holm, failed}
+    cells[]        {cell, arm, concurrency, n, b, c, p_value, p_holm, failed}
     signatures     {candidate: {name: [seeds]}, repeat: {...}, hard_fail: bool}
     drift          {status, candidate: {kl_mean, kl_p99, top1_agreement, ...}, floor: {...},
                     gates: {...}}
@@ -18,6 +18,9 @@ JSON (`Verdict.to_dict()`, schema `dsv4bisect.verdict/1`; docs/probe.md document
     power          {alpha, n_baseline_right, baseline_accuracy, min_detectable_loss_rate,
                     min_detectable_drop, zero_loss_bound, statement}
     evidence       {baseline, baseline_repeat, candidate, heatmap}: paths or null
+    conditions.<f> {arms, concurrency, requests: {"arm@level": n}}: what each family ran under
+    throughput     {baseline, candidate}: per level {requests, tokens, wall_s, requests_per_s,
+                    tokens_per_s, arms}
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ class CellResult:
     p_value: float
     p_holm: float
     failed: bool
+    concurrency: int = 1  # the level the cell's requests ran at
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,10 @@ class Verdict:
     # (false fail, false pass) a sequential trial probe's verdict holds to (also under
     # overall.sequential in the JSON); None: the fixed probe, whose rates the bisect measures.
     error_rates: tuple[float, float] | None = None
+    # per family: arms, concurrency levels, requests per "arm@level" (paired requests only)
+    conditions: dict[str, Any] = field(default_factory=dict)
+    # {"baseline"|"candidate": {level: {requests, tokens, wall_s, requests_per_s, tokens_per_s}}}
+    throughput: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -118,7 +126,8 @@ class Verdict:
             "families": {k: dataclasses.asdict(v) for k, v in self.families.items()},
             "overall": self.overall, "cells": [dataclasses.asdict(c) for c in self.cells],
             "signatures": self.signatures, "drift": self.drift, "aa": self.aa,
-            "power": self.power, "evidence": self.evidence,
+            "power": self.power, "evidence": self.evidence, "conditions": self.conditions,
+            "throughput": self.throughput,
         }
 
     @classmethod
@@ -130,7 +139,8 @@ class Verdict:
                    d.get("overall", {}), tuple(CellResult(**c) for c in d.get("cells", [])),
                    d.get("signatures", {}), d.get("drift", {}), d.get("aa", {}),
                    d.get("power", {}), d.get("evidence", {}),
-                   _rates(d.get("overall", {}).get("sequential")))
+                   _rates(d.get("overall", {}).get("sequential")),
+                   conditions=d.get("conditions", {}), throughput=d.get("throughput", {}))
 
 
 def _rates(sequential: dict[str, Any] | None) -> tuple[float, float] | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from dsv4bisect.base.bounded import json_object, load_json
 from dsv4bisect.errors import ConfigError
+from dsv4bisect.probe.conditions import family_conditions, throughput_lines
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.redact import redact, redact_text, secrets_in
 from dsv4bisect.report import shapes
@@ -188,12 +189,18 @@ def _terminal_verdict(v: Verdict) -> list[Line]:
         text = (f"  {fam:<9} {acc:<12} n={r.n:<4} lost {r.b}, gained {r.c}, "
                 f"p={r.p_value:.2g}{'' if r.evidence else '  (no evidence)'}")
         out.append((text, None))
+        if v.conditions:
+            out.append((f"            ran {family_conditions(v.conditions.get(fam))}", "dim"))
     cand = (v.drift or {}).get("candidate")
     if cand:
         text = (f"  drift     {v.drift['status']}: mean KL {cand['kl_mean']:.3g} nats, top-1 "
                 f"agreement {cand['top1_agreement']:.2%} over {cand['n_positions']} "
                 f"positions of {cand['n_cases']} transcripts")
         out.append((text, None))
+        if v.conditions:
+            out.append((f"            ran {family_conditions(v.conditions.get('drift'))}",
+                        "dim"))
+    out += [(f"  {line}", "dim") for line in throughput_lines(v.throughput)]
     for reason in v.reasons:
         first, _, rest = reason.partition("\n")
         out.append((f"  - {first}", None))
@@ -289,13 +296,21 @@ def _md_families(v: Verdict) -> str:
     if not v.families:
         return ""
     out = ["## Accuracy", "",
-           ("| family | n | baseline | candidate | A/A repeat | lost | gained | p (McNemar) "
-            "| evidence |"),
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+           ("| family | conditions (arm@concurrency ×requests) | n | baseline | candidate "
+            "| A/A repeat | lost | gained | p (McNemar) | evidence |"),
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for fam, r in v.families.items():
-        out.append(f"| {fam} | {r.n} | {_pct(r.baseline_accuracy)} | "
+        out.append(f"| {fam} | {family_conditions(v.conditions.get(fam))} | {r.n} | "
+                   f"{_pct(r.baseline_accuracy)} | "
                    f"{_pct(r.candidate_accuracy)} | {_pct(r.repeat_accuracy)} | {r.b} | {r.c} | "
                    f"{r.p_value:.3g} | {'yes' if r.evidence else 'no'} |")
+    if "drift" in v.conditions:
+        out.append(f"\nDrift transcripts ran {family_conditions(v.conditions['drift'])} "
+                   "(teacher-forced, alone, from an empty cache).")
+    rates = throughput_lines(v.throughput)
+    if rates:
+        out += ["", "Throughput per concurrency level (scored requests; a warm arm's replay "
+                "requests are not counted):", ""] + [f"- {line}" for line in rates]
     o = v.overall
     if o.get("n"):
         out.append(f"\nPooled over {', '.join(o.get('families', []))}: lost {o['b']}, gained "
@@ -337,10 +352,11 @@ def _md_cells(v: Verdict) -> str:
     failed = [c for c in v.cells if c.failed]
     if not failed:
         return ""
-    out = ["## Failing cells", "", "| cell | arm | n | lost | gained | p | Holm p |",
-           "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    out += [f"| {c.cell} | {c.arm} | {c.n} | {c.b} | {c.c} | {c.p_value:.3g} | {c.p_holm:.3g} |"
-            for c in failed]
+    out = ["## Failing cells", "",
+           "| cell | arm | concurrency | n | lost | gained | p | Holm p |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out += [f"| {c.cell} | {c.arm} | {c.concurrency} | {c.n} | {c.b} | {c.c} | "
+            f"{c.p_value:.3g} | {c.p_holm:.3g} |" for c in failed]
     return "\n".join(out)
 
 

@@ -27,11 +27,11 @@ RUN = {"schema": str, "status": OPT_STR, "probe": OPT_DICT, "arms": OPT_DICT,
 FAMILY = {"family": str, "n": int, "baseline_accuracy": OPT_NUM, "candidate_accuracy": OPT_NUM,
           "repeat_accuracy": OPT_NUM, "baseline_right": int, "b": int, "c": int, "p_value": NUM,
           "evidence": bool}
-CELL = {"cell": str, "arm": str, "n": int, "b": int, "c": int, "p_value": NUM, "p_holm": NUM,
-        "failed": bool}
+CELL = {"cell": str, "arm": str, "concurrency": int, "n": int, "b": int, "c": int,
+        "p_value": NUM, "p_holm": NUM, "failed": bool}
 VERDICT = {"schema": str, "verdict": str, "reasons": list, "probe": dict, "families": dict,
            "overall": dict, "cells": list, "signatures": dict, "drift": dict, "aa": dict,
-           "power": dict, "evidence": dict}
+           "power": dict, "evidence": dict, "conditions": dict, "throughput": dict}
 
 
 def check(value: Any, shape: Any, shown: str, where: str = "") -> None:

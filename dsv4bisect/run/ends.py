@@ -15,7 +15,7 @@ from typing import Any
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import Overrides, resolve
 from dsv4bisect.errors import ConfigError
-from dsv4bisect.probe.spec import ProbeSpec, tier_spec
+from dsv4bisect.probe.spec import ProbeSpec, tier_spec, with_concurrency
 
 
 @dataclass(frozen=True)
@@ -65,4 +65,6 @@ def probe_spec(cfg: EngineConfig, tier: str | None = None) -> ProbeSpec:
             changes[field] = tuple(value) if isinstance(value, list) else value
     if "warm" in given:
         changes["arms"] = ("cold", "warm") if given["warm"] else ("cold",)
-    return spec.replace(**changes) if changes else spec
+    spec = spec.replace(**changes) if changes else spec
+    levels = given.get("concurrency")
+    return with_concurrency(spec, tuple(levels) if levels else None)

@@ -124,13 +124,18 @@ def test_costs_round_trip_through_the_spec_and_a_version_1_spec_still_reads():
 
 
 def test_each_assumed_cost_says_so_and_a_given_or_measured_one_wins():
+    # One condition (cold at concurrency 1): the prompt tokens the 1200 s default was set for.
+    one = probe_shape(tier_spec("standard").replace(arms=("cold",), concurrency=(1,)))
+    assert one.prompt_tokens == 30_408_704
+    assert plan_costs("sglang", one, given={}).costs.probe_s == pytest.approx(1200.0)
+    # The tier's two conditions (cold at 1, warm at 16) ask every accuracy case twice, drift once.
     shape = probe_shape(tier_spec("standard"))
-    assert shape.prompt_tokens == 30_408_704
+    assert shape.prompt_tokens == 60_342_272
     assert 0.15 < shape.aa_share < 0.2  # the repeat subset: drift + the two shortest lengths
     assumed = plan_costs("sglang", shape, given={}, load_time=("a",))
     sources = {line.name: line.source for line in assumed.lines}
     assert sources["launch"].startswith("assumed (dsv4bisect default for SGLang")
-    assert assumed.costs.probe_s == pytest.approx(1200.0) and assumed.costs.pool == 1
+    assert assumed.costs.probe_s == pytest.approx(2381.25) and assumed.costs.pool == 1
     details = [{"mode": "hot", "switch_s": s, "launch_s": 0} for s in (40, 50, 70)]
     measured = plan_costs("sglang", shape, given={"launch": 480.0}, details=details)
     lines = {line.name: line for line in measured.lines}

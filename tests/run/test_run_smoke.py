@@ -1,7 +1,8 @@
 """The default `dsv4bisect run` (reference-all, smoke tier) from a cold cache: the Done-when run.
 
-Slow (about two minutes on 2 CPU cores). The 120 s budget is asserted only when the machine is
-quiet at the start (load average below 1): on a shared machine other work decides the wall time.
+Slow (about two minutes on 2 CPU cores). The 150 s budget (issue 25: now with a concurrent arm
+and a warm arm) is asserted only when the machine is quiet at the start (load average below 1):
+on a shared machine other work decides the wall time.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from run_helpers import cli, load, only_run_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
-SMOKE_BUDGET_S = 120.0
+SMOKE_BUDGET_S = 150.0
 
 
 def test_default_run_fails_the_six_patches_within_the_smoke_budget(
@@ -34,7 +35,10 @@ def test_default_run_fails_the_six_patches_within_the_smoke_budget(
         assert v["families"][family]["evidence"], family
         assert v["families"][family]["baseline_accuracy"] >= 0.9, family
     assert v["aa"]["flips"] == 0
-    assert any("A/A repeat covers 18 of 36" in x for x in v["reasons"])
+    assert any("A/A repeat covers 36 of 72" in x for x in v["reasons"])
+    for family in ("needle", "copy", "vartrack"):  # cold alone, warm among 16
+        assert v["conditions"][family]["requests"] == {"cold@1": 12, "warm@16": 12}, family
+    assert set(v["throughput"]["candidate"]) == {"1", "16"}
     doc = load(only_run_dir(tmp_path / "runs") / "run.json")
     assert doc["timing"]["overlapped"] and doc["arms"]["candidate"]["attempts"] == 1
     print(f"smoke run: {wall:.1f} s wall (run.json {doc['wall_s']:.1f} s), load average "

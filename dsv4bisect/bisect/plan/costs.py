@@ -196,22 +196,27 @@ def _median(values: Sequence[float]) -> tuple[float, int] | None:
 
 
 def probe_shape(spec: Any) -> ProbeShape:
-    """The prompt tokens of a probe spec's full probe (nominal lengths × cases, per arm) and the
-    A/A repeat's share of them (run/baseline.py: the tier's repeat subset)."""
+    """The prompt tokens of a probe spec's full probe (nominal lengths × cases, per condition:
+    arm × concurrency level; drift once) and the A/A repeat's share of them (run/baseline.py:
+    the tier's repeat subset)."""
     from dsv4bisect.probe.grid import cells
     from dsv4bisect.run.baseline import REPEAT_SHORTEST_LENGTHS
 
     grid = cells(spec)
-    arms = max(len(getattr(spec, "arms", ()) or ()), 1)
-    tokens = sum(cell.length * n for cell, n in grid) * arms
+    conditions = max(len(spec.conditions()), 1)
+
+    def weight(family: str) -> int:
+        return 1 if family == "drift" else conditions
+
+    tokens = sum(cell.length * n * weight(cell.family) for cell, n in grid)
     keep = REPEAT_SHORTEST_LENGTHS.get(spec.tier)
     lengths = sorted({cell.length for cell, _ in grid if cell.family != "drift"})
     if keep is None or len(lengths) <= keep:
         return ProbeShape(spec.tier, tokens, 1.0,
                           f"the {spec.tier} tier repeats the whole probe (run/baseline.py)")
     short = set(lengths[:keep])
-    repeated = sum(cell.length * n for cell, n in grid
-                   if cell.family == "drift" or cell.length in short) * arms
+    repeated = sum(cell.length * n * weight(cell.family) for cell, n in grid
+                   if cell.family == "drift" or cell.length in short)
     return ProbeShape(spec.tier, tokens, repeated / max(tokens, 1),
                       f"the {spec.tier} tier repeats the drift cases and the lengths "
                       f"{sorted(short)} (run/baseline.py), by prompt tokens")

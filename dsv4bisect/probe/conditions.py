@@ -1,0 +1,32 @@
+"""How a verdict words its serving conditions: the arms and concurrency levels each family ran
+under, and the throughput measured at each level (terminal, markdown and `probe` summaries)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def family_conditions(cond: dict[str, Any] | None) -> str:
+    """`cold@1 ×12, warm@16 ×12`: each arm@level with its paired requests (drift: `drift@1`)."""
+    requests = (cond or {}).get("requests") or {}
+    if not requests:
+        return "-"
+    return ", ".join(f"{label} ×{n}" for label, n in sorted(requests.items(), key=_order))
+
+
+def _order(item: tuple[str, int]) -> tuple[int, str]:
+    arm, _, level = item[0].partition("@")
+    return (int(level) if level.isdigit() else 0, arm)
+
+
+def throughput_lines(throughput: dict[str, Any] | None) -> list[str]:
+    """One line per configuration and level: requests/s and tokens/s, with what ran there."""
+    out = []
+    for who in ("baseline", "candidate"):
+        levels = (throughput or {}).get(who) or {}
+        for level in sorted(levels, key=int):
+            f = levels[level]
+            out.append(f"{who} at concurrency {level}: {f['requests_per_s']:.3g} requests/s, "
+                       f"{f['tokens_per_s']:,.0f} tokens/s ({f['requests']} requests, "
+                       f"{'/'.join(f.get('arms') or [])}, {f['wall_s']:.1f} s)")
+    return out
