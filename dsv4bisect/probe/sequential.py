@@ -502,7 +502,7 @@ class SequentialTrial:
     def decide_non_finite(self, cases: Sequence[str]) -> Decision:
         """The trial's server scored drift transcripts with NaN/±inf logprobs: a FAIL with the
         `non_finite` hard signature, whatever else it measured (sglang#25704)."""
-        return self._decide(FAIL, "signatures", non_finite_reason("the trial", cases))
+        return self._decide(V.FAIL, "signatures", non_finite_reason("the trial", cases))
 
     def _decide(self, verdict: str, by: str, reason: str) -> Decision:
         scored = self._drift is not None and self._drift.status != "absent"

@@ -145,7 +145,7 @@ def test_verdict_states_conditions_and_throughput_in_every_form(tmp_path: Path) 
 
 
 def test_throughput_is_saved_with_the_run(tmp_path: Path) -> None:
-    run = _run(_rows({1: True, 16: True})).save(tmp_path / "r")
+    _run(_rows({1: True, 16: True})).save(tmp_path / "r")
     assert ProbeRun.load(tmp_path / "r").throughput == TP
 
 
