@@ -73,6 +73,50 @@ def mhc_mixes_ref(
     return prod * rs
 
 
+SPLIT_KERNELS = ("tf32", "fma")
+
+
+def mhc_mixes_split_ref(
+    x: torch.Tensor, fn: torch.Tensor, eps: float, *, n_splits: int, kernel: str, hc_mult: int
+) -> torch.Tensor:
+    """The pre-norm GEMM as SGLang's split-K kernels fold it (`reference.dispatch.MhcPrePlan`).
+    x: [T, n·D], fn: [M, n·D] -> [T, M] fp32.
+
+    Each split s gives a partial product P_s [T, M] and a partial sum of squares S_s [T] (fp32,
+    from the unrounded x); the partials are added in split order as SGLang's big-fuse kernel
+    does (`mixes += partial[s]` for s = 0..n_splits-1), then mixes = ΣP · rsqrt(ΣS / n·D + eps).
+    - `tf32`: DeepGEMM `tf32_hc_prenorm_gemm`: K = n·D cut into n_splits contiguous slices,
+      operands rounded to TF32 (`round_tf32`) for the tensor-core MMA.
+    - `fma`: the TileLang scalar-FMA kernel of `mhc_fused_post_pre`: each stream's D cut into
+      n_splits slices, a split covering that slice of every stream; fp32 operands."""
+    check_mhc_args(x, fn, eps, "fp32")
+    if kernel not in SPLIT_KERNELS:
+        raise ValueError(f"kernel must be one of {SPLIT_KERNELS}, got {kernel!r}")
+    if n_splits < 1 or x.shape[1] % hc_mult:
+        raise ValueError(f"need n_splits >= 1 and n·D divisible by hc_mult={hc_mult}")
+    xf, ff = x.float(), fn.float()
+    T, K = xf.shape
+    if kernel == "tf32":
+        xo, fo = round_tf32(xf), round_tf32(ff)
+        step = -(-K // n_splits)
+        slices = [(xf[:, k:k + step], xo[:, k:k + step], fo[:, k:k + step])
+                  for k in range(0, K, step)]
+    else:
+        D = K // hc_mult
+        x3, f3 = xf.view(T, hc_mult, D), ff.view(ff.shape[0], hc_mult, D)
+        step = -(-D // n_splits)
+        slices = []
+        for d in range(0, D, step):
+            xs = x3[:, :, d:d + step].flatten(1)  # [T, n·slice]: this slice of every stream
+            slices.append((xs, xs, f3[:, :, d:d + step].flatten(1)))
+    prod = sq = None
+    for x_raw, x_op, f_op in slices:  # split order, as the big-fuse kernel adds them
+        p, s = x_op @ f_op.T, x_raw.square().sum(-1)
+        prod, sq = (p, s) if prod is None else (prod + p, sq + s)
+    rs = torch.rsqrt(sq / K + eps)[:, None]
+    return prod * rs
+
+
 # ----------------------------------------------------------------------------------------------
 # Triton: one pass over x (bandwidth-bound GEMV-like reduction) fused with the sum of squares;
 # grid (token blocks, K splits); with K splits a small second kernel adds the partials.

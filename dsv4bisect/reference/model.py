@@ -24,11 +24,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from dsv4bisect.kernels.indexer import indexer_logits_ref, indexer_topk
-from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref
+from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref, mhc_mixes_split_ref
 from dsv4bisect.kernels.nvfp4 import E2M1_MAX, E4M3_MAX, default_global_scale, nvfp4_fake_quant
 from dsv4bisect.kernels.sparse_attention import sparse_attention_ref
 from dsv4bisect.reference.cache import CompressorState, LayerCache, ModelCache
 from dsv4bisect.reference import precision as prec
+from dsv4bisect.reference.dispatch import mhc_pre_plan
 from dsv4bisect.reference.config import CSA_RATIO, ModelArgs, Numerics, RopeScaling
 
 # ---- kernels per device -------------------------------------------------------------------------
@@ -227,10 +228,21 @@ def hc_pre(
     a: ModelArgs,
     mode: str,
     sinkhorn: Callable[..., tuple[torch.Tensor, ...]] | None = None,
+    *,
+    dispatch_first: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h [T, n, dim] -> collapsed input x [T, dim], post [T, n], comb [T, n, n].
-    `sinkhorn` replaces `hc_split_sinkhorn` (training uses a compiled one on CUDA)."""
-    mixes = mhc_mixes_ref(h.flatten(1), fn, a.rms_norm_eps, mode=mode)  # [T, (2+n)·n]
+    `sinkhorn` replaces `hc_split_sinkhorn` (training uses a compiled one on CUDA).
+    `dispatch_first` (set at `precision: deployment`): the stock fp32 pre-norm GEMM runs as
+    SGLang's kernel for T tokens would (`reference.dispatch.mhc_pre_plan`; True for the model's
+    first hc_pre, False for the fused sublayer boundaries); None: one fp32 GEMM."""
+    x = h.flatten(1)
+    if mode == "fp32" and dispatch_first is not None:
+        plan = mhc_pre_plan(h.shape[0], a.hc_mult, a.hidden_size, first=dispatch_first)
+        mixes = mhc_mixes_split_ref(x, fn, a.rms_norm_eps, n_splits=plan.n_splits,
+                                    kernel=plan.kernel, hc_mult=a.hc_mult)
+    else:
+        mixes = mhc_mixes_ref(x, fn, a.rms_norm_eps, mode=mode)  # [T, (2+n)·n]
     pre, post, comb = (sinkhorn or hc_split_sinkhorn)(
         mixes, scale, base, a.hc_mult, a.hc_sinkhorn_iters, a.hc_eps
     )
@@ -765,12 +777,18 @@ class Block(nn.Module):
         """h [T, n, dim] -> [T, n, dim] (T: every token of the step, batch flattened)."""
         mode = step.numerics.mhc_mode
         sk = step.ops.sinkhorn
+        # At deployment SGLang's token-count dispatch: the model's (or MTP's) first hc_pre is
+        # `mhc_pre`, every later one a fused post+pre boundary (reference/dispatch.py).
+        deploy = step.numerics.deployment
+        first = self.layer_id == 0 or self.layer_id >= self.a.num_hidden_layers
         x, post, comb = hc_pre(
-            h, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, self.a, mode, sk
+            h, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, self.a, mode, sk,
+            dispatch_first=first if deploy else None,
         )
         h = hc_post(self.attn(self.attn_norm(x), step, cache), h, post, comb)
         x, post, comb = hc_pre(
-            h, self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, self.a, mode, sk
+            h, self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, self.a, mode, sk,
+            dispatch_first=False if deploy else None,
         )
         return hc_post(self.ffn(self.ffn_norm(x), step), h, post, comb)
 

@@ -1,0 +1,79 @@
+"""SGLang's token-count kernel dispatch for DeepSeek-V4, as rules the embedded engine follows.
+
+SGLang's DeepSeek-V4 kernels choose a split-K count or a kernel variant from the number of
+tokens in the forward batch (sglang PR #37292, "Support deterministic inference for
+DeepSeek-V4", lists such sites; the first is the mHC pre-norm split-K, which moves every
+token's logprob by ~1e-2 with its batch mates). At `precision: deployment` the embedded engine
+takes the same decision from the leading dimension M of the tensor an op is given (every token
+of the step, the batch flattened), so a request's numerics depend on its chunk and its batch
+mates as on the deployment. Per site, what SGLang does and what is mirrored:
+docs/reference-engine.md, "Precision" (batch-dependent dispatch).
+
+Sources (wheel paths; line numbers of the PyPI wheels):
+- `_compute_num_split_for_mhc_pre`: 0.5.13 `srt/layers/mhc.py:445-450`, 0.5.23
+  `kernels/ops/layernorm/mhc.py:816-823`; used by `mhc_pre` when DeepGEMM's TF32 pre-norm GEMM
+  is on (0.5.13 `:674-690`, 0.5.23 `:1118-1135`) and by `mhc_fused_post_pre` above
+  `fma_token_threshold = 32` (0.5.13 `:1233-1238`, 0.5.23 `:1693-1698`).
+- `mhc_fused_post_pre` replaces every sublayer boundary (post of one sublayer + pre of the
+  next) when `SGLANG_OPT_FUSE_MHC_POST_PRE` is on: default False in 0.5.13 (`environ.py:759`),
+  True in 0.5.23 (`environ.py:1823`; gate `models/deepseek_common/amd/deepseek_v4_fused_mhc.py:
+  70-101`, used at `models/deepseek_v4.py:3191-3197`). The model's first hc_pre has no post
+  before it and stays `mhc_pre`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The GPU the rules are evaluated for: `torch.cuda.get_device_properties(0).multi_processor_count`
+# of an H200 (SM90, where DeepGEMM's TF32 pre-norm GEMM runs). An RTX PRO 6000 (SM120) has 188.
+H200_SMS = 132
+# The release whose dispatch the engine follows (0.5.13 is described beside it for comparison).
+RELEASE = "0.5.23"
+RELEASES = ("0.5.13", "0.5.23")
+FUSED_POST_PRE_DEFAULT = {"0.5.13": False, "0.5.23": True}  # SGLANG_OPT_FUSE_MHC_POST_PRE
+
+MHC_BLOCK_M = 64  # the DeepGEMM kernel's token tile in `_compute_num_split_for_mhc_pre`
+MHC_BLOCK_K = 64
+FMA_TOKEN_THRESHOLD = 32  # mhc_fused_post_pre: scalar-FMA TileLang kernel at or below this
+
+
+def mhc_pre_num_splits(num_tokens: int, hc_hidden_size: int, n_sms: int = H200_SMS) -> int:
+    """SGLang's `_compute_num_split_for_mhc_pre`: how many K-partials DeepGEMM's TF32 pre-norm
+    GEMM folds the n·D reduction into: one wave of `n_sms` CTAs over ceil(T / 64) token tiles,
+    at most a quarter of the 64-wide K blocks, at least 1."""
+    grid = (num_tokens + MHC_BLOCK_M - 1) // MHC_BLOCK_M
+    num_block_k = (hc_hidden_size + MHC_BLOCK_K - 1) // MHC_BLOCK_K
+    return max(1, min(n_sms // max(grid, 1), num_block_k // 4))
+
+
+@dataclass(frozen=True)
+class MhcPrePlan:
+    """What SGLang runs for one hc_pre of T tokens.
+
+    kernel: `tf32` - DeepGEMM `tf32_hc_prenorm_gemm` (TF32 tensor-core MMA, fp32 partials per
+    K split, added in split order by the big-fuse kernel); `fma` - the TileLang scalar-FMA kernel
+    of `mhc_fused_post_pre` (fp32 products and partials)."""
+
+    kernel: str
+    n_splits: int
+
+
+def mhc_pre_plan(
+    num_tokens: int,
+    hc_mult: int,
+    hidden_size: int,
+    *,
+    first: bool,
+    release: str = RELEASE,
+    n_sms: int = H200_SMS,
+) -> MhcPrePlan:
+    """The pre-norm GEMM SGLang runs for an hc_pre over `num_tokens` tokens. `first`: the
+    model's first hc_pre (layer 0's attention), which no fused post precedes."""
+    if release not in RELEASES:
+        raise ValueError(f"no dispatch rules for sglang {release}; known: {', '.join(RELEASES)}")
+    hc_hidden = hc_mult * hidden_size
+    fused = FUSED_POST_PRE_DEFAULT[release] and not first
+    if fused and num_tokens <= FMA_TOKEN_THRESHOLD:
+        return MhcPrePlan("fma", 8 if (num_tokens < 8 and hidden_size <= 4096) else 4)
+    return MhcPrePlan("tf32", mhc_pre_num_splits(num_tokens, hc_hidden, n_sms))
