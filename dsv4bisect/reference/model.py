@@ -27,10 +27,10 @@ from dsv4bisect.kernels.indexer import indexer_logits_ref, indexer_topk
 from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref, mhc_mixes_split_ref
 from dsv4bisect.kernels.nvfp4 import E2M1_MAX, E4M3_MAX, default_global_scale, nvfp4_fake_quant
 from dsv4bisect.kernels.sparse_attention import sparse_attention_ref
-from dsv4bisect.reference.cache import CompressorState, LayerCache, ModelCache
 from dsv4bisect.reference import precision as prec
-from dsv4bisect.reference.dispatch import mhc_pre_plan
+from dsv4bisect.reference.cache import CompressorState, LayerCache, ModelCache
 from dsv4bisect.reference.config import CSA_RATIO, ModelArgs, Numerics, RopeScaling
+from dsv4bisect.reference.dispatch import mhc_pre_plan
 
 # ---- kernels per device -------------------------------------------------------------------------
 

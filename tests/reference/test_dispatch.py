@@ -1,0 +1,128 @@
+"""SGLang's token-count dispatch of the mHC pre-norm GEMM (reference/dispatch.py) and the
+engine's use of it: at `precision: deployment` the logits depend on how many tokens a forward
+carries, at `exact` only up to fp32 reordering."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref, mhc_mixes_split_ref
+from dsv4bisect.reference.config import ModelArgs, Numerics
+from dsv4bisect.reference.dispatch import MhcPrePlan, mhc_pre_num_splits, mhc_pre_plan
+from dsv4bisect.reference.model import Transformer, hc_pre
+
+FLASH_K = 4 * 4096  # DeepSeek-V4-Flash: hc_mult · hidden_size
+TINY_K = 4 * 256
+
+
+@pytest.mark.parametrize(("tokens", "k", "sms", "splits"), [
+    # Flash on an H200: capped at num_block_k // 4 = 64 while one 64-token tile fills the GPU
+    (1, FLASH_K, 132, 64), (64, FLASH_K, 132, 64), (128, FLASH_K, 132, 64),
+    (129, FLASH_K, 132, 44),  # three token tiles: 132 // 3
+    (2048, FLASH_K, 132, 4), (8448, FLASH_K, 132, 1),
+    (8449, FLASH_K, 132, 1),  # 132 // 133 = 0 -> at least one split
+    (1, FLASH_K, 188, 64), (2048, FLASH_K, 188, 5),  # an RTX PRO 6000 (SM120)
+    # the embedded checkpoint: 16 K blocks, so 4 splits up to 33 token tiles
+    (1, TINY_K, 132, 4), (2112, TINY_K, 132, 4), (2113, TINY_K, 132, 3),
+    (4224, TINY_K, 132, 2), (4225, TINY_K, 132, 1),
+])
+def test_split_count_is_sglangs_compute_num_split_for_mhc_pre(tokens: int, k: int, sms: int,
+                                                              splits: int) -> None:
+    assert mhc_pre_num_splits(tokens, k, sms) == splits
+
+
+def test_the_fused_boundary_takes_the_fma_kernel_up_to_32_tokens_then_the_tf32_gemm() -> None:
+    plan = lambda t, hidden=256, first=False, release="0.5.23": mhc_pre_plan(
+        t, 4, hidden, first=first, release=release)
+    assert plan(1) == MhcPrePlan("fma", 8)
+    assert plan(7) == MhcPrePlan("fma", 8)
+    assert plan(8) == MhcPrePlan("fma", 4)
+    assert plan(32) == MhcPrePlan("fma", 4)
+    assert plan(33) == MhcPrePlan("tf32", 4)
+    assert plan(7, hidden=7168) == MhcPrePlan("fma", 4)  # 8 splits only for hidden <= 4096
+    assert plan(1, hidden=4096) == MhcPrePlan("fma", 8)
+    assert plan(33, hidden=4096) == MhcPrePlan("tf32", 64)
+    # the model's first hc_pre has no post before it: mhc_pre, the TF32 GEMM at any size
+    assert plan(1, first=True) == MhcPrePlan("tf32", 4)
+    # 0.5.13: SGLANG_OPT_FUSE_MHC_POST_PRE defaults to False, every hc_pre is mhc_pre
+    assert plan(1, release="0.5.13") == MhcPrePlan("tf32", 4)
+    with pytest.raises(ValueError, match="0.5.99"):
+        plan(1, release="0.5.99")
+
+
+def _inputs(t: int = 40, n: int = 4, d: int = 256, seed: int = 0
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(t, n * d, generator=g), torch.randn(24, n * d, generator=g) * 0.02
+
+
+@pytest.mark.parametrize("kernel", ["tf32", "fma"])
+@pytest.mark.parametrize("splits", [1, 3, 4, 8])
+def test_split_mixes_are_the_formula_in_float64_to_the_kernels_precision(kernel: str,
+                                                                         splits: int) -> None:
+    x, fn = _inputs()
+    want = (x.double() @ fn.double().T) * torch.rsqrt(x.double().square().mean(-1, True) + 1e-6)
+    got = mhc_mixes_split_ref(x, fn, 1e-6, n_splits=splits, kernel=kernel, hc_mult=4)
+    tol = 2e-3 if kernel == "tf32" else 1e-5  # TF32 keeps 10 mantissa bits of each operand
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+def test_one_split_equals_the_unsplit_reference_of_the_same_operand_precision() -> None:
+    x, fn = _inputs()
+    fma = mhc_mixes_split_ref(x, fn, 1e-6, n_splits=1, kernel="fma", hc_mult=4)
+    tf32 = mhc_mixes_split_ref(x, fn, 1e-6, n_splits=1, kernel="tf32", hc_mult=4)
+    torch.testing.assert_close(fma, mhc_mixes_ref(x, fn, 1e-6, mode="fp32"), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(tf32, mhc_mixes_ref(x, fn, 1e-6, mode="tf32"), rtol=1e-6,
+                               atol=1e-6)
+
+
+def test_the_split_changes_the_order_and_the_kernel_changes_the_operands() -> None:
+    x, fn = _inputs()
+    f4 = mhc_mixes_split_ref(x, fn, 1e-6, n_splits=4, kernel="fma", hc_mult=4)
+    f8 = mhc_mixes_split_ref(x, fn, 1e-6, n_splits=8, kernel="fma", hc_mult=4)
+    t4 = mhc_mixes_split_ref(x, fn, 1e-6, n_splits=4, kernel="tf32", hc_mult=4)
+    assert not torch.equal(f4, f8)  # another fp32 summation order ...
+    assert (f4 - f8).abs().max() < 1e-5 * f4.abs().max()  # ... and only that
+    assert (f4 - t4).abs().max() > 1e-5 * f4.abs().max()  # TF32 operands move it more
+    with pytest.raises(ValueError, match="kernel"):
+        mhc_mixes_split_ref(x, fn, 1e-6, n_splits=4, kernel="bf16", hc_mult=4)
+
+
+def test_hc_pre_at_deployment_gives_a_token_another_mix_at_33_tokens_than_at_32(
+        model: Transformer) -> None:
+    """The same 32 rows, alone (FMA kernel) and with one more token (TF32 GEMM)."""
+    a: ModelArgs = model.a
+    blk = model.layers[1]
+    h = torch.randn(33, a.hc_mult, a.hidden_size, generator=torch.Generator().manual_seed(1))
+    args = (blk.hc_ffn_fn, blk.hc_ffn_scale, blk.hc_ffn_base, a, "fp32")
+    small = hc_pre(h[:32], *args, dispatch_first=False)
+    large = hc_pre(h, *args, dispatch_first=False)
+    assert not torch.equal(small[0], large[0][:32])
+    exact_small, exact_large = hc_pre(h[:32], *args), hc_pre(h, *args)
+    for s, big in zip(exact_small, exact_large, strict=True):
+        torch.testing.assert_close(s, big[:32], rtol=1e-6, atol=1e-6)
+
+
+def _chunked(model: Transformer, tokens: torch.Tensor, chunk: int) -> torch.Tensor:
+    with torch.inference_mode():
+        cache = model.new_cache()
+        hs = [model.forward_hidden(tokens[s:s + chunk], cache)
+              for s in range(0, tokens.shape[0], chunk)]
+        return torch.log_softmax(model.logits(torch.cat(hs)), -1)
+
+
+def test_rechunking_moves_the_logits_at_deployment_and_only_by_fp32_reordering_at_exact(
+        model: Transformer) -> None:
+    """48 tokens in one forward (TF32 pre-norm GEMM everywhere) against 24 + 24 (the FMA kernel
+    at every fused boundary): another kernel at deployment, the same fp32 math at exact."""
+    tokens = torch.randint(2, model.a.vocab_size, (48,), generator=torch.Generator().manual_seed(2))
+    try:
+        model.configure(Numerics(precision="deployment"))
+        one, two = _chunked(model, tokens, 48), _chunked(model, tokens, 24)
+        assert (one - two).abs().max() > 1e-4
+        model.configure(Numerics(precision="exact"))
+        one, two = _chunked(model, tokens, 48), _chunked(model, tokens, 24)
+        torch.testing.assert_close(one, two, rtol=1e-5, atol=1e-5)
+    finally:
+        model.configure(Numerics())
