@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 # The GPU the rules are evaluated for: `torch.cuda.get_device_properties(0).multi_processor_count`
 # of an H200 (SM90, where DeepGEMM's TF32 pre-norm GEMM runs). An RTX PRO 6000 (SM120) has 188.
 H200_SMS = 132
@@ -77,3 +79,95 @@ def mhc_pre_plan(
     if fused and num_tokens <= FMA_TOKEN_THRESHOLD:
         return MhcPrePlan("fma", 8 if (num_tokens < 8 and hidden_size <= 4096) else 4)
     return MhcPrePlan("tf32", mhc_pre_num_splits(num_tokens, hc_hidden, n_sms))
+
+
+# ---- FlashMLA's split-KV schedule (sparse decode kernel) ----------------------------------------
+# Off SM120, SGLang runs DeepSeek-V4's attention for extend batches of up to 11673 query tokens
+# (and every decode batch) through FlashMLA's sparse *decode* kernel, one query row per token
+# (0.5.13 `srt/layers/attention/deepseek_v4_backend.py:1258-1310`, 0.5.23 `:2917-2932` and
+# `:4384-4399`; `_LARGE_INDEXER_QUERY_THRESHOLD = 11673`, 0.5.13 `dsv4/metadata.py:51`, 0.5.23
+# `:66`). FlashMLA spreads the batch's key blocks over the GPU's SMs: a row whose blocks straddle
+# two SM parts is computed as two partial softmaxes (fp32 accumulators) merged by their LSE in
+# the combine kernel, so where a row is cut depends on every other row of the batch. The rule
+# (FlashMLA's `get_mla_metadata`, re-implemented by SGLang 0.5.23 in `kernels/jit/csrc/
+# deepseek_v4/flashmla_sched_meta.cuh`, constants `deepseek_v4_backend.py:219-220`,
+# `num_sm_parts` `:257`) is `flashmla_split_points`.
+
+FLASHMLA_BLOCK_N = 64  # keys per KV block
+FLASHMLA_FIXED_OVERHEAD = 5  # blocks of work charged per (row, part)
+SPARSE_PREFILL_THRESHOLD = 11673  # more query tokens: `flash_mla_sparse_fwd`, no split-KV
+
+
+def flashmla_keys(n_window: int, n_compressed: int, compressed_layer: bool) -> int:
+    """A row's key count as the scheduler sees it: the window list (at least 1), then on
+    compressed layers the extra (c4 / c128) list, starting at the next 64-key block."""
+    main = max(n_window, 1)
+    if not compressed_layer:
+        return main
+    return -(-main // FLASHMLA_BLOCK_N) * FLASHMLA_BLOCK_N + n_compressed
+
+
+def flashmla_split_points(
+    keys: list[int], n_sms: int = H200_SMS, s_q: int = 1
+) -> list[list[int]]:
+    """Per row, the KV block indices at which FlashMLA cuts it into partials ([] = one piece).
+
+    keys: each row's key count (`flashmla_keys`). Every row costs its blocks plus a fixed
+    overhead; the batch's total is dealt out to max(n_sms // s_q, 1) SM parts in row order,
+    `payload` = ceil(total / parts) + overhead per part; a part that cannot take a whole row
+    takes `remaining payload - overhead` of its blocks (if that is positive) and the row goes on
+    in the next part."""
+    parts = max(n_sms // s_q, 1)
+    blocks = [max(k - 1, 0) // FLASHMLA_BLOCK_N + 1 for k in keys]
+    total = sum(n + FLASHMLA_FIXED_OVERHEAD for n in blocks)
+    payload = -(-total // parts) + FLASHMLA_FIXED_OVERHEAD
+    cuts: list[list[int]] = [[] for _ in keys]
+    row, block = 0, 0
+    for _ in range(parts):
+        remain = payload
+        while row < len(keys):
+            left = blocks[row] - block
+            if remain >= left + FLASHMLA_FIXED_OVERHEAD:
+                remain -= left + FLASHMLA_FIXED_OVERHEAD
+                row, block = row + 1, 0
+                continue
+            if remain - FLASHMLA_FIXED_OVERHEAD > 0:
+                block += remain - FLASHMLA_FIXED_OVERHEAD
+                cuts[row].append(block)
+            break
+        if row == len(keys):
+            break
+    return cuts
+
+
+def flashmla_segments(
+    idx: torch.Tensor, window_rows: int, compressed_layer: bool, n_sms: int = H200_SMS
+) -> torch.Tensor | None:
+    """The piece of every list position of a batch's key lists, as FlashMLA would cut them.
+
+    idx: [N, K] one list per query row (a sequence's pool rows: < window_rows are window
+    tokens, the rest compressed entries; -1 = none). The scheduler sees the window list first
+    and the compressed list from the next 64-key block on (`flashmla_keys`), so a position's
+    block is its rank in its own list, offset for compressed entries. Returns [N, K] int64, or
+    None when no row is cut (or the batch takes the sparse prefill kernel)."""
+    N = idx.shape[0]
+    if N == 0 or N > SPARSE_PREFILL_THRESHOLD:
+        return None
+    valid = idx >= 0
+    comp = valid & (idx >= window_rows)
+    win = valid & ~comp
+    n_win, n_comp = win.sum(1), comp.sum(1)
+    keys = [flashmla_keys(w, c, compressed_layer)
+            for w, c in zip(n_win.tolist(), n_comp.tolist(), strict=True)]
+    cuts = flashmla_split_points(keys, n_sms)
+    cut_rows = [r for r, c in enumerate(cuts) if c]
+    if not cut_rows:
+        return None
+    main = (torch.clamp(n_win, min=1) + FLASHMLA_BLOCK_N - 1) // FLASHMLA_BLOCK_N * FLASHMLA_BLOCK_N
+    pos = torch.where(comp, main[:, None] + torch.cumsum(comp, 1) - 1, torch.cumsum(win, 1) - 1)
+    block = pos // FLASHMLA_BLOCK_N  # [N, K]
+    seg = torch.zeros_like(block)
+    for r in cut_rows:
+        for c in cuts[r]:
+            seg[r] += (block[r] >= c).long()
+    return seg

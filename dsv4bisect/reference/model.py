@@ -26,11 +26,14 @@ from torch import nn
 from dsv4bisect.kernels.indexer import indexer_logits_ref, indexer_topk
 from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref, mhc_mixes_split_ref
 from dsv4bisect.kernels.nvfp4 import E2M1_MAX, E4M3_MAX, default_global_scale, nvfp4_fake_quant
-from dsv4bisect.kernels.sparse_attention import sparse_attention_ref
+from dsv4bisect.kernels.sparse_attention import (
+    sparse_attention_ref,
+    sparse_attention_segmented_ref,
+)
 from dsv4bisect.reference import precision as prec
 from dsv4bisect.reference.cache import CompressorState, LayerCache, ModelCache
 from dsv4bisect.reference.config import CSA_RATIO, ModelArgs, Numerics, RopeScaling
-from dsv4bisect.reference.dispatch import mhc_pre_plan
+from dsv4bisect.reference.dispatch import flashmla_segments, mhc_pre_plan
 
 # ---- kernels per device -------------------------------------------------------------------------
 
@@ -473,21 +476,31 @@ class Attention(nn.Module):
         kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)  # [N, D]
         if step.numerics.deployment:  # the new rows are written to FP8 pages, then read
             kv = prec.model1_kv(kv, a.qk_rope_head_dim)
+        window_rows = caches[0].window.shape[0] + T  # the pool's window part (before _keys)
         pool, idx = self._keys(x.view(B, T, -1), qr.view(B, T, -1), q.view(B, T, H, D),
                                kv.view(B, T, D), step, caches)  # [B, P, D], [B, T, K]
+        split, partial, merge = step.numerics.attention
+        # Deployment, stock kernel: FlashMLA's split-KV schedule over all N rows of the batch
+        # decides where a row's list is cut (reference/dispatch.py); None: no row is cut.
+        segments = None
+        if step.numerics.deployment and split is None:
+            segments = flashmla_segments(idx.reshape(N, -1), window_rows, self.ratio > 0)
         rows = torch.arange(B, device=x.device)[:, None, None] * pool.shape[1]
         idx = torch.where(idx >= 0, idx + rows, -1).reshape(N, -1)
-        split, partial, merge = step.numerics.attention
-        o = step.ops.attention(
-            q,
-            pool.reshape(-1, D),
-            idx.to(torch.int32),
-            self.attn_sink,
-            D**-0.5,
-            split=split,
-            partial_dtype=getattr(torch, partial),
-            merge=merge,
-        )  # [N, H, D]
+        if segments is not None:
+            o = sparse_attention_segmented_ref(q, pool.reshape(-1, D), idx, self.attn_sink,
+                                               D**-0.5, segments)
+        else:
+            o = step.ops.attention(
+                q,
+                pool.reshape(-1, D),
+                idx.to(torch.int32),
+                self.attn_sink,
+                D**-0.5,
+                split=split,
+                partial_dtype=getattr(torch, partial),
+                merge=merge,
+            )  # [N, H, D]
         o = self.wo_a.act(apply_rope(o, cos, sin, inverse=True).reshape(N, a.o_groups, -1))
         wo_a = self.wo_a.value().view(a.o_groups, a.o_lora_rank, -1)
         o = torch.einsum("tgd,grd->tgr", o, wo_a).reshape(N, -1)  # grouped low-rank output

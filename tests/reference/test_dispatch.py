@@ -1,6 +1,6 @@
-"""SGLang's token-count dispatch of the mHC pre-norm GEMM (reference/dispatch.py) and the
-engine's use of it: at `precision: deployment` the logits depend on how many tokens a forward
-carries, at `exact` only up to fp32 reordering."""
+"""SGLang's token-count dispatch (reference/dispatch.py: the mHC pre-norm GEMM, FlashMLA's
+split-KV schedule) and the engine's use of it: at `precision: deployment` the logits depend on how
+many tokens a forward carries, at `exact` only up to fp32 reordering."""
 
 from __future__ import annotations
 
@@ -8,8 +8,17 @@ import pytest
 import torch
 
 from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref, mhc_mixes_split_ref
+from dsv4bisect.kernels.sparse_attention import sparse_attention_ref, sparse_attention_segmented_ref
+from dsv4bisect.reference import model as model_module
 from dsv4bisect.reference.config import ModelArgs, Numerics
-from dsv4bisect.reference.dispatch import MhcPrePlan, mhc_pre_num_splits, mhc_pre_plan
+from dsv4bisect.reference.dispatch import (
+    MhcPrePlan,
+    flashmla_keys,
+    flashmla_segments,
+    flashmla_split_points,
+    mhc_pre_num_splits,
+    mhc_pre_plan,
+)
 from dsv4bisect.reference.model import Transformer, hc_pre
 
 FLASH_K = 4 * 4096  # DeepSeek-V4-Flash: hc_mult · hidden_size
@@ -125,4 +134,93 @@ def test_rechunking_moves_the_logits_at_deployment_and_only_by_fp32_reordering_a
         one, two = _chunked(model, tokens, 48), _chunked(model, tokens, 24)
         torch.testing.assert_close(one, two, rtol=1e-5, atol=1e-5)
     finally:
+        model.configure(Numerics())
+
+
+# ---- FlashMLA's split-KV schedule ---------------------------------------------------------------
+
+
+def test_the_scheduler_sees_the_window_list_then_the_compressed_list_from_the_next_block() -> None:
+    assert flashmla_keys(32, 0, compressed_layer=False) == 32
+    assert flashmla_keys(0, 0, compressed_layer=False) == 1  # the main loop is never empty
+    assert flashmla_keys(32, 32, compressed_layer=True) == 64 + 32
+    assert flashmla_keys(128, 512, compressed_layer=True) == 640  # Flash, CSA: 10 blocks
+    assert flashmla_keys(65, 0, compressed_layer=True) == 128
+
+
+def test_split_points_follow_flashmlas_greedy_deal_of_blocks_over_sm_parts() -> None:
+    # one decode row of Flash's CSA layer on an H200: payload ceil(15 / 132) + 5 = 6 -> one
+    # block per part, the row cut after every block
+    assert flashmla_split_points([640]) == [list(range(1, 10))]
+    # 10 blocks over 4 parts: payload ceil(15 / 4) + 5 = 9 -> 4 blocks, 4 blocks, the last 2
+    assert flashmla_split_points([640], n_sms=4) == [[4, 8]]
+    # the same row behind a batch mate of 10 blocks: payload 13; the mate takes 8 + 2 blocks,
+    # then 6 - 5 = 1 block of the row fits in part 1, 8 in part 2, the last one in part 3
+    assert flashmla_split_points([640, 640], n_sms=4) == [[8], [1, 9]]
+    # a part with no more than the overhead left takes nothing of the next row
+    assert flashmla_split_points([64 * 3, 64 * 3], n_sms=2) == [[], []]
+    # s_q query rows per request share a part: n_sms // s_q parts
+    assert flashmla_split_points([640], n_sms=8, s_q=2) == [[4, 8]]
+
+
+def test_segments_cut_a_row_at_its_scheduled_blocks() -> None:
+    # one row: 40 window keys (pool rows 0..39) then 100 compressed entries (rows 40..139);
+    # window padded to block 1, so the compressed entries fill blocks 1 and 2 (64 + 36)
+    idx = torch.cat((torch.arange(100) + 40, torch.arange(40), torch.full((4,), -1)))[None]
+    segs = flashmla_segments(idx, window_rows=40, compressed_layer=True, n_sms=132)
+    assert segs is not None  # 3 blocks alone: payload 6 -> one block per part
+    assert segs[0, :64].tolist() == [1] * 64  # compressed entries 0..63: block 1
+    assert segs[0, 64:100].tolist() == [2] * 36  # compressed entries 64..99: block 2
+    assert segs[0, 100:140].tolist() == [0] * 40  # the window: block 0
+    # the sparse prefill kernel past 11673 query rows has no split-KV
+    many = idx.expand(11674, -1)
+    assert flashmla_segments(many, 40, True) is None
+
+
+def test_segmented_attention_is_the_reference_in_one_piece_and_split_k_fp32_in_64_key_pieces(
+) -> None:
+    g = torch.Generator().manual_seed(3)
+    T, H, D, N, K = 20, 4, 64, 300, 150
+    q, kv, sink = torch.randn(T, H, D, generator=g), torch.randn(N, D, generator=g), torch.randn(
+        H, generator=g)
+    idx = torch.randint(0, N, (T, K), generator=g, dtype=torch.int32)
+    idx[:, 120:] = -1
+    idx[3, 10:] = -1
+    ref = sparse_attention_ref(q, kv, idx, sink, 0.125)
+    whole = torch.zeros(T, K, dtype=torch.long)
+    one = sparse_attention_segmented_ref(q, kv, idx, sink, 0.125, whole)
+    assert torch.equal(one, ref)
+    pieces = (torch.arange(K) // 64)[None].expand(T, K)
+    cut = sparse_attention_segmented_ref(q, kv, idx, sink, 0.125, pieces)
+    split_k = sparse_attention_ref(q, kv, idx, sink, 0.125, split=64, partial_dtype=torch.float32)
+    torch.testing.assert_close(cut, split_k, rtol=1e-6, atol=1e-6)
+    assert not torch.equal(cut, ref)  # another fp32 order, nothing more
+    torch.testing.assert_close(cut, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_at_deployment_cuts_long_lists_and_exact_does_not(model: Transformer) -> None:
+    """One decode step after 600 tokens: the HCA layers' rows (window + 37 entries, 2 blocks)
+    are cut by the schedule at deployment; exact runs the one-piece reference."""
+    g = torch.Generator().manual_seed(4)
+    tokens = torch.randint(2, model.a.vocab_size, (601,), generator=g)
+    seen: list[bool] = []
+    real = model_module.flashmla_segments
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append(out is not None)
+        return out
+
+    try:
+        model_module.flashmla_segments = spy
+        for precision in ("deployment", "exact"):
+            model.configure(Numerics(precision=precision))
+            with torch.inference_mode():
+                cache = model.new_cache()
+                model.forward_hidden(tokens[:600], cache)
+                seen.clear()
+                model.forward_hidden(tokens[600:], cache)
+            assert any(seen) if precision == "deployment" else seen == []
+    finally:
+        model_module.flashmla_segments = real
         model.configure(Numerics())
