@@ -11,7 +11,9 @@ agreement of the same configuration against itself under changes a server makes 
   (`Transformer.forward_hidden` per chunk, one cache per sequence);
 - `batch of 4`: the first 256 tokens of each transcript alone (`forward_batch`, B = 1) against
   the same tokens as the first row of a batch with the three other transcripts' first 256
-  tokens (B = 4, so the token-wise ops see 1024 tokens).
+  tokens (B = 4, so the token-wise ops see 1024 tokens);
+- `decoded`: the last 64 positions of each transcript fed one token per forward (as decode
+  steps, after the rest was prefilled at 2048) against the same positions in the 2048 prefill.
 
 At `precision: deployment` the mHC pre-norm GEMM follows SGLang's token-count dispatch
 (`reference/dispatch.py`); at `exact` every op is one fp32 kernel whatever the batch.
@@ -48,6 +50,7 @@ from dsv4bisect.reference.model import Transformer
 BASE_CHUNK = 2048
 CHUNKS = (512, 77)
 BATCH_TOKENS = 256
+DECODED = 64
 
 
 def chunked(model: Transformer, seqs: list[torch.Tensor], chunk: int) -> list[torch.Tensor]:
@@ -59,6 +62,24 @@ def chunked(model: Transformer, seqs: list[torch.Tensor], chunk: int) -> list[to
             hs = [model.forward_hidden(s[i:i + chunk], cache) for i in range(0, len(s), chunk)]
             out.append(torch.log_softmax(model.logits(torch.cat(hs)), -1))
     return out
+
+
+def decoded_tail(model: Transformer, seqs: list[torch.Tensor]
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """The last DECODED positions of each sequence: from the 2048 prefill and one token per
+    forward; with the tokens of those positions."""
+    prefilled, decoded, toks = [], [], []
+    with torch.inference_mode():
+        for s, full in zip(seqs, chunked(model, seqs, BASE_CHUNK), strict=True):
+            cut = len(s) - DECODED
+            cache = model.new_cache()
+            for i in range(0, cut, BASE_CHUNK):
+                model.forward_hidden(s[i:min(i + BASE_CHUNK, cut)], cache)
+            hs = [model.forward_hidden(s[i:i + 1], cache) for i in range(cut, len(s))]
+            decoded.append(torch.log_softmax(model.logits(torch.cat(hs)), -1))
+            prefilled.append(full[cut:])
+            toks.append(s[cut:])
+    return prefilled, decoded, toks
 
 
 def alone_and_batched(model: Transformer, seqs: list[torch.Tensor]
@@ -121,6 +142,8 @@ def main() -> None:
         alone, batched = alone_and_batched(model, seqs)
         rows.append((f"first {BATCH_TOKENS} tokens among 3 batch mates", alone, batched,
                      [s[:BATCH_TOKENS] for s in seqs]))
+        rows.append((f"last {DECODED} tokens decoded one per forward",
+                     *decoded_tail(model, seqs)))
         if a.diagnostics and precision == "deployment":
             rows += [(label, base, with_plan(fn, model, seqs), seqs) for label, fn in DIAGNOSTICS]
         for label, ref, other, toks in rows:
