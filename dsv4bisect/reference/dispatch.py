@@ -141,12 +141,14 @@ def flashmla_split_points(
 
 
 def flashmla_segments(
-    idx: torch.Tensor, window_rows: int, compressed_layer: bool, n_sms: int = H200_SMS
+    idx: torch.Tensor, window_rows: int | torch.Tensor, compressed_layer: bool,
+    n_sms: int = H200_SMS,
 ) -> torch.Tensor | None:
     """The piece of every list position of a batch's key lists, as FlashMLA would cut them.
 
-    idx: [N, K] one list per query row (a sequence's pool rows: < window_rows are window
-    tokens, the rest compressed entries; -1 = none). The scheduler sees the window list first
+    idx: [N, K] one list per query row (its sequence's pool rows: < window_rows are window
+    tokens, the rest compressed entries; -1 = none); window_rows: one int for every row, or [N]
+    (ragged batches: each row's own sequence). The scheduler sees the window list first
     and the compressed list from the next 64-key block on (`flashmla_keys`), so a position's
     block is its rank in its own list, offset for compressed entries. Returns [N, K] int64, or
     None when no row is cut (or the batch takes the sparse prefill kernel)."""
@@ -154,7 +156,8 @@ def flashmla_segments(
     if N == 0 or N > SPARSE_PREFILL_THRESHOLD:
         return None
     valid = idx >= 0
-    comp = valid & (idx >= window_rows)
+    w = torch.as_tensor(window_rows, device=idx.device)
+    comp = valid & (idx >= (w[:, None] if w.dim() == 1 else w))
     win = valid & ~comp
     n_win, n_comp = win.sum(1), comp.sum(1)
     keys = [flashmla_keys(w, c, compressed_layer)

@@ -224,3 +224,17 @@ def test_decode_at_deployment_cuts_long_lists_and_exact_does_not(model: Transfor
     finally:
         model_module.flashmla_segments = real
         model.configure(Numerics())
+
+
+def test_segments_take_each_rows_own_window_size_in_a_ragged_batch() -> None:
+    one = torch.cat((torch.arange(100) + 40, torch.arange(40)))[None]
+    other = torch.cat((torch.arange(100) + 10, torch.arange(10), torch.full((30,), -1)))[None]
+    idx = torch.cat((one, other))
+    per_row = flashmla_segments(idx, torch.tensor([40, 10]), compressed_layer=True)
+    assert per_row is not None  # 3 blocks per row, payload ceil(16 / 132) + 5: cut per block
+    assert per_row[1, 100:110].tolist() == [0] * 10  # row 1's window: its pool rows 0..9
+    assert per_row[1, :64].tolist() == [1] * 64  # its entries (pool rows 10..) from block 1
+    assert per_row[1, 64:100].tolist() == [2] * 36
+    # with one size for both rows, row 1's entries 10..39 would be taken for window tokens
+    shared = flashmla_segments(idx, 40, compressed_layer=True)
+    assert shared is not None and not torch.equal(shared[1], per_row[1])
