@@ -6,8 +6,10 @@ DeepSeek-V4", lists such sites; the first is the mHC pre-norm split-K, which mov
 token's logprob by ~1e-2 with its batch mates). At `precision: deployment` the embedded engine
 takes the same decision from the leading dimension M of the tensor an op is given (every token
 of the step, the batch flattened), so a request's numerics depend on its chunk and its batch
-mates as on the deployment. Per site, what SGLang does and what is mirrored:
-docs/reference-engine.md, "Precision" (batch-dependent dispatch).
+mates as on the deployment. Mirrored: the mHC pre-norm GEMM's split-K count and kernel
+(`mhc_pre_plan`) and FlashMLA's split-KV schedule of the sparse attention
+(`flashmla_segments`). Per site, what SGLang does, what is mirrored and what is not, and why:
+docs/reference-engine.md, "Batch-dependent kernel dispatch".
 
 Sources (wheel paths; line numbers of the PyPI wheels):
 - `_compute_num_split_for_mhc_pre`: 0.5.13 `srt/layers/mhc.py:445-450`, 0.5.23
@@ -15,9 +17,9 @@ Sources (wheel paths; line numbers of the PyPI wheels):
   is on (0.5.13 `:674-690`, 0.5.23 `:1118-1135`) and by `mhc_fused_post_pre` above
   `fma_token_threshold = 32` (0.5.13 `:1233-1238`, 0.5.23 `:1693-1698`).
 - `mhc_fused_post_pre` replaces every sublayer boundary (post of one sublayer + pre of the
-  next) when `SGLANG_OPT_FUSE_MHC_POST_PRE` is on: default False in 0.5.13 (`environ.py:759`),
-  True in 0.5.23 (`environ.py:1823`; gate `models/deepseek_common/amd/deepseek_v4_fused_mhc.py:
-  70-101`, used at `models/deepseek_v4.py:3191-3197`). The model's first hc_pre has no post
+  next) when `SGLANG_OPT_FUSE_MHC_POST_PRE` is on: default False in 0.5.13 (`srt/environ.py:759`),
+  True in 0.5.23 (`srt/environ.py:1823`; gate `srt/models/deepseek_common/amd/
+  deepseek_v4_fused_mhc.py:70-101`, used at `srt/models/deepseek_v4.py:3191-3197`). The model's first hc_pre has no post
   before it and stays `mhc_pre`.
 """
 
