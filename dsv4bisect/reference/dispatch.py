@@ -17,10 +17,11 @@ Sources (wheel paths; line numbers of the PyPI wheels):
   is on (0.5.13 `:674-690`, 0.5.23 `:1118-1135`) and by `mhc_fused_post_pre` above
   `fma_token_threshold = 32` (0.5.13 `:1233-1238`, 0.5.23 `:1693-1698`).
 - `mhc_fused_post_pre` replaces every sublayer boundary (post of one sublayer + pre of the
-  next) when `SGLANG_OPT_FUSE_MHC_POST_PRE` is on: default False in 0.5.13 (`srt/environ.py:759`),
-  True in 0.5.23 (`srt/environ.py:1823`; gate `srt/models/deepseek_common/amd/
-  deepseek_v4_fused_mhc.py:70-101`, used at `srt/models/deepseek_v4.py:3191-3197`). The model's first hc_pre has no post
-  before it and stays `mhc_pre`.
+  next) when `SGLANG_OPT_FUSE_MHC_POST_PRE` is on: default False in 0.5.13
+  (`srt/environ.py:759`), True in 0.5.23 (`srt/environ.py:1823`; gate
+  `srt/models/deepseek_common/amd/deepseek_v4_fused_mhc.py:70-101`, used at
+  `srt/models/deepseek_v4.py:3191-3197`). The model's first hc_pre has no post before it and
+  stays `mhc_pre`.
 """
 
 from __future__ import annotations
