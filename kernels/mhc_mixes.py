@@ -19,6 +19,7 @@ import functools
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 
 from ._triton import install_helpers, interpreter_active, next_pow2, require_triton
 
@@ -86,7 +87,8 @@ def mhc_mixes_split_ref(
     from the unrounded x); the partials are added in split order as SGLang's big-fuse kernel
     does (`mixes += partial[s]` for s = 0..n_splits-1), then mixes = ΣP · rsqrt(ΣS / n·D + eps).
     - `tf32`: DeepGEMM `tf32_hc_prenorm_gemm`: K = n·D cut into n_splits contiguous slices,
-      operands rounded to TF32 (`round_tf32`) for the tensor-core MMA.
+      fn rounded to TF32 (`round_tf32`) for the tensor-core MMA; x is bf16 on SGLang, exact in
+      TF32, so the engine's fp32 x is used as it is.
     - `fma`: the TileLang scalar-FMA kernel of `mhc_fused_post_pre`: each stream's D cut into
       n_splits slices, a split covering that slice of every stream; fp32 operands."""
     check_mhc_args(x, fn, eps, "fp32")
@@ -96,23 +98,28 @@ def mhc_mixes_split_ref(
         raise ValueError(f"need n_splits >= 1 and n·D divisible by hc_mult={hc_mult}")
     xf, ff = x.float(), fn.float()
     T, K = xf.shape
-    if kernel == "tf32":
-        xo, fo = round_tf32(xf), round_tf32(ff)
+    M = ff.shape[0]
+    if kernel == "tf32":  # K cut into n_splits contiguous slices (zero-padded: exact)
         step = -(-K // n_splits)
-        slices = [(xf[:, k:k + step], xo[:, k:k + step], fo[:, k:k + step])
-                  for k in range(0, K, step)]
-    else:
+        pad = step * n_splits - K
+        x_raw = (F.pad(xf, (0, pad)) if pad else xf).view(T, n_splits, step)
+        x_op = x_raw  # bf16 on SGLang, exact in TF32; the engine's fp32 x is taken as it is
+        f_op = round_tf32(F.pad(ff, (0, pad)) if pad else ff).view(M, n_splits, step)
+        sq_parts = x_raw.square().sum(-1)  # [T, S]
+    else:  # each stream's D cut into n_splits slices; a split takes its slice of every stream
         D = K // hc_mult
-        x3, f3 = xf.view(T, hc_mult, D), ff.view(ff.shape[0], hc_mult, D)
         step = -(-D // n_splits)
-        slices = []
-        for d in range(0, D, step):
-            xs = x3[:, :, d:d + step].flatten(1)  # [T, n·slice]: this slice of every stream
-            slices.append((xs, xs, f3[:, :, d:d + step].flatten(1)))
-    prod = sq = None
-    for x_raw, x_op, f_op in slices:  # split order, as the big-fuse kernel adds them
-        p, s = x_op @ f_op.T, x_raw.square().sum(-1)
-        prod, sq = (p, s) if prod is None else (prod + p, sq + s)
+        pad = step * n_splits - D
+        x3 = xf.view(T, hc_mult, D)
+        x_raw = (F.pad(x3, (0, pad)) if pad else x3).view(T, hc_mult, n_splits, step)
+        x_op = x_raw.transpose(1, 2).reshape(T, n_splits, hc_mult * step)
+        f_op = F.pad(ff.view(M, hc_mult, D), (0, pad)).view(M, hc_mult, n_splits, step)
+        f_op = f_op.transpose(1, 2).reshape(M, n_splits, hc_mult * step)
+        sq_parts = x_raw.square().sum((1, 3))  # [T, S]
+    parts = torch.einsum("tsk,msk->stm", x_op, f_op)  # [S, T, M]: one fp32 partial per split
+    prod, sq = parts[0], sq_parts[:, 0]
+    for i in range(1, n_splits):  # split order, as the big-fuse kernel adds them
+        prod, sq = prod + parts[i], sq + sq_parts[:, i]
     rs = torch.rsqrt(sq / K + eps)[:, None]
     return prod * rs
 

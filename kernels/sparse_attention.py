@@ -125,19 +125,22 @@ def sparse_attention_segmented_ref(
     """`sparse_attention_ref` with each query's list cut into given pieces, as FlashMLA's split-KV
     schedule cuts a row (`reference.dispatch.flashmla_split_points`): per piece an fp32 partial
     softmax, the pieces merged by their LSE in fp32 with the sink after the merge (FlashMLA's
-    combine kernel). A query in one piece is computed exactly as `sparse_attention_ref` does.
+    combine kernel). The queries in one piece go through `sparse_attention_ref` together.
 
     segments: [T, K] int, the piece of each list position (0, 1, ...; ignored where indices is
     -1), non-decreasing along a row. Returns [T, H, D] fp32."""
     check_attention_args(q, kv, indices, sink, None, torch.float32, "lse")
     if segments.shape != indices.shape:
         raise ValueError(f"segments must be {tuple(indices.shape)}, got {tuple(segments.shape)}")
-    out = sparse_attention_ref(q, kv, indices, sink, scale)
     valid = indices >= 0
     pieces = torch.where(valid, segments.to(indices.device).long(), 0).amax(1)  # [T] last piece
     split_rows = torch.nonzero(pieces > 0)[:, 0]
+    whole = torch.nonzero(pieces == 0)[:, 0]
     if split_rows.numel() == 0:
-        return out
+        return sparse_attention_ref(q, kv, indices, sink, scale)
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    if whole.numel():  # the rows in one piece, as the unsplit kernel computes them
+        out[whole] = sparse_attention_ref(q[whole], kv, indices[whole], sink, scale)
     qf, sinkf = q.float(), sink.float().to(q.device)
     S = int(pieces.max()) + 1
     rows = _rows_per_block(q.shape[1], indices.shape[1], kv.shape[0], None)
