@@ -19,6 +19,7 @@ import functools
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 
 from ._triton import install_helpers, interpreter_active, next_pow2, require_triton
 
@@ -70,6 +71,56 @@ def mhc_mixes_ref(
         xb = xf.to(torch.bfloat16).float()
         fb = fn.float().to(torch.bfloat16).float()
         prod = (xb @ fb.T).to(torch.bfloat16).float()  # fp32 accumulate, bf16 output
+    return prod * rs
+
+
+SPLIT_KERNELS = ("tf32", "fma")
+
+
+def mhc_mixes_split_ref(
+    x: torch.Tensor, fn: torch.Tensor, eps: float, *, n_splits: int, kernel: str, hc_mult: int
+) -> torch.Tensor:
+    """The pre-norm GEMM as SGLang's split-K kernels fold it (`reference.dispatch.MhcPrePlan`).
+    x: [T, n·D], fn: [M, n·D] -> [T, M] fp32.
+
+    Each split s gives a partial product P_s [T, M] and a partial sum of squares S_s [T] (fp32,
+    from the unrounded x); the partials are added in split order as SGLang's big-fuse kernel
+    does (`mixes += partial[s]` for s = 0..n_splits-1), then mixes = ΣP · rsqrt(ΣS / n·D + eps).
+    - `tf32`: DeepGEMM `tf32_hc_prenorm_gemm`: K = n·D cut into n_splits contiguous slices,
+      fn rounded to TF32 (`round_tf32`) for the tensor-core MMA; x is bf16 on SGLang, exact in
+      TF32, so the engine's fp32 x is used as it is.
+    - `fma`: the TileLang scalar-FMA kernel of `mhc_fused_post_pre`: each stream's D cut into
+      n_splits slices, a split covering that slice of every stream; fp32 operands."""
+    check_mhc_args(x, fn, eps, "fp32")
+    if kernel not in SPLIT_KERNELS:
+        raise ValueError(f"kernel must be one of {SPLIT_KERNELS}, got {kernel!r}")
+    if n_splits < 1 or x.shape[1] % hc_mult:
+        raise ValueError(f"need n_splits >= 1 and n·D divisible by hc_mult={hc_mult}")
+    xf, ff = x.float(), fn.float()
+    T, K = xf.shape
+    M = ff.shape[0]
+    if kernel == "tf32":  # K cut into n_splits contiguous slices (zero-padded: exact)
+        step = -(-K // n_splits)
+        pad = step * n_splits - K
+        x_raw = (F.pad(xf, (0, pad)) if pad else xf).view(T, n_splits, step)
+        x_op = x_raw  # bf16 on SGLang, exact in TF32; the engine's fp32 x is taken as it is
+        f_op = round_tf32(F.pad(ff, (0, pad)) if pad else ff).view(M, n_splits, step)
+        sq_parts = x_raw.square().sum(-1)  # [T, S]
+    else:  # each stream's D cut into n_splits slices; a split takes its slice of every stream
+        D = K // hc_mult
+        step = -(-D // n_splits)
+        pad = step * n_splits - D
+        x3 = xf.view(T, hc_mult, D)
+        x_raw = (F.pad(x3, (0, pad)) if pad else x3).view(T, hc_mult, n_splits, step)
+        x_op = x_raw.transpose(1, 2).reshape(T, n_splits, hc_mult * step)
+        f_op = F.pad(ff.view(M, hc_mult, D), (0, pad)).view(M, hc_mult, n_splits, step)
+        f_op = f_op.transpose(1, 2).reshape(M, n_splits, hc_mult * step)
+        sq_parts = x_raw.square().sum((1, 3))  # [T, S]
+    parts = torch.einsum("tsk,msk->stm", x_op, f_op)  # [S, T, M]: one fp32 partial per split
+    prod, sq = parts[0], sq_parts[:, 0]
+    for i in range(1, n_splits):  # split order, as the big-fuse kernel adds them
+        prod, sq = prod + parts[i], sq + sq_parts[:, i]
+    rs = torch.rsqrt(sq / K + eps)[:, None]
     return prod * rs
 
 

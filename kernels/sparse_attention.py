@@ -11,6 +11,10 @@ rounded to `partial_dtype` (bf16 in the patch) and an fp32 log-sum-exp; the part
 by LSE (`merge="lse"`) or, for the fault variant, by their local sums without rescaling to the
 global max (`merge="no-rescale"`); the sink is applied after the merge and the output is rounded
 to `partial_dtype` (the kernel writes bf16).
+
+`sparse_attention_segmented_ref` cuts each query's list where FlashMLA's split-KV schedule cuts it
+(`precision: deployment`, stock attention: `reference/dispatch.py`), fp32 partials merged by LSE;
+reference only (the engine calls it on every device when a row is cut).
 """
 
 from __future__ import annotations
@@ -107,6 +111,59 @@ def sparse_attention_ref(
             o, lse, l_sum = _split_partials(s, chunks, split, partial_dtype)
             merged = _merge_partials(o, lse, l_sum, sinkf, merge)
             out[t0 : t0 + rows] = merged.to(partial_dtype).float()
+    return out
+
+
+def sparse_attention_segmented_ref(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sink: torch.Tensor,
+    scale: float,
+    segments: torch.Tensor,
+) -> torch.Tensor:
+    """`sparse_attention_ref` with each query's list cut into given pieces, as FlashMLA's split-KV
+    schedule cuts a row (`reference.dispatch.flashmla_split_points`): per piece an fp32 partial
+    softmax, the pieces merged by their LSE in fp32 with the sink after the merge (FlashMLA's
+    combine kernel). The queries in one piece go through `sparse_attention_ref` together.
+
+    segments: [T, K] int, the piece of each list position (0, 1, ...; ignored where indices is
+    -1), non-decreasing along a row. Returns [T, H, D] fp32."""
+    check_attention_args(q, kv, indices, sink, None, torch.float32, "lse")
+    if segments.shape != indices.shape:
+        raise ValueError(f"segments must be {tuple(indices.shape)}, got {tuple(segments.shape)}")
+    valid = indices >= 0
+    pieces = torch.where(valid, segments.to(indices.device).long(), 0).amax(1)  # [T] last piece
+    split_rows = torch.nonzero(pieces > 0)[:, 0]
+    whole = torch.nonzero(pieces == 0)[:, 0]
+    if split_rows.numel() == 0:
+        return sparse_attention_ref(q, kv, indices, sink, scale)
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    if whole.numel():  # the rows in one piece, as the unsplit kernel computes them
+        out[whole] = sparse_attention_ref(q[whole], kv, indices[whole], sink, scale)
+    qf, sinkf = q.float(), sink.float().to(q.device)
+    S = int(pieces.max()) + 1
+    rows = _rows_per_block(q.shape[1], indices.shape[1], kv.shape[0], None)
+    for r0 in range(0, split_rows.numel(), rows):
+        sel = split_rows[r0 : r0 + rows]
+        idx = _trim(indices[sel].to(kv.device))
+        seg = segments[sel][:, : idx.shape[1]].to(kv.device).long()
+        chunks = _chunks(kv, idx, idx.shape[1])
+        s = _scores(qf[sel], chunks, scale)  # [Tb, H, Kb], -inf where no key
+        o, lse, l_sum = [], [], []
+        for piece in range(S):  # one partial softmax per piece, fp32
+            sp = s.masked_fill(~(seg == piece)[:, None, :], float("-inf"))
+            m = sp.amax(-1)
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            e = torch.exp(sp - m[..., None])
+            tot = e.sum(-1)
+            part = _weighted_values(e, chunks)[:, :, 0]
+            ok = tot > 0
+            o.append(torch.where(ok[..., None], part / torch.where(ok, tot, 1.0)[..., None], 0.0))
+            lse.append(torch.where(ok, m + torch.log(tot), float("-inf")))
+            l_sum.append(tot)
+        out[sel] = _merge_partials(torch.stack(o, 2), torch.stack(lse, 2), torch.stack(l_sum, 2),
+                                   sinkf, "lse")
     return out
 
 

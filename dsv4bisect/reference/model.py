@@ -25,12 +25,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from dsv4bisect.kernels.indexer import indexer_logits_ref, indexer_topk
-from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref
+from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref, mhc_mixes_split_ref
 from dsv4bisect.kernels.nvfp4 import E2M1_MAX, E4M3_MAX, default_global_scale, nvfp4_fake_quant
-from dsv4bisect.kernels.sparse_attention import sparse_attention_ref
-from dsv4bisect.reference.cache import CompressorState, LayerCache, ModelCache
+from dsv4bisect.kernels.sparse_attention import (
+    sparse_attention_ref,
+    sparse_attention_segmented_ref,
+)
 from dsv4bisect.reference import precision as prec
+from dsv4bisect.reference.cache import CompressorState, LayerCache, ModelCache
 from dsv4bisect.reference.config import CSA_RATIO, ModelArgs, Numerics, RopeScaling
+from dsv4bisect.reference.dispatch import flashmla_segments, mhc_pre_plan
 
 # ---- kernels per device -------------------------------------------------------------------------
 
@@ -247,10 +251,21 @@ def hc_pre(
     a: ModelArgs,
     mode: str,
     sinkhorn: Callable[..., tuple[torch.Tensor, ...]] | None = None,
+    *,
+    dispatch_first: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h [T, n, dim] -> collapsed input x [T, dim], post [T, n], comb [T, n, n].
-    `sinkhorn` replaces `hc_split_sinkhorn` (training uses a compiled one on CUDA)."""
-    mixes = mhc_mixes_ref(h.flatten(1), fn, a.rms_norm_eps, mode=mode)  # [T, (2+n)·n]
+    `sinkhorn` replaces `hc_split_sinkhorn` (training uses a compiled one on CUDA).
+    `dispatch_first` (set at `precision: deployment`): the stock fp32 pre-norm GEMM runs as
+    SGLang's kernel for T tokens would (`reference.dispatch.mhc_pre_plan`; True for the model's
+    first hc_pre, False for the fused sublayer boundaries); None: one fp32 GEMM."""
+    x = h.flatten(1)
+    if mode == "fp32" and dispatch_first is not None:
+        plan = mhc_pre_plan(h.shape[0], a.hc_mult, a.hidden_size, first=dispatch_first)
+        mixes = mhc_mixes_split_ref(x, fn, a.rms_norm_eps, n_splits=plan.n_splits,
+                                    kernel=plan.kernel, hc_mult=a.hc_mult)
+    else:
+        mixes = mhc_mixes_ref(x, fn, a.rms_norm_eps, mode=mode)  # [T, (2+n)·n]
     pre, post, comb = (sinkhorn or hc_split_sinkhorn)(
         mixes, scale, base, a.hc_mult, a.hc_sinkhorn_iters, a.hc_eps
     )
@@ -513,17 +528,42 @@ class Attention(nn.Module):
             kv = prec.model1_kv(kv, a.qk_rope_head_dim)
         proj = self._project(x, qr, step)
         split, partial, merge = step.numerics.attention
-        groups, outs = step.groups(caches), []
+        # per group of sequences: its key pool [B, P, D], its lists [B·T, K] into the pool
+        # flattened, and each row's window part of the pool (`flashmla_segments`)
+        groups, lists = step.groups(caches), []
         for g, (row, part, group_caches) in enumerate(groups):
             end = groups[g + 1][0] if g + 1 < len(groups) else N
             B, rows = part.batch, slice(row, end)
             T = (end - row) // B
             mine = {k: {n: t[rows].unflatten(0, (B, T)) for n, t in v.items()}
                     for k, v in proj.items()}
+            window_rows = group_caches[0].window.shape[0] + T  # before _keys appends
             pool, idx = self._keys(mine, q[rows].view(B, T, H, D), kv[rows].view(B, T, D),
                                    part, group_caches)  # [B, P, D], [B, T, K]
-            offsets = torch.arange(B, device=x.device)[:, None, None] * pool.shape[1]
-            idx = torch.where(idx >= 0, idx + offsets, -1).reshape(B * T, -1)
+            lists.append((rows, pool, idx.reshape(B * T, -1), window_rows))
+        # Deployment, stock kernel: FlashMLA's split-KV schedule over all N rows of the batch
+        # (every sequence's rows together) decides where a row's list is cut
+        # (reference/dispatch.py); None: no row is cut.
+        segments = None
+        if step.numerics.deployment and split is None:
+            width = max(i.shape[1] for _, _, i, _ in lists)
+            every = torch.cat([F.pad(i, (0, width - i.shape[1]), value=-1)
+                               for _, _, i, _ in lists])  # [N, K]
+            window = torch.cat([torch.full((i.shape[0],), w, dtype=torch.int64,
+                                           device=x.device) for _, _, i, w in lists])
+            segments = flashmla_segments(every, window, self.ratio > 0)
+        outs = []
+        for rows, pool, idx, _ in lists:
+            B = pool.shape[0]
+            T = idx.shape[0] // B
+            offsets = torch.arange(B, device=x.device).repeat_interleave(T)[:, None]
+            offsets = offsets * pool.shape[1]  # [B·T, 1]: each sequence's pool in the flat one
+            idx = torch.where(idx >= 0, idx + offsets, -1)
+            if segments is not None:
+                outs.append(sparse_attention_segmented_ref(
+                    q[rows], pool.reshape(-1, D), idx, self.attn_sink, D**-0.5,
+                    segments[rows, : idx.shape[1]]))
+                continue
             outs.append(step.ops.attention(
                 q[rows],
                 pool.reshape(-1, D),
@@ -838,12 +878,18 @@ class Block(nn.Module):
         """h [T, n, dim] -> [T, n, dim] (T: every token of the step, batch flattened)."""
         mode = step.numerics.mhc_mode
         sk = step.ops.sinkhorn
+        # At deployment SGLang's token-count dispatch: the model's (or MTP's) first hc_pre is
+        # `mhc_pre`, every later one a fused post+pre boundary (reference/dispatch.py).
+        deploy = step.numerics.deployment
+        first = self.layer_id == 0 or self.layer_id >= self.a.num_hidden_layers
         x, post, comb = hc_pre(
-            h, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, self.a, mode, sk
+            h, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, self.a, mode, sk,
+            dispatch_first=first if deploy else None,
         )
         h = hc_post(self.attn(self.attn_norm(x), step, cache), h, post, comb)
         x, post, comb = hc_pre(
-            h, self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, self.a, mode, sk
+            h, self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, self.a, mode, sk,
+            dispatch_first=False if deploy else None,
         )
         return hc_post(self.ffn(self.ffn_norm(x), step), h, post, comb)
 

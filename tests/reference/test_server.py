@@ -122,7 +122,23 @@ def test_info_endpoints(url: str) -> None:
 # ---- /generate: teacher forcing ----------------------------------------------------------------
 
 
-def test_teacher_forced_logprobs_equal_greedy_generation(url: str) -> None:
+@pytest.fixture(scope="module")
+def exact_url() -> Iterator[str]:
+    """A server at `precision: exact`: at `deployment` a decode step and a prefill take
+    different kernels, as on SGLang (reference/dispatch.py), so their logprobs differ there."""
+    port = free_port()
+    proc = start_server(port, None, "--precision", "exact")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, base)
+        yield base
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+
+
+def test_teacher_forced_logprobs_equal_greedy_generation(exact_url: str) -> None:
+    url = exact_url
     prompt = tokenize_chat(url, CHAT)
     gen = ok(url, "/generate", {
         "input_ids": prompt, "sampling_params": {"max_new_tokens": 12, "temperature": 0},

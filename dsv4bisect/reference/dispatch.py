@@ -1,0 +1,179 @@
+"""SGLang's token-count kernel dispatch for DeepSeek-V4, as rules the embedded engine follows.
+
+SGLang's DeepSeek-V4 kernels choose a split-K count or a kernel variant from the number of
+tokens in the forward batch (sglang PR #37292, "Support deterministic inference for
+DeepSeek-V4", lists such sites; the first is the mHC pre-norm split-K, which moves every
+token's logprob by ~1e-2 with its batch mates). At `precision: deployment` the embedded engine
+takes the same decision from the leading dimension M of the tensor an op is given (every token
+of the step, the batch flattened), so a request's numerics depend on its chunk and its batch
+mates as on the deployment. Mirrored: the mHC pre-norm GEMM's split-K count and kernel
+(`mhc_pre_plan`) and FlashMLA's split-KV schedule of the sparse attention
+(`flashmla_segments`). Per site, what SGLang does, what is mirrored and what is not, and why:
+docs/reference-engine.md, "Batch-dependent kernel dispatch".
+
+Sources (wheel paths; line numbers of the PyPI wheels):
+- `_compute_num_split_for_mhc_pre`: 0.5.13 `srt/layers/mhc.py:445-450`, 0.5.23
+  `kernels/ops/layernorm/mhc.py:816-823`; used by `mhc_pre` when DeepGEMM's TF32 pre-norm GEMM
+  is on (0.5.13 `:674-690`, 0.5.23 `:1118-1135`) and by `mhc_fused_post_pre` above
+  `fma_token_threshold = 32` (0.5.13 `:1233-1238`, 0.5.23 `:1693-1698`).
+- `mhc_fused_post_pre` replaces every sublayer boundary (post of one sublayer + pre of the
+  next) when `SGLANG_OPT_FUSE_MHC_POST_PRE` is on: default False in 0.5.13
+  (`srt/environ.py:759`), True in 0.5.23 (`srt/environ.py:1823`; gate
+  `srt/models/deepseek_common/amd/deepseek_v4_fused_mhc.py:70-101`, used at
+  `srt/models/deepseek_v4.py:3191-3197`). The model's first hc_pre has no post before it and
+  stays `mhc_pre`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# The GPU the rules are evaluated for: `torch.cuda.get_device_properties(0).multi_processor_count`
+# of an H200 (SM90, where DeepGEMM's TF32 pre-norm GEMM runs). An RTX PRO 6000 (SM120) has 188.
+H200_SMS = 132
+# The release whose dispatch the engine follows (0.5.13 is described beside it for comparison).
+RELEASE = "0.5.23"
+RELEASES = ("0.5.13", "0.5.23")
+FUSED_POST_PRE_DEFAULT = {"0.5.13": False, "0.5.23": True}  # SGLANG_OPT_FUSE_MHC_POST_PRE
+
+MHC_BLOCK_M = 64  # the DeepGEMM kernel's token tile in `_compute_num_split_for_mhc_pre`
+MHC_BLOCK_K = 64
+FMA_TOKEN_THRESHOLD = 32  # mhc_fused_post_pre: scalar-FMA TileLang kernel at or below this
+
+
+def mhc_pre_num_splits(num_tokens: int, hc_hidden_size: int, n_sms: int = H200_SMS) -> int:
+    """SGLang's `_compute_num_split_for_mhc_pre`: how many K-partials DeepGEMM's TF32 pre-norm
+    GEMM folds the n·D reduction into: one wave of `n_sms` CTAs over ceil(T / 64) token tiles,
+    at most a quarter of the 64-wide K blocks, at least 1."""
+    grid = (num_tokens + MHC_BLOCK_M - 1) // MHC_BLOCK_M
+    num_block_k = (hc_hidden_size + MHC_BLOCK_K - 1) // MHC_BLOCK_K
+    return max(1, min(n_sms // max(grid, 1), num_block_k // 4))
+
+
+@dataclass(frozen=True)
+class MhcPrePlan:
+    """What SGLang runs for one hc_pre of T tokens.
+
+    kernel: `tf32` - DeepGEMM `tf32_hc_prenorm_gemm` (TF32 tensor-core MMA, fp32 partials per
+    K split, added in split order by the big-fuse kernel); `fma` - the TileLang scalar-FMA kernel
+    of `mhc_fused_post_pre` (fp32 products and partials)."""
+
+    kernel: str
+    n_splits: int
+
+
+def mhc_pre_plan(
+    num_tokens: int,
+    hc_mult: int,
+    hidden_size: int,
+    *,
+    first: bool,
+    release: str = RELEASE,
+    n_sms: int = H200_SMS,
+) -> MhcPrePlan:
+    """The pre-norm GEMM SGLang runs for an hc_pre over `num_tokens` tokens. `first`: the
+    model's first hc_pre (layer 0's attention), which no fused post precedes."""
+    if release not in RELEASES:
+        raise ValueError(f"no dispatch rules for sglang {release}; known: {', '.join(RELEASES)}")
+    hc_hidden = hc_mult * hidden_size
+    fused = FUSED_POST_PRE_DEFAULT[release] and not first
+    if fused and num_tokens <= FMA_TOKEN_THRESHOLD:
+        return MhcPrePlan("fma", 8 if (num_tokens < 8 and hidden_size <= 4096) else 4)
+    return MhcPrePlan("tf32", mhc_pre_num_splits(num_tokens, hc_hidden, n_sms))
+
+
+# ---- FlashMLA's split-KV schedule (sparse decode kernel) ----------------------------------------
+# Off SM120, SGLang runs DeepSeek-V4's attention for extend batches of up to 11673 query tokens
+# (and every decode batch) through FlashMLA's sparse *decode* kernel, one query row per token
+# (0.5.13 `srt/layers/attention/deepseek_v4_backend.py:1258-1310`, 0.5.23 `:2917-2932` and
+# `:4384-4399`; `_LARGE_INDEXER_QUERY_THRESHOLD = 11673`, 0.5.13 `dsv4/metadata.py:51`, 0.5.23
+# `:66`). FlashMLA spreads the batch's key blocks over the GPU's SMs: a row whose blocks straddle
+# two SM parts is computed as two partial softmaxes (fp32 accumulators) merged by their LSE in
+# the combine kernel, so where a row is cut depends on every other row of the batch. The rule
+# (FlashMLA's `get_mla_metadata`, re-implemented by SGLang 0.5.23 in `kernels/jit/csrc/
+# deepseek_v4/flashmla_sched_meta.cuh`, constants `deepseek_v4_backend.py:219-220`,
+# `num_sm_parts` `:257`) is `flashmla_split_points`.
+
+FLASHMLA_BLOCK_N = 64  # keys per KV block
+FLASHMLA_FIXED_OVERHEAD = 5  # blocks of work charged per (row, part)
+SPARSE_PREFILL_THRESHOLD = 11673  # more query tokens: `flash_mla_sparse_fwd`, no split-KV
+
+
+def flashmla_keys(n_window: int, n_compressed: int, compressed_layer: bool) -> int:
+    """A row's key count as the scheduler sees it: the window list (at least 1), then on
+    compressed layers the extra (c4 / c128) list, starting at the next 64-key block."""
+    main = max(n_window, 1)
+    if not compressed_layer:
+        return main
+    return -(-main // FLASHMLA_BLOCK_N) * FLASHMLA_BLOCK_N + n_compressed
+
+
+def flashmla_split_points(
+    keys: list[int], n_sms: int = H200_SMS, s_q: int = 1
+) -> list[list[int]]:
+    """Per row, the KV block indices at which FlashMLA cuts it into partials ([] = one piece).
+
+    keys: each row's key count (`flashmla_keys`). Every row costs its blocks plus a fixed
+    overhead; the batch's total is dealt out to max(n_sms // s_q, 1) SM parts in row order,
+    `payload` = ceil(total / parts) + overhead per part; a part that cannot take a whole row
+    takes `remaining payload - overhead` of its blocks (if that is positive) and the row goes on
+    in the next part."""
+    parts = max(n_sms // s_q, 1)
+    blocks = [max(k - 1, 0) // FLASHMLA_BLOCK_N + 1 for k in keys]
+    total = sum(n + FLASHMLA_FIXED_OVERHEAD for n in blocks)
+    payload = -(-total // parts) + FLASHMLA_FIXED_OVERHEAD
+    cuts: list[list[int]] = [[] for _ in keys]
+    row, block = 0, 0
+    for _ in range(parts):
+        remain = payload
+        while row < len(keys):
+            left = blocks[row] - block
+            if remain >= left + FLASHMLA_FIXED_OVERHEAD:
+                remain -= left + FLASHMLA_FIXED_OVERHEAD
+                row, block = row + 1, 0
+                continue
+            if remain - FLASHMLA_FIXED_OVERHEAD > 0:
+                block += remain - FLASHMLA_FIXED_OVERHEAD
+                cuts[row].append(block)
+            break
+        if row == len(keys):
+            break
+    return cuts
+
+
+def flashmla_segments(
+    idx: torch.Tensor, window_rows: int | torch.Tensor, compressed_layer: bool,
+    n_sms: int = H200_SMS,
+) -> torch.Tensor | None:
+    """The piece of every list position of a batch's key lists, as FlashMLA would cut them.
+
+    idx: [N, K] one list per query row (its sequence's pool rows: < window_rows are window
+    tokens, the rest compressed entries; -1 = none); window_rows: one int for every row, or [N]
+    (ragged batches: each row's own sequence). The scheduler sees the window list first
+    and the compressed list from the next 64-key block on (`flashmla_keys`), so a position's
+    block is its rank in its own list, offset for compressed entries. Returns [N, K] int64, or
+    None when no row is cut (or the batch takes the sparse prefill kernel)."""
+    N = idx.shape[0]
+    if N == 0 or N > SPARSE_PREFILL_THRESHOLD:
+        return None
+    valid = idx >= 0
+    w = torch.as_tensor(window_rows, device=idx.device)
+    comp = valid & (idx >= (w[:, None] if w.dim() == 1 else w))
+    win = valid & ~comp
+    n_win, n_comp = win.sum(1), comp.sum(1)
+    keys = [flashmla_keys(w, c, compressed_layer)
+            for w, c in zip(n_win.tolist(), n_comp.tolist(), strict=True)]
+    cuts = flashmla_split_points(keys, n_sms)
+    cut_rows = [r for r, c in enumerate(cuts) if c]
+    if not cut_rows:
+        return None
+    main = (torch.clamp(n_win, min=1) + FLASHMLA_BLOCK_N - 1) // FLASHMLA_BLOCK_N * FLASHMLA_BLOCK_N
+    pos = torch.where(comp, main[:, None] + torch.cumsum(comp, 1) - 1, torch.cumsum(win, 1) - 1)
+    block = pos // FLASHMLA_BLOCK_N  # [N, K]
+    seg = torch.zeros_like(block)
+    for r in cut_rows:
+        for c in cuts[r]:
+            seg[r] += (block[r] >= c).long()
+    return seg

@@ -1,0 +1,160 @@
+"""How far re-chunking or re-batching the same request moves the embedded engine's logits.
+
+    python tests/benchmarks/batch_variation.py --transcripts RUN_DIR/baseline/drift.jsonl \
+        [--precisions deployment,exact] [--json OUT.json]
+
+Teacher-forced, on the drift transcripts of a `dsv4bisect run` (its baseline's `drift.jsonl`,
+as `precision_drift.py`), shipped checkpoint, no patch. Full-vocabulary mean KL and top-1
+agreement of the same configuration against itself under changes a server makes on its own:
+
+- `chunk 512` / `chunk 77`: prefill chunked at 512 or 77 tokens instead of 2048
+  (`Transformer.forward_hidden` per chunk, one cache per sequence);
+- `batch of 4`: the first 256 tokens of each transcript alone (`forward_batch`, B = 1) against
+  the same tokens as the first row of a batch with the three other transcripts' first 256
+  tokens (B = 4, so the token-wise ops see 1024 tokens);
+- `decoded`: the last 64 positions of each transcript fed one token per forward (as decode
+  steps, after the rest was prefilled at 2048) against the same positions in the 2048 prefill.
+
+At `precision: deployment` the mHC pre-norm GEMM follows SGLang's token-count dispatch
+(`reference/dispatch.py`); at `exact` every op is one fp32 kernel whatever the batch.
+
+With `--diagnostics` (deployment only) two rows that are not a server's own changes but show
+what the dispatch would do if it were reached on this model, chunk 2048 against itself with
+the plan of every hc_pre overridden: `every split count 4 -> 3` (the change of summation order
+Flash sees between neighbouring token counts; this checkpoint's n·D = 1024 caps the rule at 4
+splits up to 2112 tokens) and `every hc_pre on the FMA kernel` (the kernel a decode step of
+one token gets, against the TF32 GEMM of prefill).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from precision_drift import drift  # beside this file
+
+from dsv4bisect.config.checkpoints import EMBEDDED_CHECKPOINT
+from dsv4bisect.reference import model as model_module
+from dsv4bisect.reference.dispatch import MhcPrePlan, mhc_pre_plan
+from dsv4bisect.reference.engine import ReferenceEngine
+from dsv4bisect.reference.model import Transformer
+
+BASE_CHUNK = 2048
+CHUNKS = (512, 77)
+BATCH_TOKENS = 256
+DECODED = 64
+
+
+def chunked(model: Transformer, seqs: list[torch.Tensor], chunk: int) -> list[torch.Tensor]:
+    """Log-probs [T, vocab] of each sequence, prefilled `chunk` tokens per forward."""
+    out = []
+    with torch.inference_mode():
+        for s in seqs:
+            cache = model.new_cache()
+            hs = [model.forward_hidden(s[i:i + chunk], cache) for i in range(0, len(s), chunk)]
+            out.append(torch.log_softmax(model.logits(torch.cat(hs)), -1))
+    return out
+
+
+def decoded_tail(model: Transformer, seqs: list[torch.Tensor]
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """The last DECODED positions of each sequence: from the 2048 prefill and one token per
+    forward; with the tokens of those positions."""
+    prefilled, decoded, toks = [], [], []
+    with torch.inference_mode():
+        for s, full in zip(seqs, chunked(model, seqs, BASE_CHUNK), strict=True):
+            cut = len(s) - DECODED
+            cache = model.new_cache()
+            for i in range(0, cut, BASE_CHUNK):
+                model.forward_hidden(s[i:min(i + BASE_CHUNK, cut)], cache)
+            hs = [model.forward_hidden(s[i:i + 1], cache) for i in range(cut, len(s))]
+            decoded.append(torch.log_softmax(model.logits(torch.cat(hs)), -1))
+            prefilled.append(full[cut:])
+            toks.append(s[cut:])
+    return prefilled, decoded, toks
+
+
+def alone_and_batched(model: Transformer, seqs: list[torch.Tensor]
+                      ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each sequence's first BATCH_TOKENS alone and as row 0 of a batch with the others."""
+    heads = [s[:BATCH_TOKENS] for s in seqs]
+    alone, batched = [], []
+    with torch.inference_mode():
+        for i, h in enumerate(heads):
+            alone.append(torch.log_softmax(model.forward_batch(h[None])[0], -1))
+            mates = [heads[j] for j in range(len(heads)) if j != i]
+            batch = torch.stack([h, *mates])
+            batched.append(torch.log_softmax(model.forward_batch(batch)[0], -1))
+    return alone, batched
+
+
+def with_plan(override: Callable[[MhcPrePlan], MhcPrePlan], model: Transformer,
+              seqs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`chunked(model, seqs, BASE_CHUNK)` with every hc_pre's plan passed through `override`."""
+    def plan(*args: Any, **kwargs: Any) -> MhcPrePlan:
+        return override(mhc_pre_plan(*args, **kwargs))
+
+    model_module.mhc_pre_plan = plan
+    try:
+        return chunked(model, seqs, BASE_CHUNK)
+    finally:
+        model_module.mhc_pre_plan = mhc_pre_plan
+
+
+DIAGNOSTICS: list[tuple[str, Callable[[MhcPrePlan], MhcPrePlan]]] = [
+    ("diagnostic: every split count 4 -> 3",
+     lambda p: MhcPrePlan(p.kernel, 3 if p.n_splits == 4 else p.n_splits)),
+    ("diagnostic: every hc_pre on the FMA kernel", lambda p: MhcPrePlan("fma", p.n_splits)),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--transcripts", type=Path, required=True, help="a run's drift.jsonl")
+    ap.add_argument("--precisions", default="deployment,exact")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--diagnostics", action="store_true", help="the two override rows")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    seqs = [torch.tensor(json.loads(line)["input_ids"])
+            for line in a.transcripts.read_text().splitlines() if line.strip()]
+    if len(seqs) < 2 or min(len(s) for s in seqs) < BATCH_TOKENS:
+        sys.exit(f"error: need at least 2 transcripts of {BATCH_TOKENS}+ tokens\n"
+                 "hint: pass the baseline/drift.jsonl of a `dsv4bisect run`")
+    results: list[dict[str, Any]] = []
+    print("| precision | change | mean KL | p99 KL | top-1 | positions |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for precision in a.precisions.split(","):
+        model = ReferenceEngine.load(EMBEDDED_CHECKPOINT, precision=precision, device="cpu",
+                                     threads=1).model
+        start = time.monotonic()
+        base = chunked(model, seqs, BASE_CHUNK)
+        rows = [("same configuration again", base, chunked(model, seqs, BASE_CHUNK), seqs)]
+        rows += [(f"prefill chunked at {c}", base, chunked(model, seqs, c), seqs) for c in CHUNKS]
+        alone, batched = alone_and_batched(model, seqs)
+        rows.append((f"first {BATCH_TOKENS} tokens among 3 batch mates", alone, batched,
+                     [s[:BATCH_TOKENS] for s in seqs]))
+        rows.append((f"last {DECODED} tokens decoded one per forward",
+                     *decoded_tail(model, seqs)))
+        if a.diagnostics and precision == "deployment":
+            rows += [(label, base, with_plan(fn, model, seqs), seqs) for label, fn in DIAGNOSTICS]
+        for label, ref, other, toks in rows:
+            r = {"precision": precision, "change": label, **drift(ref, other, toks)}
+            results.append(r)
+            print(f"| {precision} | {label} | {r['kl_mean']:.3g} | {r['kl_p99']:.3g} | "
+                  f"{r['top1']:.2%} | {r['positions']} |", flush=True)
+        print(f"({precision}: {time.monotonic() - start:.0f} s)", file=sys.stderr)
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
