@@ -285,7 +285,11 @@ class Launch:
                 self._event(p.spec.role, "stopping", f"still alive after SIGKILL: {left}")
             elif self._record is not None:
                 self._record.stopped(p.popen.pid)
-            redact_file(p.log_path, secret_values(os.environ, dict(p.spec.env), argv=p.spec.argv))
+            try:
+                redact_file(p.log_path, secret_values(os.environ, dict(p.spec.env),
+                                                      argv=p.spec.argv))
+            except OSError:
+                pass  # a full disk cannot take the rewritten log: the teardown goes on
             if p.state != "exited":
                 p.state = "stopped"
                 self._event(p.spec.role, "stopped", "")
