@@ -108,6 +108,7 @@ class MicrotestPriors:
     seconds: float = 0.0  # the microtest's wall time, torch's import included
     off: str = ""  # "" when the microtest ran
     checkpoint: str = ""
+    cached: str = ""  # when the microtest measured them, if they came from the cache
 
     @classmethod
     def disabled(cls, why: str) -> MicrotestPriors:

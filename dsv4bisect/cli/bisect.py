@@ -127,7 +127,7 @@ def bisect(
                               ] = False,
     no_confirm: Annotated[bool, Opt("--no-confirm", help="Skip the fresh-launch confirmation "
                                     "of a culprit found with hot switching.")] = False,
-    no_cache: Annotated[bool, Opt("--no-cache", help="Measure baselines again.")] = False,
+    no_cache: Annotated[bool, Opt("--no-cache", help="Measure baselines and the microtest priors again.")] = False,
     json_out: Json = False,
     fmt: FormatOpt = None,
     enable: Enable = None, disable: Disable = None, only: Only = None, sets: Set = None,
@@ -171,7 +171,7 @@ def bisect(
             executor.value if executor else None, ray_address), display.run_event)
         _say_question(question, prep.noise, prep.noise_source)
         mt_priors = bisect_priors(question, microtest_priors, test_cmd=test_cmd is not None,
-                                  tier=tier)
+                                  tier=tier, use_cache=not no_cache)
         prep = prep.with_weights(mt_priors.apply(prep.spec.weights))
         spec, placement = prep.spec, prep.placement
         say_priors(mt_priors, spec.weights)

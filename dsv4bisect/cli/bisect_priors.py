@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from dsv4bisect.bisect import priors_cache
 from dsv4bisect.bisect.microtest_priors import (
     Coverage,
     MicrotestPriors,
@@ -88,14 +89,24 @@ def microtest_patches(q: Question, cover: Mapping[str, Coverage]) -> dict[str, s
 
 
 def run_priors(q: Question, checkpoint: str, moe_backend: str,
-               contexts: Sequence[int] | None = None, device: str | None = None
-               ) -> MicrotestPriors:
+               contexts: Sequence[int] | None = None, device: str | None = None,
+               use_cache: bool = True) -> MicrotestPriors:
     """Run the microtest for the candidates (the bad end's variants) and map its rows to
     priors. `contexts`: the context lengths the bisect's probe reaches (default the
-    microtest's 1k..128k); `device`: default CUDA when present (our Triton kernels), else CPU."""
+    microtest's 1k..128k); `device`: default CUDA when present (our Triton kernels), else CPU.
+    With the default device the priors are cached (bisect/priors_cache.py): a later bisect of
+    the same question, checkpoint and code takes them from there (`use_cache=False`: measure
+    again and replace the entry)."""
     start = time.monotonic()
     cover = candidate_coverage(q, moe_backend)
     patches = microtest_patches(q, cover)
+    key = None
+    if patches and device is None:
+        key = priors_cache.priors_key(q.candidates, cover, patches, checkpoint, moe_backend,
+                                      contexts)
+        hit = priors_cache.lookup(key) if use_cache else None
+        if hit is not None:
+            return hit
     rows: tuple[Row, ...] = ()
     if patches:
         console().print(f"microtest priors: measuring {', '.join(patches)} on {checkpoint} ...",
@@ -111,7 +122,10 @@ def run_priors(q: Question, checkpoint: str, moe_backend: str,
             device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
             runners=(moe_backend,) if moe_backend in RUNNER_CHOICES else RUNNER_CHOICES)
         rows = run_microtest(spec).rows
-    return priors_from_rows(q.candidates, rows, cover, time.monotonic() - start, checkpoint)
+    priors = priors_from_rows(q.candidates, rows, cover, time.monotonic() - start, checkpoint)
+    if key is not None:
+        priors_cache.store(key, priors)
+    return priors
 
 
 def probe_lengths(q: Question, tier: str | None) -> tuple[int, ...]:
@@ -124,7 +138,7 @@ def probe_lengths(q: Question, tier: str | None) -> tuple[int, ...]:
 
 
 def bisect_priors(q: Question, requested: bool | None, *, test_cmd: bool,
-                  tier: str | None = None) -> MicrotestPriors:
+                  tier: str | None = None, use_cache: bool = True) -> MicrotestPriors:
     """What `bisect` multiplies its prior weights by. `requested`: the flag (None: on when the
     profile's checkpoint is readable here and the engine, not `--test-cmd`, judges). Forced on
     where it cannot run is bad input; in the default mode a microtest that cannot run turns the
@@ -142,7 +156,7 @@ def bisect_priors(q: Question, requested: bool | None, *, test_cmd: bool,
             raise ConfigError(f"--microtest-priors: {why}", _FORCE_HINT)
         return MicrotestPriors.disabled(why)
     try:
-        return run_priors(q, checkpoint, backend, probe_lengths(q, tier))
+        return run_priors(q, checkpoint, backend, probe_lengths(q, tier), use_cache=use_cache)
     except Dsv4BisectError as e:  # e.g. missing tensors, named by the microtest
         if requested:
             raise
@@ -155,7 +169,9 @@ def say_priors(p: MicrotestPriors, weights: Mapping[str, float]) -> None:
     if p.off:
         con.print(f"microtest priors: off ({p.off})", style="dim", markup=False, highlight=False)
         return
-    con.print(f"microtest priors ({p.checkpoint}, {p.seconds:.1f} s; weight = tier or "
+    source = f"cached, measured {p.cached} in {p.seconds:.1f} s" if p.cached \
+        else f"{p.seconds:.1f} s"
+    con.print(f"microtest priors ({p.checkpoint}, {source}; weight = tier or "
               "bisect.priors weight x multiplier):", markup=False, highlight=False)
     width = max(len(c.name) for c in p.priors) if p.priors else 0
     for c in p.priors:

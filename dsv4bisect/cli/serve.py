@@ -45,7 +45,8 @@ def serve(
     max_model_len: Annotated[Optional[int], typer.Option(
         min=2, help="Context length (default: the engine's).")] = None,
     served_model_name: Annotated[Optional[str], typer.Option(
-        metavar="NAME", help="Model id in /v1/models and responses.")] = None,
+        metavar="NAME", help="Model id in /v1/models and responses (default: --checkpoint as "
+        "given, as SGLang's --model-path).")] = None,
     header_timeout: Annotated[float, typer.Option(
         min=0.1, max=3600, metavar="SECONDS",
         help="Drop a connection whose request headers take longer than this.")] = 10.0,
@@ -81,6 +82,7 @@ def serve(
             device=device.value, chunk_size=chunk_size, moe_backend=moe_backend,
             precision=precision.value, threads=threads,
             max_model_len=max_model_len, served_model_name=served_model_name, patches=patches,
+            model_path=checkpoint,
             header_timeout=header_timeout, max_running_requests=max_running_requests,
             disable_radix_cache=disable_radix_cache,
         )

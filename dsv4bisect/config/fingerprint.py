@@ -75,6 +75,12 @@ def code_hash() -> str:
     return _hash_files(files) if files else "none"
 
 
+def source_hash(*subdirs: str) -> str:
+    """The Python sources of these package folders (e.g. "microtest", "kernels")."""
+    files = _sources(*subdirs)
+    return _hash_files(files) if files else "none"
+
+
 @cache
 def reference_engine_version() -> str:
     """The embedded engine is versioned by its source (model, engine, server, tokenizer)."""

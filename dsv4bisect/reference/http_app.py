@@ -76,6 +76,9 @@ ROUTES: dict[str, Route] = {
     "/generate": Route(("POST", "PUT"), "generate", json_body=True),
     "/tokenize": Route(("POST",), "tokenize", json_body=True),
     "/v1/tokenize": Route(("POST",), "tokenize", json_body=True),
+    "/detokenize": Route(("POST",), "detokenize", json_body=True),
+    "/v1/detokenize": Route(("POST",), "detokenize", json_body=True),
+    "/tokenizer_info": Route(("GET",), "tokenizer_info"),
 }
 
 
@@ -374,8 +377,8 @@ def _health_generate(api: ServerApi) -> Reply:
 
 
 def _model_info(api: ServerApi, checkpoint: str | None) -> dict[str, Any]:
-    name = api.cfg.served_model_name
-    return {"model_path": checkpoint or name, "tokenizer_path": "byte-level",
+    path = api.cfg.server_info.get("model_path") or checkpoint or api.cfg.served_model_name
+    return {"model_path": path, "tokenizer_path": "byte-level",
             "is_generation": True, "preferred_sampling_params": None,
             "weight_version": "default"}
 

@@ -13,7 +13,7 @@ from typing import Any
 from dsv4bisect.reference.api import SAMPLING_PARAMS, WEIGHT_VERSION, Api, new_id
 from dsv4bisect.reference.generation import GenOutput, GenSpec, TopList, finite
 from dsv4bisect.reference.request_body import ApiError, Body, check_sampling, is_int_list
-from dsv4bisect.reference.tokenizer import BOS_ID
+from dsv4bisect.reference.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 GENERATE_UNSUPPORTED = ("top_p", "top_k", "min_p", "n", "min_new_tokens", "presence_penalty",
                         "frequency_penalty", "repetition_penalty", "logit_bias", "regex", "ebnf",
@@ -136,6 +136,37 @@ class ServerApi(Api):
             else:
                 raise ApiError("`prompt` must be a string or a list of strings")
         return {"tokens": tokens, "count": count, "max_model_len": self.cfg.max_model_len}
+
+    def detokenize(self, data: object) -> dict[str, Any]:
+        """SGLang's /detokenize: `tokens` (ids, or a list of id lists) -> `text` (a string or a
+        list), `skip_special_tokens` default true. The same text is also under `prompt`, the
+        key vLLM's /detokenize answers with, which lm-eval's remote tokenizer reads."""
+        body = Body(data)
+        tokens = body.data.get("tokens")
+        skip = body.get_bool("skip_special_tokens", True)
+        if is_int_list(tokens):
+            text: Any = self._detokenize(tokens, skip)
+        elif isinstance(tokens, list) and all(is_int_list(t) for t in tokens):
+            text = [self._detokenize(t, skip) for t in tokens]
+        else:
+            raise ApiError("Invalid input: 'tokens' must be a list of integers or a list of "
+                           "lists of integers.")
+        return {"text": text, "prompt": text}
+
+    def _detokenize(self, ids: list[int], skip_special_tokens: bool) -> str:
+        try:
+            return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        except ValueError as e:  # an id outside the vocabulary
+            raise ApiError(str(e)) from None
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """vLLM's GET /tokenizer_info, which lm-eval's `tokenizer_backend=remote` requires
+        (SGLang has no such route): the special tokens' text and the context length. No
+        `chat_template`: the template is code (reference/chat.py), not Jinja, so a client that
+        renders chats itself cannot; `/tokenize` with `messages` renders them here."""
+        return {"tokenizer_class": "ByteTokenizer", "bos_token": self.tok.token_text(BOS_ID),
+                "eos_token": self.tok.token_text(EOS_ID), "pad_token": self.tok.token_text(PAD_ID),
+                "model_max_length": self.cfg.max_model_len, "vocab_size": self.tok.vocab_size}
 
     def models(self) -> dict[str, Any]:
         name = self.cfg.served_model_name

@@ -29,6 +29,9 @@ class ServeOptions:
     threads: int | None = None
     max_model_len: int | None = None
     served_model_name: str | None = None
+    # the model as the user named it (`serve --checkpoint`: embedded, random or a directory as
+    # typed): SGLang's --model-path, the default served model name (`model_name`)
+    model_path: str | None = None
     patches: Mapping[str, str] = field(default_factory=dict)  # name -> variant
     header_timeout: float = HEADER_TIMEOUT_S
     # SGLang's --max-running-requests: requests in one decode batch (None: the scheduler's
@@ -36,6 +39,14 @@ class ServeOptions:
     max_running_requests: int | None = None
     # SGLang's --disable-radix-cache: every request prefills from scratch
     disable_radix_cache: bool = False
+
+
+def model_name(opts: ServeOptions) -> str:
+    """The id `/v1/models` reports and responses carry: `--served-model-name`, else the model
+    path as given, as SGLang (its ServerArgs default `served_model_name` to `model_path`, the
+    `--model-path` argument as typed: `sglang/srt/arg_groups/serving_hook.py`, 0.5.23)."""
+    return (opts.served_model_name or opts.model_path or opts.checkpoint
+            or "reference-tiny-random")
 
 
 def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
@@ -53,7 +64,7 @@ def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
         precision=opts.precision, chunk_size=opts.chunk_size, device=opts.device,
         threads=opts.threads, **extra,
     )
-    name = opts.served_model_name or opts.checkpoint or "reference-tiny-random"
+    name = model_name(opts)
     info = dict(engine.info())
     ratios = info.get("compress_ratios") or (info.get("config") or {}).get("compress_ratios")
     info |= {
@@ -62,7 +73,8 @@ def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
         "compress_ratios": ratios, "moe_backend": opts.moe_backend,
         "chunk_size": opts.chunk_size, "patches": info.get("patches", dict(opts.patches)),
         # SGLang's ServerArgs names for the same settings, for clients that read those
-        "model_path": opts.checkpoint or name, "context_length": engine.max_model_len,
+        "model_path": opts.model_path or opts.checkpoint or name,
+        "context_length": engine.max_model_len,
         "chunked_prefill_size": opts.chunk_size, "moe_runner_backend": opts.moe_backend,
         "max_running_requests": opts.max_running_requests,
         "disable_radix_cache": opts.disable_radix_cache,

@@ -67,3 +67,16 @@ def test_priors_are_off_where_they_cannot_or_should_not_run(cli, tmp_path: Path)
     assert forced.returncode == 5 and lines[-2].startswith("error: --microtest-priors: the "
                                                            "checkpoint")
     assert lines[-1].startswith("hint:") and "Traceback" not in forced.stderr
+
+
+def test_a_second_plan_takes_the_priors_from_the_cache(cli, tmp_path: Path) -> None:
+    first = cli("bisect", "reference-all", "--plan", "--json", cwd=tmp_path)
+    second = cli("bisect", "reference-all", "--plan", "--json", cwd=tmp_path)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert "microtest priors: measuring" in first.stderr
+    assert "microtest priors: measuring" not in second.stderr
+    assert "microtest priors (embedded, cached, measured 20" in second.stderr
+    assert second.stdout == first.stdout  # the same weights, the same plan
+    again = cli("bisect", "reference-all", "--plan", "--json", "--no-cache", cwd=tmp_path)
+    assert again.returncode == 0 and "microtest priors: measuring" in again.stderr
+    assert again.stdout == first.stdout

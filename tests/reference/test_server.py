@@ -272,6 +272,85 @@ def test_tokenize_prompt_and_messages(url: str) -> None:
     assert no_gen["tokens"] == tokenize_chat(url, CHAT)[:-2]
 
 
+# ---- interop: the model id, model names, lm-eval ----------------------------------------------
+
+
+def test_the_model_id_is_the_model_path_as_given(url: str) -> None:
+    """SGLang's served_model_name defaults to --model-path as typed (not a resolved path)."""
+    (card,) = requests.get(f"{url}/v1/models", timeout=10).json()["data"]
+    assert card["id"] == card["root"] == "random"  # the fixture's `--checkpoint random`
+    info = requests.get(f"{url}/server_info", timeout=10).json()
+    assert info["served_model_name"] == info["model_path"] == "random"
+    assert requests.get(f"{url}/get_model_info", timeout=10).json()["model_path"] == "random"
+
+
+def test_any_model_name_is_accepted_and_echoed_as_sglang_does(url: str) -> None:
+    done = ok(url, "/v1/completions", {"model": "deepseek-v4-typo", "prompt": "ab",
+                                       "max_tokens": 2})
+    assert done["model"] == "deepseek-v4-typo"
+    chat = ok(url, "/v1/chat/completions", {"model": "x", "messages": CHAT, "max_tokens": 2})
+    assert chat["model"] == "x"
+    assert ok(url, "/v1/completions", {"prompt": "ab", "max_tokens": 2})["model"] == "random"
+
+
+def _lm_eval_parse(choice: dict[str, Any], ctxlen: int) -> tuple[float, bool]:
+    """lm-eval 0.4.13's `LocalCompletionsAPI.parse_logprobs`, for one choice."""
+    token_logprobs = choice["logprobs"]["token_logprobs"][ctxlen:-1]
+    top_logprobs = choice["logprobs"]["top_logprobs"][ctxlen:-1]
+    greedy = all(tok == max(top.values()) for tok, top in zip(token_logprobs, top_logprobs))
+    return sum(token_logprobs), greedy
+
+
+def test_lm_eval_loglikelihood_request_equals_teacher_forced_scores(exact_url: str) -> None:
+    """lm-eval's `local-completions` with `tokenized_requests` sends, for log-likelihood tasks,
+    a batch of token-id prompts (context + continuation) with echo, logprobs 1 and max_tokens
+    1 (lm_eval/models/openai_completions.py `_create_payload`, generate=False), and sums
+    `token_logprobs[ctxlen:-1]`; the answer must be the teacher-forced scores of /generate."""
+    url = exact_url
+
+    def tok(text: str) -> list[int]:  # lm-eval's RemoteTokenizer.encode
+        return list(ok(url, "/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"])
+
+    bos = 0
+    requests_ = [([bos, *tok("The colour of the sky is")], tok(" blue")),
+                 ([bos, *tok("2 + 2 =")], tok(" 4, of course"))]
+    # a continuation the model itself would pick greedily, so that is_greedy is True once
+    greedy_cont = ok(url, "/generate", {"input_ids": requests_[0][0], "sampling_params": {
+        "max_new_tokens": 3, "temperature": 0, "ignore_eos": True}})["output_ids"]
+    requests_.append((requests_[0][0], greedy_cont))
+    payload = {"model": "random", "prompt": [c + x for c, x in requests_], "temperature": 0,
+               "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True}
+    answer = ok(url, "/v1/completions", payload)
+    choices = sorted(answer["choices"], key=lambda c: c["index"])
+    assert len(choices) == len(requests_)
+    for choice, (context, continuation) in zip(choices, requests_):
+        got, greedy = _lm_eval_parse(choice, len(context))
+        forced = ok(url, "/generate", {
+            "input_ids": context + continuation, "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True, "logprob_start_len": len(context) - 1,
+            "top_logprobs_num": 1})["meta_info"]
+        scores = [e[0] for e in forced["input_token_logprobs"][1:]]
+        assert len(scores) == len(continuation)
+        assert got == pytest.approx(sum(scores), abs=1e-4)
+        tops = [t[0][1] for t in forced["input_top_logprobs"][1:]]
+        assert greedy == (tops == continuation)
+    assert _lm_eval_parse(choices[2], len(requests_[2][0]))[1] is True
+
+
+def test_detokenize_and_tokenizer_info_for_remote_tokenizer_clients(url: str) -> None:
+    ids = [0, 16 + ord("h"), 16 + ord("i"), 1]
+    assert ok(url, "/detokenize", {"tokens": ids}) == {"text": "hi", "prompt": "hi"}
+    assert ok(url, "/v1/detokenize", {"tokens": ids, "skip_special_tokens": False})["text"] == \
+        "<｜begin▁of▁sentence｜>hi<｜end▁of▁sentence｜>"
+    assert ok(url, "/detokenize", {"tokens": [ids, []]})["text"] == ["hi", ""]
+    assert post(url, "/detokenize", {"tokens": [0, 99999]}).status_code == 400
+    assert post(url, "/detokenize", {"tokens": "hi"}).status_code == 400
+    info = requests.get(f"{url}/tokenizer_info", timeout=10).json()
+    assert info["bos_token"] == "<｜begin▁of▁sentence｜>"
+    assert info["eos_token"] == "<｜end▁of▁sentence｜>"
+    assert info["model_max_length"] == MAX_MODEL_LEN
+
+
 # ---- errors ------------------------------------------------------------------------------------
 
 BAD_REQUESTS = [

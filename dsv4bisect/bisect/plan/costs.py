@@ -224,9 +224,9 @@ def probe_shape(spec: Any) -> ProbeShape:
 
 def sequential_from_probe(spec: Any, noise: Noise) -> Sequential | None:
     """What the sequential trial probe states for this spec, when it is installed here."""
-    from dsv4bisect.probe.sequential_plan import plan_trial
+    from dsv4bisect.bisect.plan.trial_plan_cache import planned_trial
 
-    stated = plan_trial(spec, noise.false_fail, noise.false_pass)
+    stated: Any = planned_trial(spec, noise.false_fail, noise.false_pass)
     return Sequential(
         like_good_fraction=float(stated.cost_fraction_good),
         like_bad_fraction=float(stated.cost_fraction_bad),

@@ -28,6 +28,7 @@ from dsv4bisect.bisect.plan.simulate import (
     Setup,
     available_levers,
     common_draws,
+    search_memo,
     simulate,
 )
 from dsv4bisect.errors import BisectError
@@ -91,7 +92,8 @@ def plan_nodes(setup: Setup, nodes: Sequence[int] = NODE_COUNTS, *, trials: int 
     for k in nodes:
         for on, cfg in ((True, setup), (False, bare)):
             priced = on or "priced" not in levers
-            runs = [simulate(cfg, k, c, random.Random(s), priced)
+            memo = search_memo(cfg, k, priced)
+            runs = [simulate(cfg, k, c, random.Random(s), priced, memo)
                     for c, s in zip(culprits, seeds)]
             rows.append(_figures(k, on, runs))
     return NodePlan(trials, levers, tuple(rows))

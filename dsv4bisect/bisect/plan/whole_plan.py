@@ -27,6 +27,7 @@ from dsv4bisect.bisect.plan.simulate import (  # noqa: F401 - Setup, LEVERS: thi
     Setup,
     available_levers,
     common_draws,
+    search_memo,
     simulate,
 )
 from dsv4bisect.errors import BisectError
@@ -68,7 +69,9 @@ def plan_bisect(setup: Setup, *, trials: int = 100, seed: int = 0,
     def figures(off: Sequence[str]) -> Figures:
         cfg = setup.without(off)
         priced = "priced" not in off
-        runs = [simulate(cfg, 1, c, random.Random(s), priced) for c, s in zip(culprits, seeds)]
+        memo = search_memo(cfg, 1, priced)
+        runs = [simulate(cfg, 1, c, random.Random(s), priced, memo)
+                for c, s in zip(culprits, seeds)]
         return _figures(runs)
 
     if not compare:

@@ -1,0 +1,41 @@
+"""The sequential trial probe's simulated size, cached: `plan_trial` (probe/sequential_plan.py)
+simulates 200 trials of the probe spec (a second or more of CPU on a large tier) before every
+`bisect` and `--plan`, and gives the same figures every time for the same spec, error rates and
+code. An entry is `$DSV4BISECT_CACHE/trial-plans/<key>.json`, the key a hash of the probe spec
+(its spec hash), the error rates, and the sources of the probe package; a damaged entry is
+ignored and simulated again. JSON keeps a float's exact value, so the figures are the same bits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dsv4bisect.base.atomic import write_json
+from dsv4bisect.base.bounded import load_json
+from dsv4bisect.config.fingerprint import digest, source_hash
+from dsv4bisect.env import cache_dir
+from dsv4bisect.errors import ConfigError
+
+SCHEMA = "dsv4bisect.trial-plan-cache/1"
+
+
+def planned_trial(spec: object, false_fail: float, false_pass: float) -> object:
+    """`plan_trial(spec, false_fail, false_pass)`, from the cache where it was simulated before."""
+    from dsv4bisect.probe.sequential_plan import TrialProbePlan, plan_trial
+
+    key = digest({"schema": SCHEMA, "spec": spec.spec_hash(),  # type: ignore[attr-defined]
+                  "noise": [false_fail, false_pass], "code": source_hash("probe")}, length=24)
+    path = cache_dir() / "trial-plans" / f"{key}.json"
+    fields = [f.name for f in dataclasses.fields(TrialProbePlan)]
+    try:
+        data = load_json(path, "run") if path.is_file() else None
+        if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("key") == key:
+            return TrialProbePlan(**{name: data["plan"][name] for name in fields})
+    except (OSError, ValueError, TypeError, KeyError, ConfigError):
+        pass  # damaged: simulated again below
+    plan = plan_trial(spec, false_fail, false_pass)  # type: ignore[arg-type]
+    try:
+        write_json(path, {"schema": SCHEMA, "key": key, "plan": dataclasses.asdict(plan)})
+    except OSError:
+        pass
+    return plan
