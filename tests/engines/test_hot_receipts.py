@@ -18,7 +18,7 @@ from dsv4bisect.plugin.receipts import ProcessInfo, Receipt, ReceiptWriter
 def _hot_cfg(tmp_path: Path):
     cfg = resolve("dsv4-flash-tp8", Overrides(only=()))  # the good end: nothing on
     return with_env(cfg, {envvars.SWITCH_DIR: str(tmp_path / "switch"),
-                           envvars.HOT: "mhc-bf16,mma-decode"})
+                          envvars.HOT: "mhc-bf16,mma-decode"})
 
 
 def _write(directory: Path, ranks: range, patches: dict[str, str]) -> None:
