@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -45,14 +45,17 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory,
 
 
 def run_dsv4bisect(*args: str | Path, cwd: Path | None = None, timeout: float = 600,
-                   python: Sequence[str] = ("-m", "dsv4bisect")
+                   python: Sequence[str] = ("-m", "dsv4bisect"),
+                   env: Mapping[str, str | None] | None = None
                    ) -> subprocess.CompletedProcess[str]:
     """`dsv4bisect ARGS` in a subprocess of this interpreter: text output captured, NO_COLOR,
     never raising on a nonzero exit (the tests assert the exit code and the lines).
-    `python`: what runs instead of `-m dsv4bisect` (e.g. `-c` code that hides a package)."""
+    `python`: what runs instead of `-m dsv4bisect` (e.g. `-c` code that hides a package);
+    `env`: variables set for it on top of this process's (None: unset)."""
+    full = {**os.environ, "NO_COLOR": "1", **(env or {})}
     return subprocess.run([sys.executable, *python, *map(str, args)], cwd=cwd,
-                          env={**os.environ, "NO_COLOR": "1"}, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+                          env={k: v for k, v in full.items() if v is not None},
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 @pytest.fixture

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from dataclasses import asdict
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -14,6 +13,9 @@ from rich.table import Table
 from dsv4bisect.cli.options import Disable, Enable, Json, Only, Set, overrides
 from dsv4bisect.errors import ConfigError, ExitCode
 from dsv4bisect.ui.console import stdout
+
+if TYPE_CHECKING:
+    from dsv4bisect.engines.preflight import Finding
 
 
 def register(app: typer.Typer) -> None:
@@ -44,21 +46,20 @@ def doctor(
     line, unless --allow-unverified-sglang (or the profile's engine.allow_unverified_sglang).
     Exit 0 when all is well (warnings allowed), 1 when something must be fixed, 5 on bad input.
     """
-    from dsv4bisect.engines import doctor as d
+    from dsv4bisect.engines import preflight as d
     from dsv4bisect.patching.registry import builtin_patches
 
     patches, host, ports, engine_py = list(builtin_patches()), "127.0.0.1", [], None
     if profile is not None:
         from dsv4bisect.config.resolve import load_profile, resolve_loaded
-        from dsv4bisect.engines.preflight import engine_python, fixed_ports
 
         loaded = load_profile(profile, overrides(enable, disable, only, sets))
         cfg = resolve_loaded(loaded)
         patches = [p.name for p in cfg.patches if p.builtin and p.delivered]
         allow_unverified = allow_unverified or loaded.profile.engine.allow_unverified_sglang
-        host, ports = cfg.host, fixed_ports(cfg)
+        host, ports = cfg.host, d.fixed_ports(cfg)
         if any(p.gets_patches for p in cfg.processes):  # `{python}` as the launcher runs it
-            engine_py = engine_python(cfg)
+            engine_py = d.engine_python(cfg)
         if cfg.kind == "reference":
             ref = loaded.profile.engine.reference
             rows = d.embedded_checks(_which(python or engine_py or sys.executable),
@@ -66,7 +67,7 @@ def doctor(
                                      ref.device if ref else "auto")
             rows += d.port_checks(host, ports)
             _render(rows, json_out)
-            if any(r.status == d.FAIL for r in rows):
+            if any(r.failed for r in rows):
                 raise typer.Exit(int(ExitCode.FAIL))
             return
     elif enable or disable or only or sets:
@@ -99,13 +100,11 @@ def doctor(
     # The preflight's checks doctor has no row for (model, GPUs free, ...): about this node, so
     # not with --sglang-src (a static check of a tree, usually off the node).
     if profile is not None and sglang_src is None:
-        from dsv4bisect.engines.preflight import doctor_rows
-
-        rows += doctor_rows(loaded, cfg, python)
+        rows += d.doctor_rows(loaded, cfg, python)
     _render(rows, json_out)
     if info is not None and not info.verified and info.layout is None:
         print(f"error: {info.reason}", file=sys.stderr)  # the one-line refusal
-    if any(r.status == d.FAIL for r in rows):
+    if any(r.failed for r in rows):
         raise typer.Exit(int(ExitCode.FAIL))
 
 
@@ -113,14 +112,15 @@ def _which(exe: str) -> str:
     return shutil.which(exe) or exe
 
 
-def _render(rows, json_out: bool) -> None:
-    if json_out:
-        print(json.dumps([asdict(r) for r in rows], indent=2))
+def _render(rows: list[Finding], json_out: bool) -> None:
+    if json_out:  # doctor's own keys: a row's name and its fix
+        print(json.dumps([{"name": r.check, "status": r.status, "detail": r.detail,
+                           "fix": r.hint} for r in rows], indent=2))
         return
     table = Table(title="dsv4bisect doctor", title_justify="left")
     for col in ("check", "status", "detail", "fix"):
         table.add_column(col, overflow="fold")
     style = {"ok": "green", "warn": "yellow", "fail": "bold red"}
     for r in rows:
-        table.add_row(r.name, f"[{style[r.status]}]{r.status}[/]", r.detail, r.fix)
+        table.add_row(r.check, f"[{style[r.status]}]{r.status}[/]", r.detail, r.hint)
     stdout().print(table)

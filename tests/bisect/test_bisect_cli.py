@@ -4,7 +4,6 @@ bisects that name a single culprit and an interacting pair (fast: the check is a
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -16,12 +15,6 @@ import pytest
 HERE = Path(__file__).parent
 CHECK = HERE / "fake_check.py"  # exits 1 when every listed culprit is in DSV4BISECT_PATCHES
 NOISELESS = ("--false-fail", "0", "--false-pass", "0")
-
-
-def cli(*args: str | Path, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "dsv4bisect", "bisect", *map(str, args)],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def check_cmd(log: Path, culprits: str) -> str:
@@ -42,43 +35,43 @@ def assert_bad_input(r: subprocess.CompletedProcess[str], *words: str) -> None:
         assert word in r.stderr
 
 
-def test_unknown_candidate_is_bad_input(tmp_path: Path) -> None:
-    r = cli("--candidates", "mma-decod", "--test-cmd", "true", "--out", tmp_path / "runs",
+def test_unknown_candidate_is_bad_input(cli, tmp_path: Path) -> None:
+    r = cli("bisect", "--candidates", "mma-decod", "--test-cmd", "true", "--out", tmp_path / "runs",
             cwd=tmp_path)
     assert_bad_input(r, "unknown patch `mma-decod`", "did you mean `mma-decode`")
     assert not (tmp_path / "runs").exists()
 
 
-def test_relative_drift_outside_a_hot_bisect_is_bad_input(tmp_path: Path) -> None:
+def test_relative_drift_outside_a_hot_bisect_is_bad_input(cli, tmp_path: Path) -> None:
     for extra in (("--fresh-launches",), ("--test-cmd", "true")):
-        r = cli("--drift", "relative", *extra, "--out", tmp_path / "runs", cwd=tmp_path)
+        r = cli("bisect", "--drift", "relative", *extra, "--out", tmp_path / "runs", cwd=tmp_path)
         assert_bad_input(r, "--drift relative judges the sequential trial probe")
     assert not (tmp_path / "runs").exists()
 
 
-def test_equal_ends_are_bad_input(tmp_path: Path) -> None:
-    r = cli("--good", "mma-decode", "--bad", "mma-decode", "--test-cmd", "true",
+def test_equal_ends_are_bad_input(cli, tmp_path: Path) -> None:
+    r = cli("bisect", "--good", "mma-decode", "--bad", "mma-decode", "--test-cmd", "true",
             "--out", tmp_path / "runs", cwd=tmp_path)
     assert_bad_input(r, "the good and bad ends are the same configuration")
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_candidate_that_does_not_differ_is_bad_input(tmp_path: Path) -> None:
-    r = cli("--good", "mma-decode", "--candidates", "mma-decode", "--test-cmd", "true",
+def test_a_candidate_that_does_not_differ_is_bad_input(cli, tmp_path: Path) -> None:
+    r = cli("bisect", "--good", "mma-decode", "--candidates", "mma-decode", "--test-cmd", "true",
             "--out", tmp_path / "runs", cwd=tmp_path)
     assert_bad_input(r, "`mma-decode` is the same at the good and bad ends")
 
 
-def test_resume_of_a_directory_that_is_not_a_bisect_is_bad_input(tmp_path: Path) -> None:
+def test_resume_of_a_directory_that_is_not_a_bisect_is_bad_input(cli, tmp_path: Path) -> None:
     (tmp_path / "somerun").mkdir()
     (tmp_path / "somerun" / "run.json").write_text('{"schema": "dsv4bisect.run/1"}')
-    r = cli("--resume", tmp_path / "somerun", cwd=tmp_path)
+    r = cli("bisect", "--resume", tmp_path / "somerun", cwd=tmp_path)
     assert_bad_input(r, "is not a bisect run directory")
 
 
-def test_plan_prints_numbers_and_launches_nothing(tmp_path: Path) -> None:
+def test_plan_prints_numbers_and_launches_nothing(cli, tmp_path: Path) -> None:
     log = tmp_path / "calls.log"
-    r = cli("--plan", "--test-cmd", check_cmd(log, "mma-decode"), "--probe-cost", "30",
+    r = cli("bisect", "--plan", "--test-cmd", check_cmd(log, "mma-decode"), "--probe-cost", "30",
             "--out", tmp_path / "runs", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "candidates (5): mhc-bf16, hash-topk-scaling, mma-decode" in r.stderr
@@ -88,7 +81,7 @@ def test_plan_prints_numbers_and_launches_nothing(tmp_path: Path) -> None:
     assert "launch: 0 s — none: a test command" in r.stderr
     assert "priced design: saves" in r.stderr and "hot switching: off here" in r.stderr
     assert "without any lever" in r.stderr and "nothing was launched" in r.stderr
-    as_json = cli("--plan", "--json", "--test-cmd", check_cmd(log, "mma-decode"),
+    as_json = cli("bisect", "--plan", "--json", "--test-cmd", check_cmd(log, "mma-decode"),
                   "--probe-cost", "30", "--launch-cost", "10", "--out", tmp_path / "runs",
                   cwd=tmp_path)
     assert as_json.returncode == 0, as_json.stderr
@@ -106,9 +99,9 @@ def test_plan_prints_numbers_and_launches_nothing(tmp_path: Path) -> None:
     assert not log.exists() and not (tmp_path / "runs").exists()
 
 
-def _bisect(tmp_path: Path, culprits: str, *extra: str) -> tuple[dict, Path]:
+def _bisect(cli, tmp_path: Path, culprits: str, *extra: str) -> tuple[dict, Path]:
     log = tmp_path / "calls.log"
-    r = cli("--test-cmd", check_cmd(log, culprits), *NOISELESS, "--json",
+    r = cli("bisect", "--test-cmd", check_cmd(log, culprits), *NOISELESS, "--json",
             "--out", tmp_path / "runs", *extra, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "plan:" in r.stderr and "FOUND" in r.stderr
@@ -116,22 +109,22 @@ def _bisect(tmp_path: Path, culprits: str, *extra: str) -> tuple[dict, Path]:
     return report, Path(report["run_dir"])
 
 
-def test_plan_costs_a_trial_by_the_ledger_once_trials_were_measured(tmp_path: Path) -> None:
+def test_plan_costs_a_trial_by_the_ledger_once_trials_were_measured(cli, tmp_path: Path) -> None:
     log = tmp_path / "calls.log"
     cmd = check_cmd(log, "mma-decode")
-    before = cli("--plan", "--test-cmd", cmd, "--out", tmp_path / "runs", cwd=tmp_path)
+    before = cli("bisect", "--plan", "--test-cmd", cmd, "--out", tmp_path / "runs", cwd=tmp_path)
     assert before.returncode == 0, before.stderr
     assert "test command: 60 s — assumed (dsv4bisect default for a --test-cmd)" in before.stderr
-    ran = cli("--test-cmd", cmd, *NOISELESS, "--out", tmp_path / "runs", cwd=tmp_path)
+    ran = cli("bisect", "--test-cmd", cmd, *NOISELESS, "--out", tmp_path / "runs", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
-    after = cli("--plan", "--test-cmd", cmd, "--out", tmp_path / "runs", cwd=tmp_path)
+    after = cli("bisect", "--plan", "--test-cmd", cmd, "--out", tmp_path / "runs", cwd=tmp_path)
     assert after.returncode == 0, after.stderr
     assert re.search(r"test command: 0 s — measured: median of \d+ trials in the ledger",
                      after.stderr), after.stderr
 
 
-def test_test_cmd_finds_a_single_culprit_and_writes_the_report(tmp_path: Path) -> None:
-    report, run_dir = _bisect(tmp_path, "triton-indexer")
+def test_test_cmd_finds_a_single_culprit_and_writes_the_report(cli, tmp_path: Path) -> None:
+    report, run_dir = _bisect(cli, tmp_path, "triton-indexer")
     assert report["status"] == "found" and report["culprits"] == ["triton-indexer"]
     assert report["posterior"] >= 0.95
     for name in ("bisect.json", "report.md", "report.json", "posterior.png"):
@@ -150,14 +143,13 @@ def test_test_cmd_finds_a_single_culprit_and_writes_the_report(tmp_path: Path) -
     md = (run_dir / "report.md").read_text()
     assert md.startswith("# dsv4bisect bisect: found — culprit {triton-indexer}")
     assert "| patches | `triton-indexer` | off | bf16 |" in md  # diff-config of the neighbours
-    again = subprocess.run([sys.executable, "-m", "dsv4bisect", "report", str(run_dir),
-                            "--json"], capture_output=True, text=True, timeout=60, check=False)
+    again = cli("report", run_dir, "--json", timeout=60)
     assert again.returncode == 0 and json.loads(again.stdout)["culprits"] == ["triton-indexer"]
 
 
 def test_a_second_independent_culprit_is_reported_with_the_command_to_find_it(
-        tmp_path: Path) -> None:
-    report, run_dir = _bisect(tmp_path, "hash-topk-scaling|nvfp4-dispatch")
+        cli, tmp_path: Path) -> None:
+    report, run_dir = _bisect(cli, tmp_path, "hash-topk-scaling|nvfp4-dispatch")
     (first,) = report["culprits"]
     assert first in ("hash-topk-scaling", "nvfp4-dispatch")
     assert report["remedy"]["verdict"] == "fails" and report["remedy"]["outcomes"] == [
@@ -167,47 +159,48 @@ def test_a_second_independent_culprit_is_reported_with_the_command_to_find_it(
                         "nvfp4-dispatch") if n != first]
     assert f"--candidates {','.join(rest)}" in md
     log = tmp_path / "again.log"
-    again = cli("--test-cmd", check_cmd(log, "hash-topk-scaling|nvfp4-dispatch"), *NOISELESS,
-                "--json", "--out", tmp_path / "runs2", "--candidates", ",".join(rest),
-                cwd=tmp_path)
+    again = cli("bisect", "--test-cmd", check_cmd(log, "hash-topk-scaling|nvfp4-dispatch"),
+                *NOISELESS, "--json", "--out", tmp_path / "runs2", "--candidates",
+                ",".join(rest), cwd=tmp_path)
     second = json.loads(again.stdout)
     assert again.returncode == 0 and second["culprits"] == sorted(
         {"hash-topk-scaling", "nvfp4-dispatch"} - {first})
     assert second["remedy"]["verdict"] == "passes"
 
 
-def test_test_cmd_finds_an_interacting_pair(tmp_path: Path) -> None:
-    report, _ = _bisect(tmp_path, "mhc-bf16,nvfp4-dispatch")
+def test_test_cmd_finds_an_interacting_pair(cli, tmp_path: Path) -> None:
+    report, _ = _bisect(cli, tmp_path, "mhc-bf16,nvfp4-dispatch")
     assert report["culprits"] == ["mhc-bf16", "nvfp4-dispatch"]
     checks = {c["member"]: c["confirmed"] for c in report["checks"] if c["member"]}
     assert checks == {"mhc-bf16": True, "nvfp4-dispatch": True}  # each member needed
 
 
-def test_a_second_bisect_of_the_same_question_launches_nothing(tmp_path: Path) -> None:
-    first, _ = _bisect(tmp_path, "mma-decode")
+def test_a_second_bisect_of_the_same_question_launches_nothing(cli, tmp_path: Path) -> None:
+    first, _ = _bisect(cli, tmp_path, "mma-decode")
     before = calls(tmp_path / "calls.log")
-    second, _ = _bisect(tmp_path, "mma-decode")
+    second, _ = _bisect(cli, tmp_path, "mma-decode")
     assert calls(tmp_path / "calls.log") == before
     assert second["culprits"] == first["culprits"] == ["mma-decode"]
     assert {t["source"] for t in second["trials"]} == {"ledger"}
     assert second["bound"]["launches"] == 0
 
 
-def test_ends_that_do_not_differ_exit_1(tmp_path: Path) -> None:
-    r = cli("--test-cmd", "true", *NOISELESS, "--out", tmp_path / "runs", cwd=tmp_path)
+def test_ends_that_do_not_differ_exit_1(cli, tmp_path: Path) -> None:
+    r = cli("bisect", "--test-cmd", "true", *NOISELESS, "--out", tmp_path / "runs", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     assert "the bad end passes" in r.stderr
 
 
-def test_a_good_end_that_cannot_be_tested_exits_125(tmp_path: Path) -> None:
-    r = cli("--test-cmd", "exit 125", *NOISELESS, "--out", tmp_path / "runs", cwd=tmp_path)
+def test_a_good_end_that_cannot_be_tested_exits_125(cli, tmp_path: Path) -> None:
+    r = cli("bisect", "--test-cmd", "exit 125", *NOISELESS, "--out", tmp_path / "runs",
+            cwd=tmp_path)
     assert r.returncode == 125, r.stderr
     assert "UNTESTABLE" in r.stderr
 
 
 @pytest.mark.slow
 def test_a_deterministic_test_cmd_bisect_of_reference_all_is_short_with_default_settings(
-        tmp_path: Path) -> None:
+        cli, tmp_path: Path) -> None:
     """Default settings (5 %/5 % assumed noise: a test command is not declared noiseless), one
     culprit among the five candidates: every call counted, the end checks and the remedy check
     included. Before the priced design: 6, 6, 7, 7, 8 (6.8); with it and both ends run first:
@@ -216,7 +209,7 @@ def test_a_deterministic_test_cmd_bisect_of_reference_all_is_short_with_default_
     for culprit in ("mhc-bf16", "hash-topk-scaling", "mma-decode", "triton-indexer",
                     "nvfp4-dispatch"):
         log = tmp_path / f"{culprit}.log"
-        r = cli("--test-cmd", check_cmd(log, culprit), "--json", "--out",
+        r = cli("bisect", "--test-cmd", check_cmd(log, culprit), "--json", "--out",
                 tmp_path / culprit, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         report = json.loads(r.stdout)
@@ -227,8 +220,8 @@ def test_a_deterministic_test_cmd_bisect_of_reference_all_is_short_with_default_
     assert sum(counts.values()) / 5 <= 6, counts
 
 
-def test_plan_of_an_sglang_profile_prices_launches_switches_and_probes(tmp_path: Path) -> None:
-    r = cli("dsv4-flash-tp8-latest-all", "--plan", "--json", "--out", tmp_path / "runs",
+def test_plan_of_an_sglang_profile_prices_launches_switches_and_probes(cli, tmp_path: Path) -> None:
+    r = cli("bisect", "dsv4-flash-tp8-latest-all", "--plan", "--json", "--out", tmp_path / "runs",
             cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     p = json.loads(r.stdout)
@@ -244,7 +237,7 @@ def test_plan_of_an_sglang_profile_prices_launches_switches_and_probes(tmp_path:
     for name in ("hot", "sequential", "priced"):
         off = p["levers"][name]["off"]["mean_wall_s"]
         assert p["levers"][name]["saves_s"] == pytest.approx(off - p["mean_wall_s"])
-    fresh = cli("dsv4-flash-tp8-latest-all", "--plan", "--json", "--fresh-launches",
+    fresh = cli("bisect", "dsv4-flash-tp8-latest-all", "--plan", "--json", "--fresh-launches",
                 "--out", tmp_path / "runs", cwd=tmp_path)
     f = json.loads(fresh.stdout)
     assert not f["hot"] and not f["levers"]["hot"]["available"]

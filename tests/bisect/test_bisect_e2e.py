@@ -38,12 +38,12 @@ def env(**extra: str) -> dict[str, str]:
     return {**os.environ, "NO_COLOR": "1", **extra}
 
 
-def bisect(tmp_path: Path, *args: str, extra_env: dict[str, str] | None = None,
+def bisect(cli, tmp_path: Path, *args: str, extra_env: dict[str, str] | None = None,
            timeout: float = 1400) -> tuple[subprocess.CompletedProcess[str], float]:
+    """`dsv4bisect bisect ARGS --json` through the shared `cli`, timed (the docs' figures)."""
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "dsv4bisect", "bisect", *args, "--json",
-                        "--out", str(tmp_path / "runs")], env=env(**(extra_env or {})),
-                       capture_output=True, text=True, timeout=timeout, check=False)
+    r = cli("bisect", *args, "--json", "--out", tmp_path / "runs", env=extra_env,
+            timeout=timeout)
     return r, time.monotonic() - t0
 
 
@@ -76,8 +76,8 @@ def ledger_rows(runs: Path) -> list[sqlite3.Row]:
         return list(conn.execute("SELECT * FROM trials ORDER BY id"))
 
 
-def test_engine_bisect_names_the_fault_variant(tmp_path: Path) -> None:
-    r, wall = bisect(tmp_path, *SINGLE)
+def test_engine_bisect_names_the_fault_variant(cli, tmp_path: Path) -> None:
+    r, wall = bisect(cli, tmp_path, *SINGLE)
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     print(f"single-culprit bisect: {wall:.0f} s, {len(report['trials'])} trials")
@@ -108,8 +108,9 @@ def test_engine_bisect_names_the_fault_variant(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # about 70 s: two engines per round on the 2-core CPU
-def test_parallel_rounds_run_engines_at_once_and_find_the_same_culprit(tmp_path: Path) -> None:
-    r, wall = bisect(tmp_path, *SINGLE, "--parallel", "2")
+def test_parallel_rounds_run_engines_at_once_and_find_the_same_culprit(cli, tmp_path: Path
+                                                                        ) -> None:
+    r, wall = bisect(cli, tmp_path, *SINGLE, "--parallel", "2")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     print(f"parallel single-culprit bisect: {wall:.0f} s, {len(report['trials'])} trials")
@@ -122,14 +123,14 @@ def test_parallel_rounds_run_engines_at_once_and_find_the_same_culprit(tmp_path:
 
 
 @pytest.mark.slow  # two bisects, about 15 launches: 3.5 minutes on the 2-core CPU
-def test_all_six_on_with_a_fault_names_both_culprits_in_two_rounds(tmp_path: Path) -> None:
+def test_all_six_on_with_a_fault_names_both_culprits_in_two_rounds(cli, tmp_path: Path) -> None:
     """The issue's scenario as it stands on the random checkpoint: with the six patches on and
     double-scale, `nvfp4-dispatch` fails on its own too (two independent culprits). The first
     bisect names one, its remedy check finds that the bad end still fails without it and prints
     the `--candidates` command; that bisect names the other, and the rest then passes."""
     six = ("--tier", "ci", "--set", "engine.precision=exact",
            "--set", "patches.hash-topk-scaling.variant=double-scale", "--warn-as", "pass")
-    r, wall = bisect(tmp_path, *six)
+    r, wall = bisect(cli, tmp_path, *six)
     assert r.returncode == 0, r.stderr
     first = json.loads(r.stdout)
     (named,) = first["culprits"]
@@ -138,7 +139,7 @@ def test_all_six_on_with_a_fault_names_both_culprits_in_two_rounds(tmp_path: Pat
     rest = [n for n in ("mhc-bf16", "hash-topk-scaling", "mma-decode", "triton-indexer",
                         "nvfp4-dispatch") if n != named]
     assert f"--candidates {','.join(rest)}" in r.stderr
-    r2, wall2 = bisect(tmp_path, *six, "--candidates", ",".join(rest))
+    r2, wall2 = bisect(cli, tmp_path, *six, "--candidates", ",".join(rest))
     assert r2.returncode == 0, r2.stderr
     second = json.loads(r2.stdout)
     print(f"six on: {wall:.0f} s + {wall2:.0f} s")
@@ -149,8 +150,8 @@ def test_all_six_on_with_a_fault_names_both_culprits_in_two_rounds(tmp_path: Pat
 
 
 @pytest.mark.slow  # about 13 trials: 3.5 minutes on the 2-core CPU
-def test_engine_bisect_names_an_interacting_pair(tmp_path: Path) -> None:
-    r, wall = bisect(tmp_path, *PAIR, extra_env={"DSV4BISECT_TEST_PATCHES": "1"})
+def test_engine_bisect_names_an_interacting_pair(cli, tmp_path: Path) -> None:
+    r, wall = bisect(cli, tmp_path, *PAIR, extra_env={"DSV4BISECT_TEST_PATCHES": "1"})
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     print(f"pair bisect: {wall:.0f} s, {len(report['trials'])} trials")
@@ -176,7 +177,7 @@ def _wait_for_third_trial(proc: subprocess.Popen[str], runs: Path) -> Path:
         time.sleep(0.2)
 
 
-def test_sigkill_mid_run_then_resume_repeats_no_finished_trial(tmp_path: Path) -> None:
+def test_sigkill_mid_run_then_resume_repeats_no_finished_trial(cli, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     with open(tmp_path / "stderr.log", "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "dsv4bisect", "bisect", *SINGLE,
@@ -193,9 +194,7 @@ def test_sigkill_mid_run_then_resume_repeats_no_finished_trial(tmp_path: Path) -
     assert orphans and all(alive(p) for p in orphans)  # kill -9 leaves the engine running
 
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "dsv4bisect", "bisect", "--resume", str(run_dir),
-                        "--json"], env=env(), capture_output=True, text=True, timeout=1400,
-                       check=False)
+    r = cli("bisect", "--resume", run_dir, "--json", timeout=1400)
     print(f"resume: {time.monotonic() - t0:.0f} s")
     assert r.returncode == 0, r.stderr
     assert "stopped engine" in r.stderr  # the orphans of the killed trial

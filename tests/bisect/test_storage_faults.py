@@ -35,12 +35,6 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def _bisect(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dsv4bisect", "bisect", *map(str, args)],
-                          cwd=cwd, env={**os.environ, "NO_COLOR": "1"}, capture_output=True,
-                          text=True, timeout=300, check=False)
-
-
 def _check_script(home: Path, log: Path, fault: str) -> None:
     """A --test-cmd that injects `fault` (shell) once, during its third call."""
     (home / "tc.sh").write_text(
@@ -51,31 +45,31 @@ def _check_script(home: Path, log: Path, fault: str) -> None:
     (home / "tc.sh").chmod(0o755)
 
 
-def _resume_finds_the_culprit(runs: Path, home: Path) -> None:
+def _resume_finds_the_culprit(cli, runs: Path, home: Path) -> None:
     (run_dir,) = [p for p in runs.iterdir() if "-bisect-" in p.name]
-    resumed = _bisect("--resume", run_dir, "--json", cwd=home)
+    resumed = cli("bisect", "--resume", run_dir, "--json", cwd=home)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     report = json.loads(resumed.stdout)
     assert report["status"] == "found" and report["culprits"] == ["triton-indexer"]
 
 
-def test_disk_full_mid_bisect_is_125_then_resumes(tmpfs: Path, tmp_path: Path) -> None:
+def test_disk_full_mid_bisect_is_125_then_resumes(cli, tmpfs: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     runs = tmpfs / "runs"
     _check_script(home, home / "calls.log",
                   f"head -c 64M /dev/zero > {tmpfs}/filler 2>/dev/null")
-    first = _bisect("--test-cmd", "./tc.sh", *NOISELESS, "--out", runs, cwd=home)
+    first = cli("bisect", "--test-cmd", "./tc.sh", *NOISELESS, "--out", runs, cwd=home)
     assert first.returncode == 125, first.stderr[-3000:]
     assert "Traceback" not in first.stderr and "internal error" not in first.stderr
     lines = first.stderr.strip().splitlines()
     assert lines[-2].startswith("error: ") and lines[-1].startswith("hint: ")
     assert "--resume" in lines[-1]
     (tmpfs / "filler").unlink()
-    _resume_finds_the_culprit(runs, home)
+    _resume_finds_the_culprit(cli, runs, home)
 
 
-def test_a_runs_root_made_read_only_mid_bisect_is_125_then_resumes(tmpfs: Path,
+def test_a_runs_root_made_read_only_mid_bisect_is_125_then_resumes(cli, tmpfs: Path,
                                                                     tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
@@ -84,8 +78,8 @@ def test_a_runs_root_made_read_only_mid_bisect_is_125_then_resumes(tmpfs: Path,
     # (EROFS), as on a root whose file system went read-only or whose permissions were taken.
     _check_script(home, home / "calls.log",
                   f"mount --bind {runs} {runs} && mount -o remount,bind,ro {runs}")
-    first = _bisect("--test-cmd", "./tc.sh", *NOISELESS, "--out", runs, cwd=home)
+    first = cli("bisect", "--test-cmd", "./tc.sh", *NOISELESS, "--out", runs, cwd=home)
     assert first.returncode == 125, first.stderr[-3000:]
     assert "Traceback" not in first.stderr and "read-only file system" in first.stderr
     subprocess.run(["umount", str(runs)], check=True)
-    _resume_finds_the_culprit(runs, home)
+    _resume_finds_the_culprit(cli, runs, home)

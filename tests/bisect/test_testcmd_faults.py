@@ -7,8 +7,6 @@ then gave every later bisect. Now the working directory is recorded and resumed 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,12 +15,6 @@ from dsv4bisect.probe import verdict as V
 
 HERE = Path(__file__).parent
 NOISELESS = ("--false-fail", "0", "--false-pass", "0")
-
-
-def _bisect(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dsv4bisect", "bisect", *map(str, args)],
-                          cwd=cwd, env={**os.environ, "NO_COLOR": "1"}, capture_output=True,
-                          text=True, timeout=240, check=False)
 
 
 def test_126_127_and_a_missing_working_directory_cannot_test(tmp_path: Path) -> None:
@@ -37,7 +29,7 @@ def test_126_127_and_a_missing_working_directory_cannot_test(tmp_path: Path) -> 
 
 
 def test_resume_from_another_directory_runs_the_command_where_it_was_started(
-        tmp_path: Path) -> None:
+        cli, tmp_path: Path) -> None:
     home, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     home.mkdir()
     elsewhere.mkdir()
@@ -52,16 +44,16 @@ def test_resume_from_another_directory_runs_the_command_where_it_was_started(
         "kill -9 $(cut -d' ' -f4 /proc/$PPID/stat); sleep 5; fi\n"
         f"exec {sys.executable} {HERE / 'fake_check.py'} {log} mma-decode\n")
     (home / "tc.sh").chmod(0o755)
-    first = _bisect("--test-cmd", "./tc.sh", *NOISELESS, "--out", home / "runs", cwd=home)
+    first = cli("bisect", "--test-cmd", "./tc.sh", *NOISELESS, "--out", home / "runs", cwd=home)
     assert first.returncode == -9, first.stderr[-2000:]
     (run_dir,) = [p for p in (home / "runs").iterdir() if "-bisect-" in p.name]
     assert json.loads((run_dir / "bisect.json").read_text())["request"]["test_cwd"] == str(home)
-    resumed = _bisect("--resume", run_dir, "--json", cwd=elsewhere)
+    resumed = cli("bisect", "--resume", run_dir, "--json", cwd=elsewhere)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     report = json.loads(resumed.stdout)
     assert report["status"] == "found" and report["culprits"] == ["mma-decode"]
     assert all(t["verdict"] in ("PASS", "FAIL") for t in report["trials"]), report["trials"]
     # A fresh bisect from the right directory reuses only real evidence from the ledger.
-    fresh = _bisect("--test-cmd", "./tc.sh", *NOISELESS, "--json", "--out", home / "runs",
+    fresh = cli("bisect", "--test-cmd", "./tc.sh", *NOISELESS, "--json", "--out", home / "runs",
                     cwd=home)
     assert fresh.returncode == 0 and json.loads(fresh.stdout)["culprits"] == ["mma-decode"]

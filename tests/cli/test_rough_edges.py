@@ -210,17 +210,12 @@ def test_probe_verdict_line_names_the_candidate(tmp_path: Path, capsys) -> None:
 
 
 # -- bisect: the remedy hint is a whole command; remedy trials say so ---------------------------
-def test_remedy_hint_is_a_command_to_copy_and_remedy_trials_are_labelled(tmp_path: Path) -> None:
+def test_remedy_hint_is_a_command_to_copy_and_remedy_trials_are_labelled(cli, tmp_path: Path
+                                                                         ) -> None:
     log = tmp_path / "calls.log"
     check = f"{sys.executable} {CHECK} {log} 'hash-topk-scaling|nvfp4-dispatch'"
-    env = {**os.environ, "NO_COLOR": "1"}
-
-    def bisect(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "dsv4bisect", *args], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=120)
-
-    r = bisect("bisect", "--test-cmd", check, "--false-fail", "0", "--false-pass", "0",
-               "--json", "--out", "runs")
+    r = cli("bisect", "--test-cmd", check, "--false-fail", "0", "--false-pass", "0",
+            "--json", "--out", "runs", cwd=tmp_path)
     report = json.loads(r.stdout)
     assert report["remedy"]["verdict"] == "fails", r.stderr
     remedy_steps = [line for line in r.stderr.splitlines()
@@ -234,7 +229,7 @@ def test_remedy_hint_is_a_command_to_copy_and_remedy_trials_are_labelled(tmp_pat
     assert command, advice
     argv = shlex.split(command.group(1))
     assert "--json" not in argv and argv.count("--candidates") == 1
-    again = bisect(*argv[1:], "--json")  # as written (plus --json to read the result)
+    again = cli(*argv[1:], "--json", cwd=tmp_path)  # as written (plus --json to read the result)
     first = report["culprits"]
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["culprits"] == sorted(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dsv4bisect import env as envvars
-from dsv4bisect.bisect.trials.hot_runner import _with_env
+from dsv4bisect.bisect.trials.hot_engines import with_env
 from dsv4bisect.config.resolve import Overrides, resolve
 from dsv4bisect.engines.receipts import HOT_RECEIPT, check_receipts
 from dsv4bisect.errors import PatchError
@@ -17,8 +17,8 @@ from dsv4bisect.plugin.receipts import ProcessInfo, Receipt, ReceiptWriter
 
 def _hot_cfg(tmp_path: Path):
     cfg = resolve("dsv4-flash-tp8", Overrides(only=()))  # the good end: nothing on
-    return _with_env(cfg, {envvars.SWITCH_DIR: str(tmp_path / "switch"),
-                           envvars.HOT: "mhc-bf16,mma-decode"})
+    return with_env(cfg, {envvars.SWITCH_DIR: str(tmp_path / "switch"),
+                          envvars.HOT: "mhc-bf16,mma-decode"})
 
 
 def _write(directory: Path, ranks: range, patches: dict[str, str]) -> None:

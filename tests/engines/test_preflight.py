@@ -93,16 +93,16 @@ def _profile(root: Path, python: Path, model: Path | str, **engine: object) -> P
     return path
 
 
-def _cli(*args: str, path: str = NO_SMI_PATH, cwd: Path | None = None
+def _cli(cli, *args: str, path: str = NO_SMI_PATH, cwd: Path | None = None
          ) -> tuple[subprocess.CompletedProcess[str], float]:
+    """The shared `cli` with this PATH (its nvidia-smi) and no unverified-SGLang override,
+    timed (the preflight answers in seconds)."""
     # Not from the checkout: its dsv4bisect.egg-info on sys.path[0] would register the plugin
     # for any Python started there (as it would for an engine launched from there).
     cwd = cwd or Path(os.environ.get("TMPDIR", "/tmp"))
-    env = {**os.environ, "PATH": path}
-    env.pop("DSV4BISECT_ALLOW_UNVERIFIED_SGLANG", None)
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "dsv4bisect", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=60)
+    proc = cli(*args, cwd=cwd, timeout=60,
+               env={"PATH": path, "DSV4BISECT_ALLOW_UNVERIFIED_SGLANG": None})
     return proc, time.monotonic() - t0
 
 
@@ -128,37 +128,37 @@ def good(tmp_path: Path) -> dict[str, Path]:
             "model": _model(tmp_path)}
 
 
-def test_engine_python_that_does_not_run(tmp_path: Path) -> None:
+def test_engine_python_that_does_not_run(cli, tmp_path: Path) -> None:
     broken = tmp_path / "python-broken"
     broken.write_text("#!/bin/sh\necho 'libpython3.11.so.1.0: cannot open shared object' >&2\n"
                       "exit 127\n")
     broken.chmod(0o755)
-    proc, s = _cli("run", str(_profile(tmp_path, broken, tmp_path)))
+    proc, s = _cli(cli, "run", str(_profile(tmp_path, broken, tmp_path)))
     _one_error(proc, s, 5, "does not run", "cannot open shared object")
     missing = pf.sglang_checks(str(tmp_path / "no-such-python"), "0.5.23", False)
     assert [(f.check, f.status) for f in missing] == [("engine Python", "fail")]
     assert "no-such-python` not found" in missing[0].detail
 
 
-def test_engine_python_without_sglang(tmp_path: Path) -> None:
+def test_engine_python_without_sglang(cli, tmp_path: Path) -> None:
     bare = _engine_python(tmp_path, None, no_site=True)  # python -S: no site-packages at all
-    proc, s = _cli("run", str(_profile(tmp_path, bare, tmp_path)))
+    proc, s = _cli(cli, "run", str(_profile(tmp_path, bare, tmp_path)))
     _one_error(proc, s, 5, "SGLang is not installed in the engine Python", str(bare))
     assert "install SGLang 0.5.23 there" in proc.stderr
 
 
-def test_sglang_at_another_release_than_the_pin(tmp_path: Path) -> None:
+def test_sglang_at_another_release_than_the_pin(cli, tmp_path: Path) -> None:
     py = _engine_python(tmp_path, _site(tmp_path, "0.5.22"))
-    proc, s = _cli("run", str(_profile(tmp_path, py, tmp_path)))
+    proc, s = _cli(cli, "run", str(_profile(tmp_path, py, tmp_path)))
     _one_error(proc, s, 5, "SGLang 0.5.22 is installed", "pins engine.sglang_version 0.5.23")
     assert "pip install sglang==0.5.23" in proc.stderr
 
 
-def test_unverified_sglang_refused_unless_allowed(tmp_path: Path, good: dict[str, Path]
+def test_unverified_sglang_refused_unless_allowed(cli, tmp_path: Path, good: dict[str, Path]
                                                   ) -> None:
     py = _engine_python(tmp_path, _site(tmp_path, "0.5.24"))
     prof = _profile(tmp_path, py, tmp_path / "absent-model", sglang_version="0.5.24")
-    proc, s = _cli("run", str(prof))
+    proc, s = _cli(cli, "run", str(prof))
     _one_error(proc, s, 5, "SGLang 0.5.24 is not a verified release (newest verified: 0.5.23)")
     assert "engine.allow_unverified_sglang" in proc.stderr
     # opted in (the profile key, as --set engine.allow_unverified_sglang=true gives it)
@@ -167,23 +167,23 @@ def test_unverified_sglang_refused_unless_allowed(tmp_path: Path, good: dict[str
     assert "unverified, allowed" in allowed[1].detail
 
 
-def test_sglang_that_does_not_import(tmp_path: Path) -> None:
+def test_sglang_that_does_not_import(cli, tmp_path: Path) -> None:
     site = _site(tmp_path, "0.5.23", init="raise ImportError('No module named torch')\n")
-    proc, s = _cli("run", str(_profile(tmp_path, _engine_python(tmp_path, site), tmp_path)))
+    proc, s = _cli(cli, "run", str(_profile(tmp_path, _engine_python(tmp_path, site), tmp_path)))
     _one_error(proc, s, 5, "`import sglang` fails: ImportError: No module named torch")
 
 
-def test_plugin_not_registered_in_the_engine_python(tmp_path: Path) -> None:
+def test_plugin_not_registered_in_the_engine_python(cli, tmp_path: Path) -> None:
     # SGLang installed, but -S hides the editable dsv4bisect install: no entry point there
     py = _engine_python(tmp_path, _site(tmp_path, "0.5.23"), no_site=True)
-    proc, s = _cli("run", str(_profile(tmp_path, py, tmp_path)))
+    proc, s = _cli(cli, "run", str(_profile(tmp_path, py, tmp_path)))
     _one_error(proc, s, 5, "the dsv4bisect plugin is not registered", "sglang.srt.plugins")
     assert "pip install /path/to/your/dsv4bisect/checkout" in proc.stderr
 
 
-def test_model_directory_missing_or_not_a_checkpoint(tmp_path: Path,
+def test_model_directory_missing_or_not_a_checkpoint(cli, tmp_path: Path,
                                                      good: dict[str, Path]) -> None:
-    proc, s = _cli("run", str(_profile(tmp_path, good["python"], tmp_path / "nope")))
+    proc, s = _cli(cli, "run", str(_profile(tmp_path, good["python"], tmp_path / "nope")))
     _one_error(proc, s, 5, f"model directory {tmp_path / 'nope'} does not exist")
     assert "engine.model" in proc.stderr
     empty = tmp_path / "empty-model"
@@ -191,33 +191,33 @@ def test_model_directory_missing_or_not_a_checkpoint(tmp_path: Path,
     assert "config.json is missing" in pf.model_check(str(empty), "nvfp4").detail
 
 
-def test_model_with_the_wrong_architecture(tmp_path: Path, good: dict[str, Path]) -> None:
+def test_model_with_the_wrong_architecture(cli, tmp_path: Path, good: dict[str, Path]) -> None:
     llama = _model(tmp_path, arch="LlamaForCausalLM")
-    proc, s = _cli("run", str(_profile(tmp_path, good["python"], llama)))
+    proc, s = _cli(cli, "run", str(_profile(tmp_path, good["python"], llama)))
     _one_error(proc, s, 5, "architectures ['LlamaForCausalLM'], not DeepSeek-V4 "
                "(DeepseekV4ForCausalLM)")
 
 
-def test_model_with_the_wrong_quantization(tmp_path: Path, good: dict[str, Path]) -> None:
+def test_model_with_the_wrong_quantization(cli, tmp_path: Path, good: dict[str, Path]) -> None:
     # DeepSeek's own release: FP8 blocks with MXFP4 routed experts, against an NVFP4 profile
     mx = _model(tmp_path, quant={"quant_method": "fp8", "fmt": "e4m3", "expert_dtype": "fp4"},
                 hf_algo=None)
-    proc, s = _cli("run", str(_profile(tmp_path, good["python"], mx)))
+    proc, s = _cli(cli, "run", str(_profile(tmp_path, good["python"], mx)))
     _one_error(proc, s, 5, "routed experts are mxfp4 (quant_method fp8, expert_dtype fp4)",
                "engine.expert_quant: nvfp4")
     assert "engine.expert_quant: mxfp4" in proc.stderr
 
 
-def test_no_nvidia_smi_for_a_profile_that_names_gpus(tmp_path: Path,
+def test_no_nvidia_smi_for_a_profile_that_names_gpus(cli, tmp_path: Path,
                                                      good: dict[str, Path]) -> None:
-    proc, s = _cli("run", str(_profile(tmp_path, good["python"], good["model"])))
+    proc, s = _cli(cli, "run", str(_profile(tmp_path, good["python"], good["model"])))
     _one_error(proc, s, 5, "nvidia-smi not found: cannot see GPUs 0,1,2,3,4,5,6,7")
 
 
-def test_gpu_missing_busy_or_short_of_memory(tmp_path: Path, good: dict[str, Path]) -> None:
+def test_gpu_missing_busy_or_short_of_memory(cli, tmp_path: Path, good: dict[str, Path]) -> None:
     prof = str(_profile(tmp_path, good["python"], good["model"]))
     busy = ["GPU-0003-uuid, 4242, python3 -m vllm.entrypoints.openai.api_server, 70000"]
-    proc, s = _cli("run", prof, path=_smi(tmp_path / "busy", IDLE, busy))
+    proc, s = _cli(cli, "run", prof, path=_smi(tmp_path / "busy", IDLE, busy))
     _one_error(proc, s, 125, "GPU 3 is busy: PID 4242 (python3 -m vllm")
     smi = str(tmp_path / "{}" / "smi-bin" / "nvidia-smi")
     _smi(tmp_path / "four", IDLE[:4])
@@ -252,37 +252,37 @@ def _listening() -> socket.socket:
     return s
 
 
-def test_taken_port_names_its_holder_embedded_profile_too() -> None:
+def test_taken_port_names_its_holder_embedded_profile_too(cli) -> None:
     with _listening() as held:
         port = held.getsockname()[1]
-        proc, s = _cli("run", "reference-all", "--set", f"engine.port={port}")
+        proc, s = _cli(cli, "run", "reference-all", "--set", f"engine.port={port}")
         _one_error(proc, s, 125, f"port {port} is held by PID {os.getpid()}", "`server`")
 
 
-def test_skip_preflight_leaves_it_to_the_launcher(tmp_path: Path) -> None:
+def test_skip_preflight_leaves_it_to_the_launcher(cli, tmp_path: Path) -> None:
     """With --skip-preflight the launcher's own check (the same port_holder) is what refuses."""
     with _listening() as held:
         port = held.getsockname()[1]
-        proc, _ = _cli("run", "reference-all", "--set", f"engine.port={port}",
+        proc, _ = _cli(cli, "run", "reference-all", "--set", f"engine.port={port}",
                        "--skip-preflight", "--out", str(tmp_path / "runs"))
     assert proc.returncode == 125, proc.stderr
     assert "error: preflight" not in proc.stderr and "(before launch)" in proc.stderr
 
 
-def test_bisect_runs_the_preflight_but_not_for_plan(tmp_path: Path,
+def test_bisect_runs_the_preflight_but_not_for_plan(cli, tmp_path: Path,
                                                     good: dict[str, Path]) -> None:
     prof = str(_profile(tmp_path, good["python"], tmp_path / "nope"))
-    proc, s = _cli("bisect", prof, "--out", str(tmp_path / "runs"), cwd=tmp_path)
+    proc, s = _cli(cli, "bisect", prof, "--out", str(tmp_path / "runs"), cwd=tmp_path)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 5 and lines[-2].startswith("error: preflight: model directory")
     assert not (tmp_path / "runs").exists()  # refused before the runs root or ledger exist
-    proc, _ = _cli("bisect", prof, "--plan", cwd=tmp_path)
+    proc, _ = _cli(cli, "bisect", prof, "--plan", cwd=tmp_path)
     assert proc.returncode == 0 and "plan: 6 candidates" in proc.stdout + proc.stderr
 
 
-def test_doctor_shows_the_preflight_rows(tmp_path: Path, good: dict[str, Path]) -> None:
+def test_doctor_shows_the_preflight_rows(cli, tmp_path: Path, good: dict[str, Path]) -> None:
     llama = _model(tmp_path, arch="LlamaForCausalLM")
-    proc, _ = _cli("doctor", str(_profile(tmp_path, good["python"], llama)), "--json",
+    proc, _ = _cli(cli, "doctor", str(_profile(tmp_path, good["python"], llama)), "--json",
                    path=_smi(tmp_path, IDLE))
     rows = {r["name"]: r for r in json.loads(proc.stdout)}
     assert proc.returncode == 1, rows

@@ -7,8 +7,6 @@ here the command runs in a small Typer app and the raised error is inspected dir
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -96,13 +94,9 @@ def _cli_has_probe() -> bool:
 
 
 @pytest.mark.skipif(not _cli_has_probe(), reason="the lead has not wired `probe` into the CLI yet")
-def test_real_cli_exit_codes(tmp_path: Path) -> None:
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "dsv4bisect", "probe", *args],
-                              capture_output=True, text=True, timeout=120)
-
-    bad = run("http://127.0.0.1:9", "--baseline", str(tmp_path / "nothing"))
+def test_real_cli_exit_codes(cli, tmp_path: Path) -> None:
+    bad = cli("probe", "http://127.0.0.1:9", "--baseline", str(tmp_path / "nothing"))
     assert bad.returncode == 5 and bad.stderr.startswith("error: ") and "hint: " in bad.stderr
-    down = run("http://127.0.0.1:9", "--baseline", str(saved_baseline(tmp_path)),
+    down = cli("probe", "http://127.0.0.1:9", "--baseline", str(saved_baseline(tmp_path)),
                "--out", str(tmp_path / "o"))
     assert down.returncode == 125 and "cannot connect" in down.stderr

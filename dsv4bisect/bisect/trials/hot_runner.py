@@ -7,8 +7,10 @@ and its result says so (`fresh_launch`), which can stand as the fresh confirmati
 set (driver.py). Later trials of the same λ are switched in that engine by the protocol of
 base/switching.py (drain, request, `/flush_cache`, a receipt from every process naming the
 generation, verified before any probe request).
-Engines kept up at once: `pool` (the embedded engine: 2; one SGLang node: 1; the oldest is
-stopped first).
+Engines kept up at once: `pool` (the embedded engine: 2; one SGLang node: 1; the least
+recently used is stopped first): `hot_engines.EnginePool`. A seed block's ends are one
+`shared_ends.BlockEnds`; what one trial did (its spec, costs, the engine it probed in, the ends it
+measured) is its `_TrialContext`, never the runner's state.
 
 What each trial probes (docs/hot-switching.md):
 - the good end's baseline (full size) and its A/A repeat are measured right after the launch
@@ -34,13 +36,12 @@ configuration an engine was really launched in is in the trial's details, `launc
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,10 +54,9 @@ from dsv4bisect.bisect.trials.engine_runner import (
     signature_of,
     throughput,
 )
+from dsv4bisect.bisect.trials.hot_engines import EnginePool, HotEngine, new_dir, with_env
 from dsv4bisect.bisect.trials.runner import FreshLaunch, TrialResult
-from dsv4bisect.bisect.trials.shared_ends import end_name
-from dsv4bisect.config.engine_config import EngineConfig
-from dsv4bisect.config.processes import with_plugin
+from dsv4bisect.bisect.trials.shared_ends import BlockEnds, HotEnds, end_name
 from dsv4bisect.engines.rundir import save_config
 from dsv4bisect.engines.verify import server_info, verify_reference_patches
 from dsv4bisect.errors import ConfigError, EngineError, PatchError, ProbeError
@@ -84,25 +84,17 @@ SWITCH_TIMEOUT_S = 600.0  # a CUDA-graph re-capture of an 8-GPU engine takes min
 _Probed = tuple[V.Verdict, "ProbeRun | None", "int | None"]  # verdict, its run, its requests
 
 
-class _Engine:
-    """One launched engine: the patch set it was launched in (`base`) and the one it is
-    switched to now (`current`)."""
+@dataclass
+class _TrialContext:
+    """One trial's own state: the spec a verdict that stops it records (its seed block), the
+    seconds it spent launching, switching and probing, the engine it probed in and the ends it
+    measured (`b<block>/<end>`)."""
 
-    def __init__(self, base: Mapping[str, str], cfg: EngineConfig, arm: EngineArm,
-                 switch_dir: Path) -> None:
-        self.base, self.cfg, self.arm, self.dir = dict(base), cfg, arm, switch_dir
-        self.generation = 0
-        self.current: dict[str, str] = dict(base)
-        self.launch: object | None = None  # the Launch `current` refers to
-        self.switches = 0  # switches since this engine's first launch
-
-    def fresh(self) -> bool:
-        """Launched and never switched: what it measures is a fresh launch's."""
-        return self.switches == 0 and self.arm.attempts <= 1
-
-    def fresh_in(self, patches: Mapping[str, str]) -> bool:
-        """What it measured for `patches` is a fresh launch of `patches`."""
-        return self.fresh() and self.base == dict(patches)
+    spec: ProbeSpec
+    costs: dict[str, float] = field(
+        default_factory=lambda: {"launch_s": 0.0, "switch_s": 0.0, "probe_s": 0.0})
+    probed_in: HotEngine | None = None
+    measured: list[str] = field(default_factory=list)
 
 
 class HotEngineRunner(EngineRunner):
@@ -130,16 +122,10 @@ class HotEngineRunner(EngineRunner):
         hot = {n: v for n, v in self.bad.items() if n not in self.load_time
                and self.good.get(n) != v}
         self.hot_wire = format_patch_set(hot, builtin_patches())
-        self._engines: OrderedDict[str, _Engine] = OrderedDict()
+        self._pool = EnginePool(self.pool)
         self._supervisor = Supervisor()
-        self._ends: dict[int, dict[str, ProbeRun | None]] = {}  # seed block -> ends' runs
-        self._aa: dict[int, tuple[str, ...]] = {}  # A/A verdicts not yet reported
-        self._pending_bad: dict[int, ProbeRun] = {}  # adopted bad ends of blocks not yet seen
-        self._ends_from: dict[tuple[int, str], str] = {}  # (block, end) -> the node it came from
-        self._measured_now: list[str] = []  # the ends the current trial measured (b<n>/<end>)
-        self._launched: list[str] = []  # fingerprint of every launch's configuration, in order
-        self._probed_in: _Engine | None = None  # the engine the current trial probed in
-        self._trial_spec: ProbeSpec | None = None  # the current trial's spec (its seed block)
+        self._ends = HotEnds()
+        self.launches = 0  # engines this runner launched (a crash relaunch counts once more)
         self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
 
     # -- identity ------------------------------------------------------------------------------
@@ -192,9 +178,7 @@ class HotEngineRunner(EngineRunner):
 
     def close(self) -> None:
         """Stop every engine this runner keeps up (the bisect is over)."""
-        for eng in list(self._engines.values()):
-            eng.arm.stop()
-        self._engines.clear()
+        self._pool.close()
 
     # -- ends measured elsewhere ---------------------------------------------------------------
     @staticmethod
@@ -205,52 +189,15 @@ class HotEngineRunner(EngineRunner):
     @property
     def engines_up(self) -> tuple[str, ...]:
         """The load-time states whose engine is up (`engine_key`)."""
-        return tuple(self._engines)
+        return tuple(self._pool.engines)
 
     def adopt_ends(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
                    bad: ProbeRun | None, *, good_fingerprint: str, source: str) -> list[str]:
         """Install ends of seed block `block` measured by `source` (another node of this
-        bisect) for the next trials; returns the ends installed (`b<block>/<end>`). Ends this
-        runner already has are kept (its own measurement, or an earlier adoption). The good
-        end's baseline and A/A repeat come as a pair. A run of another probe spec, seed block or
-        good end is a ConfigError naming `source`."""
-        if (base is None) != (repeat is None):
-            raise ConfigError(f"the ends of seed block {block} from {source} hold the good "
-                              "end's baseline without its A/A repeat (or the reverse)",
-                              "send both runs of the good end, or neither")
-        if good_fingerprint != self.good_cfg.fingerprint:
-            raise ConfigError(f"the ends of seed block {block} from {source} were measured on "
-                              f"good end {good_fingerprint[:12]}, this runner's is "
-                              f"{self.good_cfg.fingerprint[:12]}",
-                              "every node must resolve the same good end as the driver")
-        want = self.spec.replace(seed_block=block).spec_hash()
-        for end, run in (("baseline", base), ("baseline-repeat", repeat), ("bad", bad)):
-            if run is not None and (run.spec.seed_block, run.spec.spec_hash()) != (block, want):
-                raise ConfigError(f"the {end} of seed block {block} from {source} is a probe of "
-                                  f"seed block {run.spec.seed_block}, spec {run.spec.spec_hash()}"
-                                  f" (this runner probes spec {want})",
-                                  "every node must run the driver's dsv4bisect and probe tier")
-        installed: list[str] = []
-        ends = self._ends.get(block)
-        if ends is None and base is not None:
-            ends = self._ends[block] = {"base": base, "repeat": repeat, "bad": None}
-            for end in ("baseline", "baseline-repeat"):
-                self._ends_from[(block, end)] = source
-                installed.append(end_name(block, end))
-        if bad is not None:
-            if ends is None:  # its good end not known yet: used once this block's is measured
-                if block not in self._pending_bad:
-                    self._pending_bad[block] = bad
-                    self._ends_from[(block, "bad")] = source
-                    installed.append(end_name(block, "bad"))
-            elif ends.get("bad") is None:
-                ends["bad"] = bad
-                self._ends_from[(block, "bad")] = source
-                installed.append(end_name(block, "bad"))
-        return installed
-
-    def _adopted(self, block: int, end: str) -> bool:
-        return (block, end) in self._ends_from
+        bisect) for the next trials (`HotEnds.adopt`); returns the ends installed."""
+        return self._ends.adopt(block, base, repeat, bad, spec=self.spec,
+                                good=self.good_cfg.fingerprint,
+                                good_fingerprint=good_fingerprint, source=source)
 
     def _trial(self, patches: dict[str, str], block: int, trial_dir: Path, fresh: bool
                ) -> TrialResult:
@@ -261,79 +208,74 @@ class HotEngineRunner(EngineRunner):
                               "keep required patches at their good-end state")
         # A sequential trial's re-test (block > 0) draws other requests, in another order,
         # against the first block's ends; an end's re-test probes its own block at full size.
-        first = self._ends.get(0, {})
+        first = self._ends.known(0)
         reuse = (self.sequential and patches not in (self.good, self.bad)
-                 and first.get("bad") is not None)
-        spec = self.spec.replace(seed_block=0 if reuse else block)
+                 and first is not None and first.bad is not None)
+        ctx = _TrialContext(self.spec.replace(seed_block=0 if reuse else block))
         save_config(trial_dir / "candidate", cfg)
         measured_base = False
-        costs: dict[str, Any] = {"launch_s": 0.0, "switch_s": 0.0, "probe_s": 0.0}
-        eng: _Engine | None = None  # the confirmation's own engine
-        self._probed_in = None
-        self._measured_now = []
-        self._trial_spec = spec  # a verdict that stops the trial records this seed block
+        eng: HotEngine | None = None  # the confirmation's own engine
         try:
-            ends, measured_base = self._ends_for(spec, trial_dir, costs)
+            ends, measured_base = self._ends_for(ctx, trial_dir)
             if fresh:
                 t = time.perf_counter()
-                eng = self._fresh_engine(patches, trial_dir)
-                costs["launch_s"] += time.perf_counter() - t
-            verdict, cand, requests = self._probe(patches, spec, ends, measured_base, eng,
-                                                  trial_dir, costs, draw=block)
+                eng = self._fresh_engine(ctx, patches, trial_dir)
+                ctx.costs["launch_s"] += time.perf_counter() - t
+            verdict, cand, requests = self._probe(ctx, patches, ends, measured_base, eng,
+                                                  trial_dir, draw=block)
             if measured_base:  # this trial also measured the good end and its A/A repeat
-                requests = (requests or 0) + sum(len(ends[k].rows) for k in ("base", "repeat")
-                                                 if ends[k] is not None)
+                requests = (requests or 0) + sum(len(r.rows) for r in (ends.baseline,
+                                                                       ends.repeat) if r)
         except Stop as stop:
             verdict, cand, requests = stop.verdict, None, None
         finally:
-            self._trial_spec = None
             if eng is not None:
                 eng.arm.stop()
         verdict = verdict.with_evidence(candidate=cand.path if cand else None)
         write_verdict(trial_dir, verdict)
-        mode = "fresh" if fresh else "hot"
-        used = self._probed_in
+        used = ctx.probed_in
+        came_from = self._ends.blocks.get(ctx.spec.seed_block, BlockEnds()).came_from
         details = result_details(verdict, ends_cached=not measured_base,
                                  run_dir=trial_dir, command=self.reproduce(patches, block))
-        details.update(mode=mode, requests=requests, base=self.base_of(patches),
-                       launched_as=used.base if used else None,
+        details.update(mode="fresh" if fresh else "hot", requests=requests,
+                       base=self.base_of(patches), launched_as=used.base if used else None,
                        fresh_launch=fresh or bool(used and used.fresh_in(patches)),
-                       ends_measured=list(self._measured_now),
-                       ends_from={end: node for (b, end), node in sorted(self._ends_from.items())
-                                  if b == spec.seed_block},
-                       **{k: round(v, 3) for k, v in costs.items()})
-        aa = self._aa.pop(block, ())
+                       ends_measured=list(ctx.measured),
+                       ends_from=dict(sorted(came_from.items())),
+                       **{k: round(v, 3) for k, v in ctx.costs.items()})
+        aa = self._ends.take_aa(block)
         return TrialResult(verdict.verdict, signature_of(verdict),
                            time.perf_counter() - t0, details, throughput(cand), None, aa,
                            error_rates=verdict.error_rates, requests=requests)
 
     # -- the ends ------------------------------------------------------------------------------
-    def _ends_for(self, spec: ProbeSpec, trial_dir: Path, costs: dict[str, Any]
-                  ) -> tuple[dict[str, ProbeRun | None], bool]:
+    def _ends_for(self, ctx: _TrialContext, trial_dir: Path) -> tuple[BlockEnds, bool]:
         """The good end's baseline and A/A repeat for this seed block (measured now on the
         engine of λ = ∅ if not cached: then `True`), and the bad end's run once measured."""
-        block = spec.seed_block
-        if block in self._ends:
-            return self._ends[block], False
+        block = ctx.spec.seed_block
+        ends = self._ends.block(block)
+        if ends.known:
+            return ends, False
         ends_dir = self.ends_dir(trial_dir) / f"b{block}"
-        key = cache.BaselineKey.of(self.good_cfg.fingerprint, spec)
+        key = cache.BaselineKey.of(self.good_cfg.fingerprint, ctx.spec)
         hit, why = cache.lookup(key) if self.use_cache else (None, None)
         if why:
             self.on_event(Notice(why, "warn"))
-        measured = hit is None
         if hit is not None:
-            base, repeat = hit.install(ends_dir / "baseline", ends_dir / "baseline-repeat")
+            ends.baseline, ends.repeat = hit.install(ends_dir / "baseline",
+                                                     ends_dir / "baseline-repeat")
         else:
-            eng = self._engine_for(self.good, trial_dir, costs)
-            self._probed_in = eng
+            eng = self._engine_for(ctx, self.good, trial_dir)
+            ctx.probed_in = eng
             fresh = eng.fresh_in(self.good)  # not an engine launched in another set of λ = ∅
-            base = self._collect(eng, self.good, spec, None, "baseline", good_end=True,
-                                 costs=costs).save(ends_dir / "baseline")
+            base = self._collect(ctx, eng, self.good, None, "baseline",
+                                 good_end=True).save(ends_dir / "baseline")
             ref, _subset = cache.repeat_reference(base)
-            repeat = self._collect(eng, self.good, spec, ref, "A/A repeat", good_end=True,
-                                   costs=costs).save(ends_dir / "baseline-repeat")
-            self._aa[block] = (aa_verdict(base, repeat).verdict,)
-            self._measured_now += [end_name(block, "baseline"), end_name(block, "baseline-repeat")]
+            repeat = self._collect(ctx, eng, self.good, ref, "A/A repeat",
+                                   good_end=True).save(ends_dir / "baseline-repeat")
+            ends.baseline, ends.repeat = base, repeat
+            ends.aa = (aa_verdict(base, repeat).verdict,)
+            ctx.measured += [end_name(block, "baseline"), end_name(block, "baseline-repeat")]
             if not fresh:  # a re-test's seed block, measured in a switched engine
                 self.on_event(Notice(f"baseline of seed block {block} measured in a hot-"
                                      "switched engine: not cached", "warn"))
@@ -342,43 +284,40 @@ class HotEngineRunner(EngineRunner):
                     cache.store(key, ends_dir / "baseline", ends_dir / "baseline-repeat")
                 except OSError as exc:
                     self.on_event(Notice(f"baseline not cached: {exc}", "warn"))
-        bad_dir = ends_dir / "bad"
-        bad = self._pending_bad.pop(block, None)
-        if bad is None and (bad_dir / "run.json").exists():
-            bad = ProbeRun.load(bad_dir)
-        self._ends[block] = {"base": base, "repeat": repeat, "bad": bad}
-        return self._ends[block], measured
+        if ends.bad is None and (ends_dir / "bad" / "run.json").exists():
+            ends.bad = ProbeRun.load(ends_dir / "bad")
+        return ends, hit is None
 
     # -- probing -------------------------------------------------------------------------------
-    def _probe(self, patches: dict[str, str], spec: ProbeSpec, ends: dict[str, ProbeRun | None],
-               measured_base: bool, fresh_eng: _Engine | None, trial_dir: Path,
-               costs: dict[str, Any], draw: int) -> _Probed:
-        base, repeat, bad = ends["base"], ends["repeat"], ends["bad"]
+    def _probe(self, ctx: _TrialContext, patches: dict[str, str], ends: BlockEnds,
+               measured_base: bool, fresh_eng: HotEngine | None, trial_dir: Path,
+               draw: int) -> _Probed:
+        base, repeat, bad = ends.baseline, ends.repeat, ends.bad
         assert base is not None
-        adopted = self._adopted(spec.seed_block, "baseline")
-        if patches == self.good and (measured_base or adopted) and fresh_eng is None:
+        block = ctx.spec.seed_block
+        if patches == self.good and (measured_base or ends.adopted("baseline")) \
+                and fresh_eng is None:
             # The ∅ end check: the good end was just measured twice in a fresh launch (here,
             # or on the node these ends came from, whose trial reported the A/A verdict).
             assert repeat is not None
             return aa_verdict(base, repeat), repeat, 0
-        eng = fresh_eng or self._engine_for(patches, trial_dir, costs)
-        self._probed_in = eng
+        eng = fresh_eng or self._engine_for(ctx, patches, trial_dir)
+        ctx.probed_in = eng
         if bad is not None and patches != self.bad and self.sequential:
-            return self._sequential(eng, patches, spec, base, repeat, bad, trial_dir, costs,
-                                    draw)
+            return self._sequential(ctx, eng, patches, base, repeat, bad, trial_dir, draw)
         label = "good end (re-test)" if patches == self.good else "candidate"  # live view
-        cand = self._collect(eng, patches, spec, base, label, good_end=False,
-                             costs=costs).save(trial_dir / "candidate")
+        cand = self._collect(ctx, eng, patches, base, label,
+                             good_end=False).save(trial_dir / "candidate")
         if patches == self.bad:
-            cand.save(self.ends_dir(trial_dir) / end_name(spec.seed_block, "bad"))
-            if ends.get("bad") is None or not self._adopted(spec.seed_block, "bad"):
-                ends["bad"] = cand  # an adopted bad end stays: every node judges against it
-            self._measured_now.append(end_name(spec.seed_block, "bad"))
+            cand.save(self.ends_dir(trial_dir) / end_name(block, "bad"))
+            if ends.bad is None or not ends.adopted("bad"):
+                ends.bad = cand  # an adopted bad end stays: every node judges against it
+            ctx.measured.append(end_name(block, "bad"))
         return judge(base, repeat, cand), cand, len(cand.rows)
 
-    def _sequential(self, eng: _Engine, patches: dict[str, str], spec: ProbeSpec,
+    def _sequential(self, ctx: _TrialContext, eng: HotEngine, patches: dict[str, str],
                     base: ProbeRun, repeat: ProbeRun | None, bad: ProbeRun, trial_dir: Path,
-                    costs: dict[str, Any], draw: int) -> _Probed:
+                    draw: int) -> _Probed:
         from dsv4bisect.probe.sequential_run import run_sequential
 
         ff, fp = self.error_rates
@@ -387,98 +326,82 @@ class HotEngineRunner(EngineRunner):
                    .hexdigest()[:8], 16)
 
         def work(url: str) -> Any:
-            self._switch(eng, patches, costs)
+            self._switch(ctx, eng, patches)
             return run_sequential(url, base, bad, repeat, false_fail=ff, false_pass=fp,
                                   seed=seed, api_key=self.api_key,
                                   model=eng.cfg.served_model_name, warn_fails=self.warn_fails,
                                   drift_relative=self.drift_relative)
 
-        self._ready(eng, patches, costs, good_end=False)
+        self._ready(ctx, eng, patches, good_end=False)
         t = time.perf_counter()
-        outcome = self._guard(eng, patches, lambda: eng.arm.probe(work))
-        costs["probe_s"] += time.perf_counter() - t
+        outcome = self._guard(ctx, eng, lambda: eng.arm.probe(work))
+        ctx.costs["probe_s"] += time.perf_counter() - t
         saved = outcome.save(trial_dir / "candidate")
         return saved.as_verdict(), saved.run, saved.decision.requests
 
-    def _collect(self, eng: _Engine, patches: Mapping[str, str], spec: ProbeSpec,
-                 reference: ProbeRun | None, label: str, *, good_end: bool,
-                 costs: dict[str, Any]) -> ProbeRun:
+    def _collect(self, ctx: _TrialContext, eng: HotEngine, patches: Mapping[str, str],
+                 reference: ProbeRun | None, label: str, *, good_end: bool) -> ProbeRun:
         progress = probe_progress(self.on_event, label)
 
         def work(url: str) -> ProbeRun:
-            self._switch(eng, patches, costs)
-            return collect(url, spec, reference_run=reference, api_key=self.api_key,
+            self._switch(ctx, eng, patches)
+            return collect(url, ctx.spec, reference_run=reference, api_key=self.api_key,
                            model=eng.cfg.served_model_name, on_progress=progress)
 
-        self._ready(eng, patches, costs, good_end=good_end)
+        self._ready(ctx, eng, patches, good_end=good_end)
         t = time.perf_counter()
-        run = self._guard(eng, patches, lambda: eng.arm.probe(work), good_end=good_end)
-        costs["probe_s"] += time.perf_counter() - t
+        run = self._guard(ctx, eng, lambda: eng.arm.probe(work), good_end=good_end)
+        ctx.costs["probe_s"] += time.perf_counter() - t
         return run
 
-    def _ready(self, eng: _Engine, patches: Mapping[str, str], costs: dict[str, Any], *,
+    def _ready(self, ctx: _TrialContext, eng: HotEngine, patches: Mapping[str, str], *,
                good_end: bool) -> None:
         """The engine up and switched to `patches` before the probe's clock starts."""
         def work() -> None:
             eng.arm.ready()
-            self._switch(eng, patches, costs)
+            self._switch(ctx, eng, patches)
 
-        self._guard(eng, patches, work, good_end=good_end)
+        self._guard(ctx, eng, work, good_end=good_end)
 
     # -- engines -------------------------------------------------------------------------------
-    def _engine_for(self, patches: Mapping[str, str], trial_dir: Path,
-                    costs: dict[str, Any]) -> _Engine:
+    def _engine_for(self, ctx: _TrialContext, patches: Mapping[str, str],
+                    trial_dir: Path) -> HotEngine:
         """The engine of λ(patches): the one up, else one launched in `patches` itself (its
         first trial is then a fresh launch's; the next trials of λ are switched in it)."""
         key = self.engine_key(patches)
-        if key in self._engines:
-            self._engines.move_to_end(key)
-            return self._engines[key]
-        self._make_room()
+        up = self._pool.get(key)
+        if up is not None:
+            return up
+        self._pool.make_room()
         launch = dict(patches)
-        eng_dir = _new_dir(trial_dir.parent.parent / "engines", key[:12])
-        self._launched.append(self.config(launch).fingerprint)
+        eng_dir = new_dir(trial_dir.parent.parent / "engines", key[:12])
+        self.launches += 1
         switch_dir = eng_dir / "switch"
-        cfg = _with_env(self.config(launch), {envvars.SWITCH_DIR: str(switch_dir),
-                                              envvars.HOT: self.hot_wire})
-        eng = _Engine(launch, cfg, EngineArm("hot", cfg, eng_dir, self._supervisor,
-                                             self.on_event), switch_dir)
+        cfg = with_env(self.config(launch), {envvars.SWITCH_DIR: str(switch_dir),
+                                             envvars.HOT: self.hot_wire})
+        eng = HotEngine(launch, cfg, EngineArm("hot", cfg, eng_dir, self._supervisor,
+                                               self.on_event), switch_dir)
         t = time.perf_counter()
-        self._guard(eng, launch, eng.arm.ready, good_end=launch == self.good)
-        costs["launch_s"] += time.perf_counter() - t
+        self._guard(ctx, eng, eng.arm.ready, good_end=launch == self.good)
+        ctx.costs["launch_s"] += time.perf_counter() - t
         eng.launch = eng.arm.launch
-        self._engines[key] = eng
+        self._pool.add(key, eng)
         return eng
 
-    @property
-    def launches(self) -> int:
-        """Engines this runner launched (a crash relaunch counts once more)."""
-        return len(self._launched)
-
-    def _fresh_engine(self, patches: Mapping[str, str], trial_dir: Path) -> _Engine:
+    def _fresh_engine(self, ctx: _TrialContext, patches: Mapping[str, str],
+                      trial_dir: Path) -> HotEngine:
         """An engine launched with exactly `patches` and no hot environment (confirmation)."""
-        self._make_room()
+        self._pool.make_room()
         cfg = self.config(patches)
         eng_dir = trial_dir / "engine"
-        self._launched.append(cfg.fingerprint)
-        eng = _Engine(patches, cfg, EngineArm("fresh", cfg, eng_dir, self._supervisor,
-                                              self.on_event), eng_dir / "switch")
-        self._guard(eng, patches, eng.arm.ready, good_end=patches == self.good)
+        self.launches += 1
+        eng = HotEngine(patches, cfg, EngineArm("fresh", cfg, eng_dir, self._supervisor,
+                                                self.on_event), eng_dir / "switch")
+        self._guard(ctx, eng, eng.arm.ready, good_end=patches == self.good)
         eng.launch = eng.arm.launch
         return eng
 
-    def _make_room(self) -> None:
-        """Stop the oldest engines until one more fits in the pool."""
-        while len(self._engines) >= self.pool:
-            self._drop(next(iter(self._engines.values())))
-
-    def _drop(self, eng: _Engine) -> None:
-        eng.arm.stop()
-        for key, other in list(self._engines.items()):
-            if other is eng:
-                del self._engines[key]
-
-    def _switch(self, eng: _Engine, patches: Mapping[str, str], costs: dict[str, Any]) -> None:
+    def _switch(self, ctx: _TrialContext, eng: HotEngine, patches: Mapping[str, str]) -> None:
         """Bring the running engine to `patches` (after a crash relaunch: from its base)."""
         launch = eng.arm.launch
         if launch is not eng.launch:  # relaunched: the process starts from the base state
@@ -503,17 +426,22 @@ class HotEngineRunner(EngineRunner):
             verify_reference_patches(self.config(patches), server_info(launch.url))
         eng.current = dict(patches)
         eng.switches += 1
-        spent = time.perf_counter() - t
-        costs["switch_s"] += spent
+        ctx.costs["switch_s"] += time.perf_counter() - t
 
-    def _guard(self, eng: _Engine, patches: Mapping[str, str], work: Callable[[], T], *,
+    def _guard(self, ctx: _TrialContext, eng: HotEngine, work: Callable[[], T], *,
                good_end: bool = False) -> T:
-        """What can go wrong with the engine, as the trial's verdict (run/trial.py's rules)."""
-        spec = self._trial_spec or self.spec
+        """What can go wrong with the engine, as the trial's verdict: run/trial.py's rules and
+        verdicts (`run.crash`), with four differences. An engine that crashed or cannot serve
+        leaves the pool (it outlives the trial); a candidate's crash is decided here (no
+        cached-baseline or relaunch note: the good end is measured once per seed block); a
+        PatchError (a switch that did not take) is the engine's fault; and the log tail goes
+        with an EngineError too (a switch's or a receipt's error does not carry it, unlike a
+        launch's)."""
+        spec = ctx.spec
         try:
             return work()
         except ArmCrashed as exc:
-            self._drop(eng)
+            self._pool.drop(eng)
             if good_end:
                 raise Stop(good_end_crash_verdict(spec, exc.crashes)) from None
             raise Stop(crash_verdict(spec, exc.crashes, "the good end ran without crashing")
@@ -522,33 +450,8 @@ class HotEngineRunner(EngineRunner):
             # a switch that did not take effect, or an engine that cannot serve: stop it; a
             # ProbeError leaves a live engine (arm.probe), which keeps serving
             if not isinstance(exc, ProbeError):
-                self._drop(eng)
+                self._pool.drop(eng)
             who = "good end" if good_end else "candidate"
             tail, path = eng.arm.log_tail()
             raise Stop(cannot_test_verdict(spec, who, exc.message, tail, path, exc.hint)
                         ) from None
-
-
-def _new_dir(parent: Path, stem: str) -> Path:
-    """A directory no launch used before (a resumed bisect must not read a killed one's
-    switch requests and receipts)."""
-    n = 0
-    while (parent / f"{stem}-{n}").exists():
-        n += 1
-    path = parent / f"{stem}-{n}"
-    path.mkdir(parents=True)
-    return path
-
-
-def _with_env(cfg: EngineConfig, extra: Mapping[str, str]) -> EngineConfig:
-    """`cfg` with `extra` in the environment of every process that runs engine code (and, on
-    SGLang, the plugin loaded: a base launched with no patch on must still install the switch)."""
-    def env_of(p: Any) -> tuple[tuple[str, str], ...]:
-        env = {**p.env_dict(), **extra}
-        if cfg.kind == "sglang":
-            env[envvars.SGLANG_PLUGINS] = with_plugin(env.get(envvars.SGLANG_PLUGINS, ""))
-        return tuple(sorted(env.items()))
-
-    procs = tuple(dataclasses.replace(p, env=env_of(p)) if p.gets_patches else p
-                  for p in cfg.processes)
-    return dataclasses.replace(cfg, processes=procs)
