@@ -7,9 +7,10 @@ the code, not on the draw; `HYPOTHESIS_PROFILE=explore` draws fresh examples to 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,28 @@ def run_dsv4bisect(*args: str | Path, cwd: Path | None = None, timeout: float = 
 def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
     """The one way the tests invoke the command line as a user would (`run_dsv4bisect`)."""
     return run_dsv4bisect
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """Mount a real tmpfs of a given size (`mount_tmpfs("8m")`) under tmp_path, unmounted at
+    the end: a disk that really fills. Skips where mounting is not allowed (not root)."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            pytest.skip("mounting a tmpfs needs root")
+        mnt = tmp_path / f"tmpfs{len(mounted)}"
+        mnt.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(mnt)
+        return mnt
+
+    try:
+        yield mount
+    finally:
+        for mnt in mounted:
+            subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -97,15 +97,10 @@ def _exit_stopped() -> None:
     """Stopped by a signal, every request thread joined: end the process here. Interpreter
     finalisation with torch loaded is seconds of CPU (minutes on a starved machine) that no
     deadline covers and nothing needs: the logs are flushed first."""
-    import sys
+    from dsv4bisect.reference.stop_signal import exit_now
 
     logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(0)
+    exit_now()
 
 
 def _print_ready(url: str, info: dict[str, Any]) -> None:

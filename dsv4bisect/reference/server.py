@@ -24,11 +24,9 @@ import asyncio
 import contextlib
 import errno
 import logging
-import os
 import resource
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -51,7 +49,7 @@ from dsv4bisect.reference.http_app import (
 from dsv4bisect.reference.http_protocol import protocol_with_header_timeout
 from dsv4bisect.reference.native_api import ServerApi
 from dsv4bisect.reference.serving import ServeOptions, build_api
-from dsv4bisect.reference.stop_signal import StopSignal
+from dsv4bisect.reference.stop_signal import StopSignal, exit_now
 
 __all__ = ["MAX_BODY_BYTES", "MAX_HEAD_BYTES", "MAX_MODEL_REQUESTS", "ROUTES", "ReferenceServer",
            "Reply", "Route", "ServeOptions", "error_reply", "serve"]
@@ -200,21 +198,12 @@ def _finish_stop(server: ReferenceServer) -> None:
         # torch cannot be interrupted mid-load, and interpreter finalisation around a thread
         # inside it is what aborted with "terminate called without an active exception"
         log.warning("stopped while the engine was loading; exiting without waiting for it")
-        _exit_now()
+        exit_now()
     if not server.threads_done(deadline):
         log.error("a request thread did not stop within %.0f s; exiting without it",
                   deadline - server.stop_requested_at)
-        _exit_now()
+        exit_now()
     log.info("stopped")
-
-
-def _exit_now() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(0)
 
 
 def _raise_fd_limit() -> None:

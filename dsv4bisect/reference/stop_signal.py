@@ -106,9 +106,15 @@ class StopSignal:
             log.error("the server did not stop within %.0f s of %s (a thread stuck in the "
                       "engine?); exiting without it", self.hard_exit_s,
                       signal.Signals(signum).name)
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except (OSError, ValueError):
-                    pass
-            os._exit(0)
+            exit_now()
+
+
+def exit_now() -> None:
+    """End the process with exit 0 after flushing stdout and stderr, without interpreter
+    finalisation (with torch loaded that is seconds of CPU that no deadline covers)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
