@@ -1,18 +1,9 @@
 """`--plan --executor ray --parallel K`: the whole bisect on K nodes, as the Ray executor runs it
 (pure; docs/cluster.md, "Reading the node plan").
 
-The model (which node, rounds, shared ends, seed blocks, no confirmation) is simulate.py's: the
-one simulated bisect, here on 1, 2, 4 and K nodes.
-
-Idle slots: a round holds K node slots for as long as its slowest trial. `idle_slots` counts
-node-rounds with no trial at all (a round with fewer proposals than nodes: the end checks,
-the endgame's single confirmations, the remedy check); `idle_share` is the share of node time
-(K × wall) spent without work, counting those empty slots and every node that waits for the
-round's slowest trial after its own.
-
-Columns share the hidden culprit sets and outcome-stream seeds of the single-node plan
-(`common_draws`: common random numbers), so K = 1 without a confirmation is the single-node
-plan's figure exactly.
+The model (which node, rounds, shared ends, seed blocks, no confirmation, idle slots, the
+common random numbers that make K = 1 without a confirmation the single-node plan's figure
+exactly) is simulate.py's: the one simulated bisect, here on 1, 2, 4 and K nodes.
 """
 
 from __future__ import annotations
