@@ -2,7 +2,7 @@
 
 OpenAI chat/completions (`serving_chat.py`, `serving_completions.py` shapes), SGLang's native
 `/generate` (`meta_info` as the tokenizer manager builds it), `/tokenize` (SGLang's, plus vLLM's
-`messages` form), `/v1/models` and `/server_info`. HTTP plumbing lives in `reference/server.py`.
+`messages` form), `/v1/models` and `/server_info`. HTTP plumbing lives in `reference/http_app.py`.
 """
 
 from __future__ import annotations
