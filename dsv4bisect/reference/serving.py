@@ -1,5 +1,6 @@
 """What `dsv4bisect serve` is asked to run (`ServeOptions`) and how the engine behind the HTTP
-API is built from it (`build_api`). Transport-free: `reference/server.py` and `http_app.py` own the sockets.
+API is built from it (`build_api`). Transport-free: `reference/server.py` and `http_app.py` own
+the sockets.
 
 Options keep SGLang's server-argument names where SGLang has the setting
 (`max_running_requests`, `disable_radix_cache`); `chunk_size` is the chunked-prefill token budget
