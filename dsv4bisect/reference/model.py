@@ -1037,13 +1037,19 @@ class Transformer(nn.Module):
         """Full recompute of B sequences of equal length: tokens [B, T] -> logits [B, T, vocab]
         (for training; each sequence gets its own cache, token-wise ops run batched)."""
         B, T = tokens.shape
+        return self.logits(self.hidden_batch(tokens, train)).view(B, T, -1)
+
+    def hidden_batch(self, tokens: torch.Tensor, train: TrainHooks | None = None) -> torch.Tensor:
+        """The final streams of B equal-length sequences: tokens [B, T] -> [B·T, n, dim]
+        (before hc_head; `forward_batch`'s body, also the MTP layer's input)."""
+        B, _ = tokens.shape
         caches = [self.new_cache() for _ in range(B)]
         flat = tokens.reshape(-1)
         step = self._step(flat, 0, B, train)
         h = self.embed(flat)[:, None, :].expand(-1, self.a.hc_mult, -1)
         for i, block in enumerate(self.layers):
             h = block(h, step, [c.layers[i] for c in caches])
-        return self.logits(h).view(B, T, -1)
+        return h
 
     def mtp_logits(
         self, h: torch.Tensor, next_tokens: torch.Tensor, depth: int = 0

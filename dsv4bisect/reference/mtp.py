@@ -108,14 +108,7 @@ def main_hidden_batch(model: Transformer, tokens: torch.Tensor,
                       train: TrainHooks | None = None) -> torch.Tensor:
     """The main model's final streams of B equal-length sequences: tokens [B, T] ->
     [B·T, n, dim] (as `forward_batch`, before hc_head)."""
-    B, _ = tokens.shape
-    caches = [model.new_cache() for _ in range(B)]
-    flat = tokens.reshape(-1)
-    step = model._step(flat, 0, B, train)
-    h = model.embed(flat)[:, None, :].expand(-1, model.a.hc_mult, -1)
-    for i, block in enumerate(model.layers):
-        h = block(h, step, [c.layers[i] for c in caches])
-    return h
+    return model.hidden_batch(tokens, train)
 
 
 def mtp_logits_batch(model: Transformer, h: torch.Tensor, next_tokens: torch.Tensor,

@@ -69,10 +69,10 @@ def stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
     return proc.returncode, err
 
 
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
+def _serving(*args: str | None) -> Iterator[str]:
+    """A `serve` process for a module's tests: its base URL, stopped at the end."""
     port = free_port()
-    proc = start_server(port)
+    proc = start_server(port, *args)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, base)
@@ -80,6 +80,11 @@ def url() -> Iterator[str]:
     finally:
         if proc.poll() is None:
             stop(proc)
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    yield from _serving()
 
 
 def post(url: str, path: str, body: Any) -> requests.Response:
@@ -126,15 +131,7 @@ def test_info_endpoints(url: str) -> None:
 def exact_url() -> Iterator[str]:
     """A server at `precision: exact`: at `deployment` a decode step and a prefill take
     different kernels, as on SGLang (reference/dispatch.py), so their logprobs differ there."""
-    port = free_port()
-    proc = start_server(port, None, "--precision", "exact")
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, base)
-        yield base
-    finally:
-        if proc.poll() is None:
-            stop(proc)
+    yield from _serving(None, "--precision", "exact")
 
 
 def test_teacher_forced_logprobs_equal_greedy_generation(exact_url: str) -> None:
