@@ -189,7 +189,7 @@ class HotEngineRunner(EngineRunner):
     @property
     def engines_up(self) -> tuple[str, ...]:
         """The load-time states whose engine is up (`engine_key`)."""
-        return tuple(self._pool.engines)
+        return tuple(self._pool.slots.up)
 
     def adopt_ends(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
                    bad: ProbeRun | None, *, good_fingerprint: str, source: str) -> list[str]:
