@@ -30,6 +30,7 @@ are not.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field, replace
@@ -92,9 +93,6 @@ class EngineSlots(Generic[K]):
         self.size = size
         self.up: list[K] = list(up)  # least recently used first
 
-    def __contains__(self, key: object) -> bool:
-        return key in self.up
-
     def use(self, key: K) -> bool:
         """A trial in the engine of `key`: whether it is up (it is then the most recent)."""
         if key not in self.up:
@@ -131,11 +129,9 @@ class CostTracker:
         self.launched_last = False  # the last trial charged launched its own engine (hot mode)
 
     def copy(self) -> CostTracker:
-        other = CostTracker(self.costs, self.everything)
+        other = copy.copy(self)
         other.slots = EngineSlots(self.slots.size, self.slots.up)
-        other.baselines = set(self.baselines)
-        other.seen, other.spent_s = Counter(self.seen), self.spent_s
-        other.launches, other.launched_last = self.launches, self.launched_last
+        other.baselines, other.seen = set(self.baselines), Counter(self.seen)
         return other
 
     @property
@@ -160,13 +156,10 @@ class CostTracker:
         if self.costs.paired and block not in self.baselines:
             seconds += self._engine(frozenset()) + self.costs.probe_s * (1 + self.costs.aa_fraction)
             self.baselines.add(block)
-            if not subset:  # the good end's trial is that baseline; its verdict is the A/A's
-                self.spent_s += seconds
-                return seconds
-        if self.costs.paired and not subset:  # the baseline of this block is already measured
-            self.spent_s += seconds
-            return seconds
-        seconds += self._engine(self._state(subset)) + self._probe(subset, float(like_bad))
+        # a paired good end's trial is its block's baseline (measured now or before); its
+        # verdict is the A/A's
+        if subset or not self.costs.paired:
+            seconds += self._engine(self._state(subset)) + self._probe(subset, float(like_bad))
         self.spent_s += seconds
         return seconds
 
@@ -207,4 +200,4 @@ class CostTracker:
 
     def engine_up(self, subset: frozenset[str]) -> bool:
         """Whether the next trial of `subset` would be a hot switch (no launch)."""
-        return self.costs.hot and self._state(subset) in self.slots
+        return self.costs.hot and self._state(subset) in self.slots.up
