@@ -33,6 +33,7 @@ Read = Literal["import", "construction", "call"]
 Tier = Literal["kernel", "precision", "topology", "scheduling", "logging", "other"]
 TIERS: tuple[str, ...] = ("kernel", "precision", "topology", "scheduling", "logging", "other")
 READS: tuple[str, ...] = ("import", "construction", "call")  # earliest first
+OPTIONAL = ("forced", "copies")  # written only when not empty
 DATA_PACKAGE = "dsv4bisect.patching"
 DATA_DIR = "switch_data"
 
@@ -52,6 +53,9 @@ class Switch(BaseModel):
     where: str  # "sglang/....py:LINE" of the first site (the declaration for an argument)
     tier: Tier
     forced: tuple[str, ...] = ()  # architectures where SGLang sets it unconditionally
+    # `module.global`s the release copies it into at import and reads at every call: a hot
+    # switch assigns them again (plugin/hot.py, `ImportCopy`)
+    copies: tuple[str, ...] = ()
 
     def default_for(self, arch: str | None) -> Any:
         """The default on `arch` (sm120 | sm100 | sm90 | hip | npu), or the plain default."""
@@ -99,8 +103,9 @@ class SwitchCatalog(BaseModel):
 
 def _switch_json(switch: Switch) -> dict[str, Any]:
     out = switch.model_dump(mode="json")
-    if not switch.forced:
-        out.pop("forced")
+    for optional in OPTIONAL:
+        if not out[optional]:
+            out.pop(optional)
     return out
 
 

@@ -31,7 +31,7 @@ from dsv4bisect.patching.switch_catalog import READS, Switch, SwitchCatalog, arg
 from dsv4bisect.plugin.static import SourceTree
 
 V4_MARK = re.compile(r"deepseek_?v4|dsv4", re.IGNORECASE)
-V4_MODULE = re.compile(r"deepseek_?v4|dsv4|mhc|hash_topk", re.IGNORECASE)
+V4_MODULE = re.compile(r"deepseek_?v4|dsv4|mhc|hash_topk|flash_mla_sm120", re.IGNORECASE)
 NOT_V4 = re.compile(r"^sglang/(test|multimodal|srt/multimodal|srt/function_call)/|_vit\.py$")
 SHARED = re.compile(r"^sglang/srt/(configs/model_config\.py|server_args\.py|arg_groups/)")
 ENV_NAME = re.compile(r"^SGLA?NG_[A-Z0-9_]+$")
@@ -79,6 +79,7 @@ class Site:
     resolution: bool  # in a shared configuration module: read once, while the server starts
     type: str | None = None  # the reader call's type (no environ declaration)
     default: object = None
+    copy: str | None = None  # `module.global` the value is copied into at import, read per call
 
 
 @dataclass
@@ -172,6 +173,8 @@ class _ModuleScan:
                        for t in n.targets if isinstance(t, ast.Name)}
         self.raw: list[tuple[str, int, tuple, str | None, object]] = []
         self.callers: dict[str, set[str | None]] = defaultdict(set)
+        self.global_uses: dict[str, set[str | None]] = defaultdict(set)  # global -> readers
+        self.module = rel[:-len(".py")].replace("/", ".").removesuffix(".__init__")
         self._visit(tree, ())
 
     def sites(self) -> Iterator[Site]:
@@ -180,9 +183,16 @@ class _ModuleScan:
             funcs = [s for s in stack if s[0] == "def"]
             mode = "import" if not funcs else "construction" if self.resolution else \
                 min((modes.get(f[1], "call") for f in funcs), key=READS.index)
+            copy = None
+            if stack and stack[0][0] == "global" and not self.resolution:
+                # `_g = envs.X.get()` at import: what counts is when `_g` is read
+                uses = self.global_uses.get(stack[0][1], set())
+                if uses and None not in uses and all(modes.get(u, "call") == "call"
+                                                     for u in uses):
+                    mode, copy = "call", f"{self.module}.{stack[0][1]}"
             guarded = any(V4_MARK.search(s[1]) for s in stack)
             yield Site(name, f"{self.rel}:{line}", _qualname(stack), mode, guarded,
-                       self.resolution, typ, default)
+                       self.resolution, typ, default, copy)
 
     def _visit(self, node: ast.AST, stack: tuple) -> None:
         for child in ast.iter_child_nodes(node):
@@ -212,6 +222,9 @@ class _ModuleScan:
         self._visit(wrapper, stack)
 
     def _see(self, node: ast.AST, stack: tuple) -> None:
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            funcs = [s for s in stack if s[0] == "def"]
+            self.global_uses[node.id].add(funcs[-1][1] if funcs else None)
         if isinstance(node, ast.Call):
             callee = node.func.attr if isinstance(node.func, ast.Attribute) else \
                 node.func.id if isinstance(node.func, ast.Name) else None
@@ -304,7 +317,8 @@ def _env_switch(name: str, sites: list[Site], decl: EnvDecl | None, writes: Writ
                   read=first.mode, hot=bool(model) and all(s.mode == "call" for s in model),
                   gates=gates,
                   where=first.where, tier=tier_of(name),
-                  forced=tuple(sorted(writes.forced.get(name, ()))))
+                  forced=tuple(sorted(writes.forced.get(name, ()))),
+                  copies=tuple(sorted({s.copy for s in model if s.copy})))
 
 
 def _written_only(name: str, decl: EnvDecl, writes: Writes) -> Switch:
