@@ -64,6 +64,8 @@ ENV_TYPES = {"EnvBool": "bool", "EnvInt": "int", "EnvFloat": "float", "EnvStr": 
 
 @dataclass(frozen=True)
 class EnvDecl:
+    """`NAME = EnvBool(default)` in srt/environ.py: its type, default and line."""
+
     type: str
     default: object
     where: str
