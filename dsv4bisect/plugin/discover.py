@@ -13,8 +13,8 @@ parallel topology (`ARG_RULE`). Names an env read must carry: `SGLANG_` / `SGL_`
 
 Per switch: its declaration in `srt/environ.py` (type, default) or the reader call's default,
 the per-architecture defaults the V4 blocks set, every read site, the earliest reading mode
-(import: module or class body; construction: `__init__`-like or cached, or a helper only those
-call; call: anything else), `hot` (env, every site a call-time read of `os.environ`, which the
+(import: module or class body; construction: `__init__`-like or cached, or a helper one of
+those calls; call: anything else), `hot` (env, every site a call-time read of `os.environ`, which the
 plugin's hot switch sets: plugin/hot.py) and what it gates (the function reading it).
 Imports no torch.
 """
@@ -107,7 +107,7 @@ def discover(src: SourceTree, release: str | None = None) -> SwitchCatalog:
         if tree is not None:
             scans.append(_ModuleScan(rel, tree, writes, v4_file, not v4_file))
     # a V4 module's helper is often called from another one's __init__ (0.5.19's fused-mHC
-    # guard): callers are taken over every module read, by function name
+    # guard): a bare call counts in every module read, a method call in its own module
     modes = function_modes(scans)
     for scan in scans:
         for site in scan.sites(modes):
@@ -206,7 +206,7 @@ class _ModuleScan:
         self.module = rel[:-len(".py")].replace("/", ".").removesuffix(".__init__")
         self._visit(tree, ())
 
-    def sites(self, modes: dict[str, str]) -> Iterator[Site]:
+    def sites(self, modes: dict[tuple[str, str], str]) -> Iterator[Site]:
         for name, line, stack, typ, default in self.raw:
             funcs = [s for s in stack if s[0] == "def"]
             mode = "import" if not funcs else "construction" if self.resolution else \
@@ -225,11 +225,9 @@ class _ModuleScan:
     def _visit(self, node: ast.AST, stack: tuple) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                cached = any(CACHED.search(ast.unparse(d).split("(")[0])
-                             for d in child.decorator_list)
-                self._visit(child, (*stack, ("def", child.name, cached)))
+                self._visit(child, (*stack, ("def", child.name)))
             elif isinstance(child, ast.Lambda):  # runs when called, like a def
-                self._visit(child, (*stack, ("def", "<lambda>", False)))
+                self._visit(child, (*stack, ("def", "<lambda>")))
             elif isinstance(child, ast.ClassDef):
                 self._visit(child, (*stack, ("class", child.name)))
             elif isinstance(child, ast.Assign) and not stack and \
