@@ -14,8 +14,10 @@ parallel topology (`ARG_RULE`). Names an env read must carry: `SGLANG_` / `SGL_`
 Per switch: its declaration in `srt/environ.py` (type, default) or the reader call's default,
 the per-architecture defaults the V4 blocks set, every read site, the earliest reading mode
 (import: module or class body; construction: `__init__`-like or cached, or a helper one of
-those calls; call: anything else), `hot` (env, every site a call-time read of `os.environ`, which the
-plugin's hot switch sets: plugin/hot.py) and what it gates (the function reading it).
+those calls; call: anything else, or an import-time copy read only per call), `hot` (env,
+every model-path site a call-time read, which the plugin's hot switch delivers by setting
+`os.environ` and re-assigning the copies: plugin/hot.py) and what it gates (the function
+reading it).
 Imports no torch.
 """
 
