@@ -107,7 +107,7 @@ def discover(src: SourceTree, release: str | None = None) -> SwitchCatalog:
             continue
         tree = _parse(src, rel)
         if tree is not None:
-            scans.append(_ModuleScan(rel, tree, writes, v4_file, not v4_file))
+            scans.append(_ModuleScan(rel, tree, writes, v4_file, bool(SHARED.match(rel))))
     # a V4 module's helper is often called from another one's __init__ (0.5.19's fused-mHC
     # guard): a bare call counts in every module read, a method call in its own module
     modes = function_modes(scans)
