@@ -60,6 +60,7 @@ CACHED = re.compile(r"(^|\.)(cache|lru_cache|cached_property|cached)$")
 ARCHS = (("sm120", re.compile(r"sm120|sm_120")), ("sm100", re.compile(r"sm100|blackwell")),
          ("sm90", re.compile(r"sm90|hopper")), ("hip", re.compile(r"is_hip|rocm|aiter\b")),
          ("npu", re.compile(r"is_npu")))
+_NEGATED = re.compile(r"\bnot\s+[\w.]+(\(\))?(\.\w+(\(\))?)*")  # `not get_platform().is_hip`
 ENV_TYPES = {"EnvBool": "bool", "EnvInt": "int", "EnvFloat": "float", "EnvStr": "str",
              "EnvTuple": "tuple", "EnvJSON": "json"}
 
@@ -88,10 +89,13 @@ class Site:
 
 @dataclass
 class Writes:
-    """Per-architecture `envs.X.set(V)` in V4 blocks: arch -> value, and the forced archs."""
+    """Per-architecture `envs.X.set(V)` in V4 blocks: arch -> value, and the forced archs;
+    per-architecture server-argument values (`self.x = V`, `server_args.x = V`,
+    `overrides["x"] = V`, `declare_resolution(..., x=V)`) in them: field -> arch -> value."""
 
     by_arch: dict[str, dict[str, object]] = field(default_factory=lambda: defaultdict(dict))
     forced: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    args: dict[str, dict[str, object]] = field(default_factory=lambda: defaultdict(dict))
 
 
 def discover(src: SourceTree, release: str | None = None) -> SwitchCatalog:
@@ -119,7 +123,7 @@ def discover(src: SourceTree, release: str | None = None) -> SwitchCatalog:
                        sites)
     envs = [_env_switch(n, s, decls.get(n), writes) for n, s in sorted(sites.items())]
     return SwitchCatalog(release=release, switches=(*sorted(envs, key=lambda s: s.name),
-                                                    *server_args(src)))
+                                                    *server_args(src, writes.args)))
 
 
 def _readers_elsewhere(src: SourceTree, names: set[str], sites: dict[str, list[Site]]) -> None:
@@ -252,6 +256,8 @@ class _ModuleScan:
         self._visit(wrapper, stack)
 
     def _see(self, node: ast.AST, stack: tuple) -> None:
+        if isinstance(node, (ast.Assign, ast.Call)):
+            self._see_arg_write(node, stack)
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             funcs = [s for s in stack if s[0] == "def"]
             self.global_uses[node.id].add(funcs[-1][1] if funcs else None)
@@ -289,11 +295,58 @@ class _ModuleScan:
                 next((_default_of(k.value) for k in call.keywords if k.arg == "default"), None)
             self.raw.append((name, call.lineno, stack, READERS[short], default))
 
-    def _see_write(self, name: str, call: ast.Call, stack: tuple) -> None:
+    def _archs(self, stack: tuple) -> list[str]:
+        """The architectures the enclosing `if`s of a V4 block name (none outside one; a
+        negated test such as `not is_hip` names none)."""
         if not (self.v4_file or any(V4_MARK.search(s[1]) for s in stack)):
-            return
+            return []
+        tests = [_NEGATED.sub("", s[1]) for s in stack if s[0] == "if"]
+        return [a for a, rx in ARCHS if any(rx.search(t) for t in tests)]
+
+    @staticmethod
+    def _only_arch_conditions(stack: tuple, field_name: str) -> bool:
+        """Every enclosing `if` is an architecture or device test, a DeepSeek-V4 test or the
+        field's own unset check (`== "auto"`, `is None`): a value set under any other
+        condition (the checkpoint's format, another argument) is no per-architecture
+        default."""
+        for kind, test, *_ in stack:
+            if kind != "if":
+                continue
+            node = ast.parse(test, mode="eval").body
+            parts = node.values if isinstance(node, ast.BoolOp) and \
+                isinstance(node.op, ast.And) else [node]
+            for part in parts:
+                text = ast.unparse(part)
+                if not (V4_MARK.search(text) or any(rx.search(text) for _, rx in ARCHS)
+                        or re.search(r"\bdevice\b", text)
+                        or (field_name in text and re.search(r"'auto'|is None", text))):
+                    return False
+        return True
+
+    def _see_arg_write(self, node: ast.AST, stack: tuple) -> None:
+        if not self.resolution:
+            return  # only the server-args resolution sets arguments
+        pairs: list[tuple[str, ast.expr]] = []
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            t = node.targets[0]
+            if isinstance(t, ast.Attribute) and ast.unparse(t.value) in ("self", "server_args"):
+                pairs.append((t.attr, node.value))
+            elif isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) \
+                    and isinstance(t.slice.value, str):
+                pairs.append((t.slice.value, node.value))
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("declare_resolution"):
+            pairs += [(k.arg, k.value) for k in node.keywords if k.arg]
+        archs = self._archs(stack) if pairs else []
+        for name, value in pairs:
+            if not ARG_RULE.match(name) or not isinstance(value, ast.Constant) or \
+                    not self._only_arch_conditions(stack, name):
+                continue
+            for arch in archs:
+                self.writes.args[name][arch] = value.value
+
+    def _see_write(self, name: str, call: ast.Call, stack: tuple) -> None:
+        archs = self._archs(stack)
         tests = [s[1] for s in stack if s[0] == "if"]
-        archs = [a for a, rx in ARCHS if any(rx.search(t) for t in tests)]
         guarded = any(t.replace(" ", "") == f"notenvs.{name}.is_set()" for t in tests)
         for arch in archs:
             self.writes.by_arch[name][arch] = _default_of(call.args[0])
@@ -361,7 +414,10 @@ def _env_switch(name: str, sites: list[Site], decl: EnvDecl | None, writes: Writ
 
 
 def _per_arch(default: object, name: str, writes: Writes) -> object:
-    by_arch = writes.by_arch.get(name)
+    return _with_arch(default, writes.by_arch.get(name))
+
+
+def _with_arch(default: object, by_arch: dict[str, object] | None) -> object:
     if not by_arch:
         return default
     base = dict(default) if isinstance(default, dict) and "default" in default else \
@@ -369,9 +425,10 @@ def _per_arch(default: object, name: str, writes: Writes) -> object:
     return {**base, **by_arch}
 
 
-def server_args(src: SourceTree) -> list[Switch]:
+def server_args(src: SourceTree, per_arch: dict[str, dict[str, object]]) -> list[Switch]:
     """The kernel / format / topology server arguments (`ARG_RULE`) as the release declares
-    them: dataclass fields of `ServerArgs` (and of `arg_groups/fields/` where it has them)."""
+    them: dataclass fields of `ServerArgs` (and of `arg_groups/fields/` where it has them),
+    with the values the V4 blocks give them per architecture (`per_arch`)."""
     out: dict[str, Switch] = {}
     for rel in [r for r in src.py_files() if ARG_FILES.match(r)]:
         tree = _parse(src, rel)
@@ -385,7 +442,8 @@ def server_args(src: SourceTree) -> list[Switch]:
                 name = arg_name(field_name)
                 out.setdefault(name, Switch(
                     name=name, kind="arg", type=_arg_type(stmt.annotation),
-                    default=_arg_default(stmt.value), read="construction", hot=False,
+                    default=_with_arch(_arg_default(stmt.value), per_arch.get(field_name)),
+                    read="construction", hot=False,
                     gates=f"{cls.name}.{field_name}", where=f"{rel}:{stmt.lineno}",
                     tier=tier_of(field_name)))
     return sorted(out.values(), key=lambda s: s.name)

@@ -63,6 +63,11 @@ def handle(server_args, model_arch):
                 envs.SGLANG_OPT_SET_ON_SM120.set(False)
             envs.SGLANG_OPT_FORCED.set(False)
             envs.SGLANG_SHARED_ELSEWHERE.set(1)
+            if server_args.moe_runner_backend == "auto":
+                server_args.moe_runner_backend = "marlin"
+        if not get_platform().is_hip and get_platform().is_sm100 and fp4_checkpoint:
+            server_args.moe_runner_backend = "flashinfer_mxfp4"
+            server_args.tp_size = 4
 ''',
     "sglang/srt/layers/shared_thing.py": '''
 def step():
@@ -135,3 +140,7 @@ def test_arguments(catalog) -> None:
     assert (kv.kind, kv.type, kv.default, kv.tier) == ("arg", "str", "auto", "precision")
     assert catalog.by_name("--chunked-prefill-size").type == "int|None"
     assert catalog.by_name("tp_size").where == "sglang/srt/server_args.py:6"
+    # set under an architecture test alone: a default there; under a checkpoint test: none
+    assert catalog.by_name("--moe-runner-backend").default == {"default": "auto",
+                                                              "sm120": "marlin"}
+    assert catalog.by_name("--tp-size").default == 1

@@ -56,6 +56,7 @@ KNOWN = {
     ("0.5.23", "--kv-cache-dtype"): {"kind": "arg", "default": "auto", "tier": "precision",
                                      "where": "sglang/srt/arg_groups/fields/model.py:197"},
     ("0.5.23", "--enable-dp-attention"): {"kind": "arg", "type": "bool", "tier": "topology"},
+    # 0.5.23 picks flashinfer_mxfp4 only for an MXFP4-experts checkpoint: no arch default
     ("0.5.23", "--moe-runner-backend"): {"kind": "arg", "default": "auto", "tier": "kernel"},
     ("0.5.21", "SGLANG_OPT_FP8_WO_A_GEMM"): {"read": "import", "hot": False},
     ("0.5.16", "SGLANG_OPT_USE_TILELANG_INDEXER"): {"forced": ("sm120",)},
@@ -63,6 +64,7 @@ KNOWN = {
     ("0.5.13", "SGLANG_OPT_USE_TRITON_FUSED_MHC"): {"kind": "env"},
     ("0.5.13", "SGLANG_SM120_TRITON_FLASHMLA"): {"hot": True, "default": "1"},
     ("0.5.13", "--cuda-graph-max-bs"): {"kind": "arg", "where": "sglang/srt/server_args.py"},
+    ("0.5.13", "--moe-runner-backend"): {"default": {"default": "auto", "sm120": "marlin"}},
 }
 # Not on DeepSeek-V4's path although the releases declare them.
 ABSENT = ("SGLANG_HICACHE_HF3FS_CONFIG_PATH", "--lora-backend", "--mm-attention-backend",
