@@ -9,13 +9,16 @@ from pathlib import Path
 ROOT = Path(__file__).parents[2]
 
 
-def _declared_packages() -> dict[str, str]:
+def _setuptools() -> dict:
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
         import tomli as tomllib
-    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    setuptools = data["tool"]["setuptools"]
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def _declared_packages() -> dict[str, str]:
+    setuptools = _setuptools()
     return {"packages": setuptools["packages"], "dirs": setuptools["package-dir"]}
 
 
@@ -35,3 +38,15 @@ def test_no_top_level_kernels_package_is_importable_from_the_install() -> None:
 
     assert Path(dsv4bisect.kernels.__file__).parent == ROOT / "kernels"
     assert "kernels" not in _declared_packages()["packages"]
+
+
+def test_the_switch_catalogs_ship_as_package_data() -> None:
+    """`load_catalog` reads them from the installed package: pyproject must include them."""
+    import fnmatch
+
+    patterns = _setuptools()["package-data"]["dsv4bisect.patching"]
+    shipped = sorted((ROOT / "dsv4bisect" / "patching" / "switch_data").glob("*.json"))
+    assert shipped
+    for path in shipped:
+        rel = path.relative_to(ROOT / "dsv4bisect" / "patching").as_posix()
+        assert any(fnmatch.fnmatch(rel, p) for p in patterns), rel
