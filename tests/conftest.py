@@ -14,10 +14,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", derandomize=True)
-settings.register_profile("explore", derandomize=False)
+# Property tests assert behaviour, not speed: on a loaded shared machine a generated example can
+# take seconds, which must not fail them (no per-example deadline, no "too slow" health check).
+_UNTIMED = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("ci", derandomize=True, **_UNTIMED)
+settings.register_profile("explore", derandomize=False, **_UNTIMED)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
