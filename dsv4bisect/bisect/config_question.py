@@ -195,7 +195,8 @@ def config_question(good_ref: str, bad_ref: str, overrides: Overrides = Override
         BisectSettings.model_construct(**a.profile.bisect.model_dump()),
         {n: infos[n].delivery for n in names},
         {n: infos[n].load_time or "" for n in names if infos[n].load_time},
-        {n: f"{infos[n].tier} ({infos[n].source})" for n in names})
+        {n: f"{infos[n].tier} ({infos[n].source})" for n in names},
+        {n: infos[n].weight for n in names if is_setting(n)})
 
 
 def ends(a_patches: dict[str, str], chosen: list[Difference]

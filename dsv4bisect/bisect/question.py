@@ -40,6 +40,9 @@ class Question:
     # candidate -> its switch tier and where the tier came from (settings of a bisect between
     # two configurations; bisect/switch_info.py)
     tier_names: dict[str, str] = field(default_factory=dict)
+    # candidate -> prior weight of a setting from its switch tier (patches: their risk tier)
+    setting_weights: dict[str, float] = field(default_factory=dict)
+    upgrade: tuple[str, str] | None = None  # (old, new) SGLang release of --upgrade-from
 
 
 def base_sets(sets: Sequence[str]) -> tuple[str, ...]:

@@ -19,6 +19,12 @@ from dsv4bisect.bisect.setting_candidates import ARG, ENV, setting_kind
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.schema import Profile
 
+# Prior weight per switch tier, on the patches' scale (risk tier 1: 2.0, 2: 1.0, 3: 0.5):
+# kernel and precision choices are where the field regressions were traced (FP8 wo_a GEMM, FP4
+# experts, the TileLang indexer), topology changes reductions and routing, scheduling changes
+# numerics only by re-chunking or batching, logging should never.
+SWITCH_WEIGHT = {"kernel": 2.0, "precision": 2.0, "topology": 1.0, "other": 0.5,
+                 "scheduling": 0.5, "logging": 0.125}
 RISK_OF_TIER = {"kernel": 1, "precision": 1, "topology": 2, "other": 2, "scheduling": 3,
                 "logging": 3}
 # The name rule, for a switch no catalog describes: first match wins, in this order.
@@ -52,6 +58,11 @@ class SwitchInfo:
     load_time: str | None  # why switching it needs a fresh launch; None: hot
     inert: str | None = None  # why it cannot change anything here
     source: str = ""  # where the tier came from: catalog (which) or the name rule
+
+    @property
+    def weight(self) -> float:
+        """The prior weight of its tier: SWITCH_WEIGHT (a patch's comes from its risk tier)."""
+        return SWITCH_WEIGHT[self.tier]
 
 
 def name_tier(name: str) -> str:
