@@ -14,6 +14,7 @@ When the good end already fails, the release's code, not its switch defaults, lo
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from dsv4bisect.bisect.config_question import Difference, ends
@@ -28,12 +29,10 @@ OFF_TEXT = ("", "0", "false", "no", "off", "none")
 
 
 def _on(value: Any) -> bool:
-    """A default that turns something on: true, or a non-zero number."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return value != 0
-    return False
+    """A default that turns something on: a boolean switch that is true. A new number or
+    string has no "off" the old release behaved as (0 is not the old behaviour of a new
+    budget or split size)."""
+    return value is True
 
 
 def _text(value: Any) -> str:
@@ -76,12 +75,20 @@ def upgrade_differences(profile: str, old: str, overrides: Overrides = Overrides
                 continue
         elif _on(d_new):
             d_old = False  # new and on: the old release behaved as if it were off
+        elif d_new not in (False, None):
+            out.append(Difference((ENV if switch.kind == "env" else ARG) + switch.name,
+                                  ABSENT, ABSENT, f"new in {new} with the value {d_new!r}, not "
+                                  "an on/off switch: the old behaviour has no value to write"))
+            continue
         else:
             continue
         env = switch.kind == "env"
         name = (ENV if env else ARG) + switch.name
         why = None
-        if (switch.name in stated_env) if env else (switch.name in stated_args):
+        if arch.startswith("sm") and re.search(r"(^|_)(HIP|ROCM|NPU|AITER)(_|$)",
+                                                   switch.name):
+            why = f"an AMD/NPU path's switch: not read on {arch}"
+        elif (switch.name in stated_env) if env else (switch.name in stated_args):
             why = "the profile sets it: its value did not change with the release"
         elif d_old is None:
             why = (f"{old} leaves it unset and {new} reads unset as {d_new!r}: the old "
@@ -127,15 +134,16 @@ def upgrade_question(profile: str, old: str, overrides: Overrides = Overrides(),
 
 
 def code_bisect_hint(profile: str, old: str, new: str) -> str:
-    """How to bisect the commits between two release tags when switch defaults are cleared."""
-    return (f"bisect SGLang's commits v{old}..v{new} with its own git: in a clone, "
-            f"`git bisect start v{new} v{old}` then `git bisect run dsv4bisect run {profile} "
-            "--set engine.env.PYTHONPATH=$PWD/python` (exit 0 good, 1 bad, 125 skip); or give "
-            "the profile a custom source patch over the tags (custom_patches: {P: {source: "
-            f"{{repo: CLONE, commits: v{old}..v{new}}}}}, docs/profiles.md)")
+    """How to bisect the commits between two release tags when switch defaults are cleared:
+    every commit's server is probed against one baseline of the old release (a `run` of the
+    profile compares two arms of the same code, so it cannot see a code regression)."""
+    return (f"bisect SGLang's commits v{old}..v{new}: keep a baseline of {old} (`dsv4bisect "
+            f"run {profile} --set engine.sglang_version={old}` on an SGLang {old} install leaves "
+            f"RUN/baseline), then in an SGLang clone `git bisect start v{new} v{old}` and `git "
+            "bisect run SCRIPT`, where SCRIPT installs the checkout (pip install -e python), "
+            "starts the server as the profile does and runs `dsv4bisect probe URL --baseline "
+            "RUN/baseline` (exit 0 good, 1 bad, 125 skip)")
 
 
 def _key(release: str) -> tuple[int, ...]:
-    import re
-
     return tuple(int(x) for x in re.findall(r"\d+", release))

@@ -219,7 +219,21 @@ def bisect(
             run_dir = new_run_dir(out, "bisect-" + Path(profile).stem, runner.probe_hash)
             outcome = _drive(runner, run_dir, display, lambda: start_bisect(
                 spec, runner, ledger, run_dir, display, request=request))
+        if question.upgrade and outcome.result.status.value == "good-end-fails":
+            _say_code_regression(question)
     _finish(outcome, json_out, fmt)
+
+
+def _say_code_regression(q: Question) -> None:
+    """An upgrade whose good end (the new release at the old defaults) fails already."""
+    from dsv4bisect.bisect.upgrade import code_bisect_hint
+
+    assert q.upgrade is not None
+    old, new = q.upgrade
+    console().print(f"the good end ({new} with {old}'s switch defaults) fails too: the "
+                    f"regression is in {new}'s code, not in its switch defaults; "
+                    + code_bisect_hint(q.profile, old, new), style="yellow", markup=False,
+                    highlight=False)
 
 
 def _question(profile: str, ov: Overrides, good: str | None, bad: str | None,
@@ -410,6 +424,14 @@ def _say_question(q: Question, noise: Noise, where: str) -> None:
             con.print(f"  {name}: {'; '.join(extra)}", markup=False, highlight=False)
     for name, why in q.left_out:
         con.print(f"left out: {name} ({why})", style="dim", markup=False)
+    if q.upgrade is not None:
+        from dsv4bisect.bisect.upgrade import code_bisect_hint
+
+        old, new = q.upgrade
+        con.print(f"upgrade {old} → {new}: good end = {new} with {old}'s switch defaults. If "
+                  f"it fails too, the regression is in code: "
+                  + code_bisect_hint(q.profile, old, new), style="dim", markup=False,
+                  highlight=False)
     con.print(f"noise: false fail {noise.false_fail:.3g}, false pass {noise.false_pass:.3g} "
               f"({where})", style="dim", markup=False)
 

@@ -7,6 +7,7 @@ flag; a startup timeout that cannot matter) is the fixture.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -135,3 +136,21 @@ def test_diff_config_ends_with_the_bisect_command(cli, pair: tuple[str, str]) ->
         out.stdout.replace("\n", "")
     up = cli("diff-config", "dsv4-flash-tp8", "dsv4-flash-tp8-latest")
     assert "dsv4bisect bisect dsv4-flash-tp8-latest --upgrade-from 0.5.13" in up.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(3000)
+def test_ten_settings_bisect_names_the_merge_fault(cli, pair: tuple[str, str],
+                                                   tmp_path: Path) -> None:
+    """The issue's end-to-end case, with default options: two embedded configurations that
+    differ in ten settings (five hot patches, one the merge fault; five load-time settings,
+    one re-chunking) — the bisect names mma-decode in one round (docs/results/
+    2026-12-02-cpu-diffbisect has the recorded run)."""
+    r = cli("bisect", "--good-config", pair[0], "--bad-config", pair[1], "--json", "--out",
+            tmp_path / "runs", cwd=tmp_path, timeout=2900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["culprits"] == ["mma-decode"], report["culprits"]
+    assert "candidates (10)" in r.stderr
+    assert "left out: engine.startup_timeout_s" in r.stderr
