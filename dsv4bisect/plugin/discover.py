@@ -1,0 +1,382 @@
+"""Which switches an SGLang release reads on DeepSeek-V4's path: found by AST in its wheel or
+source tree, never imported (docs/sglang.md, "Switch discovery" states the rule).
+
+An env switch is on the path when it is read
+  1. in a module whose path is DeepSeek-V4-specific (`V4_MODULE`: the model files, mHC, hash
+     top-k, the dsv4 compressor / indexer / attention backends, their kernels and quantisation
+     paths; tests, multimodal and tool-call parsing excluded), or
+  2. in a shared configuration module (`model_config.py`, `server_args.py`, `arg_groups/`)
+     inside a block that only DeepSeek-V4 reaches (an `if` whose test, or a function whose
+     name, names it), where reads and per-architecture `envs.X.set(...)` are both taken.
+A server argument is on the path when its name selects a kernel, a number format or the
+parallel topology (`ARG_RULE`). Names an env read must carry: `SGLANG_` / `SGL_`.
+
+Per switch: its declaration in `srt/environ.py` (type, default) or the reader call's default,
+the per-architecture defaults the V4 blocks set, every read site, the earliest reading mode
+(import: module or class body; construction: `__init__`-like or cached, or a helper only those
+call; call: anything else), `hot` (env, every site a call-time read of `os.environ`, which the
+plugin's hot switch sets: plugin/hot.py) and what it gates (the function reading it).
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from dsv4bisect.patching.switch_catalog import READS, Switch, SwitchCatalog, arg_name, tier_of
+from dsv4bisect.plugin.static import SourceTree
+
+V4_MARK = re.compile(r"deepseek_?v4|dsv4", re.IGNORECASE)
+V4_MODULE = re.compile(r"deepseek_?v4|dsv4|mhc|hash_topk|flash_mla_sm120", re.IGNORECASE)
+NOT_V4 = re.compile(r"^sglang/(test|multimodal|srt/multimodal|srt/function_call)/|_vit\.py$")
+SHARED = re.compile(r"^sglang/srt/(configs/model_config\.py|server_args\.py|arg_groups/)")
+ENV_NAME = re.compile(r"^SGLA?NG_[A-Z0-9_]+$")
+ARG_FILES = re.compile(r"^sglang/srt/(server_args\.py|arg_groups/fields/[a-z_]+\.py)$")
+# Server arguments that select a kernel, a number format or the parallel topology.
+ARG_RULE = re.compile(
+    r"^((prefill_|decode_)?attention_backend|moe_runner_backend|moe_a2a_backend|"
+    r"[a-z0-9]*_gemm_(runner_)?backend|kv_cache_dtype|quantization|dtype|"
+    r"(tp|dp|ep|pp|moe_dp|attn_cp|cp)_size|enable_dp_attention|enable_dp_lm_head|"
+    r"chunked_prefill_size|(disable_)?(decode_|prefill_)?cuda_graph.*|deepep_mode|"
+    r"speculative_(algorithm|num_steps|eagle_topk|num_draft_tokens|attention_mode|"
+    r"draft_attention_backend|draft_kv_cache_dtype|draft_model_quantization|"
+    r"moe_runner_backend|moe_a2a_backend)|"
+    r"enable_two_batch_overlap|enable_torch_compile|page_size|ep_num_redundant_experts|"
+    r"(nsa|dsa)_(prefill|decode)_backend)$")
+NOT_ARG = re.compile(r"^(mm_|lora|hicache|vision|encoder|debug_|enable_profile_)|_config$")
+WRITES = frozenset({"set", "override", "clear", "unset"})
+READERS = {"getenv": "str", "get": "str", "get_bool_env_var": "bool",
+           "get_int_env_var": "int", "get_float_env_var": "float", "get_str_env_var": "str"}
+CONSTRUCTION = frozenset({"__init__", "__post_init__", "__new__", "create_weights",
+                          "load_weights", "process_weights_after_loading", "get_quant_method",
+                          "from_config", "setup"})
+CACHED = re.compile(r"(^|\.)(cache|lru_cache|cached_property|cached)$")
+ARCHS = (("sm120", re.compile(r"sm120|sm_120")), ("sm100", re.compile(r"sm100|blackwell")),
+         ("sm90", re.compile(r"sm90|hopper")), ("hip", re.compile(r"is_hip|rocm|aiter\b")),
+         ("npu", re.compile(r"is_npu")))
+ENV_TYPES = {"EnvBool": "bool", "EnvInt": "int", "EnvFloat": "float", "EnvStr": "str",
+             "EnvTuple": "tuple", "EnvJSON": "json"}
+
+
+@dataclass(frozen=True)
+class EnvDecl:
+    type: str
+    default: object
+    where: str
+
+
+@dataclass(frozen=True)
+class Site:
+    name: str
+    where: str
+    gates: str  # Class.method / function / <module>
+    mode: str  # import | construction | call
+    guarded: bool  # inside a block only DeepSeek-V4 reaches (its name/test says so)
+    resolution: bool  # in a shared configuration module: read once, while the server starts
+    type: str | None = None  # the reader call's type (no environ declaration)
+    default: object = None
+    copy: str | None = None  # `module.global` the value is copied into at import, read per call
+
+
+@dataclass
+class Writes:
+    """Per-architecture `envs.X.set(V)` in V4 blocks: arch -> value, and the forced archs."""
+
+    by_arch: dict[str, dict[str, object]] = field(default_factory=lambda: defaultdict(dict))
+    forced: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+
+
+def discover(src: SourceTree, release: str | None = None) -> SwitchCatalog:
+    """The catalog of `src` (a wheel or a tree holding `sglang/`)."""
+    release = release or src.version() or "unknown"
+    decls = env_declarations(src)
+    sites: dict[str, list[Site]] = defaultdict(list)
+    writes = Writes()
+    for rel in src.py_files():
+        v4_file = bool(V4_MODULE.search(rel)) and not NOT_V4.search(rel)
+        if not v4_file and not SHARED.match(rel):
+            continue
+        tree = _parse(src, rel)
+        if tree is None:
+            continue
+        for site in _ModuleScan(rel, tree, writes, v4_file, not v4_file).sites():
+            if v4_file or site.guarded:
+                sites[site.name].append(site)
+    envs = [_env_switch(n, s, decls.get(n), writes) for n, s in sorted(sites.items())]
+    envs += [_written_only(n, decls.get(n), writes) for n in sorted(writes.by_arch)
+             if n not in sites and n in decls]
+    return SwitchCatalog(release=release, switches=(*sorted(envs, key=lambda s: s.name),
+                                                    *server_args(src)))
+
+
+def _parse(src: SourceTree, rel: str) -> ast.Module | None:
+    text = src.text(rel)
+    if text is None:
+        return None
+    try:
+        return ast.parse(text)
+    except SyntaxError:
+        return None  # a file the release ships broken is not read on any path
+
+
+def env_declarations(src: SourceTree) -> dict[str, EnvDecl]:
+    """`NAME = EnvBool(default)`-style declarations in `sglang/srt/environ.py`."""
+    rel = "sglang/srt/environ.py"
+    tree = _parse(src, rel)
+    out: dict[str, EnvDecl] = {}
+    for cls in [n for n in (tree.body if tree else []) if isinstance(n, ast.ClassDef)]:
+        for stmt in cls.body:
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0], ast.Name)
+                    and isinstance(stmt.value, ast.Call)
+                    and isinstance(stmt.value.func, ast.Name)
+                    and stmt.value.func.id.startswith("Env")):
+                continue
+            kind = re.sub(r"WithAlias$", "", stmt.value.func.id)
+            default = _default_of(stmt.value.args[0]) if stmt.value.args else None
+            out[stmt.targets[0].id] = EnvDecl(ENV_TYPES.get(kind, kind), default,
+                                              f"{rel}:{stmt.lineno}")
+    return out
+
+
+def _default_of(node: ast.expr) -> object:
+    """A JSON value; a platform-computed default as {"default", "<arch>"}; else the code."""
+    if isinstance(node, ast.Name) and node.id == "_default_hip":
+        return {"default": False, "hip": True}
+    try:
+        return _jsonable(ast.literal_eval(node))
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return f"<{ast.unparse(node)}>"
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, (tuple, list, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+
+
+class _ModuleScan:
+    """Every env read (and V4-block write) of one module, with its enclosing scope."""
+
+    def __init__(self, rel: str, tree: ast.Module, writes: Writes, v4_file: bool,
+                 resolution: bool) -> None:
+        self.rel, self.tree, self.writes, self.v4_file = rel, tree, writes, v4_file
+        self.resolution = resolution
+        self.consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                       and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                       for t in n.targets if isinstance(t, ast.Name)}
+        self.raw: list[tuple[str, int, tuple, str | None, object]] = []
+        self.callers: dict[str, set[str | None]] = defaultdict(set)
+        self.global_uses: dict[str, set[str | None]] = defaultdict(set)  # global -> readers
+        self.module = rel[:-len(".py")].replace("/", ".").removesuffix(".__init__")
+        self._visit(tree, ())
+
+    def sites(self) -> Iterator[Site]:
+        modes = self._function_modes()
+        for name, line, stack, typ, default in self.raw:
+            funcs = [s for s in stack if s[0] == "def"]
+            mode = "import" if not funcs else "construction" if self.resolution else \
+                min((modes.get(f[1], "call") for f in funcs), key=READS.index)
+            copy = None
+            if stack and stack[0][0] == "global" and not self.resolution:
+                # `_g = envs.X.get()` at import: what counts is when `_g` is read
+                uses = self.global_uses.get(stack[0][1], set())
+                if uses and None not in uses and all(modes.get(u, "call") == "call"
+                                                     for u in uses):
+                    mode, copy = "call", f"{self.module}.{stack[0][1]}"
+            guarded = any(V4_MARK.search(s[1]) for s in stack)
+            yield Site(name, f"{self.rel}:{line}", _qualname(stack), mode, guarded,
+                       self.resolution, typ, default, copy)
+
+    def _visit(self, node: ast.AST, stack: tuple) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                cached = any(CACHED.search(ast.unparse(d).split("(")[0])
+                             for d in child.decorator_list)
+                self._visit(child, (*stack, ("def", child.name, cached)))
+            elif isinstance(child, ast.ClassDef):
+                self._visit(child, (*stack, ("class", child.name)))
+            elif isinstance(child, ast.Assign) and not stack and \
+                    isinstance(child.targets[0], ast.Name):
+                self._see(child, stack)  # a module global copied at import: it is the gate
+                self._visit(child, (("global", child.targets[0].id),))
+            elif isinstance(child, ast.If):
+                self._see(child.test, stack)
+                self._visit(child.test, stack)
+                for stmt in child.body:
+                    self._visit_stmt(stmt, (*stack, ("if", ast.unparse(child.test))))
+                for stmt in child.orelse:
+                    self._visit_stmt(stmt, stack)
+            else:
+                self._see(child, stack)
+                self._visit(child, stack)
+
+    def _visit_stmt(self, stmt: ast.stmt, stack: tuple) -> None:
+        wrapper = ast.Module(body=[stmt], type_ignores=[])
+        self._visit(wrapper, stack)
+
+    def _see(self, node: ast.AST, stack: tuple) -> None:
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            funcs = [s for s in stack if s[0] == "def"]
+            self.global_uses[node.id].add(funcs[-1][1] if funcs else None)
+        if isinstance(node, ast.Call):
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else \
+                node.func.id if isinstance(node.func, ast.Name) else None
+            if callee:
+                funcs = [s for s in stack if s[0] == "def"]
+                self.callers[callee].add(funcs[-1][1] if funcs else None)
+            self._see_reader_call(node, stack)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+                and isinstance(node.value.value, ast.Name) and node.value.value.id == "envs" \
+                and ENV_NAME.match(node.value.attr):
+            if node.attr in WRITES:
+                return  # a write: _see_reader_call took it as a call
+            self.raw.append((node.value.attr, node.lineno, stack, None, None))
+        if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ" \
+                and isinstance(node.ctx, ast.Load):
+            name = self._string(node.slice)
+            if name:
+                self.raw.append((name, node.lineno, stack, "str", None))
+
+    def _see_reader_call(self, call: ast.Call, stack: tuple) -> None:
+        func = ast.unparse(call.func)
+        if func.startswith("envs.") and func.endswith(".set") and call.args:
+            self._see_write(func.split(".")[1], call, stack)
+            return
+        short = func.rsplit(".", 1)[-1]
+        if short not in READERS or not call.args or \
+                (short == "get" and not func.endswith("environ.get")):
+            return
+        name = self._string(call.args[0])
+        if name:
+            default = _default_of(call.args[1]) if len(call.args) > 1 else \
+                next((_default_of(k.value) for k in call.keywords if k.arg == "default"), None)
+            self.raw.append((name, call.lineno, stack, READERS[short], default))
+
+    def _see_write(self, name: str, call: ast.Call, stack: tuple) -> None:
+        if not (self.v4_file or any(V4_MARK.search(s[1]) for s in stack)):
+            return
+        tests = [s[1] for s in stack if s[0] == "if"]
+        archs = [a for a, rx in ARCHS if any(rx.search(t) for t in tests)]
+        guarded = any(t.replace(" ", "") == f"notenvs.{name}.is_set()" for t in tests)
+        for arch in archs:
+            self.writes.by_arch[name][arch] = _default_of(call.args[0])
+            if not guarded:
+                self.writes.forced[name].add(arch)
+
+    def _string(self, node: ast.expr) -> str | None:
+        value = node.value if isinstance(node, ast.Constant) else \
+            self.consts.get(node.id) if isinstance(node, ast.Name) else None
+        return value if isinstance(value, str) and ENV_NAME.match(value) else None
+
+    def _function_modes(self) -> dict[str, str]:
+        """Function name -> its reading mode: construction when `__init__`-like or cached, or
+        when every in-module caller is construction / import; call otherwise."""
+        direct: dict[str, str] = {}
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                cached = any(CACHED.search(ast.unparse(d).split("(")[0])
+                             for d in node.decorator_list)
+                if node.name in CONSTRUCTION or cached:
+                    direct[node.name] = "construction"
+        modes = dict(direct)
+        changed = True
+        while changed:
+            changed = False
+            for name, callers in self.callers.items():
+                if name in modes or not callers:
+                    continue
+                of = ["import" if c is None else modes.get(c, "call") for c in callers]
+                if "call" not in of:
+                    modes[name] = "construction"
+                    changed = True
+        return modes
+
+
+def _qualname(stack: tuple) -> str:
+    names = [s[1] for s in stack if s[0] in ("def", "class", "global")]
+    return ".".join(names) or "<module>"
+
+
+def _env_switch(name: str, sites: list[Site], decl: EnvDecl | None, writes: Writes) -> Switch:
+    """The model-path sites decide the mode and `hot`; a read in the server-args resolution
+    only picks the launch value (it sets os.environ), so it neither makes nor breaks `hot`."""
+    sites = sorted(sites, key=lambda s: (s.resolution, READS.index(s.mode), s.where))
+    first = sites[0]
+    model = [s for s in sites if not s.resolution]
+    typ = decl.type if decl else next((s.type for s in sites if s.type), "str")
+    default = decl.default if decl else next((s.default for s in sites if s.default), None)
+    gates = first.gates + (f" (+{len(sites) - 1})" if len(sites) > 1 else "")
+    return Switch(name=name, kind="env", type=typ, default=_per_arch(default, name, writes),
+                  read=first.mode, hot=bool(model) and all(s.mode == "call" for s in model),
+                  gates=gates,
+                  where=first.where, tier=tier_of(name),
+                  forced=tuple(sorted(writes.forced.get(name, ()))),
+                  copies=tuple(sorted({s.copy for s in model if s.copy})))
+
+
+def _written_only(name: str, decl: EnvDecl, writes: Writes) -> Switch:
+    """A switch the V4 blocks set per architecture but no V4 module reads by name (a shared
+    module reads it): its declaration is where, the server-args resolution what it gates."""
+    return Switch(name=name, kind="env", type=decl.type,
+                  default=_per_arch(decl.default, name, writes), read="construction",
+                  hot=False, gates="server-args resolution for DeepSeek-V4", where=decl.where,
+                  tier=tier_of(name), forced=tuple(sorted(writes.forced.get(name, ()))))
+
+
+def _per_arch(default: object, name: str, writes: Writes) -> object:
+    by_arch = writes.by_arch.get(name)
+    if not by_arch:
+        return default
+    base = dict(default) if isinstance(default, dict) and "default" in default else \
+        {"default": default}
+    return {**base, **by_arch}
+
+
+def server_args(src: SourceTree) -> list[Switch]:
+    """The kernel / format / topology server arguments (`ARG_RULE`) as the release declares
+    them: dataclass fields of `ServerArgs` (and of `arg_groups/fields/` where it has them)."""
+    out: dict[str, Switch] = {}
+    for rel in [r for r in src.py_files() if ARG_FILES.match(r)]:
+        tree = _parse(src, rel)
+        for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)] if tree else []:
+            for stmt in cls.body:
+                if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+                    continue
+                field_name = stmt.target.id
+                if not ARG_RULE.match(field_name) or NOT_ARG.match(field_name):
+                    continue
+                name = arg_name(field_name)
+                out.setdefault(name, Switch(
+                    name=name, kind="arg", type=_arg_type(stmt.annotation),
+                    default=_arg_default(stmt.value), read="construction", hot=False,
+                    gates=f"{cls.name}.{field_name}", where=f"{rel}:{stmt.lineno}",
+                    tier=tier_of(field_name)))
+    return sorted(out.values(), key=lambda s: s.name)
+
+
+def _arg_type(node: ast.expr) -> str:
+    if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "A":
+        inner = node.slice.elts[0] if isinstance(node.slice, ast.Tuple) else node.slice
+        return _arg_type(inner)
+    text = ast.unparse(node)
+    m = re.fullmatch(r"Optional\[(.+)\]", text)
+    return f"{m.group(1)}|None" if m else text.replace(" ", "")
+
+
+def _arg_default(node: ast.expr | None) -> object:
+    if node is None:
+        return None
+    if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("field"):
+        for kw in node.keywords:
+            if kw.arg == "default":
+                return _default_of(kw.value)
+            if kw.arg == "default_factory":
+                return f"<{ast.unparse(kw.value)}()>"
+    return _default_of(node)
