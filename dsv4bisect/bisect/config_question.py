@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.question import Question, base_sets
+from dsv4bisect.bisect.switch_info import describe, in_catalog, other_vendor
 from dsv4bisect.bisect.setting_candidates import ABSENT, ARG, ENV, is_setting, key_value
 from dsv4bisect.config.diff import argv_items
 from dsv4bisect.config.resolve import LoadedProfile, Overrides, load_profile, resolve
@@ -33,7 +34,10 @@ CANNOT_MATTER = {
     "waits", "allow_unverified_sglang": "a guard of the launcher, not of the engine"}
 QUIET_FLAG = re.compile(r"^--(port|host|.*log.*|api-key|served-model-name|download-dir|"
                         r"enable-metrics|show-time-cost|.*bootstrap-port.*)$")
-QUIET_ENV = re.compile(r"(^|_)(LOG|LOGGING|VERBOSITY|DEBUG_LOG|PORT|HOME|CACHE|DIR|PATH)($|_)")
+# Variables that only say where to log, listen or keep files (a switch of the engine's catalog
+# is never one of them: it is read on the model's path).
+QUIET_ENV = re.compile(r"(^|_)(LOG|LOGGING|LOG_LEVEL|VERBOSITY)(_|$)|(_PORT|_HOME|_DIR|_PATH)$|"
+                       r"^(HOME|PATH|TMPDIR)$")
 @dataclass(frozen=True)
 class Difference:
     name: str  # the candidate's name (a patch, engine.K, env:X, arg:--F)
@@ -91,14 +95,17 @@ def differences(a: LoadedProfile, b: LoadedProfile, a_ref: str, b_ref: str
     for name in dict.fromkeys([*ea.env, *eb.env]):
         va, vb = ea.env.get(name, ABSENT), eb.env.get(name, ABSENT)
         if va != vb:
-            why = ("a secret" if is_secret(name) else "a log, port or path setting"
-                   if QUIET_ENV.search(name) else None)
+            listed = in_catalog(name, a.profile)  # read on V4's path: never quiet or secret
+            why = ("a secret" if is_secret(name) and not listed else "a log, port or path "
+                   "setting" if QUIET_ENV.search(name) and not listed else
+                   other_vendor(name, ea.gpu_arch or "sm120") if ea.kind == "sglang" else None)
             out.append(Difference(f"{ENV}{name}", va, vb, why))
     fa, fb = argv_items(tuple(ea.args)), argv_items(tuple(eb.args))
     for flag in dict.fromkeys([*fa, *fb]):
         va, vb = fa.get(flag, ABSENT), fb.get(flag, ABSENT)
         if va != vb:
-            quiet = QUIET_FLAG.match(flag) or flag == "(command)"
+            quiet = (QUIET_FLAG.match(flag) and not in_catalog(flag, a.profile)) or \
+                flag == "(command)"
             out.append(Difference(f"{ARG}{flag}", va, vb,
                                   "a log, port, address or name flag" if quiet else None))
     for section in ("probe", "bisect"):
@@ -157,7 +164,6 @@ def _key_left_out(key: str, a_ref: str, b_ref: str) -> str | None:
 def config_question(good_ref: str, bad_ref: str, overrides: Overrides = Overrides(),
                     candidates: str | None = None) -> Question:
     """The question between two configurations; `overrides` apply to B (as diff-config)."""
-    from dsv4bisect.bisect.switch_info import describe
     from dsv4bisect.config.resolve import resolve_loaded
 
     a_ref, a, a_sets = load_end(good_ref)

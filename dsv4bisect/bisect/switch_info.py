@@ -3,10 +3,8 @@
 Patches answer from their resolved choice (patching/spec.py). Settings answer from the engine's
 switch catalog: the embedded engine's (config/embedded_switches.py) or the SGLang release's
 (patching/switch_catalog.py, read from the wheel); a switch neither names gets its tier from the
-name rule below. The prior weight follows the tier (docs/bisect.md "Bisecting two
-configurations"): kernel and precision choices are risk tier 1 (weight 2), topology and the
-rest tier 2 (weight 1), scheduling and logging tier 3 (weight 0.5) — the same three weights
-the patches' risk tiers have.
+catalog's word rule over its name (`tier_of`). The prior weight follows the tier
+(`SWITCH_WEIGHT`; docs/bisect.md "Bisecting two configurations").
 """
 
 from __future__ import annotations
@@ -18,27 +16,16 @@ from typing import Any
 from dsv4bisect.bisect.setting_candidates import ARG, ENV, setting_kind
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.schema import Profile
+from dsv4bisect.errors import ConfigError
+from dsv4bisect.patching.switch_catalog import TIER_PRIOR, load_catalog, tier_of
 
-# Prior weight per switch tier, on the patches' scale (risk tier 1: 2.0, 2: 1.0, 3: 0.5):
-# kernel and precision choices are where the field regressions were traced (FP8 wo_a GEMM, FP4
-# experts, the TileLang indexer), topology changes reductions and routing, scheduling changes
-# numerics only by re-chunking or batching, logging should never.
-SWITCH_WEIGHT = {"kernel": 2.0, "precision": 2.0, "topology": 1.0, "other": 0.5,
-                 "scheduling": 0.5, "logging": 0.125}
+# Prior weight per switch tier, on the patches' scale (risk tier 1: 2.0, 2: 1.0, 3: 0.5): the
+# switch catalog's tier ratios (kernel and precision 4, topology 2, other and scheduling 1,
+# logging 0.25: patching/switch_catalog.py, TIER_PRIOR) halved, so a kernel switch weighs as a
+# risk-1 patch.
+SWITCH_WEIGHT = {tier: w / 2 for tier, w in TIER_PRIOR.items()}
 RISK_OF_TIER = {"kernel": 1, "precision": 1, "topology": 2, "other": 2, "scheduling": 3,
                 "logging": 3}
-# The name rule, for a switch no catalog describes: first match wins, in this order.
-NAME_TIERS = (
-    ("logging", re.compile(r"LOG|METRIC|TRACE|PROFIL|DEBUG|VERBOS", re.I)),
-    ("precision", re.compile(r"FP8|FP4|BF16|FP16|FP32|TF32|DTYPE|QUANT|PRECISION|SCALE", re.I)),
-    ("kernel", re.compile(r"KERNEL|BACKEND|GEMM|FUSE|TILELANG|TRITON|DEEPGEMM|FLASHINFER|"
-                          r"CUTLASS|MARLIN|CUDA.?GRAPH|MLA|ATTENTION|INDEXER|MHC|TOPK|"
-                          r"SPECULATIVE|COMPILE", re.I)),
-    ("topology", re.compile(r"(^|[-_.])(TP|DP|EP|PP|GPUS|NNODES|DISAGG\w*|"
-                            r"ENABLE.DP.ATTENTION)($|[-_.])", re.I)),
-    ("scheduling", re.compile(r"CHUNK|RUNNING|BATCH|RADIX|SCHEDUL|MEM.FRACTION|CACHE|"
-                              r"MAX.MODEL.LEN|CONTEXT", re.I)),
-)
 # Where an `engine` key of an SGLang profile goes: its server flag (config/processes.py).
 SGLANG_FLAG = {"moe_backend": "--moe-runner-backend", "quantization": "--quantization",
                "chunked_prefill_size": "--chunked-prefill-size", "tp": "--tp", "dp": "--dp",
@@ -63,13 +50,6 @@ class SwitchInfo:
     def weight(self) -> float:
         """The prior weight of its tier: SWITCH_WEIGHT (a patch's comes from its risk tier)."""
         return SWITCH_WEIGHT[self.tier]
-
-
-def name_tier(name: str) -> str:
-    for tier, pattern in NAME_TIERS:
-        if pattern.search(name):
-            return tier
-    return "other"
 
 
 def describe(name: str, value: str, profile: Profile, patches: dict[str, Any]) -> SwitchInfo:
@@ -100,7 +80,7 @@ def _catalog_tier(name: str, profile: Profile) -> tuple[str, str]:
             return found_tier, f"SGLang {engine.sglang_version}'s switch catalog"
     key = name[len(ENV):] if name.startswith(ENV) else name[len(ARG):] \
         if name.startswith(ARG) else name.rsplit(".", 1)[-1]
-    return name_tier(key), "the name rule"
+    return tier_of(key), "the name rule"
 
 
 def _sglang_tier(name: str, release: str | None) -> str | None:
@@ -108,18 +88,35 @@ def _sglang_tier(name: str, release: str | None) -> str | None:
     if release is None:
         return None
     try:
-        from dsv4bisect.patching.switch_catalog import load_catalog
-    except ImportError:  # the catalog ships with the switch discovery (issue 27 item 1)
-        return None
-    try:
         catalog = load_catalog(release)
-    except Exception:  # noqa: BLE001 - a release without shipped data: the name rule
+    except ConfigError:  # no catalog ships for it: the name rule
         return None
     for key in _catalog_names(name):
-        found = catalog.by_name(key)
+        found = catalog.get(key)
         if found is not None:
             return str(found.tier)
     return None
+
+
+OTHER_VENDOR = re.compile(r"(^|_)(HIP|ROCM|NPU|AITER)(_|$)")
+
+
+def other_vendor(switch: str, arch: str) -> str | None:
+    """Why an AMD or Ascend path's switch cannot act on an NVIDIA GPU (None: it can)."""
+    if arch.startswith("sm") and OTHER_VENDOR.search(switch.lstrip("-").upper().replace("-", "_")):
+        return f"an AMD/NPU path's switch: not read on {arch}"
+    return None
+
+
+def in_catalog(switch: str, profile: Profile) -> bool:
+    """Whether the SGLang release's catalog lists this variable or flag (read on V4's path)."""
+    engine = profile.engine
+    if engine.kind != "sglang" or not engine.sglang_version:
+        return False
+    try:
+        return load_catalog(engine.sglang_version).get(switch) is not None
+    except ConfigError:
+        return False
 
 
 def _catalog_names(name: str) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from typing import Any
 from dsv4bisect.bisect.config_question import Difference, ends
 from dsv4bisect.bisect.question import Question, base_sets
 from dsv4bisect.bisect.setting_candidates import ABSENT, ARG, ENV
+from dsv4bisect.bisect.switch_info import other_vendor
 from dsv4bisect.config.diff import argv_items
 from dsv4bisect.config.resolve import Overrides, load_profile, resolve_loaded
 from dsv4bisect.config.schema import BisectSettings
@@ -85,9 +86,8 @@ def upgrade_differences(profile: str, old: str, overrides: Overrides = Overrides
         env = switch.kind == "env"
         name = (ENV if env else ARG) + switch.name
         why = None
-        if arch.startswith("sm") and re.search(r"(^|_)(HIP|ROCM|NPU|AITER)(_|$)",
-                                                   switch.name):
-            why = f"an AMD/NPU path's switch: not read on {arch}"
+        if other_vendor(switch.name, arch):
+            why = other_vendor(switch.name, arch)
         elif (switch.name in stated_env) if env else (switch.name in stated_args):
             why = "the profile sets it: its value did not change with the release"
         elif d_old is None:

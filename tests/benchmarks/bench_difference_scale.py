@@ -6,7 +6,8 @@ P(correct) against the information bound, with the tier prior and with a flat on
 
 For each n, B is `dsv4-flash-tp8-latest` with n DeepSeek-V4 env switches of the release's
 catalog (patching/switch_data) changed from their defaults: drawn at random (seed n), so the
-tiers come in the catalog's own proportions. The bisect is assembled as `bisect --good-config
+tiers come in the catalog's own proportions (mostly kernel and precision), or with `--even`
+round-robin over the tiers. The bisect is assembled as `bisect --good-config
 A --bad-config B` assembles it (bisect/config_question.py, bisect/setup.py: SGLang's assumed
 costs, every env switch load-time) and simulated end to end (plan/simulate.py: the ends, the
 trials, the remedy check, the confirmation) against hidden culprit sets — singles and
@@ -36,16 +37,28 @@ from pathlib import Path
 import numpy as np
 
 
-def profile_pair(folder: Path, n: int, release: str) -> tuple[str, str]:
+def profile_pair(folder: Path, n: int, release: str, even: bool = False) -> tuple[str, str]:
     from dsv4bisect.patching.switch_catalog import load_catalog
 
+    from dsv4bisect.bisect.switch_info import other_vendor
     from dsv4bisect.config.resolve import resolve
 
     # the variables the profile's patches drive (their off values) are theirs, not B's to set
     driven = {k for p in resolve("dsv4-flash-tp8-latest").processes for k, _ in p.env}
     switches = [s for s in load_catalog(release).switches
-                if s.kind == "env" and s.name not in driven]
-    chosen = random.Random(n).sample(switches, n)
+                if s.kind == "env" and s.name not in driven and not other_vendor(s.name, "sm120")]
+    rng = random.Random(n)
+    if even:  # round-robin over the tiers: as many scheduling and logging as kernel switches
+        by_tier: dict[str, list] = {}
+        for s in rng.sample(switches, len(switches)):
+            by_tier.setdefault(s.tier, []).append(s)
+        chosen = []
+        while len(chosen) < n and any(by_tier.values()):
+            for tier in sorted(by_tier):
+                if by_tier[tier] and len(chosen) < n:
+                    chosen.append(by_tier[tier].pop())
+    else:
+        chosen = rng.sample(switches, n)
     env = {}
     for s in chosen:
         d = s.default_for("sm120")
@@ -74,11 +87,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[20, 30, 40])
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--release", default="0.5.23")
+    ap.add_argument("--even", action="store_true", help="draw the switches evenly over the "
+                    "tiers instead of in the catalog's proportions")
     args = ap.parse_args()
     capacity = 1 - (-(0.05 * math.log2(0.05) + 0.95 * math.log2(0.95)))
     with tempfile.TemporaryDirectory(prefix="diff-scale-") as tmp:
         for n in args.n:
-            a, b = profile_pair(Path(tmp), n, args.release)
+            a, b = profile_pair(Path(tmp), n, args.release, args.even)
             q = config_question(a, b)
             prep = prepare(q, Asked(Path(tmp) / "none.sqlite"))
             tiered = prep.setup()
