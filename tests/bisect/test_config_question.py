@@ -1,8 +1,8 @@
 """`bisect --good-config A --bad-config B`: every difference a candidate, trials built from A.
 
-The ten-setting pair of docs/results/2026-12-02-cpu-diffbisect (five patches, one the merge
-fault; a re-chunking chunk size, a request cap, the radix cache, an env variable, a server
-flag; a startup timeout that cannot matter) is the fixture.
+The ten-setting pair of docs/results/2026-12-02-cpu-diffbisect (four patches, three hot, one
+the merge fault; a re-chunking chunk size, a request cap, the radix cache, two env variables,
+a server flag; a startup timeout that cannot matter) is the fixture.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from dsv4bisect.errors import BisectError
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs/results/2026-12-02-cpu-diffbisect"
 SETTINGS = ("engine.chunked_prefill_size", "engine.max_running_requests",
-            "engine.disable_radix_cache", "env:OMP_NUM_THREADS", "arg:--header-timeout")
-PATCHES = ("mhc-bf16", "hash-topk-scaling", "mma-decode", "triton-indexer", "nvfp4-dispatch")
+            "engine.disable_radix_cache", "env:OMP_NUM_THREADS", "env:MALLOC_ARENA_MAX",
+            "arg:--header-timeout")
+PATCHES = ("hash-topk-scaling", "mma-decode", "triton-indexer", "nvfp4-dispatch")
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def test_every_difference_is_a_candidate_and_the_timeout_is_left_out(pair: tuple
     assert dict(q.left_out) == {"engine.startup_timeout_s": "how long the launcher waits"}
     assert q.bad["mma-decode"] == "merge-no-rescale" and "mma-decode" not in q.good
     assert q.good["env:OMP_NUM_THREADS"] == ABSENT and q.bad["env:OMP_NUM_THREADS"] == "2"
-    assert q.bad["arg:--header-timeout"] == "30"
+    assert q.bad["arg:--header-timeout"] == "30" and q.bad["triton-indexer"] == "fp32"
     # load-time: every setting and nvfp4-dispatch (its patch says so); hot: the other patches
     assert set(q.load_time) == {*SETTINGS, "nvfp4-dispatch"}
     # the prior follows the switch tier: scheduling settings weigh less than a kernel patch
@@ -138,14 +139,24 @@ def test_diff_config_ends_with_the_bisect_command(cli, pair: tuple[str, str]) ->
     assert "dsv4bisect bisect dsv4-flash-tp8-latest --upgrade-from 0.5.13" in up.stdout
 
 
+def test_bisect_refuses_two_releases_with_the_upgrade_command(cli, tmp_path: Path) -> None:
+    r = cli("bisect", "--good-config", "dsv4-flash-tp8", "--bad-config",
+            "dsv4-flash-tp8-latest", "--plan", cwd=tmp_path)
+    assert r.returncode == 5
+    assert "hint: bisect the upgrade: dsv4bisect bisect dsv4-flash-tp8-latest --upgrade-from " \
+        "0.5.13" in r.stderr
+    lone = cli("bisect", "--good-config", "dsv4-flash-tp8", "--plan", cwd=tmp_path)
+    assert lone.returncode == 5 and "go together" in lone.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(3000)
 def test_ten_settings_bisect_names_the_merge_fault(cli, pair: tuple[str, str],
                                                    tmp_path: Path) -> None:
     """The issue's end-to-end case, with default options: two embedded configurations that
-    differ in ten settings (five hot patches, one the merge fault; five load-time settings,
-    one re-chunking) — the bisect names mma-decode in one round (docs/results/
+    differ in ten settings (three hot patches, one the merge fault; seven load-time, one
+    re-chunking) — the bisect names mma-decode in one round (docs/results/
     2026-12-02-cpu-diffbisect has the recorded run)."""
     r = cli("bisect", "--good-config", pair[0], "--bad-config", pair[1], "--json", "--out",
             tmp_path / "runs", cwd=tmp_path, timeout=2900)
