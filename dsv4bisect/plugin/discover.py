@@ -64,6 +64,8 @@ ENV_TYPES = {"EnvBool": "bool", "EnvInt": "int", "EnvFloat": "float", "EnvStr": 
 
 @dataclass(frozen=True)
 class EnvDecl:
+    """`NAME = EnvBool(default)` in srt/environ.py: its type, default and line."""
+
     type: str
     default: object
     where: str
@@ -96,21 +98,46 @@ def discover(src: SourceTree, release: str | None = None) -> SwitchCatalog:
     decls = env_declarations(src)
     sites: dict[str, list[Site]] = defaultdict(list)
     writes = Writes()
+    scans = []
     for rel in src.py_files():
         v4_file = bool(V4_MODULE.search(rel)) and not NOT_V4.search(rel)
         if not v4_file and not SHARED.match(rel):
             continue
         tree = _parse(src, rel)
-        if tree is None:
-            continue
-        for site in _ModuleScan(rel, tree, writes, v4_file, not v4_file).sites():
-            if v4_file or site.guarded:
+        if tree is not None:
+            scans.append(_ModuleScan(rel, tree, writes, v4_file, not v4_file))
+    # a V4 module's helper is often called from another one's __init__ (0.5.19's fused-mHC
+    # guard): callers are taken over every module read, by function name
+    modes = function_modes(scans)
+    for scan in scans:
+        for site in scan.sites(modes):
+            if scan.v4_file or site.guarded:
                 sites[site.name].append(site)
+    _readers_elsewhere(src, {n for n in writes.by_arch if n not in sites and n in decls},
+                       sites)
     envs = [_env_switch(n, s, decls.get(n), writes) for n, s in sorted(sites.items())]
-    envs += [_written_only(n, decls.get(n), writes) for n in sorted(writes.by_arch)
-             if n not in sites and n in decls]
     return SwitchCatalog(release=release, switches=(*sorted(envs, key=lambda s: s.name),
                                                     *server_args(src)))
+
+
+def _readers_elsewhere(src: SourceTree, names: set[str], sites: dict[str, list[Site]]) -> None:
+    """Where the switches the V4 blocks set, but no V4 module reads, are read: any module of
+    the release outside its tests (a text search first, then AST)."""
+    if not names:
+        return
+    for rel in src.py_files():
+        if rel.startswith("sglang/test/"):
+            continue
+        text = src.text(rel) or ""
+        if not any(n in text for n in names):
+            continue
+        tree = _parse(src, rel)
+        if tree is None:
+            continue
+        scan = _ModuleScan(rel, tree, Writes(), False, bool(SHARED.match(rel)))
+        for site in scan.sites(function_modes([scan])):
+            if site.name in names:
+                sites[site.name].append(site)
 
 
 def _parse(src: SourceTree, rel: str) -> ast.Module | None:
@@ -172,22 +199,23 @@ class _ModuleScan:
                        and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
                        for t in n.targets if isinstance(t, ast.Name)}
         self.raw: list[tuple[str, int, tuple, str | None, object]] = []
-        self.callers: dict[str, set[str | None]] = defaultdict(set)
+        # (None: a bare `f()` anywhere | this module: `x.f()` here, callee) -> calling functions
+        self.callers: dict[tuple[str | None, str], set[tuple[str, str] | None]] = \
+            defaultdict(set)
         self.global_uses: dict[str, set[str | None]] = defaultdict(set)  # global -> readers
         self.module = rel[:-len(".py")].replace("/", ".").removesuffix(".__init__")
         self._visit(tree, ())
 
-    def sites(self) -> Iterator[Site]:
-        modes = self._function_modes()
+    def sites(self, modes: dict[str, str]) -> Iterator[Site]:
         for name, line, stack, typ, default in self.raw:
             funcs = [s for s in stack if s[0] == "def"]
             mode = "import" if not funcs else "construction" if self.resolution else \
-                min((modes.get(f[1], "call") for f in funcs), key=READS.index)
+                min((modes.get((self.rel, f[1]), "call") for f in funcs), key=READS.index)
             copy = None
             if stack and stack[0][0] == "global" and not self.resolution:
                 # `_g = envs.X.get()` at import: what counts is when `_g` is read
                 uses = self.global_uses.get(stack[0][1], set())
-                if uses and None not in uses and all(modes.get(u, "call") == "call"
+                if uses and None not in uses and all(modes.get((self.rel, u), "call") == "call"
                                                      for u in uses):
                     mode, copy = "call", f"{self.module}.{stack[0][1]}"
             guarded = any(V4_MARK.search(s[1]) for s in stack)
@@ -200,6 +228,8 @@ class _ModuleScan:
                 cached = any(CACHED.search(ast.unparse(d).split("(")[0])
                              for d in child.decorator_list)
                 self._visit(child, (*stack, ("def", child.name, cached)))
+            elif isinstance(child, ast.Lambda):  # runs when called, like a def
+                self._visit(child, (*stack, ("def", "<lambda>", False)))
             elif isinstance(child, ast.ClassDef):
                 self._visit(child, (*stack, ("class", child.name)))
             elif isinstance(child, ast.Assign) and not stack and \
@@ -226,11 +256,11 @@ class _ModuleScan:
             funcs = [s for s in stack if s[0] == "def"]
             self.global_uses[node.id].add(funcs[-1][1] if funcs else None)
         if isinstance(node, ast.Call):
-            callee = node.func.attr if isinstance(node.func, ast.Attribute) else \
-                node.func.id if isinstance(node.func, ast.Name) else None
-            if callee:
+            key = (self.rel, node.func.attr) if isinstance(node.func, ast.Attribute) else \
+                (None, node.func.id) if isinstance(node.func, ast.Name) else None
+            if key:
                 funcs = [s for s in stack if s[0] == "def"]
-                self.callers[callee].add(funcs[-1][1] if funcs else None)
+                self.callers[key].add((self.rel, funcs[-1][1]) if funcs else None)
             self._see_reader_call(node, stack)
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
                 and isinstance(node.value.value, ast.Name) and node.value.value.id == "envs" \
@@ -275,28 +305,37 @@ class _ModuleScan:
             self.consts.get(node.id) if isinstance(node, ast.Name) else None
         return value if isinstance(value, str) and ENV_NAME.match(value) else None
 
-    def _function_modes(self) -> dict[str, str]:
-        """Function name -> its reading mode: construction when `__init__`-like or cached, or
-        when every in-module caller is construction / import; call otherwise."""
-        direct: dict[str, str] = {}
-        for node in ast.walk(self.tree):
+
+def function_modes(scans: list[_ModuleScan]) -> dict[tuple[str, str], str]:
+    """(module file, function name) -> the earliest mode it runs in: construction when
+    `__init__`-like or cached; import when a module body calls it, construction when such a
+    function does (a helper that decides at load and is asked again per call still fixed the
+    value at load); call otherwise (never called from `scans`: a forward is called from
+    outside). Callers: a bare `f()` in any module read, `x.f()` in the defining module."""
+    modes: dict[tuple[str, str], str] = {}
+    defined: list[tuple[str, str]] = []
+    callers: dict[tuple[str | None, str], set[tuple[str, str] | None]] = defaultdict(set)
+    for scan in scans:
+        for node in ast.walk(scan.tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defined.append((scan.rel, node.name))
                 cached = any(CACHED.search(ast.unparse(d).split("(")[0])
                              for d in node.decorator_list)
                 if node.name in CONSTRUCTION or cached:
-                    direct[node.name] = "construction"
-        modes = dict(direct)
-        changed = True
-        while changed:
-            changed = False
-            for name, callers in self.callers.items():
-                if name in modes or not callers:
-                    continue
-                of = ["import" if c is None else modes.get(c, "call") for c in callers]
-                if "call" not in of:
-                    modes[name] = "construction"
-                    changed = True
-        return modes
+                    modes[scan.rel, node.name] = "construction"
+        for key, by in scan.callers.items():
+            callers[key] |= by
+    changed = True
+    while changed:
+        changed = False
+        for rel, name in defined:
+            by = callers.get((None, name), set()) | callers.get((rel, name), set())
+            earliest = min(("import" if c is None else modes.get(c, "call") for c in by),
+                           key=READS.index, default="call")
+            if READS.index(earliest) < READS.index(modes.get((rel, name), "call")):
+                modes[rel, name] = earliest
+                changed = True
+    return modes
 
 
 def _qualname(stack: tuple) -> str:
@@ -319,15 +358,6 @@ def _env_switch(name: str, sites: list[Site], decl: EnvDecl | None, writes: Writ
                   where=first.where, tier=tier_of(name),
                   forced=tuple(sorted(writes.forced.get(name, ()))),
                   copies=tuple(sorted({s.copy for s in model if s.copy})))
-
-
-def _written_only(name: str, decl: EnvDecl, writes: Writes) -> Switch:
-    """A switch the V4 blocks set per architecture but no V4 module reads by name (a shared
-    module reads it): its declaration is where, the server-args resolution what it gates."""
-    return Switch(name=name, kind="env", type=decl.type,
-                  default=_per_arch(decl.default, name, writes), read="construction",
-                  hot=False, gates="server-args resolution for DeepSeek-V4", where=decl.where,
-                  tier=tier_of(name), forced=tuple(sorted(writes.forced.get(name, ()))))
 
 
 def _per_arch(default: object, name: str, writes: Writes) -> object:
