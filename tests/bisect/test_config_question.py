@@ -165,3 +165,13 @@ def test_ten_settings_bisect_names_the_merge_fault(cli, pair: tuple[str, str],
     assert report["culprits"] == ["mma-decode"], report["culprits"]
     assert "candidates (10)" in r.stderr
     assert "left out: engine.startup_timeout_s" in r.stderr
+
+
+def test_switches_of_a_reference_profile_are_the_embedded_catalog(cli, tmp_path: Path) -> None:
+    r = cli("switches", "reference", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    names = {s["name"]: s for s in doc["switches"]}
+    assert doc["release"] == "embedded"
+    assert names["engine.chunked_prefill_size"]["gates"] == "--chunk-size"
+    assert names["mma-decode"]["hot"] is True
