@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dsv4bisect.bisect.setting_candidates import is_setting, setting_overrides
 from dsv4bisect.config.engine_config import EngineConfig, PatchChoice
 from dsv4bisect.config.resolve import Overrides, resolve
 from dsv4bisect.config.schema import BisectSettings
@@ -36,6 +37,12 @@ class Question:
     # candidate -> why switching it needs a fresh launch; absent: hot-switchable in a running
     # engine (docs/hot-switching.md)
     load_time: dict[str, str] = field(default_factory=dict)
+    # candidate -> its switch tier and where the tier came from (settings of a bisect between
+    # two configurations; bisect/switch_info.py)
+    tier_names: dict[str, str] = field(default_factory=dict)
+    # candidate -> prior weight of a setting from its switch tier (patches: their risk tier)
+    setting_weights: dict[str, float] = field(default_factory=dict)
+    upgrade: tuple[str, str] | None = None  # (old, new) SGLang release of --upgrade-from
 
 
 def base_sets(sets: Sequence[str]) -> tuple[str, ...]:
@@ -44,13 +51,18 @@ def base_sets(sets: Sequence[str]) -> tuple[str, ...]:
 
 
 def patch_overrides(patches: Mapping[str, str], sets: Sequence[str] = ()) -> Overrides:
-    """Overrides that turn exactly `patches` on (with their variants), everything else off."""
+    """Overrides that turn exactly `patches` on (with their variants), everything else off;
+    the settings among them (bisect/setting_candidates.py) put at their values."""
     builtins = builtin_patches()
     order = {name: i for i, name in enumerate(builtins)}
-    names = sorted(patches, key=lambda n: (order.get(n, len(order)), n))  # registry order
+    settings = {n: v for n, v in patches.items() if is_setting(n)}
+    names = sorted((n for n in patches if n not in settings),
+                   key=lambda n: (order.get(n, len(order)), n))  # registry order
     variants = tuple(f"patches.{n}.variant={_yaml_str(patches[n])}" for n in names
                      if n in builtins)
-    return Overrides(sets=(*base_sets(sets), *variants), only=tuple(names))
+    put = setting_overrides(settings)
+    return Overrides(sets=(*base_sets(sets), *variants, *put.sets), only=tuple(names),
+                     unset=put.unset, args=put.args)
 
 
 def _yaml_str(value: str) -> str:

@@ -126,8 +126,10 @@ def bad_end(q: Question) -> dict[str, str]:
 
 
 def tier_priors(q: Question) -> dict[str, float]:
-    """Prior weights by patch tier, with the profile's `bisect.priors` over them."""
+    """Prior weights by patch tier and setting tier, with the profile's `bisect.priors` over
+    them."""
     weights = tier_weights(q.tiers)
+    weights.update(q.setting_weights)  # settings: by switch tier (bisect/switch_info.py)
     weights.update({k: v for k, v in (q.bisect.priors or {}).items() if k in weights})
     return weights
 

@@ -40,6 +40,7 @@ from dsv4bisect.cli.options import (
     one_output,
     overrides,
 )
+from dsv4bisect.config.resolve import Overrides
 from dsv4bisect.engines.rundir import ensure_runs_root, new_run_dir
 from dsv4bisect.errors import BisectError, ExitCode
 from dsv4bisect.run.orphans import clean_predecessors
@@ -93,6 +94,15 @@ def bisect(
     bad: Annotated[str | None, Opt(metavar="P[:V],...|none", help="The bad end's patches "
                                       "(default: the profile's, with the overrides).")] = None,
     candidates: Annotated[str | None, Opt(metavar="P,Q", help="Search only these.")] = None,
+    good_config: Annotated[str | None, Opt(metavar="A", help="Bisect every difference "
+                                           "between two configurations: A, the one that "
+                                           "works (profile or run directory).")] = None,
+    bad_config: Annotated[str | None, Opt(metavar="B", help="...and B, the one that fails "
+                                          "(the overrides apply to B).")] = None,
+    upgrade_from: Annotated[str | None, Opt(metavar="RELEASE", help="Bisect an SGLang "
+                                            "upgrade: the switches whose defaults changed "
+                                            "since RELEASE (the profile's release is the "
+                                            "new one).")] = None,
     confidence: Annotated[float | None, Opt(callback=finite(0.5, 0.999999),
                                             help="Stop at this posterior (0.95).")] = None,
     max_trials: Annotated[int | None, Opt(min=2, max=100_000, help="Budget of probe runs.")
@@ -161,7 +171,10 @@ def bisect(
         from dsv4bisect.bisect.setup import Asked, prepare
 
         ov = overrides(enable, disable, only, sets)
-        question = resolve_question(profile, ov, good, bad, candidates)
+        question = _question(profile, ov, good, bad, candidates, good_config, bad_config,
+                             upgrade_from)
+        if good_config or bad_config or upgrade_from:  # trials run the good end's profile
+            profile, ov = question.profile, Overrides(sets=question.sets)
         prep = prepare(question, Asked(
             ledger_path or out / LEDGER, tier, confidence, max_trials, parallel,
             warn_as.value if warn_as else None, drift.value if drift else None, test_cmd,
@@ -206,7 +219,46 @@ def bisect(
             run_dir = new_run_dir(out, "bisect-" + Path(profile).stem, runner.probe_hash)
             outcome = _drive(runner, run_dir, display, lambda: start_bisect(
                 spec, runner, ledger, run_dir, display, request=request))
+        if question.upgrade and outcome.result.status.value == "good-end-fails":
+            _say_code_regression(question)
     _finish(outcome, json_out, fmt)
+
+
+def _say_code_regression(q: Question) -> None:
+    """An upgrade whose good end (the new release at the old defaults) fails already."""
+    from dsv4bisect.bisect.upgrade import code_bisect_hint
+
+    assert q.upgrade is not None
+    old, new = q.upgrade
+    console().print(f"the good end ({new} with {old}'s switch defaults) fails too: the "
+                    f"regression is in {new}'s code, not in its switch defaults; "
+                    + code_bisect_hint(q.profile, old, new), style="yellow", markup=False,
+                    highlight=False)
+
+
+def _question(profile: str, ov: Overrides, good: str | None, bad: str | None,
+              candidates: str | None, good_config: str | None, bad_config: str | None,
+              upgrade_from: str | None) -> Question:
+    """The question: a profile's patches, two configurations, or an upgrade."""
+    if good_config is None and bad_config is None and upgrade_from is None:
+        return resolve_question(profile, ov, good, bad, candidates)
+    if good is not None or bad is not None:
+        raise BisectError("--good/--bad choose patch sets of one profile",
+                          "drop them: --good-config/--bad-config and --upgrade-from set both "
+                          "ends themselves")
+    if upgrade_from is not None:
+        if good_config is not None or bad_config is not None:
+            raise BisectError("--upgrade-from and --good-config/--bad-config each set both "
+                              "ends", "use one of them")
+        from dsv4bisect.bisect.upgrade import upgrade_question
+
+        return upgrade_question(profile, upgrade_from, ov, candidates)
+    if good_config is None or bad_config is None:
+        raise BisectError("--good-config and --bad-config go together",
+                          "give both: --good-config A --bad-config B")
+    from dsv4bisect.bisect.config_question import config_question
+
+    return config_question(good_config, bad_config, ov, candidates)
 
 
 def _drive(runner: Runner, run_dir: Path, display: BisectDisplay, go: Any) -> BisectOutcome:
@@ -364,10 +416,22 @@ def _say_question(q: Question, noise: Noise, where: str) -> None:
     con = console()
     con.print(f"candidates ({len(q.candidates)}): {', '.join(q.candidates)}", markup=False)
     for name in q.candidates:
-        if q.deliveries.get(name, "reference") != "reference":
-            con.print(f"  {name}: {q.deliveries[name]}", markup=False, highlight=False)
+        how = q.deliveries.get(name, "reference")
+        if how != "reference" or name in q.tier_names:
+            extra = [how] if how != "reference" else []
+            extra += [f"tier {q.tier_names[name]}"] if name in q.tier_names else []
+            extra += ["load-time" if name in q.load_time else "hot"]
+            con.print(f"  {name}: {'; '.join(extra)}", markup=False, highlight=False)
     for name, why in q.left_out:
         con.print(f"left out: {name} ({why})", style="dim", markup=False)
+    if q.upgrade is not None:
+        from dsv4bisect.bisect.upgrade import code_bisect_hint
+
+        old, new = q.upgrade
+        con.print(f"upgrade {old} → {new}: good end = {new} with {old}'s switch defaults. If "
+                  f"it fails too, the regression is in code: "
+                  + code_bisect_hint(q.profile, old, new), style="dim", markup=False,
+                  highlight=False)
     con.print(f"noise: false fail {noise.false_fail:.3g}, false pass {noise.false_pass:.3g} "
               f"({where})", style="dim", markup=False)
 

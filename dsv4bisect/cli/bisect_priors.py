@@ -22,6 +22,7 @@ from dsv4bisect.bisect.microtest_priors import (
     priors_from_rows,
 )
 from dsv4bisect.bisect.question import Question
+from dsv4bisect.bisect.setting_candidates import is_setting
 from dsv4bisect.config.checkpoints import checkpoint_dir
 from dsv4bisect.config.resolve import Overrides, load_profile
 from dsv4bisect.errors import ConfigError, Dsv4BisectError
@@ -69,7 +70,10 @@ def candidate_coverage(q: Question, moe_backend: str) -> dict[str, Coverage]:
                           builtin=name in builtins, unmodelled_runner=runner)
            for name in q.candidates}
     for name in q.candidates:
-        if out[name].measured and name not in q.bad:
+        if is_setting(name):
+            out[name] = Coverage(False, "a setting, not a patch: the microtest has no check "
+                                 "for it")
+        elif out[name].measured and name not in q.bad:
             out[name] = Coverage(False, "off at the bad end (the microtest measures a patch on)")
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import asdict
 from typing import Annotated
 
@@ -10,7 +11,7 @@ import typer
 from rich.table import Table
 
 from dsv4bisect.cli.options import Disable, Enable, Json, Only, Set, overrides
-from dsv4bisect.config.diff import diff_configs
+from dsv4bisect.config.diff import Change, diff_configs
 from dsv4bisect.config.resolve import Overrides
 from dsv4bisect.errors import ConfigError, ExitCode
 from dsv4bisect.ui.console import stdout
@@ -18,6 +19,25 @@ from dsv4bisect.ui.console import stdout
 
 def register(app: typer.Typer) -> None:
     app.command("diff-config")(diff_config)
+
+
+def bisect_command(a: str, b: str, enable: list[str] | None, disable: list[str] | None,
+                   only: str | None, sets: list[str] | None, changes: list[Change],
+                   cfg_kind: str = "sglang") -> str | None:
+    """The `bisect` command that searches what the diff shows (None: nothing differs). Two
+    SGLang releases are an upgrade: the command bisects the switch defaults that changed."""
+    if not changes:
+        return None
+    release = next((c for c in changes if c.section == "engine" and c.key == "release"),
+                   None)
+    if release is not None and cfg_kind == "sglang":
+        return f"dsv4bisect bisect {shlex.quote(b)} --upgrade-from {release.a}"
+    words = ["dsv4bisect", "bisect", "--good-config", a, "--bad-config", b]
+    words += [w for name in enable or () for w in ("--enable", name)]
+    words += [w for name in disable or () for w in ("--disable", name)]
+    words += ["--only", only] if only is not None else []
+    words += [w for item in sets or () for w in ("--set", item)]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def diff_config(
@@ -43,11 +63,13 @@ def diff_config(
                           "directory", "give B as a profile, or drop the overrides")
     cfg_a, cfg_b = load_config(a), load_config(b, ov)
     changes = diff_configs(cfg_a, cfg_b)
+    command = bisect_command(a, b, enable, disable, only, sets, changes, cfg_b.kind)
     if json_out:
         print(json.dumps({"a": {"ref": a, "fingerprint": cfg_a.fingerprint},
                           "b": {"ref": b, "fingerprint": cfg_b.fingerprint},
                           "identical": not changes,
-                          "changes": [asdict(c) for c in changes]}, indent=2, default=str))
+                          "changes": [asdict(c) for c in changes],
+                          "bisect_command": command}, indent=2, default=str))
     elif not changes:
         stdout().print(f"identical (fingerprint {cfg_a.fingerprint})", markup=False)
     else:
@@ -57,5 +79,7 @@ def diff_config(
         for c in changes:
             table.add_row(c.section, c.key, str(c.a), str(c.b))
         stdout().print(table)
+        stdout().print(f"bisect these differences: {command}", markup=False, highlight=False,
+                       soft_wrap=True)
     if changes:
         raise typer.Exit(int(ExitCode.FAIL))

@@ -38,6 +38,11 @@ def switches(
     verified releases ships with dsv4bisect. Exit 0, 5 on bad input.
     """
     release, arch = NEWEST_VERIFIED, "sm120"
+    if profile is not None and sglang_src is None and _kind(profile) == "reference":
+        from dsv4bisect.cli.switches_embedded import show_embedded
+
+        show_embedded(json_out)  # the embedded engine's, read from its launcher
+        return
     if profile is not None:
         release, arch = _release_of(profile)
     if sglang_src is not None:
@@ -48,6 +53,12 @@ def switches(
         print(json.dumps(catalog.to_json(), indent=1))
         return
     _table(catalog, arch)
+
+
+def _kind(profile: str) -> str:
+    from dsv4bisect.config.resolve import load_profile
+
+    return load_profile(profile).profile.engine.kind
 
 
 def _release_of(profile: str) -> tuple[str, str]:

@@ -66,6 +66,16 @@ def _env(cfg: EngineConfig, role: str) -> dict[str, str]:
     return {k: (REDACTED if is_secret(k) else v) for k, v in env.items()}
 
 
+def _engine(cfg: EngineConfig) -> dict[str, Any]:
+    """The engine's own settings; `release`: the SGLang release (the embedded engine's source
+    hash), which changes code as well as switch defaults."""
+    version = cfg.identity.get("engine_version")
+    return {"kind": cfg.kind, "release": version.get("sglang", version) if
+            isinstance(version, dict) else version, "model": cfg.model,
+            "served_model_name": cfg.served_model_name, "startup_timeout_s": cfg.startup_timeout_s,
+            "cannot_start": cfg.cannot_start}
+
+
 def diff_configs(a: EngineConfig, b: EngineConfig) -> list[Change]:
     """The changes, with every secret of either side hidden (by position and by value)."""
     secrets = secrets_in(a.to_json(redact=False)) | secrets_in(b.to_json(redact=False))
@@ -75,10 +85,7 @@ def diff_configs(a: EngineConfig, b: EngineConfig) -> list[Change]:
 
 def _diff(a: EngineConfig, b: EngineConfig) -> list[Change]:
     changes: list[Change] = []
-    engine_a = {"kind": a.kind, "model": a.model, "served_model_name": a.served_model_name,
-                "startup_timeout_s": a.startup_timeout_s, "cannot_start": a.cannot_start}
-    engine_b = {"kind": b.kind, "model": b.model, "served_model_name": b.served_model_name,
-                "startup_timeout_s": b.startup_timeout_s, "cannot_start": b.cannot_start}
+    engine_a, engine_b = _engine(a), _engine(b)
     changes += _compare("engine", engine_a, engine_b)
     changes += _compare("patches", _patches(a), _patches(b), absent="off")
     roles_a = [p.role for p in a.processes]

@@ -39,6 +39,11 @@ class Overrides:
     enable: tuple[str, ...] = ()
     disable: tuple[str, ...] = ()
     only: tuple[str, ...] | None = None
+    # A trial between two configurations (bisect --good-config/--bad-config) also removes keys
+    # (`engine.env.X`, `engine.max_running_requests`: back to the engine's default) and sets
+    # single server flags inside `engine.args` (flag -> value; None removes the flag).
+    unset: tuple[str, ...] = ()
+    args: tuple[tuple[str, str | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -331,6 +336,10 @@ def _apply_overrides(layered: Layered, ov: Overrides) -> None:
             layered.provenance[section] = f"--set {item}"
         if len(path) == 3 and path[0] == "patches" and path[2] == "variant":
             variant_sets.add(str(path[1]))
+    for key in ov.unset:
+        _unset(layered, key)
+    for flag, value in ov.args:
+        _set_arg(layered, flag, value)
     known = _known_names(layered)
     for name in [*(ov.only or ()), *ov.enable, *ov.disable]:
         if name not in known:
@@ -348,6 +357,41 @@ def _apply_overrides(layered: Layered, ov: Overrides) -> None:
         _toggle(layered, name, True, f"--enable {name}")
     for name in ov.disable:
         _toggle(layered, name, False, f"--disable {name}")
+
+
+def _unset(layered: Layered, dotted: str) -> None:
+    """Remove `dotted` from the merged profile (absent: the schema's default applies)."""
+    keys = dotted.split(".")
+    node: Any = layered.data
+    for key in keys[:-1]:
+        node = node.get(key) if isinstance(node, dict) else None
+        if node is None:
+            return
+    if isinstance(node, dict):
+        node.pop(keys[-1], None)
+    for stale in [p for p in layered.provenance if p[: len(keys)] == tuple(keys)]:
+        del layered.provenance[stale]
+
+
+def _set_arg(layered: Layered, flag: str, value: str | None) -> None:
+    """`engine.args` with every occurrence of `flag` (and its values) replaced by `flag value`
+    (`value` "": a bare flag; None: the flag removed)."""
+    engine = layered.data.setdefault("engine", {})
+    args = engine.get("args") if isinstance(engine, dict) else None
+    if not isinstance(engine, dict) or not isinstance(args, (list, type(None))):
+        raise ConfigError(f"engine.args: cannot set {flag}", "engine.args must be a list")
+    kept: list[Any] = []
+    skipping = False
+    for token in args or []:
+        text = str(token)
+        if text.startswith("--"):
+            skipping = text.partition("=")[0] == flag
+        if not skipping:
+            kept.append(token)
+    if value is not None:
+        kept += [flag, *value.split()]
+    engine["args"] = kept
+    layered.provenance[("engine", "args")] = f"--good-config/--bad-config {flag}"
 
 
 def _new_sections(data: dict[str, Any], dotted: str) -> list[tuple[str, ...]]:

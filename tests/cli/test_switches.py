@@ -32,7 +32,9 @@ def test_a_profile_picks_its_release_and_the_table_its_architecture(cli) -> None
 
 def test_bad_input_is_one_error_and_exit_5(cli, tmp_path: Path) -> None:
     (tmp_path / "not-a.whl").write_text("x")
-    for args in (("switches", "reference"),
+    # (`switches reference` lists the embedded engine's catalog: tests/bisect/
+    # test_config_question.py)
+    for args in (("switches", "no-such-profile"),
                  ("switches", "--sglang-src", str(tmp_path / "missing")),
                  ("switches", "--sglang-src", str(tmp_path / "not-a.whl")),
                  ("switches", "--sglang-src", str(tmp_path))):

@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 
 from dsv4bisect import env as envvars
 from dsv4bisect.base import switching
+from dsv4bisect.bisect.setting_candidates import is_setting
 from dsv4bisect.bisect.trials.engine_runner import (
     EngineRunner,
     aa_verdict,
@@ -394,8 +395,9 @@ class HotEngineRunner(EngineRunner):
             return
         t = time.perf_counter()
         eng.generation += 1
-        switching.write_request(eng.dir, eng.generation,
-                                format_patch_set(dict(patches), builtin_patches()))
+        # settings (bisect/setting_candidates.py) are load-time: the engine's base holds them
+        switching.write_request(eng.dir, eng.generation, format_patch_set(
+            {n: v for n, v in patches.items() if not is_setting(n)}, builtin_patches()))
         assert launch is not None
         for proc in launch.procs:  # type: ignore[attr-defined]
             if proc.spec.gets_patches:

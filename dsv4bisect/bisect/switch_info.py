@@ -1,0 +1,128 @@
+"""What a bisect needs to know of one candidate: its tier, its delivery, load-time or hot.
+
+Patches answer from their resolved choice (patching/spec.py). Settings answer from the engine's
+switch catalog: the embedded engine's (config/embedded_switches.py) or the SGLang release's
+(patching/switch_catalog.py, read from the wheel); a switch neither names gets its tier from the
+catalog's word rule over its name (`tier_of`). The prior weight follows the tier
+(`SWITCH_WEIGHT`; docs/bisect.md "Bisecting two configurations").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from dsv4bisect.bisect.setting_candidates import ARG, ENV, setting_kind
+from dsv4bisect.config.engine_config import EngineConfig
+from dsv4bisect.config.schema import Profile
+from dsv4bisect.errors import ConfigError
+from dsv4bisect.patching.switch_catalog import TIER_PRIOR, load_catalog, tier_of
+
+# Prior weight per switch tier, on the patches' scale (risk tier 1: 2.0, 2: 1.0, 3: 0.5): the
+# switch catalog's tier ratios (kernel and precision 4, topology 2, other and scheduling 1,
+# logging 0.25: patching/switch_catalog.py, TIER_PRIOR) halved, so a kernel switch weighs as a
+# risk-1 patch.
+SWITCH_WEIGHT = {tier: w / 2 for tier, w in TIER_PRIOR.items()}
+RISK_OF_TIER = {"kernel": 1, "precision": 1, "topology": 2, "other": 2, "scheduling": 3,
+                "logging": 3}
+# Where an `engine` key of an SGLang profile goes: its server flag (config/processes.py).
+SGLANG_FLAG = {"moe_backend": "--moe-runner-backend", "quantization": "--quantization",
+               "chunked_prefill_size": "--chunked-prefill-size", "tp": "--tp", "dp": "--dp",
+               "max_running_requests": "--max-running-requests",
+               "disable_radix_cache": "--disable-radix-cache"}
+SETTING_LOAD_TIME = {
+    "env": "an environment variable is read when the engine starts",
+    "arg": "a server flag is read when the engine starts",
+    "key": "a launch setting (its flags are read when the engine starts)"}
+
+
+@dataclass(frozen=True)
+class SwitchInfo:
+    tier: str  # kernel | precision | topology | scheduling | logging | other
+    risk: int  # the prior's risk tier (1 heaviest .. 3)
+    delivery: str  # how B's value reaches the engine
+    load_time: str | None  # why switching it needs a fresh launch; None: hot
+    inert: str | None = None  # why it cannot change anything here
+    source: str = ""  # where the tier came from: catalog (which) or the name rule
+
+    @property
+    def weight(self) -> float:
+        """The prior weight of its tier: SWITCH_WEIGHT (a patch's comes from its risk tier)."""
+        return SWITCH_WEIGHT[self.tier]
+
+
+def describe(name: str, value: str, profile: Profile, patches: dict[str, Any]) -> SwitchInfo:
+    """`patches`: the resolved patch choices of the end that has `name` on (bad, else good)."""
+    if name in patches:
+        choice = patches[name]
+        return SwitchInfo("kernel", choice.tier, choice.delivery or "hook", choice.load_time,
+                          choice.inert, f"a patch of risk tier {choice.tier}")
+    kind = setting_kind(name)
+    delivery = (f"env {name[len(ENV):]}={value}" if kind == "env" else
+                f"arg {name[len(ARG):]} {value}".rstrip() if kind == "arg" else
+                f"profile {name}={value}")
+    tier, source = _catalog_tier(name, profile)
+    return SwitchInfo(tier, RISK_OF_TIER[tier], delivery, SETTING_LOAD_TIME[kind], None, source)
+
+
+def _catalog_tier(name: str, profile: Profile) -> tuple[str, str]:
+    engine = profile.engine
+    if engine.kind == "reference":
+        from dsv4bisect.config.embedded_switches import embedded_switch
+
+        found = embedded_switch(name)
+        if found is not None:
+            return found.tier, "the embedded engine's catalog"
+    elif engine.kind == "sglang":
+        found_tier = _sglang_tier(name, engine.sglang_version)
+        if found_tier is not None:
+            return found_tier, f"SGLang {engine.sglang_version}'s switch catalog"
+    key = name[len(ENV):] if name.startswith(ENV) else name[len(ARG):] \
+        if name.startswith(ARG) else name.rsplit(".", 1)[-1]
+    return tier_of(key), "the name rule"
+
+
+def _sglang_tier(name: str, release: str | None) -> str | None:
+    """The release catalog's tier for an env switch or server flag (None: not in it)."""
+    if release is None:
+        return None
+    try:
+        catalog = load_catalog(release)
+    except ConfigError:  # no catalog ships for it: the name rule
+        return None
+    for key in _catalog_names(name):
+        found = catalog.get(key)
+        if found is not None:
+            return str(found.tier)
+    return None
+
+
+OTHER_VENDOR = re.compile(r"(^|_)(HIP|ROCM|NPU|AITER)(_|$)")
+
+
+def other_vendor(switch: str, arch: str) -> str | None:
+    """Why an AMD or Ascend path's switch cannot act on an NVIDIA GPU (None: it can)."""
+    if arch.startswith("sm") and OTHER_VENDOR.search(switch.lstrip("-").upper().replace("-", "_")):
+        return f"an AMD/NPU path's switch: not read on {arch}"
+    return None
+
+
+def in_catalog(switch: str, profile: Profile) -> bool:
+    """Whether the SGLang release's catalog lists this variable or flag (read on V4's path)."""
+    engine = profile.engine
+    if engine.kind != "sglang" or not engine.sglang_version:
+        return False
+    try:
+        return load_catalog(engine.sglang_version).get(switch) is not None
+    except ConfigError:
+        return False
+
+
+def _catalog_names(name: str) -> tuple[str, ...]:
+    if name.startswith(ENV):
+        return (name[len(ENV):],)
+    key = name.rsplit(".", 1)[-1]
+    flag = name[len(ARG):] if name.startswith(ARG) else SGLANG_FLAG.get(
+        key, "--" + key.replace("_", "-"))
+    return (flag, flag.lstrip("-"), flag.lstrip("-").replace("-", "_"))

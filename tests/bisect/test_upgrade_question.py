@@ -1,0 +1,61 @@
+"""`bisect PROFILE --upgrade-from OLD`: the switch defaults that changed between two releases,
+from the shipped switch catalogs (patching/switch_data)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4bisect.bisect.question import patch_overrides
+from dsv4bisect.bisect.setting_candidates import ABSENT
+from dsv4bisect.bisect.spec import BisectSpec
+from dsv4bisect.bisect.upgrade import code_bisect_hint, upgrade_differences, upgrade_question
+from dsv4bisect.config.resolve import resolve
+from dsv4bisect.errors import BisectError
+from dsv4bisect.patching.switch_catalog import load_catalog
+
+
+def test_candidates_are_the_changed_defaults_and_the_new_switches_on() -> None:
+    new, arch, diffs = upgrade_differences("dsv4-flash-tp8-latest", "0.5.21")
+    assert (new, arch) == ("0.5.23", "sm120")
+    by_name = {d.name: d for d in diffs}
+    old, cur = load_catalog("0.5.21"), load_catalog("0.5.23")
+    for d in diffs:
+        if d.left_out is None:
+            switch = cur.by_name(d.name.split(":", 1)[1])
+            before = old.get(switch.name)
+            if before is None:  # new: on by default, its good end off
+                assert switch.default_for("sm120") is True and d.good == "0"
+            else:
+                assert before.default_for("sm120") != switch.default_for("sm120")
+            assert d.bad == ABSENT  # the bad end leaves it to the new release's default
+    # every switch whose default changed is there, each with a reason when left out
+    changed = {s.name for s in cur.switches if old.get(s.name) is not None
+               and old.get(s.name).default_for("sm120") != s.default_for("sm120")}
+    assert {n.split(":", 1)[1] for n in by_name} >= changed
+    assert "AMD/NPU" in by_name["env:SGLANG_HIP_MHC_BOUNDARY_WIDE_TILE"].left_out
+    assert "not an on/off switch" in by_name["env:SGLANG_DSV4_FP8_DECODE_SPLIT_CTX"].left_out
+
+
+def test_the_good_end_sets_the_old_defaults_and_the_bad_end_is_the_profile() -> None:
+    q = upgrade_question("dsv4-flash-tp8-latest", "0.5.21")
+    assert q.upgrade == ("0.5.21", "0.5.23") and q.candidates
+    spec = BisectSpec(candidates=q.candidates, good=q.good, bad=q.bad)
+    good = resolve(q.profile, patch_overrides(spec.patches_for(frozenset())))
+    bad = resolve(q.profile, patch_overrides(spec.patches_for(frozenset(q.candidates))))
+    env = good.process("server").env_dict()
+    for name in q.candidates:
+        assert env[name.split(":", 1)[1]] == q.good[name]
+    assert bad.process("server") == resolve("dsv4-flash-tp8-latest").process("server")
+
+
+def test_an_upgrade_needs_an_older_release_of_an_sglang_profile() -> None:
+    with pytest.raises(BisectError):
+        upgrade_question("dsv4-flash-tp8-latest", "0.5.23")
+    with pytest.raises(BisectError):
+        upgrade_question("reference", "0.5.21")
+
+
+def test_the_code_regression_hint_probes_commits_against_the_old_baseline() -> None:
+    hint = code_bisect_hint("P", "0.5.21", "0.5.23")
+    assert "git bisect start v0.5.23 v0.5.21" in hint
+    assert "dsv4bisect probe URL --baseline" in hint
