@@ -260,18 +260,19 @@ def collect_on(arm: EngineArm, spec: ProbeSpec, reference: ProbeRun | None,
 
 def guard(spec: ProbeSpec, arm: EngineArm, work: Callable[[], T], *, good_end: bool,
           crash_note: str | None = None, lost: Callable[[], object] = lambda: None,
-          also: tuple[type[Dsv4BisectError], ...] = (), engine_tail: bool = False) -> T:
+          broken: tuple[type[Dsv4BisectError], ...] = (EngineError,),
+          engine_tail: bool = False) -> T:
     """Map what can go wrong with one arm to the trial's verdict (`Stop`, run.crash's verdicts).
 
     A good end that crashed on every attempt is CANNOT_TEST. A candidate's crash is re-raised
     for the caller to word (`Trial._candidate`: whether the good end's baseline was cached or
     relaunched), or is FAIL `crash` at once with `crash_note`. An infrastructure error is
-    CANNOT_TEST: an `EngineError` (busy port, health timeout: its message holds the log tail,
-    else `engine_tail` adds it), an error of `also` (the hot runner's `PatchError`: a switch
-    that did not take), a `ProbeError` (the engine is alive, the probe cannot use it) with the
-    log tail. `lost` runs when the engine crashed or cannot serve (not on a ProbeError: it
-    keeps serving): the hot runner's engines outlive the trial and leave its pool then."""
-    who = "good end" if good_end else "candidate"
+    CANNOT_TEST: an error of `broken`, the engine's (an `EngineError`: busy port, health
+    timeout, its message holding the log tail, else `engine_tail` adds it; for the hot runner
+    also a `PatchError`: a switch that did not take), or a `ProbeError` (the engine is alive,
+    the probe cannot use it) with the log tail. `lost` runs when the engine crashed or cannot
+    serve (not on a ProbeError: it keeps serving): the hot runner's engines outlive the trial
+    and leave its pool then."""
     try:
         return work()
     except ArmCrashed as exc:
@@ -281,10 +282,10 @@ def guard(spec: ProbeSpec, arm: EngineArm, work: Callable[[], T], *, good_end: b
         if crash_note is None:
             raise
         raise Stop(crash_verdict(spec, exc.crashes, crash_note)) from None
-    except ProbeError as exc:
-        tail, path = arm.log_tail()
-        raise Stop(cannot_test_verdict(spec, who, exc.message, tail, path, exc.hint)) from None
-    except (EngineError, *also) as exc:
+    except broken as exc:
         lost()
-        tail, path = arm.log_tail() if engine_tail else ("", None)
-        raise Stop(cannot_test_verdict(spec, who, exc.message, tail, path, exc.hint)) from None
+        error, (tail, path) = exc, arm.log_tail() if engine_tail else ("", None)
+    except ProbeError as exc:  # `broken` names none of its kind
+        error, (tail, path) = exc, arm.log_tail()
+    raise Stop(cannot_test_verdict(spec, "good end" if good_end else "candidate", error.message,
+                                   tail, path, error.hint)) from None

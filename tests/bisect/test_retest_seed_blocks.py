@@ -31,7 +31,7 @@ def test_the_good_end_at_seed_blocks_0_to_3_on_the_smoke_tier(tmp_path: Path) ->
             trial_dir = tmp_path / f"t{block}"
             trial_dir.mkdir()
             result = runner.run(good, block, trial_dir)
-            verdicts[block] = (result.verdict.value,
+            verdicts[block] = (result.verdict,
                                json.loads((trial_dir / "verdict.json").read_text()))
         # A spec whose turns cannot fit its lengths: the trial stops with CANNOT_TEST, and its
         # verdict names the block it was asked at, not block 0.
@@ -46,6 +46,6 @@ def test_the_good_end_at_seed_blocks_0_to_3_on_the_smoke_tier(tmp_path: Path) ->
     for block, (verdict, doc) in verdicts.items():
         assert verdict != "CANNOT_TEST", (block, doc["reasons"])
         assert doc["probe"]["seed_block"] == block and doc["probe"]["tier"] == "smoke"
-    assert unfit.verdict.value == "CANNOT_TEST"
+    assert unfit.verdict == "CANNOT_TEST"
     assert "does not fit" in unfit_doc["reasons"][0]
     assert unfit_doc["probe"]["seed_block"] == 5

@@ -63,7 +63,7 @@ from dsv4bisect.bisect.trials.shared_ends import BlockEnds, HotEnds, end_name
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.engines.rundir import save_config
 from dsv4bisect.engines.verify import server_info, verify_reference_patches
-from dsv4bisect.errors import ConfigError, PatchError
+from dsv4bisect.errors import ConfigError, EngineError, PatchError
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.patching.wire import format_patch_set
 from dsv4bisect.probe import verdict as V
@@ -423,4 +423,5 @@ class HotEngineRunner(EngineRunner):
         or a receipt's error does not carry it, unlike a launch's)."""
         return guard(ctx.spec, eng.arm, work, good_end=good_end,
                      crash_note="the good end ran without crashing",
-                     lost=lambda: self._pool.drop(eng), also=(PatchError,), engine_tail=True)
+                     lost=lambda: self._pool.drop(eng), broken=(EngineError, PatchError),
+                     engine_tail=True)

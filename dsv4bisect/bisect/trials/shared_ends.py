@@ -30,7 +30,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4bisect.base.atomic import write_json
 from dsv4bisect.base.bounded import load_json
@@ -38,6 +38,9 @@ from dsv4bisect.bisect.cluster.archive import pack, unpack
 from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.spec import ProbeSpec
+
+if TYPE_CHECKING:  # the runner that adopts (its `adopt_ends`: none for fresh launches)
+    from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 
 INDEX = "index.json"
 SCHEMA = "dsv4bisect.shared-ends/1"
@@ -124,7 +127,7 @@ def unpack_ends(data: bytes, directory: Path) -> EndsIndex:
     return index
 
 
-def adopt(runner: Any, data: bytes, directory: Path) -> list[str]:
+def adopt(runner: EngineRunner, data: bytes, directory: Path) -> list[str]:
     """On a node: unpack the driver's ends into `directory` (kept: a verdict's evidence may
     point at them) and install them in `runner` (`adopt_ends`), per seed block the good end's
     pair first, then the bad end. Returns the ends the runner installed."""
