@@ -1,7 +1,7 @@
 """How far re-chunking or re-batching the same request moves the embedded engine's logits.
 
     python tests/benchmarks/batch_variation.py --transcripts RUN_DIR/baseline/drift.jsonl \
-        [--precisions deployment,exact] [--json OUT.json]
+        [--precisions deployment,exact] [--by-rule | --only-by-rule] [--json OUT.json]
 
 Teacher-forced, on the drift transcripts of a `dsv4bisect run` (its baseline's `drift.jsonl`,
 as `precision_drift.py`), shipped checkpoint, no patch. Full-vocabulary mean KL and top-1
@@ -15,15 +15,14 @@ agreement of the same configuration against itself under changes a server makes 
 - `decoded`: the last 64 positions of each transcript fed one token per forward (as decode
   steps, after the rest was prefilled at 2048) against the same positions in the 2048 prefill.
 
-At `precision: deployment` the mHC pre-norm GEMM follows SGLang's token-count dispatch
-(`reference/dispatch.py`); at `exact` every op is one fp32 kernel whatever the batch.
+At `precision: deployment` the engine takes the kernel decisions SGLang 0.5.23 takes for the same
+batch of DeepSeek-V4-Flash on an H200 (`reference/dispatch.py`: the mHC pre-norm split-K and
+kernel, FlashMLA's split-KV schedule, evaluated at Flash's shapes with the batch's real token
+counts and positions); at `exact` every op is one fp32 kernel whatever the batch.
 
-With `--diagnostics` (deployment only) two rows that are not a server's own changes but show
-what the dispatch would do if it were reached on this model, chunk 2048 against itself with
-the plan of every hc_pre overridden: `every split count 4 -> 3` (the change of summation order
-Flash sees between neighbouring token counts; this checkpoint's n·D = 1024 caps the rule at 4
-splits up to 2112 tokens) and `every hc_pre on the FMA kernel` (the kernel a decode step of
-one token gets, against the TF32 GEMM of prefill).
+With `--by-rule` (deployment only) the batch-mates row again with one rule acting alone: the mHC
+pre-norm rule with no FlashMLA cut, and FlashMLA's schedule with the TF32 pre-norm GEMM held at
+4 splits (its count at 2048 tokens).
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +41,7 @@ from precision_drift import drift  # beside this file
 
 from dsv4bisect.config.checkpoints import EMBEDDED_CHECKPOINT
 from dsv4bisect.reference import model as model_module
-from dsv4bisect.reference.dispatch import MhcPrePlan, mhc_pre_plan
+from dsv4bisect.reference.dispatch import MhcPrePlan, fit_mhc_plan
 from dsv4bisect.reference.engine import ReferenceEngine
 from dsv4bisect.reference.model import Transformer
 
@@ -96,24 +94,48 @@ def alone_and_batched(model: Transformer, seqs: list[torch.Tensor]
     return alone, batched
 
 
-def with_plan(override: Callable[[MhcPrePlan], MhcPrePlan], model: Transformer,
-              seqs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """`chunked(model, seqs, BASE_CHUNK)` with every hc_pre's plan passed through `override`."""
-    def plan(*args: Any, **kwargs: Any) -> MhcPrePlan:
-        return override(mhc_pre_plan(*args, **kwargs))
-
-    model_module.mhc_pre_plan = plan
-    try:
-        return chunked(model, seqs, BASE_CHUNK)
-    finally:
-        model_module.mhc_pre_plan = mhc_pre_plan
+def held_at_four(plan: MhcPrePlan, hc_mult: int, hidden_size: int) -> MhcPrePlan:
+    """`fit_mhc_plan` with the TF32 GEMM's split count held at 4 whatever the batch."""
+    if plan.kernel == "tf32":
+        return MhcPrePlan("tf32", 4)
+    return fit_mhc_plan(plan, hc_mult, hidden_size)
 
 
-DIAGNOSTICS: list[tuple[str, Callable[[MhcPrePlan], MhcPrePlan]]] = [
-    ("diagnostic: every split count 4 -> 3",
-     lambda p: MhcPrePlan(p.kernel, 3 if p.n_splits == 4 else p.n_splits)),
-    ("diagnostic: every hc_pre on the FMA kernel", lambda p: MhcPrePlan("fma", p.n_splits)),
+BY_RULE: list[tuple[str, dict[str, Any]]] = [
+    ("mHC rule only (no FlashMLA cut)", {"flashmla_segments": lambda *a, **k: None}),
+    ("FlashMLA rule only (TF32 pre-norm at 4 splits)", {"fit_mhc_plan": held_at_four}),
 ]
+
+
+def by_rule(model: Transformer, seqs: list[torch.Tensor]
+            ) -> list[tuple[str, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]]:
+    """The batch-mates row with each rule alone (the other replaced in the model module)."""
+    rows = []
+    for label, swap in BY_RULE:
+        saved = {name: getattr(model_module, name) for name in swap}
+        for name, fn in swap.items():
+            setattr(model_module, name, fn)
+        try:
+            alone, batched = alone_and_batched(model, seqs)
+        finally:
+            for name, fn in saved.items():
+                setattr(model_module, name, fn)
+        rows.append((f"first {BATCH_TOKENS} tokens among 3 batch mates: {label}", alone, batched,
+                     [s[:BATCH_TOKENS] for s in seqs]))
+    return rows
+
+
+def server_changes(model: Transformer, seqs: list[torch.Tensor]
+                   ) -> list[tuple[str, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]]:
+    """The rows of changes a server makes on its own (module docstring)."""
+    base = chunked(model, seqs, BASE_CHUNK)
+    rows = [("same configuration again", base, chunked(model, seqs, BASE_CHUNK), seqs)]
+    rows += [(f"prefill chunked at {c}", base, chunked(model, seqs, c), seqs) for c in CHUNKS]
+    alone, batched = alone_and_batched(model, seqs)
+    rows.append((f"first {BATCH_TOKENS} tokens among 3 batch mates", alone, batched,
+                 [s[:BATCH_TOKENS] for s in seqs]))
+    rows.append((f"last {DECODED} tokens decoded one per forward", *decoded_tail(model, seqs)))
+    return rows
 
 
 def main() -> None:
@@ -121,7 +143,8 @@ def main() -> None:
     ap.add_argument("--transcripts", type=Path, required=True, help="a run's drift.jsonl")
     ap.add_argument("--precisions", default="deployment,exact")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--diagnostics", action="store_true", help="the two override rows")
+    ap.add_argument("--by-rule", action="store_true", help="the batch row per rule (deployment)")
+    ap.add_argument("--only-by-rule", action="store_true", help="only those rows")
     a = ap.parse_args()
     torch.set_num_threads(1)
     seqs = [torch.tensor(json.loads(line)["input_ids"])
@@ -136,16 +159,9 @@ def main() -> None:
         model = ReferenceEngine.load(EMBEDDED_CHECKPOINT, precision=precision, device="cpu",
                                      threads=1).model
         start = time.monotonic()
-        base = chunked(model, seqs, BASE_CHUNK)
-        rows = [("same configuration again", base, chunked(model, seqs, BASE_CHUNK), seqs)]
-        rows += [(f"prefill chunked at {c}", base, chunked(model, seqs, c), seqs) for c in CHUNKS]
-        alone, batched = alone_and_batched(model, seqs)
-        rows.append((f"first {BATCH_TOKENS} tokens among 3 batch mates", alone, batched,
-                     [s[:BATCH_TOKENS] for s in seqs]))
-        rows.append((f"last {DECODED} tokens decoded one per forward",
-                     *decoded_tail(model, seqs)))
-        if a.diagnostics and precision == "deployment":
-            rows += [(label, base, with_plan(fn, model, seqs), seqs) for label, fn in DIAGNOSTICS]
+        rows = [] if a.only_by_rule else server_changes(model, seqs)
+        if (a.by_rule or a.only_by_rule) and precision == "deployment":
+            rows += by_rule(model, seqs)
         for label, ref, other, toks in rows:
             r = {"precision": precision, "change": label, **drift(ref, other, toks)}
             results.append(r)
