@@ -56,7 +56,8 @@ if TYPE_CHECKING:  # the search needs numpy: imported when a bisect runs, not wi
     from dsv4bisect.bisect.spec import BisectSpec
 
 LEDGER = "ledger.sqlite"  # in RUNS_ROOT unless --ledger: shared, so no bisect repeats a trial
-EXIT = {"found": ExitCode.OK, "untestable": ExitCode.CANNOT_TEST}  # the rest: 1
+EXIT = {"found": ExitCode.OK, "several": ExitCode.OK,  # culprits named: one set, or several
+        "untestable": ExitCode.CANNOT_TEST}  # the rest: 1
 # Simulated bisects per lever setting in --plan: P(correct) to about ±1.5 pp (100 gave ±3 pp,
 # enough to read 0.98 as 0.97 by chance).
 PLAN_RUNS = 200
