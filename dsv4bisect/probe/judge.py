@@ -165,29 +165,28 @@ def drift_check(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> dict[st
     sizes = {null.ALL: got.n_positions, **{f"positions {k}": int(b["n"])
                                            for k, b in got.by_position.items()
                                            if b["n"] >= V.DRIFT_MIN_BUCKET}}
+    answer = len(null.view_values(cand_cmp, null.ANSWER)[0])
+    if answer >= null.ANSWER_MIN:
+        sizes[null.ANSWER] = answer
     model = null.build(null.null_comparisons(base.drift, base.null), sizes,
                        seed=base.spec.seed_block)
     if model is None:
         views = [_floor_view(where, got, floor, cand_cmp) for where in sizes]
     else:
-        views = [null.judge_view(model.views[where], *_view_values(cand_cmp, where))
+        views = [null.judge_view(model.views[where], *null.view_values(cand_cmp, where))
                  for where in sizes if where in model.views]
     rank = {"pass": 0, "warn": 1}
     worst = max(views, key=lambda v: (rank[v["status"]], v["severity"]))
     overall = next(v for v in views if v["where"] == null.ALL)
     return {"status": worst["status"], "trigger": worst, "candidate": got.to_dict(),
             "floor": floor.to_dict() if floor else None, "gates": worst["gates"],
-            "null": model.to_dict() if model else None, "multiple": overall.get("multiple")}
-
-
-def _view_values(cmp: list[Any], where: str) -> tuple[list[float], list[bool]]:
-    kl = [k for c in cmp for p, k in zip(c.positions, c.kl) if null.view_of(where, p)]
-    same = [s for c in cmp for p, s in zip(c.positions, c.top1_same) if null.view_of(where, p)]
-    return kl, same
+            "null": model.to_dict() if model else None, "multiple": overall.get("multiple"),
+            "views": {v["where"]: {k: v[k] for k in ("status", "kl_mean", "top1_agreement",
+                                                     "multiple")} for v in views}}
 
 
 def _floor_view(where: str, got: Any, floor: Any, cmp: list[Any]) -> dict[str, Any]:
-    kl, same = _view_values(cmp, where)
+    kl, same = null.view_values(cmp, where)
     fb = floor.by_position.get(where.removeprefix("positions ")) if floor else None
     aa_kl = fb["kl_mean"] if fb else (floor.kl_mean if floor else 0.0)
     aa_top1 = fb["top1_agreement"] if fb else (floor.top1_agreement if floor else 1.0)

@@ -42,6 +42,8 @@ BLOCK = 64  # positions resampled together (a block shares its context)
 BOOTSTRAP = 2000  # resamples; the quantile for 9 tests at 1 % is the 2000 · 0.0011 ≈ 2nd largest
 TAIL_Q = 99.0  # the null's own percentile that defines a tail position
 ALL = "all positions"
+ANSWER = "answer positions"  # the baseline's answer tokens: where a lost fact shows first
+ANSWER_MIN = 32  # positions; fewer (a tier with one short answer) and the view is left out
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,21 @@ def null_comparisons(drift: Sequence[DriftRecord],
     return out
 
 
-def view_of(where: str, pos: int) -> bool:
-    return where == ALL or where == f"positions {bucket_of(pos)}"
+def in_view(where: str, c: DriftComparison, pos: int) -> bool:
+    """Whether position `pos` of comparison `c` belongs to the view `where`."""
+    if where == ALL:
+        return True
+    if where == ANSWER:
+        return c.answer_start is not None and pos >= c.answer_start
+    return where == f"positions {bucket_of(pos)}"
+
+
+def view_values(comps: Sequence[DriftComparison], where: str
+                ) -> tuple[list[float], list[bool]]:
+    """The per-position KL and top-1 agreement of a view, pooled over transcripts."""
+    kl = [k for c in comps for p, k in zip(c.positions, c.kl) if in_view(where, c, p)]
+    same = [s for c in comps for p, s in zip(c.positions, c.top1_same) if in_view(where, c, p)]
+    return kl, same
 
 
 def build(by_arm: Mapping[str, Sequence[DriftComparison]], candidate_sizes: Mapping[str, int],
@@ -120,10 +135,9 @@ def build(by_arm: Mapping[str, Sequence[DriftComparison]], candidate_sizes: Mapp
     q = 1.0 - false_alarm / tests
     views = {}
     for where, n_cand in candidate_sizes.items():
-        kl = [k for c in pooled for p, k in zip(c.positions, c.kl) if view_of(where, p)]
+        kl, same = view_values(pooled, where)
         if not kl:
             continue
-        same = [s for c in pooled for p, s in zip(c.positions, c.top1_same) if view_of(where, p)]
         threshold = percentile(kl, TAIL_Q)
         blocks = _blocks(pooled, where, threshold)
         rng = random.Random(f"null:{seed}:{where}")
@@ -149,7 +163,8 @@ def _blocks(pooled: Sequence[DriftComparison], where: str, threshold: float) -> 
     """Consecutive scored positions of one transcript in one view, BLOCK at a time."""
     out = []
     for c in pooled:
-        rows = [(k, s) for p, k, s in zip(c.positions, c.kl, c.top1_same) if view_of(where, p)]
+        rows = [(k, s) for p, k, s in zip(c.positions, c.kl, c.top1_same)
+                if in_view(where, c, p)]
         for i in range(0, len(rows), BLOCK):
             part = rows[i:i + BLOCK]
             out.append(_Block(len(part), sum(k for k, _ in part),

@@ -139,8 +139,9 @@ def drift_row(client: ProbeClient, spec: ProbeSpec, case: Case,
         answer = client.generate(ids, max_new_tokens=case.max_tokens)
         input_ids = tuple(ids + answer)
         start = max(1, len(input_ids) - spec.drift_window)
+        answer_start: int | None = len(ids)
     else:
-        input_ids, start = ref.input_ids, ref.start
+        input_ids, start, answer_start = ref.input_ids, ref.start, ref.answer_start
     try:
         pos, lps, tops = client.score(input_ids, start=start, top_k=spec.drift_top_k)
     except NonFiniteScores as exc:
@@ -148,7 +149,7 @@ def drift_row(client: ProbeClient, spec: ProbeSpec, case: Case,
                  "correct": None, "signatures": [NON_FINITE], "non_finite": exc.message,
                  "n_positions": 0, "latency_s": round(time.perf_counter() - t0, 4)}, None)
     rec = DriftRecord(case.case_id, input_ids, start, tuple(pos), tuple(lps),
-                      tuple(tuple(t) for t in tops))
+                      tuple(tuple(t) for t in tops), answer_start)
     row = {**_row_head(case, "drift"), "prompt_tokens": len(input_ids), "output": None,
            "correct": None, "signatures": [], "n_positions": len(pos),
            "latency_s": round(time.perf_counter() - t0, 4)}
@@ -240,7 +241,7 @@ def null_arms(client: ProbeClient, spec: ProbeSpec, drift: list[DriftRecord],
 def _rescore(client: ProbeClient, spec: ProbeSpec, rec: DriftRecord) -> DriftRecord:
     pos, lps, tops = client.score(rec.input_ids, start=rec.start, top_k=spec.drift_top_k)
     return DriftRecord(rec.case_id, rec.input_ids, rec.start, tuple(pos), tuple(lps),
-                       tuple(tuple(t) for t in tops))
+                       tuple(tuple(t) for t in tops), rec.answer_start)
 
 
 Task = tuple[Case, str, int]  # case, arm, concurrency level

@@ -15,17 +15,22 @@ SPEC = tier_spec("smoke")
 N = 600  # scored positions per transcript
 
 
-def record(case: str, rng: random.Random | None, sigma: float) -> DriftRecord:
+ANSWER_AT = N - 39  # the last 40 scored positions are the baseline's answer
+
+
+def record(case: str, rng: random.Random | None, sigma: float,
+           answer_sigma: float | None = None) -> DriftRecord:
     """A transcript whose top-2 at each position is (0.6, 0.3), moved by N(0, sigma) when an
-    rng is given: a numeric change of that size."""
+    rng is given: a numeric change of that size (`answer_sigma` at the answer's positions)."""
     tops = []
-    for _ in range(N):
-        e = rng.gauss(0.0, sigma) if rng else 0.0
+    for pos in range(1, N + 1):
+        s = answer_sigma if answer_sigma is not None and pos >= ANSWER_AT else sigma
+        e = rng.gauss(0.0, s) if rng else 0.0
         e = max(-0.25, min(0.25, e))
         top = ((7, math.log(0.6 + e)), (8, math.log(0.3 - e)))
         tops.append(tuple(sorted(top, key=lambda t: -t[1])))
     return DriftRecord(case, tuple(range(N + 1)), 1, tuple(range(1, N + 1)), (-0.5,) * N,
-                       tuple(tops))
+                       tuple(tops), ANSWER_AT)
 
 
 def base_with_null(sigma: float, seed: int = 1) -> ProbeRun:
@@ -35,9 +40,9 @@ def base_with_null(sigma: float, seed: int = 1) -> ProbeRun:
     return ProbeRun(SPEC, "http://x", {}, (), (), cold, null=arms)
 
 
-def cand(sigma: float, seed: int) -> ProbeRun:
+def cand(sigma: float, seed: int, answer_sigma: float | None = None) -> ProbeRun:
     rng = random.Random(seed)
-    return ProbeRun(SPEC, "http://x", {}, (), (), tuple(record(f"d{i}", rng, sigma)
+    return ProbeRun(SPEC, "http://x", {}, (), (), tuple(record(f"d{i}", rng, sigma, answer_sigma)
                                                         for i in range(4)))
 
 
@@ -83,3 +88,12 @@ def test_the_null_is_kept_with_the_run(tmp_path) -> None:
     base = base_with_null(0.01).save(tmp_path / "b")
     back = ProbeRun.load(tmp_path / "b")
     assert [a for a, _ in back.null] == [a for a, _ in base.null] and back.null == base.null
+
+
+def test_drift_confined_to_the_answer_shows_at_answer_positions() -> None:
+    base = base_with_null(0.01)
+    v = judge(base, None, cand(0.01, seed=3, answer_sigma=0.08))
+    assert v.verdict == "WARN" and v.drift["trigger"]["where"] == "answer positions"
+    views = v.drift["views"]  # over all 2400 positions the answer's drift is diluted
+    assert views["answer positions"]["multiple"] > 5 * views["all positions"]["multiple"]
+    assert v.drift["null"]["views"]["answer positions"]["n"] == 2 * 4 * 40
