@@ -91,7 +91,9 @@ class ProbeRun:
         _write(out / "cases.jsonl", _jsonl(c.to_dict() for c in self.cases))
         _write(out / "rows.jsonl", _jsonl(self.rows))
         _write(out / "drift.jsonl", _jsonl(d.to_dict() for d in self.drift))
-        _write(out / "null.jsonl", _jsonl({"arm": arm, **d.to_dict()} for arm, d in self.null))
+        if self.null:  # a fresh baseline's (the others have none)
+            _write(out / "null.jsonl", _jsonl({"arm": arm, **d.to_dict()}
+                                              for arm, d in self.null))
         return replace(self, path=str(out))
 
     @classmethod
