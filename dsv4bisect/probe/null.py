@@ -21,14 +21,13 @@ and the share whose top-1 differs — each against the (1 - FALSE_ALARM / tests)
 sampling distribution under the null: a two-sample block bootstrap (neighbouring positions share
 a context, so blocks of `BLOCK` positions resample together) draws a candidate of the
 candidate's size and a null of the null's size from the null's pool and compares the two (the
-ratio of mean KLs, the differences of the shares), so the gate holds the null's own uncertainty.
+differences of their mean KLs and shares), so the gate holds the null's own uncertainty.
 
 Pure and stdlib-only; deterministic (the bootstrap's seed is fixed).
 """
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -146,13 +145,13 @@ def build(by_arm: Mapping[str, Sequence[DriftComparison]], candidate_sizes: Mapp
         mean, differ = sum(kl) / len(kl), 1.0 - sum(same) / len(same)
         tail = sum(k > threshold for k in kl) / len(kl)
         # Two samples of one distribution: the candidate's statistic against the null's, each
-        # drawn at its own size, so the gate carries the null's own uncertainty too.
-        ratio = [m / n if n > 0 else (0.0 if m == 0 else math.inf)
-                 for m, n in zip(means, null_means)]
+        # drawn at its own size, so the gate carries the null's own uncertainty too (as a
+        # difference: a ratio is undefined where a resampled null is exactly 0).
         views[where] = NullView(
             where, len(kl), mean,
             (_quantile(null_means, 0.025), _quantile(null_means, 0.975)), threshold,
-            1.0 - differ, n_cand, mean * _quantile(ratio, q) if mean > 0 else 0.0,
+            1.0 - differ, n_cand,
+            mean + max(0.0, _quantile([a - b for a, b in zip(means, null_means)], q)),
             tail + _quantile([a - b for a, b in zip(tails, null_tails)], q),
             1.0 - differ - _quantile([a - b for a, b in zip(differs, null_differs)], q))
     arms = {arm: sum(len(c.kl) for c in comps) for arm, comps in by_arm.items()}
@@ -191,6 +190,9 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return percentile(values, 100.0 * q)
 
 
+_TINY = 1e-300  # a gate of exactly 0 (an exact-zero null): any drift is past it
+
+
 def judge_view(view: NullView, kl: Sequence[float], same: Sequence[bool]) -> dict[str, Any]:
     """The candidate in one view against the null: its figures, multiple and status."""
     n = len(kl)
@@ -203,8 +205,7 @@ def judge_view(view: NullView, kl: Sequence[float], same: Sequence[bool]) -> dic
             "gates": {"warn_kl": view.warn_kl, "warn_tail": view.warn_tail,
                       "warn_top1": view.warn_top1, "warn_multiple": view.warn_multiple},
             # how far past its gates, so the trigger names the clearest view
-            "severity": max(mean / view.warn_kl if view.warn_kl > 0 else
-                            (math.inf if mean > 0 else 0.0),
+            "severity": max(mean / max(view.warn_kl, _TINY),
                             tail / view.warn_tail if view.warn_tail > 0 else 0.0,
                             (1 - top1) / (1 - view.warn_top1) if view.warn_top1 < 1 else 0.0)}
 

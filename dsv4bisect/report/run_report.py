@@ -198,8 +198,8 @@ def _terminal_verdict(v: Verdict) -> list[Line]:
                 f"positions of {cand['n_cases']} transcripts")
         out.append((text, None))
         if v.drift.get("null"):
-            out.append((f"            {_multiple(v.drift.get('multiple'))} the good end's own "
-                        "variation (re-batched, prefix-cache hit)", None))
+            out.append(((f"            {_multiple(v.drift.get('multiple'))} the good end's own "
+                         "variation (re-batched, prefix-cache hit)"), None))
         if v.conditions:
             out.append((f"            ran {family_conditions(v.conditions.get('drift'))}",
                         "dim"))
@@ -330,13 +330,13 @@ def _md_null(d: dict[str, Any]) -> list[str]:
     """The null model's row per view: the good end's own variation it was judged against."""
     model = d.get("null")
     if not model:
-        return ["", "No null model was measured with this baseline: the gates are the A/A "
-                    "floor's."]
+        return ["", ("No null model was measured with this baseline: the gates are the A/A "
+                     "floor's.")]
     arms = ", ".join(f"{a} ({n} positions)" for a, n in model["arms"].items())
-    out = ["", f"Null model (the good end re-scored: {arms}); the candidate is "
-               f"**{_multiple(d.get('multiple'))}** the deployment's own variation at all "
-               f"positions. False-alarm rate {model['false_alarm']:.0%} over "
-               f"{model['tests']} tests.", "",
+    out = ["", (f"Null model (the good end re-scored: {arms}); the candidate is "
+                f"**{_multiple(d.get('multiple'))}** the deployment's own variation at all "
+                f"positions. False-alarm rate {model['false_alarm']:.0%} over "
+                f"{model['tests']} tests."), "",
            "| view | null mean KL (95 % interval) | null top-1 | WARN above | WARN below top-1 |",
            "| --- | ---: | ---: | ---: | ---: |"]
     for where, v in model["views"].items():

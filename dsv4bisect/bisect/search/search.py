@@ -29,8 +29,8 @@ from dsv4bisect.bisect.search.design import Noise, RoundDesign, capacity, entrop
 from dsv4bisect.bisect.search.hypotheses import (
     BAD_END_PASSES,
     GOOD_END_FAILS,
-    Hypothesis,
     UNEXPLAINED,
+    Hypothesis,
     HypothesisSpace,
     Priors,
 )
