@@ -8,9 +8,11 @@ works on any SGLang server; `probe/runner.py`):
 
 - `drift-concurrent`: every transcript at once, in a shuffled order, after one cache flush: other
   batch mates, another token count per forward, so another prefill chunking and kernel dispatch;
-- `drift-warm`: each transcript after its unscored prefix was sent on its own: the prefix comes
-  from the prefix cache (a hit instead of a miss) and the scored part is prefilled as its own
-  chunk.
+- `drift-warm`: each transcript from a quarter, half and three quarters of its scored window,
+  after the prefix up to there was sent on its own: that prefix comes from the prefix cache (a
+  hit instead of a miss) and the rest is prefilled from there (other chunk boundaries, other
+  token counts per forward). Only positions after the split are compared (a cached position
+  has no logprob).
 
 Each is compared with the baseline's cold scores position by position (`drift.compare`); the pool
 of those comparisons is the null. A candidate's drift is then a multiple of it, and WARNs where a

@@ -202,7 +202,8 @@ def null_arms(client: ProbeClient, spec: ProbeSpec, drift: list[DriftRecord],
               notes: list[str]) -> list[tuple[str, DriftRecord]]:
     """The good end's drift transcripts scored again under the harmless changes a server makes
     to itself (`probe/null.py`): all at once in a shuffled order (other batch mates, another
-    prefill chunking), and each after its unscored prefix was cached (a prefix-cache hit)."""
+    prefill chunking), and each from a quarter, half and three quarters of its scored window,
+    the prefix up to there served from the prefix cache (a hit, other chunk boundaries)."""
     if not drift:
         return []
     level = min(len(drift), max(16, *spec.concurrency))  # a server under load batches them
@@ -227,10 +228,15 @@ def null_arms(client: ProbeClient, spec: ProbeSpec, drift: list[DriftRecord],
             for c in clones:
                 c.close()
         out += [("drift-concurrent", got[k]) for k in range(len(drift))]
-        for rec in drift:
+        for rec, quarter in ((rec, q) for rec in drift for q in (1, 2, 3)):
+            # The prefix up to a quarter, half or three quarters of the scored window comes from
+            # the cache (a hit: a turn boundary of a later request), the rest is prefilled from
+            # there: other chunk boundaries, other token counts per forward. Scored from there
+            # only (a cached position has no logprob).
+            split = rec.start + (len(rec.input_ids) - rec.start) * quarter // 4
             client.flush_cache()
-            client.generate(rec.input_ids[:rec.start], max_new_tokens=1)  # caches the prefix
-            out.append(("drift-warm", _rescore(client, spec, rec)))
+            client.generate(rec.input_ids[:split], max_new_tokens=1)  # caches the prefix
+            out.append(("drift-warm", _rescore(client, spec, rec, start=split)))
     except NonFiniteScores as exc:
         notes.append(f"null model not measured: the good end scored non-finite logprobs when "
                      f"re-batched ({exc.message})")
@@ -238,9 +244,11 @@ def null_arms(client: ProbeClient, spec: ProbeSpec, drift: list[DriftRecord],
     return out
 
 
-def _rescore(client: ProbeClient, spec: ProbeSpec, rec: DriftRecord) -> DriftRecord:
-    pos, lps, tops = client.score(rec.input_ids, start=rec.start, top_k=spec.drift_top_k)
-    return DriftRecord(rec.case_id, rec.input_ids, rec.start, tuple(pos), tuple(lps),
+def _rescore(client: ProbeClient, spec: ProbeSpec, rec: DriftRecord,
+             start: int | None = None) -> DriftRecord:
+    start = rec.start if start is None else start
+    pos, lps, tops = client.score(rec.input_ids, start=start, top_k=spec.drift_top_k)
+    return DriftRecord(rec.case_id, rec.input_ids, start, tuple(pos), tuple(lps),
                        tuple(tuple(t) for t in tops), rec.answer_start)
 
 
