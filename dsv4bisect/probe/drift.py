@@ -65,17 +65,21 @@ class DriftRecord:
     positions: tuple[int, ...]
     token_logprobs: tuple[float, ...]
     top: tuple[tuple[tuple[int, float], ...], ...]  # per position: (token id, logprob), best first
+    answer_start: int | None = None  # first position of the baseline's answer (None: unknown)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"case_id": self.case_id, "input_ids": list(self.input_ids), "start": self.start,
-                "positions": list(self.positions), "token_logprobs": list(self.token_logprobs),
-                "top": [[[i, lp] for i, lp in t] for t in self.top]}
+        out = {"case_id": self.case_id, "input_ids": list(self.input_ids), "start": self.start,
+               "positions": list(self.positions), "token_logprobs": list(self.token_logprobs),
+               "top": [[[i, lp] for i, lp in t] for t in self.top]}
+        return out if self.answer_start is None else {**out, "answer_start": self.answer_start}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DriftRecord:
+        answer = d.get("answer_start")
         return cls(d["case_id"], tuple(d["input_ids"]), int(d["start"]), tuple(d["positions"]),
                    tuple(float(x) for x in d["token_logprobs"]),
-                   tuple(tuple((int(i), float(lp)) for i, lp in t) for t in d["top"]))
+                   tuple(tuple((int(i), float(lp)) for i, lp in t) for t in d["top"]),
+                   None if answer is None else int(answer))
 
 
 def _side(top: dict[int, float], union: set[int]) -> list[float]:
@@ -110,6 +114,7 @@ class DriftComparison:
     positions: tuple[int, ...]
     nll_ref: tuple[float, ...]
     nll_other: tuple[float, ...]
+    answer_start: int | None = None  # the reference's: positions from here score the answer
 
 
 def compare(ref: DriftRecord, other: DriftRecord) -> DriftComparison:
@@ -136,7 +141,7 @@ def compare(ref: DriftRecord, other: DriftRecord) -> DriftComparison:
         nll_r.append(-ref.token_logprobs[i])
         nll_o.append(-other.token_logprobs[j])
     return DriftComparison(ref.case_id, tuple(kl), tuple(same), first, tuple(pos),
-                           tuple(nll_r), tuple(nll_o))
+                           tuple(nll_r), tuple(nll_o), ref.answer_start)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -139,8 +139,9 @@ def drift_row(client: ProbeClient, spec: ProbeSpec, case: Case,
         answer = client.generate(ids, max_new_tokens=case.max_tokens)
         input_ids = tuple(ids + answer)
         start = max(1, len(input_ids) - spec.drift_window)
+        answer_start: int | None = len(ids)
     else:
-        input_ids, start = ref.input_ids, ref.start
+        input_ids, start, answer_start = ref.input_ids, ref.start, ref.answer_start
     try:
         pos, lps, tops = client.score(input_ids, start=start, top_k=spec.drift_top_k)
     except NonFiniteScores as exc:
@@ -148,7 +149,7 @@ def drift_row(client: ProbeClient, spec: ProbeSpec, case: Case,
                  "correct": None, "signatures": [NON_FINITE], "non_finite": exc.message,
                  "n_positions": 0, "latency_s": round(time.perf_counter() - t0, 4)}, None)
     rec = DriftRecord(case.case_id, input_ids, start, tuple(pos), tuple(lps),
-                      tuple(tuple(t) for t in tops))
+                      tuple(tuple(t) for t in tops), answer_start)
     row = {**_row_head(case, "drift"), "prompt_tokens": len(input_ids), "output": None,
            "correct": None, "signatures": [], "n_positions": len(pos),
            "latency_s": round(time.perf_counter() - t0, 4)}
@@ -188,11 +189,67 @@ def collect(url: str, spec: ProbeSpec, *, reference_run: ProbeRun | None = None,
         t_build = time.perf_counter() - t0
         rows, drift, throughput = _run_cases(client, spec, cases, reference_run, notes,
                                              on_progress)
+        null = null_arms(client, spec, drift, notes) if reference_run is None else []
     finally:
         client.close()
     timing = {"build_s": round(t_build, 3), "total_s": round(time.perf_counter() - t0, 3)}
     return ProbeRun(spec, url, {**_server_dict(server), "started_at": started}, tuple(cases),
-                    tuple(rows), tuple(drift), tuple(notes), timing, throughput=throughput)
+                    tuple(rows), tuple(drift), tuple(notes), timing, throughput=throughput,
+                    null=tuple(null))
+
+
+def null_arms(client: ProbeClient, spec: ProbeSpec, drift: list[DriftRecord],
+              notes: list[str]) -> list[tuple[str, DriftRecord]]:
+    """The good end's drift transcripts scored again under the harmless changes a server makes
+    to itself (`probe/null.py`): all at once in a shuffled order (other batch mates, another
+    prefill chunking), and each from a quarter, half and three quarters of its scored window,
+    the prefix up to there served from the prefix cache (a hit, other chunk boundaries)."""
+    if not drift:
+        return []
+    level = min(len(drift), max(16, *spec.concurrency))  # a server under load batches them
+    out: list[tuple[str, DriftRecord]] = []
+    local, lock = threading.local(), threading.Lock()
+    clones: list[ProbeClient] = []
+
+    def rescore(k: int) -> DriftRecord:
+        if not hasattr(local, "client"):  # one connection per worker thread
+            local.client = client.clone(timeout_s=spec.timeout_s * level)
+            with lock:
+                clones.append(local.client)
+        return _rescore(local.client, spec, drift[k])
+
+    try:
+        client.flush_cache()  # once: what is cached then comes from the batch mates themselves
+        order = submission_order(spec, max(level, 2), len(drift))
+        try:
+            with ThreadPoolExecutor(max_workers=level, thread_name_prefix="probe-null") as pool:
+                got = dict(zip(order, pool.map(rescore, order)))
+        finally:
+            for c in clones:
+                c.close()
+        out += [("drift-concurrent", got[k]) for k in range(len(drift))]
+        for rec, quarter in ((rec, q) for rec in drift for q in (1, 2, 3)):
+            # The prefix up to a quarter, half or three quarters of the scored window comes from
+            # the cache (a hit: a turn boundary of a later request), the rest is prefilled from
+            # there: other chunk boundaries, other token counts per forward. Scored from there
+            # only (a cached position has no logprob).
+            split = rec.start + (len(rec.input_ids) - rec.start) * quarter // 4
+            client.flush_cache()
+            client.generate(rec.input_ids[:split], max_new_tokens=1)  # caches the prefix
+            out.append(("drift-warm", _rescore(client, spec, rec, start=split)))
+    except NonFiniteScores as exc:
+        notes.append(f"null model not measured: the good end scored non-finite logprobs when "
+                     f"re-batched ({exc.message})")
+        return []
+    return out
+
+
+def _rescore(client: ProbeClient, spec: ProbeSpec, rec: DriftRecord,
+             start: int | None = None) -> DriftRecord:
+    start = rec.start if start is None else start
+    pos, lps, tops = client.score(rec.input_ids, start=start, top_k=spec.drift_top_k)
+    return DriftRecord(rec.case_id, rec.input_ids, start, tuple(pos), tuple(lps),
+                       tuple(tuple(t) for t in tops), rec.answer_start)
 
 
 Task = tuple[Case, str, int]  # case, arm, concurrency level

@@ -111,8 +111,10 @@ class DriftFigures:
     def of(cls, drift: Mapping[str, Any]) -> DriftFigures:
         trigger = drift.get("trigger") or {}
         cand = drift.get("candidate") or {}
-        views: dict[str, tuple[float, float]] = {}
-        if cand:
+        views: dict[str, tuple[float, float]] = {
+            where: (float(v["kl_mean"]), float(v["top1_agreement"]))
+            for where, v in (drift.get("views") or {}).items()}
+        if cand and not views:  # a verdict from before the per-view figures
             views["all positions"] = (float(cand["kl_mean"]), float(cand["top1_agreement"]))
             for key, b in (cand.get("by_position") or {}).items():
                 if b["n"] >= V.DRIFT_MIN_BUCKET:

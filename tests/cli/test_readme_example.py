@@ -23,7 +23,9 @@ HEX = r"([0-9a-f]{16})"
 
 def _example(text: str) -> str:
     start = text.index("### What `run` prints")
-    block = text.index("```\nFAIL  reference-all", start)
+    found = re.compile(r"```\n(PASS|WARN|FAIL)  reference-all").search(text, start)
+    assert found, "README lacks the `run` example"
+    block = found.start()
     return text[block:text.index("\n```\n", block + 4)]
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -125,8 +126,10 @@ def test_a_partial_repeat_keeps_every_candidate_pair_and_a_sound_floor() -> None
 
 
 # -- the baseline cache --------------------------------------------------------------------------
-def _saved_baseline(root: Path) -> tuple[Path, Path]:
-    base = _run().save(root / "baseline")
+def _saved_baseline(root: Path, *, null: bool = True) -> tuple[Path, Path]:
+    run = _run()  # a fresh baseline carries its null model's scores (probe/null.py)
+    arms = tuple(("drift-concurrent", d) for d in run.drift) if null else ()
+    base = replace(run, null=arms).save(root / "baseline")
     (root / "baseline" / "logs").mkdir()
     (root / "baseline" / "logs" / "server.log").write_text("engine log\n")
     (root / "baseline" / "config.json").write_text("{}")
@@ -142,6 +145,7 @@ def test_the_baseline_cache_round_trips_and_ignores_damaged_entries(tmp_path: Pa
     assert path == cache.cache_root() / f"{'f' * 16}-{SMOKE.spec_hash()}-b0"
     hit, why = cache.lookup(key)
     assert hit is not None and why is None
+    assert ProbeRun.load(path / "baseline").null  # kept with its baseline
     base, repeat = hit.install(tmp_path / "run2" / "baseline", tmp_path / "run2" / "repeat")
     assert base.rows == _run().rows and repeat is not None and len(repeat.rows) == 18
     assert (tmp_path / "run2" / "baseline" / "logs" / "server.log").read_text() == "engine log\n"
@@ -242,3 +246,10 @@ def test_run_and_report_import_without_torch_or_matplotlib() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=False)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_cached_baseline_without_its_null_model_is_measured_again(tmp_path: Path) -> None:
+    key = cache.BaselineKey.of("e" * 16, SMOKE)
+    cache.store(key, *_saved_baseline(tmp_path / "run1", null=False))
+    hit, why = cache.lookup(key)
+    assert hit is None and why is not None and "no null model" in why
