@@ -1,4 +1,4 @@
-"""The verdict rule (DESIGN §6, probe-anchors §6.4): paired against the baseline, A/A as floor.
+"""The verdict rule (DESIGN §6, probe-anchors §6.4): paired against the baseline; losing facts fails.
 
 1. A/A: baseline vs its repeat. A significantly lopsided A/A (two-sided exact McNemar
    p < ALPHA_AA) means the baseline is not stable: CANNOT_TEST.
@@ -7,8 +7,10 @@
 3. Accuracy families with evidence (the baseline got at least 7 answers right — fewer can never
    reach significance): exact one-sided McNemar pooled over them, FAIL at p < 0.01; per cell
    (cell × arm) Holm-adjusted, FAIL at p_holm < 0.05. Families without evidence say so.
-4. Drift (teacher-forced, candidate vs baseline, floor = repeat vs baseline): FAIL beyond the
-   hard gate, WARN between the floor and it.
+4. Drift (teacher-forced, candidate vs baseline) as a multiple of the good end's null model
+   (its own variation when re-batched and served from its prefix cache: `probe/null.py`):
+   WARN beyond the gate a harmless change passes at a 1 % false-alarm rate. Drift never FAILs:
+   a FAIL is facts lost (rule 3), hard signatures (rule 2) or NaN/inf scores.
 5. Otherwise PASS, provided something carried evidence; if nothing did, CANNOT_TEST.
 
 Rows pair by (case_id, arm, concurrency level); every verdict also says under which conditions
@@ -21,6 +23,7 @@ from collections import defaultdict
 from typing import Any
 
 from dsv4bisect.errors import ConfigError
+from dsv4bisect.probe import null
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.drift import compare, non_finite_cases, non_finite_reason, summarise
 from dsv4bisect.probe.power import accuracy_power
@@ -142,57 +145,79 @@ def _signature_seeds(pairs: list[Pair], pick: int) -> dict[str, list[int]]:
 
 def drift_gate(kl: float, top1: float, aa_kl: float, aa_top1: float
                ) -> tuple[str, dict[str, float]]:
-    """pass/warn/fail of one view (mean KL, top-1 agreement) against its A/A floor."""
+    """pass/warn of one view against its A/A floor: the rule when no null model was measured
+    (a baseline collected without its null arms). Drift alone never FAILs."""
     gates = {"warn_kl": max(V.DRIFT_KL_AA_FACTOR_WARN * aa_kl, V.DRIFT_WARN_KL),
-             "fail_kl": max(V.DRIFT_KL_AA_FACTOR_FAIL * aa_kl, V.DRIFT_FAIL_KL),
-             "warn_top1": aa_top1 - V.DRIFT_WARN_TOP1_DROP,
-             "fail_top1": aa_top1 - V.DRIFT_FAIL_TOP1_DROP}
-    if kl > gates["fail_kl"] or top1 < gates["fail_top1"]:
-        return "fail", gates
-    if kl > gates["warn_kl"] or top1 < gates["warn_top1"]:
-        return "warn", gates
-    return "pass", gates
+             "warn_top1": aa_top1 - V.DRIFT_WARN_TOP1_DROP}
+    warn = kl > gates["warn_kl"] or top1 < gates["warn_top1"]
+    return ("warn" if warn else "pass"), gates
 
 
 def drift_check(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> dict[str, Any]:
-    """The drift gates on every view; also used by the sequential trial probe."""
+    """Drift as a multiple of the good end's null model in every view (`probe/null.py`); also
+    used by the sequential trial probe. Without a null model, the A/A floor's gates."""
     ref = base.drift_by_case()
     cand_cmp = [compare(ref[d.case_id], d) for d in cand.drift if d.case_id in ref]
     rep_cmp = [compare(ref[d.case_id], d) for d in rep.drift if d.case_id in ref] if rep else []
     got, floor = summarise(cand_cmp), summarise(rep_cmp)
     if got is None:
         return {"status": "absent"}
-    aa_kl = floor.kl_mean if floor else 0.0
-    aa_top1 = floor.top1_agreement if floor else 1.0
-    views = [("all positions", got.kl_mean, got.top1_agreement, aa_kl, aa_top1)]
-    for key, b in got.by_position.items():
-        if b["n"] >= V.DRIFT_MIN_BUCKET:
-            fb = floor.by_position.get(key) if floor else None
-            views.append((f"positions {key}", b["kl_mean"], b["top1_agreement"],
-                          fb["kl_mean"] if fb else aa_kl, fb["top1_agreement"] if fb else aa_top1))
-    rank = {"pass": 0, "warn": 1, "fail": 2}
-    worst, key = None, (-1, 0.0)
-    for where, kl, top1, fkl, ftop1 in views:
-        status, gates = drift_gate(kl, top1, fkl, ftop1)
-        # Severity: how far past the fail gates, so the trigger names the clearest view.
-        severity = max(kl / gates["fail_kl"], (ftop1 - top1) / V.DRIFT_FAIL_TOP1_DROP)
-        if (rank[status], severity) > key:
-            key = (rank[status], severity)
-            worst = {"status": status, "where": where, "kl_mean": kl, "top1_agreement": top1,
-                     "gates": gates}
-    assert worst is not None  # views always holds "all positions"
+    sizes = {null.ALL: got.n_positions, **{f"positions {k}": int(b["n"])
+                                           for k, b in got.by_position.items()
+                                           if b["n"] >= V.DRIFT_MIN_BUCKET}}
+    model = null.build(null.null_comparisons(base.drift, base.null), sizes,
+                       seed=base.spec.seed_block)
+    if model is None:
+        views = [_floor_view(where, got, floor, cand_cmp) for where in sizes]
+    else:
+        views = [null.judge_view(model.views[where], *_view_values(cand_cmp, where))
+                 for where in sizes if where in model.views]
+    rank = {"pass": 0, "warn": 1}
+    worst = max(views, key=lambda v: (rank[v["status"]], v["severity"]))
+    overall = next(v for v in views if v["where"] == null.ALL)
     return {"status": worst["status"], "trigger": worst, "candidate": got.to_dict(),
-            "floor": floor.to_dict() if floor else None, "gates": worst["gates"]}
+            "floor": floor.to_dict() if floor else None, "gates": worst["gates"],
+            "null": model.to_dict() if model else None, "multiple": overall.get("multiple")}
+
+
+def _view_values(cmp: list[Any], where: str) -> tuple[list[float], list[bool]]:
+    kl = [k for c in cmp for p, k in zip(c.positions, c.kl) if null.view_of(where, p)]
+    same = [s for c in cmp for p, s in zip(c.positions, c.top1_same) if null.view_of(where, p)]
+    return kl, same
+
+
+def _floor_view(where: str, got: Any, floor: Any, cmp: list[Any]) -> dict[str, Any]:
+    kl, same = _view_values(cmp, where)
+    fb = floor.by_position.get(where.removeprefix("positions ")) if floor else None
+    aa_kl = fb["kl_mean"] if fb else (floor.kl_mean if floor else 0.0)
+    aa_top1 = fb["top1_agreement"] if fb else (floor.top1_agreement if floor else 1.0)
+    mean, top1 = sum(kl) / len(kl), sum(same) / len(same)
+    status, gates = drift_gate(mean, top1, aa_kl, aa_top1)
+    severity = max(mean / gates["warn_kl"], (aa_top1 - top1) / V.DRIFT_WARN_TOP1_DROP)
+    return {"status": status, "where": where, "kl_mean": mean, "top1_agreement": top1,
+            "multiple": None, "gates": gates, "severity": severity}
 
 
 def _drift_reason(d: dict[str, Any]) -> str:
     t, g, c = d["trigger"], d["gates"], d["candidate"]
-    return (f"drift {d['status'].upper()} ({t['where']}): mean KL {t['kl_mean']:.3g} nats "
-            f"(warn > {g['warn_kl']:.3g}, fail > {g['fail_kl']:.3g}), top-1 agreement "
-            f"{t['top1_agreement']:.2%} (warn < {g['warn_top1']:.2%}, fail < "
-            f"{g['fail_top1']:.2%})"
-            + (f"; first divergence at token {c['first_divergence']}"
-               if c["first_divergence"] is not None else ""))
+    first = (f"; first divergence at token {c['first_divergence']}"
+             if c["first_divergence"] is not None else "")
+    if d.get("null") is None:
+        return (f"drift {d['status'].upper()} ({t['where']}): mean KL {t['kl_mean']:.3g} nats "
+                f"(warn > {g['warn_kl']:.3g}), top-1 agreement {t['top1_agreement']:.2%} "
+                f"(warn < {g['warn_top1']:.2%}); no null model was measured, so the gates are "
+                f"the A/A floor's" + first)
+    view = d["null"]["views"][t["where"]]
+    return (f"drift {d['status'].upper()} ({t['where']}): mean KL {t['kl_mean']:.3g} nats, "
+            f"{null.says(t['multiple'])} ({view['kl_mean']:.3g}, warn beyond "
+            f"{_times(g['warn_multiple'])} at a {d['null']['false_alarm']:.0%} false-alarm "
+            f"rate); top-1 agreement {t['top1_agreement']:.2%} (null {view['top1_agreement']:.2%}"
+            f", warn < {g['warn_top1']:.2%}); {t['tail_share']:.2%} of positions past the "
+            f"null's 99th-percentile KL (warn > {g['warn_tail']:.2%})" + first)
+
+
+def _times(m: float | None) -> str:
+    return "any drift" if m is None else f"×{m:.3g}"
 
 
 def _check_specs(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> None:
@@ -266,8 +291,8 @@ def decide(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> V.Verdict:
     overall = _overall(pairs, with_evidence, families, fails, reasons)
     fails += [f"cell {c.cell} ({c.arm}, concurrency {c.concurrency}): lost {c.b}, gained "
               f"{c.c}, Holm p = {c.p_holm:.2g}" for c in cells if c.failed]
-    if drift["status"] != "absent":
-        (fails if drift["status"] == "fail" else reasons).append(_drift_reason(drift))
+    if drift["status"] != "absent":  # drift alone WARNs at most: losing facts is what fails
+        reasons.append(_drift_reason(drift))
     power = accuracy_power(overall.get("baseline_right", 0), overall.get("baseline_accuracy"),
                            overall.get("b", 0))
     if fails:

@@ -7,6 +7,8 @@ Directory layout (`ProbeRun.save(dir)`, read back by `ProbeRun.load(dir)`):
     rows.jsonl    one row per request: case id, family, cell, seed, arm, prompt_tokens,
                   expected, output, correct, first_wrong_char, signatures, latency, ...
     drift.jsonl   teacher-forced scores per drift transcript (token ids, logprobs, top-k)
+    null.jsonl    a baseline's drift transcripts scored again under harmless changes (the null
+                  model's arms, `probe/null.py`): each record with its `arm`
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class ProbeRun:
     path: str | None = None  # set by save() and load()
     # per concurrency level ("1", "16"): requests, tokens, wall_s, requests_per_s, tokens_per_s
     throughput: dict[str, Any] = field(default_factory=dict)
+    # (arm, record): the null model's scores of the drift transcripts (a fresh baseline only)
+    null: tuple[tuple[str, DriftRecord], ...] = ()
 
     def rows_by_key(self) -> dict[RowKey, dict[str, Any]]:
         """Rows keyed by (case_id, arm, concurrency): the pairing key across runs."""
@@ -82,11 +86,12 @@ class ProbeRun:
                 "server": redact(self.server), "notes": list(self.notes), "timing": self.timing,
                 "throughput": self.throughput,
                 "counts": {"cases": len(self.cases), "rows": len(self.rows),
-                           "drift": len(self.drift)}}
+                           "drift": len(self.drift), "null": len(self.null)}}
         _write(out / "run.json", json.dumps(head, indent=2) + "\n")
         _write(out / "cases.jsonl", _jsonl(c.to_dict() for c in self.cases))
         _write(out / "rows.jsonl", _jsonl(self.rows))
         _write(out / "drift.jsonl", _jsonl(d.to_dict() for d in self.drift))
+        _write(out / "null.jsonl", _jsonl({"arm": arm, **d.to_dict()} for arm, d in self.null))
         return replace(self, path=str(out))
 
     @classmethod
@@ -113,7 +118,9 @@ class ProbeRun:
                        tuple(_read_jsonl(src / "rows.jsonl")),
                        tuple(DriftRecord.from_dict(d) for d in _read_jsonl(src / "drift.jsonl")),
                        tuple(head.get("notes", [])), head.get("timing", {}), str(src),
-                       dict(head.get("throughput") or {}))
+                       dict(head.get("throughput") or {}),
+                       tuple((str(d["arm"]), DriftRecord.from_dict(d))
+                             for d in _read_jsonl(src / "null.jsonl")))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             # A field missing or of the wrong type: the files were edited, not our bug.
             raise ConfigError(f"`{src}`: a probe record of the wrong shape "

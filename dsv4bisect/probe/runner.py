@@ -192,11 +192,59 @@ def collect(url: str, spec: ProbeSpec, *, reference_run: ProbeRun | None = None,
         t_build = time.perf_counter() - t0
         rows, drift, throughput = _run_cases(client, spec, cases, reference_run, notes,
                                              on_progress)
+        null = null_arms(client, spec, drift, notes) if reference_run is None else []
     finally:
         client.close()
     timing = {"build_s": round(t_build, 3), "total_s": round(time.perf_counter() - t0, 3)}
     return ProbeRun(spec, url, {**_server_dict(server), "started_at": started}, tuple(cases),
-                    tuple(rows), tuple(drift), tuple(notes), timing, throughput=throughput)
+                    tuple(rows), tuple(drift), tuple(notes), timing, throughput=throughput,
+                    null=tuple(null))
+
+
+def null_arms(client: ProbeClient, spec: ProbeSpec, drift: list[DriftRecord],
+              notes: list[str]) -> list[tuple[str, DriftRecord]]:
+    """The good end's drift transcripts scored again under the harmless changes a server makes
+    to itself (`probe/null.py`): all at once in a shuffled order (other batch mates, another
+    prefill chunking), and each after its unscored prefix was cached (a prefix-cache hit)."""
+    if not drift:
+        return []
+    level = min(len(drift), max(16, *spec.concurrency))  # a server under load batches them
+    out: list[tuple[str, DriftRecord]] = []
+    local, lock = threading.local(), threading.Lock()
+    clones: list[ProbeClient] = []
+
+    def rescore(k: int) -> DriftRecord:
+        if not hasattr(local, "client"):  # one connection per worker thread
+            local.client = client.clone(timeout_s=spec.timeout_s * level)
+            with lock:
+                clones.append(local.client)
+        return _rescore(local.client, spec, drift[k])
+
+    try:
+        client.flush_cache()  # once: what is cached then comes from the batch mates themselves
+        order = submission_order(spec, max(level, 2), len(drift))
+        try:
+            with ThreadPoolExecutor(max_workers=level, thread_name_prefix="probe-null") as pool:
+                got = dict(zip(order, pool.map(rescore, order)))
+        finally:
+            for c in clones:
+                c.close()
+        out += [("drift-concurrent", got[k]) for k in range(len(drift))]
+        for rec in drift:
+            client.flush_cache()
+            client.generate(rec.input_ids[:rec.start], max_new_tokens=1)  # caches the prefix
+            out.append(("drift-warm", _rescore(client, spec, rec)))
+    except NonFiniteScores as exc:
+        notes.append(f"null model not measured: the good end scored non-finite logprobs when "
+                     f"re-batched ({exc.message})")
+        return []
+    return out
+
+
+def _rescore(client: ProbeClient, spec: ProbeSpec, rec: DriftRecord) -> DriftRecord:
+    pos, lps, tops = client.score(rec.input_ids, start=rec.start, top_k=spec.drift_top_k)
+    return DriftRecord(rec.case_id, rec.input_ids, rec.start, tuple(pos), tuple(lps),
+                       tuple(tuple(t) for t in tops))
 
 
 Task = tuple[Case, str, int]  # case, arm, concurrency level

@@ -319,6 +319,31 @@ def _md_families(v: Verdict) -> str:
     return "\n".join(out)
 
 
+def _multiple(m: float | None) -> str:
+    return "any drift above an exact-zero" if m is None else f"×{m:.3g}"
+
+
+def _md_null(d: dict[str, Any]) -> list[str]:
+    """The null model's row per view: the good end's own variation it was judged against."""
+    model = d.get("null")
+    if not model:
+        return ["", "No null model was measured with this baseline: the gates are the A/A "
+                    "floor's."]
+    arms = ", ".join(f"{a} ({n} positions)" for a, n in model["arms"].items())
+    out = ["", f"Null model (the good end re-scored: {arms}); the candidate is "
+               f"**{_multiple(d.get('multiple'))}** the deployment's own variation at all "
+               f"positions. False-alarm rate {model['false_alarm']:.0%} over "
+               f"{model['tests']} tests.", "",
+           "| view | null mean KL (95 % interval) | null top-1 | WARN above | WARN below top-1 |",
+           "| --- | ---: | ---: | ---: | ---: |"]
+    for where, v in model["views"].items():
+        lo, hi = v["kl_mean_ci"]
+        out.append(f"| {where} | {_num(v['kl_mean'])} ({_num(lo)}–{_num(hi)}) | "
+                   f"{v['top1_agreement']:.2%} | {_num(v['warn_kl'])} "
+                   f"({_multiple(v['warn_multiple'])}) | {v['warn_top1']:.2%} |")
+    return out
+
+
 def _md_drift(v: Verdict) -> str:
     d = v.drift or {}
     cand = d.get("candidate")
@@ -338,8 +363,11 @@ def _md_drift(v: Verdict) -> str:
                        f"{s['top1_agreement']:.2%} | {_num(s['first_divergence'], '')} |")
     g = d.get("gates") or {}
     if g:
-        out.append(f"\nGates: mean KL warn > {g['warn_kl']:.3g}, fail > {g['fail_kl']:.3g}; "
-                   f"top-1 warn < {g['warn_top1']:.2%}, fail < {g['fail_top1']:.2%}.")
+        out.append(f"\nWARN gates (drift never fails): mean KL > {g['warn_kl']:.3g}"
+                   + (f" ({_multiple(g['warn_multiple'])} the null)"
+                      if "warn_multiple" in g else "")
+                   + f"; top-1 agreement < {g['warn_top1']:.2%}.")
+    out += _md_null(d)
     out += ["", "| positions | n | mean KL | top-1 agreement | NLL baseline | NLL candidate |",
             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for bucket, b in (cand.get("by_position") or {}).items():

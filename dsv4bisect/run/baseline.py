@@ -6,7 +6,8 @@ block>/` — the key the ledger uses for a trial — and reused by later runs of
 unless `--no-cache`:
 
     meta.json            the key, when and from which run directory it was made
-    baseline/            the arm as the run directory holds it: probe run files, logs/, receipts/
+    baseline/            the arm as the run directory holds it: probe run files (with the null
+                         model's arms in null.jsonl), logs/, receipts/
     baseline-repeat/     the A/A repeat's probe run files
 
 The smoke and standard tiers' repeat covers a subset (`REPEAT_SHORTEST_LENGTHS`): every drift
@@ -107,6 +108,9 @@ def lookup(key: BaselineKey) -> tuple[CachedBaseline | None, str | None]:
             run = ProbeRun.load(path / sub)
             if (run.spec.spec_hash(), run.spec.seed_block) != (key.spec_hash, key.seed_block):
                 return None, f"cached baseline {path / sub} has another probe spec; ignored"
+            if sub == BASELINE and run.drift and not run.null:
+                return None, (f"cached baseline {path} has no null model (made before the "
+                              "drift verdict was judged against one); measured again")
     except (OSError, ValueError, ConfigError) as exc:
         return None, f"cached baseline {path} is damaged ({exc}); ignored"
     return CachedBaseline(key, path, str(meta.get("created_at")), meta.get("source_run")), None

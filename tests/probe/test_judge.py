@@ -102,9 +102,10 @@ def test_no_retrieval_means_no_evidence_and_drift_decides() -> None:
     assert any("no evidence" in r and "drift decides" in r for r in same.reasons)
     assert not same.families["needle"].evidence and same.drift["status"] == "pass"
     broken = run(dead, (drift("d0", 0.6), drift("d1", 0.6)))
-    v = judge(base, base, broken)
-    assert v.verdict == "FAIL" and v.drift["status"] == "fail"
-    assert v.drift["candidate"]["first_divergence"] == 3
+    v = judge(base, base, broken)  # drift alone never FAILs: no fact was lost
+    assert v.verdict == "WARN" and v.drift["status"] == "warn" and v.exit_code == 4
+    assert v.drift["candidate"]["first_divergence"] == 3 and v.drift["null"] is None
+    assert any("no null model was measured" in r for r in v.reasons)
     slight = run(dead, (drift("d0", 0.06), drift("d1", 0.06)))
     w = judge(base, base, slight)
     assert w.verdict == "WARN" and w.exit_code == 4, w.drift
@@ -146,9 +147,9 @@ def test_verdict_json_round_trip() -> None:
     assert Verdict.from_dict(data) == v
 
 
-def test_a_fault_confined_to_long_context_fails_by_its_position_bucket() -> None:
+def test_a_fault_confined_to_long_context_warns_by_its_position_bucket() -> None:
     # 2000 scored positions; the candidate flips the argmax at 6 % of positions >= 1024 only:
-    # 2.9 % overall (a WARN) but 6 % in the 1024-2047 bucket (a FAIL).
+    # 2.9 % overall but 6 % in the 1024-2047 bucket, the clearer view.
     n = 2000
     same = ((7, math.log(0.6)), (8, math.log(0.3)))
     flipped = ((8, math.log(0.6)), (7, math.log(0.3)))
@@ -160,7 +161,7 @@ def test_a_fault_confined_to_long_context_fails_by_its_position_bucket() -> None
     rec_c = DriftRecord("d", ids, 1, tuple(range(1, n + 1)), lps, tops_c)
     dead = rows(8, lambda i: False)
     v = judge(run(dead, (rec_b,)), run(dead, (rec_b,)), run(dead, (rec_c,)))
-    assert v.verdict == "FAIL" and v.drift["trigger"]["where"] == "positions 1024-2047"
+    assert v.verdict == "WARN" and v.drift["trigger"]["where"] == "positions 1024-2047"
     assert v.drift["candidate"]["top1_agreement"] > 0.97
     assert v.drift["candidate"]["by_position"]["1024-2047"]["top1_agreement"] < 0.95
 
