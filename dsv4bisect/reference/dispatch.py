@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dsv4bisect.reference.config import CSA_RATIO, PRESETS, ModelArgs
+
 # The GPU the rules are evaluated for: `torch.cuda.get_device_properties(0).multi_processor_count`
 # of an H200 (SM90, where DeepGEMM's TF32 pre-norm GEMM runs). An RTX PRO 6000 (SM120) has 188.
 H200_SMS = 132
@@ -41,6 +43,38 @@ FUSED_POST_PRE_DEFAULT = {"0.5.13": False, "0.5.23": True}  # SGLANG_OPT_FUSE_MH
 MHC_BLOCK_M = 64  # the DeepGEMM kernel's token tile in `_compute_num_split_for_mhc_pre`
 MHC_BLOCK_K = 64
 FMA_TOKEN_THRESHOLD = 32  # mhc_fused_post_pre: scalar-FMA TileLang kernel at or below this
+
+
+@dataclass(frozen=True)
+class DispatchShapes:
+    """The model shapes SGLang's dispatch rules read, as one GPU of the deployment sees them.
+
+    The embedded engine stands in for DeepSeek-V4-Flash on its deployment, so its kernel
+    decisions are the ones the deployment takes for the same batch: the rules are evaluated at
+    Flash's shapes (`FLASH`) with the batch's real token counts and positions, and the decision
+    (a split count, a row's cut points) is then applied to the tiny tensors (`fit_mhc_plan`,
+    `flashmla_segments`). What one GPU of TP8 sees, per rule (from the source):
+    - mHC pre-norm: `hc_fn` is a plain replicated parameter [(2+n)·n, n·D] (0.5.23
+      `srt/models/deepseek_v4.py:642-645`), the residual streams are full on every rank and
+      without DP attention every rank runs every token of the batch: full n·D, full T.
+    - FlashMLA: one KV head (MLA), the key lists are not sharded; the query heads (64 / TP)
+      are padded back to 64 (`q8kv8_padded_num_heads`, `deepseek_v4_backend.py:4515-4555`),
+      and the schedule reads only the key counts and the SM count: full key lists."""
+
+    hidden_size: int
+    hc_mult: int
+    sliding_window: int
+    index_topk: int  # the CSA (ratio 4) layers' extra list is capped here
+    hca_ratio: int  # every other compressed layer lists all its entries: (p + 1) // ratio
+
+    @classmethod
+    def of(cls, a: ModelArgs) -> DispatchShapes:
+        hca = [r for r in a.compress_ratios if r and r != CSA_RATIO]
+        return cls(a.hidden_size, a.hc_mult, a.sliding_window, a.index_topk,
+                   hca[0] if hca else 0)
+
+
+FLASH = DispatchShapes.of(PRESETS["flash"])  # 4096 · 4 streams, window 128, top-512, c128
 
 
 def mhc_pre_num_splits(num_tokens: int, hc_hidden_size: int, n_sms: int = H200_SMS) -> int:
@@ -82,6 +116,20 @@ def mhc_pre_plan(
     if fused and num_tokens <= FMA_TOKEN_THRESHOLD:
         return MhcPrePlan("fma", 8 if (num_tokens < 8 and hidden_size <= 4096) else 4)
     return MhcPrePlan("tf32", mhc_pre_num_splits(num_tokens, hc_hidden, n_sms))
+
+
+def fit_mhc_plan(plan: MhcPrePlan, hc_mult: int, hidden_size: int) -> MhcPrePlan:
+    """A plan decided at Flash's shapes applied to a smaller reduction: the split count stays,
+    capped where a split would fall below the kernel's unit of work - one 64-wide K block of
+    n·D for the TF32 GEMM (DeepGEMM's splits are whole K blocks), one element of each
+    stream's D for the FMA kernel. The rule's own floor of 4 blocks per split is a property of
+    Flash's 256 K blocks, which the decision has already gone through; keeping it at the tiny
+    n·D = 1024 (16 blocks) would pin the count at 4 and erase the decision."""
+    if plan.kernel == "tf32":
+        cap = max(1, -(-hc_mult * hidden_size // MHC_BLOCK_K))
+    else:
+        cap = hidden_size
+    return MhcPrePlan(plan.kernel, min(plan.n_splits, cap))
 
 
 # ---- FlashMLA's split-KV schedule (sparse decode kernel) ----------------------------------------
@@ -143,37 +191,70 @@ def flashmla_split_points(
     return cuts
 
 
+def flash_lists(positions: torch.Tensor, ratio: int, shapes: DispatchShapes = FLASH
+                ) -> tuple[list[int], list[int]]:
+    """Per query row, the window and compressed list lengths Flash's layer of the same kind has
+    for a token at that position: the last `sliding_window` tokens, then on a CSA layer
+    (ratio 4) up to `index_topk` indexer-chosen entries, on any other compressed layer (the
+    tiny checkpoint's 16 stands for Flash's 128) every entry of `hca_ratio` tokens."""
+    p1 = positions.to(torch.int64) + 1
+    n_win = torch.clamp(p1, max=shapes.sliding_window)
+    if ratio == 0:
+        n_comp = torch.zeros_like(p1)
+    elif ratio == CSA_RATIO:
+        n_comp = torch.clamp(p1 // CSA_RATIO, max=shapes.index_topk)
+    else:
+        n_comp = p1 // shapes.hca_ratio
+    return n_win.tolist(), n_comp.tolist()
+
+
+def fit_cut(block: int, flash_win: int, flash_comp: int, n_win: int, n_comp: int) -> int:
+    """A cut Flash's schedule puts before KV block `block` of a row, moved to the same relative
+    place in the tiny row's list (window rank 0..n_win-1, then its compressed entries): in the
+    window part at the same fraction of the window, in the compressed part at the same fraction
+    of the compressed list (Flash's compressed list starts at the next 64-key block)."""
+    key = block * FLASHMLA_BLOCK_N
+    main = -(-max(flash_win, 1) // FLASHMLA_BLOCK_N) * FLASHMLA_BLOCK_N
+    if key < main or flash_comp == 0:
+        return round(min(key, flash_win) / max(flash_win, 1) * n_win)
+    return n_win + round((key - main) / flash_comp * n_comp)
+
+
 def flashmla_segments(
-    idx: torch.Tensor, window_rows: int | torch.Tensor, compressed_layer: bool,
-    n_sms: int = H200_SMS,
+    idx: torch.Tensor, window_rows: int | torch.Tensor, positions: torch.Tensor, ratio: int,
+    shapes: DispatchShapes = FLASH, n_sms: int = H200_SMS,
 ) -> torch.Tensor | None:
-    """The piece of every list position of a batch's key lists, as FlashMLA would cut them.
+    """The piece of every list position of a batch's key lists, as FlashMLA would cut them on
+    the deployment.
 
     idx: [N, K] one list per query row (its sequence's pool rows: < window_rows are window
     tokens, the rest compressed entries; -1 = none); window_rows: one int for every row, or [N]
-    (ragged batches: each row's own sequence). The scheduler sees the window list first
-    and the compressed list from the next 64-key block on (`flashmla_keys`), so a position's
-    block is its rank in its own list, offset for compressed entries. Returns [N, K] int64, or
-    None when no row is cut (or the batch takes the sparse prefill kernel)."""
+    (ragged batches: each row's own sequence); positions: [N] each row's position in its
+    sequence; ratio: the layer's compress ratio. The schedule is dealt over Flash's key counts
+    for these positions (`flash_keys`), every row of the batch together; each cut is moved into
+    the tiny row (`fit_cut`), where a position's place is its rank in its own list (window
+    first, then compressed entries, as the scheduler sees them). Returns [N, K] int64, or None
+    when no row is cut (or the batch takes the sparse prefill kernel)."""
     N = idx.shape[0]
     if N == 0 or N > SPARSE_PREFILL_THRESHOLD:
+        return None
+    f_win, f_comp = flash_lists(positions, ratio, shapes)
+    cuts = flashmla_split_points(
+        [flashmla_keys(w, c, ratio > 0) for w, c in zip(f_win, f_comp, strict=True)], n_sms)
+    cut_rows = [r for r, c in enumerate(cuts) if c]
+    if not cut_rows:
         return None
     valid = idx >= 0
     w = torch.as_tensor(window_rows, device=idx.device)
     comp = valid & (idx >= (w[:, None] if w.dim() == 1 else w))
     win = valid & ~comp
     n_win, n_comp = win.sum(1), comp.sum(1)
-    keys = [flashmla_keys(w, c, compressed_layer)
-            for w, c in zip(n_win.tolist(), n_comp.tolist(), strict=True)]
-    cuts = flashmla_split_points(keys, n_sms)
-    cut_rows = [r for r, c in enumerate(cuts) if c]
-    if not cut_rows:
-        return None
-    main = (torch.clamp(n_win, min=1) + FLASHMLA_BLOCK_N - 1) // FLASHMLA_BLOCK_N * FLASHMLA_BLOCK_N
-    pos = torch.where(comp, main[:, None] + torch.cumsum(comp, 1) - 1, torch.cumsum(win, 1) - 1)
-    block = pos // FLASHMLA_BLOCK_N  # [N, K]
-    seg = torch.zeros_like(block)
+    rank = torch.where(comp, n_win[:, None] + torch.cumsum(comp, 1) - 1, torch.cumsum(win, 1) - 1)
+    seg = torch.zeros_like(rank)
     for r in cut_rows:
-        for c in cuts[r]:
-            seg[r] += (block[r] >= c).long()
+        nw, nc = int(n_win[r]), int(n_comp[r])
+        tiny = sorted({t for c in cuts[r]
+                       if 0 < (t := fit_cut(c, f_win[r], f_comp[r], nw, nc)) < nw + nc})
+        for t in tiny:
+            seg[r] += (rank[r] >= t).long()
     return seg

@@ -35,7 +35,7 @@ from dsv4bisect.reference import faults
 from dsv4bisect.reference import precision as prec
 from dsv4bisect.reference.cache import CompressorState, LayerCache, ModelCache
 from dsv4bisect.reference.config import CSA_RATIO, ModelArgs, Numerics, RopeScaling
-from dsv4bisect.reference.dispatch import flashmla_segments, mhc_pre_plan
+from dsv4bisect.reference.dispatch import FLASH, fit_mhc_plan, flashmla_segments, mhc_pre_plan
 
 # ---- kernels per device -------------------------------------------------------------------------
 
@@ -258,11 +258,14 @@ def hc_pre(
     """h [T, n, dim] -> collapsed input x [T, dim], post [T, n], comb [T, n, n].
     `sinkhorn` replaces `hc_split_sinkhorn` (training uses a compiled one on CUDA).
     `dispatch_first` (set at `precision: deployment`): the stock fp32 pre-norm GEMM runs as
-    SGLang's kernel for T tokens would (`reference.dispatch.mhc_pre_plan`; True for the model's
-    first hc_pre, False for the fused sublayer boundaries); None: one fp32 GEMM."""
+    SGLang's kernel for T tokens of DeepSeek-V4-Flash would (`reference.dispatch.mhc_pre_plan`
+    at Flash's n·D, fitted to this model's by `fit_mhc_plan`; True for the model's first
+    hc_pre, False for the fused sublayer boundaries); None: one fp32 GEMM."""
     x = h.flatten(1)
     if mode == "fp32" and dispatch_first is not None:
-        plan = mhc_pre_plan(h.shape[0], a.hc_mult, a.hidden_size, first=dispatch_first)
+        plan = fit_mhc_plan(
+            mhc_pre_plan(h.shape[0], FLASH.hc_mult, FLASH.hidden_size, first=dispatch_first),
+            a.hc_mult, a.hidden_size)
         mixes = mhc_mixes_split_ref(x, fn, a.rms_norm_eps, n_splits=plan.n_splits,
                                     kernel=plan.kernel, hc_mult=a.hc_mult)
     else:
@@ -553,8 +556,8 @@ class Attention(nn.Module):
                 pool = faults.rope_read_as_fp8(pool, a.qk_rope_head_dim)
             lists.append((rows, pool, idx.reshape(B * T, -1), window_rows))
         # Deployment, stock kernel: FlashMLA's split-KV schedule over all N rows of the batch
-        # (every sequence's rows together) decides where a row's list is cut
-        # (reference/dispatch.py); None: no row is cut.
+        # (every sequence's rows together, at Flash's key counts for their positions) decides
+        # where a row's list is cut (reference/dispatch.py); None: no row is cut.
         segments = None
         if step.numerics.deployment and split is None:
             width = max(i.shape[1] for _, _, i, _ in lists)
@@ -562,7 +565,7 @@ class Attention(nn.Module):
                                for _, _, i, _ in lists])  # [N, K]
             window = torch.cat([torch.full((i.shape[0],), w, dtype=torch.int64,
                                            device=x.device) for _, _, i, w in lists])
-            segments = flashmla_segments(every, window, self.ratio > 0)
+            segments = flashmla_segments(every, window, step.token_positions, self.ratio)
         outs = []
         for rows, pool, idx, _ in lists:
             B = pool.shape[0]

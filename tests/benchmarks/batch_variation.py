@@ -15,15 +15,10 @@ agreement of the same configuration against itself under changes a server makes 
 - `decoded`: the last 64 positions of each transcript fed one token per forward (as decode
   steps, after the rest was prefilled at 2048) against the same positions in the 2048 prefill.
 
-At `precision: deployment` the mHC pre-norm GEMM follows SGLang's token-count dispatch
-(`reference/dispatch.py`); at `exact` every op is one fp32 kernel whatever the batch.
-
-With `--diagnostics` (deployment only) two rows that are not a server's own changes but show
-what the dispatch would do if it were reached on this model, chunk 2048 against itself with
-the plan of every hc_pre overridden: `every split count 4 -> 3` (the change of summation order
-Flash sees between neighbouring token counts; this checkpoint's n·D = 1024 caps the rule at 4
-splits up to 2112 tokens) and `every hc_pre on the FMA kernel` (the kernel a decode step of
-one token gets, against the TF32 GEMM of prefill).
+At `precision: deployment` the engine takes the kernel decisions SGLang 0.5.23 takes for the same
+batch of DeepSeek-V4-Flash on an H200 (`reference/dispatch.py`: the mHC pre-norm split-K and
+kernel, FlashMLA's split-KV schedule, evaluated at Flash's shapes with the batch's real token
+counts and positions); at `exact` every op is one fp32 kernel whatever the batch.
 """
 
 from __future__ import annotations
@@ -32,7 +27,6 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from precision_drift import drift  # beside this file
 
 from dsv4bisect.config.checkpoints import EMBEDDED_CHECKPOINT
-from dsv4bisect.reference import model as model_module
-from dsv4bisect.reference.dispatch import MhcPrePlan, mhc_pre_plan
 from dsv4bisect.reference.engine import ReferenceEngine
 from dsv4bisect.reference.model import Transformer
 
@@ -96,32 +88,11 @@ def alone_and_batched(model: Transformer, seqs: list[torch.Tensor]
     return alone, batched
 
 
-def with_plan(override: Callable[[MhcPrePlan], MhcPrePlan], model: Transformer,
-              seqs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """`chunked(model, seqs, BASE_CHUNK)` with every hc_pre's plan passed through `override`."""
-    def plan(*args: Any, **kwargs: Any) -> MhcPrePlan:
-        return override(mhc_pre_plan(*args, **kwargs))
-
-    model_module.mhc_pre_plan = plan
-    try:
-        return chunked(model, seqs, BASE_CHUNK)
-    finally:
-        model_module.mhc_pre_plan = mhc_pre_plan
-
-
-DIAGNOSTICS: list[tuple[str, Callable[[MhcPrePlan], MhcPrePlan]]] = [
-    ("diagnostic: every split count 4 -> 3",
-     lambda p: MhcPrePlan(p.kernel, 3 if p.n_splits == 4 else p.n_splits)),
-    ("diagnostic: every hc_pre on the FMA kernel", lambda p: MhcPrePlan("fma", p.n_splits)),
-]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transcripts", type=Path, required=True, help="a run's drift.jsonl")
     ap.add_argument("--precisions", default="deployment,exact")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--diagnostics", action="store_true", help="the two override rows")
     a = ap.parse_args()
     torch.set_num_threads(1)
     seqs = [torch.tensor(json.loads(line)["input_ids"])
@@ -144,8 +115,6 @@ def main() -> None:
                      [s[:BATCH_TOKENS] for s in seqs]))
         rows.append((f"last {DECODED} tokens decoded one per forward",
                      *decoded_tail(model, seqs)))
-        if a.diagnostics and precision == "deployment":
-            rows += [(label, base, with_plan(fn, model, seqs), seqs) for label, fn in DIAGNOSTICS]
         for label, ref, other, toks in rows:
             r = {"precision": precision, "change": label, **drift(ref, other, toks)}
             results.append(r)

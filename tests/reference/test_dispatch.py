@@ -10,9 +10,14 @@ import torch
 from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref, mhc_mixes_split_ref
 from dsv4bisect.kernels.sparse_attention import sparse_attention_ref, sparse_attention_segmented_ref
 from dsv4bisect.reference import model as model_module
-from dsv4bisect.reference.config import ModelArgs, Numerics
+from dsv4bisect.reference.config import CSA_RATIO, ModelArgs, Numerics
 from dsv4bisect.reference.dispatch import (
+    FLASH,
+    DispatchShapes,
     MhcPrePlan,
+    fit_cut,
+    fit_mhc_plan,
+    flash_lists,
     flashmla_keys,
     flashmla_segments,
     flashmla_split_points,
@@ -167,18 +172,30 @@ def test_split_points_follow_flashmlas_greedy_deal_of_blocks_over_sm_parts() -> 
     assert flashmla_split_points([640], n_sms=8, s_q=2) == [[4, 8]]
 
 
-def test_segments_cut_a_row_at_its_scheduled_blocks() -> None:
-    # one row: 40 window keys (pool rows 0..39) then 100 compressed entries (rows 40..139);
-    # window padded to block 1, so the compressed entries fill blocks 1 and 2 (64 + 36)
+def test_segments_cut_a_row_where_flashs_schedule_cuts_it_at_the_same_relative_place() -> None:
+    # one decode row at position 2047 of a CSA layer: Flash lists 128 window keys (blocks 0-1)
+    # and 512 entries (blocks 2-9); alone on 132 SM parts (payload 6) it is cut after every
+    # block. The tiny row: 40 window keys (pool rows 0..39), 100 entries (rows 40..139),
+    # entries first in the list. Block 1 (key 64 of Flash's 128-key window) -> window rank 20;
+    # block b >= 2 -> entry rank 40 + round((64·b - 128) / 512 · 100): 40, 52, 65, 78, 90, ...
     idx = torch.cat((torch.arange(100) + 40, torch.arange(40), torch.full((4,), -1)))[None]
-    segs = flashmla_segments(idx, window_rows=40, compressed_layer=True, n_sms=132)
-    assert segs is not None  # 3 blocks alone: payload 6 -> one block per part
-    assert segs[0, :64].tolist() == [1] * 64  # compressed entries 0..63: block 1
-    assert segs[0, 64:100].tolist() == [2] * 36  # compressed entries 64..99: block 2
-    assert segs[0, 100:140].tolist() == [0] * 40  # the window: block 0
+    segs = flashmla_segments(idx, 40, torch.tensor([2047]), CSA_RATIO)
+    assert segs is not None
+    assert segs[0, 100:120].tolist() == [0] * 20 and segs[0, 120:140].tolist() == [1] * 20
+    assert segs[0, :12].tolist() == [2] * 12  # entries of rank 40..51
+    assert segs[0, 12:25].tolist() == [3] * 13  # 52..64
+    assert segs[0, 88:100].tolist() == [9] * 12  # the last piece: ranks 128..139
     # the sparse prefill kernel past 11673 query rows has no split-KV
     many = idx.expand(11674, -1)
-    assert flashmla_segments(many, 40, True) is None
+    assert flashmla_segments(many, 40, torch.full((11674,), 2047), CSA_RATIO) is None
+
+
+def test_fit_cut_keeps_the_fraction_of_the_window_or_of_the_compressed_list() -> None:
+    assert fit_cut(1, 128, 512, 32, 32) == 16  # half the window
+    assert fit_cut(2, 128, 512, 32, 32) == 32  # where the entries start
+    assert fit_cut(6, 128, 512, 32, 32) == 48  # half the entries
+    assert fit_cut(1, 100, 0, 32, 0) == 20  # a window-only layer: 64 of 100 keys
+    assert fit_cut(2, 100, 0, 32, 0) == 32  # past the last window key: the end (dropped)
 
 
 def test_segmented_attention_is_the_reference_in_one_piece_and_split_k_fp32_in_64_key_pieces(
@@ -231,14 +248,60 @@ def test_decode_at_deployment_cuts_long_lists_and_exact_does_not(model: Transfor
 
 
 def test_segments_take_each_rows_own_window_size_in_a_ragged_batch() -> None:
+    # two decode rows at position 4095 of a CSA layer: 10 Flash blocks each, payload
+    # ceil(30 / 132) + 5 = 6 -> both cut after every block
     one = torch.cat((torch.arange(100) + 40, torch.arange(40)))[None]
     other = torch.cat((torch.arange(100) + 10, torch.arange(10), torch.full((30,), -1)))[None]
-    idx = torch.cat((one, other))
-    per_row = flashmla_segments(idx, torch.tensor([40, 10]), compressed_layer=True)
-    assert per_row is not None  # 3 blocks per row, payload ceil(16 / 132) + 5: cut per block
-    assert per_row[1, 100:110].tolist() == [0] * 10  # row 1's window: its pool rows 0..9
-    assert per_row[1, :64].tolist() == [1] * 64  # its entries (pool rows 10..) from block 1
-    assert per_row[1, 64:100].tolist() == [2] * 36
+    idx, pos = torch.cat((one, other)), torch.tensor([4095, 4095])
+    per_row = flashmla_segments(idx, torch.tensor([40, 10]), pos, CSA_RATIO)
+    assert per_row is not None
+    assert per_row[1, 100:105].tolist() == [0] * 5  # row 1's window: pool rows 0..9, cut at 5
+    assert per_row[1, 105:110].tolist() == [1] * 5
+    assert per_row[1, :12].tolist() == [2] * 12  # its entries (pool rows 10..) from rank 10
     # with one size for both rows, row 1's entries 10..39 would be taken for window tokens
-    shared = flashmla_segments(idx, 40, compressed_layer=True)
+    shared = flashmla_segments(idx, 40, pos, CSA_RATIO)
     assert shared is not None and not torch.equal(shared[1], per_row[1])
+
+
+# ---- the decisions at DeepSeek-V4-Flash's shapes on an H200 -------------------------------------
+# Computed by hand from the rules (0.5.23: `_compute_num_split_for_mhc_pre`,
+# `kernels/ops/layernorm/mhc.py:816-823`; `mhc_fused_post_pre`'s FMA threshold `:1693-1698`;
+# FlashMLA's schedule `kernels/jit/csrc/deepseek_v4/flashmla_sched_meta.cuh:110-150`) with
+# Flash's n·D = 4 · 4096 (256 K blocks of 64, so at most 64 splits), 132 SMs.
+
+
+@pytest.mark.parametrize(("tokens", "flash", "tiny"), [
+    (1, MhcPrePlan("fma", 8), MhcPrePlan("fma", 8)),  # a decode step: 8 splits below 8 tokens
+    (24, MhcPrePlan("fma", 4), MhcPrePlan("fma", 4)),
+    (77, MhcPrePlan("tf32", 64), MhcPrePlan("tf32", 16)),  # 2 tiles: 132 // 2 = 66 -> cap 64
+    (256, MhcPrePlan("tf32", 33), MhcPrePlan("tf32", 16)),  # 4 tiles: 132 // 4
+    (512, MhcPrePlan("tf32", 16), MhcPrePlan("tf32", 16)),  # 8 tiles
+    (1024, MhcPrePlan("tf32", 8), MhcPrePlan("tf32", 8)),
+    (2048, MhcPrePlan("tf32", 4), MhcPrePlan("tf32", 4)),
+    (8192, MhcPrePlan("tf32", 1), MhcPrePlan("tf32", 1)),  # 128 tiles: one split
+])
+def test_mhc_decisions_at_flash_shapes_fitted_to_the_tiny_reduction(
+        tokens: int, flash: MhcPrePlan, tiny: MhcPrePlan) -> None:
+    plan = mhc_pre_plan(tokens, FLASH.hc_mult, FLASH.hidden_size, first=False)
+    assert plan == flash
+    # the tiny n·D = 1024 has 16 K blocks: at most 16 splits of one block each
+    assert fit_mhc_plan(plan, 4, 256) == tiny
+
+
+def _flash_cuts(positions: list[int], ratio: int) -> list[list[int]]:
+    w, c = flash_lists(torch.tensor(positions), ratio)
+    return flashmla_split_points([flashmla_keys(a, b, ratio > 0) for a, b in zip(w, c, strict=True)])
+
+
+def test_flashmla_decisions_at_flash_shapes_depend_on_the_batch() -> None:
+    assert FLASH == DispatchShapes(4096, 4, 128, 512, 128)
+    # 4 decode rows at position 4095, CSA: 640 keys = 10 blocks (+5) each, payload
+    # ceil(60 / 132) + 5 = 6 -> every row cut after every block
+    assert _flash_cuts([4095] * 4, CSA_RATIO) == [list(range(1, 10))] * 4
+    # HCA: 128 window keys, then 4096 // 128 = 32 entries from block 2: 3 blocks
+    assert _flash_cuts([4095] * 4, 16) == [[1, 2]] * 4
+    # 256 decode rows: payload ceil(3840 / 132) + 5 = 35 = two whole rows per part, no cut
+    assert _flash_cuts([4095] * 256, CSA_RATIO) == [[]] * 256
+    # a 2048-token prefill chunk from position 0 on an SWA layer: 2 blocks (+5) per full-
+    # window row (fewer below position 64): every row falls whole into a part, no row cut
+    assert not any(_flash_cuts(list(range(2048)), 0))
