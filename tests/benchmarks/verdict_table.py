@@ -73,7 +73,7 @@ def _cli(args: list[str], out: Path | None) -> tuple[int, dict[str, Any] | None]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = ["nice", "-n", "10", sys.executable, "-m", "dsv4bisect", *args, "--json"]
     print("$", " ".join(cmd[3:]), file=sys.stderr, flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True)
     try:
         doc = json.loads(proc.stdout) if proc.stdout.strip() else None
     except json.JSONDecodeError:
@@ -140,11 +140,11 @@ def _load(path: Path) -> dict[str, Any] | None:
 
 def _drift(v: dict[str, Any]) -> str:
     d = v.get("drift") or {}
-    null = d.get("null") or {}
-    if isinstance(null, dict) and null.get("multiple") is not None:
-        return f"×{null['multiple']:.3g}"
     cand = d.get("candidate") or {}
-    return "-" if cand.get("kl_mean") is None else f"KL {cand['kl_mean']:.3g}"
+    kl = "" if cand.get("kl_mean") is None else f"KL {cand['kl_mean']:.3g}"
+    if d.get("multiple") is not None:  # the null model was measured (probe/null.py)
+        return f"×{d['multiple']:.3g} ({kl})"
+    return kl or "-"
 
 
 def _lost(v: dict[str, Any]) -> str:
