@@ -1,8 +1,9 @@
 """The bisect loop: ask the search, look up the ledger, run what is missing, record, repeat.
 
 Everything that touches the outside world is here; the search stays pure. The driver decides
-what a trial means for the search: WARN is FAIL unless `warn_as="pass"`; CANNOT_TEST is
-retried once, then SKIP (routed around); two crashes of a configuration are a FAIL with
+what a trial means for the search: a drift WARN is like the bad end where the bad end itself
+only drifts and like the good end where it loses facts (`warn_as="auto"`; `fail`/`pass` fix
+it); CANNOT_TEST is retried once, then SKIP (routed around); two crashes of a configuration are a FAIL with
 signature "crash" (at the good end they are SKIP: the good end must be testable).
 After a `found` result the remedy check (remedy.py) runs the bad end without the culprits.
 A resume replays the ledger into a fresh search; the search is deterministic given its
@@ -208,6 +209,7 @@ class _Driver:
         self.emit = on_event or (lambda event: None)
         self.trials_run = 0
         self.launched: set[int] = set()  # trial ids run by this invocation
+        self._bad_end_warns = False  # the bad end's own verdict was a drift WARN (--warn-as auto)
 
     def drive(self) -> BisectOutcome:
         search = self.spec.search()
@@ -216,44 +218,60 @@ class _Driver:
         pool = ThreadPoolExecutor(self.spec.parallel) if self.spec.parallel > 1 else None
         clean = False
         try:
-            while proposals := search.next():
-                self.emit(progress_of(search))
-                slots = []
-                for subset in proposals:
-                    slots.append(self._slot(step, subset, seen[subset]))
-                    seen[subset] += 1  # a re-test in this bisect draws the next seed block
-                    step += 1
-                for slot, decision in zip(slots, self._run_round(slots, pool)):
-                    search.record(slot.subset, decision.outcome, noise=decision.noise)
-                    self.ledger.put_step(
-                        self.run_id,
-                        StepRow(
-                            slot.step,
-                            slot.subset,
-                            slot.seed_block,
-                            V.SEARCH_WORDS[decision.outcome],
-                            decision.signature,
-                            decision.trial_id,
-                        ),
-                    )
-                    self.emit(
-                        StepDecided(
-                            slot.step,
-                            slot.subset,
-                            slot.seed_block,
-                            decision.outcome,
-                            decision.signature,
-                            decision.reused,
-                        )
-                    )
+            step = self._search_rounds(search, search.next, seen, step, pool)
             remedy = self._remedy(search, step, seen, pool)
-            confirmation = self._confirmation(search, step + (remedy.trials_run if remedy
-                                                              else 0), seen)
+            step += remedy.trials_run if remedy else 0
+            if remedy is not None and remedy.verdict == rem.FAILS:
+                # Another culprit remains: run every candidate alone, so patches that each fail
+                # on their own are named as several culprits (search.py, "several culprits"),
+                # then check the bad end without all of them.
+                step = self._search_rounds(search, search.singles_to_test, seen, step, pool)
+                if search.result().status is Status.SEVERAL:
+                    remedy = self._remedy(search, step, seen, pool)
+                    step += remedy.trials_run if remedy else 0
+            confirmation = self._confirmation(search, step, seen)
             clean = True
         finally:
             if pool is not None:  # on an error, do not wait for the other workers
                 pool.shutdown(wait=clean, cancel_futures=not clean)
         return self._finish(search, remedy, confirmation)
+
+    def _search_rounds(self, search: Search, propose: Callable[[], list[frozenset[str]]],
+                       seen: Counter[frozenset[str]], step: int,
+                       pool: ThreadPoolExecutor | None) -> int:
+        """Run what `propose` asks for, round by round, recording each outcome in the search
+        and the ledger; returns the next step number."""
+        while proposals := propose():
+            self.emit(progress_of(search))
+            slots = []
+            for subset in proposals:
+                slots.append(self._slot(step, subset, seen[subset]))
+                seen[subset] += 1  # a re-test in this bisect draws the next seed block
+                step += 1
+            for slot, decision in zip(slots, self._run_round(slots, pool)):
+                search.record(slot.subset, decision.outcome, noise=decision.noise)
+                self.ledger.put_step(
+                    self.run_id,
+                    StepRow(
+                        slot.step,
+                        slot.subset,
+                        slot.seed_block,
+                        V.SEARCH_WORDS[decision.outcome],
+                        decision.signature,
+                        decision.trial_id,
+                    ),
+                )
+                self.emit(
+                    StepDecided(
+                        slot.step,
+                        slot.subset,
+                        slot.seed_block,
+                        decision.outcome,
+                        decision.signature,
+                        decision.reused,
+                    )
+                )
+        return step
 
     def _remedy(self, search: Search, step: int, seen: Counter[frozenset[str]],
                 pool: ThreadPoolExecutor | None) -> rem.Remedy | None:
@@ -261,7 +279,7 @@ class _Driver:
         keyed in the ledger like any other (a resume repeats none) but are not search records."""
         result = search.result()
         subset = rem.remedy_subset(self.spec.candidates, result.culprits)
-        if result.status is not Status.FOUND or not subset:
+        if result.status not in (Status.FOUND, Status.SEVERAL) or not subset:
             return None
         outcomes = rem.prior_outcomes(search.records, subset)
         own = 0
@@ -349,7 +367,8 @@ class _Driver:
             reused = done.id not in self.launched
             rates = done.details.get("error_rates")
             noise = Noise(*rates) if rates else None
-            return _Decision(self._outcome(done.verdict), done.signature, done.id, reused,
+            return _Decision(self._outcome(done.verdict, slot.subset), done.signature, done.id,
+                             reused,
                              noise)
         attempts = self.ledger.attempts(self.run_id, slot.key)
         if len(attempts) < 2:
@@ -360,12 +379,22 @@ class _Driver:
             return _Decision(V.FAIL, CRASH, last.id, False)
         return _Decision(V.CANNOT_TEST, last.signature, last.id, False)
 
-    def _outcome(self, verdict: str | None) -> str:
+    def _outcome(self, verdict: str | None, subset: frozenset[str] | None = None) -> str:
         if verdict == V.BETWEEN:
             return V.BETWEEN
-        if verdict == V.PASS or (verdict == V.WARN and self.spec.warn_as == "pass"):
-            return V.PASS
-        return V.FAIL
+        if subset == frozenset(self.spec.candidates):
+            self._bad_end_warns = verdict == V.WARN
+        if verdict == V.WARN:
+            return V.FAIL if self._warn_fails() else V.PASS
+        return V.PASS if verdict == V.PASS else V.FAIL
+
+    def _warn_fails(self) -> bool:
+        """Whether a drift WARN is like the bad end. `auto`: only where the bad end itself only
+        drifts (a bisect on drift); where it loses facts, or is not measured yet, facts decide
+        and a WARN is like the good end."""
+        if self.spec.warn_as == "auto":
+            return self._bad_end_warns
+        return self.spec.warn_as == "fail"
 
     def _launch(self, slots: list[_Slot], pool: ThreadPoolExecutor | None) -> None:
         started = []

@@ -27,7 +27,7 @@ from dsv4bisect.redact import redact, redact_text, secrets_in
 
 REPORT_SCHEMA = "dsv4bisect.bisect-report/1"
 PLOT = "posterior.png"
-STYLES = {"found": "bold green", "running": "bold yellow"}
+STYLES = {"found": "bold green", "several": "bold green", "running": "bold yellow"}
 Line = tuple[str, "str | None"]
 
 

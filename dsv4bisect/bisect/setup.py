@@ -87,7 +87,10 @@ def prepare(question: Question, asked: Asked, on_event: EventSink = ignore) -> P
     # rounds of K > 1 launch fresh; on Ray each node keeps its own (docs/cluster.md).
     rounds = asked.parallel if asked.parallel is not None else cfg.parallel
     hot = not asked.fresh_launches and (placement["executor"] == "ray" or rounds == 1)
-    drift = asked.drift or cfg.drift
+    # Relative by default where it applies: a bad end that only drifts is bisected on drift
+    # against the two ends (docs/bisect.md, "Drift and WARN").
+    drift = asked.drift or cfg.drift or ("relative" if hot and asked.test_cmd is None
+                                         else "absolute")
     if drift == "relative" and (not hot or asked.test_cmd is not None):
         raise BisectError("--drift relative judges the sequential trial probe of a hot "
                           "bisect", "drop --fresh-launches, --parallel K > 1 (local) and "

@@ -35,7 +35,7 @@ class BisectSpec:
     max_order: int = 2
     weights: Mapping[str, float] = field(default_factory=dict)  # prior weight per candidate
     order_mass: tuple[float, ...] | None = None  # prior mass on singles, pairs (, triples)
-    warn_as: str = "fail"  # how WARN counts: "fail" or "pass"
+    warn_as: str = "auto"  # how WARN counts: "auto" (as the bad end's own WARN), "fail", "pass"
     design_discount: float = 0.03  # see docs/bisect.md, "Singles first"; 1.0 turns it off
     # The rates the sequential trial probe holds non-end trials to (None: `noise`), and what
     # each step costs (pricing.py; None: the unpriced design). Both steer the design only.
@@ -47,8 +47,8 @@ class BisectSpec:
         # the search's own check, here too: a bad setting is reported before anything runs
         validate_settings(self.candidates, self.noise, self.confidence, self.max_trials,
                           self.parallel, self.max_order, self.design_discount)
-        if self.warn_as not in ("fail", "pass"):
-            raise BisectError(f"warn_as is `{self.warn_as}`", "use `fail` or `pass`")
+        if self.warn_as not in ("auto", "fail", "pass"):
+            raise BisectError(f"warn_as is `{self.warn_as}`", "use `auto`, `fail` or `pass`")
         for name in self.candidates:
             if self.good.get(name) == self.bad.get(name):
                 raise BisectError(

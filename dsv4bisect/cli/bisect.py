@@ -56,13 +56,15 @@ if TYPE_CHECKING:  # the search needs numpy: imported when a bisect runs, not wi
     from dsv4bisect.bisect.spec import BisectSpec
 
 LEDGER = "ledger.sqlite"  # in RUNS_ROOT unless --ledger: shared, so no bisect repeats a trial
-EXIT = {"found": ExitCode.OK, "untestable": ExitCode.CANNOT_TEST}  # the rest: 1
+EXIT = {"found": ExitCode.OK, "several": ExitCode.OK,  # culprits named: one set, or several
+        "untestable": ExitCode.CANNOT_TEST}  # the rest: 1
 # Simulated bisects per lever setting in --plan: P(correct) to about ±1.5 pp (100 gave ±3 pp,
 # enough to read 0.98 as 0.97 by chance).
 PLAN_RUNS = 200
 
 
 class WarnAs(str, Enum):
+    auto = "auto"
     fail = "fail"
     passed = "pass"
 
@@ -98,11 +100,12 @@ def bisect(
     max_trials: Annotated[int | None, Opt(min=2, max=100_000, help="Budget of probe runs.")
                           ] = None,
     parallel: Annotated[int | None, Opt(min=1, max=64, help="Trials per round (K).")] = None,
-    warn_as: Annotated[WarnAs | None, Opt(help="How a WARN counts (default fail).")] = None,
+    warn_as: Annotated[WarnAs | None, Opt(help="How a drift WARN counts: auto (default: like the bad end when the bad end "
+                 "only drifts, like the good end when it loses facts), fail or pass.")] = None,
     drift: Annotated[DriftRule | None, Opt(help="How a trial's drift is judged: by the run "
-                                           "gates (absolute, the default), or against the two "
-                                           "ends (relative: nearer the good end's is not a "
-                                           "fail; docs/bisect.md).")] = None,
+                                           "gate (absolute), or against the two ends (relative, "
+                                           "the default where trials are hot: nearer the good "
+                                           "end's is not a fail; docs/bisect.md).")] = None,
     test_cmd: Annotated[str | None, Opt(help="Judge with this shell command instead: "
                                            "exit 0 good, 125 skip, 1-127 bad.")] = None,
     plan_only: Annotated[bool, Opt("--plan", help="Simulate and print the plan; launch "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -29,6 +30,7 @@ from dsv4bisect.cli.options import (
     one_output,
     overrides,
 )
+from dsv4bisect.probe.verdict import exit_code_as
 from dsv4bisect.redact import redact
 from dsv4bisect.report.run_report import load_run, render_markdown, terminal_lines
 from dsv4bisect.run.events import EngineEvent, Notice, ProbeEvent, RunEvent
@@ -37,6 +39,14 @@ from dsv4bisect.run.session import run as run_session
 from dsv4bisect.run.signals import interrupts
 from dsv4bisect.ui.console import console, stdout
 from dsv4bisect.ui.progress import ready_detail, stage_label
+
+
+class WarnExit(str, Enum):
+    """How `run` exits on a drift WARN (docs/run.md, "Exit codes")."""
+
+    passed = "pass"
+    warn = "warn"
+    fail = "fail"
 
 
 def register(app: typer.Typer) -> None:
@@ -67,6 +77,11 @@ def run(
     disable: Disable = None,
     only: Only = None,
     sets: Set = None,
+    warn_as: Annotated[WarnExit, typer.Option(
+        "--warn-as",
+        help="The exit code of a drift WARN: pass (0, default: `git bisect run` lands on the "
+             "commit that loses facts), warn (4) or fail (1). docs/run.md.")
+    ] = WarnExit.passed,
     skip_preflight: Annotated[bool, typer.Option(
         "--skip-preflight", help="Launch without checking the engine's Python, SGLang, the "
                                  "model, GPUs and ports first (docs/run.md).")] = False,
@@ -74,7 +89,8 @@ def run(
     """Launch the good end and the candidate, probe both, and judge the candidate.
 
     The good end is the same profile with every patch off except the required ones. Exit codes:
-    0 PASS, 1 FAIL, 4 WARN (drift only), 5 bad input, 125 cannot test, 130 interrupted.
+    0 PASS, 1 FAIL (facts lost, hard signatures, a crash), 4 WARN (drift only) with
+    `--warn-as warn` (default: 0), 5 bad input, 125 cannot test, 130 interrupted.
     """
     one_output(json_out, fmt)
     ov = overrides(enable, disable, only, sets)
@@ -102,7 +118,7 @@ def run(
         print(json.dumps(redact(outcome.verdict.to_dict(), view.secrets), indent=2))
     elif fmt is Format.md:
         stdout().file.write(render_markdown(view))
-    raise typer.Exit(outcome.exit_code)
+    raise typer.Exit(exit_code_as(outcome.verdict.verdict, warn_as.value))
 
 
 class RunDisplay:

@@ -225,9 +225,12 @@ class BisectSettings(Strict):
     confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95
     max_trials: Annotated[int, Field(ge=1, le=100_000)] | None = None
     parallel: Annotated[int, Field(ge=1, le=64)] = 1  # trials at once: engines on one node
-    warn_as: Literal["fail", "pass"] = "fail"
-    # how a sequential trial's drift is judged: the run gates, or against the ends (bisect.md)
-    drift: Literal["absolute", "relative"] = "absolute"
+    # how a drift WARN counts (bisect.md): auto = like the bad end when the bad end itself only
+    # drifts, like the good end when the bad end loses facts
+    warn_as: Literal["auto", "fail", "pass"] = "auto"
+    # how a sequential trial's drift is judged: against the ends (relative; the default where a
+    # trial is a hot sequential probe) or by the run's gate (absolute); bisect.md
+    drift: Literal["absolute", "relative"] | None = None
     priors: dict[str, Annotated[float, Field(gt=0, le=1e6)]] | None = None
     # Where trials run (docs/cluster.md): this machine, or the nodes of a Ray cluster.
     executor: Literal["local", "ray"] = "local"

@@ -142,6 +142,15 @@ class Verdict:
                    conditions=d.get("conditions", {}), throughput=d.get("throughput", {}))
 
 
+def exit_code_as(verdict: str, warn_as: str = "pass") -> int:
+    """The process exit code of a verdict when a drift WARN counts as `warn_as`: `pass` (0, the
+    default: `git bisect run` then lands on the commit that loses facts, not on one that only
+    drifts), `warn` (4, the verdict's own code) or `fail` (1)."""
+    if verdict != WARN:
+        return int(EXIT_CODES[verdict])
+    return int({"pass": ExitCode.OK, "warn": ExitCode.WARN, "fail": ExitCode.FAIL}[warn_as])
+
+
 def _rates(sequential: dict[str, Any] | None) -> tuple[float, float] | None:
     if not sequential:
         return None

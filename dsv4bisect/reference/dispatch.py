@@ -4,9 +4,11 @@ SGLang's DeepSeek-V4 kernels choose a split-K count or a kernel variant from the
 tokens in the forward batch (sglang PR #37292, "Support deterministic inference for
 DeepSeek-V4", lists such sites; the first is the mHC pre-norm split-K, which moves every
 token's logprob by ~1e-2 with its batch mates). At `precision: deployment` the embedded engine
-takes the same decision from the leading dimension M of the tensor an op is given (every token
-of the step, the batch flattened), so a request's numerics depend on its chunk and its batch
-mates as on the deployment. Mirrored: the mHC pre-norm GEMM's split-K count and kernel
+takes the decision DeepSeek-V4-Flash's deployment takes for the same batch: the rule is
+evaluated at Flash's shapes (`FLASH`) with the leading dimension M of the tensor an op is given
+(every token of the step, the batch flattened) and the rows' real positions, and the decision is
+applied to the tiny tensors (`fit_mhc_plan`, `fit_cut`), so a request's numerics depend on its
+chunk and its batch mates as on the deployment. Mirrored: the mHC pre-norm GEMM's split-K count and kernel
 (`mhc_pre_plan`) and FlashMLA's split-KV schedule of the sparse attention
 (`flashmla_segments`). Per site, what SGLang does, what is mirrored and what is not, and why:
 docs/reference-engine.md, "Batch-dependent kernel dispatch".

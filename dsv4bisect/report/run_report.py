@@ -197,6 +197,9 @@ def _terminal_verdict(v: Verdict) -> list[Line]:
                 f"agreement {cand['top1_agreement']:.2%} over {cand['n_positions']} "
                 f"positions of {cand['n_cases']} transcripts")
         out.append((text, None))
+        if v.drift.get("null"):
+            out.append((f"            {_multiple(v.drift.get('multiple'))} the good end's own "
+                        "variation (re-batched, prefix-cache hit)", None))
         if v.conditions:
             out.append((f"            ran {family_conditions(v.conditions.get('drift'))}",
                         "dim"))

@@ -1,7 +1,7 @@
 """How far re-chunking or re-batching the same request moves the embedded engine's logits.
 
     python tests/benchmarks/batch_variation.py --transcripts RUN_DIR/baseline/drift.jsonl \
-        [--precisions deployment,exact] [--json OUT.json]
+        [--precisions deployment,exact] [--by-rule | --only-by-rule] [--json OUT.json]
 
 Teacher-forced, on the drift transcripts of a `dsv4bisect run` (its baseline's `drift.jsonl`,
 as `precision_drift.py`), shipped checkpoint, no patch. Full-vocabulary mean KL and top-1
@@ -19,6 +19,10 @@ At `precision: deployment` the engine takes the kernel decisions SGLang 0.5.23 t
 batch of DeepSeek-V4-Flash on an H200 (`reference/dispatch.py`: the mHC pre-norm split-K and
 kernel, FlashMLA's split-KV schedule, evaluated at Flash's shapes with the batch's real token
 counts and positions); at `exact` every op is one fp32 kernel whatever the batch.
+
+With `--by-rule` (deployment only) the batch-mates row again with one rule acting alone: the mHC
+pre-norm rule with no FlashMLA cut, and FlashMLA's schedule with the TF32 pre-norm GEMM held at
+4 splits (its count at 2048 tokens).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from precision_drift import drift  # beside this file
 
 from dsv4bisect.config.checkpoints import EMBEDDED_CHECKPOINT
+from dsv4bisect.reference import model as model_module
+from dsv4bisect.reference.dispatch import MhcPrePlan, fit_mhc_plan
 from dsv4bisect.reference.engine import ReferenceEngine
 from dsv4bisect.reference.model import Transformer
 
@@ -88,11 +94,57 @@ def alone_and_batched(model: Transformer, seqs: list[torch.Tensor]
     return alone, batched
 
 
+def held_at_four(plan: MhcPrePlan, hc_mult: int, hidden_size: int) -> MhcPrePlan:
+    """`fit_mhc_plan` with the TF32 GEMM's split count held at 4 whatever the batch."""
+    if plan.kernel == "tf32":
+        return MhcPrePlan("tf32", 4)
+    return fit_mhc_plan(plan, hc_mult, hidden_size)
+
+
+BY_RULE: list[tuple[str, dict[str, Any]]] = [
+    ("mHC rule only (no FlashMLA cut)", {"flashmla_segments": lambda *a, **k: None}),
+    ("FlashMLA rule only (TF32 pre-norm at 4 splits)", {"fit_mhc_plan": held_at_four}),
+]
+
+
+def by_rule(model: Transformer, seqs: list[torch.Tensor]
+            ) -> list[tuple[str, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]]:
+    """The batch-mates row with each rule alone (the other replaced in the model module)."""
+    rows = []
+    for label, swap in BY_RULE:
+        saved = {name: getattr(model_module, name) for name in swap}
+        for name, fn in swap.items():
+            setattr(model_module, name, fn)
+        try:
+            alone, batched = alone_and_batched(model, seqs)
+        finally:
+            for name, fn in saved.items():
+                setattr(model_module, name, fn)
+        rows.append((f"first {BATCH_TOKENS} tokens among 3 batch mates: {label}", alone, batched,
+                     [s[:BATCH_TOKENS] for s in seqs]))
+    return rows
+
+
+def server_changes(model: Transformer, seqs: list[torch.Tensor]
+                   ) -> list[tuple[str, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]]:
+    """The rows of changes a server makes on its own (module docstring)."""
+    base = chunked(model, seqs, BASE_CHUNK)
+    rows = [("same configuration again", base, chunked(model, seqs, BASE_CHUNK), seqs)]
+    rows += [(f"prefill chunked at {c}", base, chunked(model, seqs, c), seqs) for c in CHUNKS]
+    alone, batched = alone_and_batched(model, seqs)
+    rows.append((f"first {BATCH_TOKENS} tokens among 3 batch mates", alone, batched,
+                 [s[:BATCH_TOKENS] for s in seqs]))
+    rows.append((f"last {DECODED} tokens decoded one per forward", *decoded_tail(model, seqs)))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transcripts", type=Path, required=True, help="a run's drift.jsonl")
     ap.add_argument("--precisions", default="deployment,exact")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--by-rule", action="store_true", help="the batch row per rule (deployment)")
+    ap.add_argument("--only-by-rule", action="store_true", help="only those rows")
     a = ap.parse_args()
     torch.set_num_threads(1)
     seqs = [torch.tensor(json.loads(line)["input_ids"])
@@ -107,14 +159,9 @@ def main() -> None:
         model = ReferenceEngine.load(EMBEDDED_CHECKPOINT, precision=precision, device="cpu",
                                      threads=1).model
         start = time.monotonic()
-        base = chunked(model, seqs, BASE_CHUNK)
-        rows = [("same configuration again", base, chunked(model, seqs, BASE_CHUNK), seqs)]
-        rows += [(f"prefill chunked at {c}", base, chunked(model, seqs, c), seqs) for c in CHUNKS]
-        alone, batched = alone_and_batched(model, seqs)
-        rows.append((f"first {BATCH_TOKENS} tokens among 3 batch mates", alone, batched,
-                     [s[:BATCH_TOKENS] for s in seqs]))
-        rows.append((f"last {DECODED} tokens decoded one per forward",
-                     *decoded_tail(model, seqs)))
+        rows = [] if a.only_by_rule else server_changes(model, seqs)
+        if (a.by_rule or a.only_by_rule) and precision == "deployment":
+            rows += by_rule(model, seqs)
         for label, ref, other, toks in rows:
             r = {"precision": precision, "change": label, **drift(ref, other, toks)}
             results.append(r)

@@ -312,3 +312,35 @@ def test_a_failing_trial_launched_in_the_culprits_configuration_is_their_confirm
     assert launched.confirmed == []  # ... in its own launch: that trial is the confirmation
     assert out.confirmation.agrees and out.confirmation.by_trial is not None
     assert out.confirmation.to_json()["by_trial"] == out.confirmation.by_trial
+
+
+class AnyOfRunner(OracleRunner):
+    """Patches that each fail on their own: a configuration fails iff it holds any of them."""
+
+    def run(self, patches, seed_block, trial_dir):
+        on = frozenset(patches)
+        with self.lock:
+            self.calls.append((on, seed_block))
+        return TrialResult(V.FAIL if on & self.culprits else V.PASS, None, 1.0, {})
+
+
+def test_three_independently_failing_patches_are_named_as_several(ledger, tmp_path):
+    runner = AnyOfRunner({"b", "d", "g"})
+    out = start_bisect(spec(), runner, ledger, tmp_path / "run")
+    assert out.result.status is Status.SEVERAL, out.result.message
+    assert out.result.culprits == {"b", "d", "g"}
+    assert "several culprits" in out.result.message
+    good = [s.outcome for s in out.steps if not s.subset]
+    assert good and all(o == "pass" for o in good)  # so never "the good end fails"
+    # the bad end without all three passes
+    assert out.remedy is not None and out.remedy.verdict == "passes"
+    assert out.remedy.subset == frozenset(NAMES) - {"b", "d", "g"}
+
+
+def test_by_default_a_warn_is_like_good_when_the_bad_end_loses_facts(ledger, tmp_path):
+    # "c" loses facts (FAIL); "e" only drifts (WARN wherever it is on without "c").
+    runner = OracleRunner({"c"})
+    runner.verdicts = {s: [TrialResult(V.WARN, None, 1.0)] for s in _supersets({"e"})
+                       if "c" not in s}
+    out = start_bisect(spec(), runner, ledger, tmp_path / "run")
+    assert out.result.status is Status.FOUND and out.result.culprits == {"c"}

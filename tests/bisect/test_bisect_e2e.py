@@ -28,8 +28,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
 SINGLE = ("--tier", "ci", "--set", "engine.precision=exact",
           "--set", "patches.hash-topk-scaling.variant=double-scale",
-          "--candidates", "mhc-bf16,hash-topk-scaling,mma-decode,triton-indexer",
-          "--warn-as", "pass")
+          "--candidates", "mhc-bf16,hash-topk-scaling,mma-decode,triton-indexer")
 PAIR = ("--tier", "ci", "--set", "engine.precision=exact",
         "--bad", "canary-a,canary-b,hash-topk-scaling,triton-indexer:fp32")
 

@@ -17,6 +17,8 @@ from dsv4bisect.bisect.search.hypotheses import (
 class Status(str, Enum):
     RUNNING = "running"
     FOUND = "found"
+    # several patches each fail alone (the good end passed every time): culprits names them all
+    SEVERAL = "several"
     GOOD_END_FAILS = GOOD_END_FAILS  # the good end fails too: not the candidates
     BAD_END_PASSES = BAD_END_PASSES  # the bad end passes: the failure does not reproduce
     UNEXPLAINED = UNEXPLAINED  # ends differ, but no culprit set up to max_order explains it
@@ -35,9 +37,12 @@ class SearchResult:
     message: str
 
 
-def describe(status: Status, hyp: Hypothesis, p: float) -> str:
+def describe(status: Status, hyp: Hypothesis, p: float,
+             several: frozenset[str] = frozenset()) -> str:
     """One sentence for the user about where the search stands."""
     messages = {
+        Status.SEVERAL: "several culprits, each failing on its own: " + ", ".join(sorted(several))
+        + " (the good end passed every time it was measured)",
         Status.FOUND: f"culprit {hyp.describe()} (posterior {p:.3f}), each member needed",
         Status.GOOD_END_FAILS: "the good end fails too: the failure does not come from the "
         "candidates",

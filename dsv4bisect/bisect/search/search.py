@@ -30,6 +30,7 @@ from dsv4bisect.bisect.search.hypotheses import (
     BAD_END_PASSES,
     GOOD_END_FAILS,
     Hypothesis,
+    UNEXPLAINED,
     HypothesisSpace,
     Priors,
 )
@@ -182,14 +183,15 @@ class Search:
         best = int(np.argmax(post))
         hyp = self.space.hypothesis(best)
         status = self._stop_reason() or (Status.RUNNING if self.next() else Status.UNTESTABLE)
+        several = self._failing_alone() if status is Status.SEVERAL else frozenset()
         return SearchResult(
             status=status,
-            culprits=hyp.members if hyp.is_set else None,
+            culprits=several or (hyp.members if hyp.is_set else None),
             posterior=float(post[best]),
             top=tuple(self.top(5)),
             checks=self._checks(best),
             trials_used=self.trials_used,
-            message=describe(status, hyp, float(post[best])),
+            message=describe(status, hyp, float(post[best]), several),
         )
 
     def remaining(self) -> int:
@@ -242,9 +244,18 @@ class Search:
         return confirm.pending(self._checks(index), self._skipped, self.candidates)
 
     def _stop_reason(self) -> Status | None:
+        if self._several_seen() and not self._singles_pending():
+            return Status.SEVERAL
         lead = self._confident()
+        singles = lead is not None and self._singles_phase(lead)
+        if singles and not self._singles_pending():
+            if len(self._failing_alone()) >= 2:
+                return Status.SEVERAL
+            if self.space.hypothesis(lead).kind == GOOD_END_FAILS:
+                return Status.UNEXPLAINED  # never "the good end fails" while it passed
         if (
             lead is not None
+            and not (singles and self._singles_pending())
             and (self._ends_known or self._is_end_catch_all(lead))
             and not self._pending(lead)
         ):  # confirmed, or nothing could confirm it
@@ -254,11 +265,52 @@ class Search:
             return Status.BUDGET
         return None
 
+    # -- several culprits -----------------------------------------------------------------------
+    # The hypotheses say "fails iff it holds all of a set"; patches that each fail on their own
+    # break that model, and its nearest catch-alls are "the good end fails" or "unexplained".
+    # When one of those leads while every measurement of the good end passed, each candidate is
+    # run alone: two or more that fail are reported by name as several culprits (docs/bisect.md).
+    def _good_end_passed(self) -> bool:
+        good = [r.outcome for r in self._records if r.evidence and not r.subset]
+        return bool(good) and all(o == V.PASS for o in good)
+
+    def _singles_phase(self, lead: int) -> bool:
+        kind = self.space.hypothesis(lead).kind
+        return ((kind in (GOOD_END_FAILS, UNEXPLAINED) and self._good_end_passed())
+                or self._several_seen())
+
+    def _several_seen(self) -> bool:
+        """Two candidates failed alone while the good end passed: no culprit set explains that
+        (it would lie inside both), so every candidate is run alone."""
+        return len(self._failing_alone()) >= 2 and self._good_end_passed()
+
+    def singles_to_test(self) -> list[frozenset[str]]:
+        """After the remedy check failed twice (another culprit remains, driver.py): the
+        candidates not yet run alone. Recorded, they let the result name several culprits."""
+        return self._singles_pending()
+
+    def _singles_pending(self) -> list[frozenset[str]]:
+        done = {r.subset for r in self._records if r.evidence} | self._skipped
+        return [frozenset({c}) for c in self.candidates if frozenset({c}) not in done]
+
+    def _failing_alone(self) -> frozenset[str]:
+        """Candidates whose runs alone failed more often than they passed."""
+        votes: dict[str, int] = {}
+        for r in self._records:
+            if r.evidence and len(r.subset) == 1 and r.outcome in (V.PASS, V.FAIL):
+                (name,) = r.subset
+                votes[name] = votes.get(name, 0) + (1 if r.outcome == V.FAIL else -1)
+        return frozenset(n for n, v in votes.items() if v > 0)
+
     # -- proposals -----------------------------------------------------------------------------
     def _propose(self) -> list[frozenset[str]]:
         k = self.parallel
         if self.max_trials is not None:
             k = min(k, self.max_trials - self.trials_used)
+        lead = self._confident()
+        singles = self._several_seen() or (lead is not None and self._singles_phase(lead))
+        if singles and self._singles_pending():
+            return self._singles_pending()[:k]
         lead = self._confirming()
         if lead is not None:
             return self._propose_checks(lead, k)
