@@ -59,6 +59,15 @@ def test_slot_rows_give_each_later_request_the_previous_ones_first_row() -> None
     assert faults.slot_rows([(0, 1, 5)], 5).tolist() == [0, 1, 2, 3, 4]  # one request: its own
 
 
+def test_the_kv_faults_act_only_on_fp8_kv_pages() -> None:
+    for variant in ("batch-kv-slot", "decode-rope-fp8"):
+        assert Numerics.from_patches({"mma-decode": variant}, precision="deployment").kv_fault
+        assert Numerics.from_patches({"mma-decode": variant}, precision="exact").kv_fault is None
+        # the kernel itself is the patch's default split-K
+        assert Numerics.from_patches({"mma-decode": variant}).attention == \
+            Numerics.from_patches({"mma-decode": "split-k"}).attention
+
+
 def test_batch_kv_slot_leaves_a_lone_request_exact(model) -> None:
     tokens = ids(40, seed=1)
     configure(model, "split-k")
