@@ -156,7 +156,8 @@ def _bisect(b: dict[str, Any] | None) -> str:
     if b is None:
         return "not run"
     culprits = b.get("culprits")
-    rounds = len({t.get("step") for t in b.get("trials") or [] if not t.get("source")})
+    # trials measured here (a trial answered from the ledger has another source)
+    rounds = len({t.get("step") for t in b.get("trials") or [] if t.get("source") == "run"})
     named = ", ".join(culprits) if culprits else "none"
     remedy = b.get("remedy") or {}
     tail = f", remedy {remedy['verdict']}" if remedy.get("verdict") else ""
