@@ -19,6 +19,8 @@ at the place where its patch's code acts and at the size it had (docs/reference-
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 
 from dsv4bisect.reference import precision as prec
@@ -43,7 +45,7 @@ def slot_rows(groups: list[tuple[int, int, int]], n_rows: int) -> torch.Tensor:
     step's first holds the previous request's first new row (each other row holds its own)."""
     src = torch.arange(n_rows)
     starts = [row + b * T for row, B, T in groups for b in range(B)]
-    for prev, start in zip(starts, starts[1:]):
+    for prev, start in pairwise(starts):
         src[start] = prev
     return src
 
