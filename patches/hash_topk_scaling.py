@@ -62,6 +62,10 @@ PATCH = Patch(
             "double-scale",
             "HashTopK and the runner both apply rsf (stock NVFP4 + marlin bug): routed output × rsf",
             fault=True,
+            citation="SGLang 0.5.13/0.5.14 NVFP4 + Marlin (TopK and moe_sum_reduce both scale)",
+            showed=("stock upstream path: ModelOptNvFp4FusedMoEMethod fuses rsf into top-k and "
+                    "the Marlin runner multiplies by rsf again: routed output ×1.5 on "
+                    "DeepSeek-V4-Flash (the embedded checkpoint's rsf is Flash's 1.5)"),
         ),
     ),
     inert_when=(

@@ -15,7 +15,10 @@ prefill (and teacher-forced scoring) sees it too.
 
 How to verify: `dsv4bisect microtest mma-decode` (error against fp32 attention as a function of
 context length); the `merge-no-rescale` fault variant shows what a broken merge looks like: it is
-exact for one split and wrong as soon as a query needs two.
+exact for one split and wrong as soon as a query needs two. Two field faults hang here, on the
+backend's FP8 KV pages (embedded engine only, `precision: deployment`; the SGLang hook refuses
+them): `batch-kv-slot` (concurrency-only corruption) and `decode-rope-fp8` (prefill/decode
+divergence with FP8 KV), `dsv4bisect.reference.faults`.
 
 Upstream site: `sglang.srt.layers.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120`
 (called from `DeepseekV4AttnBackend.forward`; FP8 "MODEL1" paged KV: 448 FP8-E4M3 nope dims with a
@@ -48,6 +51,25 @@ PATCH = Patch(
             "merge-no-rescale",
             "merges partials by their local sums without rescaling to the global max",
             fault=True,
+        ),
+        Variant(
+            "batch-kv-slot",
+            "in a batch of requests, each later request's first new KV slot gets the previous "
+            "request's row",
+            fault=True,
+            citation="sglang#33397",
+            showed=("progressive corruption only under concurrency with the DeepSeek-V4 backend "
+                    "and FP8 KV: 6/11 long outputs corrupt vs 0/19 short on 30 replays of one "
+                    "request, identifiers altered in 2 % of requests at T=0, scaling with "
+                    "concurrency"),
+        ),
+        Variant(
+            "decode-rope-fp8",
+            "the decode kernel reads the page's bf16 rope dims as FP8-E4M3 (prefill reads them right)",
+            fault=True,
+            citation="sglang#25790",
+            showed=("logprobs of the same tokens diverge between prefill and decode (from token "
+                    "96 on), only with --kv-cache-dtype fp8_e4m3"),
         ),
     ),
     doc=__doc__ or "",

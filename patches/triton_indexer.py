@@ -11,7 +11,9 @@ relu·weight·sum. At long context tens of thousands of compressed blocks compet
 and bf16 rounding reorders near-ties, so the CSA layers attend to different blocks.
 
 How to verify: `dsv4bisect microtest triton-indexer` (top-k selection overlap fp32 vs bf16 as a
-function of context length with the real indexer weights).
+function of context length with the real indexer weights). The `residue` field fault (embedded
+engine only; the SGLang hook refuses it) shifts the selected entry ids of queries whose length
+is 3 (mod 4) by one entry, the signature of vllm#55927 (`dsv4bisect.reference.faults`).
 
 From SGLang 0.5.16 the stock torch indexer itself computes the dot products as a bf16 `bmm`
 (`kv_value.to(torch.bfloat16)`), so stock is no longer the fp32 path: the `bf16` variant is
@@ -51,6 +53,15 @@ PATCH = Patch(
     variants=(
         Variant("bf16", "per-head dot products rounded to bf16 before relu·weight·sum"),
         Variant("fp32", "fp32 accumulation throughout (only the summation order changes)"),
+        Variant(
+            "residue",
+            "bf16 kernel; at sequence length 3 (mod 4) every selected entry id is off by one",
+            fault=True,
+            citation="vllm#55927; mlx-lm PR #1189",
+            showed=("a needle at 28k of a 57k prompt returns a wrong last digit iff the prompt "
+                    "length is 3 (mod 4), the C4 compression period (unresolved); collapse at "
+                    "the 4-token compression boundary from the compressor's seqUsed"),
+        ),
     ),
     masked_by=(Mask("tilelang-indexer", "SGLang's TileLang indexer branch is taken before the "
                     "hooked torch indexer, which is then never called"),),

@@ -37,7 +37,9 @@ def list_patches(
     required under it.
     """
     rows = [{"name": p.name, "tier": p.tier, "variants": [v.name for v in p.variants],
-             "faults": [v.name for v in p.variants if v.fault], "summary": p.summary}
+             "faults": [v.name for v in p.variants if v.fault],
+             "citations": {v.name: v.citation for v in p.variants if v.citation},
+             "summary": p.summary}
             for p in builtin_patches().values()]
     if profile is not None:
         from dsv4bisect.config.resolve import resolve
@@ -120,7 +122,8 @@ def show_patch(name: Annotated[str, typer.Argument(help="Patch name.")], json_ou
             "name": patch.name, "summary": patch.summary, "tier": patch.tier,
             "touches": list(patch.touches), "reference": patch.reference,
             "sglang_hooks": {k: list(v) for k, v in patch.sglang.hooks.items()},
-            "variants": [{"name": v.name, "summary": v.summary, "fault": v.fault}
+            "variants": [{"name": v.name, "summary": v.summary, "fault": v.fault,
+                          "citation": v.citation, "showed": v.showed}
                          for v in patch.variants],
             "inert_when": [c.reason for c in patch.inert_when],
             "required_when": [c.reason for c in patch.required_when], "doc": patch.doc,
@@ -128,7 +131,10 @@ def show_patch(name: Annotated[str, typer.Argument(help="Patch name.")], json_ou
         return
     lines = [f"{patch.name} — {patch.summary}  (risk tier {patch.tier})", "", patch.doc.strip(),
              "", "variants:"]
-    lines += [f"  {v.name}{' (FAULT)' if v.fault else ''}: {v.summary}" for v in patch.variants]
+    for v in patch.variants:
+        lines.append(f"  {v.name}{' (FAULT)' if v.fault else ''}: {v.summary}")
+        if v.citation:  # a fault from the field: where it was reported and how it showed
+            lines.append(f"    field: {v.citation} — {v.showed}")
     lines += ["", f"embedded engine: {patch.reference}"]
     lines += [f"sglang {layout}: {', '.join(hooks)}" for layout, hooks in patch.sglang.hooks.items()]
     lines += [f"inert when: {c.reason}" for c in patch.inert_when]

@@ -45,6 +45,10 @@ class Variant:
     name: str
     summary: str
     fault: bool = False  # reproduces a known failure mode; for calibration and tests
+    # A fault from the field: the issue or PR it models, and how the real bug showed (where,
+    # at what size); "" for the faults of our own invention and for real variants.
+    citation: str = ""
+    showed: str = ""
 
 
 ARCHS = ("sm120", "sm100", "sm90")

@@ -52,6 +52,7 @@ class ServerInfo:
     max_model_len: int | None
     compress_ratios: tuple[int, ...] | None  # None: the server did not say
     info: dict[str, Any] = field(default_factory=dict)
+    sliding_window: int | None = None  # the SWA window in tokens; None: the server did not say
 
 
 @dataclass(frozen=True)
@@ -272,7 +273,16 @@ class ProbeClient:
         ratios = find_key(info, "compress_ratios")
         self.model = self.model or data[0]["id"]
         return ServerInfo(self.model, self._max_len(max_len, info), self._ratios(ratios, info),
-                          info)
+                          info, self._window(find_key(info, "sliding_window"), info))
+
+    def _window(self, value: Any, info: Any) -> int | None:
+        """sliding_window: absent, or an integer in [1, 2**20]."""
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2 ** 20:
+            raise self._malformed("/server_info", info,
+                                  "sliding_window is not an integer in [1, 2**20]")
+        return value
 
     def _max_len(self, value: Any, info: Any) -> int | None:
         """max_model_len: absent, or an integer in [1, MAX_MODEL_LEN] (a negative, zero or

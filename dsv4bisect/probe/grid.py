@@ -5,9 +5,11 @@ and layout come from `random.Random(seed)` and the server's token counts only. T
 block against the same tokenizer give byte-identical requests.
 
 Jitter: DeepSeek-V4 compresses the KV cache in blocks (`compress_ratios`: 4 and 128 on Flash, 4
-and 16 on the embedded tiny preset), and a known bug lived only at prompt length ≡ 3 (mod 4)
-(vllm#55927). So each cell's cases step the target length one token at a time around a multiple
-of the largest ratio: offsets 0, -1, -2, +1 cover every residue mod 4 and the last two and first
+and 16 on the embedded tiny preset) and attends to a sliding window (`sliding_window`: 128 on
+Flash, 32 on the shipped tiny checkpoint); both come from the server's `/server_info`
+(`periods`). A known bug lived only at prompt length ≡ 3 (mod 4) (vllm#55927), others at the
+compression boundary and past the window (mlx-lm PR #1189, field-bugs notes). So each cell's cases step the target length one token at a time around a multiple
+of the block (the lcm of the periods): offsets 0, -1, -2, +1 cover every residue mod 4 and the last two and first
 two positions of a compression block; further offsets do the same around the middle of a block.
 """
 
@@ -26,6 +28,15 @@ from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.probe.vocab import Vocabulary
 
 DEFAULT_RATIOS = (4, 128)  # DeepSeek-V4 Flash/Pro, when the server does not report its ratios
+DEFAULT_WINDOW = 128  # DeepSeek-V4 Flash/Pro's sliding window, when the server does not say
+
+
+def periods(ratios: Sequence[int] | None, window: int | None) -> tuple[int, ...]:
+    """The token periods the grid's lengths step around: the compression ratios and the sliding
+    window the server reports (DeepSeek-V4's when it does not). On SGLang (4, 128, window 128)
+    the block is 128; on the embedded tiny model (4, 16, window 32) it is 32, so a window edge
+    and every compression block edge fall on the jitter's anchors."""
+    return (*(ratios or DEFAULT_RATIOS), window or DEFAULT_WINDOW)
 
 
 @dataclass(frozen=True)

@@ -80,8 +80,14 @@ class NullView:
         return {"where": self.where, "n": self.n, "kl_mean": self.kl_mean,
                 "kl_mean_ci": list(self.kl_mean_ci), "kl_p99": self.kl_p99,
                 "top1_agreement": self.top1_agreement, "n_candidate": self.n_candidate,
-                "warn_kl": self.warn_kl, "warn_tail": self.warn_tail,
-                "warn_top1": self.warn_top1, "warn_multiple": self.warn_multiple}
+                **self.gates()}
+
+    def gates(self) -> dict[str, float | None]:
+        """The gates as JSON: an infinite gate (a null whose bootstrap draws include a zero
+        mean, so no multiple of it bounds the candidate) is None, as JSON has no Infinity."""
+        return {k: v if v is None or math.isfinite(v) else None for k, v in (
+            ("warn_kl", self.warn_kl), ("warn_tail", self.warn_tail),
+            ("warn_top1", self.warn_top1), ("warn_multiple", self.warn_multiple))}
 
 
 @dataclass(frozen=True)
@@ -204,8 +210,7 @@ def judge_view(view: NullView, kl: Sequence[float], same: Sequence[bool]) -> dic
     warn = mean > view.warn_kl or tail > view.warn_tail or top1 < view.warn_top1
     return {"status": "warn" if warn else "pass", "where": view.where, "kl_mean": mean,
             "tail_share": tail, "top1_agreement": top1, "multiple": multiple(mean, view.kl_mean),
-            "gates": {"warn_kl": view.warn_kl, "warn_tail": view.warn_tail,
-                      "warn_top1": view.warn_top1, "warn_multiple": view.warn_multiple},
+            "gates": view.gates(),
             # how far past its gates, so the trigger names the clearest view
             "severity": max(mean / max(view.warn_kl, _TINY),
                             tail / view.warn_tail if view.warn_tail > 0 else 0.0,

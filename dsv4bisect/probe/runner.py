@@ -21,7 +21,7 @@ from typing import Any
 from dsv4bisect.errors import ConfigError, ProbeError
 from dsv4bisect.probe.client import ProbeClient, ProbeHTTPError, ServerInfo
 from dsv4bisect.probe.drift import NON_FINITE, DriftRecord, NonFiniteScores, compare
-from dsv4bisect.probe.grid import DEFAULT_RATIOS, Case, build_cases
+from dsv4bisect.probe.grid import DEFAULT_RATIOS, DEFAULT_WINDOW, Case, build_cases, periods
 from dsv4bisect.probe.judge import decide
 from dsv4bisect.probe.layout import calibrate
 from dsv4bisect.probe.run import ProbeRun
@@ -57,6 +57,7 @@ Progress = Callable[[ProbeProgress], None]
 def _server_dict(server: ServerInfo) -> dict[str, Any]:
     return {"model": server.model, "max_model_len": server.max_model_len,
             "compress_ratios": list(server.compress_ratios) if server.compress_ratios else None,
+            "sliding_window": server.sliding_window,
             "info": server.info}
 
 
@@ -66,6 +67,9 @@ def _build(client: ProbeClient, spec: ProbeSpec, server: ServerInfo, notes: list
     if not ratios:
         ratios = DEFAULT_RATIOS
         notes.append(f"server did not report compress_ratios; jitter uses {list(ratios)}")
+    if not server.sliding_window:
+        notes.append(f"server did not report sliding_window; jitter uses {DEFAULT_WINDOW}")
+    ratios = periods(ratios, server.sliding_window)
     lengths = list(spec.lengths)
     if server.max_model_len:
         room = server.max_model_len - max(spec.max_tokens, spec.thinking_max_tokens

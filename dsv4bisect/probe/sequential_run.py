@@ -137,7 +137,8 @@ def run_sequential(url: str, base: ProbeRun, bad: ProbeRun, repeat: ProbeRun | N
     assert decision is not None
     run = ProbeRun(spec, url, {"model": server.model, "max_model_len": server.max_model_len,
                                "compress_ratios": list(server.compress_ratios)
-                               if server.compress_ratios else None, "info": server.info,
+                               if server.compress_ratios else None,
+                               "sliding_window": server.sliding_window, "info": server.info,
                                "started_at": started},
                    tuple(c for c in base.cases if c.case_id in used), tuple(rows),
                    tuple(records), (*notes, "sequential trial probe: " + decision.reasons[0]),

@@ -393,8 +393,22 @@ class Numerics:
     def indexer_mode(self) -> str | None:
         """None when the patch is off (torch reference), else the Triton kernel's mode."""
         if "triton-indexer" in self.patches:
-            return self.patches["triton-indexer"]
+            variant = self.patches["triton-indexer"]
+            return "bf16" if variant == "residue" else variant  # the fault runs the bf16 kernel
         return "bf16" if "tilelang-indexer" in self.patches else None
+
+    @property
+    def indexer_residue(self) -> bool:
+        """The `triton-indexer:residue` field fault (reference/faults.py)."""
+        return self.patches.get("triton-indexer") == "residue"
+
+    @property
+    def kv_fault(self) -> str | None:
+        """`batch-kv-slot` or `decode-rope-fp8` (mma-decode field faults, reference/faults.py);
+        both act on the FP8 KV pages, so only at `deployment`."""
+        variant = self.patches.get("mma-decode")
+        live = self.deployment and variant in ("batch-kv-slot", "decode-rope-fp8")
+        return variant if live else None
 
     @property
     def nvfp4(self) -> str | None:

@@ -166,6 +166,7 @@ class ReferenceEngine:
             "model": self.source,
             "config": self.config.to_hf_config(),
             "compress_ratios": list(self.config.compress_ratios),
+            "sliding_window": self.config.sliding_window,
             "device": str(self.device),
             "dtype": "float32",
             "precision": self.numerics.precision,

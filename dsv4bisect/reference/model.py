@@ -31,6 +31,7 @@ from dsv4bisect.kernels.sparse_attention import (
     sparse_attention_ref,
     sparse_attention_segmented_ref,
 )
+from dsv4bisect.reference import faults
 from dsv4bisect.reference import precision as prec
 from dsv4bisect.reference.cache import CompressorState, LayerCache, ModelCache
 from dsv4bisect.reference.config import CSA_RATIO, ModelArgs, Numerics, RopeScaling
@@ -431,7 +432,10 @@ class Indexer(nn.Module):
         B, T = p["q"].shape[:2]
         if scores is None:
             return torch.full((B, T, self.topk), -1, dtype=torch.int64, device=p["q"].device)
-        return indexer_topk(scores.view(B * T, -1), self.topk).view(B, T, -1)
+        ids = indexer_topk(scores.view(B * T, -1), self.topk).view(B, T, -1)
+        if step.numerics.indexer_residue:  # field fault: reference/faults.py
+            ids = faults.residue_shift(ids, step.positions)
+        return ids
 
 
 def key_lists(
@@ -527,13 +531,18 @@ class Attention(nn.Module):
             q * torch.rsqrt(q.square().mean(-1, keepdim=True) + a.rms_norm_eps), cos, sin
         )
         kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)  # [N, D]
+        groups, lists = step.groups(caches), []
+        kv_fault = step.numerics.kv_fault
         if step.numerics.deployment:  # the new rows are written to FP8 pages, then read
             kv = prec.model1_kv(kv, a.qk_rope_head_dim)
+        if kv_fault == "batch-kv-slot":  # field fault: a foreign row per request (faults.py)
+            shape = [(row, part.batch, part.tokens.shape[0] // part.batch)
+                     for row, part, _ in groups]
+            kv = kv[faults.slot_rows(shape, N)]
         proj = self._project(x, qr, step)
         split, partial, merge = step.numerics.attention
         # per group of sequences: its key pool [B, P, D], its lists [B·T, K] into the pool
         # flattened, and each row's window part of the pool (`flashmla_segments`)
-        groups, lists = step.groups(caches), []
         for g, (row, part, group_caches) in enumerate(groups):
             end = groups[g + 1][0] if g + 1 < len(groups) else N
             B, rows = part.batch, slice(row, end)
@@ -543,6 +552,8 @@ class Attention(nn.Module):
             window_rows = group_caches[0].window.shape[0] + T  # before _keys appends
             pool, idx = self._keys(mine, q[rows].view(B, T, H, D), kv[rows].view(B, T, D),
                                    part, group_caches)  # [B, P, D], [B, T, K]
+            if kv_fault == "decode-rope-fp8" and T == 1:  # field fault: decode reads only
+                pool = faults.rope_read_as_fp8(pool, a.qk_rope_head_dim)
             lists.append((rows, pool, idx.reshape(B * T, -1), window_rows))
         # Deployment, stock kernel: FlashMLA's split-KV schedule over all N rows of the batch
         # (every sequence's rows together, at Flash's key counts for their positions) decides

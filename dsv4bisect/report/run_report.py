@@ -366,7 +366,7 @@ def _md_drift(v: Verdict) -> str:
                        f"{s['top1_agreement']:.2%} | {_num(s['first_divergence'], '')} |")
     g = d.get("gates") or {}
     if g:
-        out.append(f"\nWARN gates (drift never fails): mean KL > {g['warn_kl']:.3g}"
+        out.append(f"\nWARN gates (drift never fails): mean KL > {_num(g['warn_kl'])}"
                    + (f" ({_multiple(g['warn_multiple'])} the null)"
                       if "warn_multiple" in g else "")
                    + f"; top-1 agreement < {g['warn_top1']:.2%}.")

@@ -35,8 +35,13 @@ def test_registry_order_and_names() -> None:
 def test_fault_variants_are_marked() -> None:
     faults = {(p.name, v.name) for p in KNOWN.values() for v in p.variants if v.fault}
     assert faults == {("hash-topk-scaling", "double-scale"), ("mma-decode", "merge-no-rescale"),
-                      ("trtllm-clamp", "ignore-alpha")}
+                      ("trtllm-clamp", "ignore-alpha"), ("triton-indexer", "residue"),
+                      ("mma-decode", "batch-kv-slot"), ("mma-decode", "decode-rope-fp8")}
     assert all(not p.variants[0].fault for p in KNOWN.values())
+    # a citation and how the bug showed go together, and only on a fault
+    for p in KNOWN.values():
+        for v in p.variants:
+            assert bool(v.citation) == bool(v.showed) and (v.fault or not v.citation), v.name
 
 
 selections = st.dictionaries(

@@ -85,6 +85,17 @@ def test_jitter_covers_all_residues_mod_4_around_block_edges() -> None:
     assert grid.base_length(1010, (4, 16)) == 1008
 
 
+def test_the_grid_steps_around_the_reported_window_and_ratios() -> None:
+    # SGLang (ratios 4/128, window 128): the block stays 128; the tiny model (4/16, window 32):
+    # 32, so the window edge and both compression block edges are anchors of the jitter
+    sglang, tiny = grid.periods((0, 4, 128), 128), grid.periods((0, 0, 4, 16), 32)
+    assert grid.block_size(sglang) == 128 and grid.block_size(tiny) == 32
+    assert grid.periods(None, None) == (4, 128, 128)
+    eight = grid.jitter_offsets(tiny, 8)
+    assert eight[:4] == [0, -1, -2, 1] and eight[4:] == [16, 15, 14, 17]
+    assert grid.base_length(1010, tiny) == 1024
+
+
 def test_same_spec_and_block_give_byte_identical_cases() -> None:
     spec = tier_spec("ci").replace(cases_per_cell=4)
     cal = calibrate(byte_count, PROBE_VOCAB)

@@ -209,6 +209,8 @@ def test_the_deadline_leaves_the_client_usable(fake: Fake) -> None:
 
 @pytest.mark.parametrize("info", [{"compress_ratios": ["x", None]}, {"compress_ratios": "4"},
                                   {"compress_ratios": [4, -1]}, {"compress_ratios": [True]},
+                                  {"sliding_window": 0}, {"sliding_window": "128"},
+                                  {"config": {"sliding_window": True}},
                                   ["not", "an", "object"]])
 def test_bad_compress_ratios_are_refused(fake: Fake, info: Any) -> None:
     fake.server_info = info
@@ -226,6 +228,9 @@ def test_bad_max_model_len_is_refused(fake: Fake, length: Any) -> None:
 def test_a_sound_server_info_is_read(fake: Fake) -> None:
     info = ProbeClient(fake.url).describe()
     assert info.max_model_len == 4096 and info.compress_ratios == (0, 4, 128)
+    assert info.sliding_window is None  # not reported: the grid uses DeepSeek-V4's 128
+    fake.server_info = {"compress_ratios": [0, 4, 16], "config": {"sliding_window": 32}}
+    assert ProbeClient(fake.url).describe().sliding_window == 32
 
 
 def test_nan_in_a_sequential_trial_is_a_fail(fake: Fake) -> None:

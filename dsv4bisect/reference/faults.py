@@ -1,0 +1,57 @@
+"""Field fault variants of the embedded engine: DeepSeek-V4 bugs seen in the field, each modelled
+at the place where its patch's code acts and at the size it had (docs/reference-engine.md,
+"Field faults"; the citations are in the patch modules' variants).
+
+- `triton-indexer:residue` (vllm#55927, mlx-lm PR #1189): on a CSA (ratio 4) layer, a query
+  whose sequence length (position + 1) is 3 (mod 4) gets the top-k entry ids shifted by one
+  compressed entry: it attends to the block after each selected one. Exact at every other
+  residue, so a prompt of length 3 (mod 4) answers from the neighbours of what the indexer
+  found (a wrong digit, not garbage).
+- `mma-decode:batch-kv-slot` (sglang#33397): in a forward that holds several requests, the FP8 KV
+  write puts the previous request's first new row into each later request's first new slot (a
+  page-slot offset that is off by one request). A lone request is exact; under concurrency every
+  decode step of a batched request writes a foreign key, so the corruption grows with the
+  output's length and with the number of requests batched, as the field saw it.
+- `mma-decode:decode-rope-fp8` (sglang#25790): the decode kernel reads the MODEL1 page's bf16
+  rope dims as FP8-E4M3 (the nope dims' format); prefill reads them right, so prefill and
+  decode logprobs of the same tokens diverge, and only with an FP8 KV cache (`deployment`).
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import torch
+
+from dsv4bisect.reference import precision as prec
+
+CSA_RATIO = 4
+RESIDUE = 3  # vllm#55927: wrong iff prompt length = 3 (mod 4)
+
+
+def residue_shift(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """ids [B, T, K] (valid first, -1 = none) of queries at `positions` [T]: where the query's
+    length is RESIDUE (mod 4), every valid id moves to the next entry that query can see (the
+    newest stays: there is no next one)."""
+    hit = ((positions + 1) % CSA_RATIO == RESIDUE)[None, :, None]  # [1, T, 1]
+    n_visible = ((positions + 1) // CSA_RATIO)[None, :, None]
+    shifted = torch.where((ids >= 0) & (ids + 1 < n_visible), ids + 1, ids)
+    return torch.where(hit, shifted, ids)
+
+
+def slot_rows(groups: list[tuple[int, int, int]], n_rows: int) -> torch.Tensor:
+    """Per row of a step, the row whose KV the `batch-kv-slot` fault writes there: groups are
+    (first row, sequences B, tokens T) in row order; the first new row of every request but the
+    step's first holds the previous request's first new row (each other row holds its own)."""
+    src = torch.arange(n_rows)
+    starts = [row + b * T for row, B, T in groups for b in range(B)]
+    for prev, start in pairwise(starts):
+        src[start] = prev
+    return src
+
+
+def rope_read_as_fp8(pool: torch.Tensor, rope_dim: int) -> torch.Tensor:
+    """Key rows [..., D] as a kernel that decodes the rope dims with the nope dims' FP8 format
+    reads them: the rope dims through FP8-E4M3 with a UE8M0 scale per row."""
+    nope, rope = pool[..., :-rope_dim], pool[..., -rope_dim:]
+    return torch.cat((nope, prec._fp8_groups(rope, rope_dim)), -1)

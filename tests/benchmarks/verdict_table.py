@@ -1,0 +1,204 @@
+"""The verdict table of docs/reference-engine.md: what `run` and `bisect` say about every real
+patch, every harmless change and every fault, at both precisions.
+
+    python tests/benchmarks/verdict_table.py [--precision deployment exact] [--rows LABEL ...]
+        [--tier smoke] [--bisect] [--out docs/results/DIR] [--from DIR]
+
+Per row and precision:
+- a patch or a fault: `dsv4bisect run reference --only P [--set patches.P.variant=V] --json`
+  (the good end is the same profile with every patch off);
+- a harmless change the deployment makes to itself (prefill re-chunked at 512 / 77, no batch
+  mates, no prefix-cache hit): two `dsv4bisect serve` of the same patch set (all off), the
+  default one and the changed one, judged by `dsv4bisect probe CHANGED --baseline DEFAULT`;
+- with `--bisect`, for faults: `dsv4bisect bisect reference-all [--set
+  patches.P.variant=V] --json` (the slow part): the culprits it names, in how many rounds.
+Columns: drift (as a multiple of the null model when the verdict reports one, else the mean KL
+over the drift transcripts), answers lost of those paired, the verdict, the bisect's culprits
+and rounds. `--out` keeps every JSON; `--from DIR` rebuilds the table from kept JSON without
+running anything (a row with no JSON there is printed as "not measured").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    kind: str  # patch | fault | harmless
+    patch: str | None = None
+    variant: str | None = None
+    serve: tuple[str, ...] = ()  # harmless: the changed server's extra flags
+    citation: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.label.replace(" ", "_").replace("/", "-").replace(":", "-")
+
+
+ROWS: tuple[Row, ...] = (
+    Row("mhc-bf16", "patch", "mhc-bf16"),
+    Row("hash-topk-scaling", "patch", "hash-topk-scaling"),
+    Row("mma-decode", "patch", "mma-decode"),
+    Row("triton-indexer", "patch", "triton-indexer"),
+    Row("nvfp4-dispatch", "patch", "nvfp4-dispatch"),
+    Row("trtllm-clamp", "patch", "trtllm-clamp"),
+    Row("re-chunk 512", "harmless", serve=("--chunk-size", "512")),
+    Row("re-chunk 77", "harmless", serve=("--chunk-size", "77")),
+    Row("no batch mates", "harmless", serve=("--max-running-requests", "1")),
+    Row("no cache hit", "harmless", serve=("--disable-radix-cache",)),
+    Row("mma-decode:merge-no-rescale", "fault", "mma-decode", "merge-no-rescale"),
+    Row("hash-topk-scaling:double-scale", "fault", "hash-topk-scaling", "double-scale"),
+    Row("triton-indexer:residue", "fault", "triton-indexer", "residue"),
+    Row("mma-decode:batch-kv-slot", "fault", "mma-decode", "batch-kv-slot"),
+    Row("mma-decode:decode-rope-fp8", "fault", "mma-decode", "decode-rope-fp8"),
+)
+
+
+def _cli(args: list[str], out: Path | None) -> tuple[int, dict[str, Any] | None]:
+    """`python -m dsv4bisect ARGS --json`, niced; the JSON it prints (None if none)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = ["nice", "-n", "10", sys.executable, "-m", "dsv4bisect", *args, "--json"]
+    print("$", " ".join(cmd[3:]), file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True)
+    try:
+        doc = json.loads(proc.stdout) if proc.stdout.strip() else None
+    except json.JSONDecodeError:
+        doc = None
+    if out is not None:
+        out.write_text(json.dumps({"command": ["dsv4bisect", *args, "--json"],
+                                   "rc": proc.returncode, "result": doc,
+                                   "stderr_tail": proc.stderr[-2000:]}, indent=1))
+    return proc.returncode, doc
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(flags: tuple[str, ...], precision: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        ["nice", "-n", "10", sys.executable, "-m", "dsv4bisect", "serve", "--port", str(port),
+         "--checkpoint", "embedded", "--device", "cpu", "--precision", precision, *flags],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(f"{url}/v1/models", timeout=2).read()
+            return proc, url
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"serve {' '.join(flags)} exited {proc.returncode}") from None
+            time.sleep(1)
+    proc.terminate()
+    raise RuntimeError(f"serve {' '.join(flags)} did not become ready")
+
+
+def measure(row: Row, precision: str, tier: str, out: Path, bisect: bool) -> None:
+    exact = ["--set", "engine.precision=exact"] if precision == "exact" else []
+    tag = f"{row.key}.{precision}"
+    if row.kind == "harmless":
+        servers = [_serve((), precision), _serve(row.serve, precision)]
+        try:
+            _cli(["probe", servers[1][1], "--baseline", servers[0][1], "--tier", tier,
+                  "--out", str(out / f"{tag}.probe")], out / f"{tag}.run.json")
+        finally:
+            for proc, _ in servers:
+                proc.terminate()
+                proc.wait(timeout=60)
+        return
+    sets = ["--set", f"patches.{row.patch}.variant={row.variant}"] if row.variant else []
+    _cli(["run", "reference", "--only", row.patch, *sets, *exact, "--tier", tier,
+          "--out", str(out / "runs")], out / f"{tag}.run.json")
+    if bisect and row.kind == "fault":  # a real patch's bisect is reference-all's own
+        _cli(["bisect", "reference-all", *sets, *exact, "--out", str(out / "runs")],
+             out / f"{tag}.bisect.json")
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    return json.loads(path.read_text()).get("result")
+
+
+def _drift(v: dict[str, Any]) -> str:
+    d = v.get("drift") or {}
+    cand = d.get("candidate") or {}
+    kl = "" if cand.get("kl_mean") is None else f"KL {cand['kl_mean']:.3g}"
+    if d.get("multiple") is not None:  # the null model was measured (probe/null.py)
+        return f"×{d['multiple']:.3g} ({kl})"
+    return kl or "-"
+
+
+def _lost(v: dict[str, Any]) -> str:
+    o = v.get("overall") or {}
+    return "-" if o.get("n") is None else f"{o['b']} / {o['n']} (gained {o['c']})"
+
+
+def _bisect(b: dict[str, Any] | None) -> str:
+    if b is None:
+        return "not run"
+    culprits = b.get("culprits")
+    # trials measured here (a trial answered from the ledger has another source)
+    rounds = len({t.get("step") for t in b.get("trials") or [] if t.get("source") == "run"})
+    named = ", ".join(culprits) if culprits else "none"
+    remedy = b.get("remedy") or {}
+    tail = f", remedy {remedy['verdict']}" if remedy.get("verdict") else ""
+    return f"{b.get('status')}: {named} ({rounds} trials{tail})"
+
+
+def table(out: Path, precisions: list[str], rows: tuple[Row, ...]) -> str:
+    lines = ["| change | kind | precision | drift | answers lost | `run` | default `bisect` names |",
+             "| --- | --- | --- | ---: | ---: | --- | --- |"]
+    for row in rows:
+        for precision in precisions:
+            v = _load(out / f"{row.key}.{precision}.run.json")
+            if v is None:
+                lines.append(f"| {row.label} | {row.kind} | {precision} | not measured | | | |")
+                continue
+            b = _load(out / f"{row.key}.{precision}.bisect.json")
+            bis = "-" if row.kind == "harmless" else _bisect(b)
+            lines.append(f"| {row.label} | {row.kind} | {precision} | {_drift(v)} | {_lost(v)} "
+                         f"| {v.get('verdict')} | {bis} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--precision", nargs="+", default=["deployment", "exact"],
+                    choices=["deployment", "exact"])
+    ap.add_argument("--rows", nargs="+", help="only these row labels")
+    ap.add_argument("--tier", default="smoke")
+    ap.add_argument("--bisect", action="store_true", help="also bisect (slow)")
+    ap.add_argument("--out", type=Path, default=Path("runs/verdict-table"))
+    ap.add_argument("--from", dest="from_dir", type=Path,
+                    help="only print the table from JSON kept in this directory")
+    a = ap.parse_args()
+    rows = tuple(r for r in ROWS if not a.rows or r.label in a.rows)
+    if a.from_dir is None:
+        a.out.mkdir(parents=True, exist_ok=True)
+        for row in rows:
+            for precision in a.precision:
+                measure(row, precision, a.tier, a.out, a.bisect)
+    print(table(a.from_dir or a.out, a.precision, rows))
+
+
+if __name__ == "__main__":
+    main()
