@@ -71,3 +71,17 @@ def test_a_node_that_resolves_another_model_is_refused_naming_it(tmp_path: Path)
                                          "0123456789abcdef (differs: model)")
     reply = rt.run_on_node(runner, driver, tmp_path, {"name": NODE})
     assert reply["error"]["class"] == "NodeMismatch" and not any(tmp_path.iterdir())
+
+
+def test_a_verdict_judged_against_the_two_ends_is_keyed_by_the_bad_end_too() -> None:
+    """A trial whose drift is judged relative to the ends measures something else in a bisect
+    with another bad end: its ledger key differs, so no other bisect's verdict is reused."""
+    def probe_hash(bad: dict[str, str], drift: str) -> str:
+        return node_runner(RunnerRequest("reference-all", {}, (), "ci", bad=bad,
+                                         hot=True, drift=drift)).probe_hash
+
+    double = {"hash-topk-scaling": "double-scale"}
+    merge = {"mma-decode": "merge-no-rescale"}
+    assert probe_hash(double, "relative") != probe_hash(merge, "relative")
+    assert probe_hash(double, "relative") == probe_hash(dict(double), "relative")
+    assert probe_hash(double, "absolute") == probe_hash(merge, "absolute")

@@ -135,11 +135,14 @@ class HotEngineRunner(EngineRunner):
     @property
     def probe_hash(self) -> str:
         """The engine runner's, plus the rules a sequential trial is judged by (its error
-        rates, how it counts a drift WARN, how it judges drift): a verdict means those too."""
+        rates, how it counts a drift WARN, how it judges drift): a verdict means those too.
+        Drift judged against the two ends means the bad end as well: the same trial in a bisect
+        with another bad end is another measurement, never reused from the ledger."""
         rules = {"engine": super().probe_hash, "rules": SEQUENTIAL_RULES,
                  "sequential": self.sequential,
                  "error_rates": list(self.error_rates), "warn_fails": self.warn_fails,
-                 "drift_relative": self.drift_relative}
+                 "drift_relative": self.drift_relative,
+                 "bad": self.config(self.bad).fingerprint if self.drift_relative else None}
         return hashlib.sha256(json.dumps(rules, sort_keys=True).encode()).hexdigest()[:32]
 
     def base_of(self, patches: Mapping[str, str]) -> dict[str, str]:
