@@ -72,7 +72,7 @@ class Generator:
 
     def __init__(
         self, engine: Any, tokenizer: ByteTokenizer, *, max_running_requests: int | None = None,
-        radix_cache: bool = True, chunk_size: int | None = None,
+        radix_cache: bool = True, chunk_size: int | None = None, spec: Any = None,
     ) -> None:
         from dsv4bisect.reference.prefix_cache import PrefixCache
         from dsv4bisect.reference.scheduler import Scheduler
@@ -82,7 +82,7 @@ class Generator:
         self.prefix_cache = PrefixCache() if radix_cache else None
         self.scheduler = Scheduler(engine, chunk_size=chunk_size,
                                    max_running_requests=max_running_requests,
-                                   prefix_cache=self.prefix_cache)
+                                   prefix_cache=self.prefix_cache, spec=spec)
 
     def run(self, spec: GenSpec) -> GenOutput:
         ids = list(spec.input_ids)
