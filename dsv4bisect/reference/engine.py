@@ -123,7 +123,7 @@ class ReferenceEngine:
         precision (`deployment`: the seed deployment's NVFP4 / FP8 formats; `exact`: fp32, see
         docs/reference-engine.md). `threads` sets torch's CPU threads for the process (None: 1
         on CPU). `mtp`: also load the checkpoint's MTP layer (speculative decoding; a
-        ConfigError when it has none)."""
+        ConfigError when it has none; the random model always has its random one)."""
         numerics = Numerics.from_patches(patches or {}, moe_backend, precision=precision)
         if not isinstance(chunk_size, int) or chunk_size <= 0:
             raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
@@ -135,9 +135,6 @@ class ReferenceEngine:
         if threads is not None:
             torch.set_num_threads(threads)  # process-wide
         if checkpoint is None:
-            if mtp:
-                raise ConfigError("the random tiny model has no MTP layer to draft with",
-                                  "serve the embedded checkpoint (it has one) for speculation")
             model = random_model(ModelArgs.preset("tiny"), RANDOM_SEED, dev)
             source = f"random tiny DeepSeek-V4 (seed {RANDOM_SEED})"
         else:

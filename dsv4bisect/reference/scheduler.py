@@ -35,9 +35,9 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Iterator
-from itertools import accumulate
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import torch

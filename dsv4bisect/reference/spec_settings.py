@@ -38,7 +38,8 @@ class SpecSettings:
                 num_draft_tokens: int | None = None) -> SpecSettings | None:
         """SGLang's resolution: no algorithm -> no speculation (the other arguments are then
         refused); the algorithm alone -> (3, 1, 4); steps given -> top-k 1 and steps + 1 draft
-        tokens unless given. Raises SpecError."""
+        tokens (a chain verifies its steps + 1 tokens: SGLang adjusts a different
+        --speculative-num-draft-tokens to that when top-k is 1). Raises SpecError."""
         given = {"--speculative-num-steps": num_steps, "--speculative-eagle-topk": eagle_topk,
                  "--speculative-num-draft-tokens": num_draft_tokens}
         if algorithm is None:
@@ -56,8 +57,8 @@ class SpecSettings:
                 raise SpecError(f"{name} must be a positive integer, got {v!r}",
                                 f"leave {name} out for SGLang's DeepSeek default")
         if eagle_topk is not None and eagle_topk > 1:
-            raise SpecError(f"--speculative-eagle-topk {eagle_topk} needs tree verification, which the "
-                            "embedded engine does not build",
+            raise SpecError(f"--speculative-eagle-topk {eagle_topk} needs tree verification, "
+                            "which the embedded engine does not build",
                             "use --speculative-eagle-topk 1 (a draft chain, SGLang's DeepSeek "
                             "default)")
         if num_steps is None and (eagle_topk is not None or num_draft_tokens is not None):
@@ -66,12 +67,9 @@ class SpecSettings:
                             "for SGLang's DeepSeek default (3, 1, 4)")
         steps = DEFAULT_STEPS if num_steps is None else num_steps
         topk = DEFAULT_TOPK if eagle_topk is None else eagle_topk
-        drafts = steps + 1 if num_draft_tokens is None else num_draft_tokens
-        if drafts != steps + 1:
-            raise SpecError(f"--speculative-num-draft-tokens {drafts} with top-k 1 must be "
-                            f"--speculative-num-steps + 1 = {steps + 1}",
-                            "a chain verifies the last token and every drafted one "
-                            "(SGLang resets it to steps + 1 for top-k 1)")
+        # top-k 1: SGLang adjusts the draft tokens to steps + 1, with a warning
+        # (`speculative_hook.py`, "speculative_num_draft_tokens is adjusted to ...")
+        drafts = steps + 1
         return cls(algo, steps, topk, drafts)
 
     def server_args(self) -> dict[str, Any]:
