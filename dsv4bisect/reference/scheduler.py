@@ -47,6 +47,7 @@ from dsv4bisect.reference.cancel import Cancelled
 from dsv4bisect.reference.engine import TokenScore, single_thread, top_alternatives
 from dsv4bisect.reference.mtp import feed_mtp
 from dsv4bisect.reference.prefix_cache import PrefixCache
+from dsv4bisect.reference.sampling import GREEDY, Sampling, draw
 from dsv4bisect.reference.spec_decode import spec_decode
 from dsv4bisect.reference.spec_settings import SpecSettings
 from dsv4bisect.reference.speculative import Verdict, spec_metrics, verify
@@ -68,6 +69,7 @@ class Request:
     stop_ids: frozenset[int]
     top_k: int = 0
     score_from: int | None = None
+    sampling: Sampling = GREEDY  # how output tokens are chosen (sampling.py)
     cache: ModelCache | None = None
     filled: int = 0  # prompt tokens in the cache
     cached_tokens: int = 0  # of which the prefix cache gave
@@ -78,6 +80,7 @@ class Request:
     finish_reason: str | None = None  # "stop" | "length"
     error: BaseException | None = None
     cancelled: bool = False  # set by the waiting caller; the request leaves at the next step
+    rng: torch.Generator | None = None  # its draws (set at admission when it samples)
     done: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -276,6 +279,8 @@ class Scheduler:
 
     def _admit(self, req: Request) -> None:
         """Give the request its cache: a fork of the longest cached prefix, or a fresh one."""
+        if not req.sampling.greedy:
+            req.rng = req.sampling.generator(self.engine.device)
         match = None
         if self.prefix_cache is not None and req.match_limit > 0:
             match = self.prefix_cache.match(req.ids, req.match_limit)
@@ -400,14 +405,20 @@ class Scheduler:
             t["spec_emitted_tokens"] += verdict.accepted + 1
 
     def choose_verdict(self, r: Request, drafts: list[int], rows: torch.Tensor) -> Verdict:
-        """Verify one request's drafts against its verify rows' logits [1 + k, V] (greedy)."""
-        return verify(drafts, lambda i: int(torch.argmax(rows[i])))
+        """Verify one request's drafts against its verify rows' logits [1 + k, V]: greedy, or
+        by rejection sampling from the request's sampling distribution."""
+        if r.sampling.greedy:
+            return verify(drafts, lambda i: int(torch.argmax(rows[i])))
+        probs = r.sampling.probs(rows)
+        return verify(drafts, lambda i: draw(probs[i], r.rng), probs, r.rng)
 
     def emit(self, r: Request, logits: torch.Tensor, token: int | None = None) -> bool:
-        """Append `token` (None: the greedy one, ties -> lowest id) with its log-prob from
-        logits [V]; True when the request is done."""
+        """Append `token` (None: the request's choice from logits [V]: greedy, ties -> lowest
+        id, or a draw) with its log-prob; True when the request is done."""
         lp = torch.log_softmax(logits, -1)
-        token = int(torch.argmax(logits)) if token is None else token
+        if token is None:
+            token = (int(torch.argmax(logits)) if r.sampling.greedy
+                     else draw(r.sampling.probs(logits), r.rng))
         with self._cond:
             self.totals["output_tokens"] += 1
         r.output_ids.append(token)

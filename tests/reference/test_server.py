@@ -463,10 +463,13 @@ def test_body_getters_keep_json_types_apart() -> None:
                  lambda: body.get_ints("d"), lambda: body.get_strs("b")):
         with pytest.raises(ApiError):
             call()
-    with pytest.raises(ApiError, match="only greedy"):
-        check_sampling(Body({"temperature": 0.5}), ())
-    check_sampling(Body({"temperature": 0, "top_p": 1.0, "top_k": -1, "n": 1}),
-                   ("top_p", "top_k", "n"))
+    assert Body({"temperature": 0.5, "top_k": 0, "seed": 3}).sampling("seed") == {
+        "temperature": 0.5, "top_p": 1.0, "top_k": -1, "seed": 3}
+    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -2},
+                {"temperature": "hot"}):
+        with pytest.raises(ApiError):
+            Body(bad).sampling("seed")
+    check_sampling(Body({"temperature": 0, "min_p": 0, "n": 1}), ("min_p", "n"))
     with pytest.raises(ApiError, match="`n`=true"):
         check_sampling(Body({"n": True}), ("n",))
     assert json.loads(json.dumps(ApiError("m").message)) == "m"

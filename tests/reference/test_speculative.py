@@ -13,6 +13,7 @@ from dsv4bisect.reference.checkpoint import random_model
 from dsv4bisect.reference.config import ModelArgs, Numerics
 from dsv4bisect.reference.engine import ReferenceEngine
 from dsv4bisect.reference.prefix_cache import PrefixCache
+from dsv4bisect.reference.sampling import Sampling
 from dsv4bisect.reference.scheduler import Request, Scheduler
 from dsv4bisect.reference.spec_settings import SpecSettings
 from dsv4bisect.reference.speculative import commit_rows, spec_metrics, verify
@@ -182,3 +183,47 @@ def test_a_prefix_cache_hit_resumes_the_mtp_state_too(engine) -> None:
     (scratch,), _ = _run(engine, [follow], 10, None)
     assert stats["prefix_cache_hit_tokens"] > 0
     assert hit.output_ids == scratch.output_ids
+
+
+# ---- sampling -----------------------------------------------------------------------------------
+
+
+def test_sampling_distribution_is_temperature_then_top_k_then_top_p() -> None:
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    assert torch.allclose(Sampling(1.0).probs(logits), torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    assert torch.allclose(Sampling(1.0, top_k=2).probs(logits), torch.tensor([4, 3, 0, 0]) / 7)
+    # top-p 0.6: 0.4 does not reach it, 0.4 + 0.3 does: the crossing token stays
+    assert torch.allclose(Sampling(1.0, top_p=0.6).probs(logits), torch.tensor([4, 3, 0, 0]) / 7)
+    cold = Sampling(0.5).probs(logits)
+    assert torch.allclose(cold, torch.tensor([16, 9, 4, 1]) / 30)
+    assert Sampling(0.0).greedy and Sampling(0.7, top_k=1).greedy and not Sampling(0.7).greedy
+
+
+def test_a_seeded_sampled_request_draws_the_same_tokens_alone_and_in_a_batch(engine) -> None:
+    hot = Sampling(1.0, top_p=0.9, seed=7)
+    prompts = _prompts(12, 33)
+    alone = Request(prompts[0], 16, frozenset(), sampling=hot)
+    batch = [Request(prompts[0], 16, frozenset(), sampling=hot),
+             Request(prompts[1], 16, frozenset(), sampling=Sampling(1.0, seed=1))]
+    for reqs in ([alone], batch):
+        sched = Scheduler(engine, background=False)
+        for r in reqs:
+            sched.submit(r)
+        while sched.step() is not None:
+            pass
+    assert alone.output_ids == batch[0].output_ids
+    greedy = _run(engine, prompts[:1], 16, None)[0][0].output_ids
+    assert alone.output_ids != greedy  # it did sample
+
+
+def test_speculative_sampling_runs_and_counts_its_rounds(engine) -> None:
+    sched = Scheduler(engine, background=False, spec=SpecSettings.resolve("NEXTN"))
+    reqs = [Request(p, 20, frozenset(), sampling=Sampling(0.8, top_k=20, seed=s))
+            for s, p in enumerate(_prompts(15, 28))]
+    for r in reqs:
+        sched.submit(r)
+    while sched.step() is not None:
+        pass
+    assert [len(r.output_ids) for r in reqs] == [20, 20] and all(r.error is None for r in reqs)
+    stats = sched.stats()
+    assert stats["spec_verify_forwards"] > 0 and stats["output_tokens"] == 40
