@@ -78,6 +78,7 @@ class Generator:
     def __init__(
         self, engine: Any, tokenizer: ByteTokenizer, *, max_running_requests: int | None = None,
         radix_cache: bool = True, chunk_size: int | None = None, spec: Any = None,
+        spec_fault: str | None = None,
     ) -> None:
         from dsv4bisect.reference.prefix_cache import PrefixCache
         from dsv4bisect.reference.scheduler import Scheduler
@@ -87,7 +88,8 @@ class Generator:
         self.prefix_cache = PrefixCache() if radix_cache else None
         self.scheduler = Scheduler(engine, chunk_size=chunk_size,
                                    max_running_requests=max_running_requests,
-                                   prefix_cache=self.prefix_cache, spec=spec)
+                                   prefix_cache=self.prefix_cache, spec=spec,
+                                   spec_fault=spec_fault)
 
     def run(self, spec: GenSpec) -> GenOutput:
         ids = list(spec.input_ids)

@@ -50,7 +50,13 @@ from dsv4bisect.reference.prefix_cache import PrefixCache
 from dsv4bisect.reference.sampling import GREEDY, Sampling, draw
 from dsv4bisect.reference.spec_decode import spec_decode
 from dsv4bisect.reference.spec_settings import SpecSettings
-from dsv4bisect.reference.speculative import Verdict, spec_metrics, verify
+from dsv4bisect.reference.speculative import (
+    SPEC_FAULTS,
+    Verdict,
+    spec_metrics,
+    stop_at_drafted_stop,
+    verify,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +117,7 @@ class Scheduler:
     def __init__(
         self, engine: Any, *, chunk_size: int | None = None,
         max_running_requests: int | None = None, prefix_cache: PrefixCache | None = None,
-        background: bool = True, spec: SpecSettings | None = None,
+        background: bool = True, spec: SpecSettings | None = None, spec_fault: str | None = None,
     ) -> None:
         self.engine, self.model = engine, engine.model
         self.chunk_size = chunk_size or engine.chunk_size
@@ -122,6 +128,9 @@ class Scheduler:
         if spec is not None and not len(self.model.mtp):
             raise ValueError("speculative decoding needs a model loaded with its MTP layer")
         self.spec = spec  # None: one token per decode step
+        if spec_fault not in (None, *SPEC_FAULTS):
+            raise ValueError(f"unknown speculation fault {spec_fault!r}")
+        self.spec_fault = spec_fault  # a field bug of speculative verification (speculative.py)
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._chunked: Request | None = None
@@ -407,10 +416,14 @@ class Scheduler:
     def choose_verdict(self, r: Request, drafts: list[int], rows: torch.Tensor) -> Verdict:
         """Verify one request's drafts against its verify rows' logits [1 + k, V]: greedy, or
         by rejection sampling from the request's sampling distribution."""
-        if r.sampling.greedy:
-            return verify(drafts, lambda i: int(torch.argmax(rows[i])))
-        probs = r.sampling.probs(rows)
-        return verify(drafts, lambda i: draw(probs[i], r.rng), probs, r.rng)
+        if r.sampling.greedy or self.spec_fault == "greedy-verify":
+            verdict = verify(drafts, lambda i: int(torch.argmax(rows[i])))
+        else:
+            probs = r.sampling.probs(rows)
+            verdict = verify(drafts, lambda i: draw(probs[i], r.rng), probs, r.rng)
+        if self.spec_fault == "draft-eos":
+            verdict = stop_at_drafted_stop(verdict, drafts, r.stop_ids)
+        return verdict
 
     def emit(self, r: Request, logits: torch.Tensor, token: int | None = None) -> bool:
         """Append `token` (None: the request's choice from logits [V]: greedy, ties -> lowest

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dsv4bisect.reference.native_api import ServerApi
-from dsv4bisect.reference.spec_settings import SpecSettings
+from dsv4bisect.reference.spec_settings import SPEC_DEFAULT_VARIANT, SPEC_PATCH, SpecSettings
 
 HEADER_TIMEOUT_S = 10.0  # from a request's first byte to the end of its headers
 
@@ -54,6 +54,17 @@ def model_name(opts: ServeOptions) -> str:
             or "reference-tiny-random")
 
 
+def speculation(opts: ServeOptions) -> tuple[SpecSettings | None, str | None]:
+    """The settings and the fault variant speculative decoding runs with: the `--speculative-*`
+    arguments, or the `nextn-speculation` patch (SGLang's NEXTN default; its fault variants
+    model field bugs of verification)."""
+    variant = opts.patches.get(SPEC_PATCH)
+    spec = opts.speculative
+    if spec is None and variant is not None:
+        spec = SpecSettings()
+    return spec, (variant if variant not in (None, "", SPEC_DEFAULT_VARIANT) else None)
+
+
 def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
     """Load the engine (this imports torch) and wrap it in the endpoint handlers."""
     from dsv4bisect import __version__
@@ -64,10 +75,11 @@ def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
     from dsv4bisect.reference.tokenizer import ByteTokenizer
 
     extra = {} if opts.max_model_len is None else {"max_model_len": opts.max_model_len}
+    spec, spec_fault = speculation(opts)
     engine = ReferenceEngine.load(
         opts.checkpoint, patches=dict(opts.patches), moe_backend=opts.moe_backend,
         precision=opts.precision, chunk_size=opts.chunk_size, device=opts.device,
-        threads=opts.threads, mtp=opts.speculative is not None, **extra,
+        threads=opts.threads, mtp=spec is not None, **extra,
     )
     name = model_name(opts)
     info = dict(engine.info())
@@ -87,12 +99,12 @@ def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
     }
     generator = Generator(engine, ByteTokenizer(engine.config.vocab_size),
                           max_running_requests=opts.max_running_requests,
-                          radix_cache=not opts.disable_radix_cache, spec=opts.speculative)
+                          radix_cache=not opts.disable_radix_cache, spec=spec,
+                          spec_fault=spec_fault)
     # the effective value (SGLang reports its derived default the same way)
     info["max_running_requests"] = generator.scheduler.max_running
     info |= {"schedule_policy": "fcfs", "enable_mixed_chunk": False}
-    info |= (opts.speculative.server_args() if opts.speculative is not None
-             else {"speculative_algorithm": None})
+    info |= (spec.server_args() if spec is not None else {"speculative_algorithm": None})
     api = ServerApi(generator, ApiConfig(name, engine.max_model_len, info))
     api.hot = HotSwitch.from_env(engine, generator, info)  # hot mode: the switch protocol
     return api

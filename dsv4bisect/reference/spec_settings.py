@@ -18,6 +18,7 @@ from typing import Any
 from dsv4bisect.errors import ConfigError
 
 ALGORITHMS = ("NEXTN", "EAGLE")  # NEXTN aliases EAGLE on SGLang; both draft with the MTP layer
+SPEC_PATCH, SPEC_DEFAULT_VARIANT = "nextn-speculation", "nextn"  # the patch that turns it on
 DEFAULT_STEPS, DEFAULT_TOPK, DEFAULT_DRAFT_TOKENS = 3, 1, 4  # SGLang's auto choice for DeepSeek
 
 

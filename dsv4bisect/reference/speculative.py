@@ -71,6 +71,21 @@ def verify(drafts: list[int], choose: Any, probs: torch.Tensor | None = None,
     return Verdict(out, len(drafts))
 
 
+# ---- field bugs of verification (the `nextn-speculation` patch's fault variants) ----------------
+
+SPEC_FAULTS = ("greedy-verify", "draft-eos")
+
+
+def stop_at_drafted_stop(verdict: Verdict, drafts: list[int], stop_ids: frozenset[int]) -> Verdict:
+    """Fault `draft-eos` (false EOS / truncation with MTP, InferenceX PR #1631): the stop check
+    reads the round's draft tokens instead of the verified ones, so a stop id the MTP layer
+    drafted ends the request after the accepted prefix, whether or not the main model agreed."""
+    hit = next((i for i, d in enumerate(drafts) if d in stop_ids), None)
+    if hit is None or hit < verdict.accepted:  # verified: the real stop path handles it
+        return verdict
+    return Verdict([*verdict.tokens[: verdict.accepted], drafts[hit]], verdict.accepted)
+
+
 # ---- the cache commit ---------------------------------------------------------------------------
 
 
