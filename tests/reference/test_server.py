@@ -352,7 +352,8 @@ def test_detokenize_and_tokenizer_info_for_remote_tokenizer_clients(url: str) ->
 
 BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": []}),
-    ("/v1/chat/completions", {"messages": CHAT, "temperature": 0.7}),
+    ("/v1/chat/completions", {"messages": CHAT, "temperature": -0.7}),
+    ("/v1/chat/completions", {"messages": CHAT, "top_p": 0}),
     ("/v1/chat/completions", {"messages": CHAT, "chat_template_kwargs": {"thinking": True}}),
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": "5"}),
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": MAX_MODEL_LEN}),
@@ -473,3 +474,14 @@ def test_body_getters_keep_json_types_apart() -> None:
     with pytest.raises(ApiError, match="`n`=true"):
         check_sampling(Body({"n": True}), ("n",))
     assert json.loads(json.dumps(ApiError("m").message)) == "m"
+
+
+def test_sampling_with_a_seed_is_repeatable_and_differs_from_greedy(url: str) -> None:
+    body = {"messages": CHAT, "max_tokens": 12, "temperature": 1.0, "top_p": 0.95, "seed": 11}
+    first, again = (ok(url, "/v1/chat/completions", body) for _ in range(2))
+    assert first["choices"][0]["message"] == again["choices"][0]["message"]
+    sp = {"max_new_tokens": 12, "temperature": 1.0, "top_k": 50, "sampling_seed": 3}
+    drawn = ok(url, "/generate", {"input_ids": [0, 20, 21], "sampling_params": sp})
+    greedy = ok(url, "/generate", {"input_ids": [0, 20, 21], "sampling_params": {
+        "max_new_tokens": 12, "temperature": 0}})
+    assert drawn["output_ids"] != greedy["output_ids"]
