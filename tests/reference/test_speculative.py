@@ -227,3 +227,55 @@ def test_speculative_sampling_runs_and_counts_its_rounds(engine) -> None:
     assert [len(r.output_ids) for r in reqs] == [20, 20] and all(r.error is None for r in reqs)
     stats = sched.stats()
     assert stats["spec_verify_forwards"] > 0 and stats["output_tokens"] == 40
+
+
+# ---- the patch ----------------------------------------------------------------------------------
+
+
+def test_the_patch_turns_speculation_on_with_its_fault_and_is_never_switched_hot(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from dsv4bisect.reference.serving import ServeOptions, speculation
+    from dsv4bisect.reference.switch import HotSwitch
+
+    assert speculation(ServeOptions()) == (None, None)
+    assert speculation(ServeOptions(patches={"nextn-speculation": "nextn"})) == (
+        SpecSettings(), None)
+    assert speculation(ServeOptions(patches={"nextn-speculation": "draft-eos"})) == (
+        SpecSettings(), "draft-eos")
+    two = SpecSettings.resolve("NEXTN", 2)
+    assert speculation(ServeOptions(speculative=two)) == (two, None)
+    engine = SimpleNamespace(numerics=SimpleNamespace(patches={}))
+    hot = HotSwitch(engine, None, {}, tmp_path, {"nextn-speculation": "nextn"}, "server")
+    assert "nextn-speculation cannot change in a running engine" in hot.refusal(
+        {"nextn-speculation": "nextn"})
+
+
+def test_draft_eos_ends_the_request_at_a_drafted_stop_id_the_main_model_did_not_pick() -> None:
+    from dsv4bisect.reference.speculative import Verdict, stop_at_drafted_stop
+
+    eos = frozenset({1})
+    right = Verdict([5, 6, 9], 2)  # drafts 5, 6 accepted, 9 the main model's own token
+    assert stop_at_drafted_stop(right, [5, 6, 7], eos) == right  # no stop id drafted
+    assert stop_at_drafted_stop(right, [5, 6, 1], eos).tokens == [5, 6, 1]  # false EOS
+    assert stop_at_drafted_stop(Verdict([5, 1], 1), [5, 1, 3], eos).tokens == [5, 1]  # verified
+
+
+def test_a_scheduler_with_the_draft_eos_fault_truncates_where_the_mtp_layer_drafts_a_stop(
+        engine) -> None:
+    """On the random model the MTP layer drafts arbitrary ids: with a drafted id made a stop id,
+    the faulty verification ends requests early that plain decoding runs to their length."""
+    spec = SpecSettings.resolve("NEXTN")
+    prompts = _prompts(10, 22, 35)
+    stops = frozenset(range(3, 250, 2))  # half the vocabulary: some drafted, few chosen
+    want, _ = _run(engine, prompts, 24, None, stop=stops)
+    sched = Scheduler(engine, background=False, spec=spec, spec_fault="draft-eos")
+    reqs = [Request(p, 24, stops) for p in prompts]
+    for r in reqs:
+        sched.submit(r)
+    while sched.step() is not None:
+        pass
+    assert [len(r.output_ids) for r in reqs] != [len(r.output_ids) for r in want]
+    for got, plain in zip(reqs, want, strict=True):  # a prefix of the right answer, then a stop
+        assert got.output_ids[:-1] == plain.output_ids[: len(got.output_ids) - 1]
+        assert got.output_ids[-1] in stops
