@@ -128,13 +128,13 @@ def mtp_logits_batch(model: Transformer, h: torch.Tensor, next_tokens: torch.Ten
     return model.head(blk.norm(y)).view(B, T, -1)
 
 
-def mtp_ragged(model: Transformer, chunks: list[tuple[torch.Tensor, torch.Tensor, MTPState]]
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def mtp_ragged(model: Transformer, chunks: list[tuple[torch.Tensor, torch.Tensor, MTPState]],
+               logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """MTP module 0 over several sequences' next rows at once, each against its own state
     (serving: speculative decoding). chunks of (h [T, n, dim]: main (or, drafting, MTP) final
     streams at positions t, tokens [T]: the tokens at t + 1, state: its `rows` is the first t)
-    -> (output streams [ΣT, n, dim], logits [ΣT, vocab] predicting the tokens at t + 2);
-    appends to the states' layer caches and advances `rows`."""
+    -> (output streams [ΣT, n, dim], logits [ΣT, vocab] predicting the tokens at t + 2, or
+    None without `logits`); appends to the states' layer caches and advances `rows`."""
     blk = model.mtp[0]
     step = model._ragged_step([model._step(t, s.rows) for _, t, s in chunks])
     e = blk.e_proj(blk.enorm(model.embed(step.tokens)))  # [N, dim]
@@ -143,6 +143,8 @@ def mtp_ragged(model: Transformer, chunks: list[tuple[torch.Tensor, torch.Tensor
     x = Block.forward(blk, x, step, [s.layer for _, _, s in chunks])
     for _, tokens, state in chunks:
         state.rows += tokens.shape[0]
+    if not logits:
+        return x, None
     y = hc_head(x, blk.hc_head_fn, blk.hc_head_scale, blk.hc_head_base, model.a)
     return x, model.head(blk.norm(y))
 
@@ -163,4 +165,4 @@ def feed_mtp(model: Transformer, chunks: list[tuple[torch.Tensor, torch.Tensor, 
         if rows_t.shape[0]:
             work.append((rows_h, rows_t, state))
     if work:
-        mtp_ragged(model, work)
+        mtp_ragged(model, work, logits=False)  # only the state is wanted

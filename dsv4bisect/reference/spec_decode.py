@@ -73,6 +73,7 @@ def _draft(sched: Scheduler, reqs: list[Request], last: list[int],
         out, logits = mtp_ragged(sched.model, [
             (inputs[i][0], torch.tensor([inputs[i][1]], device=device), states[i])
             for i in active])
+        assert logits is not None
         tokens = torch.argmax(logits, -1).tolist()
         for j, i in enumerate(active):
             drafts[i].append(tokens[j])
