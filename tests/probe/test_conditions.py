@@ -179,8 +179,9 @@ def test_a_verdict_says_where_the_answers_ran_through_speculative_decoding(tmp_p
         "baseline": "greedy",
         "candidate": "greedy, speculative NEXTN (3 steps, top-k 1, 4 draft tokens)"}
     lines = throughput_lines(v.throughput)
-    assert lines[:2] == ["baseline decoded greedy", "candidate decoded greedy, speculative NEXTN "
-                         "(3 steps, top-k 1, 4 draft tokens)"]
+    assert lines[:2] == ["baseline decoded greedy",
+                         ("candidate decoded greedy, speculative NEXTN (3 steps, top-k 1, 4 "
+                          "draft tokens)")]
     assert len(throughput_lines(judge(base, base, base).throughput)) == 4  # none: not said
     path = tmp_path / "verdict.json"
     path.write_text(json.dumps(v.to_dict()))
