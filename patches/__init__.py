@@ -15,6 +15,8 @@ PATCH_MODULES = (
     "sm120_flashmla_backend",
     "fused_hash_topk",
     "fp8_wo_a_gemm",
+    # SGLang's MTP speculative decoding (server arguments; a load-time candidate)
+    "nextn_speculation",
 )
 
 # Registered only when DSV4BISECT_TEST_PATCHES=1: a deliberately broken interacting pair for

@@ -112,7 +112,7 @@ class NoiseEstimate:
 
 
 VERDICTS = (None, "PASS", "FAIL", "WARN", "CANNOT_TEST", "BETWEEN")
-OUTCOMES = ("pass", "fail", "skip")
+OUTCOMES = ("pass", "fail", "skip", "between")  # probe/verdict.SEARCH_WORDS' values
 DAMAGED_HINT = ("the ledger was edited or damaged: restore it from a copy, or give this bisect "
                 "a fresh --ledger (its finished trials cannot be trusted)")
 
@@ -231,7 +231,7 @@ def step_from_row(row: sqlite3.Row) -> StepRow:
     key, t = f"{row['run_id']}/{row['step']}", "steps"
     outcome = row["outcome"]
     if outcome not in OUTCOMES:
-        raise _damaged(t, key, "outcome", "is not pass, fail or skip", outcome)
+        raise _damaged(t, key, "outcome", "is not pass, fail, skip or between", outcome)
     return StepRow(
         _cell(t, key, "step", row["step"], int),
         frozenset(_strings(t, key, "subset", _json_cell(t, key, "subset", row["subset"], list))),

@@ -87,6 +87,9 @@ def coverage(name: str, delivery: str, embedded: str | None, *, builtin: bool = 
         return Coverage(False, f"SGLang's own kernel ({delivery or 'upstream'}): the microtest's "
                                f"{models[0]} check measures our op that models it, not the "
                                "release's code")
+    if delivery.startswith("args") or "speculative" in (embedded or ""):
+        return Coverage(False, "no microtest check: it changes how the server decodes, not "
+                               "an op the microtest measures")
     return Coverage(False, "no microtest check: it switches SGLang's own kernel")
 
 

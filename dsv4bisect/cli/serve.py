@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from enum import Enum
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -41,21 +41,31 @@ def serve(
         help="`deployment`: NVFP4 routed experts, FP8 attention / shared experts, FP8 KV cache "
         "and indexer keys, as the seed deployment; `exact`: the fp32 path.")
     ] = Precision.deployment,
-    threads: Annotated[Optional[int], typer.Option(min=1, help="CPU threads for torch.")] = None,
-    max_model_len: Annotated[Optional[int], typer.Option(
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
+    max_model_len: Annotated[int | None, typer.Option(
         min=2, help="Context length (default: the engine's).")] = None,
-    served_model_name: Annotated[Optional[str], typer.Option(
+    served_model_name: Annotated[str | None, typer.Option(
         metavar="NAME", help="Model id in /v1/models and responses (default: --checkpoint as "
         "given, as SGLang's --model-path).")] = None,
     header_timeout: Annotated[float, typer.Option(
         min=0.1, max=3600, metavar="SECONDS",
         help="Drop a connection whose request headers take longer than this.")] = 10.0,
-    max_running_requests: Annotated[Optional[int], typer.Option(
+    max_running_requests: Annotated[int | None, typer.Option(
         min=1, help="Requests decoded in one batch (SGLang's name; default: the engine's).")
     ] = None,
     disable_radix_cache: Annotated[bool, typer.Option(
         "--disable-radix-cache", help="Prefill every request from scratch (SGLang's name).")
     ] = False,
+    speculative_algorithm: Annotated[str | None, typer.Option(
+        metavar="NEXTN", help="Speculative decoding with the checkpoint's MTP layer as the "
+        "draft (SGLang's name; NEXTN or EAGLE). Alone: 3 steps, top-k 1, 4 draft tokens.")
+    ] = None,
+    speculative_num_steps: Annotated[int | None, typer.Option(
+        help="MTP draft steps per round (SGLang's name).")] = None,
+    speculative_eagle_topk: Annotated[int | None, typer.Option(
+        help="Draft branches per step; only 1 (a chain) is built (SGLang's name).")] = None,
+    speculative_num_draft_tokens: Annotated[int | None, typer.Option(
+        help="Tokens verified per round: steps + 1 for a chain (SGLang's name).")] = None,
 ) -> None:
     """Serve the embedded DeepSeek-V4 reference engine on SGLang's HTTP API subset.
 
@@ -73,9 +83,12 @@ def serve(
         from dsv4bisect.patching.wire import ENV_VAR, parse_patch_set
         from dsv4bisect.reference.server import serve as run_server
         from dsv4bisect.reference.serving import ServeOptions
+        from dsv4bisect.reference.spec_settings import SpecSettings
 
         patches = parse_patch_set(os.environ.get(ENV_VAR, ""), builtin_patches())
         directory = checkpoint_dir(checkpoint)
+        speculative = SpecSettings.resolve(speculative_algorithm, speculative_num_steps,
+                                           speculative_eagle_topk, speculative_num_draft_tokens)
         _log_requests_to_stderr()
         opts = ServeOptions(
             host=host, port=port, checkpoint=None if directory is None else str(directory),
@@ -84,7 +97,7 @@ def serve(
             max_model_len=max_model_len, served_model_name=served_model_name, patches=patches,
             model_path=checkpoint,
             header_timeout=header_timeout, max_running_requests=max_running_requests,
-            disable_radix_cache=disable_radix_cache,
+            disable_radix_cache=disable_radix_cache, speculative=speculative,
         )
         run_server(opts, _print_ready, signals)
     finally:

@@ -125,6 +125,8 @@ def delivery_of(patch: Patch, ctx: EngineContext, variant: str) -> tuple[str, bo
                                  "(pin engine.sglang_version to a verified release)")
     if rule.how == "env":
         return "env " + " ".join(f"{k}={v}" for k, v in rule.on_env(variant).items()), True, None
+    if rule.how == "args":
+        return "args " + " ".join(patch.sglang.args), True, None
     return rule.how, rule.how == "hook", None
 
 
@@ -243,8 +245,11 @@ def _delivery(profile: Profile, ctx: EngineContext, enabled: tuple[PatchChoice, 
             custom = profile.custom_patches[choice.name]
             env.update(custom.env)
             args += custom.args
-    wire = format_patch_set({c.name: c.variant for c in enabled if c.builtin and c.delivered},
-                            builtins)
+    # server-argument patches reach SGLang by their arguments alone (the plugin has nothing to
+    # install for them); the embedded engine reads every patch from the wire
+    plugin = [c for c in enabled if c.builtin and c.delivered and not (
+        profile.engine.kind == "sglang" and (c.delivery or "").startswith("args"))]
+    wire = format_patch_set({c.name: c.variant for c in plugin}, builtins)
     pythonpath = None
     if plan is not None:
         pythonpath = "{worktree}/" + str(plan.pythonpath.relative_to(plan.path))

@@ -34,8 +34,8 @@ def cell(patch: Patch, version: str, arch: str) -> Cell:
     rule = patch.sglang.rule(parsed, arch)
     if rule is not None and rule.how in ("upstream", "absent"):
         return Cell(rule.how, rule.evidence)
-    if rule is not None and rule.how == "env":
-        how = "env"  # the variable is in the evidence table
+    if rule is not None and rule.how in ("env", "args"):
+        how = rule.how  # the variable / arguments are in the evidence table
     elif patch.sglang.hooks.get(layout_of_range(parsed or (0,))):
         how = "hook"
     else:
@@ -83,6 +83,8 @@ def markdown() -> str:
                 f".post{r.until[3]}" if len(r.until) > 3 else "")
             first = ".".join(map(str, r.since))
             env = ", ".join(f"{k}: on {v} / off {r.off.get(k, '-')}" for k, v in r.on.items())
+            if r.how == "args":
+                env = " ".join(p.sglang.args)
             how = f"{r.how} ({env})" if env else r.how
             out.append(f"| {p.name} | {first}–{last} | {', '.join(r.archs)} | {how} | "
                        f"{r.evidence.replace('|', '/')} |")

@@ -55,7 +55,7 @@ ARCHS = ("sm120", "sm100", "sm90")
 # A hook on one of these runs while the model is built or its weights are processed: what it
 # changes is fixed for the life of the engine (a patch hooked there is not hot-switchable).
 LOAD_TIME_METHODS = frozenset({"__init__", "process_weights_after_loading", "get_quant_method"})
-HOW = ("hook", "env", "upstream", "absent")  # how "on" is delivered on a release × arch
+HOW = ("hook", "env", "args", "upstream", "absent")  # how "on" reaches a release × arch
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ class ImportCopy:
 class SglangRule:
     """How the patch's "on" reaches SGLang releases `since`..`until` (inclusive; None: open) on
     GPU architectures `archs`: `hook` (our plugin's hooks), `env` (an upstream switch: `on` /
-    `off` env, `{variant}` is replaced by the variant's name), `upstream` (upstream default, not
+    `off` env, `{variant}` is replaced by the variant's name), `args` (SGLang server arguments,
+    the delivery's `args`: read at launch, never through the plugin), `upstream` (upstream default, not
     switchable: never a candidate) or `absent` (the release has no such path on these GPUs).
     `off` is the most exact path that release has; `evidence` points at that release's source."""
 

@@ -20,8 +20,12 @@ def _order(item: tuple[str, int]) -> tuple[int, str]:
 
 
 def throughput_lines(throughput: dict[str, Any] | None) -> list[str]:
-    """One line per configuration and level: requests/s and tokens/s, with what ran there."""
+    """How each configuration decoded where one speculated, then one line per configuration and
+    level: requests/s and tokens/s, with what ran there."""
     out = []
+    decoding = (throughput or {}).get("decoding") or {}
+    if any(d != "greedy" for d in decoding.values()):  # say so only where speculation ran
+        out += [f"{who} decoded {d}" for who, d in decoding.items()]
     for who in ("baseline", "candidate"):
         levels = (throughput or {}).get(who) or {}
         for level in sorted(levels, key=int):

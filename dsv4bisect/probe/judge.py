@@ -126,8 +126,24 @@ def conditions(base: ProbeRun, cand: ProbeRun) -> dict[str, dict[str, Any]]:
 
 
 def throughput(base: ProbeRun, cand: ProbeRun) -> dict[str, Any]:
-    """Requests/s and tokens/s per concurrency level of each configuration, as measured."""
-    return {"baseline": dict(base.throughput), "candidate": dict(cand.throughput)}
+    """Requests/s and tokens/s per concurrency level of each configuration, as measured, and how
+    each decoded (`decoding`: speculative decoding is a server setting, so the probe's greedy
+    answers ran through it wherever the server had it)."""
+    return {"baseline": dict(base.throughput), "candidate": dict(cand.throughput),
+            "decoding": {"baseline": decoding(base), "candidate": decoding(cand)}}
+
+
+def decoding(run: ProbeRun) -> str:
+    """`greedy` or `greedy, speculative NEXTN (3 steps, top-k 1, 4 draft tokens)`, from the
+    server's `/server_info` as the run recorded it (SGLang's argument names)."""
+    info = (run.server or {}).get("info") or {}
+    algo = info.get("speculative_algorithm") if isinstance(info, dict) else None
+    if not algo:
+        return "greedy"
+    steps, topk, drafts = (info.get(k) for k in (
+        "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"))
+    return (f"greedy, speculative {algo} ({steps} steps, top-k {topk}, {drafts} draft "
+            "tokens)")
 
 
 def _signature_seeds(pairs: list[Pair], pick: int) -> dict[str, list[int]]:

@@ -18,7 +18,7 @@ from dsv4bisect.reference.generation import Generator, GenOutput, GenSpec, finit
 from dsv4bisect.reference.request_body import ApiError, Body, check_sampling, is_int_list
 from dsv4bisect.reference.tokenizer import ByteTokenizer
 
-CHAT_UNSUPPORTED = ("top_p", "top_k", "min_p", "n", "presence_penalty", "frequency_penalty",
+CHAT_UNSUPPORTED = ("min_p", "n", "presence_penalty", "frequency_penalty",
                     "repetition_penalty", "min_tokens", "stream", "logit_bias", "regex", "ebnf",
                     "stop_regex", "custom_logit_processor", "tools", "response_format", "lora_path")
 COMPLETION_UNSUPPORTED = (*CHAT_UNSUPPORTED, "best_of", "json_schema", "suffix")
@@ -139,7 +139,7 @@ class Api:
         top = body.get_int("top_logprobs", 0, minimum=0) if logprobs else 0
         out = self.gen.run(GenSpec(
             prompt, self._max_new(len(prompt), requested), **self._stops(body),
-            return_logprob=logprobs, top_logprobs_num=top,
+            **body.sampling("seed"), return_logprob=logprobs, top_logprobs_num=top,
         ))
         choice: dict[str, Any] = {
             "index": 0,
@@ -202,7 +202,7 @@ class Api:
         for index, (ids, text) in enumerate(self._completion_prompts(body)):
             out = self.gen.run(GenSpec(
                 ids, self._max_new(len(ids), requested), **self._stops(body),
-                return_logprob=logprobs is not None, top_logprobs_num=logprobs or 0,
+                **body.sampling("seed"), return_logprob=logprobs is not None, top_logprobs_num=logprobs or 0,
                 logprob_start_len=0 if echo and logprobs is not None else -1,
             ))
             choices.append({

@@ -112,19 +112,44 @@ class LayerCache:
 
 
 @dataclass
-class ModelCache:
-    """All layers' state plus the number of tokens processed so far."""
+class MTPState:
+    """The MTP layer's state beside a main cache of n tokens (speculative decoding only).
 
-    layers: list[LayerCache] = field(default_factory=list)
-    n_tokens: int = 0
+    MTP row t reads the main model's final streams at position t and the embedding of token t+1
+    (RoPE position t), so it can run once token t+1 is known. Kept in step with the main cache:
+    rows 0..n-2 are in `layer` (`rows` = n - 1) and `h` [n_streams, dim] holds the main model's
+    final streams of position n-1, waiting for token n (None before the first token)."""
 
-    def fork(self) -> ModelCache:
-        """An independent cache at the same point (cheap: see the module docstring)."""
-        return ModelCache([layer.fork() for layer in self.layers], self.n_tokens)
+    layer: LayerCache
+    rows: int = 0
+    h: torch.Tensor | None = None
+
+    def fork(self) -> MTPState:
+        return MTPState(self.layer.fork(), self.rows, self.h)
 
     @property
     def nbytes(self) -> int:
-        return sum(layer.nbytes for layer in self.layers)
+        return self.layer.nbytes + _nbytes(self.h)
+
+
+@dataclass
+class ModelCache:
+    """All layers' state plus the number of tokens processed so far (and the MTP layer's state
+    when the server speculates)."""
+
+    layers: list[LayerCache] = field(default_factory=list)
+    n_tokens: int = 0
+    mtp: MTPState | None = None
+
+    def fork(self) -> ModelCache:
+        """An independent cache at the same point (cheap: see the module docstring)."""
+        return ModelCache([layer.fork() for layer in self.layers], self.n_tokens,
+                          None if self.mtp is None else self.mtp.fork())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers) + (
+            0 if self.mtp is None else self.mtp.nbytes)
 
 
 def _nbytes(t: torch.Tensor | None) -> int:

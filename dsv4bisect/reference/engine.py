@@ -116,12 +116,14 @@ class ReferenceEngine:
         device: str = "auto",
         threads: int | None = None,
         max_model_len: int | None = None,
+        mtp: bool = False,
     ) -> ReferenceEngine:
         """Load a checkpoint directory (None: the random `tiny` model from seed 0) with a patch
         set (name -> variant; PatchError for unknown ones), the profile's MoE backend and the
         precision (`deployment`: the seed deployment's NVFP4 / FP8 formats; `exact`: fp32, see
         docs/reference-engine.md). `threads` sets torch's CPU threads for the process (None: 1
-        on CPU)."""
+        on CPU). `mtp`: also load the checkpoint's MTP layer (speculative decoding; a
+        ConfigError when it has none; the random model always has its random one)."""
         numerics = Numerics.from_patches(patches or {}, moe_backend, precision=precision)
         if not isinstance(chunk_size, int) or chunk_size <= 0:
             raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
@@ -136,7 +138,8 @@ class ReferenceEngine:
             model = random_model(ModelArgs.preset("tiny"), RANDOM_SEED, dev)
             source = f"random tiny DeepSeek-V4 (seed {RANDOM_SEED})"
         else:
-            model, source = load_model(checkpoint, dev), str(Path(checkpoint).resolve())
+            model = load_model(checkpoint, dev, mtp=mtp)
+            source = str(Path(checkpoint).resolve())
         model.configure(numerics)
         limit = model.a.max_position_embeddings
         mml = min(limit, DEFAULT_MAX_MODEL_LEN) if max_model_len is None else max_model_len

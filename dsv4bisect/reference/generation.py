@@ -1,4 +1,4 @@
-"""One greedy generation or scoring request on the engine, with SGLang's semantics.
+"""One generation (greedy or sampled) or scoring request on the engine, with SGLang's semantics.
 
 This is the part of the server that touches the engine: `run` hands a request to the scheduler
 (`reference/scheduler.py`: continuous batching and the prefix cache) and waits for it, so it is
@@ -44,6 +44,11 @@ class GenSpec:
     logprob_start_len: int = -1  # SGLang: -1 = output only (start at the last prompt token)
     top_logprobs_num: int = 0
     token_ids_logprob: tuple[int, ...] | None = None
+    # SGLang's sampling parameters (reference/sampling.py); temperature 0 is greedy
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,8 @@ class Generator:
 
     def __init__(
         self, engine: Any, tokenizer: ByteTokenizer, *, max_running_requests: int | None = None,
-        radix_cache: bool = True, chunk_size: int | None = None,
+        radix_cache: bool = True, chunk_size: int | None = None, spec: Any = None,
+        spec_fault: str | None = None,
     ) -> None:
         from dsv4bisect.reference.prefix_cache import PrefixCache
         from dsv4bisect.reference.scheduler import Scheduler
@@ -82,7 +88,8 @@ class Generator:
         self.prefix_cache = PrefixCache() if radix_cache else None
         self.scheduler = Scheduler(engine, chunk_size=chunk_size,
                                    max_running_requests=max_running_requests,
-                                   prefix_cache=self.prefix_cache)
+                                   prefix_cache=self.prefix_cache, spec=spec,
+                                   spec_fault=spec_fault)
 
     def run(self, spec: GenSpec) -> GenOutput:
         ids = list(spec.input_ids)
@@ -91,11 +98,13 @@ class Generator:
         k = self.tokenizer.vocab_size if want_all else min(spec.top_logprobs_num,
                                                             self.tokenizer.vocab_size)
         stop_ids = tuple(spec.stop_token_ids) + (() if spec.ignore_eos else (EOS_ID,))
+        from dsv4bisect.reference.sampling import Sampling
         from dsv4bisect.reference.scheduler import Request
 
         self.engine.check_request(ids, spec.max_new_tokens, k, stop_ids)
         score_from = start + 1 if spec.return_logprob and start + 1 < len(ids) else None
-        req = Request(tuple(ids), spec.max_new_tokens, frozenset(stop_ids), k, score_from)
+        req = Request(tuple(ids), spec.max_new_tokens, frozenset(stop_ids), k, score_from,
+                      Sampling(spec.temperature, spec.top_p, spec.top_k, spec.seed))
         if spec.max_new_tokens > 0 or score_from is not None:
             self._wait(req, current_check())
         out_ids = list(req.output_ids)
@@ -159,8 +168,9 @@ class Generator:
     def _stop_cut(self, spec: GenSpec, out_ids: list[int]) -> int | None:
         """Fewest output tokens whose text contains a stop string (None if none does).
 
-        Generation is greedy, so stopping after the fact gives exactly the tokens an engine that
-        checked stop strings at every step would have produced.
+        A token never depends on later ones (greedy, or drawn from the request's seeded stream),
+        so stopping after the fact gives exactly the tokens an engine that checked stop strings
+        at every step would have produced.
         """
         stops = [s for s in spec.stop if s]
         if not stops or not any(s in self._decoded(spec, out_ids) for s in stops):

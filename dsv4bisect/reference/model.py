@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -33,7 +33,7 @@ from dsv4bisect.kernels.sparse_attention import (
 )
 from dsv4bisect.reference import faults
 from dsv4bisect.reference import precision as prec
-from dsv4bisect.reference.cache import CompressorState, LayerCache, ModelCache
+from dsv4bisect.reference.cache import CompressorState, LayerCache, ModelCache, MTPState
 from dsv4bisect.reference.config import CSA_RATIO, ModelArgs, Numerics, RopeScaling
 from dsv4bisect.reference.dispatch import FLASH, fit_mhc_plan, flashmla_segments, mhc_pre_plan
 
@@ -193,6 +193,10 @@ class Step:
     batch: int = 1
     train: TrainHooks | None = None
     parts: tuple[tuple[int, Step], ...] = ()
+    # speculative verification: each attention layer records here (layer id -> its new K=V
+    # rows and compressor / indexer projections, [B, T, ...]) what it appended to the caches,
+    # so a cache can later be advanced by a prefix of the rows (`speculative.commit_rows`)
+    trace: dict[int, Any] | None = None
 
     def groups(self, caches: list[Any]) -> list[tuple[int, Step, list[Any]]]:
         """(first row, the group's Step, its sequences' caches) per group, in row order."""
@@ -629,6 +633,8 @@ class Attention(nn.Module):
         idx = key_lists(
             step.positions, a.sliding_window, window_start, window.shape[1], n_comp, comp_ids
         )
+        if step.trace is not None:
+            step.trace[self.layer_id] = (kv, proj)
         keep = min(a.sliding_window - 1, window.shape[1])
         end = int(step.positions[-1]) + 1
         for b, cache in enumerate(caches):
@@ -966,9 +972,11 @@ class Transformer(nn.Module):
             return module.weight
         return prec.fp8_block_weight(module.weight)
 
-    def new_cache(self) -> ModelCache:
+    def new_cache(self, mtp: bool = False) -> ModelCache:
+        """An empty cache; `mtp`: with the MTP layer's state (speculative decoding)."""
         device = self.embed.weight.device
-        return ModelCache([blk.attn.new_cache(device) for blk in self.layers])
+        state = MTPState(self.mtp[0].attn.new_cache(device)) if mtp else None
+        return ModelCache([blk.attn.new_cache(device) for blk in self.layers], 0, state)
 
     def _step(
         self, tokens: torch.Tensor, start: int, batch: int = 1, train: TrainHooks | None = None
@@ -1020,15 +1028,20 @@ class Transformer(nn.Module):
         """tokens [T] (the next T of the sequence) -> final streams [T, n, dim]; updates cache."""
         return self.forward_ragged([(tokens, cache)])
 
-    def forward_ragged(self, chunks: Sequence[tuple[torch.Tensor, ModelCache]]) -> torch.Tensor:
+    def forward_ragged(self, chunks: Sequence[tuple[torch.Tensor, ModelCache]],
+                       traces: Sequence[dict[int, Any]] | None = None) -> torch.Tensor:
         """One forward over several sequences' next tokens, each with its own cache: chunks of
         (tokens [T_i], cache) -> final streams [ΣT_i, n, dim] in the same order; updates the
         caches. Token-wise ops see the concatenated rows once (so a kernel that picks its tiling
         from the row count sees the whole batch, as on the deployment); attention, compressors
-        and indexer run per sequence against its cache."""
+        and indexer run per sequence against its cache. `traces` (one dict per chunk): see
+        `Step.trace`."""
         if not chunks:
             raise ValueError("forward_ragged needs at least one chunk")
-        step = self._ragged_step([self._step(t, c.n_tokens) for t, c in chunks])
+        parts = [self._step(t, c.n_tokens) for t, c in chunks]
+        if traces is not None:
+            parts = [replace(p, trace=tr) for p, tr in zip(parts, traces, strict=True)]
+        step = self._ragged_step(parts)
         h = self.embed(step.tokens)[:, None, :].expand(-1, self.a.hc_mult, -1)  # n streams
         for i, block in enumerate(self.layers):
             h = block(h, step, [c.layers[i] for _, c in chunks])

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from dsv4bisect.errors import ConfigError
+from dsv4bisect.reference.cache import MTPState
 from dsv4bisect.reference.config import ModelArgs
 from dsv4bisect.reference.model import Block, TrainHooks, Transformer, hc_head, is_fp8_module
 from dsv4bisect.reference.quant_formats import encode
@@ -125,3 +126,43 @@ def mtp_logits_batch(model: Transformer, h: torch.Tensor, next_tokens: torch.Ten
     x = Block.forward(blk, x, step, [blk.attn.new_cache(h.device) for _ in range(B)])
     y = hc_head(x, blk.hc_head_fn, blk.hc_head_scale, blk.hc_head_base, model.a)
     return model.head(blk.norm(y)).view(B, T, -1)
+
+
+def mtp_ragged(model: Transformer, chunks: list[tuple[torch.Tensor, torch.Tensor, MTPState]],
+               logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """MTP module 0 over several sequences' next rows at once, each against its own state
+    (serving: speculative decoding). chunks of (h [T, n, dim]: main (or, drafting, MTP) final
+    streams at positions t, tokens [T]: the tokens at t + 1, state: its `rows` is the first t)
+    -> (output streams [ΣT, n, dim], logits [ΣT, vocab] predicting the tokens at t + 2, or
+    None without `logits`); appends to the states' layer caches and advances `rows`."""
+    blk = model.mtp[0]
+    step = model._ragged_step([model._step(t, s.rows) for _, t, s in chunks])
+    e = blk.e_proj(blk.enorm(model.embed(step.tokens)))  # [N, dim]
+    h = torch.cat([h for h, _, _ in chunks])
+    x = blk.h_proj(blk.hnorm(h)) + e[:, None, :]  # [N, n, dim]
+    x = Block.forward(blk, x, step, [s.layer for _, _, s in chunks])
+    for _, tokens, state in chunks:
+        state.rows += tokens.shape[0]
+    if not logits:
+        return x, None
+    y = hc_head(x, blk.hc_head_fn, blk.hc_head_scale, blk.hc_head_base, model.a)
+    return x, model.head(blk.norm(y))
+
+
+def feed_mtp(model: Transformer, chunks: list[tuple[torch.Tensor, torch.Tensor, MTPState]]
+             ) -> None:
+    """Keep MTP states in step with their main caches after the main model ran `tokens` [T]
+    with final streams `h` [T, n, dim] per chunk: the rows whose next token is now known run
+    (the held streams of the previous last position with the first token, then h[:-1] with
+    tokens[1:]), and h[-1] is held for the next token (`cache.MTPState`)."""
+    work = []
+    for h, tokens, state in chunks:
+        if state.h is None:  # the sequence's first tokens: position 0 has no streams before it
+            rows_h, rows_t = h[:-1], tokens[1:]
+        else:
+            rows_h, rows_t = torch.cat((state.h[None], h[:-1])), tokens
+        state.h = h[-1]
+        if rows_t.shape[0]:
+            work.append((rows_h, rows_t, state))
+    if work:
+        mtp_ragged(model, work, logits=False)  # only the state is wanted

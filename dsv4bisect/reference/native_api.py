@@ -15,7 +15,7 @@ from dsv4bisect.reference.generation import GenOutput, GenSpec, TopList, finite
 from dsv4bisect.reference.request_body import ApiError, Body, check_sampling, is_int_list
 from dsv4bisect.reference.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-GENERATE_UNSUPPORTED = ("top_p", "top_k", "min_p", "n", "min_new_tokens", "presence_penalty",
+GENERATE_UNSUPPORTED = ("min_p", "n", "min_new_tokens", "presence_penalty",
                         "frequency_penalty", "repetition_penalty", "logit_bias", "regex", "ebnf",
                         "json_schema", "structural_tag", "stop_regex")
 
@@ -50,6 +50,7 @@ class ServerApi(Api):
             tic = time.perf_counter()
             out = self.gen.run(GenSpec(
                 ids, self._max_new(len(ids), requested), **self._stops(sp),
+                **sp.sampling("sampling_seed"),
                 return_logprob=logprob, logprob_start_len=start,
                 top_logprobs_num=top if logprob else 0,
                 token_ids_logprob=token_ids if logprob else None,

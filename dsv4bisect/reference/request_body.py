@@ -1,7 +1,7 @@
 """Typed reading of JSON request bodies, with SGLang-style 400 messages.
 
 SGLang's request models ignore fields they do not know, so the server does too; but a field it
-knows and the embedded engine cannot honour (sampling, streaming, tools, n > 1 ...) is a 400
+knows and the embedded engine cannot honour (min_p, penalties, streaming, tools, n > 1 ...) is a 400
 rather than a silent no-op, so a probe never measures something other than what it asked for.
 """
 
@@ -103,7 +103,6 @@ def show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-GREEDY_ONLY = "only greedy decoding (temperature 0) is supported by the embedded engine"
 
 
 def _same(value: object, allowed: object) -> bool:
@@ -190,14 +189,27 @@ class Body:
         raise ApiError(why or f"`{key}`={show(value)} is not supported by the embedded engine "
                               f"(supported: {shown or 'unset'})")
 
-    def require_greedy(self) -> None:
-        temperature = self.data.get("temperature")
-        if temperature is None:
-            return
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-            raise ApiError(f"`temperature` must be a number, got {show(temperature)}")
-        if temperature != 0:
-            raise ApiError(f"{GREEDY_ONLY}; got temperature {temperature}")
+    def get_number(self, key: str, default: float, low: float, high: float) -> float:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ApiError(f"`{key}` must be a number, got {show(value)}")
+        if not low <= value <= high:
+            raise ApiError(f"`{key}` must be in [{low}, {high}], got {value}")
+        return float(value)
+
+    def sampling(self, seed_key: str) -> dict[str, Any]:
+        """SGLang's sampling parameters (`temperature`, `top_p`, `top_k`, the seed under
+        `seed_key`) as GenSpec fields. Unset temperature is greedy here (SGLang's default is
+        1.0; the embedded engine keeps greedy, its behaviour before it sampled)."""
+        top_p = self.get_number("top_p", 1.0, 0.0, 1.0)
+        if top_p == 0:
+            raise ApiError("`top_p` must be in (0, 1], got 0")
+        top_k = self.get_int("top_k", -1, minimum=-1)
+        return {"temperature": self.get_number("temperature", 0.0, 0.0, 100.0),
+                "top_p": top_p, "top_k": -1 if top_k == 0 else top_k,
+                "seed": self.get_int(seed_key, None)}
 
     def unknown(self, known: Iterable[str]) -> list[str]:
         return sorted(set(self.data) - set(known))
@@ -209,11 +221,10 @@ def is_int_list(value: object) -> bool:
     )
 
 
-# Known OpenAI/SGLang sampling fields and the only values the greedy engine honours. Leaving a
+# Known OpenAI/SGLang sampling fields the engine does not implement, and the only values it
+# honours (temperature, top_p, top_k and the seed it implements: `Body.sampling`). Leaving a
 # field unset (or null) is always fine.
 SAMPLING_DEFAULTS: dict[str, tuple[object, ...]] = {
-    "top_p": (1,),
-    "top_k": (-1, 0, 1),
     "min_p": (0,),
     "n": (1,),
     "best_of": (1,),
@@ -238,7 +249,6 @@ SAMPLING_DEFAULTS: dict[str, tuple[object, ...]] = {
 
 
 def check_sampling(body: Body, keys: Iterable[str]) -> None:
-    """Greedy only, and no sampling feature the engine would silently ignore."""
-    body.require_greedy()
+    """No sampling feature the engine would silently ignore."""
     for key in keys:
         body.require(key, SAMPLING_DEFAULTS[key])

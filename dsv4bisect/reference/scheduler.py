@@ -37,6 +37,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -44,7 +45,18 @@ import torch
 from dsv4bisect.reference.cache import ModelCache
 from dsv4bisect.reference.cancel import Cancelled
 from dsv4bisect.reference.engine import TokenScore, single_thread, top_alternatives
+from dsv4bisect.reference.mtp import feed_mtp
 from dsv4bisect.reference.prefix_cache import PrefixCache
+from dsv4bisect.reference.sampling import GREEDY, Sampling, draw
+from dsv4bisect.reference.spec_decode import spec_decode
+from dsv4bisect.reference.spec_settings import SpecSettings
+from dsv4bisect.reference.speculative import (
+    SPEC_FAULTS,
+    Verdict,
+    spec_metrics,
+    stop_at_drafted_stop,
+    verify,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +75,7 @@ class Request:
     stop_ids: frozenset[int]
     top_k: int = 0
     score_from: int | None = None
+    sampling: Sampling = GREEDY  # how output tokens are chosen (sampling.py)
     cache: ModelCache | None = None
     filled: int = 0  # prompt tokens in the cache
     cached_tokens: int = 0  # of which the prefix cache gave
@@ -73,6 +86,7 @@ class Request:
     finish_reason: str | None = None  # "stop" | "length"
     error: BaseException | None = None
     cancelled: bool = False  # set by the waiting caller; the request leaves at the next step
+    rng: torch.Generator | None = None  # its draws (set at admission when it samples)
     done: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -103,7 +117,7 @@ class Scheduler:
     def __init__(
         self, engine: Any, *, chunk_size: int | None = None,
         max_running_requests: int | None = None, prefix_cache: PrefixCache | None = None,
-        background: bool = True,
+        background: bool = True, spec: SpecSettings | None = None, spec_fault: str | None = None,
     ) -> None:
         self.engine, self.model = engine, engine.model
         self.chunk_size = chunk_size or engine.chunk_size
@@ -111,6 +125,12 @@ class Scheduler:
         if self.chunk_size <= 0 or self.max_running <= 0:
             raise ValueError("chunk_size and max_running_requests must be positive")
         self.prefix_cache = prefix_cache
+        if spec is not None and not len(self.model.mtp):
+            raise ValueError("speculative decoding needs a model loaded with its MTP layer")
+        self.spec = spec  # None: one token per decode step
+        if spec_fault not in (None, *SPEC_FAULTS):
+            raise ValueError(f"unknown speculation fault {spec_fault!r}")
+        self.spec_fault = spec_fault  # a field bug of speculative verification (speculative.py)
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._chunked: Request | None = None
@@ -122,7 +142,12 @@ class Scheduler:
         self._stopped = False
         self.totals = {"prefix_cache_hit_tokens": 0, "prefill_tokens_computed": 0,
                        "peak_running_requests": 0, "prefill_batches": 0, "decode_batches": 0,
-                       "finished_requests": 0, "generated_tokens": 0}
+                       "finished_requests": 0, "generated_tokens": 0,
+                       # per request: forwards of the main model that emitted tokens, and those
+                       # tokens (their ratio is the main-model forwards per output token)
+                       "main_forwards": 0, "output_tokens": 0,
+                       "spec_verify_forwards": 0, "spec_proposed_drafts": 0,
+                       "spec_accepted_drafts": 0, "spec_emitted_tokens": 0}
 
     # ---- the callers' side ---------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -152,7 +177,8 @@ class Scheduler:
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
-            return dict(self.totals) | {
+            t = self.totals
+            return dict(t) | spec_metrics(t) | {
                 "running_requests": len(self._running) + (self._chunked is not None),
                 "waiting_requests": len(self._waiting),
                 "prefix_cache_entries": 0 if self.prefix_cache is None else len(self.prefix_cache),
@@ -262,6 +288,8 @@ class Scheduler:
 
     def _admit(self, req: Request) -> None:
         """Give the request its cache: a fork of the longest cached prefix, or a fresh one."""
+        if not req.sampling.greedy:
+            req.rng = req.sampling.generator(self.engine.device)
         match = None
         if self.prefix_cache is not None and req.match_limit > 0:
             match = self.prefix_cache.match(req.ids, req.match_limit)
@@ -270,7 +298,7 @@ class Scheduler:
             req.cached_tokens = match.tokens
             self.totals["prefix_cache_hit_tokens"] += match.tokens
         else:
-            req.cache = self.model.new_cache()
+            req.cache = self.model.new_cache(mtp=self.spec is not None)
 
     def _leave(self, req: Request, error: BaseException | None) -> None:
         """Under the lock: take the request out of every queue and wake its caller."""
@@ -302,6 +330,10 @@ class Scheduler:
         chunks = [(torch.tensor(r.ids[r.filled : r.filled + n], device=device), r.cache)
                   for r, n in work]
         h = self.model.forward_ragged(chunks)  # [Σn, n_streams, dim]
+        if self.spec is not None:  # the MTP layer reads every main row (mtp.feed_mtp)
+            bounds = [0, *accumulate(n for _, n in work)]
+            feed_mtp(self.model, [(h[a:b], t, c.mtp) for (t, c), a, b
+                                  in zip(chunks, bounds, bounds[1:], strict=False)])
         rows: list[int] = []  # rows of h whose logits are needed, in order
         wants: list[tuple[Request, int, int, bool]] = []  # (req, first position, count, last)
         at = 0
@@ -331,7 +363,7 @@ class Scheduler:
                 if not ends:  # scoring only
                     r.finish_reason = "length"
                     done.append(r)
-                elif self._emit(r, logits[at]):
+                elif self._emit_forward(r, logits[at]):
                     done.append(r)
             if ends:
                 at += 1
@@ -342,13 +374,19 @@ class Scheduler:
         reqs = [r for r, _ in work]
         self._note_batch(len(reqs))
         device = self.engine.device
+        if self.spec is not None:
+            with single_thread():
+                done = spec_decode(self, reqs)
+            with self._cond:
+                self.totals["decode_batches"] += 1
+            return done
         with single_thread():
             h = self.model.forward_ragged(
                 [(torch.tensor(r.output_ids[-1:], device=device), r.cache) for r in reqs])
             logits = self.model.logits(h)  # [R, V]
         with self._cond:
             self.totals["decode_batches"] += 1
-        return [r for i, r in enumerate(reqs) if self._emit(r, logits[i])]
+        return [r for i, r in enumerate(reqs) if self._emit_forward(r, logits[i])]
 
     def _score(self, r: Request, logits: torch.Tensor, pos: int) -> None:
         """logits [c, V] of the rows predicting positions pos + 1 .. pos + c."""
@@ -359,10 +397,43 @@ class Scheduler:
         for j, (t, v) in enumerate(zip(targets.tolist(), chosen, strict=True)):
             r.scores.append(TokenScore(pos + 1 + j, t, v, top[j]))
 
-    def _emit(self, r: Request, logits: torch.Tensor) -> bool:
-        """Greedy token from logits [V] (ties -> lowest id); True when the request is done."""
+    def _emit_forward(self, r: Request, logits: torch.Tensor) -> bool:
+        """A main-model forward's one token for `r` (prefill's last chunk, plain decode)."""
+        with self._cond:
+            self.totals["main_forwards"] += 1
+        return self.emit(r, logits)
+
+    def note_round(self, proposed: int, verdict: Verdict) -> None:
+        """A speculative round of one request: one main forward, its drafts and acceptance."""
+        with self._cond:
+            t = self.totals
+            t["main_forwards"] += 1
+            t["spec_verify_forwards"] += 1
+            t["spec_proposed_drafts"] += proposed
+            t["spec_accepted_drafts"] += verdict.accepted
+            t["spec_emitted_tokens"] += verdict.accepted + 1
+
+    def choose_verdict(self, r: Request, drafts: list[int], rows: torch.Tensor) -> Verdict:
+        """Verify one request's drafts against its verify rows' logits [1 + k, V]: greedy, or
+        by rejection sampling from the request's sampling distribution."""
+        if r.sampling.greedy or self.spec_fault == "greedy-verify":
+            verdict = verify(drafts, lambda i: int(torch.argmax(rows[i])))
+        else:
+            probs = r.sampling.probs(rows)
+            verdict = verify(drafts, lambda i: draw(probs[i], r.rng), probs, r.rng)
+        if self.spec_fault == "draft-eos":
+            verdict = stop_at_drafted_stop(verdict, drafts, r.stop_ids)
+        return verdict
+
+    def emit(self, r: Request, logits: torch.Tensor, token: int | None = None) -> bool:
+        """Append `token` (None: the request's choice from logits [V]: greedy, ties -> lowest
+        id, or a draw) with its log-prob; True when the request is done."""
         lp = torch.log_softmax(logits, -1)
-        token = int(torch.argmax(logits))
+        if token is None:
+            token = (int(torch.argmax(logits)) if r.sampling.greedy
+                     else draw(r.sampling.probs(logits), r.rng))
+        with self._cond:
+            self.totals["output_tokens"] += 1
         r.output_ids.append(token)
         r.logprobs.append(float(lp[token]))
         r.tops.append(top_alternatives(logits[None], lp[None], r.top_k)[0])

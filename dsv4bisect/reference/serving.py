@@ -3,7 +3,7 @@ API is built from it (`build_api`). Transport-free: `reference/server.py` and `h
 the sockets.
 
 Options keep SGLang's server-argument names where SGLang has the setting
-(`max_running_requests`, `disable_radix_cache`); `chunk_size` is the chunked-prefill token budget
+(`max_running_requests`, `disable_radix_cache`, the `speculative_*` arguments); `chunk_size` is the chunked-prefill token budget
 (SGLang's `chunked_prefill_size`, reported under that name in `/server_info`). The scheduler
 (`reference/scheduler.py`) honours all three.
 """
@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dsv4bisect.reference.native_api import ServerApi
+from dsv4bisect.reference.spec_settings import SPEC_DEFAULT_VARIANT, SPEC_PATCH, SpecSettings
 
 HEADER_TIMEOUT_S = 10.0  # from a request's first byte to the end of its headers
 
@@ -40,6 +41,9 @@ class ServeOptions:
     max_running_requests: int | None = None
     # SGLang's --disable-radix-cache: every request prefills from scratch
     disable_radix_cache: bool = False
+    # SGLang's --speculative-* arguments, resolved (None: no speculative decoding); the MTP
+    # layer beside the checkpoint drafts (reference/spec_decode.py)
+    speculative: SpecSettings | None = None
 
 
 def model_name(opts: ServeOptions) -> str:
@@ -48,6 +52,17 @@ def model_name(opts: ServeOptions) -> str:
     `--model-path` argument as typed: `sglang/srt/arg_groups/serving_hook.py`, 0.5.23)."""
     return (opts.served_model_name or opts.model_path or opts.checkpoint
             or "reference-tiny-random")
+
+
+def speculation(opts: ServeOptions) -> tuple[SpecSettings | None, str | None]:
+    """The settings and the fault variant speculative decoding runs with: the `--speculative-*`
+    arguments, or the `nextn-speculation` patch (SGLang's NEXTN default; its fault variants
+    model field bugs of verification)."""
+    variant = opts.patches.get(SPEC_PATCH)
+    spec = opts.speculative
+    if spec is None and variant is not None:
+        spec = SpecSettings()
+    return spec, (variant if variant not in (None, "", SPEC_DEFAULT_VARIANT) else None)
 
 
 def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
@@ -60,10 +75,11 @@ def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
     from dsv4bisect.reference.tokenizer import ByteTokenizer
 
     extra = {} if opts.max_model_len is None else {"max_model_len": opts.max_model_len}
+    spec, spec_fault = speculation(opts)
     engine = ReferenceEngine.load(
         opts.checkpoint, patches=dict(opts.patches), moe_backend=opts.moe_backend,
         precision=opts.precision, chunk_size=opts.chunk_size, device=opts.device,
-        threads=opts.threads, **extra,
+        threads=opts.threads, mtp=spec is not None, **extra,
     )
     name = model_name(opts)
     info = dict(engine.info())
@@ -83,10 +99,12 @@ def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
     }
     generator = Generator(engine, ByteTokenizer(engine.config.vocab_size),
                           max_running_requests=opts.max_running_requests,
-                          radix_cache=not opts.disable_radix_cache)
+                          radix_cache=not opts.disable_radix_cache, spec=spec,
+                          spec_fault=spec_fault)
     # the effective value (SGLang reports its derived default the same way)
     info["max_running_requests"] = generator.scheduler.max_running
     info |= {"schedule_policy": "fcfs", "enable_mixed_chunk": False}
+    info |= (spec.server_args() if spec is not None else {"speculative_algorithm": None})
     api = ServerApi(generator, ApiConfig(name, engine.max_model_len, info))
     api.hot = HotSwitch.from_env(engine, generator, info)  # hot mode: the switch protocol
     return api

@@ -75,7 +75,8 @@ def test_steps_and_runs_round_trip(ledger, tmp_path):
     ledger.put_step(run, StepRow(0, frozenset(), 0, "pass", None, None))
     ledger.put_step(run, StepRow(1, frozenset({"a", "b"}), 0, "fail", "crash", 7))
     ledger.put_step(run, StepRow(1, frozenset({"a", "b"}), 0, "fail", "crash", 7))  # idempotent
-    assert [s.outcome for s in ledger.steps(run)] == ["pass", "fail"]
+    ledger.put_step(run, StepRow(2, frozenset({"a"}), 1, "between", "between", 8))
+    assert [s.outcome for s in ledger.steps(run)] == ["pass", "fail", "between"]
     ledger.finish_run(run, "found", {"culprits": ["a"]})
     row = ledger.get_run(run)
     assert row.status == "found" and row.result == {"culprits": ["a"]}

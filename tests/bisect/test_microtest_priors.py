@@ -115,6 +115,8 @@ def test_coverage_of_sglang_switches_and_custom_patches() -> None:
     assert not env.measured and "measures our op, not the release's" in env.why
     assert not coverage("hash-topk-scaling", "hook", None, unmodelled_runner="auto").measured
     assert "custom patch" in coverage("mine", "hook", None, builtin=False).why
+    spec = coverage("nextn-speculation", "args --speculative-algorithm NEXTN", None)
+    assert not spec.measured and "how the server decodes" in spec.why
 
 
 def test_sglang_own_kernels_are_neutral_and_name_the_check_that_models_them() -> None:

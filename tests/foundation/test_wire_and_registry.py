@@ -20,7 +20,8 @@ def test_registry_order_and_names() -> None:
     assert list(KNOWN) == ["mhc-bf16", "hash-topk-scaling", "mma-decode", "triton-indexer",
                            "nvfp4-dispatch", "trtllm-clamp",  # the seed's six
                            "fused-mhc-post-pre", "flashinfer-mhc", "tilelang-indexer",
-                           "sm120-flashmla-backend", "fused-hash-topk", "fp8-wo-a-gemm"]
+                           "sm120-flashmla-backend", "fused-hash-topk", "fp8-wo-a-gemm",
+                           "nextn-speculation"]
     for module in PATCH_MODULES:
         mod = importlib.import_module(f"dsv4bisect.patches.{module}")
         doc = mod.__doc__ or ""
@@ -36,7 +37,8 @@ def test_fault_variants_are_marked() -> None:
     faults = {(p.name, v.name) for p in KNOWN.values() for v in p.variants if v.fault}
     assert faults == {("hash-topk-scaling", "double-scale"), ("mma-decode", "merge-no-rescale"),
                       ("trtllm-clamp", "ignore-alpha"), ("triton-indexer", "residue"),
-                      ("mma-decode", "batch-kv-slot"), ("mma-decode", "decode-rope-fp8")}
+                      ("mma-decode", "batch-kv-slot"), ("mma-decode", "decode-rope-fp8"),
+                      ("nextn-speculation", "greedy-verify"), ("nextn-speculation", "draft-eos")}
     assert all(not p.variants[0].fault for p in KNOWN.values())
     # a citation and how the bug showed go together, and only on a fault
     for p in KNOWN.values():

@@ -166,3 +166,23 @@ def test_a_level_clones_the_client_with_its_own_deadline() -> None:
     assert client.clone().timeout_s == 60
     client.close()
     twin.close()
+
+
+def test_a_verdict_says_where_the_answers_ran_through_speculative_decoding(tmp_path: Path) -> None:
+    spec_info = {"info": {"speculative_algorithm": "NEXTN", "speculative_num_steps": 3,
+                          "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}}
+    base = _run(_rows({1: True, 16: True}))
+    cand = ProbeRun(SMOKE, "http://x", spec_info, (), tuple(_rows({1: True, 16: True})),
+                    throughput=TP)
+    v = judge(base, base, cand)
+    assert v.throughput["decoding"] == {
+        "baseline": "greedy",
+        "candidate": "greedy, speculative NEXTN (3 steps, top-k 1, 4 draft tokens)"}
+    lines = throughput_lines(v.throughput)
+    assert lines[:2] == ["baseline decoded greedy",
+                         ("candidate decoded greedy, speculative NEXTN (3 steps, top-k 1, 4 "
+                          "draft tokens)")]
+    assert len(throughput_lines(judge(base, base, base).throughput)) == 4  # none: not said
+    path = tmp_path / "verdict.json"
+    path.write_text(json.dumps(v.to_dict()))
+    assert _load_verdict(path).throughput == v.throughput

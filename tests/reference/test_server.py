@@ -352,7 +352,8 @@ def test_detokenize_and_tokenizer_info_for_remote_tokenizer_clients(url: str) ->
 
 BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": []}),
-    ("/v1/chat/completions", {"messages": CHAT, "temperature": 0.7}),
+    ("/v1/chat/completions", {"messages": CHAT, "temperature": -0.7}),
+    ("/v1/chat/completions", {"messages": CHAT, "top_p": 0}),
     ("/v1/chat/completions", {"messages": CHAT, "chat_template_kwargs": {"thinking": True}}),
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": "5"}),
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": MAX_MODEL_LEN}),
@@ -463,10 +464,24 @@ def test_body_getters_keep_json_types_apart() -> None:
                  lambda: body.get_ints("d"), lambda: body.get_strs("b")):
         with pytest.raises(ApiError):
             call()
-    with pytest.raises(ApiError, match="only greedy"):
-        check_sampling(Body({"temperature": 0.5}), ())
-    check_sampling(Body({"temperature": 0, "top_p": 1.0, "top_k": -1, "n": 1}),
-                   ("top_p", "top_k", "n"))
+    assert Body({"temperature": 0.5, "top_k": 0, "seed": 3}).sampling("seed") == {
+        "temperature": 0.5, "top_p": 1.0, "top_k": -1, "seed": 3}
+    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -2},
+                {"temperature": "hot"}):
+        with pytest.raises(ApiError):
+            Body(bad).sampling("seed")
+    check_sampling(Body({"temperature": 0, "min_p": 0, "n": 1}), ("min_p", "n"))
     with pytest.raises(ApiError, match="`n`=true"):
         check_sampling(Body({"n": True}), ("n",))
     assert json.loads(json.dumps(ApiError("m").message)) == "m"
+
+
+def test_sampling_with_a_seed_is_repeatable_and_differs_from_greedy(url: str) -> None:
+    body = {"messages": CHAT, "max_tokens": 12, "temperature": 1.0, "top_p": 0.95, "seed": 11}
+    first, again = (ok(url, "/v1/chat/completions", body) for _ in range(2))
+    assert first["choices"][0]["message"] == again["choices"][0]["message"]
+    sp = {"max_new_tokens": 12, "temperature": 1.0, "top_k": 50, "sampling_seed": 3}
+    drawn = ok(url, "/generate", {"input_ids": [0, 20, 21], "sampling_params": sp})
+    greedy = ok(url, "/generate", {"input_ids": [0, 20, 21], "sampling_params": {
+        "max_new_tokens": 12, "temperature": 0}})
+    assert drawn["output_ids"] != greedy["output_ids"]
