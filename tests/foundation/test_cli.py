@@ -86,7 +86,8 @@ def test_patches_list_and_show(cli) -> None:
     listing = cli("patches", "list", "--json")
     names = [row["name"] for row in json.loads(listing.stdout)]
     assert names[:6] == ["mhc-bf16", "hash-topk-scaling", "mma-decode", "triton-indexer",
-                         "nvfp4-dispatch", "trtllm-clamp"] and len(names) == 12
+                         "nvfp4-dispatch", "trtllm-clamp"] and len(names) == 13
+    assert names[-1] == "nextn-speculation"
     shown = cli("patches", "show", "trtllm-clamp")
     assert shown.returncode == 0 and "ignore-alpha (FAULT)" in shown.stdout
     under = json.loads(cli("patches", "list", "--profile", "reference-all", "--json").stdout)
