@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsv4bisect.bisect.setting_candidates import ARG, ENV, setting_kind
-from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.schema import Profile
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.patching.switch_catalog import TIER_PRIOR, load_catalog, tier_of

@@ -30,6 +30,7 @@ Pure and stdlib-only; deterministic (the bootstrap's seed is fixed).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
