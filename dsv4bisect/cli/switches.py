@@ -33,8 +33,8 @@ def switches(
     """List the env switches and server arguments SGLang reads on DeepSeek-V4's path.
 
     Each with its type, default (per GPU architecture where the release makes it so), where
-    it is read, when (import, construction, call), whether a running engine can be switched
-    (hot), what it gates and its tier. Found statically (AST, no import); the data for the
+    it is read, when (import, construction, call), whether the plugin switches it in a running
+    engine (hot: read per call and carried by a patch's switch), what it gates and its tier. Found statically (AST, no import); the data for the
     verified releases ships with dsv4bisect. Exit 0, 5 on bad input.
     """
     release, arch = NEWEST_VERIFIED, "sm120"

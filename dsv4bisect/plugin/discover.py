@@ -15,9 +15,9 @@ Per switch: its declaration in `srt/environ.py` (type, default) or the reader ca
 the per-architecture defaults the V4 blocks set, every read site, the earliest reading mode
 (import: module or class body; construction: `__init__`-like or cached, or a helper one of
 those calls; call: anything else, or an import-time copy read only per call), `hot` (env,
-every model-path site a call-time read, which the plugin's hot switch delivers by setting
-`os.environ` and re-assigning the copies: plugin/hot.py) and what it gates (the function
-reading it).
+every model-path site a call-time read, AND one the plugin's switch file delivers: a built-in
+patch's per-call env rule, which the hot switch flips by setting `os.environ` and re-assigning
+the copies, plugin/hot.py `deliverable_env`) and what it gates (the function reading it).
 Imports no torch.
 """
 
@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from dsv4bisect.patching.switch_catalog import READS, Switch, SwitchCatalog, arg_name, tier_of
+from dsv4bisect.plugin.hot import deliverable_env
 from dsv4bisect.plugin.static import SourceTree
 
 V4_MARK = re.compile(r"deepseek_?v4|dsv4", re.IGNORECASE)
@@ -98,9 +99,14 @@ class Writes:
     args: dict[str, dict[str, object]] = field(default_factory=lambda: defaultdict(dict))
 
 
-def discover(src: SourceTree, release: str | None = None) -> SwitchCatalog:
-    """The catalog of `src` (a wheel or a tree holding `sglang/`)."""
+def discover(src: SourceTree, release: str | None = None,
+             deliverable: frozenset[str] | None = None) -> SwitchCatalog:
+    """The catalog of `src` (a wheel or a tree holding `sglang/`). `deliverable`: the env
+    switches the plugin's switch file can flip (default: `deliverable_env(release)`); only
+    those can be `hot`."""
     release = release or src.version() or "unknown"
+    if deliverable is None:
+        deliverable = deliverable_env(release)
     decls = env_declarations(src)
     sites: dict[str, list[Site]] = defaultdict(list)
     writes = Writes()
@@ -121,7 +127,8 @@ def discover(src: SourceTree, release: str | None = None) -> SwitchCatalog:
                 sites[site.name].append(site)
     _readers_elsewhere(src, {n for n in writes.by_arch if n not in sites and n in decls},
                        sites)
-    envs = [_env_switch(n, s, decls.get(n), writes) for n, s in sorted(sites.items())]
+    envs = [_env_switch(n, s, decls.get(n), writes, n in deliverable)
+            for n, s in sorted(sites.items())]
     return SwitchCatalog(release=release, switches=(*sorted(envs, key=lambda s: s.name),
                                                     *server_args(src, writes.args)))
 
@@ -396,9 +403,11 @@ def _qualname(stack: tuple) -> str:
     return ".".join(names) or "<module>"
 
 
-def _env_switch(name: str, sites: list[Site], decl: EnvDecl | None, writes: Writes) -> Switch:
-    """The model-path sites decide the mode and `hot`; a read in the server-args resolution
-    only picks the launch value (it sets os.environ), so it neither makes nor breaks `hot`."""
+def _env_switch(name: str, sites: list[Site], decl: EnvDecl | None, writes: Writes,
+                deliverable: bool) -> Switch:
+    """The model-path sites decide the mode and whether it could be `hot`; a read in the
+    server-args resolution only picks the launch value (it sets os.environ), so it neither
+    makes nor breaks `hot`. `deliverable`: the switch file can carry it (else never hot)."""
     sites = sorted(sites, key=lambda s: (s.resolution, READS.index(s.mode), s.where))
     first = sites[0]
     model = [s for s in sites if not s.resolution]
@@ -406,7 +415,7 @@ def _env_switch(name: str, sites: list[Site], decl: EnvDecl | None, writes: Writ
     default = decl.default if decl else next((s.default for s in sites if s.default), None)
     gates = first.gates + (f" (+{len(sites) - 1})" if len(sites) > 1 else "")
     return Switch(name=name, kind="env", type=typ, default=_per_arch(default, name, writes),
-                  read=first.mode, hot=bool(model) and all(s.mode == "call" for s in model),
+                  read=first.mode, hot=deliverable and bool(model) and all(s.mode == "call" for s in model),
                   gates=gates,
                   where=first.where, tier=tier_of(name),
                   forced=tuple(sorted(writes.forced.get(name, ()))),

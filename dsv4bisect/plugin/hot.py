@@ -102,6 +102,21 @@ def env_rule(patch: Patch, version: tuple[int, ...] | None) -> SglangRule | None
                  and r.covers(version, None)), None)
 
 
+def deliverable_env(release: str) -> frozenset[str]:
+    """The SGLang env switches this plugin's switch file can flip in a running engine of
+    `release`: the variables of the built-in patches' per-call env rules there (any GPU). The
+    switch file carries patches, not free env variables, so a switch outside these is
+    launched fresh even when the release reads it at every call (docs/sglang.md)."""
+    from dsv4bisect.patching.registry import builtin_patches
+
+    version = _vt(release)
+    if version is None:
+        return frozenset()
+    return frozenset(var for patch in builtin_patches().values() for rule in patch.sglang.rules
+                     if rule.how == "env" and not rule.read_once and rule.covers(version, None)
+                     for var in rule.variables)
+
+
 def check_copies(rule: SglangRule) -> str | None:
     """Why the rule's import-time copies cannot be re-assigned in this process (None: they
     can): each module imports, holds the global, and has the `envs` it was computed from."""

@@ -59,3 +59,14 @@ def test_the_code_regression_hint_probes_commits_against_the_old_baseline() -> N
     hint = code_bisect_hint("P", "0.5.21", "0.5.23")
     assert "git bisect start v0.5.23 v0.5.21" in hint
     assert "dsv4bisect probe URL --baseline" in hint
+
+
+def test_every_switch_is_priced_as_a_launch_as_the_runner_runs_it() -> None:
+    """The switch file carries patches only (bisect/trials/hot_runner.py drops settings from
+    it), so every env setting, even one the release reads at every call, is load-time in the
+    plan (docs/sglang.md, "Switch discovery")."""
+    q = upgrade_question("dsv4-flash-tp8-latest", "0.5.21")
+    catalog = load_catalog("0.5.23")
+    per_call = [n for n in q.candidates if catalog.by_name(n.split(":", 1)[1]).read == "call"]
+    assert per_call  # the question has switches read per call
+    assert set(q.candidates) <= set(q.load_time)

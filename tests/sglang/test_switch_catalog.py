@@ -24,6 +24,7 @@ from dsv4bisect.patching.switch_catalog import (
     tier_of,
 )
 from dsv4bisect.plugin.discover import discover, env_declarations
+from dsv4bisect.plugin.hot import deliverable_env
 from dsv4bisect.plugin.static import SourceTree
 
 SCHEMA = {"name", "kind", "type", "default", "read", "hot", "gates", "where", "tier"}
@@ -35,6 +36,14 @@ COUNTS = {
     "0.5.15.post1": (41, 48), "0.5.16": (46, 48), "0.5.17": (51, 48), "0.5.18": (40, 49),
     "0.5.19": (45, 49), "0.5.20": (48, 49), "0.5.21": (55, 51), "0.5.22": (60, 50),
     "0.5.23": (72, 50),
+}
+# Per release: (hot, env switches read at every call). Hot: only the per-call switches the
+# plugin's switch file delivers (the built-in patches' env rules, plugin/hot.py deliverable_env).
+HOT = {
+    "0.5.13": (2, 17), "0.5.13.post1": (2, 17), "0.5.14": (2, 18), "0.5.15": (3, 20),
+    "0.5.15.post1": (3, 20), "0.5.16": (3, 19), "0.5.17": (3, 21), "0.5.18": (4, 14),
+    "0.5.19": (4, 17), "0.5.20": (4, 19), "0.5.21": (4, 23), "0.5.22": (4, 29),
+    "0.5.23": (4, 32),
 }
 # Known entries: (release, name) -> fields they must have (from each release's own source).
 KNOWN = {
@@ -62,7 +71,8 @@ KNOWN = {
     ("0.5.16", "SGLANG_OPT_USE_TILELANG_INDEXER"): {"forced": ("sm120",)},
     ("0.5.13", "SGLANG_OPT_FUSE_MHC_POST_PRE"): {"default": False},
     ("0.5.13", "SGLANG_OPT_USE_TRITON_FUSED_MHC"): {"kind": "env"},
-    ("0.5.13", "SGLANG_SM120_TRITON_FLASHMLA"): {"hot": True, "default": "1"},
+    # read per call, but no patch models it: the switch file cannot carry it, so not hot
+    ("0.5.13", "SGLANG_SM120_TRITON_FLASHMLA"): {"read": "call", "hot": False, "default": "1"},
     ("0.5.13", "--cuda-graph-max-bs"): {"kind": "arg", "where": "sglang/srt/server_args.py"},
     ("0.5.13", "--moe-runner-backend"): {"default": {"default": "auto", "sm120": "marlin"}},
 }
@@ -87,6 +97,10 @@ def test_shipped_catalog_schema_counts_and_no_unrelated_switch(release: str) -> 
         assert re.fullmatch(r"sglang/\S+\.py:\d+", row["where"]), row["where"]
         assert not row["hot"] or row["read"] == "call"
     assert (catalog.count("env"), catalog.count("arg")) == COUNTS[release]
+    per_call = {s.name for s in catalog.switches if s.kind == "env" and s.read == "call"}
+    hot = {s.name for s in catalog.switches if s.hot}
+    assert (len(hot), len(per_call)) == HOT[release]
+    assert hot == per_call & deliverable_env(release)  # hot: per call AND deliverable
     assert 40 <= len(rows) <= 200
     assert not [n for n in catalog.names() if UNRELATED.search(n)]
     assert not [n for n in ABSENT if n in catalog.names()]
