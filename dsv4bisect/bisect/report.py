@@ -178,9 +178,11 @@ def remedy_advice(view: BisectView) -> str | None:
     if not remedy or remedy["verdict"] != "fails":
         return None
     rest = ",".join(n for n in view.spec.candidates if n in remedy["subset"])
-    return (f"the bad end still fails without {_set(view.result.get('culprits'))}: bisect the "
-            f"rest (the named culprit held off at its good-end state) with "
-            f"`{remedy_command(view.request, rest)}`")
+    # what the remedy check held off, not the final result: after singles that explain nothing
+    # the result names no culprit, but the measured bad end still went without these
+    held = [n for n in view.spec.candidates if n not in remedy["subset"]]
+    return (f"the bad end still fails without {_set(held)}: bisect the rest (those held off "
+            f"at their good-end state) with `{remedy_command(view.request, rest)}`")
 
 
 _DROP_VALUE = ("--candidates", "--resume")  # options (with a value) the next bisect replaces
