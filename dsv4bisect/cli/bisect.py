@@ -312,7 +312,8 @@ def _show_plan(p: WholePlan, costs: PlanCosts, spec: BisectSpec, json_out: bool,
                      else {"available": False, "saves_s": 0.0}) for name in LEVERS}
     if json_out:
         f = p.with_levers
-        extra = {} if nodes is None else {"nodes": node_json(nodes, spec.parallel)}
+        extra = {} if nodes is None else {
+            "nodes": node_json(nodes, spec.parallel, [c.to_json() for c in costs.lines])}
         print(json.dumps({
             "n_candidates": len(spec.candidates), "candidates": list(spec.candidates),
             "runs": p.runs,

@@ -49,9 +49,10 @@ single-node plan's figure exactly (a test holds it).
 
 from __future__ import annotations
 
+import copy
 import random
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -147,43 +148,54 @@ def draw_culprits(space: HypothesisSpace, rng: random.Random) -> frozenset[str]:
 
 @dataclass(frozen=True)
 class NodeTrial:
-    """One trial as its node ran it."""
+    """One trial, or one shard of a trial, as its node ran it."""
 
     node: int  # 0..K-1
     seconds: float
     sequential: bool  # the sequential trial probe (else full size, at the ends' rates)
+    trial: int = 0  # which proposal of the round (a sharded trial: one row per shard)
+    start_s: float = 0.0  # after the round's start (ends one after the other on every node)
+    shards: int = 1  # nodes its probe was split across
+    launched: bool = False  # its node launched the trial's own engine (hot mode)
 
 
 @dataclass(frozen=True)
 class Round:
-    """The trials of one round, one per node used; the round lasts as long as the slowest."""
+    """The trials of one round; the round lasts until its last shard is done."""
 
     trials: tuple[NodeTrial, ...]
     nodes: int
 
     @property
     def wall_s(self) -> float:
-        return max((t.seconds for t in self.trials), default=0.0)
+        return max((t.start_s + t.seconds for t in self.trials), default=0.0)
+
+    @property
+    def count(self) -> int:
+        """Proposals run (a sharded trial is one, whatever its shards)."""
+        return len({t.trial for t in self.trials})
 
     @property
     def idle_slots(self) -> int:
         """Nodes with no trial this round."""
-        return self.nodes - len(self.trials)
+        return self.nodes - len({t.node for t in self.trials})
 
     @property
     def idle_s(self) -> float:
-        """Node-seconds without work: the empty slots, and the wait for the slowest trial."""
+        """Node-seconds without work: the empty slots, and the wait for the slowest shard."""
         return self.nodes * self.wall_s - sum(t.seconds for t in self.trials)
 
 
 class NodePool:
     """K nodes as the Ray executor keeps them (see the module docstring): a queue of free
-    slots, and per node the engines, baselines and bad end its runner has."""
+    slots, and per node the engines, baselines and bad end its runner has. `sharded`: a trial
+    may run as shards of its probe on several nodes (SHARDING in the module docstring)."""
 
-    def __init__(self, costs: StepCosts, everything: frozenset[str], nodes: int) -> None:
+    def __init__(self, costs: StepCosts, everything: frozenset[str], nodes: int,
+                 sharded: bool = False) -> None:
         if nodes < 1:
             raise ValueError(f"nodes is {nodes}")
-        self.nodes, self.everything = nodes, everything
+        self.nodes, self.everything, self.sharded = nodes, everything, sharded
         self._sequential = costs  # the costs once a node has run the bad end of block 0
         # Until then a node's non-end trials are full size against their own block's baseline.
         full = replace(costs, sequential=False)
@@ -202,21 +214,108 @@ class NodePool:
         return self.trackers[node].costs.sequential
 
     def run_round(self, trials: Sequence[tuple[frozenset[str], bool]]) -> Round:
-        """Run one round of (subset, truly fails) trials, one per node, in proposal order."""
+        """Run one round of (subset, truly fails) trials in proposal order: one per node, or
+        (sharded) on groups of nodes side by side or each on every node one after the other,
+        whichever is priced lower."""
         if not 1 <= len(trials) <= self.nodes:
             raise ValueError(f"{len(trials)} trials for {self.nodes} nodes")
         for tracker in self.trackers:  # the ends the driver sends with this round's trials
             tracker.baselines |= self._baselines
             if self._bad_end:
                 tracker.costs = self._sequential
-        ran = [self._run(self._place(subset), subset, fails) for subset, fails in trials]
-        for trial in sorted(ran, key=lambda t: t.seconds):  # back to the queue as they end
-            self._free.append(trial.node)
+        if not self.sharded:
+            ran = [self._run(i, [self._place(subset)], subset, fails)[0]
+                   for i, (subset, fails) in enumerate(trials)]
+        else:
+            ran = self._sharded_round(trials)
+        for node in sorted({t.node for t in ran},  # back to the queue as they end
+                           key=lambda n: max(t.start_s + t.seconds for t in ran if t.node == n)):
+            self._free.append(node)
         if self._sequential.hot:  # what this round measured comes back to the driver
             for tracker in self.trackers:
                 self._baselines |= tracker.baselines
         return Round(tuple(ran), self.nodes)
 
+    # -- sharding ----------------------------------------------------------------------------
+    def _sharded_round(self, trials: Sequence[tuple[frozenset[str], bool]]) -> list[NodeTrial]:
+        """Side by side (`groups`) or one after the other on every node, whichever the expected
+        prices (the outcome unknown: an end as what it is, any other trial even odds) make
+        shorter; then run it at the true outcomes."""
+        expected = [(subset, self._odds(subset)) for subset, _ in trials]
+        plans: list[list[list[int]] | None] = [self._groups([s for s, _ in trials])]
+        if len(trials) > 1:
+            plans.append(None)  # every trial on every free node, one after the other
+        priced = [copy.deepcopy(self)._execute(expected, plan) for plan in plans]
+        best = min(range(len(plans)), key=lambda i: max(
+            (t.start_s + t.seconds for t in priced[i]), default=0.0))
+        return self._execute(trials, plans[best])
+
+    def _execute(self, trials: Sequence[tuple[frozenset[str], float | bool]],
+                 groups: list[list[int]] | None) -> list[NodeTrial]:
+        """Run `trials` on `groups` (one list of nodes per trial, side by side), or with None
+        each on every free node after the previous one. The good end's baseline of a block
+        that a trial of this round measures is not measured again by the others: they are
+        judged once it is in (the driver merges the round before judging)."""
+        measured = self._measured_here([subset for subset, _ in trials])
+        ran: list[NodeTrial] = []
+        if groups is None:
+            nodes = list(self._free)
+            self._free.clear()
+            start = 0.0
+            for i, (subset, fails) in enumerate(trials):
+                shards = self._run(i, nodes, subset, fails, start,
+                                   skip_baseline=measured if subset else set())
+                ran += shards
+                start = max(t.start_s + t.seconds for t in shards)
+            return ran
+        for node in (n for group in groups for n in group):
+            self._free.remove(node)
+        for i, ((subset, fails), group) in enumerate(zip(trials, groups)):
+            ran += self._run(i, group, subset, fails,
+                             skip_baseline=measured if subset else set())
+        return ran
+
+    def _measured_here(self, subsets: Sequence[frozenset[str]]) -> set[int]:
+        """The seed blocks whose good-end baseline a trial of this round measures (hot runners
+        only: with fresh launches each node measures its own)."""
+        return {self._seen[s] for s in subsets if not s} if self._sequential.hot else set()
+
+    def _groups(self, subsets: Sequence[frozenset[str]]) -> list[list[int]]:
+        """Nodes per trial: each trial its node as without sharding (`_place`), then the idle
+        nodes one at a time to the trial expected to end last, as long as a shard more makes
+        it end sooner (a node whose engine is up in the trial's load-time state first: a
+        switch; else the node free longest: a launch)."""
+        free = list(self._free)
+        skip = self._measured_here(subsets)
+        groups: list[list[int]] = []
+        for subset in subsets:
+            node = next((n for n in free if self.trackers[n].engine_up(subset)), free[0])
+            free.remove(node)
+            groups.append([node])
+        while free:
+            quotes = [self._quote(s, g, skip) for s, g in zip(subsets, groups)]
+            i = max(range(len(subsets)), key=lambda j: quotes[j])
+            node = next((n for n in free if self.trackers[n].engine_up(subsets[i])), free[0])
+            if self._quote(subsets[i], groups[i] + [node], skip) >= quotes[i]:
+                break
+            free.remove(node)
+            groups[i].append(node)
+        return groups
+
+    def _quote(self, subset: frozenset[str], group: Sequence[int], skip: Set[int]) -> float:
+        """Expected seconds of `subset` sharded over `group`: its slowest shard (`skip`: the
+        baselines another trial of the round measures)."""
+        block = self._seen[subset]
+        return max(_shard(self.trackers[n].copy(), subset, self._odds(subset), block,
+                          len(group), skip if subset else set()) for n in group)
+
+    def _odds(self, subset: frozenset[str]) -> float:
+        """Like the bad end, before the outcome: the ends are what they are, others even."""
+        if not subset:
+            return 0.0
+        return 1.0 if subset == self.everything else 0.5
+
+    # -- one trial ---------------------------------------------------------------------------
     def _place(self, subset: frozenset[str]) -> int:
         """The free node whose engine is up in the trial's load-time state, else the node
         free longest (RayRunner._acquire)."""
@@ -225,20 +324,45 @@ class NodePool:
         self._free.remove(node)
         return node
 
-    def _run(self, node: int, subset: frozenset[str], fails: bool) -> NodeTrial:
-        tracker = self.trackers[node]
+    def _run(self, index: int, group: Sequence[int], subset: frozenset[str],
+             fails: float | bool, start: float = 0.0,
+             skip_baseline: Set[int] = frozenset()) -> list[NodeTrial]:
+        """The trial on `group`'s nodes, each running 1/len(group) of its probe (and of the
+        baseline and A/A repeat it measures), paying its own launch or switch."""
         end = not subset or subset == self.everything
         block = self._seen[subset]
         self._seen[subset] += 1
-        sequential = tracker.costs.sequential and not end
-        # The node's tracker prices its own engines and baselines, at the driver's seed block
-        # (its own count of this subset's trials would miss those run on other nodes).
-        tracker.seen[subset] = block
-        seconds = tracker.charge(subset, fails)
+        out = []
+        for node in group:
+            tracker = self.trackers[node]
+            sequential = tracker.costs.sequential and not end
+            seconds = _shard(tracker, subset, fails, block, len(group),
+                             skip_baseline if subset else set())
+            out.append(NodeTrial(node, seconds, sequential, index, start, len(group),
+                                 tracker.launched_last))
         if subset == self.everything and block == 0 and self._sequential.sequential:
-            tracker.costs = self._sequential  # its later trials: the sequential trial probe
+            for node in group:  # their later trials: the sequential trial probe
+                self.trackers[node].costs = self._sequential
             self._bad_end = True  # and every node's from the next round
-        return NodeTrial(node, seconds, sequential)
+        return out
+
+
+def _shard(tracker: CostTracker, subset: frozenset[str], like_bad: float | bool, block: int,
+           shards: int, judged_later: Set[int]) -> float:
+    """Charge one node's shard: its own engine (launch or switch) and 1/`shards` of the probe
+    and of any baseline it measures, at the driver's seed block `block` (the node's own count
+    of this subset's trials would miss those run on other nodes). `judged_later`: baselines a
+    trial of the same round measures, which this one waits for instead of measuring."""
+    tracker.seen[subset] = block
+    borrowed = set(judged_later) - tracker.baselines
+    tracker.baselines |= borrowed
+    whole = tracker.costs
+    tracker.costs = replace(whole, probe_s=whole.probe_s / shards)
+    try:
+        return tracker.charge(subset, like_bad)
+    finally:
+        tracker.costs = whole
+        tracker.baselines -= borrowed  # measured by that other trial, which adds it
 
 
 @dataclass(frozen=True)
@@ -264,20 +388,25 @@ def search_memo(cfg: Setup, nodes: int, priced: bool) -> SearchMemo:
 
 
 def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Random,
-             priced: bool, memo: SearchMemo | None = None) -> NodeRun:
+             priced: bool, memo: SearchMemo | None = None, sharded: bool = False,
+             round_size: int | None = None) -> NodeRun:
     """One whole bisect on `nodes` nodes against `culprits`, outcomes drawn from `rng` in
     trial order. A round's wall time counts to the phase of its trials (ends, trials, remedy);
     the confirmation is priced where `cfg` asks for it (one node, hot). `memo`: the search's
     answers shared with the configuration's other simulated bisects (`search_memo`; the same
-    figures, faster)."""
+    figures, faster). `sharded`: a trial's probe may be split across nodes (NodePool);
+    `round_size`: the search's proposals per round (default: one per node)."""
     everything = frozenset(cfg.candidates)
+    size = nodes if round_size is None else round_size
+    if not 1 <= size <= nodes:
+        raise ValueError(f"{size} proposals a round on {nodes} nodes")
     if memo is None:
-        search: Search | MemoSearch = cfg.search(priced=priced, parallel=nodes)
-    elif memo.key != (cfg, nodes, priced):
+        search: Search | MemoSearch = cfg.search(priced=priced, parallel=size)
+    elif memo.key != (cfg, size, priced):
         raise ValueError("the search memo was made for another configuration")
     else:
         search = memo.search()
-    pool = NodePool(cfg.costs, everything, nodes)
+    pool = NodePool(cfg.costs, everything, nodes, sharded)
     rounds: list[Round] = []
     phase = dict.fromkeys(PHASES, 0.0)
     fresh_fails: set[frozenset[str]] = set()  # failed in an engine launched for them (hot)
@@ -288,15 +417,20 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
         ends = any(not s or s == everything for s in subsets)
         phase[name or ("ends" if ends else "trials")] += done.wall_s
         out = []
-        for subset, trial in zip(subsets, done.trials):
-            noise = cfg.trial_noise if trial.sequential else cfg.noise
+        for i, subset in enumerate(subsets):
+            shards = [t for t in done.trials if t.trial == i]
+            sequential = shards[0].sequential
+            noise = cfg.trial_noise if sequential else cfg.noise
             outcome = oracle_outcome(subset, culprits, noise, rng)
-            if pool.trackers[trial.node].launched_last and outcome == V.FAIL:
+            if all(t.launched for t in shards) and outcome == V.FAIL:
                 fresh_fails.add(subset)
-            out.append((outcome, trial.sequential))
+            out.append((outcome, sequential))
         return out
 
     while proposals := search.next():
+        if sharded:  # each end once, on every node (NodePool); the rest once they are known
+            proposals = list(dict.fromkeys(p for p in proposals if not p or p == everything)) \
+                or proposals
         for subset, (outcome, sequential) in zip(proposals, run(proposals)):
             search.record(subset, outcome, cfg.trial_noise if sequential else None)
     result = search.result()
@@ -309,5 +443,5 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
             phase["confirmation"] += pool.trackers[0].confirmation(culprits <= result.culprits)
             trials += 1
     correct = result.status is Status.FOUND and result.culprits == culprits
-    trials += sum(len(r.trials) for r in rounds)
+    trials += sum(r.count for r in rounds)
     return NodeRun(tuple(rounds), trials, pool.launches, correct, phase)
