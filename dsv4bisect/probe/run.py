@@ -58,6 +58,9 @@ class ProbeRun:
     path: str | None = None  # set by save() and load()
     # per concurrency level ("1", "16"): requests, tokens, wall_s, requests_per_s, tokens_per_s
     throughput: dict[str, Any] = field(default_factory=dict)
+    # a shard of a probe split across replicas: {"index", "count"}; a merge of every shard:
+    # {"count", "parts": [per shard: index, url, started_at, timing, rows]} (probe/shards.py)
+    shard: dict[str, Any] | None = None
 
     def rows_by_key(self) -> dict[RowKey, dict[str, Any]]:
         """Rows keyed by (case_id, arm, concurrency): the pairing key across runs."""
@@ -80,7 +83,7 @@ class ProbeRun:
                 "spec_hash": self.spec.spec_hash(), "seed_block": self.spec.seed_block,
                 "spec": self.spec.to_dict(), "url": self.url,
                 "server": redact(self.server), "notes": list(self.notes), "timing": self.timing,
-                "throughput": self.throughput,
+                "throughput": self.throughput, **({"shard": self.shard} if self.shard else {}),
                 "counts": {"cases": len(self.cases), "rows": len(self.rows),
                            "drift": len(self.drift)}}
         _write(out / "run.json", json.dumps(head, indent=2) + "\n")
@@ -113,7 +116,7 @@ class ProbeRun:
                        tuple(_read_jsonl(src / "rows.jsonl")),
                        tuple(DriftRecord.from_dict(d) for d in _read_jsonl(src / "drift.jsonl")),
                        tuple(head.get("notes", [])), head.get("timing", {}), str(src),
-                       dict(head.get("throughput") or {}))
+                       dict(head.get("throughput") or {}), head.get("shard") or None)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             # A field missing or of the wrong type: the files were edited, not our bug.
             raise ConfigError(f"`{src}`: a probe record of the wrong shape "
