@@ -9,7 +9,7 @@ Schedules:
 - sequential (anything else: SGLang on its GPUs, fixed ports, `command` engines): good end
   (probe, repeat, stop), then the candidate.
 
-Whatever goes wrong with one arm becomes the trial's verdict (`_guard`): a repeated candidate
+Whatever goes wrong with one arm becomes the trial's verdict (`guard`, the hot runner's too): a repeated candidate
 crash FAILs with the signature `crash`, a repeated good-end crash or any infrastructure error is
 CANNOT_TEST.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from dsv4bisect.config.engine_config import EngineConfig
-from dsv4bisect.errors import EngineError, ProbeError
+from dsv4bisect.errors import Dsv4BisectError, EngineError, ProbeError
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.runner import ProbeProgress, collect, judge
 from dsv4bisect.probe.spec import ProbeSpec
@@ -192,12 +192,8 @@ class Trial:
 
     def _collect(self, key: str, reference: ProbeRun | None) -> ProbeRun:
         arm = self.arms["candidate" if key.startswith("candidate") else "baseline"]
-
-        def work(url: str) -> ProbeRun:
-            return collect(url, self.spec, reference_run=reference, api_key=self.api_key,
-                           model=arm.cfg.served_model_name, on_progress=self._progress(key))
-
-        return self._guard(arm, lambda: arm.probe(work))
+        return self._guard(arm, lambda: collect_on(arm, self.spec, reference, self.api_key,
+                                                   self._progress(key)))
 
     def _progress(self, key: str) -> Callable[..., None]:
         label = LABELS[key]
@@ -221,20 +217,7 @@ class Trial:
             raise Stop(crash_verdict(self.spec, exc.crashes, note)) from None
 
     def _guard(self, arm: EngineArm, work: Callable[[], T]) -> T:
-        """Map what can go wrong with one arm to the trial's verdict."""
-        try:
-            return work()
-        except ArmCrashed as exc:
-            if arm.name == "baseline":
-                raise Stop(good_end_crash_verdict(self.spec, exc.crashes)) from None
-            raise
-        except EngineError as exc:  # busy port, health timeout: the message holds the log tail
-            raise Stop(cannot_test_verdict(self.spec, _who(arm), exc.message,
-                                           hint=exc.hint)) from None
-        except ProbeError as exc:  # the engine is alive but the probe cannot use it
-            tail, path = arm.log_tail()
-            raise Stop(cannot_test_verdict(self.spec, _who(arm), exc.message, tail, path,
-                                           exc.hint)) from None
+        return guard(self.spec, arm, work, good_end=arm.name == "baseline")
 
     def _store(self, key: cache.BaselineKey) -> None:
         # Only a baseline measured on a server proven to be the good end's own engine is reused
@@ -261,5 +244,47 @@ def probe_progress(on_event: EventSink, label: str) -> Callable[[ProbeProgress],
     return progress
 
 
-def _who(arm: EngineArm) -> str:
-    return "good end" if arm.name == "baseline" else "candidate"
+def collect_on(arm: EngineArm, spec: ProbeSpec, reference: ProbeRun | None,
+               api_key: str | None, on_progress: Callable[[ProbeProgress], None],
+               prepare: Callable[[], object] = lambda: None) -> ProbeRun:
+    """One probe collect on `arm`'s engine; `prepare` runs first, inside the arm's probe (the
+    hot runner's switch: a crash there is the probe's crash)."""
+
+    def work(url: str) -> ProbeRun:
+        prepare()
+        return collect(url, spec, reference_run=reference, api_key=api_key,
+                       model=arm.cfg.served_model_name, on_progress=on_progress)
+
+    return arm.probe(work)
+
+
+def guard(spec: ProbeSpec, arm: EngineArm, work: Callable[[], T], *, good_end: bool,
+          crash_note: str | None = None, lost: Callable[[], object] = lambda: None,
+          also: tuple[type[Dsv4BisectError], ...] = (), engine_tail: bool = False) -> T:
+    """Map what can go wrong with one arm to the trial's verdict (`Stop`, run.crash's verdicts).
+
+    A good end that crashed on every attempt is CANNOT_TEST. A candidate's crash is re-raised
+    for the caller to word (`Trial._candidate`: whether the good end's baseline was cached or
+    relaunched), or is FAIL `crash` at once with `crash_note`. An infrastructure error is
+    CANNOT_TEST: an `EngineError` (busy port, health timeout: its message holds the log tail,
+    else `engine_tail` adds it), an error of `also` (the hot runner's `PatchError`: a switch
+    that did not take), a `ProbeError` (the engine is alive, the probe cannot use it) with the
+    log tail. `lost` runs when the engine crashed or cannot serve (not on a ProbeError: it
+    keeps serving): the hot runner's engines outlive the trial and leave its pool then."""
+    who = "good end" if good_end else "candidate"
+    try:
+        return work()
+    except ArmCrashed as exc:
+        lost()
+        if good_end:
+            raise Stop(good_end_crash_verdict(spec, exc.crashes)) from None
+        if crash_note is None:
+            raise
+        raise Stop(crash_verdict(spec, exc.crashes, crash_note)) from None
+    except ProbeError as exc:
+        tail, path = arm.log_tail()
+        raise Stop(cannot_test_verdict(spec, who, exc.message, tail, path, exc.hint)) from None
+    except (EngineError, *also) as exc:
+        lost()
+        tail, path = arm.log_tail() if engine_tail else ("", None)
+        raise Stop(cannot_test_verdict(spec, who, exc.message, tail, path, exc.hint)) from None

@@ -14,7 +14,7 @@ from dsv4bisect.bisect.plan.simulate import oracle_outcome
 from dsv4bisect.bisect.plan.whole_plan import Setup, plan_bisect
 from dsv4bisect.bisect.search.design import Noise, RoundDesign
 from dsv4bisect.bisect.search.hypotheses import tier_weights
-from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts
+from dsv4bisect.bisect.search.pricing import CostTracker, EngineSlots, StepCosts
 from dsv4bisect.bisect.search.search import Search, Status
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.probe import verdict as V
@@ -104,6 +104,18 @@ def test_a_pool_of_two_keeps_both_engines_and_fresh_mode_launches_every_trial():
     # a full-size re-test is judged against the good end's baseline of its own seed block
     assert fresh.charge(frozenset({"d"}), False) == (600 + 2400) + (600 + 1200)
     assert fresh.launches == 4
+
+
+def test_the_pool_stops_the_least_recently_used_engine_as_the_hot_runner_does():
+    # EngineSlots is the hot runner's pool policy too (trials/hot_engines.py): a switch into
+    # an engine refreshes it, so the launch of {b} stops {a}'s engine, not the older ∅'s
+    two = CostTracker(replace(SGLANG, pool=2, paired=False, sequential=False), frozenset(NAMES))
+    for subset in (frozenset(), frozenset({"a"}), frozenset({"d"}), frozenset({"b"})):
+        two.charge(subset, False)
+    assert two.engines == [frozenset(), frozenset({"b"})] and two.launches == 3
+    slots = EngineSlots(2, ["x", "y"])
+    assert slots.use("x") and not slots.use("z") and slots.make_room() == ["y"]
+    assert slots.up == ["x"] and slots.make_room() == []
 
 
 def test_a_quote_does_not_move_the_state():

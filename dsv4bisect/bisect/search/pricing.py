@@ -6,7 +6,8 @@ The policy priced here is the one the driver follows:
 * **Engines.** In hot mode a trial of configuration C runs in the engine of its load-time state
   λ(C) = C ∩ load-time candidates: switched (drain, switch at a barrier, CUDA-graph re-capture,
   prefix-cache flush: `switch_s`) when that engine is up, else launched in C itself
-  (`launch_s`) after stopping the oldest engine; `pool` engines are kept up at once. A trial
+  (`launch_s`) after stopping the least recently used engine; `pool` engines are kept up at
+  once (`EngineSlots`: the hot runner's own pool, trials/hot_engines.py, keeps them by it). A trial
   that launched its engine is a fresh launch's (`launched_last`): when it is the culprits'
   configuration and fails, it is the fresh confirmation, which then costs nothing more. With
   hot mode off every trial is a fresh launch.
@@ -29,9 +30,13 @@ are not.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -78,13 +83,45 @@ class StepCosts:
 UNIFORM = StepCosts()  # every trial the same price: the unpriced design
 
 
+class EngineSlots(Generic[K]):
+    """Which load-time states have an engine up and which to stop for the next launch: at most
+    `size`, the least recently used stopped first (a switch into an engine refreshes it). The
+    hot runner's pool (trials/hot_engines.py) and the plan's price of it (`CostTracker`) are
+    this one policy; the runner stops the engines it is told to."""
+
+    def __init__(self, size: int, up: Iterable[K] = ()) -> None:
+        self.size = size
+        self.up: list[K] = list(up)  # least recently used first
+
+    def use(self, key: K) -> bool:
+        """A trial in the engine of `key`: whether it is up (it is then the most recent)."""
+        if key not in self.up:
+            return False
+        self.remove(key)
+        self.up.append(key)
+        return True
+
+    def make_room(self) -> list[K]:
+        """The engines to stop so that one more fits, least recently used first (gone now)."""
+        out = self.up[:max(0, len(self.up) - self.size + 1)]
+        del self.up[:len(out)]
+        return out
+
+    def add(self, key: K) -> None:
+        self.up.append(key)
+
+    def remove(self, key: K) -> None:
+        if key in self.up:
+            self.up.remove(key)
+
+
 class CostTracker:
-    """The state that prices the next step: engines up (oldest first), the seed blocks whose
+    """The state that prices the next step: engines up (`EngineSlots`), the seed blocks whose
     baseline was measured, and how often each configuration ran."""
 
     def __init__(self, costs: StepCosts, everything: frozenset[str]) -> None:
         self.costs, self.everything = costs, everything
-        self.engines: list[frozenset[str]] = []  # load-time states up, oldest first
+        self.slots: EngineSlots[frozenset[str]] = EngineSlots(costs.pool)
         self.baselines: set[int] = set()  # seed blocks whose good-end baseline is measured
         self.seen: Counter[frozenset[str]] = Counter()
         self.spent_s = 0.0
@@ -92,11 +129,15 @@ class CostTracker:
         self.launched_last = False  # the last trial charged launched its own engine (hot mode)
 
     def copy(self) -> CostTracker:
-        other = CostTracker(self.costs, self.everything)
-        other.engines, other.baselines = list(self.engines), set(self.baselines)
-        other.seen, other.spent_s = Counter(self.seen), self.spent_s
-        other.launches, other.launched_last = self.launches, self.launched_last
+        other = copy.copy(self)
+        other.slots = EngineSlots(self.slots.size, self.slots.up)
+        other.baselines, other.seen = set(self.baselines), Counter(self.seen)
         return other
+
+    @property
+    def engines(self) -> list[frozenset[str]]:
+        """The load-time states whose engine is up, least recently used first."""
+        return list(self.slots.up)
 
     # -- prices ------------------------------------------------------------------------------
     def quote(self, subset: frozenset[str], p_fail: float) -> float:
@@ -115,13 +156,10 @@ class CostTracker:
         if self.costs.paired and block not in self.baselines:
             seconds += self._engine(frozenset()) + self.costs.probe_s * (1 + self.costs.aa_fraction)
             self.baselines.add(block)
-            if not subset:  # the good end's trial is that baseline; its verdict is the A/A's
-                self.spent_s += seconds
-                return seconds
-        if self.costs.paired and not subset:  # the baseline of this block is already measured
-            self.spent_s += seconds
-            return seconds
-        seconds += self._engine(self._state(subset)) + self._probe(subset, float(like_bad))
+        # a paired good end's trial is its block's baseline (measured now or before); its
+        # verdict is the A/A's
+        if subset or not self.costs.paired:
+            seconds += self._engine(self._state(subset)) + self._probe(subset, float(like_bad))
         self.spent_s += seconds
         return seconds
 
@@ -139,15 +177,14 @@ class CostTracker:
 
     def _engine(self, state: frozenset[str]) -> float:
         """Seconds to have the engine of `state` ready (and the pool after it)."""
-        self.launched_last = self.costs.hot and state not in self.engines
-        if self.costs.hot and state in self.engines:
+        up = self.costs.hot and self.slots.use(state)
+        self.launched_last = self.costs.hot and not up
+        if up:
             return self.costs.switch_s
         self.launches += 1
-        if not self.costs.hot:
-            return self.costs.launch_s
-        if len(self.engines) >= self.costs.pool:
-            self.engines.pop(0)  # stop the oldest engine
-        self.engines.append(state)
+        if self.costs.hot:
+            self.slots.make_room()
+            self.slots.add(state)
         return self.costs.launch_s
 
     def _probe(self, subset: frozenset[str], like_bad: float) -> float:
@@ -163,4 +200,4 @@ class CostTracker:
 
     def engine_up(self, subset: frozenset[str]) -> bool:
         """Whether the next trial of `subset` would be a hot switch (no launch)."""
-        return self.costs.hot and self._state(subset) in self.engines
+        return self.costs.hot and self._state(subset) in self.slots.up

@@ -2,21 +2,20 @@
 those kept up at once, and how a hot launch's configuration is made.
 
 The pool keeps at most `size` engines, one per load-time state (`HotEngineRunner.engine_key`),
-and stops the least recently used one first. The planner's `CostTracker`
-(bisect/search/pricing.py) keeps its own list because it evicts the oldest *launched* engine
-(a hit does not refresh it): sharing one class would change either the plan figures or which
-engine a real bisect stops (docs/hot-switching.md).
+and stops the least recently used one first: which are up and which to stop is
+`pricing.EngineSlots`, the class the plan's `CostTracker` prices the pool with
+(docs/hot-switching.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from dsv4bisect import env as envvars
+from dsv4bisect.bisect.search.pricing import EngineSlots
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.processes import with_plugin
 from dsv4bisect.run.arm import EngineArm
@@ -41,29 +40,31 @@ class HotEngine:
 
 
 class EnginePool:
-    """The engines kept up, by load-time state, least recently used first."""
+    """The engines kept up, by load-time state (`slots`: which are up, least recently used
+    first)."""
 
     def __init__(self, size: int) -> None:
-        self.size = size
-        self.engines: OrderedDict[str, HotEngine] = OrderedDict()
+        self.slots: EngineSlots[str] = EngineSlots(size)
+        self.engines: dict[str, HotEngine] = {}
 
     def get(self, key: str) -> HotEngine | None:
         """The engine of `key` if it is up (now the most recently used)."""
-        if key in self.engines:
-            self.engines.move_to_end(key)
-        return self.engines.get(key)
+        return self.engines[key] if self.slots.use(key) else None
 
     def add(self, key: str, eng: HotEngine) -> None:
+        self.slots.add(key)
         self.engines[key] = eng
 
     def make_room(self) -> None:
         """Stop the least recently used engines until one more fits."""
-        while len(self.engines) >= self.size:
-            self.drop(next(iter(self.engines.values())))
+        for key in self.slots.make_room():
+            self.engines.pop(key).arm.stop()
 
     def drop(self, eng: HotEngine) -> None:
         eng.arm.stop()
-        self.engines = OrderedDict((k, e) for k, e in self.engines.items() if e is not eng)
+        for key in [k for k, e in self.engines.items() if e is eng]:
+            self.slots.remove(key)
+            del self.engines[key]
 
     def close(self) -> None:
         for eng in list(self.engines.values()):

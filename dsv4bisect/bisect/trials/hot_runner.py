@@ -10,7 +10,9 @@ generation, verified before any probe request).
 Engines kept up at once: `pool` (the embedded engine: 2; one SGLang node: 1; the least
 recently used is stopped first): `hot_engines.EnginePool`. A seed block's ends are one
 `shared_ends.BlockEnds`; what one trial did (its spec, costs, the engine it probed in, the ends it
-measured) is its `_TrialContext`, never the runner's state.
+measured) is its `_TrialContext`, never the runner's state. What goes wrong with an engine
+becomes the trial's verdict by run/trial.py's `guard`, and a probe collects by its `collect_on`
+(this runner's differences are their parameters).
 
 What each trial probes (docs/hot-switching.md):
 - the good end's baseline (full size) and its A/A repeat are measured right after the launch
@@ -57,23 +59,23 @@ from dsv4bisect.bisect.trials.engine_runner import (
 from dsv4bisect.bisect.trials.hot_engines import EnginePool, HotEngine, new_dir, with_env
 from dsv4bisect.bisect.trials.runner import FreshLaunch, TrialResult
 from dsv4bisect.bisect.trials.shared_ends import BlockEnds, HotEnds, end_name
+from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.engines.rundir import save_config
 from dsv4bisect.engines.verify import server_info, verify_reference_patches
-from dsv4bisect.errors import ConfigError, EngineError, PatchError, ProbeError
+from dsv4bisect.errors import ConfigError, PatchError
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.patching.wire import format_patch_set
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.client import ProbeClient
 from dsv4bisect.probe.run import ProbeRun
-from dsv4bisect.probe.runner import collect, judge
+from dsv4bisect.probe.runner import judge
 from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
 from dsv4bisect.probe.session import write_verdict
 from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.run import baseline as cache
-from dsv4bisect.run.arm import ArmCrashed, EngineArm, Supervisor
-from dsv4bisect.run.crash import cannot_test_verdict, crash_verdict, good_end_crash_verdict
+from dsv4bisect.run.arm import EngineArm, Supervisor
 from dsv4bisect.run.events import EventSink, Notice, ignore
-from dsv4bisect.run.trial import Stop, probe_progress
+from dsv4bisect.run.trial import Stop, collect_on, guard, probe_progress
 
 T = TypeVar("T")
 HOT_MARKER = "hot-v1"
@@ -152,15 +154,12 @@ class HotEngineRunner(EngineRunner):
         return self.config(self.base_of(patches)).fingerprint
 
     def fingerprint(self, patches: Mapping[str, str]) -> str:
-        base = self.engine_key(patches)
-        text = json.dumps([self.config(patches).fingerprint, HOT_MARKER, base])
+        text = json.dumps([super().fingerprint(patches), HOT_MARKER, self.engine_key(patches)])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
-    def fresh_fingerprint(self, patches: Mapping[str, str]) -> str:
-        return self.config(patches).fingerprint
-
     def fresh(self) -> FreshLaunch:
-        return FreshLaunch(self.fresh_fingerprint, self.confirm)
+        """The confirmation, keyed by the configuration's fresh fingerprint (`EngineRunner`'s)."""
+        return FreshLaunch(super().fingerprint, self.confirm)
 
     # -- trials --------------------------------------------------------------------------------
     def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult:
@@ -189,7 +188,7 @@ class HotEngineRunner(EngineRunner):
     @property
     def engines_up(self) -> tuple[str, ...]:
         """The load-time states whose engine is up (`engine_key`)."""
-        return tuple(self._pool.engines)
+        return tuple(self._pool.slots.up)
 
     def adopt_ends(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
                    bad: ProbeRun | None, *, good_fingerprint: str, source: str) -> list[str]:
@@ -217,10 +216,8 @@ class HotEngineRunner(EngineRunner):
         eng: HotEngine | None = None  # the confirmation's own engine
         try:
             ends, measured_base = self._ends_for(ctx, trial_dir)
-            if fresh:
-                t = time.perf_counter()
-                eng = self._fresh_engine(ctx, patches, trial_dir)
-                ctx.costs["launch_s"] += time.perf_counter() - t
+            if fresh:  # the confirmation: exactly `patches`, no hot environment
+                eng = self._launch(ctx, "fresh", patches, cfg, trial_dir / "engine")
             verdict, cand, requests = self._probe(ctx, patches, ends, measured_base, eng,
                                                   trial_dir, draw=block)
             if measured_base:  # this trial also measured the good end and its A/A repeat
@@ -332,36 +329,31 @@ class HotEngineRunner(EngineRunner):
                                   model=eng.cfg.served_model_name, warn_fails=self.warn_fails,
                                   drift_relative=self.drift_relative)
 
-        self._ready(ctx, eng, patches, good_end=False)
-        t = time.perf_counter()
-        outcome = self._guard(ctx, eng, lambda: eng.arm.probe(work))
-        ctx.costs["probe_s"] += time.perf_counter() - t
+        outcome = self._timed(ctx, eng, patches, lambda: eng.arm.probe(work), good_end=False)
         saved = outcome.save(trial_dir / "candidate")
         return saved.as_verdict(), saved.run, saved.decision.requests
 
     def _collect(self, ctx: _TrialContext, eng: HotEngine, patches: Mapping[str, str],
                  reference: ProbeRun | None, label: str, *, good_end: bool) -> ProbeRun:
         progress = probe_progress(self.on_event, label)
+        return self._timed(ctx, eng, patches, lambda: collect_on(
+            eng.arm, ctx.spec, reference, self.api_key, progress,
+            lambda: self._switch(ctx, eng, patches)), good_end=good_end)
 
-        def work(url: str) -> ProbeRun:
-            self._switch(ctx, eng, patches)
-            return collect(url, ctx.spec, reference_run=reference, api_key=self.api_key,
-                           model=eng.cfg.served_model_name, on_progress=progress)
-
-        self._ready(ctx, eng, patches, good_end=good_end)
-        t = time.perf_counter()
-        run = self._guard(ctx, eng, lambda: eng.arm.probe(work), good_end=good_end)
-        ctx.costs["probe_s"] += time.perf_counter() - t
-        return run
-
-    def _ready(self, ctx: _TrialContext, eng: HotEngine, patches: Mapping[str, str], *,
-               good_end: bool) -> None:
-        """The engine up and switched to `patches` before the probe's clock starts."""
-        def work() -> None:
+    def _timed(self, ctx: _TrialContext, eng: HotEngine, patches: Mapping[str, str],
+               probe: Callable[[], T], *, good_end: bool) -> T:
+        """`probe` (which switches `eng` to `patches` again inside the arm's probe: a crash
+        relaunch starts from the base), guarded; the engine is up and switched to `patches`
+        before its clock starts."""
+        def ready() -> None:
             eng.arm.ready()
             self._switch(ctx, eng, patches)
 
-        self._guard(ctx, eng, work, good_end=good_end)
+        self._guard(ctx, eng, ready, good_end=good_end)
+        t = time.perf_counter()
+        out = self._guard(ctx, eng, probe, good_end=good_end)
+        ctx.costs["probe_s"] += time.perf_counter() - t
+        return out
 
     # -- engines -------------------------------------------------------------------------------
     def _engine_for(self, ctx: _TrialContext, patches: Mapping[str, str],
@@ -372,32 +364,24 @@ class HotEngineRunner(EngineRunner):
         up = self._pool.get(key)
         if up is not None:
             return up
-        self._pool.make_room()
-        launch = dict(patches)
         eng_dir = new_dir(trial_dir.parent.parent / "engines", key[:12])
-        self.launches += 1
-        switch_dir = eng_dir / "switch"
-        cfg = with_env(self.config(launch), {envvars.SWITCH_DIR: str(switch_dir),
-                                             envvars.HOT: self.hot_wire})
-        eng = HotEngine(launch, cfg, EngineArm("hot", cfg, eng_dir, self._supervisor,
-                                               self.on_event), switch_dir)
-        t = time.perf_counter()
-        self._guard(ctx, eng, eng.arm.ready, good_end=launch == self.good)
-        ctx.costs["launch_s"] += time.perf_counter() - t
-        eng.launch = eng.arm.launch
+        cfg = with_env(self.config(patches), {envvars.SWITCH_DIR: str(eng_dir / "switch"),
+                                              envvars.HOT: self.hot_wire})
+        eng = self._launch(ctx, "hot", patches, cfg, eng_dir)
         self._pool.add(key, eng)
         return eng
 
-    def _fresh_engine(self, ctx: _TrialContext, patches: Mapping[str, str],
-                      trial_dir: Path) -> HotEngine:
-        """An engine launched with exactly `patches` and no hot environment (confirmation)."""
+    def _launch(self, ctx: _TrialContext, name: str, patches: Mapping[str, str],
+                cfg: EngineConfig, eng_dir: Path) -> HotEngine:
+        """An engine launched in `patches` (`cfg`: with the hot environment, or none for the
+        confirmation), room made for it in the pool first."""
         self._pool.make_room()
-        cfg = self.config(patches)
-        eng_dir = trial_dir / "engine"
         self.launches += 1
-        eng = HotEngine(patches, cfg, EngineArm("fresh", cfg, eng_dir, self._supervisor,
+        eng = HotEngine(patches, cfg, EngineArm(name, cfg, eng_dir, self._supervisor,
                                                 self.on_event), eng_dir / "switch")
-        self._guard(ctx, eng, eng.arm.ready, good_end=patches == self.good)
+        t = time.perf_counter()
+        self._guard(ctx, eng, eng.arm.ready, good_end=dict(patches) == self.good)
+        ctx.costs["launch_s"] += time.perf_counter() - t
         eng.launch = eng.arm.launch
         return eng
 
@@ -430,28 +414,11 @@ class HotEngineRunner(EngineRunner):
 
     def _guard(self, ctx: _TrialContext, eng: HotEngine, work: Callable[[], T], *,
                good_end: bool = False) -> T:
-        """What can go wrong with the engine, as the trial's verdict: run/trial.py's rules and
-        verdicts (`run.crash`), with four differences. An engine that crashed or cannot serve
-        leaves the pool (it outlives the trial); a candidate's crash is decided here (no
-        cached-baseline or relaunch note: the good end is measured once per seed block); a
-        PatchError (a switch that did not take) is the engine's fault; and the log tail goes
-        with an EngineError too (a switch's or a receipt's error does not carry it, unlike a
-        launch's)."""
-        spec = ctx.spec
-        try:
-            return work()
-        except ArmCrashed as exc:
-            self._pool.drop(eng)
-            if good_end:
-                raise Stop(good_end_crash_verdict(spec, exc.crashes)) from None
-            raise Stop(crash_verdict(spec, exc.crashes, "the good end ran without crashing")
-                        ) from None
-        except (EngineError, ProbeError, PatchError) as exc:
-            # a switch that did not take effect, or an engine that cannot serve: stop it; a
-            # ProbeError leaves a live engine (arm.probe), which keeps serving
-            if not isinstance(exc, ProbeError):
-                self._pool.drop(eng)
-            who = "good end" if good_end else "candidate"
-            tail, path = eng.arm.log_tail()
-            raise Stop(cannot_test_verdict(spec, who, exc.message, tail, path, exc.hint)
-                        ) from None
+        """run/trial.py's guard, for an engine that outlives the trial: one that crashed or
+        cannot serve leaves the pool; a candidate's crash is decided here (no cached-baseline or
+        relaunch note: the good end is measured once per seed block); a PatchError (a switch
+        that did not take) is the engine's fault; an EngineError gets the log tail (a switch's
+        or a receipt's error does not carry it, unlike a launch's)."""
+        return guard(ctx.spec, eng.arm, work, good_end=good_end,
+                     crash_note="the good end ran without crashing",
+                     lost=lambda: self._pool.drop(eng), also=(PatchError,), engine_tail=True)
