@@ -357,3 +357,92 @@ def lost_result(node: str, exc: BaseException, duration_s: float) -> TrialResult
 def first_line(exc: object) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+# -- sharded probes ------------------------------------------------------------------------------
+
+class ShardActor:
+    """One node's part of a sharded probe: it probes its shard on the engine of that node (the
+    `url` the driver gives it, reached from the node) and sends back the shard's run directory
+    as one archive (bisect/cluster/archive.py)."""
+
+    def __init__(self) -> None:
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.node = {"name": node_name(self.node_id), "node_id": self.node_id}
+
+    def where(self) -> dict[str, Any]:
+        return self.node
+
+    def probe(self, url: str, spec: Mapping[str, Any], reference: bytes | None, index: int,
+              count: int) -> bytes:
+        import tempfile
+
+        from dsv4bisect.bisect.cluster.archive import pack, unpack
+        from dsv4bisect.probe.run import ProbeRun
+        from dsv4bisect.probe.runner import collect
+        from dsv4bisect.probe.shards import Shard
+        from dsv4bisect.probe.spec import ProbeSpec
+
+        with tempfile.TemporaryDirectory(prefix="dsv4bisect-shard-") as tmp:
+            ref = None
+            if reference is not None:
+                unpack(reference, Path(tmp) / "reference")
+                ref = ProbeRun.load(Path(tmp) / "reference")
+            run = collect(url, ProbeSpec.from_dict(dict(spec)), reference_run=ref,
+                          shard=Shard(index, count))
+            return pack(Path(run.save(Path(tmp) / "shard").path or ""))
+
+
+def probe_sharded(actors: Mapping[Any, str], spec: Any, reference: Any | None, count: int,
+                  scratch: Path) -> tuple[Any, list[tuple[int, str, str, float]]]:
+    """Probe `spec` in `count` shards on the actors (`ShardActor` handle -> the url of its
+    node's engine), one shard per actor at a time; an actor lost mid-shard gives its shard to
+    the next free actor, whole. Returns the merged run and the schedule (shard, node, event,
+    seconds since the start). `reference`: the good end's run, replayed (None: build cases)."""
+    from dsv4bisect.bisect.cluster.archive import pack, unpack
+    from dsv4bisect.bisect.cluster.shard_book import ShardBook
+    from dsv4bisect.probe.run import ProbeRun
+    from dsv4bisect.probe.shards import merge
+
+    ref_bytes = None
+    if reference is not None:
+        ref_dir = scratch / "reference"
+        reference.save(ref_dir)
+        ref_bytes = pack(ref_dir)
+    names = {a: str(ray.get(a.where.remote())["name"]) for a in actors}
+    book: ShardBook[Any, bytes] = ShardBook(count)
+    free = list(actors)
+    flight: dict[Any, tuple[int, Any]] = {}  # object ref -> (shard, actor)
+    t0 = time.monotonic()
+    log: list[tuple[int, str, str, float]] = []
+    while not book.complete:
+        for shard, actor in book.deal(free):
+            free.remove(actor)
+            ref = actor.probe.remote(actors[actor], spec.to_dict(), ref_bytes, shard, count)
+            flight[ref] = (shard, actor)
+            log.append((shard, names[actor], "start", time.monotonic() - t0))
+        if not flight:
+            raise BisectError(f"every node of the sharded probe was lost "
+                              f"({len(book.done)} of {count} shards done)",
+                              "check the nodes (docs/cluster.md, \"Faults\")")
+        ready, _ = ray.wait(list(flight), num_returns=1)
+        shard, actor = flight.pop(ready[0])
+        try:
+            data = ray.get(ready[0])
+        except (RayActorError, ActorUnavailableError) as exc:
+            book.lost(actor)
+            log.append((shard, names[actor], "lost", time.monotonic() - t0))
+            logging.getLogger(__name__).warning("shard %d lost with %s: %s", shard,
+                                                names[actor], first_line(exc))
+            continue
+        except RayTaskError as exc:
+            raise BisectError(f"shard {shard} on {names[actor]}: {first_line(exc)}",
+                              "the node's engine failed the probe; see its log") from None
+        if book.finish(shard, actor, data):
+            log.append((shard, names[actor], "done", time.monotonic() - t0))
+        free.append(actor)
+    runs = []
+    for i, data in enumerate(book.results()):
+        unpack(data, scratch / f"shard-{i}")
+        runs.append(ProbeRun.load(scratch / f"shard-{i}"))
+    return merge(runs), log
