@@ -32,6 +32,15 @@ What is modelled, and where the code does it:
   ran the earlier ones.
 * **No fresh confirmation**: the Ray runner cannot launch fresh (driver._confirmation: the
   report says "skipped"), so none is priced; the single-node plan (whole_plan.py) prices it.
+* **Sharding** (`sharded=True`; probe/shards.py, docs/cluster.md "Reading the node plan"): a
+  trial may run on a group of nodes, each launched or switched into its configuration, each
+  paying its own launch or switch and 1/n of the probe (and of a baseline it measures); the
+  trial lasts as long as its slowest shard. A round that holds an end runs the ends only,
+  side by side on groups or one after the other on every node, whichever the expected prices
+  make shorter; the others wait for the good end's baseline measured in the same round instead
+  of measuring one. Otherwise each trial gets its node as unsharded, then idle nodes join the
+  trial expected to end last while that makes it end sooner. Prices for these choices are
+  expected ones (an end as what it is, any other trial even odds), never the outcome.
 
 Idle slots: a round holds K node slots for as long as its slowest trial. `idle_slots` counts
 node-rounds with no trial at all (a round with fewer proposals than nodes: the end checks,
@@ -189,7 +198,7 @@ class Round:
 class NodePool:
     """K nodes as the Ray executor keeps them (see the module docstring): a queue of free
     slots, and per node the engines, baselines and bad end its runner has. `sharded`: a trial
-    may run as shards of its probe on several nodes (SHARDING in the module docstring)."""
+    may run as shards of its probe on several nodes (**Sharding** in the module docstring)."""
 
     def __init__(self, costs: StepCosts, everything: frozenset[str], nodes: int,
                  sharded: bool = False) -> None:
