@@ -192,6 +192,15 @@ def test_a_hot_ray_bisect_shares_the_ends_so_nodes_probe_with_ends_they_did_not_
     # baseline at most once per node, in the first round
     measured = [t for t in rows if "b0/baseline" in t["details"]["ends_measured"]]
     assert len({t["details"]["node"]["node_id"] for t in measured}) == len(measured) <= 2
+    # the first round measured both ends at once on different nodes; the report says which
+    # node measured what, and when (--json: trials[].node; markdown: "on NODE, start-end")
+    doc = json.loads(r.stdout)
+    good = next(t for t in doc["trials"] if not t["subset"])
+    bad = next(t for t in doc["trials"] if len(t["subset"]) == 4)
+    assert good["node"]["node_id"] != bad["node"]["node_id"]
+    assert max(good["node"]["started"], bad["node"]["started"]) < min(
+        good["node"]["finished"], bad["node"]["finished"])
+    assert f"node {good['node']['node_id'][:8]}), " in (run_dir / "report.md").read_text()
     assert not engine_pids(scratch())
 
 

@@ -53,7 +53,9 @@ def test_merged_shards_are_the_one_server_run(whole: ProbeRun, replica_a: str,
     one = collect(replica_a, SPEC, reference_run=whole)
     two = _shards([replica_b, replica_a], reference=whole)
     assert same_content(two, one) == []
-    assert judge(whole, None, two).to_dict() == judge(whole, None, one).to_dict()
+    verdicts = [{k: v for k, v in judge(whole, None, run).to_dict().items()
+                 if k != "throughput"} for run in (two, one)]  # throughput: timing
+    assert verdicts[0] == verdicts[1]
 
 
 def test_a_sequential_trial_on_two_replicas_decides_as_on_one(whole: ProbeRun, replica_a: str,
