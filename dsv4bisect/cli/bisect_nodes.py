@@ -73,11 +73,11 @@ def node_lines(plan: NodePlan, asked: int, main_runs: int,
     out.append("  floor (what a bisect told the culprits must still run: the two ends and one "
                "trial of the culprits, every lever, sharded): " + ", ".join(
                    f"{dur(s)} on {k} node{'s' * (k > 1)}" for k, s in plan.floor_s))
-    out.append(f"  {_saving(plan)}")
+    out.append(f"  {_saving(plan, dur)}")
     return out
 
 
-def _saving(plan: NodePlan) -> str:
+def _saving(plan: NodePlan, dur: Callable[[float], str]) -> str:
     """What more nodes save against one, with the levers (sharded and not) and without."""
     counts = sorted({r.nodes for r in plan.rows if r.nodes > 1})
 
@@ -90,7 +90,10 @@ def _saving(plan: NodePlan) -> str:
         return ", ".join(items[:-1]) + " and " * (len(items) > 1) + items[-1]
 
     nodes = listed([str(k) for k in counts])
-    return (f"with the levers and sharding, {nodes} nodes take "
+    saves = listed([dur(plan.row(k, True).mean_wall_s - plan.row(k, True, True).mean_wall_s)
+                    for k in counts])
+    return (f"sharding saves {saves} with the levers on {nodes} nodes; "
+            f"with the levers and sharding, {nodes} nodes take "
             f"{listed(shares(True, True))} of one node's wall time (not sharded "
             f"{listed(shares(True, False))}; without any lever, sharded "
             f"{listed(shares(False, True))}, not sharded {listed(shares(False, False))}) "

@@ -65,7 +65,8 @@ def test_plan_for_ray_nodes_prints_the_node_table_without_ray(cli, tmp_path: Pat
     assert lines[-1].startswith("(simulated 200 bisects per configuration")
     # the ends shared between nodes (docs/cluster.md): more nodes are faster, with the levers
     # too, and the plan says by how much against one node
-    assert any(x.startswith("  with the levers and sharding, 2, 3 and 4 nodes take ") for x in
+    assert any(x.startswith("  sharding saves ")
+               and "with the levers and sharding, 2, 3 and 4 nodes take " in x for x in
                lines[head + 18:])
 
     ray = json.loads(cli(*plan, "--json", cwd=tmp_path, python=("-c", NO_RAY)).stdout)
