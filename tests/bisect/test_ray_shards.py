@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray executor's tests need `pip install '.[ray]'`")
-from ray.cluster_utils import Cluster  # noqa: E402
+from ray.cluster_utils import Cluster
 
-from dsv4bisect.bisect.cluster.ray_executor import ShardActor, probe_sharded  # noqa: E402
-from dsv4bisect.probe.run import ProbeRun  # noqa: E402
-from dsv4bisect.probe.runner import collect  # noqa: E402
-from dsv4bisect.probe.shards import same_content  # noqa: E402
-from dsv4bisect.probe.spec import tier_spec  # noqa: E402
-from tests.probe.test_e2e_embedded import start_embedded  # noqa: E402
+from dsv4bisect.bisect.cluster.ray_executor import ShardActor, probe_sharded
+from dsv4bisect.probe.run import ProbeRun
+from dsv4bisect.probe.runner import collect
+from dsv4bisect.probe.shards import same_content
+from dsv4bisect.probe.spec import tier_spec
+from tests.probe.test_e2e_embedded import start_embedded
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 

@@ -61,7 +61,8 @@ from __future__ import annotations
 import copy
 import random
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -311,7 +312,8 @@ class NodePool:
             groups[i].append(node)
         return groups
 
-    def _quote(self, subset: frozenset[str], group: Sequence[int], skip: Set[int]) -> float:
+    def _quote(self, subset: frozenset[str], group: Sequence[int],
+               skip: AbstractSet[int]) -> float:
         """Expected seconds of `subset` sharded over `group`: its slowest shard (`skip`: the
         baselines another trial of the round measures)."""
         block = self._seen[subset]
@@ -335,7 +337,7 @@ class NodePool:
 
     def _run(self, index: int, group: Sequence[int], subset: frozenset[str],
              fails: float | bool, start: float = 0.0,
-             skip_baseline: Set[int] = frozenset()) -> list[NodeTrial]:
+             skip_baseline: AbstractSet[int] = frozenset()) -> list[NodeTrial]:
         """The trial on `group`'s nodes, each running 1/len(group) of its probe (and of the
         baseline and A/A repeat it measures), paying its own launch or switch."""
         end = not subset or subset == self.everything
@@ -357,7 +359,7 @@ class NodePool:
 
 
 def _shard(tracker: CostTracker, subset: frozenset[str], like_bad: float | bool, block: int,
-           shards: int, judged_later: Set[int]) -> float:
+           shards: int, judged_later: AbstractSet[int]) -> float:
     """Charge one node's shard: its own engine (launch or switch) and 1/`shards` of the probe
     and of any baseline it measures, at the driver's seed block `block` (the node's own count
     of this subset's trials would miss those run on other nodes). `judged_later`: baselines a
