@@ -6,6 +6,7 @@ decides and stops as on one (probe/shards.py, probe/sequential_run.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -75,3 +76,17 @@ def test_a_sequential_trial_on_two_replicas_decides_as_on_one(whole: ProbeRun, r
                 p["rows"] for p in two.run.shard["parts"]) == len(one.run.rows)
     finally:
         bad_url.close()
+
+
+def test_shards_of_a_concurrent_level_are_the_one_server_run(replica_a: str,
+                                                             replica_b: str) -> None:
+    """At a concurrency level above 1 each shard sends its requests in the whole level's
+    submission order; at `precision: exact` a request's answer does not depend on its batch
+    mates, so the merge is again the one-server run."""
+    spec = replace(SPEC, concurrency=(1, 4), arms=("cold", "warm"))
+    whole = collect(replica_a, spec)
+    merged = merge([collect(u, spec, shard=Shard(i, 2))
+                    for i, u in enumerate([replica_a, replica_b])])
+    assert same_content(merged, whole) == []
+    assert {r["concurrency"] for r in merged.rows} == {1, 4}
+    assert set(merged.throughput) == {"1", "4"} and merged.throughput["4"]["shards"] == 2
