@@ -348,7 +348,8 @@ def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
 
 def _node(details: dict[str, Any]) -> dict[str, Any] | None:
     """Which node ran the trial and when (`--executor ray`: name, id, start and end, UTC
-    seconds), or None on this machine."""
+    seconds; `replicas`: the idle nodes its probe was sharded across, each with when its
+    engine was ready and when the trial ended), or None on this machine."""
     node = details.get("node")
     return dict(node) if isinstance(node, dict) else None
 
@@ -364,8 +365,10 @@ def _where(details: dict[str, Any]) -> str:
         return (time.strftime("%H:%M:%S", time.gmtime(float(t)))
                 if isinstance(t, (int, float)) else "?")
 
+    shared = "".join(f" + {r.get('name', '?')} ({clock(r.get('started'))}-"
+                     f"{clock(r.get('finished'))})" for r in node.get("replicas") or ())
     return f"; on {node.get('name', '?')}, {clock(node.get('started'))}-" \
-           f"{clock(node.get('finished'))} UTC"
+           f"{clock(node.get('finished'))} UTC" + (f", probe sharded{shared}" if shared else "")
 
 
 def _mode(details: dict[str, Any]) -> str:

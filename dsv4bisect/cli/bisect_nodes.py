@@ -63,12 +63,13 @@ def node_lines(plan: NodePlan, asked: int, main_runs: int,
                "ran the bad end; with fresh launches each node measures its own baselines; no "
                "fresh confirmation (the Ray executor cannot launch fresh), so 1 node is the "
                "plan above")
-    out.append("  sharded: a trial's probe split across nodes that each run its configuration, "
-               "each shard paying its own launch or switch, the trial lasting as long as its "
-               "slowest shard; the first round runs the two ends only, side by side on half the "
-               "nodes each or one after the other on every node, whichever is priced lower; an "
-               "idle node joins a trial while it makes the trial end sooner; '/N': the search "
-               "proposes N per round (K or K/2, whichever is priced lower)")
+    out.append("  sharded (hot runners; --no-shard turns it off): the schedule the Ray "
+               "executor runs: a round of n trials gives each its node, then (K - n) // n of "
+               "the idle nodes each, whose engines are switched (or launched) into the trial's "
+               "configuration; its probe is split across them, each shard paying its own launch "
+               "or switch, the trial lasting as long as its slowest shard; '/N': run with "
+               "--nodes K --parallel N (N trials a round, each on K/N nodes; N = 1: the ends "
+               "one after the other on every node), priced lower than --parallel K")
     out.append("  costs: those above, unchanged, on every node")
     out.append("  floor (what a bisect told the culprits must still run: the two ends and one "
                "trial of the culprits, every lever, sharded): " + ", ".join(

@@ -12,7 +12,7 @@ import hashlib
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,7 +26,7 @@ from dsv4bisect.probe.judge import decide
 from dsv4bisect.probe.layout import calibrate
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.scoring import score
-from dsv4bisect.probe.shards import Shard, shard_cases
+from dsv4bisect.probe.shards import Shard, merge, shard_cases
 from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.probe.vocab import PROBE_VOCAB
@@ -198,6 +198,35 @@ def collect(url: str, spec: ProbeSpec, *, reference_run: ProbeRun | None = None,
     return ProbeRun(spec, url, {**_server_dict(server), "started_at": started}, tuple(cases),
                     tuple(rows), tuple(drift), tuple(notes), timing, throughput=throughput,
                     shard=None if shard is None else shard.to_dict())
+
+
+def collect_sharded(urls: Sequence[str], spec: ProbeSpec, *,
+                    reference_run: ProbeRun | None = None, api_key: str | None = None,
+                    on_progress: Progress | None = None, model: str | None = None
+                    ) -> ProbeRun:
+    """`collect` split across replicas of one configuration (probe/shards.py): shard i on
+    `urls[i]`, all at once, merged into the run one server makes. `urls[0]` is the caller's own
+    engine: a shard whose replica fails (its node or engine lost) is re-run, whole, there
+    afterwards (the same requests: the assignment is the seed's), so no request is counted
+    twice or missing; a failure of `urls[0]` itself is raised (the caller's engine)."""
+    count = len(urls)
+
+    def one(i: int, url: str) -> ProbeRun:
+        return collect(url, spec, reference_run=reference_run, api_key=api_key, model=model,
+                       on_progress=on_progress if url == urls[0] else None,
+                       shard=Shard(i, count))
+
+    with ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(one, i, u) for i, u in enumerate(urls)]
+        runs: list[ProbeRun | None] = []
+        for i, future in enumerate(futures):
+            try:
+                runs.append(future.result())
+            except Exception:
+                if i == 0:
+                    raise
+                runs.append(None)
+    return merge([run if run is not None else one(i, urls[0]) for i, run in enumerate(runs)])
 
 
 Task = tuple[Case, str, int]  # case, arm, concurrency level

@@ -35,7 +35,7 @@ class NodeFigures:
     nodes: int
     levers: bool  # every lever the bisect has on, or none
     sharded: bool  # a trial's probe may be split across idle nodes (simulate.NodePool)
-    round_size: int  # the search's proposals per round (sharded: K or K/2, as priced)
+    round_size: int  # the search's proposals per round (--parallel; sharded: K, K/2 or 1)
     mean_wall_s: float
     p90_wall_s: float
     mean_rounds: float
@@ -99,9 +99,10 @@ def plan_nodes(setup: Setup, nodes: Sequence[int] = NODE_COUNTS, *, trials: int 
             if k == 1:  # one node has no other to share a probe with
                 rows.append(replace(plain, sharded=True))
                 continue
-            # sharded: K proposals a round, or half as many each on more nodes, as priced
+            # sharded: K proposals a round, or K/2 or one, each on more nodes (--nodes K
+            # --parallel N), whichever is priced lower
             rows.append(min((_row(cfg, k, size, on, priced, True, culprits, seeds)
-                             for size in sorted({k, (k + 1) // 2}, reverse=True)),
+                             for size in sorted({k, (k + 1) // 2, 1}, reverse=True)),
                             key=lambda r: r.mean_wall_s))
     floors = tuple((k, float(np.mean([floor_run(setup, k, c) for c in culprits])))
                    for k in nodes)
@@ -110,15 +111,19 @@ def plan_nodes(setup: Setup, nodes: Sequence[int] = NODE_COUNTS, *, trials: int 
 
 def floor_run(setup: Setup, nodes: int, culprits: frozenset[str]) -> float:
     """What a bisect told the culprits must still run, with every lever and sharding: the two
-    ends (side by side or one after the other, as priced) and one trial of the culprits (their
-    failure, judged against the good end), on `nodes` nodes; no search, no re-test."""
+    ends (in one round side by side, each on half the nodes, or one round each on every node,
+    whichever is shorter: --parallel 2 or 1) and one trial of the culprits (their failure,
+    judged against the good end), on `nodes` nodes; no search, no re-test."""
     everything = frozenset(setup.candidates)
-    pool = NodePool(setup.costs, everything, nodes, sharded=True)
     ends = [(frozenset(), False), (everything, True)]
-    wall = sum(pool.run_round(r).wall_s for r in ([ends] if nodes > 1 else [ends[:1], ends[1:]]))
-    if culprits != everything:
-        wall += pool.run_round([(culprits, True)]).wall_s
-    return wall
+    walls = []
+    for rounds in ([[ends]] if nodes > 1 else []) + [[ends[:1], ends[1:]]]:
+        pool = NodePool(setup.costs, everything, nodes, sharded=True)
+        wall = sum(pool.run_round(r).wall_s for r in rounds)
+        if culprits != everything:
+            wall += pool.run_round([(culprits, True)]).wall_s
+        walls.append(wall)
+    return min(walls)
 
 
 def _row(cfg: Setup, nodes: int, size: int, levers: bool, priced: bool, sharded: bool,

@@ -32,15 +32,15 @@ What is modelled, and where the code does it:
   ran the earlier ones.
 * **No fresh confirmation**: the Ray runner cannot launch fresh (driver._confirmation: the
   report says "skipped"), so none is priced; the single-node plan (whole_plan.py) prices it.
-* **Sharding** (`sharded=True`; probe/shards.py, docs/cluster.md "Reading the node plan"): a
-  trial may run on a group of nodes, each launched or switched into its configuration, each
-  paying its own launch or switch and 1/n of the probe (and of a baseline it measures); the
-  trial lasts as long as its slowest shard. A round that holds an end runs the ends only,
-  side by side on groups or one after the other on every node, whichever the expected prices
-  make shorter; the others wait for the good end's baseline measured in the same round instead
-  of measuring one. Otherwise each trial gets its node as unsharded, then idle nodes join the
-  trial expected to end last while that makes it end sooner. Prices for these choices are
-  expected ones (an end as what it is, any other trial even odds), never the outcome.
+* **Sharding** (`sharded=True`; probe/shards.py, docs/cluster.md "Reading the node plan"): the
+  schedule the Ray runner runs (RayRunner.begin_round, _helpers). A round of n trials on K
+  nodes gives each trial its node as unsharded, then `(K - n) // n` of the idle nodes each (a
+  node whose engine is up in the trial's load-time state first: a switch; else the node free
+  longest: a launch); the trial's probe (an end's full-size probe and the baseline it
+  measures, or a sequential trial) is split across its group, each node paying its own
+  launch or switch and 1/n of the probe; the trial lasts as long as its slowest shard. Hot
+  runners with the sequential trial probe only (RayRunner.shard): otherwise nothing is
+  sharded.
 
 Idle slots: a round holds K node slots for as long as its slowest trial. `idle_slots` counts
 node-rounds with no trial at all (a round with fewer proposals than nodes: the end checks,
@@ -58,11 +58,9 @@ single-node plan's figure exactly (a test holds it).
 
 from __future__ import annotations
 
-import copy
 import random
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -225,15 +223,15 @@ class NodePool:
 
     def run_round(self, trials: Sequence[tuple[frozenset[str], bool]]) -> Round:
         """Run one round of (subset, truly fails) trials in proposal order: one per node, or
-        (sharded) on groups of nodes side by side or each on every node one after the other,
-        whichever is priced lower."""
+        (sharded) each on its node and its share of the idle ones (`_groups`)."""
         if not 1 <= len(trials) <= self.nodes:
             raise ValueError(f"{len(trials)} trials for {self.nodes} nodes")
         for tracker in self.trackers:  # the ends the driver sends with this round's trials
             tracker.baselines |= self._baselines
             if self._bad_end:
                 tracker.costs = self._sequential
-        if not self.sharded:
+        if not (self.sharded and self._sequential.hot and self._sequential.sequential):
+            # (the Ray runner shards only with hot runners that probe sequentially)
             ran = [self._run(i, [self._place(subset)], subset, fails)[0]
                    for i, (subset, fails) in enumerate(trials)]
         else:
@@ -248,83 +246,32 @@ class NodePool:
 
     # -- sharding ----------------------------------------------------------------------------
     def _sharded_round(self, trials: Sequence[tuple[frozenset[str], bool]]) -> list[NodeTrial]:
-        """Side by side (`groups`) or one after the other on every node, whichever the expected
-        prices (the outcome unknown: an end as what it is, any other trial even odds) make
-        shorter; then run it at the true outcomes."""
-        expected = [(subset, self._odds(subset)) for subset, _ in trials]
-        plans: list[list[list[int]] | None] = [self._groups([s for s, _ in trials])]
-        if len(trials) > 1:
-            plans.append(None)  # every trial on every free node, one after the other
-        priced = [copy.deepcopy(self)._execute(expected, plan) for plan in plans]
-        best = min(range(len(plans)), key=lambda i: max(
-            (t.start_s + t.seconds for t in priced[i]), default=0.0))
-        return self._execute(trials, plans[best])
-
-    def _execute(self, trials: Sequence[tuple[frozenset[str], float | bool]],
-                 groups: list[list[int]] | None) -> list[NodeTrial]:
-        """Run `trials` on `groups` (one list of nodes per trial, side by side), or with None
-        each on every free node after the previous one. The good end's baseline of a block
-        that a trial of this round measures is not measured again by the others: they are
-        judged once it is in (the driver merges the round before judging)."""
-        measured = self._measured_here([subset for subset, _ in trials])
-        ran: list[NodeTrial] = []
-        if groups is None:
-            nodes = list(self._free)
-            self._free.clear()
-            start = 0.0
-            for i, (subset, fails) in enumerate(trials):
-                shards = self._run(i, nodes, subset, fails, start,
-                                   skip_baseline=measured if subset else set())
-                ran += shards
-                start = max(t.start_s + t.seconds for t in shards)
-            return ran
+        """The round's trials side by side, each on its node and its share of the idle ones
+        (`_groups`: RayRunner.begin_round and _helpers)."""
+        groups = self._groups([s for s, _ in trials])
         for node in (n for group in groups for n in group):
             self._free.remove(node)
-        for i, ((subset, fails), group) in enumerate(zip(trials, groups)):
-            ran += self._run(i, group, subset, fails,
-                             skip_baseline=measured if subset else set())
-        return ran
-
-    def _measured_here(self, subsets: Sequence[frozenset[str]]) -> set[int]:
-        """The seed blocks whose good-end baseline a trial of this round measures (hot runners
-        only: with fresh launches each node measures its own)."""
-        return {self._seen[s] for s in subsets if not s} if self._sequential.hot else set()
+        return [shard for i, ((subset, fails), group) in enumerate(zip(trials, groups))
+                for shard in self._run(i, group, subset, fails)]
 
     def _groups(self, subsets: Sequence[frozenset[str]]) -> list[list[int]]:
-        """Nodes per trial: each trial its node as without sharding (`_place`), then the idle
-        nodes one at a time to the trial expected to end last, as long as a shard more makes
-        it end sooner (a node whose engine is up in the trial's load-time state first: a
-        switch; else the node free longest: a launch)."""
+        """Nodes per trial as the Ray runner takes them: each trial its node as without
+        sharding (`_place`), then each, in proposal order, `(idle nodes) // trials` of the
+        nodes left, a node whose engine is up in its load-time state first (a switch), else
+        the node free longest (a launch)."""
         free = list(self._free)
-        skip = self._measured_here(subsets)
         groups: list[list[int]] = []
         for subset in subsets:
             node = next((n for n in free if self.trackers[n].engine_up(subset)), free[0])
             free.remove(node)
             groups.append([node])
-        while free:
-            quotes = [self._quote(s, g, skip) for s, g in zip(subsets, groups)]
-            i = max(range(len(subsets)), key=lambda j: quotes[j])
-            node = next((n for n in free if self.trackers[n].engine_up(subsets[i])), free[0])
-            if self._quote(subsets[i], groups[i] + [node], skip) >= quotes[i]:
-                break
-            free.remove(node)
-            groups[i].append(node)
+        share = len(free) // len(subsets)
+        for subset, group in zip(subsets, groups):
+            for _ in range(share):
+                node = next((n for n in free if self.trackers[n].engine_up(subset)), free[0])
+                free.remove(node)
+                group.append(node)
         return groups
-
-    def _quote(self, subset: frozenset[str], group: Sequence[int],
-               skip: AbstractSet[int]) -> float:
-        """Expected seconds of `subset` sharded over `group`: its slowest shard (`skip`: the
-        baselines another trial of the round measures)."""
-        block = self._seen[subset]
-        return max(_shard(self.trackers[n].copy(), subset, self._odds(subset), block,
-                          len(group), skip if subset else set()) for n in group)
-
-    def _odds(self, subset: frozenset[str]) -> float:
-        """Like the bad end, before the outcome: the ends are what they are, others even."""
-        if not subset:
-            return 0.0
-        return 1.0 if subset == self.everything else 0.5
 
     # -- one trial ---------------------------------------------------------------------------
     def _place(self, subset: frozenset[str]) -> int:
@@ -336,8 +283,7 @@ class NodePool:
         return node
 
     def _run(self, index: int, group: Sequence[int], subset: frozenset[str],
-             fails: float | bool, start: float = 0.0,
-             skip_baseline: AbstractSet[int] = frozenset()) -> list[NodeTrial]:
+             fails: float | bool) -> list[NodeTrial]:
         """The trial on `group`'s nodes, each running 1/len(group) of its probe (and of the
         baseline and A/A repeat it measures), paying its own launch or switch."""
         end = not subset or subset == self.everything
@@ -347,9 +293,8 @@ class NodePool:
         for node in group:
             tracker = self.trackers[node]
             sequential = tracker.costs.sequential and not end
-            seconds = _shard(tracker, subset, fails, block, len(group),
-                             skip_baseline if subset else set())
-            out.append(NodeTrial(node, seconds, sequential, index, start, len(group),
+            seconds = _shard(tracker, subset, fails, block, len(group), node == group[0])
+            out.append(NodeTrial(node, seconds, sequential, index, 0.0, len(group),
                                  tracker.launched_last))
         if subset == self.everything and block == 0 and self._sequential.sequential:
             for node in group:  # their later trials: the sequential trial probe
@@ -359,21 +304,21 @@ class NodePool:
 
 
 def _shard(tracker: CostTracker, subset: frozenset[str], like_bad: float | bool, block: int,
-           shards: int, judged_later: AbstractSet[int]) -> float:
-    """Charge one node's shard: its own engine (launch or switch) and 1/`shards` of the probe
-    and of any baseline it measures, at the driver's seed block `block` (the node's own count
-    of this subset's trials would miss those run on other nodes). `judged_later`: baselines a
-    trial of the same round measures, which this one waits for instead of measuring."""
+           shards: int, primary: bool) -> float:
+    """Charge one node's shard: its own engine (launch or switch) and 1/`shards` of the probe,
+    at the driver's seed block `block` (the node's own count of this subset's trials would miss
+    those run on other nodes). A baseline the trial measures on the way: the good end's trial
+    shards it (it is its probe); any other trial's node (`primary`) measures it whole on its own
+    engine while the replicas wait (HotEngineRunner: replicas serve the trial's configuration
+    only), so a replica's shard does not charge it."""
     tracker.seen[subset] = block
-    borrowed = set(judged_later) - tracker.baselines
-    tracker.baselines |= borrowed
-    whole = tracker.costs
-    tracker.costs = replace(whole, probe_s=whole.probe_s / shards)
+    judged_in = 0 if tracker.costs.sequential and subset != tracker.everything else block
+    lent = set() if primary or not subset else {judged_in} - tracker.baselines
+    tracker.baselines |= lent
     try:
-        return tracker.charge(subset, like_bad)
+        return tracker.charge(subset, like_bad, shards)
     finally:
-        tracker.costs = whole
-        tracker.baselines -= borrowed  # measured by that other trial, which adds it
+        tracker.baselines -= lent
 
 
 @dataclass(frozen=True)
