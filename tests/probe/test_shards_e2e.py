@@ -5,13 +5,14 @@ decides and stops as on one (probe/shards.py, probe/sequential_run.py)."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
 
 from dsv4bisect.probe.run import ProbeRun
-from dsv4bisect.probe.runner import collect, judge
+from dsv4bisect.probe.runner import collect, collect_sharded, judge
 from dsv4bisect.probe.sequential_run import run_sequential
 from dsv4bisect.probe.shards import Shard, merge, same_content
 from dsv4bisect.probe.spec import tier_spec
@@ -90,3 +91,17 @@ def test_shards_of_a_concurrent_level_are_the_one_server_run(replica_a: str,
     assert same_content(merged, whole) == []
     assert {r["concurrency"] for r in merged.rows} == {1, 4}
     assert set(merged.throughput) == {"1", "4"} and merged.throughput["4"]["shards"] == 2
+
+
+def test_collect_sharded_re_runs_a_lost_replicas_shard_on_its_own_engine(
+        whole: ProbeRun, replica_a: str) -> None:
+    """The hot runner's sharded probe (probe/runner.py `collect_sharded`): a replica that does
+    not answer (its node gone: nothing listens at its url) gives its shard back; it is re-run
+    whole on the caller's engine, and the merge is still the one-server run, no request twice."""
+    with socket.socket() as sock:  # a port nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    merged = collect_sharded([replica_a, gone], SPEC)
+    assert same_content(merged, whole) == []
+    assert [p["url"] for p in merged.shard["parts"]] == [replica_a, replica_a]
+    assert sum(p["rows"] for p in merged.shard["parts"]) == len(whole.rows)
