@@ -384,9 +384,6 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
         return out
 
     while proposals := search.next():
-        if sharded:  # each end once, on every node (NodePool); the rest once they are known
-            proposals = list(dict.fromkeys(p for p in proposals if not p or p == everything)) \
-                or proposals
         for subset, (outcome, sequential) in zip(proposals, run(proposals)):
             search.record(subset, outcome, cfg.trial_noise if sequential else None)
     result = search.result()
