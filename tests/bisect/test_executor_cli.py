@@ -100,3 +100,19 @@ def test_plan_for_ray_nodes_prints_the_node_table_without_ray(cli, tmp_path: Pat
         assert r["mean_wall_s"] < one["mean_wall_s"]  # the line above
         assert rows[(k, True, True)]["mean_wall_s"] < r["mean_wall_s"]  # sharding saves
     assert not (tmp_path / "runs").exists()
+
+
+def test_nodes_fewer_than_the_rounds_trials_or_without_ray_is_one_error_line(
+        tmp_path: Path) -> None:
+    """`--nodes K` is the Ray executor's node slots, at least `--parallel` (the idle ones shard
+    probes): refused before anything is written, as bad input (exit 5)."""
+    for args, error in ((("--executor", "ray", "--nodes", "1", "--parallel", "2"),
+                         "error: --nodes 1 is fewer than --parallel 2 trials a round"),
+                        (("--nodes", "2"), "error: --nodes is the Ray executor's")):
+        out = tmp_path / "runs"
+        r = subprocess.run([sys.executable, "-c", NO_RAY, "bisect", "--tier", "ci", *args,
+                            "--out", str(out)], capture_output=True, text=True,
+                           env={**os.environ, "NO_COLOR": "1"}, timeout=300, check=False)
+        assert r.returncode == 5, r.stderr
+        assert any(line.startswith(error) for line in r.stderr.splitlines()), r.stderr
+        assert not out.exists() or not any(out.iterdir())
