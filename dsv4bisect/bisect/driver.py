@@ -416,6 +416,9 @@ class _Driver:
                 )
             )
             started.append((slot, attempt, trial_id, trial_dir))
+        begin = getattr(self.runner, "begin_round", None)  # idle nodes may shard a probe
+        if begin is not None:
+            begin(len(started))
         if pool is None:
             for slot, attempt, trial_id, trial_dir in started:
                 try:

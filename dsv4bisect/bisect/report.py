@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -245,7 +246,7 @@ def _report_json(view: BisectView) -> dict[str, Any]:
                     "duration_s": s.duration_s, "scores": _scores(s.details),
                     "baseline_cached": s.details.get("baseline_cached"),
                     "mode": s.details.get("mode"), "fresh_launch": s.details.get("fresh_launch"),
-                    "requests": s.details.get("requests"),
+                    "requests": s.details.get("requests"), "node": _node(s.details),
                     "trial_run_dir": s.details.get("run_dir"), "ledger_trial": s.trial_id,
                     "reproduce": reproduce(view, s)} for s in view.steps],
         "neighbours": neighbours(view),
@@ -332,7 +333,7 @@ def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
         lines.append(f"| {s.step} | {_set(s.subset)} | {s.seed_block} | {s.verdict or '-'} | "
                      f"{s.outcome} | {s.signature or '-'} | {_score_text(s.details)} | "
                      f"{s.details.get('requests', '-')} | {_mode(s.details)} | "
-                     f"{dur} | {s.source}{cached} |")
+                     f"{dur} | {s.source}{cached}{_where(s.details)} |")
     lines += ["", "## Launches against the information bound", "",
               (f"{b['steps']} probe results used ({b['launches']} launched by this bisect, "
                f"{b['reused']} reused from the ledger). {b['hypotheses']} culprit sets: "
@@ -345,6 +346,31 @@ def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
     lines += ["", plot_note or f"Posterior over trials: `{PLOT}`.",
               f"Re-render: `dsv4bisect report {view.run_dir}`.", ""]
     return "\n".join(lines)
+
+
+def _node(details: dict[str, Any]) -> dict[str, Any] | None:
+    """Which node ran the trial and when (`--executor ray`: name, id, start and end, UTC
+    seconds; `replicas`: the idle nodes its probe was sharded across, each with when its
+    engine was ready and when the trial ended), or None on this machine."""
+    node = details.get("node")
+    return dict(node) if isinstance(node, dict) else None
+
+
+def _where(details: dict[str, Any]) -> str:
+    """`; on NODE, HH:MM:SS-HH:MM:SS UTC` for a trial a Ray node ran (else nothing): which node
+    measured what, and when (a round's trials overlap in time on different nodes)."""
+    node = _node(details)
+    if node is None:
+        return ""
+
+    def clock(t: Any) -> str:
+        return (time.strftime("%H:%M:%S", time.gmtime(float(t)))
+                if isinstance(t, (int, float)) else "?")
+
+    shared = "".join(f" + {r.get('name', '?')} ({clock(r.get('started'))}-"
+                     f"{clock(r.get('finished'))})" for r in node.get("replicas") or ())
+    return f"; on {node.get('name', '?')}, {clock(node.get('started'))}-" \
+           f"{clock(node.get('finished'))} UTC" + (f", probe sharded{shared}" if shared else "")
 
 
 def _mode(details: dict[str, Any]) -> str:

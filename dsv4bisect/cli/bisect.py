@@ -42,7 +42,7 @@ from dsv4bisect.cli.options import (
 )
 from dsv4bisect.config.resolve import Overrides
 from dsv4bisect.engines.rundir import ensure_runs_root, new_run_dir
-from dsv4bisect.errors import BisectError, ExitCode
+from dsv4bisect.errors import BisectError, ConfigError, ExitCode
 from dsv4bisect.run.orphans import clean_predecessors
 from dsv4bisect.run.session import DEFAULT_PROFILE
 from dsv4bisect.run.signals import interrupts
@@ -141,6 +141,11 @@ def bisect(
     no_confirm: Annotated[bool, Opt("--no-confirm", help="Skip the fresh-launch confirmation "
                                     "of a culprit found with hot switching.")] = False,
     no_cache: Annotated[bool, Opt("--no-cache", help="Measure baselines and the microtest priors again.")] = False,
+    nodes: Annotated[int | None, Opt(min=1, max=64, help="--executor ray: node slots "
+                                     "(default: --parallel); beyond the round's trials, idle "
+                                     "nodes shard their probes.")] = None,
+    no_shard: Annotated[bool, Opt("--no-shard", help="--executor ray: never split a trial's "
+                                  "probe across idle nodes.")] = False,
     json_out: Json = False,
     fmt: FormatOpt = None,
     enable: Enable = None, disable: Disable = None, only: Only = None, sets: Set = None,
@@ -189,7 +194,9 @@ def bisect(
         mt_priors = bisect_priors(question, microtest_priors, test_cmd=test_cmd is not None,
                                   tier=tier, use_cache=not no_cache)
         prep = prep.with_weights(mt_priors.apply(prep.spec.weights))
-        spec, placement = prep.spec, prep.placement
+        spec, placement = prep.spec, {**prep.placement, "shard": not no_shard,
+                                      "nodes": _node_slots(nodes, prep.spec.parallel,
+                                                           prep.placement)}
         say_priors(mt_priors, spec.weights)
         estimate = prep.plan(trials=PLAN_RUNS if plan_only else 30, compare=plan_only)
         if plan_only:
@@ -197,7 +204,7 @@ def bisect(
             if placement["executor"] == "ray":  # the same bisect on 1, 2, 4 and K nodes
                 from dsv4bisect.cli.bisect_nodes import node_plan
 
-                nodes = node_plan(prep.setup(), spec.parallel, PLAN_RUNS)
+                nodes = node_plan(prep.setup(), placement["nodes"] or spec.parallel, PLAN_RUNS)
             _show_plan(estimate, prep.costs, spec, json_out, nodes)
             raise typer.Exit(0)
         if test_cmd is None and not skip_preflight and placement["executor"] == "local":
@@ -322,12 +329,26 @@ def _clean_predecessors(root: Path) -> None:
 
 
 
+def _node_slots(nodes: int | None, parallel: int, placement: dict[str, Any]) -> int | None:
+    """`--nodes`: the Ray executor's slots, at least the round's trials (`--parallel`)."""
+    if nodes is None:
+        return None
+    if placement.get("executor") != "ray":
+        raise ConfigError("--nodes is the Ray executor's", "add --executor ray, or drop --nodes")
+    if nodes < parallel:
+        raise ConfigError(f"--nodes {nodes} is fewer than --parallel {parallel} trials a round",
+                          f"use --nodes {parallel} or more (the extra nodes shard probes)")
+    return nodes
+
+
 def _executor(runner: EngineRunner, request: RunnerRequest, placement: dict[str, Any],
               parallel: int, preflight: bool) -> Runner:
     """The local runner, or the executor's that sends its trials to a Ray cluster's nodes."""
-    return executor_runner(placement.get("executor") or "local", runner, request, parallel,
+    slots = int(placement.get("nodes") or parallel)
+    return executor_runner(placement.get("executor") or "local", runner, request, slots,
                            address=placement.get("ray_address"),
-                           node_resource=placement.get("node_resource"), preflight=preflight)
+                           node_resource=placement.get("node_resource"), preflight=preflight,
+                           shard=bool(placement.get("shard", True)))
 
 
 
@@ -367,7 +388,8 @@ def _show_plan(p: WholePlan, costs: PlanCosts, spec: BisectSpec, json_out: bool,
                      else {"available": False, "saves_s": 0.0}) for name in LEVERS}
     if json_out:
         f = p.with_levers
-        extra = {} if nodes is None else {"nodes": node_json(nodes, spec.parallel)}
+        extra = {} if nodes is None else {
+            "nodes": node_json(nodes, spec.parallel, [c.to_json() for c in costs.lines])}
         print(json.dumps({
             "n_candidates": len(spec.candidates), "candidates": list(spec.candidates),
             "runs": p.runs,

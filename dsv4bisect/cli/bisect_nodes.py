@@ -24,9 +24,13 @@ def node_plan(setup: Setup, asked: int, main_runs: int, runs: int = NODE_PLAN_RU
     return plan_nodes(setup, node_counts(asked), trials=min(runs, main_runs), of=main_runs)
 
 
-def node_json(plan: NodePlan, asked: int) -> dict[str, Any]:
+def node_json(plan: NodePlan, asked: int, costs: list[dict[str, Any]]) -> dict[str, Any]:
+    """`nodes` of `--plan --json`: the rows, the floor per node count, and the costs they are
+    priced with (each with its source: the single-node plan's)."""
     return {"runs": plan.runs, "parallel": asked, "levers": list(plan.levers),
-            "confirmation": False, "rows": [r.to_json() for r in plan.rows]}
+            "confirmation": False, "rows": [r.to_json() for r in plan.rows],
+            "floor": [{"nodes": k, "wall_s": s} for k, s in plan.floor_s],
+            "costs": costs}
 
 
 def node_lines(plan: NodePlan, asked: int, main_runs: int,
@@ -34,20 +38,23 @@ def node_lines(plan: NodePlan, asked: int, main_runs: int,
     """The table and how to read it (`main_runs`: the single-node plan's simulated runs)."""
     fewer = (f"; {plan.runs} simulated bisects per row, the first {plan.runs} of the "
              f"{main_runs} above" if plan.runs < main_runs else "")
-    header = (f"{'nodes':>5}  {'levers':<7}  {'wall':>7}  {'p90':>7}  {'rounds':>6}  "
-              f"{'trials':>6}  {'launches':>8}  {'idle slots':>10}  {'idle time':>9}  P(correct)")
+    header = (f"{'nodes':>5}  {'levers':<7}  {'sharded':<7}  {'wall':>7}  {'p90':>7}  "
+              f"{'rounds':>6}  {'trials':>6}  {'launches':>8}  {'idle slots':>10}  "
+              f"{'idle time':>9}  P(correct)")
     title = ("on Ray nodes (--executor ray; the same culprit sets and outcome streams in every "
              f"row{fewer}):")
     out = [title, f"  {header}"]
     for r in plan.rows:
         mark = "  <- --parallel" if r.nodes == asked and asked != 1 else ""
-        out.append(f"  {r.nodes:>5}  {'with' if r.levers else 'without':<7}  "
+        shard = ("yes" if r.sharded else "no") + (f" /{r.round_size}" if r.sharded
+                                                 and r.round_size != r.nodes else "")
+        out.append(f"  {r.nodes:>5}  {'with' if r.levers else 'without':<7}  {shard:<7}  "
                    f"{dur(r.mean_wall_s):>7}  {dur(r.p90_wall_s):>7}  {r.mean_rounds:>6.1f}  "
                    f"{r.mean_trials:>6.1f}  {r.mean_launches:>8.1f}  {r.mean_idle_slots:>10.1f}  "
                    f"{r.idle_share:>9.0%}  {r.p_correct:>10.2f}{mark}")
-    out.append("  a round: up to K proposals, one per node, as long as its slowest trial; idle "
-               "slots: node-rounds with no trial; idle time: the share of node time (K x wall) "
-               "with no work (empty slots and nodes waiting for the round's slowest trial)")
+    out.append("  a round: up to K proposals, as long as its slowest trial; idle slots: "
+               "node-rounds with no trial; idle time: the share of node time (K x wall) with no "
+               "work (empty slots and nodes waiting for the round's slowest trial or shard)")
     out.append("  as the Ray executor runs it: a trial goes to the free node whose engine is up in "
                "its load-time state, else to the node free longest; each node keeps its own "
                "engine; hot runners share the ends (a good end's baseline and A/A repeat, the "
@@ -56,26 +63,39 @@ def node_lines(plan: NodePlan, asked: int, main_runs: int,
                "ran the bad end; with fresh launches each node measures its own baselines; no "
                "fresh confirmation (the Ray executor cannot launch fresh), so 1 node is the "
                "plan above")
-    out.append(f"  {_saving(plan)}")
+    out.append("  sharded (hot runners; --no-shard turns it off): the schedule the Ray "
+               "executor runs: a round of n trials gives each its node, then (K - n) // n of "
+               "the idle nodes each, whose engines are switched (or launched) into the trial's "
+               "configuration; its probe is split across them, each shard paying its own launch "
+               "or switch, the trial lasting as long as its slowest shard; '/N': run with "
+               "--nodes K --parallel N (N trials a round, each on K/N nodes; N = 1: the ends "
+               "one after the other on every node), priced lower than --parallel K")
+    out.append("  costs: those above, unchanged, on every node")
+    out.append("  floor (what a bisect told the culprits must still run: the two ends and one "
+               "trial of the culprits, every lever, sharded): " + ", ".join(
+                   f"{dur(s)} on {k} node{'s' * (k > 1)}" for k, s in plan.floor_s))
+    out.append(f"  {_saving(plan, dur)}")
     return out
 
 
-def _saving(plan: NodePlan) -> str:
-    """What more nodes save against one, with the levers and without (the same draws)."""
+def _saving(plan: NodePlan, dur: Callable[[float], str]) -> str:
+    """What more nodes save against one, with the levers (sharded and not) and without."""
     counts = sorted({r.nodes for r in plan.rows if r.nodes > 1})
 
-    def shares(levers: bool) -> list[float]:
+    def shares(levers: bool, sharded: bool) -> list[str]:
         one = plan.row(1, levers).mean_wall_s
-        return [1 - plan.row(k, levers).mean_wall_s / one if one > 0 else 0.0 for k in counts]
+        return [f"{plan.row(k, levers, sharded).mean_wall_s / one:.2f}x" if one > 0 else "-"
+                for k in counts]
 
     def listed(items: list[str]) -> str:
         return ", ".join(items[:-1]) + " and " * (len(items) > 1) + items[-1]
 
-    on, off = shares(True), shares(False)
     nodes = listed([str(k) for k in counts])
-    line = (f"with the levers, {nodes} nodes save {listed([f'{s:.0%}' for s in on])} of one "
-            f"node's wall time (without any lever {listed([f'{s:.0%}' for s in off])})")
-    if max(on) < max(off):
-        line += (": most of a hot bisect is its ends and the launches for load-time states, "
-                 "which more nodes do not shorten")
-    return line + " (docs/cluster.md, \"Reading the node plan\")"
+    saves = listed([dur(plan.row(k, True).mean_wall_s - plan.row(k, True, True).mean_wall_s)
+                    for k in counts])
+    return (f"sharding saves {saves} with the levers on {nodes} nodes; "
+            f"with the levers and sharding, {nodes} nodes take "
+            f"{listed(shares(True, True))} of one node's wall time (not sharded "
+            f"{listed(shares(True, False))}; without any lever, sharded "
+            f"{listed(shares(False, True))}, not sharded {listed(shares(False, False))}) "
+            "(docs/cluster.md, \"Reading the node plan\")")

@@ -62,6 +62,9 @@ class ProbeRun:
     throughput: dict[str, Any] = field(default_factory=dict)
     # (arm, record): the null model's scores of the drift transcripts (a fresh baseline only)
     null: tuple[tuple[str, DriftRecord], ...] = ()
+    # a shard of a probe split across replicas: {"index", "count"}; a merge of every shard:
+    # {"count", "parts": [per shard: index, url, started_at, timing, rows]} (probe/shards.py)
+    shard: dict[str, Any] | None = None
 
     def rows_by_key(self) -> dict[RowKey, dict[str, Any]]:
         """Rows keyed by (case_id, arm, concurrency): the pairing key across runs."""
@@ -84,7 +87,7 @@ class ProbeRun:
                 "spec_hash": self.spec.spec_hash(), "seed_block": self.spec.seed_block,
                 "spec": self.spec.to_dict(), "url": self.url,
                 "server": redact(self.server), "notes": list(self.notes), "timing": self.timing,
-                "throughput": self.throughput,
+                "throughput": self.throughput, **({"shard": self.shard} if self.shard else {}),
                 "counts": {"cases": len(self.cases), "rows": len(self.rows),
                            "drift": len(self.drift), "null": len(self.null)}}
         _write(out / "run.json", json.dumps(head, indent=2) + "\n")
@@ -122,7 +125,8 @@ class ProbeRun:
                        tuple(head.get("notes", [])), head.get("timing", {}), str(src),
                        dict(head.get("throughput") or {}),
                        tuple((str(d["arm"]), DriftRecord.from_dict(d))
-                             for d in _read_jsonl(src / "null.jsonl")))
+                             for d in _read_jsonl(src / "null.jsonl")),
+                       head.get("shard") or None)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             # A field missing or of the wrong type: the files were edited, not our bug.
             raise ConfigError(f"`{src}`: a probe record of the wrong shape "

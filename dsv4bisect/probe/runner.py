@@ -12,7 +12,7 @@ import hashlib
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,6 +26,7 @@ from dsv4bisect.probe.judge import decide
 from dsv4bisect.probe.layout import calibrate
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.scoring import score
+from dsv4bisect.probe.shards import Shard, merge, shard_cases
 from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.probe.vocab import PROBE_VOCAB
@@ -167,10 +168,12 @@ def drift_row(client: ProbeClient, spec: ProbeSpec, case: Case,
 
 def collect(url: str, spec: ProbeSpec, *, reference_run: ProbeRun | None = None,
             api_key: str | None = None, on_progress: Progress | None = None,
-            model: str | None = None) -> ProbeRun:
+            model: str | None = None, shard: Shard | None = None) -> ProbeRun:
     """Probe the server at `url`; with `reference_run`, replay its cases and drift transcripts.
 
-    `model` overrides the served model name (default: the first id of /v1/models).
+    `model` overrides the served model name (default: the first id of /v1/models). `shard`:
+    run only that shard's cases (probe/shards.py; the run keeps every case, so that the shards'
+    merge can check they all built the same ones).
     """
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
@@ -191,15 +194,16 @@ def collect(url: str, spec: ProbeSpec, *, reference_run: ProbeRun | None = None,
         else:
             cases = _build(client, spec, server, notes, on_progress)
         t_build = time.perf_counter() - t0
+        mine = None if shard is None else shard_cases(spec, cases, shard)
         rows, drift, throughput = _run_cases(client, spec, cases, reference_run, notes,
-                                             on_progress)
+                                             on_progress, mine)
         null = null_arms(client, spec, drift, notes) if reference_run is None else []
     finally:
         client.close()
     timing = {"build_s": round(t_build, 3), "total_s": round(time.perf_counter() - t0, 3)}
     return ProbeRun(spec, url, {**_server_dict(server), "started_at": started}, tuple(cases),
                     tuple(rows), tuple(drift), tuple(notes), timing, throughput=throughput,
-                    null=tuple(null))
+                    null=tuple(null), shard=None if shard is None else shard.to_dict())
 
 
 def null_arms(client: ProbeClient, spec: ProbeSpec, drift: list[DriftRecord],
@@ -256,10 +260,40 @@ def _rescore(client: ProbeClient, spec: ProbeSpec, rec: DriftRecord,
                        tuple(tuple(t) for t in tops), rec.answer_start)
 
 
+
+def collect_sharded(urls: Sequence[str], spec: ProbeSpec, *,
+                    reference_run: ProbeRun | None = None, api_key: str | None = None,
+                    on_progress: Progress | None = None, model: str | None = None
+                    ) -> ProbeRun:
+    """`collect` split across replicas of one configuration (probe/shards.py): shard i on
+    `urls[i]`, all at once, merged into the run one server makes. `urls[0]` is the caller's own
+    engine: a shard whose replica fails (its node or engine lost) is re-run, whole, there
+    afterwards (the same requests: the assignment is the seed's), so no request is counted
+    twice or missing; a failure of `urls[0]` itself is raised (the caller's engine)."""
+    count = len(urls)
+
+    def one(i: int, url: str) -> ProbeRun:
+        return collect(url, spec, reference_run=reference_run, api_key=api_key, model=model,
+                       on_progress=on_progress if url == urls[0] else None,
+                       shard=Shard(i, count))
+
+    with ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(one, i, u) for i, u in enumerate(urls)]
+        runs: list[ProbeRun | None] = []
+        for i, future in enumerate(futures):
+            try:
+                runs.append(future.result())
+            except Exception:
+                if i == 0:
+                    raise
+                runs.append(None)
+    return merge([run if run is not None else one(i, urls[0]) for i, run in enumerate(runs)])
+
+
 Task = tuple[Case, str, int]  # case, arm, concurrency level
 
 
-def _tasks(spec: ProbeSpec, cases: list[Case]) -> list[Task]:
+def tasks_of(spec: ProbeSpec, cases: list[Case]) -> list[Task]:
     """Every request of a run, level by level (the thinking arm and drift at level 1)."""
     accuracy = [c for c in cases if c.family != "drift"]
     tasks: list[Task] = []
@@ -313,9 +347,15 @@ class _Tally:
 
 
 def _run_cases(client: ProbeClient, spec: ProbeSpec, cases: list[Case],
-               reference_run: ProbeRun | None, notes: list[str], on_progress: Progress | None
+               reference_run: ProbeRun | None, notes: list[str], on_progress: Progress | None,
+               mine: set[str] | None = None
                ) -> tuple[list[dict[str, Any]], list[DriftRecord], dict[str, Any]]:
-    tasks = _tasks(spec, cases)
+    """Every request of `cases` (`mine`: only those of these case ids, a shard's), in the
+    order and at the levels of an unsharded run."""
+    every = tasks_of(spec, cases)
+    keep = [mine is None or c.case_id in mine for c, _, _ in every]
+    where = [n for n, k in enumerate(keep) if k]  # a shard's task -> the whole run's
+    tasks = [every[n] for n in where]
     ref_drift = reference_run.drift_by_case() if reference_run else {}
     tally = _Tally(len(tasks), on_progress)
     results: dict[int, dict[str, Any]] = {}
@@ -326,8 +366,13 @@ def _run_cases(client: ProbeClient, spec: ProbeSpec, cases: list[Case],
         batch = [i for i, (_, arm, lv) in enumerate(tasks) if lv == level and arm in spec.arms]
         if level > 1 and batch:
             t0 = time.perf_counter()
+            # a shard sends its requests in the order the whole level sends them
+            full = [i for i, (_, arm, lv) in enumerate(every) if lv == level and arm in spec.arms]
+            sent = [full[k] for k in submission_order(spec, level, len(full))]
+            position = {task: n for n, task in enumerate(sent)}
+            own = sorted(range(len(batch)), key=lambda k: position[where[batch[k]]])
             results.update(_concurrent(client, spec, [tasks[i] for i in batch], batch, level,
-                                       tally))
+                                       tally, own))
             throughput[str(level)] = _level_figures([results[i] for i in batch],
                                                     time.perf_counter() - t0)
             continue
@@ -373,8 +418,10 @@ def _run_cases(client: ProbeClient, spec: ProbeSpec, cases: list[Case],
 
 
 def _concurrent(client: ProbeClient, spec: ProbeSpec, tasks: list[Task], ids: list[int],
-                level: int, tally: _Tally) -> dict[int, dict[str, Any]]:
-    """A level's requests with `level` in flight at once, sent in `submission_order`; each
+                level: int, tally: _Tally, order: list[int] | None = None
+                ) -> dict[int, dict[str, Any]]:
+    """A level's requests with `level` in flight at once, sent in `order` (default:
+    `submission_order`); each
     worker has its own connection. The first error (or an interrupt from the progress
     callback) cancels what has not started and is raised at once; requests in flight end on
     their own (their answers or the server's stop)."""
@@ -401,7 +448,8 @@ def _concurrent(client: ProbeClient, spec: ProbeSpec, tasks: list[Task], ids: li
     out: dict[int, dict[str, Any]] = {}
     pool = ThreadPoolExecutor(max_workers=level, thread_name_prefix=f"probe-c{level}")
     try:
-        futures = {pool.submit(run, k): k for k in submission_order(spec, level, len(tasks))}
+        sent = submission_order(spec, level, len(tasks)) if order is None else order
+        futures = {pool.submit(run, k): k for k in sent}
         for future in as_completed(futures):
             k = futures[future]
             out[ids[k]] = future.result()

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dsv4bisect.base.atomic import write_json
 from dsv4bisect.errors import ConfigError
@@ -31,9 +33,12 @@ from dsv4bisect.probe.sequential import (
     SequentialTrial,
     ends_from_runs,
 )
+from dsv4bisect.probe.shards import split_batch
 from dsv4bisect.probe.verdict import Verdict
 
 SEQUENTIAL_SCHEMA = "dsv4bisect.sequential-trial/1"
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -77,45 +82,72 @@ class SequentialResult:
         return out
 
 
-def run_sequential(url: str, base: ProbeRun, bad: ProbeRun, repeat: ProbeRun | None, *,
+def run_sequential(url: str | Sequence[str], base: ProbeRun, bad: ProbeRun,
+                   repeat: ProbeRun | None, *,
                    false_fail: float, false_pass: float, seed: int = 0,
                    batch: int = DEFAULT_BATCH, api_key: str | None = None,
                    model: str | None = None, warn_fails: bool = True,
                    drift_relative: bool = False) -> SequentialResult:
-    """Probe the trial at `url` sequentially against the ends `base` (good), `bad`, `repeat`."""
+    """Probe the trial at `url` sequentially against the ends `base` (good), `bad`, `repeat`.
+
+    Several urls: replicas of one configuration, its shards (probe/shards.py). The drift
+    transcripts and each batch are dealt to them in the order one server gets them
+    (`split_batch`) and sent at once; the answers are observed in that order, so the test
+    draws, decides and stops exactly as on one server, and every shard stops with it."""
     for other in (bad, repeat):
         if other is not None and (other.spec.spec_hash(), other.spec.seed_block) != (
                 base.spec.spec_hash(), base.spec.seed_block):
             raise ConfigError("the ends were probed with different probe specs",
                               "probe the good end, its repeat and the bad end with one spec")
+    urls = [url] if isinstance(url, str) else list(url)
+    if not urls:
+        raise ConfigError("no server to probe", "give the trial's url (or its shards' urls)")
     spec = base.spec
     test = SequentialTrial(ends_from_runs(base, bad, repeat), false_fail, false_pass,
                            seed=seed, batch=batch, warn_fails=warn_fails,
                            drift_relative=drift_relative)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    client = ProbeClient(url, api_key=api_key, timeout_s=spec.timeout_s, retries=spec.retries,
-                         model=model)
+    clients = [ProbeClient(u, api_key=api_key, timeout_s=spec.timeout_s, retries=spec.retries,
+                           model=model) for u in urls]
     rows: list[dict[str, Any]] = []
     records = []
     notes: list[str] = []
     used: set[str] = set()
+    per_shard = [0] * len(clients)
+    pool = ThreadPoolExecutor(max_workers=len(clients), thread_name_prefix="probe-shard")
+
+    def dealt(work: list[T], ask: Callable[[ProbeClient, T], R]) -> list[R]:
+        """`work` dealt to the shards, sent at once; the answers in `work`'s order."""
+        parts = split_batch(work, len(clients))
+        futures = [pool.submit(lambda c=c, p=p: [ask(c, w) for w in p])
+                   for c, p in zip(clients, parts)]
+        answers = [f.result() for f in futures]
+        for i, p in enumerate(parts):
+            per_shard[i] += len(p)
+        return [answers[i % len(clients)][i // len(clients)] for i in range(len(work))]
+
     try:
-        server = client.describe()
+        servers = [c.describe() for c in clients]
+        server = servers[0]
+        if any(s.model != server.model for s in servers):
+            raise ConfigError(f"the trial's shards serve different models "
+                              f"({sorted({s.model for s in servers})})",
+                              "launch every shard of a trial in the same configuration")
         ref = base.drift_by_case()
-        for case in base.cases:
-            if case.family != "drift" or case.case_id not in ref:
-                continue
-            try:
-                row, rec = drift_row(client, spec, case, ref[case.case_id])
-            except DriftUnsupported as exc:
-                notes.append(str(exc))
-                break
+        drift_cases = [c for c in base.cases if c.family == "drift" and c.case_id in ref]
+        try:
+            scored = dealt(drift_cases, lambda c, case: drift_row(c, spec, case,
+                                                                    ref[case.case_id]))
+        except DriftUnsupported as exc:
+            notes.append(str(exc))
+            scored = []
+        for case, (row, rec) in zip(drift_cases, scored):
             rows.append(row)
             if rec is not None:
                 records.append(rec)
             used.add(case.case_id)
-        partial = ProbeRun(spec, url, {}, (), tuple(rows), tuple(records))
+        partial = ProbeRun(spec, urls[0], {}, (), tuple(rows), tuple(records))
         decision = test.observe_drift(DriftFigures.of(drift_check(base, repeat, partial)))
         non_finite = non_finite_cases(partial.rows)
         if non_finite:  # the trial's own server computed NaN/inf: its configuration fails
@@ -126,21 +158,26 @@ def run_sequential(url: str, base: ProbeRun, bad: ProbeRun, repeat: ProbeRun | N
             if not batch_cases:
                 decision = test.decision
                 break
-            for end_case in batch_cases:
-                row = chat_row(client, spec, by_id[end_case.case_id], end_case.arm)
+            answers = dealt(batch_cases, lambda c, e: chat_row(c, spec, by_id[e.case_id], e.arm))
+            for end_case, row in zip(batch_cases, answers):
                 rows.append(row)
                 used.add(end_case.case_id)
                 decision = test.observe(end_case.key, bool(row["correct"]),
                                         row.get("signatures") or ()) or decision
     finally:
-        client.close()
+        pool.shutdown(wait=True)
+        for c in clients:
+            c.close()
     assert decision is not None
-    run = ProbeRun(spec, url, {"model": server.model, "max_model_len": server.max_model_len,
-                               "compress_ratios": list(server.compress_ratios)
-                               if server.compress_ratios else None,
-                               "sliding_window": server.sliding_window, "info": server.info,
-                               "started_at": started},
+    shard = None if len(urls) == 1 else {
+        "count": len(urls), "parts": [{"index": i, "url": u, "rows": n}
+                                      for i, (u, n) in enumerate(zip(urls, per_shard))]}
+    run = ProbeRun(spec, urls[0], {"model": server.model, "max_model_len": server.max_model_len,
+                                   "compress_ratios": list(server.compress_ratios)
+                                   if server.compress_ratios else None,
+                                   "sliding_window": server.sliding_window, "info": server.info,
+                                   "started_at": started},
                    tuple(c for c in base.cases if c.case_id in used), tuple(rows),
                    tuple(records), (*notes, "sequential trial probe: " + decision.reasons[0]),
-                   {"total_s": round(time.perf_counter() - t0, 3)})
+                   {"total_s": round(time.perf_counter() - t0, 3)}, shard=shard)
     return SequentialResult(decision, run, seed, tuple(notes))

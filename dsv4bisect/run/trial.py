@@ -17,7 +17,7 @@ CANNOT_TEST.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
@@ -25,7 +25,7 @@ from typing import TypeVar
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.errors import Dsv4BisectError, EngineError, ProbeError
 from dsv4bisect.probe.run import ProbeRun
-from dsv4bisect.probe.runner import ProbeProgress, collect, judge
+from dsv4bisect.probe.runner import ProbeProgress, collect, collect_sharded, judge
 from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.run import baseline as cache
@@ -246,12 +246,18 @@ def probe_progress(on_event: EventSink, label: str) -> Callable[[ProbeProgress],
 
 def collect_on(arm: EngineArm, spec: ProbeSpec, reference: ProbeRun | None,
                api_key: str | None, on_progress: Callable[[ProbeProgress], None],
-               prepare: Callable[[], object] = lambda: None) -> ProbeRun:
+               prepare: Callable[[], object] = lambda: None,
+               replicas: Sequence[str] = ()) -> ProbeRun:
     """One probe collect on `arm`'s engine; `prepare` runs first, inside the arm's probe (the
-    hot runner's switch: a crash there is the probe's crash)."""
+    hot runner's switch: a crash there is the probe's crash). `replicas`: urls of other
+    engines in the same configuration the probe is sharded across (`collect_sharded`)."""
 
     def work(url: str) -> ProbeRun:
         prepare()
+        if replicas:
+            return collect_sharded([url, *replicas], spec, reference_run=reference,
+                                   api_key=api_key, model=arm.cfg.served_model_name,
+                                   on_progress=on_progress)
         return collect(url, spec, reference_run=reference, api_key=api_key,
                        model=arm.cfg.served_model_name, on_progress=on_progress)
 

@@ -44,26 +44,30 @@ def test_only_the_ray_executor_imports_ray() -> None:
 
 def test_plan_for_ray_nodes_prints_the_node_table_without_ray(cli, tmp_path: Path) -> None:
     """`--plan --executor ray --parallel 3` needs no Ray: the single-node plan as without the
-    executor, then rows for 1, 2, 3 and 4 nodes, with and without the levers."""
+    executor, then rows for 1, 2, 3 and 4 nodes, with and without the levers, each with and
+    without sharded probes, the floor, and the costs they are priced with."""
     plan = ("bisect", "dsv4-flash-tp8-all", "--plan", "--executor", "ray", "--parallel", "3")
     text = cli(*plan, cwd=tmp_path, python=("-c", NO_RAY))
     assert text.returncode == 0, text.stderr
     lines = text.stderr.splitlines()
     head = lines.index(next(x for x in lines if x.startswith("on Ray nodes (--executor ray")))
     assert "100 simulated bisects per row, the first 100 of the 200 above" in lines[head]
-    assert lines[head + 1].split() == ["nodes", "levers", "wall", "p90", "rounds", "trials",
-                                       "launches", "idle", "slots", "idle", "time",
+    assert lines[head + 1].split() == ["nodes", "levers", "sharded", "wall", "p90", "rounds",
+                                       "trials", "launches", "idle", "slots", "idle", "time",
                                        "P(correct)"]
-    rows = [x.split() for x in lines[head + 2:head + 10]]
-    assert [(r[0], r[1]) for r in rows] == [(k, on) for k in "1234" for on in ("with", "without")]
-    assert [r[-1] for r in rows if r[-1] == "--parallel" and r[0] == "3"] == ["--parallel"] * 2
-    assert any(x.startswith("  idle") or "idle slots: node-rounds with no trial" in x
-               for x in lines[head + 10:])
+    rows = [x.split() for x in lines[head + 2:head + 18]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        (k, on, sharded) for k in "1234" for on in ("with", "without") for sharded in ("no", "yes")]
+    assert [r[-1] for r in rows if r[-1] == "--parallel" and r[0] == "3"] == ["--parallel"] * 4
+    assert any("idle slots: node-rounds with no trial" in x for x in lines[head + 18:])
+    assert any(x.startswith("  floor (what a bisect told the culprits must still run")
+               for x in lines[head + 18:])
     assert lines[-1].startswith("(simulated 200 bisects per configuration")
     # the ends shared between nodes (docs/cluster.md): more nodes are faster, with the levers
     # too, and the plan says by how much against one node
-    assert any(x.startswith("  with the levers, 2, 3 and 4 nodes save ") for x in
-               lines[head + 10:])
+    assert any(x.startswith("  sharding saves ")
+               and "with the levers and sharding, 2, 3 and 4 nodes take " in x for x in
+               lines[head + 18:])
 
     ray = json.loads(cli(*plan, "--json", cwd=tmp_path, python=("-c", NO_RAY)).stdout)
     nodes = ray.pop("nodes")  # beside the single-node plan's keys, which stay as they are
@@ -73,8 +77,14 @@ def test_plan_for_ray_nodes_prints_the_node_table_without_ray(cli, tmp_path: Pat
                            "p_correct", "phase_s", "runs", "trial_noise", "with_levers",
                            "without_levers"]
     assert nodes["runs"] == 100 and nodes["parallel"] == 3 and nodes["confirmation"] is False
-    got = {(r["nodes"], r["levers"]): r for r in nodes["rows"]}
-    assert sorted(got) == [(k, on) for k in (1, 2, 3, 4) for on in (False, True)]
+    rows = {(r["nodes"], r["levers"], r["sharded"]): r for r in nodes["rows"]}
+    assert sorted(rows) == [(k, on, sharded) for k in (1, 2, 3, 4) for on in (False, True)
+                            for sharded in (False, True)]
+    assert all(r["wall_s"] == r["mean_wall_s"] and 0 <= r["idle_share"] < 1
+               for r in rows.values())
+    assert [f["nodes"] for f in nodes["floor"]] == [1, 2, 3, 4]
+    assert nodes["costs"] == ray["costs"] and all(c["source"] for c in nodes["costs"])
+    got = {(k, on): r for (k, on, sharded), r in rows.items() if not sharded}
     one = got[(1, True)]
     assert one["mean_rounds"] == one["mean_trials"] and one["idle_share"] == 0
     # no confirmation on Ray, in the single-node plan either: 1 node is that plan's figure, on
@@ -88,4 +98,21 @@ def test_plan_for_ray_nodes_prints_the_node_table_without_ray(cli, tmp_path: Pat
         assert r["mean_idle_slots"] > 0 and 0 < r["idle_share"] < 1
         assert got[(k, False)]["mean_wall_s"] < got[(1, False)]["mean_wall_s"]
         assert r["mean_wall_s"] < one["mean_wall_s"]  # the line above
+        assert rows[(k, True, True)]["mean_wall_s"] < r["mean_wall_s"]  # sharding saves
     assert not (tmp_path / "runs").exists()
+
+
+def test_nodes_fewer_than_the_rounds_trials_or_without_ray_is_one_error_line(
+        tmp_path: Path) -> None:
+    """`--nodes K` is the Ray executor's node slots, at least `--parallel` (the idle ones shard
+    probes): refused before anything is written, as bad input (exit 5)."""
+    for args, error in ((("--executor", "ray", "--nodes", "1", "--parallel", "2"),
+                         "error: --nodes 1 is fewer than --parallel 2 trials a round"),
+                        (("--nodes", "2"), "error: --nodes is the Ray executor's")):
+        out = tmp_path / "runs"
+        r = subprocess.run([sys.executable, "-c", NO_RAY, "bisect", "--tier", "ci", *args,
+                            "--out", str(out)], capture_output=True, text=True,
+                           env={**os.environ, "NO_COLOR": "1"}, timeout=300, check=False)
+        assert r.returncode == 5, r.stderr
+        assert any(line.startswith(error) for line in r.stderr.splitlines()), r.stderr
+        assert not out.exists() or not any(out.iterdir())

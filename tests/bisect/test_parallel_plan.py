@@ -183,8 +183,9 @@ def test_seed_blocks_are_the_drivers_across_nodes():
 
 def test_plan_nodes_on_k_nodes_reports_rounds_and_idle_slots():
     plan = plan_nodes(_setup(confirm=False), node_counts(3), trials=8, seed=1)
-    assert [(r.nodes, r.levers) for r in plan.rows] == [
-        (k, on) for k in (1, 2, 3, 4) for on in (True, False)]
+    assert [(r.nodes, r.levers, r.sharded) for r in plan.rows] == [
+        (k, on, sharded) for k in (1, 2, 3, 4) for on in (True, False)
+        for sharded in (False, True)]
     for r in plan.rows:
         assert r.mean_rounds <= r.mean_trials <= r.mean_rounds * r.nodes
         assert 0 <= r.idle_share < 1 and r.p_correct > 0.5
@@ -201,3 +202,81 @@ def test_bad_arguments_are_errors():
         plan_nodes(_setup(confirm=False), (0, 2), trials=2)
     with pytest.raises(ValueError):
         NodePool(_costs(), frozenset("abc"), 1).run_round([(frozenset(), False)] * 2)
+
+
+# -- sharded probes (a trial's probe split across nodes that each run its configuration) ------
+
+def test_sharded_ends_run_side_by_side_on_half_the_nodes_each():
+    """Four nodes, the first round's two ends (the Ray runner: each trial its node, then
+    (4 - 2) // 2 idle nodes each): each shard its own launch and half the probe. The good end's
+    trial shards its baseline and A/A repeat (its probe); the bad end's node measures its own
+    baseline whole first (a replica serves the trial's configuration only), its replica waits."""
+    costs = replace(_costs(), launch_s=600)
+    pool = NodePool(costs, frozenset("abc"), 4, sharded=True)
+    first = pool.run_round([(frozenset(), False), (frozenset("abc"), True)])
+    # the good end: launch 600 + (1000 + 500) / 2 on nodes 0 and 2; the bad end: on node 1 a
+    # launch of the good end 600 + its baseline 1500 + a launch 600 + 1000 / 2, on node 3 a
+    # launch 600 + 1000 / 2
+    assert sorted((t.trial, t.node, t.seconds, t.shards) for t in first.trials) == [
+        (0, 0, 1350, 2), (0, 2, 1350, 2), (1, 1, 3200, 2), (1, 3, 1100, 2)]
+    assert first.count == 2 and first.wall_s == 3200 and first.idle_slots == 0
+    assert pool.launches == 5 and all(pool.has_bad_end(n) for n in (1, 3))
+    # unsharded the same round takes 3700 (its bad end measures its own baseline first)
+    plain = NodePool(costs, frozenset("abc"), 4).run_round(
+        [(frozenset(), False), (frozenset("abc"), True)])
+    assert plain.wall_s == 3700
+
+
+def test_one_trial_a_round_on_two_nodes_runs_the_ends_one_after_the_other_on_both():
+    """--nodes 2 --parallel 1: each round's one trial on both nodes. Without a load-time
+    candidate: the good end 100 + 1500 / 2 on each, then the bad end a switch 10 + 1000 / 2."""
+    pool = NodePool(replace(_costs(), load_time=frozenset()), frozenset("abc"), 2, sharded=True)
+    good = pool.run_round([(frozenset(), False)])
+    bad = pool.run_round([(frozenset("abc"), True)])
+    assert sorted((t.node, t.seconds, t.shards) for t in good.trials) == [(0, 850, 2),
+                                                                         (1, 850, 2)]
+    assert sorted((t.node, t.seconds, t.shards) for t in bad.trials) == [(0, 510, 2),
+                                                                        (1, 510, 2)]
+    assert good.idle_s == bad.idle_s == 0
+
+
+def test_every_idle_node_joins_the_rounds_trial_as_the_runner_gives_them():
+    """After the ends, one trial on four nodes: all four (RayRunner gives a lone trial every
+    idle node); those whose engine is up in its state switch, the others launch, and the trial
+    lasts as long as a launching shard."""
+    pool = NodePool(replace(_costs(), launch_s=600), frozenset("abc"), 4, sharded=True)
+    pool.run_round([(frozenset(), False), (frozenset("abc"), True)])
+    # {a, b}: load-time state {a}, up on nodes 1 and 3 (the bad end's); fails like the bad end
+    second = pool.run_round([(frozenset("ab"), True)])
+    assert sorted((t.node, t.seconds, t.shards, t.sequential) for t in second.trials) == [
+        (0, 650, 4, True), (1, 60, 4, True), (2, 650, 4, True), (3, 60, 4, True)]
+    assert second.idle_slots == 0 and second.wall_s == 650  # a switch 10 or launch 600 + 50
+
+
+def test_sharding_changes_no_outcome_stream_and_one_node_is_unchanged():
+    setup = _setup(confirm=False)
+    culprits, seeds = common_draws(setup, 12, 3)
+    for c, s in zip(culprits, seeds):
+        plain = simulate(setup, 1, c, random.Random(s), priced=True)
+        assert simulate(setup, 1, c, random.Random(s), priced=True, sharded=True) == plain
+
+
+def test_a_sharded_bisect_finds_the_same_culprits_and_more_nodes_shorten_it():
+    plan = plan_nodes(_setup(confirm=False), (1, 2, 4), trials=12, seed=4)
+    one = plan.row(1, True).mean_wall_s
+    for k in (2, 4):
+        sharded, plain = plan.row(k, True, True), plan.row(k, True, False)
+        assert sharded.mean_wall_s < plain.mean_wall_s < 1.2 * one
+        assert sharded.round_size in (k, (k + 1) // 2, 1) and sharded.p_correct >= 0.9
+        assert sharded.mean_trials == pytest.approx(sharded.mean_trials)  # a count, not shards
+    assert plan.row(4, True, True).mean_wall_s < plan.row(2, True, True).mean_wall_s
+    # the floor: the ends and the culprits' trial; every bisect runs at least that
+    for k in (1, 2, 4):
+        assert 0 < plan.floor(k) <= plan.row(k, True, True).mean_wall_s
+    assert plan.floor(4) < plan.floor(1)
+
+
+def test_a_round_size_above_the_nodes_is_refused():
+    with pytest.raises(ValueError, match="proposals a round"):
+        simulate(_setup(confirm=False), 2, frozenset("a"), random.Random(0), True,
+                 round_size=3)

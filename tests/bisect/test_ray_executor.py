@@ -192,6 +192,63 @@ def test_a_hot_ray_bisect_shares_the_ends_so_nodes_probe_with_ends_they_did_not_
     # baseline at most once per node, in the first round
     measured = [t for t in rows if "b0/baseline" in t["details"]["ends_measured"]]
     assert len({t["details"]["node"]["node_id"] for t in measured}) == len(measured) <= 2
+    # the first round measured both ends at once on different nodes; the report says which
+    # node measured what, and when (--json: trials[].node; markdown: "on NODE, start-end")
+    doc = json.loads(r.stdout)
+    good = next(t for t in doc["trials"] if not t["subset"])
+    bad = next(t for t in doc["trials"] if len(t["subset"]) == 4)
+    assert good["node"]["node_id"] != bad["node"]["node_id"]
+    assert max(good["node"]["started"], bad["node"]["started"]) < min(
+        good["node"]["finished"], bad["node"]["finished"])
+    assert f"node {good['node']['node_id'][:8]}), " in (run_dir / "report.md").read_text()
+    assert not engine_pids(scratch())
+
+
+@pytest.mark.slow  # two hot bisects on two nodes, with and without sharding: 4-6 minutes
+def test_a_ray_bisect_on_two_nodes_with_sharded_probes_names_the_culprit_found_without(
+        cluster: tuple[Cluster, Any], tmp_path: Path) -> None:
+    """--nodes 2 --parallel 1: one trial a round, its probe split across both nodes (the ends
+    one after the other, each on both); the same bisect with --parallel 2 --no-shard (a trial
+    per node) names the same culprit. Both measure their ends (--no-cache)."""
+    c, _ = cluster
+
+    def hot(out: Path, *args: str) -> list[str]:
+        cmd = [a for a in argv(c, out, "--no-cache", *args) if a != "--fresh-launches"]
+        i = cmd.index("--parallel")
+        return cmd[:i] + cmd[i + 2:]
+
+    t0 = time.monotonic()
+    r = run(hot(tmp_path / "sharded", "--nodes", "2", "--parallel", "1"))
+    t_sharded = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    t0 = time.monotonic()
+    plain = run(hot(tmp_path / "plain", "--parallel", "2", "--no-shard"))
+    t_plain = time.monotonic() - t0
+    assert plain.returncode == 0, plain.stderr
+    doc, base = json.loads(r.stdout), json.loads(plain.stdout)
+    assert doc["culprits"] == base["culprits"] == CULPRIT
+    print(f"hot ray, 2 nodes: --nodes 2 --parallel 1 (sharded): {t_sharded:.0f} s; "
+          f"--parallel 2 --no-shard: {t_plain:.0f} s; load {os.getloadavg()[0]:.1f}")
+    # every trial probed on both nodes: its own and a replica switched to its configuration
+    # (report and --json: which node measured what, and when)
+    for t in doc["trials"]:
+        node = t["node"]
+        assert node and [r["node_id"] for r in node.get("replicas", [])] != [], doc["trials"]
+        assert node["replicas"][0]["node_id"] != node["node_id"]
+        # the replica's engine ready (just before the trial starts on its node) until the end
+        replica = node["replicas"][0]
+        assert replica["started"] <= node["finished"] <= replica["finished"]
+    assert all(not t["node"].get("replicas") for t in base["trials"])
+    # the good end's baseline was measured once, sharded, on both nodes; the ends' runs hold
+    # both shards, merged
+    run_dir = next((tmp_path / "sharded").glob("*-bisect-*"))
+    for end in ("baseline", "baseline-repeat", "bad"):
+        shard = json.loads((run_dir / "ends" / "b0" / end / "run.json").read_text())["shard"]
+        assert shard["count"] == 2 and all(p["rows"] > 0 for p in shard["parts"]), end
+    verdicts = {tuple(sorted(t["subset"])): t["verdict"] for t in base["trials"]}
+    for t in doc["trials"]:  # the configurations both ran: the same verdicts
+        assert verdicts.get(tuple(sorted(t["subset"])), t["verdict"]) == t["verdict"]
+    assert "probe sharded + " in (run_dir / "report.md").read_text()
     assert not engine_pids(scratch())
 
 

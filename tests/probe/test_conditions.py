@@ -12,7 +12,7 @@ from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.conditions import family_conditions, throughput_lines
 from dsv4bisect.probe.grid import Case, Cell
 from dsv4bisect.probe.run import ProbeRun, row_key
-from dsv4bisect.probe.runner import _tasks, judge, submission_order
+from dsv4bisect.probe.runner import judge, submission_order, tasks_of
 from dsv4bisect.probe.sequential import ends_from_runs
 from dsv4bisect.probe.spec import ProbeSpec, tier_spec, with_concurrency
 from dsv4bisect.probe.verdict import Verdict
@@ -81,7 +81,7 @@ def _case(family: str, i: int) -> Case:
 def test_tasks_cover_each_case_once_per_condition() -> None:
     spec = SMOKE.replace(thinking=True)
     cases = [_case("needle", 0), _case("copy", 1), _case("drift", 2)]
-    tasks = _tasks(spec, cases)
+    tasks = tasks_of(spec, cases)
     acc = [(c.case_id, arm, level) for c, arm, level in tasks if arm in ("cold", "warm")]
     assert acc == [("needle/L256/d0.5/t3/0", "cold", 1), ("copy/L256/d0.5/t3/1", "cold", 1),
                    ("needle/L256/d0.5/t3/0", "warm", 16), ("copy/L256/d0.5/t3/1", "warm", 16)]

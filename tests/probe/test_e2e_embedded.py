@@ -53,10 +53,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_embedded(patches: str) -> Iterator[str]:
-    """An embedded server on the random model with DSV4BISECT_PATCHES = `patches` (fixture body)."""
+def start_embedded(patches: str, *extra: str) -> Iterator[str]:
+    """An embedded server on the random model with DSV4BISECT_PATCHES = `patches` (fixture body);
+    `extra`: more `serve` options."""
     port = _free_port()
-    argv = [*_serve_argv(), "--port", str(port), "--device", "cpu", "--checkpoint", "random"]
+    argv = [*_serve_argv(), "--port", str(port), "--device", "cpu", "--checkpoint", "random",
+            *extra]
     proc = subprocess.Popen(argv, env={**os.environ, "DSV4BISECT_PATCHES": patches},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -68,7 +70,7 @@ def start_embedded(patches: str) -> Iterator[str]:
             try:
                 if requests.get(f"{url}/health", timeout=2).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # still starting (a loaded CPU)
                 pass
             assert time.monotonic() < deadline, "server did not become healthy"
             time.sleep(0.3)

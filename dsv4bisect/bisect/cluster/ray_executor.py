@@ -64,7 +64,8 @@ class TrialActor:
 
     def __init__(self, request: Mapping[str, Any], preflight: bool) -> None:
         self.node_id = ray.get_runtime_context().get_node_id()
-        self.node = {"name": node_name(self.node_id), "node_id": self.node_id}
+        self.node = {"name": node_name(self.node_id), "node_id": self.node_id,
+                     "ip": ray.util.get_node_ip_address()}
         self.scratch = cache_dir() / "ray-trials" / self.node_id[:12]
         stop_orphans(self.scratch)  # what an actor before us left, if its reaper died too
         self._reaper = reaper.spawn(self.scratch)
@@ -84,11 +85,21 @@ class TrialActor:
     def ready(self) -> dict[str, Any]:
         return {"node": self.node, "error": self.error}
 
-    def run(self, trial: Mapping[str, Any], ends: bytes | None = None) -> dict[str, Any]:
+    def run(self, trial: Mapping[str, Any], ends: bytes | None = None,
+            replicas: tuple[str, ...] = ()) -> dict[str, Any]:
         if self.error is not None or self.runner is None:
             return {"error": self.error}
         return rt.run_on_node(self.runner, rt.NodeTrial.from_json(trial), self.scratch,
-                              self.node, ends)
+                              self.node, ends, replicas)
+
+    def replica(self, trial: Mapping[str, Any]) -> dict[str, Any]:
+        """This node's engine in `trial`'s configuration, for another node's trial to send a
+        share of its probe to (remote_trial.replica_on_node)."""
+        if self.error is not None or self.runner is None:
+            return {"error": self.error}
+        reply = rt.replica_on_node(self.runner, rt.NodeTrial.from_json(trial), self.scratch,
+                                   self.node)
+        return {**reply, "started": time.time()}
 
     def stop(self) -> None:
         """Stop the engines of the trial in flight (runs beside `run`: max_concurrency=2)."""
@@ -136,8 +147,8 @@ def _cluster_errors_to_stderr() -> None:
 class _Slot:
     """A placed actor, and what the driver knows its runner has."""
 
-    def __init__(self, actor: Any, node: str) -> None:
-        self.actor, self.node = actor, node
+    def __init__(self, actor: Any, node: str, ip: str | None = None) -> None:
+        self.actor, self.node, self.ip = actor, node, ip
         self.ends: frozenset[str] = frozenset()  # ends it measured or was sent (b<n>/<end>)
         self.engines: tuple[str, ...] = ()  # load-time states up after its last trial
 
@@ -147,10 +158,14 @@ class RayRunner(TrialRunner):
 
     def __init__(self, request: RunnerRequest, local: EngineRunner, slots: int, *,
                  address: str | None = None, node_resource: str | None = None,
-                 preflight: bool = True) -> None:
+                 preflight: bool = True, shard: bool = True) -> None:
         from dsv4bisect.engines.preflight import named_gpus
 
         self.local, self.request, self.preflight = local, request, preflight
+        # sharded probes need engines kept up between trials (hot runners); the plan prices
+        # them only with the sequential trial probe (simulate.NodePool), and so it runs
+        self.shard = shard and request.hot and bool(getattr(local, "sequential", False))
+        self._share = 0  # idle slots each trial of the round may take as replicas
         self.address = address
         connect(address)
         self.resources = {node_resource: 1.0} if node_resource else {}
@@ -180,16 +195,26 @@ class RayRunner(TrialRunner):
     def fingerprint(self, patches: Mapping[str, str]) -> str:
         return self.local.fingerprint(patches)
 
+    def begin_round(self, trials: int) -> None:
+        """The driver starts a round of `trials` trials: the slots beyond them are idle for
+        the round, so each trial may take `(slots - trials) // trials` of them as replicas."""
+        with self._lock:
+            live = len(self._actors)
+        self._share = max(0, live - trials) // max(trials, 1) if self.shard else 0
+
     def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult:
         cfg = self.local.config(patches)
         trial = rt.NodeTrial(patches, seed_block, cfg.fingerprint, cfg.identity,
                              self.local.probe_hash, trial_dir.parent.parent.name, trial_dir.name)
-        slot = self._acquire(self._state_of(patches))
+        state = self._state_of(patches)
+        slot = self._acquire(state)
         ends = self._ends_of(trial_dir.parent.parent)
+        helpers = self._helpers(ends, state)
+        urls, replicas = self._replicas(slot, helpers, trial) if helpers else ((), {})
         sent, archive = ends.pack(exclude=slot.ends) if ends is not None else (frozenset(), None)
         t0 = time.perf_counter()
         try:
-            reply = ray.get(slot.actor.run.remote(trial.to_json(), archive))
+            reply = ray.get(slot.actor.run.remote(trial.to_json(), archive, urls))
         except (RayActorError, ActorUnavailableError) as exc:
             self._lost(slot)
             return lost_result(slot.node, exc, time.perf_counter() - t0)
@@ -197,7 +222,16 @@ class RayRunner(TrialRunner):
             self._release(slot)
             raise BisectError(f"node {slot.node}: the trial failed: {first_line(exc.cause)}",
                               "its traceback is in the node's Ray worker log") from None
+        finally:
+            for helper in helpers:
+                if helper in replicas:
+                    self._release(helper)
         try:
+            if replicas and "result" in reply:  # which nodes served a share of its probe
+                shards = int(reply["result"]["details"].get("shards") or 1)
+                reply["node"]["replicas"] = [
+                    {**replicas[h], "finished": time.time()} for h in helpers
+                    if h in replicas] if shards > 1 else []
             result = rt.receive(reply, trial_dir, slot.node)
             if ends is not None:
                 ends.keep(reply.get("ends"))
@@ -207,6 +241,56 @@ class RayRunner(TrialRunner):
         finally:
             self._release(slot)
         return result
+
+    # -- sharded probes: a trial's probe on idle nodes too (docs/cluster.md) ----------------
+    def _helpers(self, ends: DriverEnds | None, state: str | None) -> list[_Slot]:
+        """Idle slots for this trial's replicas (hot runners only): its share of the round's
+        idle slots, those whose engine is up in its load-time state first (a switch, not a
+        launch)."""
+        if not self._share or ends is None:
+            return []
+        with self._freed:
+            taken = sorted(self._free, key=lambda s: state not in s.engines)[:self._share]
+            for helper in taken:
+                self._free.remove(helper)
+        return taken
+
+    def _replicas(self, slot: _Slot, helpers: list[_Slot], trial: rt.NodeTrial
+                  ) -> tuple[tuple[str, ...], dict[_Slot, dict[str, Any]]]:
+        """Each helper's engine up and switched to the trial's configuration (at once); the
+        urls of those that are, and per helper its node record. A helper that cannot serve is
+        released (or, lost, replaced) and the trial runs without it."""
+        refs = [h.actor.replica.remote(trial.to_json()) for h in helpers]
+        urls: list[str] = []
+        replicas: dict[_Slot, dict[str, Any]] = {}
+        for helper, ref in zip(helpers, refs):
+            try:
+                reply = ray.get(ref)
+            except (RayActorError, ActorUnavailableError):
+                self._lost(helper)
+                continue
+            except RayTaskError:
+                self._release(helper)
+                continue
+            helper.engines = tuple(reply.get("engines") or helper.engines)
+            if "error" in reply:
+                logging.getLogger(__name__).warning(
+                    "node %s cannot serve a replica: %s", helper.node,
+                    (reply["error"] or {}).get("message"))
+                self._release(helper)
+                continue
+            node = reply["node"]
+            if not rt.reaches(str(reply["url"]), slot.ip, node.get("ip")):
+                logging.getLogger(__name__).warning(
+                    "node %s's engine listens on loopback (%s): not a replica for a trial on "
+                    "%s; set engine.host=0.0.0.0 to shard across machines", helper.node,
+                    reply["url"], slot.node)
+                self._release(helper)
+                continue
+            urls.append(str(reply["url"]))
+            replicas[helper] = {"name": node["name"], "node_id": node["node_id"],
+                                "started": reply["started"]}
+        return tuple(urls), replicas
 
     # -- the ends and the engines the nodes have (docs/cluster.md, "The ends travel") ---------
     def _ends_of(self, run_dir: Path) -> DriverEnds | None:
@@ -263,7 +347,7 @@ class RayRunner(TrialRunner):
         if info["error"] is not None:
             self.stop_all()
             raise rt.node_error(info["error"], info["node"]["name"])
-        self._release(_Slot(actor, info["node"]["name"]))
+        self._release(_Slot(actor, info["node"]["name"], info["node"].get("ip")))
 
     def _place_later(self, actor: Any, ref: Any) -> None:
         try:
@@ -357,3 +441,92 @@ def lost_result(node: str, exc: BaseException, duration_s: float) -> TrialResult
 def first_line(exc: object) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+# -- sharded probes ------------------------------------------------------------------------------
+
+class ShardActor:
+    """One node's part of a sharded probe: it probes its shard on the engine of that node (the
+    `url` the driver gives it, reached from the node) and sends back the shard's run directory
+    as one archive (bisect/cluster/archive.py)."""
+
+    def __init__(self) -> None:
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.node = {"name": node_name(self.node_id), "node_id": self.node_id}
+
+    def where(self) -> dict[str, Any]:
+        return self.node
+
+    def probe(self, url: str, spec: Mapping[str, Any], reference: bytes | None, index: int,
+              count: int) -> bytes:
+        import tempfile
+
+        from dsv4bisect.bisect.cluster.archive import pack, unpack
+        from dsv4bisect.probe.run import ProbeRun
+        from dsv4bisect.probe.runner import collect
+        from dsv4bisect.probe.shards import Shard
+        from dsv4bisect.probe.spec import ProbeSpec
+
+        with tempfile.TemporaryDirectory(prefix="dsv4bisect-shard-") as tmp:
+            ref = None
+            if reference is not None:
+                unpack(reference, Path(tmp) / "reference")
+                ref = ProbeRun.load(Path(tmp) / "reference")
+            run = collect(url, ProbeSpec.from_dict(dict(spec)), reference_run=ref,
+                          shard=Shard(index, count))
+            return pack(Path(run.save(Path(tmp) / "shard").path or ""))
+
+
+def probe_sharded(actors: Mapping[Any, str], spec: Any, reference: Any | None, count: int,
+                  scratch: Path) -> tuple[Any, list[tuple[int, str, str, float]]]:
+    """Probe `spec` in `count` shards on the actors (`ShardActor` handle -> the url of its
+    node's engine), one shard per actor at a time; an actor lost mid-shard gives its shard to
+    the next free actor, whole. Returns the merged run and the schedule (shard, node, event,
+    seconds since the start). `reference`: the good end's run, replayed (None: build cases)."""
+    from dsv4bisect.bisect.cluster.archive import pack, unpack
+    from dsv4bisect.bisect.cluster.shard_book import ShardBook
+    from dsv4bisect.probe.run import ProbeRun
+    from dsv4bisect.probe.shards import merge
+
+    ref_bytes = None
+    if reference is not None:
+        ref_dir = scratch / "reference"
+        reference.save(ref_dir)
+        ref_bytes = pack(ref_dir)
+    names = {a: str(ray.get(a.where.remote())["name"]) for a in actors}
+    book: ShardBook[Any, bytes] = ShardBook(count)
+    free = list(actors)
+    flight: dict[Any, tuple[int, Any]] = {}  # object ref -> (shard, actor)
+    t0 = time.monotonic()
+    log: list[tuple[int, str, str, float]] = []
+    while not book.complete:
+        for shard, actor in book.deal(free):
+            free.remove(actor)
+            ref = actor.probe.remote(actors[actor], spec.to_dict(), ref_bytes, shard, count)
+            flight[ref] = (shard, actor)
+            log.append((shard, names[actor], "start", time.monotonic() - t0))
+        if not flight:
+            raise BisectError(f"every node of the sharded probe was lost "
+                              f"({len(book.done)} of {count} shards done)",
+                              "check the nodes (docs/cluster.md, \"Faults\")")
+        ready, _ = ray.wait(list(flight), num_returns=1)
+        shard, actor = flight.pop(ready[0])
+        try:
+            data = ray.get(ready[0])
+        except (RayActorError, ActorUnavailableError) as exc:
+            book.lost(actor)
+            log.append((shard, names[actor], "lost", time.monotonic() - t0))
+            logging.getLogger(__name__).warning("shard %d lost with %s: %s", shard,
+                                                names[actor], first_line(exc))
+            continue
+        except RayTaskError as exc:
+            raise BisectError(f"shard {shard} on {names[actor]}: {first_line(exc)}",
+                              "the node's engine failed the probe; see its log") from None
+        if book.finish(shard, actor, data):
+            log.append((shard, names[actor], "done", time.monotonic() - t0))
+        free.append(actor)
+    runs = []
+    for i, data in enumerate(book.results()):
+        unpack(data, scratch / f"shard-{i}")
+        runs.append(ProbeRun.load(scratch / f"shard-{i}"))
+    return merge(runs), log

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from dsv4bisect.bisect.cluster.archive import pack, unpack
 from dsv4bisect.bisect.trials import shared_ends
@@ -33,6 +34,7 @@ from dsv4bisect.errors import (
     PatchError,
     ProbeError,
 )
+from dsv4bisect.run.trial import Stop
 
 _ERRORS: dict[str, type[Dsv4BisectError]] = {
     c.__name__: c for c in (ConfigError, EngineError, BisectError, PatchError, ProbeError)}
@@ -86,11 +88,14 @@ def check_identity(runner: EngineRunner, trial: NodeTrial, node: str) -> None:
 
 
 def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
-                node: Mapping[str, Any], ends: bytes | None = None) -> dict[str, Any]:
+                node: Mapping[str, Any], ends: bytes | None = None,
+                replicas: Sequence[str] = ()) -> dict[str, Any]:
     """Check, run and pack one trial on this node; the reply the driver receives.
     `ends`: the driver's archive of ends other nodes measured (trials/shared_ends.py), installed
     in a hot runner before the trial; the reply's `ends` holds those this trial measured, and
     `engines` the load-time states whose engine is up after it (where the runner says).
+    `replicas`: urls of other nodes' engines switched to the trial's configuration
+    (`replica_on_node`), which a hot runner's sequential probe is split across.
     A project error becomes `{"error": ...}` (re-raised on the driver, naming the node)."""
     measured: bytes | None = None
     try:
@@ -100,7 +105,11 @@ def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
         if ends is not None and runner.hot:
             shared_ends.adopt(runner, ends, scratch / trial.run_name / "adopted" / trial.trial_name)
         started = time.time()
-        result = runner.run(dict(trial.patches), trial.seed_block, trial_dir)
+        if replicas and runner.hot:
+            result = runner.run(dict(trial.patches), trial.seed_block, trial_dir,
+                                replicas=replicas)  # type: ignore[call-arg]
+        else:
+            result = runner.run(dict(trial.patches), trial.seed_block, trial_dir)
         finished = time.time()
         names = result.details.get("ends_measured") or []
         kept = runner.ends_dir(trial_dir)
@@ -120,6 +129,48 @@ def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
     return {"result": result_json(result), "node_dir": str(trial_dir), "archive": archive,
             "node": {**node, "started": started, "finished": finished}, "ends": measured,
             "engines": list(runner.engines_up)}
+
+
+def replica_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
+                    node: Mapping[str, Any]) -> dict[str, Any]:
+    """This node's engine of `trial`'s configuration, up and switched (its identity checked
+    like a trial's, the switch's receipts verified), for another node's trial to probe a share
+    of its requests on: `{"url", "node", "engines"}`, or `{"error"}` (then the trial runs
+    without this node). Only a hot runner keeps an engine up between calls."""
+    try:
+        check_identity(runner, trial, str(node["name"]))
+        if not runner.hot:
+            raise ConfigError("a replica needs a hot runner", "drop --fresh-launches")
+        # (its engine goes where the node's trials keep theirs: <bisect dir>/engines)
+        url = runner.replica(dict(trial.patches),  # type: ignore[attr-defined]
+                             scratch_trial_dir(scratch, trial))
+        url = replica_url(url, node.get("ip"))
+    except Dsv4BisectError as exc:
+        return {"error": error_json(exc)}
+    except Stop as stop:  # the engine crashed or cannot serve: not this trial's evidence
+        return {"error": {"class": "EngineError", "hint": None,
+                          "message": "the replica's engine cannot serve "
+                                     f"({stop.verdict.verdict})"}}
+    return {"url": url, "node": dict(node), "engines": list(runner.engines_up)}
+
+
+def replica_url(url: str, node_ip: str | None) -> str:
+    """The url another node reaches this node's engine at: an engine listening on every
+    address (`engine.host` 0.0.0.0 or ::) at this node's IP; any other as it is (an engine on
+    loopback serves only trials of its own machine: `reaches`)."""
+    parts = urlsplit(url)
+    if node_ip and parts.hostname in ("0.0.0.0", "::"):
+        host = f"[{node_ip}]" if ":" in node_ip else node_ip
+        return urlunsplit(parts._replace(netloc=f"{host}:{parts.port}"))
+    return url
+
+
+def reaches(url: str, from_ip: str | None, node_ip: str | None) -> bool:
+    """Whether a trial on the machine at `from_ip` can send requests to `url`, an engine of
+    the node at `node_ip` (a loopback url only from the same machine)."""
+    host = urlsplit(url).hostname or ""
+    loopback = host == "localhost" or host.startswith("127.") or host == "::1"
+    return not loopback or (from_ip is not None and from_ip == node_ip)
 
 
 def receive(reply: Mapping[str, Any], trial_dir: Path, node: str) -> TrialResult:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dsv4bisect.bisect.plan.simulate import (
+    NodePool,
     NodeRun,
     Setup,
     available_levers,
@@ -33,6 +34,8 @@ class NodeFigures:
 
     nodes: int
     levers: bool  # every lever the bisect has on, or none
+    sharded: bool  # a trial's probe may be split across idle nodes (simulate.NodePool)
+    round_size: int  # the search's proposals per round (--parallel; sharded: K, K/2 or 1)
     mean_wall_s: float
     p90_wall_s: float
     mean_rounds: float
@@ -42,8 +45,10 @@ class NodeFigures:
     idle_share: float  # node time without work / node time (K × wall), over every run
     p_correct: float
 
-    def to_json(self) -> dict[str, float | int | bool]:
-        return {"nodes": self.nodes, "levers": self.levers, "mean_wall_s": self.mean_wall_s,
+    def to_json(self) -> dict[str, float | int | bool]:  # wall_s: the mean, by its short name
+        return {"nodes": self.nodes, "levers": self.levers, "sharded": self.sharded,
+                "round_size": self.round_size,
+                "wall_s": self.mean_wall_s, "mean_wall_s": self.mean_wall_s,
                 "p90_wall_s": self.p90_wall_s, "mean_rounds": self.mean_rounds,
                 "mean_trials": self.mean_trials, "mean_launches": self.mean_launches,
                 "mean_idle_slots": self.mean_idle_slots, "idle_share": self.idle_share,
@@ -54,10 +59,16 @@ class NodeFigures:
 class NodePlan:
     runs: int
     levers: tuple[str, ...]  # the levers this bisect has ("without" turns them all off)
-    rows: tuple[NodeFigures, ...]  # per node count: with the levers, then without
+    rows: tuple[NodeFigures, ...]  # per node count: with the levers, then without; each
+    # unsharded, then sharded
+    floor_s: tuple[tuple[int, float], ...] = ()  # per node count (floor_runs)
 
-    def row(self, nodes: int, levers: bool) -> NodeFigures:
-        return next(r for r in self.rows if r.nodes == nodes and r.levers == levers)
+    def row(self, nodes: int, levers: bool, sharded: bool = False) -> NodeFigures:
+        return next(r for r in self.rows
+                    if r.nodes == nodes and r.levers == levers and r.sharded == sharded)
+
+    def floor(self, nodes: int) -> float:
+        return dict(self.floor_s)[nodes]
 
 
 def node_counts(asked: int) -> tuple[int, ...]:
@@ -83,19 +94,54 @@ def plan_nodes(setup: Setup, nodes: Sequence[int] = NODE_COUNTS, *, trials: int 
     for k in nodes:
         for on, cfg in ((True, setup), (False, bare)):
             priced = on or "priced" not in levers
-            memo = search_memo(cfg, k, priced)
-            runs = [simulate(cfg, k, c, random.Random(s), priced, memo)
-                    for c, s in zip(culprits, seeds)]
-            rows.append(_figures(k, on, runs))
-    return NodePlan(trials, levers, tuple(rows))
+            plain = _row(cfg, k, k, on, priced, False, culprits, seeds)
+            rows.append(plain)
+            if k == 1:  # one node has no other to share a probe with
+                rows.append(replace(plain, sharded=True))
+                continue
+            # sharded: K proposals a round, or K/2 or one, each on more nodes (--nodes K
+            # --parallel N), whichever is priced lower
+            rows.append(min((_row(cfg, k, size, on, priced, True, culprits, seeds)
+                             for size in sorted({k, (k + 1) // 2, 1}, reverse=True)),
+                            key=lambda r: r.mean_wall_s))
+    floors = tuple((k, float(np.mean([floor_run(setup, k, c) for c in culprits])))
+                   for k in nodes)
+    return NodePlan(trials, levers, tuple(rows), floors)
 
 
-def _figures(nodes: int, levers: bool, runs: list[NodeRun]) -> NodeFigures:
+def floor_run(setup: Setup, nodes: int, culprits: frozenset[str]) -> float:
+    """What a bisect told the culprits must still run, with every lever and sharding: the two
+    ends (in one round side by side, each on half the nodes, or one round each on every node,
+    whichever is shorter: --parallel 2 or 1) and one trial of the culprits (their failure,
+    judged against the good end), on `nodes` nodes; no search, no re-test."""
+    everything = frozenset(setup.candidates)
+    ends = [(frozenset(), False), (everything, True)]
+    walls = []
+    for rounds in ([[ends]] if nodes > 1 else []) + [[ends[:1], ends[1:]]]:
+        pool = NodePool(setup.costs, everything, nodes, sharded=True)
+        wall = sum(pool.run_round(r).wall_s for r in rounds)
+        if culprits != everything:
+            wall += pool.run_round([(culprits, True)]).wall_s
+        walls.append(wall)
+    return min(walls)
+
+
+def _row(cfg: Setup, nodes: int, size: int, levers: bool, priced: bool, sharded: bool,
+         culprits: Sequence[frozenset[str]], seeds: Sequence[int]) -> NodeFigures:
+    """One row: `size` proposals a round (the search's `parallel`) on `nodes` nodes."""
+    memo = search_memo(cfg, size, priced)
+    runs = [simulate(cfg, nodes, c, random.Random(s), priced, memo, sharded, size)
+            for c, s in zip(culprits, seeds)]
+    return _figures(nodes, levers, sharded, size, runs)
+
+
+def _figures(nodes: int, levers: bool, sharded: bool, size: int,
+             runs: list[NodeRun]) -> NodeFigures:
     wall = np.array([r.wall_s for r in runs])
     node_time = float(wall.sum()) * nodes
     idle = sum(rd.idle_s for r in runs for rd in r.rounds)
     return NodeFigures(
-        nodes=nodes, levers=levers,
+        nodes=nodes, levers=levers, sharded=sharded, round_size=size,
         mean_wall_s=float(wall.mean()), p90_wall_s=float(np.quantile(wall, 0.9)),
         mean_rounds=float(np.mean([len(r.rounds) for r in runs])),
         mean_trials=float(np.mean([r.trials for r in runs])),

@@ -32,6 +32,15 @@ What is modelled, and where the code does it:
   ran the earlier ones.
 * **No fresh confirmation**: the Ray runner cannot launch fresh (driver._confirmation: the
   report says "skipped"), so none is priced; the single-node plan (whole_plan.py) prices it.
+* **Sharding** (`sharded=True`; probe/shards.py, docs/cluster.md "Reading the node plan"): the
+  schedule the Ray runner runs (RayRunner.begin_round, _helpers). A round of n trials on K
+  nodes gives each trial its node as unsharded, then `(K - n) // n` of the idle nodes each (a
+  node whose engine is up in the trial's load-time state first: a switch; else the node free
+  longest: a launch); the trial's probe (an end's full-size probe and the baseline it
+  measures, or a sequential trial) is split across its group, each node paying its own
+  launch or switch and 1/n of the probe; the trial lasts as long as its slowest shard. Hot
+  runners with the sequential trial probe only (RayRunner.shard): otherwise nothing is
+  sharded.
 
 Idle slots: a round holds K node slots for as long as its slowest trial. `idle_slots` counts
 node-rounds with no trial at all (a round with fewer proposals than nodes: the end checks,
@@ -147,43 +156,54 @@ def draw_culprits(space: HypothesisSpace, rng: random.Random) -> frozenset[str]:
 
 @dataclass(frozen=True)
 class NodeTrial:
-    """One trial as its node ran it."""
+    """One trial, or one shard of a trial, as its node ran it."""
 
     node: int  # 0..K-1
     seconds: float
     sequential: bool  # the sequential trial probe (else full size, at the ends' rates)
+    trial: int = 0  # which proposal of the round (a sharded trial: one row per shard)
+    start_s: float = 0.0  # after the round's start (ends one after the other on every node)
+    shards: int = 1  # nodes its probe was split across
+    launched: bool = False  # its node launched the trial's own engine (hot mode)
 
 
 @dataclass(frozen=True)
 class Round:
-    """The trials of one round, one per node used; the round lasts as long as the slowest."""
+    """The trials of one round; the round lasts until its last shard is done."""
 
     trials: tuple[NodeTrial, ...]
     nodes: int
 
     @property
     def wall_s(self) -> float:
-        return max((t.seconds for t in self.trials), default=0.0)
+        return max((t.start_s + t.seconds for t in self.trials), default=0.0)
+
+    @property
+    def count(self) -> int:
+        """Proposals run (a sharded trial is one, whatever its shards)."""
+        return len({t.trial for t in self.trials})
 
     @property
     def idle_slots(self) -> int:
         """Nodes with no trial this round."""
-        return self.nodes - len(self.trials)
+        return self.nodes - len({t.node for t in self.trials})
 
     @property
     def idle_s(self) -> float:
-        """Node-seconds without work: the empty slots, and the wait for the slowest trial."""
+        """Node-seconds without work: the empty slots, and the wait for the slowest shard."""
         return self.nodes * self.wall_s - sum(t.seconds for t in self.trials)
 
 
 class NodePool:
     """K nodes as the Ray executor keeps them (see the module docstring): a queue of free
-    slots, and per node the engines, baselines and bad end its runner has."""
+    slots, and per node the engines, baselines and bad end its runner has. `sharded`: a trial
+    may run as shards of its probe on several nodes (**Sharding** in the module docstring)."""
 
-    def __init__(self, costs: StepCosts, everything: frozenset[str], nodes: int) -> None:
+    def __init__(self, costs: StepCosts, everything: frozenset[str], nodes: int,
+                 sharded: bool = False) -> None:
         if nodes < 1:
             raise ValueError(f"nodes is {nodes}")
-        self.nodes, self.everything = nodes, everything
+        self.nodes, self.everything, self.sharded = nodes, everything, sharded
         self._sequential = costs  # the costs once a node has run the bad end of block 0
         # Until then a node's non-end trials are full size against their own block's baseline.
         full = replace(costs, sequential=False)
@@ -202,21 +222,58 @@ class NodePool:
         return self.trackers[node].costs.sequential
 
     def run_round(self, trials: Sequence[tuple[frozenset[str], bool]]) -> Round:
-        """Run one round of (subset, truly fails) trials, one per node, in proposal order."""
+        """Run one round of (subset, truly fails) trials in proposal order: one per node, or
+        (sharded) each on its node and its share of the idle ones (`_groups`)."""
         if not 1 <= len(trials) <= self.nodes:
             raise ValueError(f"{len(trials)} trials for {self.nodes} nodes")
         for tracker in self.trackers:  # the ends the driver sends with this round's trials
             tracker.baselines |= self._baselines
             if self._bad_end:
                 tracker.costs = self._sequential
-        ran = [self._run(self._place(subset), subset, fails) for subset, fails in trials]
-        for trial in sorted(ran, key=lambda t: t.seconds):  # back to the queue as they end
-            self._free.append(trial.node)
+        if not (self.sharded and self._sequential.hot and self._sequential.sequential):
+            # (the Ray runner shards only with hot runners that probe sequentially)
+            ran = [self._run(i, [self._place(subset)], subset, fails)[0]
+                   for i, (subset, fails) in enumerate(trials)]
+        else:
+            ran = self._sharded_round(trials)
+        for node in sorted({t.node for t in ran},  # back to the queue as they end
+                           key=lambda n: max(t.start_s + t.seconds for t in ran if t.node == n)):
+            self._free.append(node)
         if self._sequential.hot:  # what this round measured comes back to the driver
             for tracker in self.trackers:
                 self._baselines |= tracker.baselines
         return Round(tuple(ran), self.nodes)
 
+    # -- sharding ----------------------------------------------------------------------------
+    def _sharded_round(self, trials: Sequence[tuple[frozenset[str], bool]]) -> list[NodeTrial]:
+        """The round's trials side by side, each on its node and its share of the idle ones
+        (`_groups`: RayRunner.begin_round and _helpers)."""
+        groups = self._groups([s for s, _ in trials])
+        for node in (n for group in groups for n in group):
+            self._free.remove(node)
+        return [shard for i, ((subset, fails), group) in enumerate(zip(trials, groups))
+                for shard in self._run(i, group, subset, fails)]
+
+    def _groups(self, subsets: Sequence[frozenset[str]]) -> list[list[int]]:
+        """Nodes per trial as the Ray runner takes them: each trial its node as without
+        sharding (`_place`), then each, in proposal order, `(idle nodes) // trials` of the
+        nodes left, a node whose engine is up in its load-time state first (a switch), else
+        the node free longest (a launch)."""
+        free = list(self._free)
+        groups: list[list[int]] = []
+        for subset in subsets:
+            node = next((n for n in free if self.trackers[n].engine_up(subset)), free[0])
+            free.remove(node)
+            groups.append([node])
+        share = len(free) // len(subsets)
+        for subset, group in zip(subsets, groups):
+            for _ in range(share):
+                node = next((n for n in free if self.trackers[n].engine_up(subset)), free[0])
+                free.remove(node)
+                group.append(node)
+        return groups
+
+    # -- one trial ---------------------------------------------------------------------------
     def _place(self, subset: frozenset[str]) -> int:
         """The free node whose engine is up in the trial's load-time state, else the node
         free longest (RayRunner._acquire)."""
@@ -225,20 +282,43 @@ class NodePool:
         self._free.remove(node)
         return node
 
-    def _run(self, node: int, subset: frozenset[str], fails: bool) -> NodeTrial:
-        tracker = self.trackers[node]
+    def _run(self, index: int, group: Sequence[int], subset: frozenset[str],
+             fails: float | bool) -> list[NodeTrial]:
+        """The trial on `group`'s nodes, each running 1/len(group) of its probe (and of the
+        baseline and A/A repeat it measures), paying its own launch or switch."""
         end = not subset or subset == self.everything
         block = self._seen[subset]
         self._seen[subset] += 1
-        sequential = tracker.costs.sequential and not end
-        # The node's tracker prices its own engines and baselines, at the driver's seed block
-        # (its own count of this subset's trials would miss those run on other nodes).
-        tracker.seen[subset] = block
-        seconds = tracker.charge(subset, fails)
+        out = []
+        for node in group:
+            tracker = self.trackers[node]
+            sequential = tracker.costs.sequential and not end
+            seconds = _shard(tracker, subset, fails, block, len(group), node == group[0])
+            out.append(NodeTrial(node, seconds, sequential, index, 0.0, len(group),
+                                 tracker.launched_last))
         if subset == self.everything and block == 0 and self._sequential.sequential:
-            tracker.costs = self._sequential  # its later trials: the sequential trial probe
+            for node in group:  # their later trials: the sequential trial probe
+                self.trackers[node].costs = self._sequential
             self._bad_end = True  # and every node's from the next round
-        return NodeTrial(node, seconds, sequential)
+        return out
+
+
+def _shard(tracker: CostTracker, subset: frozenset[str], like_bad: float | bool, block: int,
+           shards: int, primary: bool) -> float:
+    """Charge one node's shard: its own engine (launch or switch) and 1/`shards` of the probe,
+    at the driver's seed block `block` (the node's own count of this subset's trials would miss
+    those run on other nodes). A baseline the trial measures on the way: the good end's trial
+    shards it (it is its probe); any other trial's node (`primary`) measures it whole on its own
+    engine while the replicas wait (HotEngineRunner: replicas serve the trial's configuration
+    only), so a replica's shard does not charge it."""
+    tracker.seen[subset] = block
+    judged_in = 0 if tracker.costs.sequential and subset != tracker.everything else block
+    lent = set() if primary or not subset else {judged_in} - tracker.baselines
+    tracker.baselines |= lent
+    try:
+        return tracker.charge(subset, like_bad, shards)
+    finally:
+        tracker.baselines -= lent
 
 
 @dataclass(frozen=True)
@@ -264,20 +344,25 @@ def search_memo(cfg: Setup, nodes: int, priced: bool) -> SearchMemo:
 
 
 def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Random,
-             priced: bool, memo: SearchMemo | None = None) -> NodeRun:
+             priced: bool, memo: SearchMemo | None = None, sharded: bool = False,
+             round_size: int | None = None) -> NodeRun:
     """One whole bisect on `nodes` nodes against `culprits`, outcomes drawn from `rng` in
     trial order. A round's wall time counts to the phase of its trials (ends, trials, remedy);
     the confirmation is priced where `cfg` asks for it (one node, hot). `memo`: the search's
     answers shared with the configuration's other simulated bisects (`search_memo`; the same
-    figures, faster)."""
+    figures, faster). `sharded`: a trial's probe may be split across nodes (NodePool);
+    `round_size`: the search's proposals per round (default: one per node)."""
     everything = frozenset(cfg.candidates)
+    size = nodes if round_size is None else round_size
+    if not 1 <= size <= nodes:
+        raise ValueError(f"{size} proposals a round on {nodes} nodes")
     if memo is None:
-        search: Search | MemoSearch = cfg.search(priced=priced, parallel=nodes)
-    elif memo.key != (cfg, nodes, priced):
+        search: Search | MemoSearch = cfg.search(priced=priced, parallel=size)
+    elif memo.key != (cfg, size, priced):
         raise ValueError("the search memo was made for another configuration")
     else:
         search = memo.search()
-    pool = NodePool(cfg.costs, everything, nodes)
+    pool = NodePool(cfg.costs, everything, nodes, sharded)
     rounds: list[Round] = []
     phase = dict.fromkeys(PHASES, 0.0)
     fresh_fails: set[frozenset[str]] = set()  # failed in an engine launched for them (hot)
@@ -288,12 +373,14 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
         ends = any(not s or s == everything for s in subsets)
         phase[name or ("ends" if ends else "trials")] += done.wall_s
         out = []
-        for subset, trial in zip(subsets, done.trials):
-            noise = cfg.trial_noise if trial.sequential else cfg.noise
+        for i, subset in enumerate(subsets):
+            shards = [t for t in done.trials if t.trial == i]
+            sequential = shards[0].sequential
+            noise = cfg.trial_noise if sequential else cfg.noise
             outcome = oracle_outcome(subset, culprits, noise, rng)
-            if pool.trackers[trial.node].launched_last and outcome == V.FAIL:
+            if all(t.launched for t in shards) and outcome == V.FAIL:
                 fresh_fails.add(subset)
-            out.append((outcome, trial.sequential))
+            out.append((outcome, sequential))
         return out
 
     while proposals := search.next():
@@ -309,5 +396,5 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
             phase["confirmation"] += pool.trackers[0].confirmation(culprits <= result.culprits)
             trials += 1
     correct = result.status is Status.FOUND and result.culprits == culprits
-    trials += sum(len(r.trials) for r in rounds)
+    trials += sum(r.count for r in rounds)
     return NodeRun(tuple(rounds), trials, pool.launches, correct, phase)

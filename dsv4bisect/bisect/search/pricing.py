@@ -144,9 +144,12 @@ class CostTracker:
         """Expected seconds of the next trial of `subset`, which truly fails with `p_fail`."""
         return self.copy().charge(subset, p_fail)
 
-    def charge(self, subset: frozenset[str], like_bad: float | bool) -> float:
+    def charge(self, subset: frozenset[str], like_bad: float | bool, shards: int = 1) -> float:
         """Run the next trial of `subset` (like the bad end with probability / truth
-        `like_bad`): advance the state, return its seconds (expected where a probability)."""
+        `like_bad`): advance the state, return its seconds (expected where a probability).
+        `shards`: this node runs 1/shards of the trial's probe (a sharded probe on several
+        nodes: the Ray executor); a baseline another trial measures on the way is its own
+        node's, whole (only the good end's trial shards its baseline: it is its probe)."""
         end = not subset or subset == self.everything
         # a re-test draws the next seed block; a sequential trial's re-test draws other
         # requests against the first block's ends (HotEngineRunner), an end's needs its own
@@ -154,12 +157,14 @@ class CostTracker:
         self.seen[subset] += 1
         seconds = 0.0
         if self.costs.paired and block not in self.baselines:
-            seconds += self._engine(frozenset()) + self.costs.probe_s * (1 + self.costs.aa_fraction)
+            seconds += self._engine(frozenset()) + self.costs.probe_s * (
+                1 + self.costs.aa_fraction) / (1 if subset else shards)
             self.baselines.add(block)
         # a paired good end's trial is its block's baseline (measured now or before); its
         # verdict is the A/A's
         if subset or not self.costs.paired:
-            seconds += self._engine(self._state(subset)) + self._probe(subset, float(like_bad))
+            seconds += self._engine(self._state(subset)) + self._probe(
+                subset, float(like_bad)) / shards
         self.spent_s += seconds
         return seconds
 

@@ -63,7 +63,7 @@ from dsv4bisect.bisect.trials.shared_ends import BlockEnds, HotEnds, end_name
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.engines.rundir import save_config
 from dsv4bisect.engines.verify import server_info, verify_reference_patches
-from dsv4bisect.errors import ConfigError, EngineError, PatchError
+from dsv4bisect.errors import ConfigError, Dsv4BisectError, EngineError, PatchError
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.patching.wire import format_patch_set
 from dsv4bisect.probe import verdict as V
@@ -98,6 +98,9 @@ class _TrialContext:
         default_factory=lambda: {"launch_s": 0.0, "switch_s": 0.0, "probe_s": 0.0})
     probed_in: HotEngine | None = None
     measured: list[str] = field(default_factory=list)
+    replicas: tuple[str, ...] = ()  # urls of other nodes' engines in `patches`
+    patches: dict[str, str] = field(default_factory=dict)  # the trial's configuration
+    sharded: bool = False  # whether the probe really ran across them (else on this engine)
 
 
 class HotEngineRunner(EngineRunner):
@@ -166,9 +169,31 @@ class HotEngineRunner(EngineRunner):
         return FreshLaunch(super().fingerprint, self.confirm)
 
     # -- trials --------------------------------------------------------------------------------
-    def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult:
+    def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path,
+            replicas: Sequence[str] = ()) -> TrialResult:
+        """One hot trial. `replicas`: urls of engines on other nodes already switched to
+        `patches` (`replica`); the trial's probes of `patches` (a full-size one: an end's,
+        the good end's baseline and A/A repeat; or a sequential one) are split across them and
+        this engine (probe/shards.py), merged into, or observed in the order of, one node's."""
         with self._run_lock:
-            return self._trial(patches, seed_block, trial_dir, fresh=False)
+            return self._trial(patches, seed_block, trial_dir, fresh=False,
+                               replicas=tuple(replicas))
+
+    def replica(self, patches: dict[str, str], trial_dir: Path) -> str:
+        """Bring the engine of λ(`patches`) up and switch it to `patches` (receipts verified,
+        as before any probe here), for another node's trial to send part of its probe to;
+        returns its url. Raises `Stop` when the engine cannot serve."""
+        with self._run_lock:
+            ctx = _TrialContext(self.spec)
+            eng = self._engine_for(ctx, patches, trial_dir)
+
+            def ready() -> None:
+                eng.arm.ready()
+                self._switch(ctx, eng, patches)
+
+            self._guard(ctx, eng, ready, good_end=False)
+            assert eng.arm.launch is not None
+            return str(eng.arm.launch.url)
 
     def confirm(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult:
         """A fresh launch of `patches` (no hot environment), judged like a hot trial."""
@@ -202,8 +227,8 @@ class HotEngineRunner(EngineRunner):
                                 good=self.good_cfg.fingerprint,
                                 good_fingerprint=good_fingerprint, source=source)
 
-    def _trial(self, patches: dict[str, str], block: int, trial_dir: Path, fresh: bool
-               ) -> TrialResult:
+    def _trial(self, patches: dict[str, str], block: int, trial_dir: Path, fresh: bool,
+               replicas: tuple[str, ...] = ()) -> TrialResult:
         t0 = time.perf_counter()
         cfg = self.config(patches)
         if cfg.cannot_start:
@@ -214,7 +239,8 @@ class HotEngineRunner(EngineRunner):
         first = self._ends.known(0)
         reuse = (self.sequential and patches not in (self.good, self.bad)
                  and first is not None and first.bad is not None)
-        ctx = _TrialContext(self.spec.replace(seed_block=0 if reuse else block))
+        ctx = _TrialContext(self.spec.replace(seed_block=0 if reuse else block),
+                            replicas=replicas, patches=dict(patches))
         save_config(trial_dir / "candidate", cfg)
         measured_base = False
         eng: HotEngine | None = None  # the confirmation's own engine
@@ -243,6 +269,7 @@ class HotEngineRunner(EngineRunner):
                        fresh_launch=fresh or bool(used and used.fresh_in(patches)),
                        ends_measured=list(ctx.measured),
                        ends_from=dict(sorted(came_from.items())),
+                       shards=1 + len(ctx.replicas) if ctx.sharded else 1,
                        **{k: round(v, 3) for k, v in ctx.costs.items()})
         aa = self._ends.take_aa(block)
         return TrialResult(verdict.verdict, signature_of(verdict),
@@ -326,12 +353,23 @@ class HotEngineRunner(EngineRunner):
         seed = int(hashlib.sha256(f"{self.fingerprint(patches)}:{draw}".encode())
                    .hexdigest()[:8], 16)
 
-        def work(url: str) -> Any:
-            self._switch(ctx, eng, patches)
-            return run_sequential(url, base, bad, repeat, false_fail=ff, false_pass=fp,
+        def on(urls: Sequence[str]) -> Any:
+            return run_sequential(urls, base, bad, repeat, false_fail=ff, false_pass=fp,
                                   seed=seed, api_key=self.api_key,
                                   model=eng.cfg.served_model_name, warn_fails=self.warn_fails,
                                   drift_relative=self.drift_relative)
+
+        def work(url: str) -> Any:
+            self._switch(ctx, eng, patches)
+            if ctx.replicas:
+                try:  # the same draws and decision as on one node (probe/shards.py)
+                    out = on([url, *ctx.replicas])
+                    ctx.sharded = True
+                    return out
+                except (Dsv4BisectError, OSError) as exc:  # a replica's node or engine lost:
+                    self.on_event(Notice(f"sharded probe lost a replica ({exc}): probed on "
+                                         "this node alone", "warn"))  # the same requests
+            return on([url])
 
         outcome = self._timed(ctx, eng, patches, lambda: eng.arm.probe(work), good_end=False)
         saved = outcome.save(trial_dir / "candidate")
@@ -340,9 +378,12 @@ class HotEngineRunner(EngineRunner):
     def _collect(self, ctx: _TrialContext, eng: HotEngine, patches: Mapping[str, str],
                  reference: ProbeRun | None, label: str, *, good_end: bool) -> ProbeRun:
         progress = probe_progress(self.on_event, label)
-        return self._timed(ctx, eng, patches, lambda: collect_on(
+        replicas = ctx.replicas if dict(patches) == ctx.patches else ()  # in this configuration
+        run = self._timed(ctx, eng, patches, lambda: collect_on(
             eng.arm, ctx.spec, reference, self.api_key, progress,
-            lambda: self._switch(ctx, eng, patches)), good_end=good_end)
+            lambda: self._switch(ctx, eng, patches), replicas), good_end=good_end)
+        ctx.sharded = ctx.sharded or bool(replicas)
+        return run
 
     def _timed(self, ctx: _TrialContext, eng: HotEngine, patches: Mapping[str, str],
                probe: Callable[[], T], *, good_end: bool) -> T:
