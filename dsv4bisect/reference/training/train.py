@@ -294,8 +294,10 @@ def load_state(directory: Path, model: Transformer, opt: torch.optim.Optimizer,
 
 def save(out: Path, model: Transformer, opt: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
     if meta["config"].get("mtp_main") is not None:  # the MTP layer alone, deployment format
+        chain = {k: meta["config"][f"mtp_{k}"] for k in ("depths", "init")
+                 if meta["config"].get(f"mtp_{k}") not in (None, 1)}
         save_mtp(out / "checkpoint", model.a, state_tensors(model),
-                 {"steps": meta["step"], "elapsed_s": round(meta["elapsed_s"], 1)})
+                 {"steps": meta["step"], "elapsed_s": round(meta["elapsed_s"], 1), **chain})
         save_state(out / "state", model, opt, {**meta, "state_prefix": "mtp."}, prefix="mtp.")
         return
     bf16 = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v)
