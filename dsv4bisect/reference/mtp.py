@@ -117,6 +117,14 @@ def mtp_logits_batch(model: Transformer, h: torch.Tensor, next_tokens: torch.Ten
     """MTP module `depth` over B sequences at once, as `Transformer.mtp_logits` over one.
     h: main final streams [B·T, n, dim] of tokens 0..T-1 of each row; next_tokens [B, T] =
     tokens 1..T. Returns logits [B, T, vocab]: row b, position t predicts token t+2."""
+    return mtp_streams_batch(model, h, next_tokens, train, depth)[1]
+
+
+def mtp_streams_batch(model: Transformer, h: torch.Tensor, next_tokens: torch.Tensor,
+                      train: TrainHooks | None = None, depth: int = 0
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`mtp_logits_batch` that also returns the MTP layer's output streams [B·T, n, dim]
+    (before hc_head: what a chained draft step feeds back in as its `h`)."""
     B, T = next_tokens.shape
     blk = model.mtp[depth]
     flat = next_tokens.reshape(-1)
@@ -125,7 +133,7 @@ def mtp_logits_batch(model: Transformer, h: torch.Tensor, next_tokens: torch.Ten
     x = blk.h_proj(blk.hnorm(h)) + e[:, None, :]  # [B·T, n, dim]
     x = Block.forward(blk, x, step, [blk.attn.new_cache(h.device) for _ in range(B)])
     y = hc_head(x, blk.hc_head_fn, blk.hc_head_scale, blk.hc_head_base, model.a)
-    return model.head(blk.norm(y)).view(B, T, -1)
+    return x, model.head(blk.norm(y)).view(B, T, -1)
 
 
 def mtp_ragged(model: Transformer, chunks: list[tuple[torch.Tensor, torch.Tensor, MTPState]],

@@ -55,9 +55,10 @@ def test_speculation_reports_sglangs_metrics(answers) -> None:
     assert (spec["speculative_algorithm"], spec["speculative_num_steps"],
             spec["speculative_eagle_topk"], spec["speculative_num_draft_tokens"]) == (
         "NEXTN", 3, 1, 4)
-    # measured 0.52 on these 16 (docs/reference-engine.md); one round emits 2.15 tokens
+    # issue 32's bars; the MTP layer trained on chained drafts measured 0.47 forwards per token
+    # and an acceptance of 0.64 on these 16 (docs/performance.md; 0.38 when trained at depth 1)
     assert spec["main_forwards_per_output_token"] <= 0.7
-    assert 0 < spec["spec_accept_rate"] <= 1 and spec["avg_spec_accept_length"] > 1
+    assert 0.6 <= spec["spec_accept_rate"] <= 1 and spec["avg_spec_accept_length"] > 1
 
 
 @pytest.mark.parametrize(("args", "words"), [

@@ -135,3 +135,36 @@ def test_drafted_positions_are_answer_tokens_after_the_first() -> None:
     w = torch.tensor([[0.1, 0.1, 1.0, 1.0, 1.0, 0.1, 1.0, 1.0]])
     assert mtp.drafted_mask(w).tolist() == [[False, False, False, True, True, False, False, True]]
     assert data.ANSWER == 1.0
+
+
+def test_chained_training_starts_from_a_stored_mtp_layer_and_keeps_depth_one(tmp_path) -> None:
+    """`mtp_init` starts from the MTP file beside a checkpoint; the chained loss (depths 1..3,
+    depth k fed the MTP layer's own depth-(k-1) output of the row before) keeps depth 1 as the
+    single-depth objective and trains only the MTP layer."""
+    main = _small_main(tmp_path)
+    trained = mtp.mtp_model(str(main), 5, torch.device("cpu"))
+    train.save(tmp_path / "first", trained, train.optimizer(mtp.mtp_trainable(trained),
+                                                            train.TrainConfig()),
+               {"step": 1, "elapsed_s": 1.0, "stage": 0, "stage_start": 0,
+                "config": dataclasses.asdict(train.TrainConfig(mtp_main=str(main)))})
+    for name in (MTP_CONFIG_NAME, MTP_WEIGHTS_NAME):
+        shutil.copy(tmp_path / "first/checkpoint" / name, main / name)
+    stored = load_model(main, mtp=True).state_dict()
+    model = mtp.mtp_model(str(main), 1, torch.device("cpu"), init=str(main))
+    assert all(torch.equal(v, stored[k]) for k, v in model.state_dict().items()
+               if k.startswith("mtp."))
+    tok, w = train.to_tensors(*train.make_batch(1, 0, 96, 128, 256, 2, "codes"),
+                              torch.device("cpu"))
+    with torch.no_grad():
+        _, one = mtp.mtp_forward(model, tok, None, 1)
+        _, three = mtp.mtp_forward(model, tok, None, 3)
+    assert len(three) == 3 and torch.equal(one[0], three[0])
+    assert not torch.equal(three[0], three[1])  # depth 2 reads the MTP layer's own streams
+    model.ops = training_ops()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = dataclasses.replace(train.TrainConfig(), mtp_main=str(main), mtp_depths=3, workers=0)
+    stats, _ = train.optimize(model, train.optimizer(mtp.mtp_trainable(model), cfg), cfg, tok, w,
+                              1e-3, False)
+    assert {"answer_ce", "answer_ce_d2", "answer_ce_d3"} <= stats.keys()
+    moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert moved and all(k.startswith("mtp.") for k in moved)

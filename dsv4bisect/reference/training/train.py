@@ -102,6 +102,10 @@ class TrainConfig:
     # training/mtp.py): `model` is then ignored, the held-out score is draft acceptance and the
     # result is `mtp.json` + `mtp.safetensors` (docs/training.md, "The MTP layer").
     mtp_main: str | None = None
+    # Draft depths in the MTP loss, chained as the server drafts (1 = DeepSeek's objective alone);
+    # `mtp_init`: start the MTP layer from the one beside this checkpoint, not from random.
+    mtp_depths: int = 1
+    mtp_init: str | None = None
 
     def model_args(self) -> ModelArgs:
         return ModelArgs.preset("tiny").with_(**self.model)
@@ -185,7 +189,7 @@ def optimize(model: Transformer, opt: torch.optim.Optimizer, cfg: TrainConfig, t
     for group in opt.param_groups:
         group["lr"] = lr
     if cfg.mtp_main is not None:
-        loss, stats, loads = mtp_train_step(model, tok, w)
+        loss, stats, loads = mtp_train_step(model, tok, w, cfg.mtp_depths)
     else:
         loss, stats, loads = train_step(model, tok, w, dense, cfg)
     opt.zero_grad(set_to_none=True)
@@ -290,8 +294,10 @@ def load_state(directory: Path, model: Transformer, opt: torch.optim.Optimizer,
 
 def save(out: Path, model: Transformer, opt: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
     if meta["config"].get("mtp_main") is not None:  # the MTP layer alone, deployment format
+        chain = {k: meta["config"][f"mtp_{k}"] for k in ("depths", "init")
+                 if meta["config"].get(f"mtp_{k}") not in (None, 1)}
         save_mtp(out / "checkpoint", model.a, state_tensors(model),
-                 {"steps": meta["step"], "elapsed_s": round(meta["elapsed_s"], 1)})
+                 {"steps": meta["step"], "elapsed_s": round(meta["elapsed_s"], 1), **chain})
         save_state(out / "state", model, opt, {**meta, "state_prefix": "mtp."}, prefix="mtp.")
         return
     bf16 = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v)
@@ -316,7 +322,7 @@ def run(out: Path, cfg: TrainConfig, device: torch.device, resume: bool,
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     if cfg.mtp_main is not None:  # the main model frozen, one new MTP layer (training/mtp.py)
-        model = mtp_model(cfg.mtp_main, cfg.seed, device)
+        model = mtp_model(cfg.mtp_main, cfg.seed, device, cfg.mtp_init)
     elif init_from is not None:  # continue from a checkpoint directory (weights only)
         model = load_model(init_from, device)
         if model.a != cfg.model_args():
@@ -326,7 +332,7 @@ def run(out: Path, cfg: TrainConfig, device: torch.device, resume: bool,
     model.ops = training_ops(device)
     model.train()
     opt = optimizer(mtp_trainable(model) if cfg.mtp_main is not None else trainable(model), cfg)
-    score = (lambda m, t, w: {"exact": None, **mtp_scores(m, t, w)}) if cfg.mtp_main is not None \
+    score = (lambda m, t, w: {"exact": None, **mtp_scores(m, t, w, cfg.mtp_depths)}) if cfg.mtp_main is not None \
         else final_answer_scores
     step, elapsed0, current, stage_start = 0, 0.0, 0, 0
     if resume and (out / "state" / "meta.json").exists():
