@@ -78,14 +78,16 @@ def test_a_cached_baseline_is_reused_and_the_candidate_still_launches(tmp_path: 
     assert "baseline reused from the cache" in r.stderr
 
 
-def test_double_scale_fault_fails_on_drift_evidence(tmp_path: Path, cache: Path) -> None:
+def test_double_scale_fault_warns_on_drift_alone(tmp_path: Path, cache: Path) -> None:
+    # no fact lost (the ci tier's families carry no evidence): drift alone is a WARN, which
+    # exits 0 by default, so `git bisect run dsv4bisect run` lands on a commit that loses facts
     runs = tmp_path / "runs"
     r = cli("run", "reference", "--tier", "ci", "--out", runs, "--json",
             "--set", "patches.hash-topk-scaling.variant=double-scale", cache=cache)
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 0, r.stderr
     v = load_json(r.stdout)
-    assert v["verdict"] == "FAIL" and v["drift"]["status"] == "fail"
-    assert v["reasons"][0].startswith("drift FAIL")
+    assert v["verdict"] == "WARN" and v["drift"]["status"] == "warn"
+    assert any(reason.startswith("drift WARN") for reason in v["reasons"]), v["reasons"]
     assert v["drift"]["candidate"]["top1_agreement"] < 0.9
     assert not any(f["evidence"] for f in v["families"].values())
     doc = load(only_run_dir(runs) / "run.json")
@@ -94,18 +96,20 @@ def test_double_scale_fault_fails_on_drift_evidence(tmp_path: Path, cache: Path)
     assert doc["arms"]["baseline"]["patch_set"] == {}
 
 
-def test_split_k_merge_fault_fails_at_long_context(tmp_path: Path, cache: Path) -> None:
+def test_split_k_merge_fault_warns_at_long_context(tmp_path: Path, cache: Path) -> None:
     # The merge fault only acts beyond ~768 tokens (more than one 64-key split): one 2048-token
     # drift transcript shows it in its far position buckets.
     runs = tmp_path / "runs"
     r = cli("run", "reference", "--tier", "ci", "--out", runs, "--json",
             "--set", "patches.mma-decode.variant=merge-no-rescale",
-            "--set", "probe.families=[drift]", "--set", "probe.lengths=[2048]", cache=cache)
-    assert r.returncode == 1, r.stderr
+            "--set", "probe.families=[drift]", "--set", "probe.lengths=[2048]",
+            "--warn-as", "warn", cache=cache)
+    assert r.returncode == 4, r.stderr  # a WARN's own exit code when asked for
     v = load_json(r.stdout)
-    assert v["verdict"] == "FAIL" and v["drift"]["status"] == "fail"
-    where = v["drift"]["trigger"]["where"]  # e.g. "positions 512-1023": a far bucket
-    assert where.startswith("positions ") and int(where.split()[1].split("-")[0]) >= 512
+    assert v["verdict"] == "WARN" and v["drift"]["status"] == "warn"
+    far = {k: view["status"] for k, view in v["drift"]["views"].items()
+           if k.startswith("positions ") and int(k.split()[1].split("-")[0]) >= 512}
+    assert far and set(far.values()) == {"warn"}, far  # every far bucket beyond its null
 
 
 def test_an_engine_that_never_becomes_healthy_cannot_be_tested(tmp_path: Path,
