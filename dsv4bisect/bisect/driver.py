@@ -32,6 +32,7 @@ from dsv4bisect.bisect.events import (
 )
 from dsv4bisect.bisect.evidence import record_noise_evidence
 from dsv4bisect.bisect.ledger import Ledger, NoiseEstimate, StepRow, TrialKey
+from dsv4bisect.bisect.rounds import ends_alone
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.search import Search, SearchResult, Status
 from dsv4bisect.bisect.spec import BisectSpec
@@ -241,7 +242,10 @@ class _Driver:
                        pool: ThreadPoolExecutor | None) -> int:
         """Run what `propose` asks for, round by round, recording each outcome in the search
         and the ledger; returns the next step number."""
+        alone = bool(getattr(self.runner, "ends_alone", False))  # bisect/rounds.py
         while proposals := propose():
+            if alone:
+                proposals = ends_alone(proposals, frozenset(self.spec.candidates))
             self.emit(progress_of(search))
             slots = []
             for subset in proposals:

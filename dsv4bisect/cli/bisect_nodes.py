@@ -64,16 +64,16 @@ def node_lines(plan: NodePlan, asked: int, main_runs: int,
                "fresh confirmation (the Ray executor cannot launch fresh), so 1 node is the "
                "plan above")
     out.append("  sharded (hot runners; --no-shard turns it off): the schedule the Ray "
-               "executor runs: a round of n trials gives each its node, then (K - n) // n of "
-               "the idle nodes each, whose engines are switched (or launched) into the trial's "
-               "configuration; its probe is split across them, each shard paying its own launch "
-               "or switch, the trial lasting as long as its slowest shard; '/N': run with "
-               "--nodes K --parallel N (N trials a round, each on K/N nodes; N = 1: the ends "
-               "one after the other on every node), priced lower than --parallel K")
+               "executor runs: an end runs alone in its round, its full-size probe split across "
+               "every node (each paying its own launch or switch, the end lasting as long as "
+               "its slowest shard): the good end, then the bad end, which replays the good "
+               "end's run; every other trial runs on a node of its own, unsharded (its probe is "
+               "shorter than a replica's switch), up to K a round; '/N': --nodes K --parallel N "
+               "(N trials a round after the ends), priced lower than --parallel K")
     out.append("  costs: those above, unchanged, on every node")
-    out.append("  floor (what a bisect told the culprits must still run: the two ends and one "
-               "trial of the culprits, every lever, sharded): " + ", ".join(
-                   f"{dur(s)} on {k} node{'s' * (k > 1)}" for k, s in plan.floor_s))
+    out.append("  floor (what a bisect told the culprits must still run: the two ends, each "
+               "alone on every node, and one trial of the culprits, every lever, sharded): "
+               + ", ".join(f"{dur(s)} on {k} node{'s' * (k > 1)}" for k, s in plan.floor_s))
     out.append(f"  {_saving(plan, dur)}")
     return out
 

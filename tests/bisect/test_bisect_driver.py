@@ -344,3 +344,43 @@ def test_by_default_a_warn_is_like_good_when_the_bad_end_loses_facts(ledger, tmp
                        if "c" not in s}
     out = start_bisect(spec(), runner, ledger, tmp_path / "run")
     assert out.result.status is Status.FOUND and out.result.culprits == {"c"}
+
+
+class EndsAloneRunner(OracleRunner):
+    """A runner that shards the ends (the Ray runner's `ends_alone`): records each round."""
+
+    ends_alone = True
+
+    def __init__(self, culprits: set[str]) -> None:
+        super().__init__(culprits)
+        self.rounds: list[int] = []
+
+    def begin_round(self, trials: int) -> None:
+        self.rounds.append(trials)
+
+
+def test_a_runner_that_shards_the_ends_gets_each_end_alone_in_its_round(ledger, tmp_path):
+    """bisect/rounds.py: the good end, then the bad end, each alone in its round (every node
+    shards it), then rounds of up to --parallel trials; the same culprits as without."""
+    runner = EndsAloneRunner({"a", "d"})
+    out = start_bisect(spec(parallel=3), runner, ledger, tmp_path / "run")
+    assert out.result.culprits == {"a", "d"}
+    assert [s for s, _ in runner.calls[:2]] == [frozenset(), frozenset(NAMES)]
+    assert runner.rounds[:2] == [1, 1] and max(runner.rounds) == 3
+    ends = {frozenset(), frozenset(NAMES)}
+    start = 0
+    for size in runner.rounds:  # a round holding an end holds nothing else
+        subsets = [s for s, _ in runner.calls[start:start + size]]
+        assert size == 1 or not ends & set(subsets), subsets
+        start += size
+
+
+def test_a_confirm_round_with_an_idle_slot_runs_the_remedy_check_in_it(ledger, tmp_path):
+    """--parallel 3, culprits {b, h}: a round of the confirm phase holds fewer checks than
+    slots, so the bad end without the lead runs in it as a search trial, and the remedy check
+    counts it instead of a round of its own (Search._propose_checks)."""
+    runner = OracleRunner({"b", "h"})
+    out = start_bisect(spec(parallel=3), runner, ledger, tmp_path / "run")
+    rest = frozenset(NAMES) - {"b", "h"}
+    assert out.result.culprits == {"b", "h"} and out.remedy.verdict == "passes"
+    assert out.remedy.trials_run == 0 and any(s.subset == rest for s in out.steps)

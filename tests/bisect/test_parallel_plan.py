@@ -10,6 +10,7 @@ import pytest
 
 from dsv4bisect.bisect.plan.parallel_plan import node_counts, plan_nodes
 from dsv4bisect.bisect.plan.simulate import NodePool, simulate
+from dsv4bisect.bisect.rounds import ends_alone
 from dsv4bisect.bisect.plan.whole_plan import Setup, common_draws, plan_bisect
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.pricing import StepCosts
@@ -206,25 +207,50 @@ def test_bad_arguments_are_errors():
 
 # -- sharded probes (a trial's probe split across nodes that each run its configuration) ------
 
-def test_sharded_ends_run_side_by_side_on_half_the_nodes_each():
-    """Four nodes, the first round's two ends (the Ray runner: each trial its node, then
-    (4 - 2) // 2 idle nodes each): each shard its own launch and half the probe. The good end's
-    trial shards its baseline and A/A repeat (its probe); the bad end's node measures its own
-    baseline whole first (a replica serves the trial's configuration only), its replica waits."""
-    costs = replace(_costs(), launch_s=600)
-    pool = NodePool(costs, frozenset("abc"), 4, sharded=True)
-    first = pool.run_round([(frozenset(), False), (frozenset("abc"), True)])
-    # the good end: launch 600 + (1000 + 500) / 2 on nodes 0 and 2; the bad end: on node 1 a
-    # launch of the good end 600 + its baseline 1500 + a launch 600 + 1000 / 2, on node 3 a
-    # launch 600 + 1000 / 2
-    assert sorted((t.trial, t.node, t.seconds, t.shards) for t in first.trials) == [
-        (0, 0, 1350, 2), (0, 2, 1350, 2), (1, 1, 3200, 2), (1, 3, 1100, 2)]
-    assert first.count == 2 and first.wall_s == 3200 and first.idle_slots == 0
-    assert pool.launches == 5 and all(pool.has_bad_end(n) for n in (1, 3))
-    # unsharded the same round takes 3700 (its bad end measures its own baseline first)
-    plain = NodePool(costs, frozenset("abc"), 4).run_round(
+def test_an_end_alone_is_sharded_across_every_node_one_after_the_other():
+    """Four nodes, the ends as the sharding executor runs them (bisect/rounds.py): the good end
+    alone on all four, each its own launch 600 + (1000 + 500) / 4 of its baseline and A/A
+    repeat; then the bad end alone on all four, a launch 600 + 1000 / 4, judged against the
+    good end the driver sent (no node measures a baseline of its own)."""
+    pool = NodePool(replace(_costs(), launch_s=600), frozenset("abc"), 4, sharded=True)
+    good = pool.run_round([(frozenset(), False)])
+    bad = pool.run_round([(frozenset("abc"), True)])
+    assert sorted((t.node, t.seconds, t.shards) for t in good.trials) == [
+        (n, 975, 4) for n in range(4)]
+    assert sorted((t.node, t.seconds, t.shards) for t in bad.trials) == [
+        (n, 850, 4) for n in range(4)]
+    assert good.wall_s + bad.wall_s == 1825 and good.idle_s == bad.idle_s == 0
+    assert pool.launches == 8 and all(pool.has_bad_end(n) for n in range(4))
+    # both ends at once, each on its own node (--no-shard): the bad end's node measures its
+    # own baseline first, 3700 in all
+    plain = NodePool(replace(_costs(), launch_s=600), frozenset("abc"), 4).run_round(
         [(frozenset(), False), (frozenset("abc"), True)])
     assert plain.wall_s == 3700
+
+
+def test_ends_alone_runs_the_first_end_proposed_by_itself_else_the_whole_round():
+    everything = frozenset("abc")
+    assert ends_alone([frozenset("a"), everything, frozenset()], everything) == [everything]
+    assert ends_alone([frozenset(), everything], everything) == [frozenset()]
+    assert ends_alone([frozenset("a"), frozenset("bc")], everything) == [frozenset("a"),
+                                                                         frozenset("bc")]
+
+
+def test_a_sharded_bisect_measures_the_ends_alone_first_then_trials_side_by_side():
+    """The simulated sharded bisect on four nodes: its first two rounds are the good end, then
+    the bad end, each alone on every node; every later trial that is not an end has a node of
+    its own (never a shard)."""
+    setup = _setup(confirm=False)
+    culprits, seeds = common_draws(setup, 6, 1)
+    for c, s in zip(culprits, seeds):
+        run = simulate(setup, 4, c, random.Random(s), priced=True, sharded=True)
+        first, second = run.rounds[:2]
+        assert [(t.node, t.shards) for t in first.trials] == [(n, 4) for n in range(4)]
+        assert [t.shards for t in second.trials] == [4] * 4
+        for rd in run.rounds[2:]:
+            assert all(t.shards == 1 for t in rd.trials) or (
+                rd.count == 1 and rd.trials[0].shards == 4)
+            assert len({t.node for t in rd.trials}) == len(rd.trials)
 
 
 def test_one_trial_a_round_on_two_nodes_runs_the_ends_one_after_the_other_on_both():
@@ -240,17 +266,17 @@ def test_one_trial_a_round_on_two_nodes_runs_the_ends_one_after_the_other_on_bot
     assert good.idle_s == bad.idle_s == 0
 
 
-def test_every_idle_node_joins_the_rounds_trial_as_the_runner_gives_them():
-    """After the ends, one trial on four nodes: all four (RayRunner gives a lone trial every
-    idle node); those whose engine is up in its state switch, the others launch, and the trial
-    lasts as long as a launching shard."""
+def test_a_lone_trial_that_is_no_end_runs_on_one_node_the_others_idle():
+    """After the ends (each alone on all four nodes), one trial: on one node, unsharded (its
+    probe, 0.2 of a full one, is shorter than a replica's switch); a node whose engine is up in
+    its load-time state takes it (a switch, not a launch)."""
     pool = NodePool(replace(_costs(), launch_s=600), frozenset("abc"), 4, sharded=True)
-    pool.run_round([(frozenset(), False), (frozenset("abc"), True)])
-    # {a, b}: load-time state {a}, up on nodes 1 and 3 (the bad end's); fails like the bad end
+    pool.run_round([(frozenset(), False)])
+    pool.run_round([(frozenset("abc"), True)])
+    # {a, b}: load-time state {a}, up on every node (the bad end's); fails like the bad end
     second = pool.run_round([(frozenset("ab"), True)])
-    assert sorted((t.node, t.seconds, t.shards, t.sequential) for t in second.trials) == [
-        (0, 650, 4, True), (1, 60, 4, True), (2, 650, 4, True), (3, 60, 4, True)]
-    assert second.idle_slots == 0 and second.wall_s == 650  # a switch 10 or launch 600 + 50
+    assert [(t.seconds, t.shards, t.sequential) for t in second.trials] == [(210, 1, True)]
+    assert second.idle_slots == 3 and second.wall_s == 210  # a switch 10 + 1000 x 0.2
 
 
 def test_sharding_changes_no_outcome_stream_and_one_node_is_unchanged():

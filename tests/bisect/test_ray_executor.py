@@ -170,7 +170,9 @@ def test_a_hot_ray_bisect_shares_the_ends_so_nodes_probe_with_ends_they_did_not_
         cluster: tuple[Cluster, Any], tmp_path: Path) -> None:
     c, _ = cluster
     out = tmp_path / "ray"
-    hot = [a for a in argv(c, out) if a != "--fresh-launches"]
+    # --no-shard: each trial on a node of its own, so the first round runs both ends at once
+    # (sharded, the ends run one after the other, each on every node: the next test)
+    hot = [a for a in argv(c, out, "--no-shard") if a != "--fresh-launches"]
     r = run(hot)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["culprits"] == CULPRIT
@@ -207,37 +209,45 @@ def test_a_hot_ray_bisect_shares_the_ends_so_nodes_probe_with_ends_they_did_not_
 @pytest.mark.slow  # two hot bisects on two nodes, with and without sharding: 4-6 minutes
 def test_a_ray_bisect_on_two_nodes_with_sharded_probes_names_the_culprit_found_without(
         cluster: tuple[Cluster, Any], tmp_path: Path) -> None:
-    """--nodes 2 --parallel 1: one trial a round, its probe split across both nodes (the ends
-    one after the other, each on both); the same bisect with --parallel 2 --no-shard (a trial
-    per node) names the same culprit. Both measure their ends (--no-cache)."""
+    """--parallel 2 (sharding on): the ends one after the other, each alone in its round and
+    its probe split across both nodes; every other trial on a node of its own (bisect/rounds.py:
+    the schedule the node plan prices). The same bisect with --no-shard (both ends at once, a
+    trial per node) names the same culprit. Both measure their ends (--no-cache)."""
     c, _ = cluster
 
     def hot(out: Path, *args: str) -> list[str]:
-        cmd = [a for a in argv(c, out, "--no-cache", *args) if a != "--fresh-launches"]
-        i = cmd.index("--parallel")
-        return cmd[:i] + cmd[i + 2:]
+        return [a for a in argv(c, out, "--no-cache", *args) if a != "--fresh-launches"]
 
     t0 = time.monotonic()
-    r = run(hot(tmp_path / "sharded", "--nodes", "2", "--parallel", "1"))
+    r = run(hot(tmp_path / "sharded"))
     t_sharded = time.monotonic() - t0
     assert r.returncode == 0, r.stderr
     t0 = time.monotonic()
-    plain = run(hot(tmp_path / "plain", "--parallel", "2", "--no-shard"))
+    plain = run(hot(tmp_path / "plain", "--no-shard"))
     t_plain = time.monotonic() - t0
     assert plain.returncode == 0, plain.stderr
     doc, base = json.loads(r.stdout), json.loads(plain.stdout)
     assert doc["culprits"] == base["culprits"] == CULPRIT
-    print(f"hot ray, 2 nodes: --nodes 2 --parallel 1 (sharded): {t_sharded:.0f} s; "
-          f"--parallel 2 --no-shard: {t_plain:.0f} s; load {os.getloadavg()[0]:.1f}")
-    # every trial probed on both nodes: its own and a replica switched to its configuration
-    # (report and --json: which node measured what, and when)
-    for t in doc["trials"]:
+    print(f"hot ray, 2 nodes, --parallel 2: sharded ends {t_sharded:.0f} s; --no-shard "
+          f"{t_plain:.0f} s; load {os.getloadavg()[0]:.1f}")
+    # the ends: each probed on both nodes, its own and a replica switched to its
+    # configuration, the good end before the bad end (report and --json: which node measured
+    # what, and when)
+    everything = 4
+    ends = [t for t in doc["trials"] if len(t["subset"]) in (0, everything)]
+    good = next(t for t in ends if not t["subset"])
+    bad = next(t for t in ends if t["subset"])
+    for t in (good, bad):
         node = t["node"]
-        assert node and [r["node_id"] for r in node.get("replicas", [])] != [], doc["trials"]
-        assert node["replicas"][0]["node_id"] != node["node_id"]
-        # the replica's engine ready (just before the trial starts on its node) until the end
+        assert [r["node_id"] for r in node.get("replicas", [])] != [], doc["trials"]
         replica = node["replicas"][0]
+        assert replica["node_id"] != node["node_id"]
+        # the replica's engine ready (just before the trial starts on its node) until the end
         assert replica["started"] <= node["finished"] <= replica["finished"]
+    assert good["node"]["finished"] <= bad["node"]["started"]
+    # every other trial on one node, no replica; a round of two runs them at once
+    others = [t for t in doc["trials"] if t not in ends]
+    assert others and all(not t["node"].get("replicas") for t in others)
     assert all(not t["node"].get("replicas") for t in base["trials"])
     # the good end's baseline was measured once, sharded, on both nodes; the ends' runs hold
     # both shards, merged

@@ -163,7 +163,8 @@ class RayRunner(TrialRunner):
 
         self.local, self.request, self.preflight = local, request, preflight
         # sharded probes need engines kept up between trials (hot runners); the plan prices
-        # them only with the sequential trial probe (simulate.NodePool), and so it runs
+        # them only with the sequential trial probe (simulate.NodePool), and so it runs: the
+        # ends alone in their rounds, each across every slot (bisect/rounds.py)
         self.shard = shard and request.hot and bool(getattr(local, "sequential", False))
         self._share = 0  # idle slots each trial of the round may take as replicas
         self.address = address
@@ -195,9 +196,16 @@ class RayRunner(TrialRunner):
     def fingerprint(self, patches: Mapping[str, str]) -> str:
         return self.local.fingerprint(patches)
 
+    @property
+    def ends_alone(self) -> bool:
+        """Whether the driver runs an end alone in its round (bisect/rounds.py): its probe is
+        then sharded across every slot, and every other trial runs on a slot of its own."""
+        return self.shard
+
     def begin_round(self, trials: int) -> None:
         """The driver starts a round of `trials` trials: the slots beyond them are idle for
-        the round, so each trial may take `(slots - trials) // trials` of them as replicas."""
+        the round, so an end (alone in its round: `ends_alone`) takes every other slot as
+        replicas; other trials take none (`_helpers`)."""
         with self._lock:
             live = len(self._actors)
         self._share = max(0, live - trials) // max(trials, 1) if self.shard else 0
@@ -209,7 +217,7 @@ class RayRunner(TrialRunner):
         state = self._state_of(patches)
         slot = self._acquire(state)
         ends = self._ends_of(trial_dir.parent.parent)
-        helpers = self._helpers(ends, state)
+        helpers = self._helpers(ends, state) if self._is_end(patches) else []
         urls, replicas = self._replicas(slot, helpers, trial) if helpers else ((), {})
         sent, archive = ends.pack(exclude=slot.ends) if ends is not None else (frozenset(), None)
         t0 = time.perf_counter()
@@ -242,7 +250,12 @@ class RayRunner(TrialRunner):
             self._release(slot)
         return result
 
-    # -- sharded probes: a trial's probe on idle nodes too (docs/cluster.md) ----------------
+    # -- sharded probes: an end's probe on every idle node (docs/cluster.md) ----------------
+    def _is_end(self, patches: Mapping[str, str]) -> bool:
+        """Whether `patches` is the good or the bad end: only the ends' full-size probes are
+        sharded (a trial probe is shorter than the switch a replica pays: bisect/rounds.py)."""
+        return dict(patches) in (dict(self.request.good), dict(self.request.bad))
+
     def _helpers(self, ends: DriverEnds | None, state: str | None) -> list[_Slot]:
         """Idle slots for this trial's replicas (hot runners only): its share of the round's
         idle slots, those whose engine is up in its load-time state first (a switch, not a

@@ -99,8 +99,8 @@ def plan_nodes(setup: Setup, nodes: Sequence[int] = NODE_COUNTS, *, trials: int 
             if k == 1:  # one node has no other to share a probe with
                 rows.append(replace(plain, sharded=True))
                 continue
-            # sharded: K proposals a round, or K/2 or one, each on more nodes (--nodes K
-            # --parallel N), whichever is priced lower
+            # sharded: after the ends (each alone on every node), K trials a round, or K/2 or
+            # one (--nodes K --parallel N), whichever is priced lower
             rows.append(min((_row(cfg, k, size, on, priced, True, culprits, seeds)
                              for size in sorted({k, (k + 1) // 2, 1}, reverse=True)),
                             key=lambda r: r.mean_wall_s))
@@ -110,20 +110,17 @@ def plan_nodes(setup: Setup, nodes: Sequence[int] = NODE_COUNTS, *, trials: int 
 
 
 def floor_run(setup: Setup, nodes: int, culprits: frozenset[str]) -> float:
-    """What a bisect told the culprits must still run, with every lever and sharding: the two
-    ends (in one round side by side, each on half the nodes, or one round each on every node,
-    whichever is shorter: --parallel 2 or 1) and one trial of the culprits (their failure,
-    judged against the good end), on `nodes` nodes; no search, no re-test."""
+    """What a bisect told the culprits must still run, with every lever, as the sharding
+    executor runs it: the two ends, one after the other, each sharded across every node (the
+    bad end replays the good end's run, so it cannot start before it), and one trial of the
+    culprits (their failure, judged against the good end) on one node; no search, no
+    re-test."""
     everything = frozenset(setup.candidates)
-    ends = [(frozenset(), False), (everything, True)]
-    walls = []
-    for rounds in ([[ends]] if nodes > 1 else []) + [[ends[:1], ends[1:]]]:
-        pool = NodePool(setup.costs, everything, nodes, sharded=True)
-        wall = sum(pool.run_round(r).wall_s for r in rounds)
-        if culprits != everything:
-            wall += pool.run_round([(culprits, True)]).wall_s
-        walls.append(wall)
-    return min(walls)
+    pool = NodePool(setup.costs, everything, nodes, sharded=True)
+    wall = sum(pool.run_round([end]).wall_s for end in ((frozenset(), False), (everything, True)))
+    if culprits != everything:
+        wall += pool.run_round([(culprits, True)]).wall_s
+    return wall
 
 
 def _row(cfg: Setup, nodes: int, size: int, levers: bool, priced: bool, sharded: bool,

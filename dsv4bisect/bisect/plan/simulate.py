@@ -32,15 +32,18 @@ What is modelled, and where the code does it:
   ran the earlier ones.
 * **No fresh confirmation**: the Ray runner cannot launch fresh (driver._confirmation: the
   report says "skipped"), so none is priced; the single-node plan (whole_plan.py) prices it.
-* **Sharding** (`sharded=True`; probe/shards.py, docs/cluster.md "Reading the node plan"): the
-  schedule the Ray runner runs (RayRunner.begin_round, _helpers). A round of n trials on K
-  nodes gives each trial its node as unsharded, then `(K - n) // n` of the idle nodes each (a
-  node whose engine is up in the trial's load-time state first: a switch; else the node free
-  longest: a launch); the trial's probe (an end's full-size probe and the baseline it
-  measures, or a sequential trial) is split across its group, each node paying its own
-  launch or switch and 1/n of the probe; the trial lasts as long as its slowest shard. Hot
-  runners with the sequential trial probe only (RayRunner.shard): otherwise nothing is
-  sharded.
+* **Sharding** (`sharded=True`; probe/shards.py, bisect/rounds.py, docs/cluster.md "Reading
+  the node plan"): the schedule the Ray runner runs (driver._search_rounds with
+  RayRunner.ends_alone, RayRunner._helpers). An end proposed by the search runs alone in its
+  round (`ends_alone`; the search is asked again after it), its full-size probe (and, the good
+  end's, the baseline and A/A repeat it measures) split across every node: the trial's own
+  node (`_place`), then those whose engine is up in its load-time state (a switch), then the
+  rest (a launch), each paying its own launch or switch and 1/K of the probe; the end lasts as
+  long as its slowest shard. So the good end runs on every node, then the bad end (which
+  replays the good end's run and is judged against it: it cannot start before it). Every
+  other trial runs on a node of its own, unsharded: a trial probe is shorter than the switch
+  a replica would pay. Hot runners with the sequential trial probe only (RayRunner.shard):
+  otherwise nothing is sharded and no end runs alone.
 
 Idle slots: a round holds K node slots for as long as its slowest trial. `idle_slots` counts
 node-rounds with no trial at all (a round with fewer proposals than nodes: the end checks,
@@ -66,6 +69,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dsv4bisect.bisect import remedy as rem
+from dsv4bisect.bisect.rounds import ends_alone
 from dsv4bisect.bisect.plan.search_memo import MemoSearch, SearchMemo
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
@@ -162,7 +166,7 @@ class NodeTrial:
     seconds: float
     sequential: bool  # the sequential trial probe (else full size, at the ends' rates)
     trial: int = 0  # which proposal of the round (a sharded trial: one row per shard)
-    start_s: float = 0.0  # after the round's start (ends one after the other on every node)
+    start_s: float = 0.0  # after the round's start
     shards: int = 1  # nodes its probe was split across
     launched: bool = False  # its node launched the trial's own engine (hot mode)
 
@@ -214,6 +218,12 @@ class NodePool:
         self._bad_end = False  # the driver has the bad end's block-0 run
 
     @property
+    def shards(self) -> bool:
+        """Whether this pool shards the ends (the Ray runner shards only with hot runners
+        that probe sequentially: RayRunner.shard)."""
+        return self.sharded and self._sequential.hot and self._sequential.sequential
+
+    @property
     def launches(self) -> int:
         return sum(t.launches for t in self.trackers)
 
@@ -222,15 +232,15 @@ class NodePool:
         return self.trackers[node].costs.sequential
 
     def run_round(self, trials: Sequence[tuple[frozenset[str], bool]]) -> Round:
-        """Run one round of (subset, truly fails) trials in proposal order: one per node, or
-        (sharded) each on its node and its share of the idle ones (`_groups`)."""
+        """Run one round of (subset, truly fails) trials in proposal order, one per node;
+        sharded, an end alone in its round on every node (`_sharded_round`)."""
         if not 1 <= len(trials) <= self.nodes:
             raise ValueError(f"{len(trials)} trials for {self.nodes} nodes")
         for tracker in self.trackers:  # the ends the driver sends with this round's trials
             tracker.baselines |= self._baselines
             if self._bad_end:
                 tracker.costs = self._sequential
-        if not (self.sharded and self._sequential.hot and self._sequential.sequential):
+        if not self.shards:
             # (the Ray runner shards only with hot runners that probe sequentially)
             ran = [self._run(i, [self._place(subset)], subset, fails)[0]
                    for i, (subset, fails) in enumerate(trials)]
@@ -246,32 +256,27 @@ class NodePool:
 
     # -- sharding ----------------------------------------------------------------------------
     def _sharded_round(self, trials: Sequence[tuple[frozenset[str], bool]]) -> list[NodeTrial]:
-        """The round's trials side by side, each on its node and its share of the idle ones
-        (`_groups`: RayRunner.begin_round and _helpers)."""
-        groups = self._groups([s for s, _ in trials])
-        for node in (n for group in groups for n in group):
-            self._free.remove(node)
-        return [shard for i, ((subset, fails), group) in enumerate(zip(trials, groups))
-                for shard in self._run(i, group, subset, fails)]
+        """An end alone (`ends_alone`) is sharded across every node; any other trial runs on
+        its own node, unsharded (RayRunner._helpers): a trial probe (a few percent of a full
+        probe) is shorter than the switch a replica pays, so only the ends are worth splitting."""
+        if len(trials) == 1 and self._is_end(trials[0][0]):
+            (subset, fails), = trials
+            return self._run(0, self._group(subset), subset, fails)
+        return [self._run(i, [self._place(subset)], subset, fails)[0]
+                for i, (subset, fails) in enumerate(trials)]
 
-    def _groups(self, subsets: Sequence[frozenset[str]]) -> list[list[int]]:
-        """Nodes per trial as the Ray runner takes them: each trial its node as without
-        sharding (`_place`), then each, in proposal order, `(idle nodes) // trials` of the
-        nodes left, a node whose engine is up in its load-time state first (a switch), else
-        the node free longest (a launch)."""
-        free = list(self._free)
-        groups: list[list[int]] = []
-        for subset in subsets:
-            node = next((n for n in free if self.trackers[n].engine_up(subset)), free[0])
-            free.remove(node)
-            groups.append([node])
-        share = len(free) // len(subsets)
-        for subset, group in zip(subsets, groups):
-            for _ in range(share):
-                node = next((n for n in free if self.trackers[n].engine_up(subset)), free[0])
-                free.remove(node)
-                group.append(node)
-        return groups
+    def _is_end(self, subset: frozenset[str]) -> bool:
+        return not subset or subset == self.everything
+
+    def _group(self, subset: frozenset[str]) -> list[int]:
+        """Every free node, in the order the Ray runner takes them: the trial's own node first
+        (`_place`), then those whose engine is up in its load-time state, then the rest, free
+        longest first."""
+        first = self._place(subset)
+        rest = sorted(self._free, key=lambda n: not self.trackers[n].engine_up(subset))
+        for node in rest:
+            self._free.remove(node)
+        return [first, *rest]
 
     # -- one trial ---------------------------------------------------------------------------
     def _place(self, subset: frozenset[str]) -> int:
@@ -367,7 +372,10 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
     phase = dict.fromkeys(PHASES, 0.0)
     fresh_fails: set[frozenset[str]] = set()  # failed in an engine launched for them (hot)
 
-    def run(subsets: list[frozenset[str]], name: str | None = None) -> list[tuple[str, bool]]:
+    def run(subsets: list[frozenset[str]], name: str | None = None
+            ) -> list[tuple[frozenset[str], str, bool]]:
+        if pool.shards:
+            subsets = ends_alone(subsets, everything)
         done = pool.run_round([(s, culprits <= s) for s in subsets])
         rounds.append(done)
         ends = any(not s or s == everything for s in subsets)
@@ -380,17 +388,17 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
             outcome = oracle_outcome(subset, culprits, noise, rng)
             if all(t.launched for t in shards) and outcome == V.FAIL:
                 fresh_fails.add(subset)
-            out.append((outcome, sequential))
+            out.append((subset, outcome, sequential))
         return out
 
     while proposals := search.next():
-        for subset, (outcome, sequential) in zip(proposals, run(proposals)):
+        for subset, outcome, sequential in run(proposals):
             search.record(subset, outcome, cfg.trial_noise if sequential else None)
     result = search.result()
     trials = 0
     if result.status is Status.FOUND and result.culprits:
         rem.simulate(cfg.candidates, result.culprits, search.records,
-                     lambda subset: run([subset], "remedy")[0][0])
+                     lambda subset: run([subset], "remedy")[0][1])
         confirmed = frozenset(result.culprits) in fresh_fails  # a search trial was it
         if cfg.costs.hot and cfg.confirm and not confirmed:
             phase["confirmation"] += pool.trackers[0].confirmation(culprits <= result.culprits)

@@ -358,7 +358,13 @@ class Search:
                 and not any(tracker.engine_up(p) for p in picks)):
             return [rest]
         picks.sort(key=lambda p: (not tracker.engine_up(p), p != hyp.members))  # stable
-        return list(dict.fromkeys(picks))[:k]
+        out = list(dict.fromkeys(picks))[:k]
+        if (0 < len(out) < k and hyp.is_set and rest and not tracker.seen[rest]
+                and rest not in out and rest not in self._skipped):
+            # a slot the checks leave idle runs the remedy check now (driver._remedy counts
+            # the search's own trials of it first), not in a round of its own after them
+            out.append(rest)
+        return out
 
     def _remedy_state(self, hyp: Hypothesis) -> frozenset[str] | None:
         """The load-time state of the remedy check's configuration (the bad end without `hyp`)
