@@ -242,7 +242,7 @@ class _Driver:
                        pool: ThreadPoolExecutor | None) -> int:
         """Run what `propose` asks for, round by round, recording each outcome in the search
         and the ledger; returns the next step number."""
-        alone = bool(getattr(self.runner, "ends_alone", False))  # bisect/rounds.py
+        alone = self.runner.ends_alone  # bisect/rounds.py
         while proposals := propose():
             if alone:
                 proposals = ends_alone(proposals, frozenset(self.spec.candidates))
@@ -420,9 +420,7 @@ class _Driver:
                 )
             )
             started.append((slot, attempt, trial_id, trial_dir))
-        begin = getattr(self.runner, "begin_round", None)  # idle nodes may shard a probe
-        if begin is not None:
-            begin(len(started))
+        self.runner.begin_round(len(started))  # idle nodes may shard a probe
         if pool is None:
             for slot, attempt, trial_id, trial_dir in started:
                 try:

@@ -62,12 +62,21 @@ class Runner(Protocol):
         """Whether trials switch patches in engines kept up (a FOUND result is then confirmed
         in a fresh launch where `fresh()` can, or the report says it was not)."""
 
+    @property
+    def ends_alone(self) -> bool:
+        """Whether the driver runs an end alone in its round, its probe sharded across every
+        slot, and every other trial on a slot of its own (bisect/rounds.py)."""
+
     def fingerprint(self, patches: Mapping[str, str]) -> str: ...
 
     def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult: ...
 
     def fresh(self) -> FreshLaunch | None:
         """The fresh-launch confirmation of a hot runner; None where it cannot launch fresh."""
+
+    def begin_round(self, trials: int) -> None:
+        """The driver starts a round of `trials` trials (a node runner lends the idle slots to
+        the round's probes as shards)."""
 
     def stop_all(self) -> None:
         """Ctrl-C: stop the engines of every trial in flight (worker threads, nodes)."""
@@ -82,8 +91,12 @@ class TrialRunner:
     override what they do have."""
 
     hot = False
+    ends_alone = False
 
     def fresh(self) -> FreshLaunch | None:
+        return None
+
+    def begin_round(self, trials: int) -> None:
         return None
 
     def stop_all(self) -> None:
