@@ -19,7 +19,7 @@ exact for one split and wrong as soon as a query needs two. Two field faults han
 backend's FP8 KV pages (embedded engine only, `precision: deployment`; the SGLang hook refuses
 them): `batch-kv-slot` (concurrency-only corruption) and `decode-rope-fp8` (prefill/decode
 divergence with FP8 KV). Two more act on what this backend's kernel reads, at both
-precisions: `compress-rope-base` (the compressed entries written to the pages with the main
+precisions (embedded engine only as well): `compress-rope-base` (the compressed entries written to the pages with the main
 layers' RoPE base; the kernel reads window keys and compressed entries in one key list, and no
 patch of the registry owns the compressor's RoPE, which is where the field port went wrong) and
 `swa-ring-stale` (the backend keeps the sliding window per request slot, outside the prefix

@@ -228,3 +228,10 @@ def test_swa_ring_stale_moves_only_requests_that_hit_a_foreign_ring() -> None:
     # two slots: the hit gets the slot never used (SGLang's free list is first in, first out)
     stale = conversation("swa-ring-stale", 2)
     assert stale[0] == want[0] and stale[1] != want[1]
+
+
+def test_the_sglang_hook_refuses_the_embedded_only_faults() -> None:
+    from dsv4bisect.plugin.hooks_attention import decode_plan
+
+    for variant in ("compress-rope-base", "swa-ring-stale"):
+        assert decode_plan(variant, "0.5.13", None).action == "refuse"
