@@ -19,9 +19,9 @@ at the place where its patch's code acts and at the size it had (docs/reference-
   pages of a compressed layer are rotated with the main layers' RoPE base (`rope_theta` with
   YaRN) instead of the compressed layers' own (`compress_rope_theta` with YaRN), while the
   queries and the sliding window keep the right one. An entry at position 0 is exact (no
-  rotation); every later entry's rope dims sit at the wrong angle for the query, more so the
-  further back the entry lies, so what lies past the sliding window is read wrongly and what
-  lies inside it is not.
+  rotation); every later entry's rope dims sit off by (its position) x (the difference of the
+  two tables' frequencies), so what only compressed entries hold (everything past the sliding
+  window) is read wrongly, and what the window's own keys hold is not.
 - `mma-decode:swa-ring-stale` (sglang PR #30339; ROCm/ATOM#1417): the attention backend keeps
   the sliding-window KV in a ring per request slot (position mod window), which is not part of
   the prefix cache; on a prefix-cache hit the window rows of the reused prefix are read from the
