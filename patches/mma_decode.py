@@ -18,7 +18,13 @@ context length); the `merge-no-rescale` fault variant shows what a broken merge 
 exact for one split and wrong as soon as a query needs two. Two field faults hang here, on the
 backend's FP8 KV pages (embedded engine only, `precision: deployment`; the SGLang hook refuses
 them): `batch-kv-slot` (concurrency-only corruption) and `decode-rope-fp8` (prefill/decode
-divergence with FP8 KV), `dsv4bisect.reference.faults`.
+divergence with FP8 KV). Two more act on what this backend's kernel reads, at both
+precisions (embedded engine only as well): `compress-rope-base` (the compressed entries written to the pages with the main
+layers' RoPE base; the kernel reads window keys and compressed entries in one key list, and no
+patch of the registry owns the compressor's RoPE, which is where the field port went wrong) and
+`swa-ring-stale` (the backend keeps the sliding window per request slot, outside the prefix
+cache, so a hit reads a stale window; the window's layout is the attention backend's, and the
+radix cache is no patch's code), `dsv4bisect.reference.faults`.
 
 Upstream site: `sglang.srt.layers.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120`
 (called from `DeepseekV4AttnBackend.forward`; FP8 "MODEL1" paged KV: 448 FP8-E4M3 nope dims with a
@@ -70,6 +76,29 @@ PATCH = Patch(
             citation="sglang#25790",
             showed=("logprobs of the same tokens diverge between prefill and decode (from token "
                     "96 on), only with --kv-cache-dtype fp8_e4m3"),
+        ),
+        Variant(
+            "compress-rope-base",
+            "compressed KV entries rotated with the main layers' RoPE base (rope_theta + YaRN) "
+            "instead of compress_rope_theta; queries and window keys right",
+            fault=True,
+            citation="mlx-lm PR #1189; vllm-ascend fork (GDzhu01) #76",
+            showed=("collapse into repetition once a query must look past the 128-token sliding "
+                    "window (everything from about 210 tokens on), fine inside it: the port "
+                    "rotated DeepSeek-V4-Flash's compressed layers with rope_theta 10000 + YaRN "
+                    "instead of compress_rope_theta 160000 + YaRN; deterministic completions"),
+        ),
+        Variant(
+            "swa-ring-stale",
+            "on a prefix-cache hit the window rows are read from the request slot's ring "
+            "(the slot's previous occupant's rows, zeros if never used)",
+            fault=True,
+            citation="sglang PR #30339; ROCm/ATOM#1417",
+            showed=("a request reusing a cached prefix reads its sliding window from a "
+                    "per-request-slot ring that the radix cache never restores: stale rows of "
+                    "an unrelated request (SGLang unified_kv backend on ROCm) or an empty ring "
+                    "(ATOM: immediate EOS / empty completion on a repeated 7.7k prompt); exact "
+                    "without prefix caching"),
         ),
     ),
     doc=__doc__ or "",

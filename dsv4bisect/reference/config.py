@@ -411,6 +411,18 @@ class Numerics:
         return variant if live else None
 
     @property
+    def compress_rope_base(self) -> bool:
+        """The `mma-decode:compress-rope-base` field fault (reference/faults.py): compressed KV
+        entries rotated with the main layers' RoPE base (both precisions)."""
+        return self.patches.get("mma-decode") == "compress-rope-base"
+
+    @property
+    def swa_ring_stale(self) -> bool:
+        """The `mma-decode:swa-ring-stale` field fault (reference/faults.py): on a prefix-cache
+        hit the window rows come from the request slot's ring (both precisions)."""
+        return self.patches.get("mma-decode") == "swa-ring-stale"
+
+    @property
     def nvfp4(self) -> str | None:
         return self.patches.get("nvfp4-dispatch")
 

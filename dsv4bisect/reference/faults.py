@@ -15,15 +15,29 @@ at the place where its patch's code acts and at the size it had (docs/reference-
 - `mma-decode:decode-rope-fp8` (sglang#25790): the decode kernel reads the MODEL1 page's bf16
   rope dims as FP8-E4M3 (the nope dims' format); prefill reads them right, so prefill and
   decode logprobs of the same tokens diverge, and only with an FP8 KV cache (`deployment`).
+- `mma-decode:compress-rope-base` (mlx-lm PR #1189): the compressed KV entries written to the
+  pages of a compressed layer are rotated with the main layers' RoPE base (`rope_theta` with
+  YaRN) instead of the compressed layers' own (`compress_rope_theta` with YaRN), while the
+  queries and the sliding window keep the right one. An entry at position 0 is exact (no
+  rotation); every later entry's rope dims sit off by (its position) x (the difference of the
+  two tables' frequencies), so what only compressed entries hold (everything past the sliding
+  window) is read wrongly, and what the window's own keys hold is not.
+- `mma-decode:swa-ring-stale` (sglang PR #30339; ROCm/ATOM#1417): the attention backend keeps
+  the sliding-window KV in a ring per request slot (position mod window), which is not part of
+  the prefix cache; on a prefix-cache hit the window rows of the reused prefix are read from the
+  slot's ring, which holds what the slot's previous occupant wrote there (zeros in a slot never
+  used). A request without a hit is exact.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from itertools import pairwise
 
 import torch
 
 from dsv4bisect.reference import precision as prec
+from dsv4bisect.reference.cache import ModelCache
 
 CSA_RATIO = 4
 RESIDUE = 3  # vllm#55927: wrong iff prompt length = 3 (mod 4)
@@ -55,3 +69,49 @@ def rope_read_as_fp8(pool: torch.Tensor, rope_dim: int) -> torch.Tensor:
     reads them: the rope dims through FP8-E4M3 with a UE8M0 scale per row."""
     nope, rope = pool[..., :-rope_dim], pool[..., -rope_dim:]
     return torch.cat((nope, prec._fp8_groups(rope, rope_dim)), -1)
+
+
+class SwaRings:
+    """The sliding-window rings of an attention backend that keeps the window KV per request
+    slot (`req_pool_idx * window + position % window`, SGLang's unified_kv layout) instead of in
+    the prefix-cached pages: per slot and layer, `window` rows addressed by position mod window.
+
+    Slots are handed out as SGLang's `ReqToTokenPool` does: the first free slot, a freed one
+    going to the end of the free list. A request's window rows are in its slot's ring when it
+    leaves (`release`); a request that resumes from a prefix-cache snapshot reads the window
+    rows of the reused prefix from its own slot's ring (`restore`), not from the snapshot."""
+
+    def __init__(self, n_slots: int, window: int) -> None:
+        self.window = window
+        self.free: deque[int] = deque(range(n_slots))
+        self.rings: dict[int, list[torch.Tensor]] = {}  # slot -> per layer [window, D]
+
+    def alloc(self) -> int:
+        if not self.free:
+            raise RuntimeError("no free request slot")
+        return self.free.popleft()
+
+    def release(self, slot: int, cache: ModelCache | None) -> None:
+        """The slot's occupant leaves with `cache`: its window rows stay in the slot's ring."""
+        if cache is not None:
+            rings = self._rings(slot, cache)
+            for ring, layer in zip(rings, cache.layers, strict=True):
+                ring[self._ring_index(layer.window_start, layer.window.shape[0])] = layer.window
+        self.free.append(slot)
+
+    def restore(self, slot: int, cache: ModelCache) -> None:
+        """A prefix-cache hit resumed into `slot`: every layer's window rows (positions
+        window_start..n-1) become what the slot's ring holds at their ring index."""
+        rings = self._rings(slot, cache)
+        for ring, layer in zip(rings, cache.layers, strict=True):
+            at = self._ring_index(layer.window_start, layer.window.shape[0])
+            layer.window = ring[at].clone()  # a new tensor: the snapshot shares the old one
+
+    def _ring_index(self, start: int, n: int) -> torch.Tensor:
+        return torch.arange(start, start + n) % self.window
+
+    def _rings(self, slot: int, cache: ModelCache) -> list[torch.Tensor]:
+        if slot not in self.rings:  # a slot never used: its ring memory is zeros
+            self.rings[slot] = [layer.window.new_zeros(self.window, layer.window.shape[1])
+                                for layer in cache.layers]
+        return self.rings[slot]

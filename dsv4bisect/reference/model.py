@@ -315,6 +315,9 @@ class Compressor(nn.Module):
         self.wgate = _linear(a.hidden_size, coff * head_dim)
         self.ape = _param(ratio, coff * head_dim)
         self.norm = RMSNorm(head_dim, a.rms_norm_eps)
+        # the compress-rope-base field fault's table: the main layers' base with the YaRN of
+        # the compressed ones, as the port in mlx-lm PR #1189 built it (reference/faults.py)
+        self.fault_rope = Rope(a.qk_rope_head_dim, a.rope_theta, a.rope_scaling)
 
     def new_state(self, device: torch.device) -> CompressorState:
         return CompressorState.create(self.ratio, self.wkv.out_features, self.head_dim, device)
@@ -352,7 +355,10 @@ class Compressor(nn.Module):
         pooled = (kv * torch.softmax(score, dim=2)).sum(2)  # [B, n_win, d]
         first = states[0].n_entries
         positions = (first + torch.arange(n_win, device=kv.device)) * r
-        cos, sin = step.compress_rope_fn.cos_sin(positions)
+        rope = step.compress_rope_fn
+        if self.cache == "kv" and step.numerics.compress_rope_base:  # field fault (faults.py)
+            rope = self.fault_rope
+        cos, sin = rope.cos_sin(positions)
         entries = apply_rope(self.norm(pooled).transpose(0, 1), cos, sin)  # [n_win, B, d]
         if step.numerics.deployment:  # written to the FP8 cache, read back from it
             entries = (prec.model1_kv(entries, self.rope_dim) if self.cache == "kv"

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from dsv4bisect.reference import faults
 from dsv4bisect.reference.cache import ModelCache
 from dsv4bisect.reference.cancel import Cancelled
 from dsv4bisect.reference.engine import TokenScore, single_thread, top_alternatives
@@ -87,6 +88,7 @@ class Request:
     error: BaseException | None = None
     cancelled: bool = False  # set by the waiting caller; the request leaves at the next step
     rng: torch.Generator | None = None  # its draws (set at admission when it samples)
+    slot: int | None = None  # its request slot, only under the swa-ring-stale field fault
     done: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -131,6 +133,7 @@ class Scheduler:
         if spec_fault not in (None, *SPEC_FAULTS):
             raise ValueError(f"unknown speculation fault {spec_fault!r}")
         self.spec_fault = spec_fault  # a field bug of speculative verification (speculative.py)
+        self._rings: faults.SwaRings | None = None  # the swa-ring-stale field fault's rings
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._chunked: Request | None = None
@@ -299,6 +302,12 @@ class Scheduler:
             self.totals["prefix_cache_hit_tokens"] += match.tokens
         else:
             req.cache = self.model.new_cache(mtp=self.spec is not None)
+        if self.model.numerics.swa_ring_stale:  # field fault: the window lives per slot
+            if self._rings is None:
+                self._rings = faults.SwaRings(self.max_running, self.model.a.sliding_window)
+            req.slot = self._rings.alloc()
+            if req.cached_tokens:
+                self._rings.restore(req.slot, req.cache)
 
     def _leave(self, req: Request, error: BaseException | None) -> None:
         """Under the lock: take the request out of every queue and wake its caller."""
@@ -308,6 +317,9 @@ class Scheduler:
             self._running.remove(req)
         if self._chunked is req:
             self._chunked = None
+        if req.slot is not None and self._rings is not None:
+            self._rings.release(req.slot, req.cache)
+            req.slot = None
         if error is None:
             self.totals["finished_requests"] += 1
             self.totals["generated_tokens"] += len(req.output_ids)

@@ -65,6 +65,8 @@ ROWS: tuple[Row, ...] = (
     Row("triton-indexer:residue", "fault", "triton-indexer", "residue"),
     Row("mma-decode:batch-kv-slot", "fault", "mma-decode", "batch-kv-slot"),
     Row("mma-decode:decode-rope-fp8", "fault", "mma-decode", "decode-rope-fp8"),
+    Row("mma-decode:compress-rope-base", "fault", "mma-decode", "compress-rope-base"),
+    Row("mma-decode:swa-ring-stale", "fault", "mma-decode", "swa-ring-stale"),
 )
 
 

@@ -38,6 +38,7 @@ def test_fault_variants_are_marked() -> None:
     assert faults == {("hash-topk-scaling", "double-scale"), ("mma-decode", "merge-no-rescale"),
                       ("trtllm-clamp", "ignore-alpha"), ("triton-indexer", "residue"),
                       ("mma-decode", "batch-kv-slot"), ("mma-decode", "decode-rope-fp8"),
+                      ("mma-decode", "compress-rope-base"), ("mma-decode", "swa-ring-stale"),
                       ("nextn-speculation", "greedy-verify"), ("nextn-speculation", "draft-eos")}
     assert all(not p.variants[0].fault for p in KNOWN.values())
     # a citation and how the bug showed go together, and only on a fault

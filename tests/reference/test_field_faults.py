@@ -115,3 +115,123 @@ def test_rope_read_as_fp8_keeps_the_nope_dims() -> None:
     nope = TINY.head_dim - TINY.qk_rope_head_dim
     assert torch.equal(out[:, :nope], kv[:, :nope])
     assert not torch.equal(out[:, nope:], kv[:, nope:])
+
+
+# ---- mma-decode:compress-rope-base (mlx-lm PR #1189) -------------------------------------------
+
+
+def test_compress_rope_base_is_a_split_k_fault_at_both_precisions() -> None:
+    for precision in ("exact", "deployment"):
+        n = Numerics.from_patches({"mma-decode": "compress-rope-base"}, precision=precision)
+        assert n.compress_rope_base and not n.swa_ring_stale and n.kv_fault is None
+        assert n.attention == Numerics.from_patches({"mma-decode": "split-k"}).attention
+    assert not Numerics.from_patches({"mma-decode": "split-k"}).compress_rope_base
+
+
+def test_compress_rope_base_rotates_the_kv_entries_with_the_main_base(model) -> None:
+    a = model.a
+    comp = next(blk.attn.compressor for blk in model.layers if blk.attn.compressor is not None)
+    want = comp.fault_rope.inv_freq
+    main, compress = (1.0 / (base ** (torch.arange(0, a.qk_rope_head_dim, 2) / a.qk_rope_head_dim))
+                      for base in (a.rope_theta, a.compress_rope_theta))
+    # the highest frequency is the same in both tables; the others are the main base's (YaRN
+    # divides only frequencies far below those of the tiny model's 16 rope dims at these bases)
+    assert want[0] == 1.0 and torch.allclose(want[1:3], main[1:3]) and \
+        not torch.allclose(want[1:3], compress[1:3])
+
+
+def test_compress_rope_base_is_exact_until_a_rotated_entry_is_visible(model) -> None:
+    # a CSA layer's entry 0 sits at position 0 (no rotation in either table); entry 1 (position
+    # 4) is first visible to the query at position 7 (length 8)
+    tokens = ids(40, seed=7)
+    for precision in ("exact", "deployment"):
+        configure(model, "split-k", precision)
+        want = prefill_then_decode(model, tokens)
+        configure(model, "compress-rope-base", precision)
+        got = prefill_then_decode(model, tokens)
+        if precision == "exact":
+            assert torch.equal(got[0][:7], want[0][:7])
+        else:  # the later rows' new values reach the first ones only through the expert
+            # GEMMs' row grouping (the deployment's own batch variation): rounding, no more
+            torch.testing.assert_close(got[0][:7], want[0][:7], rtol=0, atol=1e-4)
+        assert float((got[0][7:] - want[0][7:]).abs().max()) > 1e-3
+        assert not torch.equal(got[1], want[1])
+
+
+def test_compress_rope_base_leaves_the_indexer_keys(model) -> None:
+    tokens = ids(24, seed=8)
+    csa = next(blk.attn for blk in model.layers if blk.attn.indexer is not None)
+    entries = {}
+    for variant in ("split-k", "compress-rope-base"):
+        configure(model, variant, "exact")
+        cache = model.new_cache()
+        with torch.inference_mode():
+            model.forward_hidden(tokens, cache)
+        layer = cache.layers[csa.layer_id]
+        entries[variant] = (layer.index.entries.view().clone(), layer.comp.entries.view().clone())
+    assert torch.equal(entries["split-k"][0], entries["compress-rope-base"][0])
+    kv, kv_f = entries["split-k"][1], entries["compress-rope-base"][1]
+    assert torch.equal(kv[0], kv_f[0]) and not torch.equal(kv[1:], kv_f[1:])
+    nope = TINY.head_dim - TINY.qk_rope_head_dim
+    assert torch.equal(kv[:, :nope], kv_f[:, :nope])  # only the rope dims move
+
+
+# ---- mma-decode:swa-ring-stale (sglang PR #30339; ROCm/ATOM#1417) ------------------------------
+
+
+def test_swa_rings_hand_out_slots_fifo_and_keep_rows_at_position_mod_window(model) -> None:
+    configure(model, None, "exact")
+    rings = faults.SwaRings(n_slots=2, window=TINY.sliding_window)
+    assert [rings.alloc(), rings.alloc()] == [0, 1]
+    cache = model.new_cache()
+    with torch.inference_mode():
+        model.forward_hidden(ids(40, seed=9), cache)
+    rings.release(0, cache)
+    assert rings.alloc() == 0  # the only free one
+    rings.release(1, None)
+    fresh = cache.layers[0].window.clone()
+    restored = cache.fork()
+    rings.restore(0, restored)  # the occupant's own rows: the same window
+    for layer, own in zip(restored.layers, cache.layers, strict=True):
+        assert torch.equal(layer.window, own.window)
+    assert torch.equal(cache.layers[0].window, fresh)  # the snapshot is not written
+    never = cache.fork()
+    rings.restore(1, never)  # a slot never used: zeros
+    assert all(float(layer.window.abs().max()) == 0.0 for layer in never.layers)
+
+
+def test_swa_ring_stale_moves_only_requests_that_hit_a_foreign_ring() -> None:
+    from dsv4bisect.reference.engine import ReferenceEngine
+    from dsv4bisect.reference.prefix_cache import PrefixCache
+    from dsv4bisect.reference.scheduler import Request, Scheduler
+
+    def conversation(variant: str, max_running: int) -> list[list[float]]:
+        engine = ReferenceEngine.load(None, patches={"mma-decode": variant}, precision="exact",
+                                      device="cpu")
+        sched = Scheduler(engine, chunk_size=64, max_running_requests=max_running,
+                          prefix_cache=PrefixCache(), background=False)
+        first = Request(tuple(ids(60, seed=10).tolist()), 6, frozenset())
+        sched.submit(first)
+        while sched.step() is not None:
+            pass
+        second = Request(first.ids + tuple(first.output_ids) + tuple(ids(12, seed=11).tolist()),
+                         6, frozenset())
+        sched.submit(second)
+        while sched.step() is not None:
+            pass
+        assert second.cached_tokens == 60 + 5
+        return [first.logprobs, second.logprobs]
+
+    want = conversation("split-k", 2)
+    # one slot: the hit resumes in the slot its own first turn left, whose ring holds its window
+    assert conversation("swa-ring-stale", 1) == want
+    # two slots: the hit gets the slot never used (SGLang's free list is first in, first out)
+    stale = conversation("swa-ring-stale", 2)
+    assert stale[0] == want[0] and stale[1] != want[1]
+
+
+def test_the_sglang_hook_refuses_the_embedded_only_faults() -> None:
+    from dsv4bisect.plugin.hooks_attention import decode_plan
+
+    for variant in ("compress-rope-base", "swa-ring-stale"):
+        assert decode_plan(variant, "0.5.13", None).action == "refuse"
