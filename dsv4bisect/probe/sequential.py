@@ -68,6 +68,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.drift import non_finite_reason
 from dsv4bisect.probe.run import ProbeRun
@@ -610,7 +611,11 @@ def ends_from_runs(base: ProbeRun, bad: ProbeRun, repeat: ProbeRun | None) -> Tr
             continue
         rep = rep_rows.get(key)
         level = key[2]
-        position, group = place.get(key, (len(cases), 0)) if level > 1 else (0, 0)
+        if level > 1 and key not in place:
+            raise ConfigError(f"the baseline's request {key} is not one its probe spec sends "
+                              f"at concurrency {level}",
+                              "probe the ends with the spec and cases of one baseline")
+        position, group = place.get(key, (0, 0))
         cases.append(EndCase(
             row["case_id"], row["arm"], row["cell"], row["family"], int(row["length"]),
             int(row.get("prompt_tokens") or row["length"]), int(row["seed"]),
@@ -626,7 +631,9 @@ def ends_from_runs(base: ProbeRun, bad: ProbeRun, repeat: ProbeRun | None) -> Tr
 def _level_places(run: ProbeRun) -> dict[tuple[str, str, int], tuple[int, int]]:
     """(place in its level's submission order, concurrency group) of every request the fixed
     probe sent at a level above 1, from the run's spec and cases (`runner.tasks_of`,
-    `runner.submission_order`: the order the baseline, its repeat and the bad end all used)."""
+    `runner.submission_order`: the order the baseline, its repeat and the bad end all used).
+    A run without its cases (rows alone) keeps its rows' order."""
+    from dsv4bisect.probe.run import row_key
     from dsv4bisect.probe.runner import submission_order, tasks_of
 
     spec = run.spec
@@ -635,9 +642,12 @@ def _level_places(run: ProbeRun) -> dict[tuple[str, str, int], tuple[int, int]]:
     for level in spec.concurrency:
         if level == 1:
             continue
-        full = [(c.case_id, arm, lv) for c, arm, lv in every
-                if lv == level and arm in spec.arms]
-        sent = [full[k] for k in submission_order(spec, level, len(full))]
+        if run.cases:
+            full = [(c.case_id, arm, lv) for c, arm, lv in every
+                    if lv == level and arm in spec.arms]
+            sent = [full[k] for k in submission_order(spec, level, len(full))]
+        else:
+            sent = [k for k in map(row_key, run.rows) if k[2] == level and k[1] in spec.arms]
         groups = condition_groups(len(sent), level)
         out |= {key: (p, groups[p]) for p, key in enumerate(sent)}
     return out
