@@ -463,6 +463,17 @@ def _concurrent(client: ProbeClient, spec: ProbeSpec, tasks: list[Task], ids: li
     return out
 
 
+def group_rows(client: ProbeClient, spec: ProbeSpec, requests: Sequence[tuple[Case, str]],
+               level: int) -> list[dict[str, Any]]:
+    """A concurrency group of a sequential trial (probe/sequential.py, `condition_groups`):
+    its requests sent as the fixed probe sends a level (one cache flush, then `level` in
+    flight, in the given order: the level's submission order), the rows in that order."""
+    tasks = [(case, arm, level) for case, arm in requests]
+    got = _concurrent(client, spec, tasks, list(range(len(tasks))), level,
+                      _Tally(len(tasks), None), list(range(len(tasks))))
+    return [got[k] for k in range(len(tasks))]
+
+
 def _level_figures(rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     """Throughput of one level: scored requests and their prompt + completion tokens per
     second of the level's wall time (a warm arm's replay requests are not counted)."""

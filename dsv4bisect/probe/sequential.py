@@ -20,6 +20,18 @@ rates the search asks for (docs/probe.md, "The sequential trial probe (inside a 
    the two hypotheses' predictions there), plus a floor so every cell is eventually drawn: a
    fault the ends showed only at the longest length is looked for there first, and short cases,
    where both hypotheses predict the same, move the test by almost nothing.
+   Every request is replayed under the condition the ends measured it in (`EndCase.group`):
+   a row measured at concurrency 1 alone (a cold request after a cache flush, a warm one turn
+   by turn, as the fixed probe sends them), a row measured at concurrency c > 1 with its
+   concurrency group: a window of c consecutive requests of that level in the fixed probe's
+   seeded submission order (`runner.submission_order`; a shorter remainder joins the last
+   window), sent after one cache flush with c in flight in that order, so its batch mates are
+   its neighbours in the ends' level (`condition_groups`). A cell is a grid cell under one
+   condition (arm, concurrency): a fault that loses answers only when batched is a rate of
+   the concurrency cells, not diluted by the concurrency-1 ones. The draw order is over units
+   (a single request or a whole group), each weighted by the sum of its cases' weights, so a
+   unit comes first with the probability that one of its cases would; a batch is whole units
+   until it holds at least `batch` requests.
 3. Paired scoring against the good end: on cases the good end got right, a wrong answer is a
    loss; on cases it got wrong, a right answer is a gain. Each hypothesis predicts both rates:
    - like good: the good end's A/A loss (gain) rate plus a benign flip rate (1 %), as a Beta
@@ -35,6 +47,16 @@ rates the search asks for (docs/probe.md, "The sequential trial probe (inside a 
    L <= log(false_pass / (1 - false_fail)) (Wald's bounds), checked after every batch. At the
    cap (every accuracy case of the tier) the answer is BETWEEN: evidence for neither end,
    never a pass.
+   How the error rates hold with groups: a group adds each of its cases' answers to L, one
+   term per request as any request does, and L is checked only once the whole group (the
+   whole batch) is in. Wald's bounds hold at any stopping rule that looks at L after some
+   observations and not others (checking less often only overshoots the bound, which makes
+   the rates conservative), and both hypotheses' rates are those of the same condition the
+   group replays (the cell includes arm and concurrency): the test still compares the ends'
+   own rates, per request, under the condition they were measured in. What the likelihood
+   does not model is the dependence of batch mates' answers on each other (one bad forward
+   can cost several of them): within a group the evidence is counted per request, as the
+   fixed probe's McNemar test counts it.
 """
 
 from __future__ import annotations
@@ -46,6 +68,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.drift import non_finite_reason
 from dsv4bisect.probe.run import ProbeRun
@@ -66,6 +89,8 @@ DEFAULT_BATCH = 4
 TRIAL_ERROR_RATES = (0.01, 0.01)
 DRIFT_LIKE_BAD = 0.5  # drift-only ends: a trial this far toward the bad end's drift is like it
 _DRIFT_RANK = {"absent": -1, "pass": 0, "warn": 1, "fail": 2}
+CellKey = tuple[str, str, int]  # grid cell, arm, concurrency: a cell under one condition
+Stratum = tuple[str, int, str, int]  # family, length, arm, concurrency
 
 
 @dataclass(frozen=True)
@@ -85,10 +110,24 @@ class EndCase:
     good_signatures: tuple[str, ...] = ()
     bad_signatures: tuple[str, ...] = ()
     repeat_signatures: tuple[str, ...] = ()
+    concurrency: int = 1  # the level the ends measured it at
+    group: int = 0  # its concurrency group in that level (level 1: every request alone)
+    position: int = 0  # its place in the level's submission order (the group is sent so)
 
     @property
-    def key(self) -> tuple[str, str]:
-        return (self.case_id, self.arm)
+    def key(self) -> tuple[str, str, int]:
+        """The pairing key across runs: (case_id, arm, concurrency), as `run.row_key`."""
+        return (self.case_id, self.arm, self.concurrency)
+
+    @property
+    def condition(self) -> tuple[str, int]:
+        return (self.arm, self.concurrency)
+
+    @property
+    def unit(self) -> tuple[Any, ...]:
+        """What is drawn and sent as one: the request alone at concurrency 1, else its
+        concurrency group (every request of it, together)."""
+        return self.key if self.concurrency == 1 else ("group", self.concurrency, self.group)
 
     @property
     def stable_right(self) -> bool:
@@ -261,13 +300,13 @@ class _Model:
         self.good_gain = _prior(_either((k["aa_c"] + 0.5) / (aa_wrong + 1), benign),
                                 GOOD_PRIOR_REQUESTS)
         # The bad end against the good end: [right, lost, wrong, gained] per stratum and cell.
-        strata: dict[tuple[str, int, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-        per_cell: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-        self.stratum_of: dict[tuple[str, str], tuple[str, int, str]] = {}
+        strata: dict[Stratum, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+        per_cell: dict[CellKey, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+        self.stratum_of: dict[CellKey, Stratum] = {}
         for c in ends.cases:
-            cell = (c.cell, c.arm)
-            self.stratum_of[cell] = (c.family, c.length, c.arm)
-            for acc in (strata[(c.family, c.length, c.arm)], per_cell[cell]):
+            cell = cell_of(c)
+            self.stratum_of[cell] = (c.family, c.length, *c.condition)
+            for acc in (strata[self.stratum_of[cell]], per_cell[cell]):
                 if c.good_right:
                     acc[0] += 1
                     acc[1] += not c.bad_right
@@ -280,13 +319,13 @@ class _Model:
         # lose, and a cell's own rate would then overstate what a trial loses there.
         loss_all = (k["b"] + 0.5) / (k["good_right"] + 1)
         gain_all = (k["c"] + 0.5) / (k["n"] - k["good_right"] + 1)
-        self.bad_loss: dict[tuple[str, int, str], _Beta] = {}
-        self.bad_gain: dict[tuple[str, int, str], _Beta] = {}
+        self.bad_loss: dict[Stratum, _Beta] = {}
+        self.bad_gain: dict[Stratum, _Beta] = {}
         for key, (right, lost, wrong, gained) in strata.items():
             self.bad_loss[key] = _prior(loss_all, SHRINK_REQUESTS, lost, right)
             self.bad_gain[key] = _prior(gain_all, SHRINK_REQUESTS, gained, wrong)
         # The draw weights do use the cell: its own counts shrunk toward its stratum.
-        self.cell_rates: dict[tuple[str, str], tuple[float, float]] = {}
+        self.cell_rates: dict[CellKey, tuple[float, float]] = {}
         for cell, (right, lost, wrong, gained) in per_cell.items():
             st = self.stratum_of[cell]
             self.cell_rates[cell] = (
@@ -294,18 +333,18 @@ class _Model:
                 _prior(self.bad_gain[st].p(), SHRINK_REQUESTS, gained, wrong).p())
         self.right_share = {cell: v[0] / max(1, v[0] + v[2]) for cell, v in per_cell.items()}
 
-    def predict(self, cell: tuple[str, str], good_right: bool) -> tuple[float, float]:
+    def predict(self, cell: CellKey, good_right: bool) -> tuple[float, float]:
         """P(event) under (like bad, like good): a loss where the good end was right, else a
         gain. Like bad never predicts fewer events than like good: a fault adds to the noise."""
         noise = (self.good_loss if good_right else self.good_gain).p()
         bad = (self.bad_loss if good_right else self.bad_gain)[self.stratum_of[cell]].p()
         return max(noise, bad), noise
 
-    def add(self, cell: tuple[str, str], good_right: bool, event: bool) -> None:
+    def add(self, cell: CellKey, good_right: bool, event: bool) -> None:
         (self.good_loss if good_right else self.good_gain).add(event)
         (self.bad_loss if good_right else self.bad_gain)[self.stratum_of[cell]].add(event)
 
-    def weight(self, cell: tuple[str, str]) -> float:
+    def weight(self, cell: CellKey) -> float:
         """Expected information of one request in `cell` (before any trial answer), from the
         cell's own shrunk rates."""
         share, (loss, gain) = self.right_share[cell], self.cell_rates[cell]
@@ -313,25 +352,51 @@ class _Model:
                 + (1.0 - share) * _jeffreys(max(gain, self.good_gain.p()), self.good_gain.p()))
 
 
-def draw_order(ends: TrialEnds, seed: int, benign: float = BENIGN_FLIP_RATE) -> list[EndCase]:
-    """Every accuracy case in draw order: the bad end's signature cases first (one per seed),
-    then a weighted random order without replacement (Efraimidis-Spirakis keys), each case
-    weighted by its cell's information plus a floor."""
+def draw_units(ends: TrialEnds, seed: int, benign: float = BENIGN_FLIP_RATE
+               ) -> tuple[list[tuple[EndCase, ...]], int]:
+    """Every accuracy case in draw order, as the units it is sent in (a request alone, or a
+    concurrency group in its submission order), and how many units lead: the units of the bad
+    end's signature cases (one case per seed) first, then a weighted random order without
+    replacement (Efraimidis-Spirakis keys) of the other units, each weighted by the sum of its
+    cases' weights (its cell's information plus a floor)."""
     model = _Model(ends, benign)
     weights = {cell: model.weight(cell) for cell in model.cell_rates}
     mean = sum(weights.values()) / max(1, len(weights))
     floor = WEIGHT_FLOOR * mean if mean > 0 else 1.0
     rng = random.Random(seed)
-    first, seen_seeds = [], set()
-    for c in sorted(ends.bad_signature_cases(), key=lambda c: (c.seed, c.case_id, c.arm)):
+    units: dict[tuple[Any, ...], list[EndCase]] = defaultdict(list)
+    for c in ends.cases:
+        units[c.unit].append(c)
+    first: list[tuple[Any, ...]] = []
+    seen_seeds: set[int] = set()
+    for c in sorted(ends.bad_signature_cases(), key=lambda c: (c.seed, *c.key)):
         if c.seed not in seen_seeds:
             seen_seeds.add(c.seed)
-            first.append(c)
-    chosen = {c.key for c in first}
-    rest = [c for c in ends.cases if c.key not in chosen]
-    keyed = [(-math.log(1.0 - rng.random()) / (weights[(c.cell, c.arm)] + floor), i)
-             for i, c in enumerate(rest)]
-    return first + [rest[i] for _, i in sorted(keyed)]
+            if c.unit not in first:
+                first.append(c.unit)
+    rest = [u for u in units if u not in first]
+    keyed = [(-math.log(1.0 - rng.random())
+              / sum(weights[cell_of(c)] + floor for c in units[u]), i)
+             for i, u in enumerate(rest)]
+    order = first + [rest[i] for _, i in sorted(keyed)]
+    return ([tuple(sorted(units[u], key=lambda c: c.position)) for u in order], len(first))
+
+
+def draw_order(ends: TrialEnds, seed: int, benign: float = BENIGN_FLIP_RATE) -> list[EndCase]:
+    """Every accuracy case in the order `draw_units` sends them."""
+    return [c for unit in draw_units(ends, seed, benign)[0] for c in unit]
+
+
+def condition_groups(n: int, level: int) -> list[int]:
+    """The concurrency group of each of a level's `n` requests, by their place in its
+    submission order: windows of `level` consecutive requests (what the fixed probe has in
+    flight at once), a shorter remainder joining the last window so no group is sent with
+    fewer in flight than the level asks (the fixed probe's tail also ran beside the window
+    before it)."""
+    if level < 1:
+        raise ValueError("level must be >= 1")
+    windows = max(1, n // level)
+    return [min(p // level, windows - 1) for p in range(n)]
 
 
 @dataclass
@@ -347,9 +412,10 @@ class SequentialTrial:
     benign: float = BENIGN_FLIP_RATE
     warn_fails: bool = True  # how the bisect counts a drift WARN (False: --warn-as pass)
     drift_relative: bool = False  # judge drift against the ends (--drift relative), see above
-    _order: list[EndCase] = field(init=False, repr=False)
+    _units: list[tuple[EndCase, ...]] = field(init=False, repr=False)
     _model: _Model = field(init=False, repr=False)
-    _next: int = field(default=0, init=False)
+    _next: int = field(default=0, init=False)  # accuracy requests sent
+    _next_unit: int = field(default=0, init=False)
     _log_lr: float = field(default=0.0, init=False)
     _losses: int = field(default=0, init=False)
     _gains: int = field(default=0, init=False)
@@ -357,14 +423,14 @@ class SequentialTrial:
     _drift: DriftFigures | None = field(default=None, init=False)
     _done: Decision | None = field(default=None, init=False)
     _reasons: list[str] = field(default_factory=list, init=False)
-    _pending: set[tuple[str, str]] = field(default_factory=set, init=False)
+    _pending: set[tuple[str, str, int]] = field(default_factory=set, init=False)
     _tokens: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.lower, self.upper = wald_thresholds(self.false_fail, self.false_pass)
         if self.batch < 1:
             raise ValueError("batch must be >= 1")
-        self._order = draw_order(self.ends, self.seed, self.benign)
+        self._units, leading = draw_units(self.ends, self.seed, self.benign)
         self._model = _Model(self.ends, self.benign)
         self._by_key = {c.key: c for c in self.ends.cases}
         k = self.ends.counts()
@@ -373,7 +439,7 @@ class SequentialTrial:
             lambda c: set(c.repeat_signatures) - set(c.good_signatures)) >= V.HARD_SIGNATURE_SEEDS
         self._differs = self.ends.accuracy_differs()
         if not self._differs:  # only hard signatures can still speak: ask their cases alone
-            self._order = self._order[:len({c.seed for c in self.ends.bad_signature_cases()})]
+            self._units = self._units[:leading]
         self._reasons.append(
             f"ends at full size: the bad end lost {k['b']} and gained {k['c']} of {k['n']} "
             f"paired answers (good end right in {k['good_right']})"
@@ -383,7 +449,7 @@ class SequentialTrial:
     # -- the protocol --------------------------------------------------------------------------
     @property
     def cap(self) -> int:
-        return len(self._order)
+        return sum(len(u) for u in self._units)
 
     @property
     def decision(self) -> Decision | None:
@@ -437,29 +503,39 @@ class SequentialTrial:
                                     if nearer_good else "") + "; accuracy decides")
         return None
 
-    def next_batch(self) -> list[EndCase]:
-        """The next accuracy requests to send (empty once decided or at the cap)."""
+    def next_units(self) -> list[tuple[EndCase, ...]]:
+        """The next accuracy requests to send, as units (a request alone, or a concurrency
+        group to send together with its level in flight, in its order): whole units until
+        the batch holds `batch` requests; empty once decided or at the cap."""
         if self._drift is None:
             raise ValueError("observe the trial's drift first")
         if self._done is not None or self._pending:
             return []
-        out = self._order[self._next:self._next + self.batch]
+        out: list[tuple[EndCase, ...]] = []
+        while self._next_unit < len(self._units) and sum(map(len, out)) < self.batch:
+            out.append(self._units[self._next_unit])
+            self._next_unit += 1
         if not out:  # no accuracy case at all
             self._after_batch()
             return []
-        self._next += len(out)
-        self._tokens += sum(c.prompt_tokens for c in out)
-        self._pending = {c.key for c in out}
+        cases = [c for u in out for c in u]
+        self._next += len(cases)
+        self._tokens += sum(c.prompt_tokens for c in cases)
+        self._pending = {c.key for c in cases}
         return out
 
-    def observe(self, key: tuple[str, str], right: bool,
+    def next_batch(self) -> list[EndCase]:
+        """The requests of `next_units`, in order."""
+        return [c for u in self.next_units() for c in u]
+
+    def observe(self, key: tuple[str, str, int], right: bool,
                 signatures: Sequence[str] = ()) -> Decision | None:
         """One answer of the current batch; after the batch's last answer the test may decide."""
         if key not in self._pending:
             raise ValueError(f"request {key} was not asked for in this batch")
         self._pending.discard(key)
         case = self._by_key[key]
-        cell = (case.cell, case.arm)
+        cell = cell_of(case)
         event = (not right) if case.good_right else right
         p_bad, p_good = self._model.predict(cell, case.good_right)
         self._log_lr += (math.log(p_bad / p_good) if event
@@ -485,11 +561,11 @@ class SequentialTrial:
                 return self._decide(V.FAIL, "accuracy", self._accuracy_reason(LIKE_BAD))
             if self._log_lr <= self.lower:
                 return self._decide(V.PASS, "accuracy", self._accuracy_reason(LIKE_GOOD))
-        if self._next >= len(self._order):
+        if self._next_unit >= len(self._units):
             what = ("every accuracy request of the tier" if self._differs
                     else "the bad end's hard-signature cases")
             return self._decide(V.BETWEEN, "cap", f"no decision after {what} "
-                                f"({len(self._order)}): log LR {self._log_lr:.2f} inside "
+                                f"({self.cap}): log LR {self._log_lr:.2f} inside "
                                 f"({self.lower:.2f}, {self.upper:.2f}); evidence for neither "
                                 "end")
         return None
@@ -510,7 +586,7 @@ class SequentialTrial:
         scored = self._drift is not None and self._drift.status != "absent"
         drift_n = self.ends.drift_requests if scored else 0
         self._done = Decision(
-            verdict, by, drift_n + self._next, self._next, drift_n, len(self._order),
+            verdict, by, drift_n + self._next, self._next, drift_n, self.cap,
             self.false_fail, self.false_pass, self._log_lr, (self.lower, self.upper),
             self._losses, self._gains, (reason, *self._reasons), self._drift,
             self._tokens + (self.ends.drift_tokens if scored else 0))
@@ -520,27 +596,65 @@ class SequentialTrial:
 def ends_from_runs(base: ProbeRun, bad: ProbeRun, repeat: ProbeRun | None) -> TrialEnds:
     """The ends as measured: the good end's baseline, the bad end, the A/A repeat (or None).
     Rows pair by (case_id, arm, concurrency) as in the fixed verdict; drift is
-    judge.drift_check's. Only the rows at concurrency 1 are the trial's cases: a trial sends one
-    request at a time, so only those are replayed under the condition the ends measured."""
+    judge.drift_check's. Every accuracy row both ends have is a trial case, with the condition
+    it was measured in: a row at concurrency c > 1 carries its place in the level's submission
+    order and its concurrency group (`condition_groups`), so the trial replays it with the same
+    batch mates in the same order."""
     from dsv4bisect.probe.judge import drift_check
 
     bad_rows, rep_rows = bad.rows_by_key(), repeat.rows_by_key() if repeat else {}
+    place = _level_places(base)
     cases: list[EndCase] = []
     for key, row in base.rows_by_key().items():
         other = bad_rows.get(key)
-        if row["family"] == "drift" or other is None or key[2] != 1:
+        if row["family"] == "drift" or other is None:
             continue
         rep = rep_rows.get(key)
+        level = key[2]
+        if level > 1 and key not in place:
+            raise ConfigError(f"the baseline's request {key} is not one its probe spec sends "
+                              f"at concurrency {level}",
+                              "probe the ends with the spec and cases of one baseline")
+        position, group = place.get(key, (0, 0))
         cases.append(EndCase(
             row["case_id"], row["arm"], row["cell"], row["family"], int(row["length"]),
             int(row.get("prompt_tokens") or row["length"]), int(row["seed"]),
             bool(row["correct"]), bool(other["correct"]),
             None if rep is None else bool(rep["correct"]),
             tuple(row.get("signatures") or ()), tuple(other.get("signatures") or ()),
-            tuple(rep.get("signatures") or ()) if rep else ()))
+            tuple(rep.get("signatures") or ()) if rep else (), level, group, position))
     drift = [d for d in base.drift]
     return TrialEnds(tuple(cases), DriftFigures.of(drift_check(base, repeat, bad)),
                      len(drift), sum(len(d.input_ids) for d in drift), repeat is not None)
+
+
+def _level_places(run: ProbeRun) -> dict[tuple[str, str, int], tuple[int, int]]:
+    """(place in its level's submission order, concurrency group) of every request the fixed
+    probe sent at a level above 1, from the run's spec and cases (`runner.tasks_of`,
+    `runner.submission_order`: the order the baseline, its repeat and the bad end all used).
+    A run without its cases (rows alone) keeps its rows' order."""
+    from dsv4bisect.probe.run import row_key
+    from dsv4bisect.probe.runner import submission_order, tasks_of
+
+    spec = run.spec
+    every = tasks_of(spec, list(run.cases))
+    out: dict[tuple[str, str, int], tuple[int, int]] = {}
+    for level in spec.concurrency:
+        if level == 1:
+            continue
+        if run.cases:
+            full = [(c.case_id, arm, lv) for c, arm, lv in every
+                    if lv == level and arm in spec.arms]
+            sent = [full[k] for k in submission_order(spec, level, len(full))]
+        else:
+            sent = [k for k in map(row_key, run.rows) if k[2] == level and k[1] in spec.arms]
+        groups = condition_groups(len(sent), level)
+        out |= {key: (p, groups[p]) for p, key in enumerate(sent)}
+    return out
+
+
+def cell_of(case: EndCase) -> CellKey:
+    return (case.cell, case.arm, case.concurrency)
 
 
 def _signature_seeds_count(cases: Iterable[EndCase], sigs: Any) -> int:
@@ -548,7 +662,7 @@ def _signature_seeds_count(cases: Iterable[EndCase], sigs: Any) -> int:
 
 
 def run_offline(test: SequentialTrial, drift: DriftFigures,
-                answer: Mapping[tuple[str, str], tuple[bool, Sequence[str]]]) -> Decision:
+                answer: Mapping[tuple[str, str, int], tuple[bool, Sequence[str]]]) -> Decision:
     """Drive `test` to its decision from answers known in advance (simulation, tests)."""
     got = test.observe_drift(drift)
     while got is None:

@@ -29,6 +29,7 @@ from dsv4bisect.probe.sequential import (
     EndCase,
     SequentialTrial,
     TrialEnds,
+    condition_groups,
     run_offline,
 )
 from dsv4bisect.probe.spec import ProbeSpec
@@ -47,6 +48,7 @@ class SimCell:
     cases: int
     accuracy: float  # P(right) of the good configuration
     arm: str = "cold"
+    concurrency: int = 1  # the level its requests run at (above 1: sent in groups)
 
 
 @dataclass(frozen=True)
@@ -71,12 +73,25 @@ class Scenario:
 
 
 def spec_cells(spec: ProbeSpec, accuracy: float | Callable[[Cell], float]) -> list[SimCell]:
-    """The spec's accuracy grid (every arm at concurrency 1: what a sequential trial replays)
-    with the good configuration's accuracy per cell."""
+    """The spec's accuracy grid under every condition (arm, concurrency) it runs, as a
+    sequential trial replays it, with the good configuration's accuracy per cell."""
     acc = accuracy if callable(accuracy) else (lambda _c, a=float(accuracy): a)
-    arms = spec.arms_at(1) if 1 in spec.concurrency else ()
-    return [SimCell(c.key, c.family, c.length, n, acc(c), arm)
-            for c, n in cells(spec) if c.family != "drift" for arm in arms]
+    return [SimCell(c.key, c.family, c.length, n, acc(c), arm, level)
+            for arm, level in spec.conditions()
+            for c, n in cells(spec) if c.family != "drift"]
+
+
+def _groups(world: Sequence[SimCell], rng: random.Random) -> dict[tuple[int, int], tuple[int, int]]:
+    """(place, group) of each (cell index, case index) at a level above 1: the level's cases
+    in a seeded shuffle (the fixed probe's submission order), cut by `condition_groups`."""
+    out: dict[tuple[int, int], tuple[int, int]] = {}
+    for level in sorted({w.concurrency for w in world if w.concurrency > 1}):
+        sent = [(k, i) for k, w in enumerate(world) if w.concurrency == level
+                for i in range(w.cases)]
+        rng.shuffle(sent)
+        groups = condition_groups(len(sent), level)
+        out |= {key: (p, groups[p]) for p, key in enumerate(sent)}
+    return out
 
 
 def drift_lengths(spec: ProbeSpec) -> list[int]:
@@ -106,7 +121,8 @@ def simulate(world: Sequence[SimCell], scenario: Scenario, truth: str, *, false_
     s = scenario
     ends: list[EndCase] = []
     answers: dict[tuple[str, str], tuple[bool, Sequence[str]]] = {}
-    for cell in world:
+    place = _groups(world, rng)
+    for k, cell in enumerate(world):
         q = s.loss_rate if s.fault_lengths is None or cell.length in s.fault_lengths else 0.0
         for i in range(cell.cases):
             right = rng.random() < cell.accuracy  # the good configuration's latent answer
@@ -119,8 +135,10 @@ def simulate(world: Sequence[SimCell], scenario: Scenario, truth: str, *, false_
             else:
                 trial_lost = lost if s.reproduce else (right and rng.random() < q)
                 trial = _flip(right and not trial_lost, s.noise_flip, rng)
+            position, group = place.get((k, i), (0, 0))
             case = EndCase(f"{cell.cell}/{i}", cell.arm, cell.cell, cell.family, cell.length,
-                           cell.length, rng.getrandbits(40), good, bad, repeat)
+                           cell.length, rng.getrandbits(40), good, bad, repeat,
+                           concurrency=cell.concurrency, group=group, position=position)
             ends.append(case)
             answers[case.key] = (trial, ())
     bad_drift = _drift_figure(s.drift, rng)
@@ -199,7 +217,7 @@ def plan_trial(spec: ProbeSpec, false_fail: float, false_pass: float, loss_rate:
         return d.prompt_tokens + d.requests * request_overhead_tokens
 
     # The full probe asks every accuracy case under each of its conditions (arm × level); a
-    # trial replays the level-1 ones only (`spec_cells`), so its share is of the whole.
+    # trial draws from all of them (`spec_cells`), a concurrency group as a whole.
     accuracy = [(c, n) for c, n in cells(spec) if c.family != "drift"]
     full = (sum((c.length + request_overhead_tokens) * n for c, n in accuracy)
             * len(spec.conditions()) + drift_tokens + len(drift) * request_overhead_tokens)

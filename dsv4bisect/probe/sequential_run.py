@@ -25,11 +25,12 @@ from dsv4bisect.probe.client import ProbeClient
 from dsv4bisect.probe.drift import non_finite_cases
 from dsv4bisect.probe.judge import drift_check
 from dsv4bisect.probe.run import ProbeRun
-from dsv4bisect.probe.runner import DriftUnsupported, chat_row, drift_row
+from dsv4bisect.probe.runner import DriftUnsupported, chat_row, drift_row, group_rows
 from dsv4bisect.probe.sequential import (
     DEFAULT_BATCH,
     Decision,
     DriftFigures,
+    EndCase,
     SequentialTrial,
     ends_from_runs,
 )
@@ -90,10 +91,15 @@ def run_sequential(url: str | Sequence[str], base: ProbeRun, bad: ProbeRun,
                    drift_relative: bool = False) -> SequentialResult:
     """Probe the trial at `url` sequentially against the ends `base` (good), `bad`, `repeat`.
 
+    Every request is sent under the condition the ends measured it in: a concurrency-1 row
+    alone (`chat_row`), a row of a level above 1 with its whole concurrency group, `level` in
+    flight in the level's submission order (`group_rows`).
+
     Several urls: replicas of one configuration, its shards (probe/shards.py). The drift
-    transcripts and each batch are dealt to them in the order one server gets them
-    (`split_batch`) and sent at once; the answers are observed in that order, so the test
-    draws, decides and stops exactly as on one server, and every shard stops with it."""
+    transcripts and each batch's units are dealt to them in the order one server gets them
+    (`split_batch`; a concurrency group goes whole to one shard) and sent at once; the answers
+    are observed in that order, so the test draws, decides and stops exactly as on one server,
+    and every shard stops with it."""
     for other in (bad, repeat):
         if other is not None and (other.spec.spec_hash(), other.spec.seed_block) != (
                 base.spec.spec_hash(), base.spec.seed_block):
@@ -117,14 +123,15 @@ def run_sequential(url: str | Sequence[str], base: ProbeRun, bad: ProbeRun,
     per_shard = [0] * len(clients)
     pool = ThreadPoolExecutor(max_workers=len(clients), thread_name_prefix="probe-shard")
 
-    def dealt(work: list[T], ask: Callable[[ProbeClient, T], R]) -> list[R]:
+    def dealt(work: list[T], ask: Callable[[ProbeClient, T], R],
+              size: Callable[[T], int] = lambda _w: 1) -> list[R]:
         """`work` dealt to the shards, sent at once; the answers in `work`'s order."""
         parts = split_batch(work, len(clients))
         futures = [pool.submit(lambda c=c, p=p: [ask(c, w) for w in p])
                    for c, p in zip(clients, parts)]
         answers = [f.result() for f in futures]
         for i, p in enumerate(parts):
-            per_shard[i] += len(p)
+            per_shard[i] += sum(size(w) for w in p)
         return [answers[i % len(clients)][i // len(clients)] for i in range(len(work))]
 
     try:
@@ -153,12 +160,20 @@ def run_sequential(url: str | Sequence[str], base: ProbeRun, bad: ProbeRun,
         if non_finite:  # the trial's own server computed NaN/inf: its configuration fails
             decision = test.decide_non_finite(non_finite)
         by_id = {c.case_id: c for c in base.cases}
+
+        def send(c: ProbeClient, unit: tuple[EndCase, ...]) -> list[dict[str, Any]]:
+            if unit[0].concurrency == 1:
+                return [chat_row(c, spec, by_id[e.case_id], e.arm) for e in unit]
+            return group_rows(c, spec, [(by_id[e.case_id], e.arm) for e in unit],
+                              unit[0].concurrency)
+
         while decision is None:
-            batch_cases = test.next_batch()
-            if not batch_cases:
+            units = test.next_units()
+            if not units:
                 decision = test.decision
                 break
-            answers = dealt(batch_cases, lambda c, e: chat_row(c, spec, by_id[e.case_id], e.arm))
+            batch_cases = [e for u in units for e in u]
+            answers = [row for rows_of in dealt(units, send, len) for row in rows_of]
             for end_case, row in zip(batch_cases, answers):
                 rows.append(row)
                 used.add(end_case.case_id)

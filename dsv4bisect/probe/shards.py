@@ -13,8 +13,9 @@ share of the cases, merged into the run one node would have made (pure; docs/clu
   shards whose cases differ), the notes once each. Timing and throughput are the shards'
   (wall time: the slowest shard's); everything else equals the unsharded run.
 * **Sequential batches** (`split_batch`): a sequential trial's batch, in its own random order,
-  dealt to the shards; the answers are observed in the batch's order, so the test decides
-  exactly as on one node, and every shard stops when it does.
+  dealt to the shards by unit (a request alone, or a concurrency group, which one shard sends
+  whole so its batch mates stay together); the answers are observed in the batch's order, so
+  the test decides exactly as on one node, and every shard stops when it does.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def shard_cases(spec: ProbeSpec, cases: Sequence[Case], shard: Shard) -> set[str
 
 def split_batch(batch: Sequence[T], count: int) -> list[list[T]]:
     """A sequential trial's batch dealt to `count` shards in its order (shard i gets positions
-    i, i + count, ...): every shard about as many requests, none asked twice."""
+    i, i + count, ...): every shard about as many items, none asked twice. An item is what
+    must run on one server: the trial deals its units (a concurrency group is one item, never
+    split across replicas)."""
     Shard(0, count)
     return [list(batch[i::count]) for i in range(count)]
 

@@ -149,11 +149,19 @@ def test_throughput_is_saved_with_the_run(tmp_path: Path) -> None:
     assert ProbeRun.load(tmp_path / "r").throughput == TP
 
 
-def test_sequential_trial_ends_hold_the_level_one_rows_only() -> None:
+def test_sequential_trial_ends_hold_every_condition_with_its_group() -> None:
     base = _run(_rows({1: True, 16: True}))
     bad = _run(_rows({1: False, 16: False}))
     ends = ends_from_runs(base, bad, None)
-    assert len(ends.cases) == 10 and {c.arm for c in ends.cases} == {"cold"}
+    assert len(ends.cases) == 20
+    assert {c.condition for c in ends.cases} == {("cold", 1), ("warm", 16)}
+    cold = [c for c in ends.cases if c.concurrency == 1]
+    warm = [c for c in ends.cases if c.concurrency == 16]
+    assert len({c.unit for c in cold}) == 10  # each alone
+    # a run without its cases keeps its rows' order: 10 requests, one group of the level
+    assert {c.unit for c in warm} == {("group", 16, 0)}
+    assert [c.position for c in warm] == list(range(10))
+    assert {c.key for c in ends.cases} == {row_key(r) for r in base.rows}
 
 
 def test_a_level_clones_the_client_with_its_own_deadline() -> None:

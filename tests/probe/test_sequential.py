@@ -269,7 +269,7 @@ def test_plan_on_the_standard_tier() -> None:
     spec = tier_spec("standard")
     plan = plan_trial(spec, 0.05, 0.05, loss_rate=0.3, sims=40)
     assert plan.full_requests == 2 * 1008 + 16  # every case cold at 1 and warm at 16
-    # a trial replays the 1008 cold requests at concurrency 1: a tenth of those at most
+    # a trial draws from both conditions (2016 requests): a twentieth of those at most
     assert plan.mean_requests_bad <= 1024 / 10
     assert plan.mean_requests_good <= 1024 / 10
     assert 0 < plan.cost_fraction_bad < 0.1 and 0 < plan.cost_fraction_good < 0.1

@@ -11,8 +11,9 @@ from dataclasses import replace
 
 import pytest
 
-from dsv4bisect.probe.run import ProbeRun
+from dsv4bisect.probe.run import ProbeRun, row_key
 from dsv4bisect.probe.runner import collect, collect_sharded, judge
+from dsv4bisect.probe.sequential import ends_from_runs
 from dsv4bisect.probe.sequential_run import run_sequential
 from dsv4bisect.probe.shards import Shard, merge, same_content
 from dsv4bisect.probe.spec import tier_spec
@@ -105,3 +106,32 @@ def test_collect_sharded_re_runs_a_lost_replicas_shard_on_its_own_engine(
     assert same_content(merged, whole) == []
     assert [p["url"] for p in merged.shard["parts"]] == [replica_a, replica_a]
     assert sum(p["rows"] for p in merged.shard["parts"]) == len(whole.rows)
+
+
+def test_a_sequential_trial_sends_concurrency_groups_whole(replica_a: str,
+                                                           replica_b: str) -> None:
+    """A trial replays a level-4 request with its concurrency group, on one server or dealt
+    over two replicas (a group goes whole to one), and decides the same either way. The ends
+    are the real run with its answers re-marked (random weights retrieve nothing): the good
+    end right everywhere, the bad end wrong at concurrency 4 only, so the groups carry the
+    evidence and the trial must send them (both arms at both levels: 8 requests at 4, two
+    groups, enough for the ends to differ)."""
+    spec = replace(SPEC, concurrency=(1, 4), arms=("cold", "warm"), arm_plan="every")
+    run = collect(replica_a, spec)
+
+    def marked(right) -> ProbeRun:
+        return replace(run, rows=tuple(r if r["arm"] == "drift" else {**r, "correct": right(r)}
+                                       for r in run.rows))
+
+    good, bad = marked(lambda r: True), marked(lambda r: r["concurrency"] == 1)
+    one = run_sequential(replica_a, good, bad, good, false_fail=0.05, false_pass=0.05)
+    two = run_sequential([replica_a, replica_b], good, bad, good, false_fail=0.05,
+                         false_pass=0.05)
+    assert two.decision.to_dict() == one.decision.to_dict()
+    assert one.verdict == "FAIL" and one.decision.decided_by == "accuracy"
+    group_of = {c.key: c.group for c in ends_from_runs(good, bad, good).cases
+                if c.concurrency == 4}
+    at4 = [row_key(r) for r in one.run.rows if r["concurrency"] == 4]
+    touched = {group_of[k] for k in at4}
+    assert at4 and sorted(at4) == sorted(k for k, g in group_of.items() if g in touched)
+    assert sum(p["rows"] for p in two.run.shard["parts"]) == len(two.run.rows)
