@@ -142,7 +142,7 @@ def long_extends(rng: random.Random, text: str) -> Files:
         files[f"chain{i}.yaml"] = (f"schema_version: 1\nname: chain{i}\n"
                                    f"extends: chain{i + 1}.yaml\n").encode()
     files[f"chain{n}.yaml"] = text.encode()
-    files[MAIN] = f"schema_version: 1\nname: mutant\nextends: chain0.yaml\n".encode()
+    files[MAIN] = "schema_version: 1\nname: mutant\nextends: chain0.yaml\n".encode()
     if rng.random() < 0.3:  # and a cycle back into the chain
         files[f"chain{n}.yaml"] = f"schema_version: 1\nname: c\nextends: {MAIN}\n".encode()
     return files
