@@ -164,12 +164,18 @@ def signature_of(verdict: V.Verdict) -> str | None:
         return "infrastructure"
     if verdict.verdict == V.BETWEEN:
         return "between"
-    if verdict.drift.get("status") in ("fail", "warn"):
-        return "drift"
+    decided = (verdict.overall.get("sequential") or {}).get("decided_by")
+    if decided in ("drift", "accuracy"):  # a sequential trial says what decided it
+        return str(decided)
     hard = verdict.signatures.get("candidate") or {}
     if verdict.signatures.get("hard_fail") and hard:
         return str(next(iter(hard)))
-    return "accuracy"
+    if decided == "signatures":
+        return "signatures"
+    # drift never FAILs on its own (probe/judge.py): a FAIL is facts lost, a WARN is drift
+    if verdict.verdict == V.FAIL or verdict.drift.get("status") not in ("fail", "warn"):
+        return "accuracy"
+    return "drift"
 
 
 def trial_result(verdict: V.Verdict, trial: Trial, run_dir: Path, duration_s: float,
