@@ -10,7 +10,11 @@
   `empty` (nothing but whitespace), `garbage` (control characters, U+FFFD, reserved-token text or
   any non-ASCII letter — every prompt is ASCII), `repetition` (hit the token limit while repeating
   a unit of ≤ 16 characters ≥ 4 times over at least half the answer), `wrong_last_char` (a value
-  comes back whole except its last character, the vllm#55927 signature: 8417 → 8411).
+  comes back whole except its last character, the vllm#55927 signature: 8417 → 8411),
+  `truncated` (the model ended the answer itself — finish reason `stop` — in the middle of a
+  value: its last word is a proper, non-empty prefix of a value it did not give whole, as
+  `kryrz-acmol-` for `kryrz-acmol-poqqd-9hry2-teup`; the false-EOS signature of speculative
+  decoding, InferenceX PR #1631). A model that knows the value does not stop inside it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
-SIGNATURES = ("empty", "garbage", "repetition", "wrong_last_char")
+SIGNATURES = ("empty", "garbage", "repetition", "wrong_last_char", "truncated")
 # Typographic punctuation a real model may use: ‘ ’ “ ” … nbsp – —
 _ALLOWED_NON_ASCII = set("\u2018\u2019\u201c\u201d\u2026\u00a0\u2013\u2014")
 THINK_END = "</think>"
@@ -127,6 +131,28 @@ def has_wrong_last_char(value: str, text: str) -> bool:
     return False
 
 
+def last_word(text: str) -> str:
+    """The answer's final run of value characters (letters, digits, `-`, `_`), after the
+    wrapping `normalise` strips (whitespace, quotes, a final period)."""
+    t = normalise(text)
+    start = len(t)
+    while start > 0 and _glued(t[start - 1]):
+        start -= 1
+    return t[start:]
+
+
+def is_truncated(values: tuple[str, ...], text: str, finish_reason: str | None) -> bool:
+    """The model stopped itself inside a value: finish reason `stop`, and the answer's last word
+    is a proper, non-empty prefix of a value that does not appear whole in it. A wrong value
+    (a distractor's code) is a whole other word, so it is not a prefix; an answer cut by the
+    token limit is not a stop."""
+    if finish_reason != "stop":
+        return False
+    word = last_word(text)
+    return bool(word) and any(len(word) < len(v) and v.startswith(word)
+                              and not contains_value(text, v) for v in values)
+
+
 def signatures(output: str, values: tuple[str, ...], finish_reason: str | None) -> tuple[str, ...]:
     found = []
     if not output.strip():
@@ -137,6 +163,8 @@ def signatures(output: str, values: tuple[str, ...], finish_reason: str | None) 
         found.append("repetition")
     if any(has_wrong_last_char(v, output) for v in values):
         found.append("wrong_last_char")
+    if is_truncated(values, output, finish_reason):
+        found.append("truncated")
     return tuple(found)
 
 

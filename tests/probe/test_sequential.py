@@ -149,15 +149,16 @@ def test_ends_that_do_not_differ_give_between() -> None:
     assert d is not None and d.verdict == "BETWEEN" and d.decided_by == "ends"
 
 
-def test_hard_signatures_in_two_seeds_fail() -> None:
+@pytest.mark.parametrize("sig", ["wrong_last_char", "truncated"])
+def test_hard_signatures_in_two_seeds_fail(sig: str) -> None:
     ends = make_ends()
     ans = {k: (True, ()) for k in answers(ends, "good")}
     for c in ends.cases[:2]:
-        ans[c.key] = (False, ("wrong_last_char",))
+        ans[c.key] = (False, (sig,))
     test = SequentialTrial(ends, 0.01, 0.01, batch=len(ends.cases))
     d = run_offline(test, PASS_DRIFT, ans)
     assert d.verdict == "FAIL" and d.decided_by == "signatures"
-    assert "wrong_last_char" in d.reasons[0]
+    assert sig in d.reasons[0]
 
 
 def test_signature_only_ends_ask_the_signature_cases_alone() -> None:
