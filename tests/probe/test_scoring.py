@@ -119,6 +119,12 @@ def test_truncation_edges() -> None:
     values = ("1234567", "7654321")
     assert "truncated" in signatures("1234567, 765", values, "stop")
     assert "truncated" not in signatures("1234567", values, "stop")
+    # A garbled answer whose last letter happens to begin the value is not a cut value (seen
+    # with the concurrency fault `mma-decode:batch-kv-slot`); a sentence without digits is.
+    line = "leveb-cxsdp-8puct-lgao9-h9zz"
+    assert "truncated" not in signatures("lle090z, l", (line,), "stop", line)
+    assert "truncated" in signatures("The line for amber falcon is leveb-cx", (line,), "stop")
+    assert "truncated" not in signatures("8 of them: leveb-cx", (line,), "stop")
     # The answer after a leaked </think> is what is scored.
     assert score("4817293 is it</think>481", "4817293", ("4817293",),
                  "stop").signatures == ("truncated",)
