@@ -442,7 +442,9 @@ class SequentialTrial:
         if drift.status in ("warn", "fail"):  # a FAIL here is nearer the good end's drift
             self._reasons.append(f"trial drift {drift.status.upper()}{where}"
                                  + (f", {shown} of the bad end's (--drift relative)"
-                                    if nearer_good else "") + "; accuracy decides")
+                                    if nearer_good else "")
+                                 + ("; accuracy decides" if self._differs
+                                    else "; the bad end's hard signatures decide"))
         return None
 
     def next_batch(self) -> list[EndCase]:
