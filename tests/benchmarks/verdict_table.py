@@ -56,6 +56,7 @@ ROWS: tuple[Row, ...] = (
     Row("triton-indexer", "patch", "triton-indexer"),
     Row("nvfp4-dispatch", "patch", "nvfp4-dispatch"),
     Row("trtllm-clamp", "patch", "trtllm-clamp"),
+    Row("nextn-speculation", "patch", "nextn-speculation"),
     Row("re-chunk 512", "harmless", serve=("--chunk-size", "512")),
     Row("re-chunk 77", "harmless", serve=("--chunk-size", "77")),
     Row("no batch mates", "harmless", serve=("--max-running-requests", "1")),
@@ -65,6 +66,7 @@ ROWS: tuple[Row, ...] = (
     Row("triton-indexer:residue", "fault", "triton-indexer", "residue"),
     Row("mma-decode:batch-kv-slot", "fault", "mma-decode", "batch-kv-slot"),
     Row("mma-decode:decode-rope-fp8", "fault", "mma-decode", "decode-rope-fp8"),
+    Row("nextn-speculation:draft-eos", "fault", "nextn-speculation", "draft-eos"),
 )
 
 
