@@ -10,7 +10,12 @@
   `empty` (nothing but whitespace), `garbage` (control characters, U+FFFD, reserved-token text or
   any non-ASCII letter — every prompt is ASCII), `repetition` (hit the token limit while repeating
   a unit of ≤ 16 characters ≥ 4 times over at least half the answer), `wrong_last_char` (a value
-  comes back whole except its last character, the vllm#55927 signature: 8417 → 8411).
+  comes back whole except its last character, the vllm#55927 signature: 8417 → 8411),
+  `truncated` (the model ended the answer itself — finish reason `stop` — in the middle of a
+  value: its last word is a proper, non-empty prefix of a value it did not give whole, after
+  the expected answer's own beginning or a sentence without digits, as `kryrz-acmol-` for
+  `kryrz-acmol-poqqd-9hry2-teup`; the false-EOS signature of speculative decoding,
+  InferenceX PR #1631). A model that knows the value does not stop inside it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
-SIGNATURES = ("empty", "garbage", "repetition", "wrong_last_char")
+SIGNATURES = ("empty", "garbage", "repetition", "wrong_last_char", "truncated")
 # Typographic punctuation a real model may use: ‘ ’ “ ” … nbsp – —
 _ALLOWED_NON_ASCII = set("\u2018\u2019\u201c\u201d\u2026\u00a0\u2013\u2014")
 THINK_END = "</think>"
@@ -127,7 +132,38 @@ def has_wrong_last_char(value: str, text: str) -> bool:
     return False
 
 
-def signatures(output: str, values: tuple[str, ...], finish_reason: str | None) -> tuple[str, ...]:
+def last_word(text: str) -> str:
+    """The answer's final run of value characters (letters, digits, `-`, `_`), after the
+    wrapping `normalise` strips (whitespace, quotes, a final period)."""
+    t = normalise(text)
+    start = len(t)
+    while start > 0 and _glued(t[start - 1]):
+        start -= 1
+    return t[start:]
+
+
+def is_truncated(values: tuple[str, ...], text: str, finish_reason: str | None,
+                 expected: str | None = None) -> bool:
+    """The model stopped itself inside a value: finish reason `stop`; the answer's last word is
+    a proper, non-empty prefix of a value that does not appear whole in it; and what comes
+    before that word is the expected answer's own beginning (a bare answer, `1234567, 76` of
+    `1234567, 7654321`) or a sentence without digits (`The code is 48`). A wrong value (a
+    distractor's code) is a whole other word, so it is not a prefix; a garbled answer whose
+    last letter happens to begin the value (`lle090z, l`) has other text before it; an answer
+    cut by the token limit is not a stop."""
+    if finish_reason != "stop":
+        return False
+    t, word = normalise(text), last_word(text)
+    if not word or not any(len(word) < len(v) and v.startswith(word)
+                           and not contains_value(text, v) for v in values):
+        return False
+    lead = t[: len(t) - len(word)]
+    whole = ", ".join(values) if expected is None else expected
+    return whole.startswith(t) or not any(ch.isdigit() for ch in lead)
+
+
+def signatures(output: str, values: tuple[str, ...], finish_reason: str | None,
+               expected: str | None = None) -> tuple[str, ...]:
     found = []
     if not output.strip():
         found.append("empty")
@@ -137,6 +173,8 @@ def signatures(output: str, values: tuple[str, ...], finish_reason: str | None) 
         found.append("repetition")
     if any(has_wrong_last_char(v, output) for v in values):
         found.append("wrong_last_char")
+    if is_truncated(values, output, finish_reason, expected):
+        found.append("truncated")
     return tuple(found)
 
 
@@ -150,5 +188,5 @@ def score(output: str, expected: str, values: tuple[str, ...],
         exact=got == expected,
         first_wrong_char=first_wrong_char(expected, got),
         edit_distance=round(edit_distance(expected, got), 4),
-        signatures=signatures(text, values, finish_reason),
+        signatures=signatures(text, values, finish_reason, expected),
     )

@@ -5,10 +5,13 @@ has to tell "like good" from "like bad", so it stops as soon as either is decide
 rates the search asks for (docs/probe.md, "The sequential trial probe (inside a bisect)"):
 
 1. Drift and hard signatures first. A trial drift FAIL is a FAIL. Ends that differ only by drift
-   (no accuracy difference) are decided by drift alone: like bad when the trial's drift warns
-   or fails and reaches half of the bad end's, like good when it passes and stays under half,
-   BETWEEN otherwise. Hard signatures (in >= 2 seeds, on cases the good end got right in both
-   A/A runs) FAIL.
+   (no accuracy difference, and no hard signatures in >= 2 seeds at the bad end) are decided
+   by drift alone: like bad when the trial's drift warns or fails and reaches half of the bad
+   end's, like good when it passes and stays under half, BETWEEN otherwise. Hard signatures
+   (in >= 2 seeds, on cases the good end got right in both A/A runs) FAIL. A bad end that
+   failed on hard signatures lost facts: its drift does not decide, its signature cases are
+   asked first, and where its accuracy loss alone is too small to differ, a trial that answers
+   every one of them without a signature is like good.
    With `drift_relative` (`bisect --drift relative`) a trial's drift is judged against the ends
    instead of the `run` gates: a drift whose mean KL is less than half the bad end's (in the
    bad end's trigger view) is nearer the good end, so it is not a FAIL; where the ends differ
@@ -438,6 +441,11 @@ class SequentialTrial:
             (c for c in self.ends.cases if c.stable_right),
             lambda c: set(c.repeat_signatures) - set(c.good_signatures)) >= V.HARD_SIGNATURE_SEEDS
         self._differs = self.ends.accuracy_differs()
+        # The bad end failed the signature rule (>= 2 seeds where the good end was stably
+        # right): it lost facts, so facts decide the trial even where its accuracy loss alone
+        # is too small to differ at the trial's size (a false EOS cutting 3 of 36 answers).
+        self._sig_differs = not self._sig_suspended and _signature_seeds_count(
+            self.ends.bad_signature_cases(), lambda c: True) >= V.HARD_SIGNATURE_SEEDS
         if not self._differs:  # only hard signatures can still speak: ask their cases alone
             self._units = self._units[:leading]
         self._reasons.append(
@@ -472,7 +480,7 @@ class SequentialTrial:
             return self._decide(V.FAIL, "drift", f"drift FAIL{where} in the trial: like the bad "
                                                "end or worse")
         bad_drift_differs = _DRIFT_RANK[bad.status] > 0
-        if not self._differs and bad_drift_differs:
+        if not self._differs and not self._sig_differs and bad_drift_differs:
             if drift.status == "absent":
                 return self._decide(V.BETWEEN, "drift", "the ends differ only by drift and the "
                                                       "trial has no drift measurement")
@@ -500,7 +508,9 @@ class SequentialTrial:
         if drift.status in ("warn", "fail"):  # a FAIL here is nearer the good end's drift
             self._reasons.append(f"trial drift {drift.status.upper()}{where}"
                                  + (f", {shown} of the bad end's (--drift relative)"
-                                    if nearer_good else "") + "; accuracy decides")
+                                    if nearer_good else "")
+                                 + ("; accuracy decides" if self._differs
+                                    else "; the bad end's hard signatures decide"))
         return None
 
     def next_units(self) -> list[tuple[EndCase, ...]]:
@@ -561,6 +571,11 @@ class SequentialTrial:
                 return self._decide(V.FAIL, "accuracy", self._accuracy_reason(LIKE_BAD))
             if self._log_lr <= self.lower:
                 return self._decide(V.PASS, "accuracy", self._accuracy_reason(LIKE_GOOD))
+        if self._next_unit >= len(self._units) and not self._differs and self._sig_differs \
+                and not seeds:
+            return self._decide(V.PASS, "signatures", "the bad end lost facts only as hard "
+                                f"signatures; the trial answered all {self._next} requests of "
+                                "its signature cases' units (one case per seed) without one")
         if self._next_unit >= len(self._units):
             what = ("every accuracy request of the tier" if self._differs
                     else "the bad end's hard-signature cases")

@@ -56,6 +56,7 @@ ROWS: tuple[Row, ...] = (
     Row("triton-indexer", "patch", "triton-indexer"),
     Row("nvfp4-dispatch", "patch", "nvfp4-dispatch"),
     Row("trtllm-clamp", "patch", "trtllm-clamp"),
+    Row("nextn-speculation", "patch", "nextn-speculation"),
     Row("re-chunk 512", "harmless", serve=("--chunk-size", "512")),
     Row("re-chunk 77", "harmless", serve=("--chunk-size", "77")),
     Row("no batch mates", "harmless", serve=("--max-running-requests", "1")),
@@ -67,6 +68,7 @@ ROWS: tuple[Row, ...] = (
     Row("mma-decode:decode-rope-fp8", "fault", "mma-decode", "decode-rope-fp8"),
     Row("mma-decode:compress-rope-base", "fault", "mma-decode", "compress-rope-base"),
     Row("mma-decode:swa-ring-stale", "fault", "mma-decode", "swa-ring-stale"),
+    Row("nextn-speculation:draft-eos", "fault", "nextn-speculation", "draft-eos"),
 )
 
 

@@ -12,6 +12,7 @@ from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.drift import DriftRecord
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.runner import judge
+from dsv4bisect.probe.scoring import score
 from dsv4bisect.probe.spec import tier_spec
 from dsv4bisect.probe.verdict import Verdict
 
@@ -85,6 +86,20 @@ def test_hard_signatures_in_two_seeds_fail_at_once() -> None:
     assert v.verdict == "FAIL" and v.signatures["hard_fail"]
     assert v.signatures["candidate"] == {"wrong_last_char": [1004, 1009]}
     one = run(rows(40, lambda i: i != 4, sigs=lambda i: ["garbage"] if i == 4 else []))
+    assert judge(base, base, one).verdict == "PASS"
+
+
+def test_answers_cut_by_a_false_eos_in_two_seeds_fail() -> None:
+    # The scorer's `truncated` signature reaches the rule: a speculation fault that ends two
+    # answers inside their values (finish reason stop) FAILs, one such answer does not.
+    def cut(i: int) -> list[str]:
+        return list(score("24492", "2449273", ("2449273",), "stop").signatures)
+    base = run(rows(40, lambda i: True))
+    cand = run(rows(40, lambda i: i not in (4, 9), sigs=lambda i: cut(i) if i in (4, 9) else []))
+    v = judge(base, base, cand)
+    assert v.verdict == "FAIL" and v.signatures["candidate"] == {"truncated": [1004, 1009]}
+    assert any(r.startswith("hard signatures") and "truncated" in r for r in v.reasons)
+    one = run(rows(40, lambda i: i != 4, sigs=lambda i: cut(i) if i == 4 else []))
     assert judge(base, base, one).verdict == "PASS"
 
 

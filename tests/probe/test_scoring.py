@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from dsv4bisect.probe.formats import LINE_ALPHABET, LINE_GROUP
 from dsv4bisect.probe.scoring import edit_distance, first_wrong_char, score, signatures
 
 
@@ -71,3 +74,57 @@ def test_signatures(text: str, finish: str, expected: tuple[str, ...]) -> None:
 def test_thinking_text_is_not_the_answer() -> None:
     s = score("let me think 1111111</think>4817293", "4817293", ("4817293",))
     assert s.exact
+
+
+# ---- `truncated`: the model stopped itself inside the value (false EOS, InferenceX PR #1631) ----
+
+CODES = st.text("0123456789", min_size=5, max_size=7)
+LINES = st.text(LINE_ALPHABET, min_size=24, max_size=64).map(
+    lambda t: "-".join(t[i:i + LINE_GROUP] for i in range(0, len(t), LINE_GROUP)))
+
+
+def test_the_measured_false_eos_answer_is_truncated() -> None:
+    # The `draft-eos` fault's answer on the shipped checkpoint (docs/results/2026-12-02-cpu-spec).
+    line = "kryrz-acmol-poqqd-9hry2-teup"
+    s = score("kryrz-acmol-", line, (line,), "stop")
+    assert not s.correct and s.signatures == ("truncated",)
+    assert score("244927", "2449273", ("2449273",), "stop").signatures == ("truncated",)
+
+
+@given(value=st.one_of(CODES, LINES), data=st.data())
+def test_a_proper_prefix_that_stopped_is_truncated(value: str, data: st.DataObject) -> None:
+    cut = data.draw(st.integers(1, len(value) - 1))
+    wrap = data.draw(st.sampled_from(["{}", " {}\n", "`{}`", "{}.", "The code is {}."]))
+    text = wrap.format(value[:cut])
+    assert "truncated" in signatures(text, (value,), "stop")
+    # The token limit cut it (a budget too small), not the model: not this signature.
+    assert "truncated" not in signatures(text, (value,), "length")
+
+
+@given(value=st.one_of(CODES, LINES), other=st.one_of(CODES, LINES))
+def test_a_whole_value_is_never_truncated(value: str, other: str) -> None:
+    for text in (value, f"{value}.", f"The code is {value}.", f"{other}, {value}"):
+        assert "truncated" not in signatures(text, (value,), "stop")
+    if not value.startswith(other):  # a wrong whole value (a distractor's) is a wrong answer
+        assert "truncated" not in signatures(other, (value,), "stop")
+
+
+def test_truncation_edges() -> None:
+    assert "truncated" not in signatures("", ("4817293",), "stop")  # that is `empty`
+    assert "truncated" not in signatures("4817", ("4817293",), None)  # no finish reason known
+    assert "truncated" not in signatures("48172934", ("4817293",), "stop")  # longer: other value
+    assert "truncated" not in signatures("4817x", ("4817293",), "stop")
+    # Multi-query: stopping inside the second value is truncation; giving only the first
+    # value whole is a wrong answer, not a cut one.
+    values = ("1234567", "7654321")
+    assert "truncated" in signatures("1234567, 765", values, "stop")
+    assert "truncated" not in signatures("1234567", values, "stop")
+    # A garbled answer whose last letter happens to begin the value is not a cut value (seen
+    # with the concurrency fault `mma-decode:batch-kv-slot`); a sentence without digits is.
+    line = "leveb-cxsdp-8puct-lgao9-h9zz"
+    assert "truncated" not in signatures("lle090z, l", (line,), "stop", line)
+    assert "truncated" in signatures("The line for amber falcon is leveb-cx", (line,), "stop")
+    assert "truncated" not in signatures("8 of them: leveb-cx", (line,), "stop")
+    # The answer after a leaked </think> is what is scored.
+    assert score("4817293 is it</think>481", "4817293", ("4817293",),
+                 "stop").signatures == ("truncated",)
