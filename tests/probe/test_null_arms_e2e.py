@@ -38,7 +38,7 @@ def _cold(client: ProbeClient, case: str, ids: tuple[int, ...]) -> DriftRecord:
 def test_the_rechunked_arm_scores_every_position_at_one_cold_scoring_per_split(url: str) -> None:
     client = ProbeClient(url, timeout_s=600)
     rng = random.Random(0)
-    drift = [_cold(client, f"d{n}", tuple(rng.randrange(10, 1000) for _ in range(n)))
+    drift = [_cold(client, f"d{n}", tuple(rng.randrange(10, 500) for _ in range(n)))
              for n in LENGTHS]
     before = client.describe().info
     notes: list[str] = []
