@@ -3,8 +3,8 @@
 A server re-chunks a prompt's prefill, gives a request other batch mates and another order, and
 serves a prefix from its cache or computes it, whenever its load changes; on a GPU each of these
 moves the logits (batch-size-dependent kernel dispatch: docs/reference-engine.md). The baseline
-run therefore scores its drift transcripts twice more, from requests alone (no relaunch, so it
-works on any SGLang server; `probe/runner.py`):
+run therefore scores its drift transcripts again in two arms, from requests alone (no
+relaunch, so it works on any SGLang server; `probe/runner.py`):
 
 - `drift-concurrent`: every transcript at once, in a shuffled order, after one cache flush: other
   batch mates, another token count per forward, so another prefill chunking and kernel dispatch;
