@@ -381,13 +381,15 @@ class ProbeClient:
             raise self._malformed("/generate", data, "no integer output_ids")
         return ids
 
-    def score(self, input_ids: Sequence[int], *, start: int, top_k: int
+    def score(self, input_ids: Sequence[int], *, start: int, top_k: int, max_new_tokens: int = 0
               ) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
-        """Teacher-forced logprobs of input_ids[start:] and the top-k at each position."""
+        """Teacher-forced logprobs of input_ids[start:] and the top-k at each position.
+        `max_new_tokens` 1: the request also generates a token (greedy), so it is an ordinary
+        prompt the server caches whole (the null model's re-chunked arm: `runner.null_arms`)."""
         data = self._generate({
             "input_ids": list(input_ids), "return_logprob": True, "logprob_start_len": start,
             "top_logprobs_num": top_k,
-            "sampling_params": {"max_new_tokens": 0, "temperature": 0}})
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}})
         meta = data["meta_info"]
         lps, tops = meta.get("input_token_logprobs"), meta.get("input_top_logprobs")
         if not isinstance(lps, list) or not isinstance(tops, list) or len(lps) != len(tops) \

@@ -3,16 +3,21 @@
 A server re-chunks a prompt's prefill, gives a request other batch mates and another order, and
 serves a prefix from its cache or computes it, whenever its load changes; on a GPU each of these
 moves the logits (batch-size-dependent kernel dispatch: docs/reference-engine.md). The baseline
-run therefore scores its drift transcripts twice more, from requests alone (no relaunch, so it
-works on any SGLang server; `probe/runner.py`):
+run therefore scores its drift transcripts again in two arms, from requests alone (no
+relaunch, so it works on any SGLang server; `probe/runner.py`):
 
 - `drift-concurrent`: every transcript at once, in a shuffled order, after one cache flush: other
   batch mates, another token count per forward, so another prefill chunking and kernel dispatch;
-- `drift-warm`: each transcript from a quarter, half and three quarters of its scored window,
-  after the prefix up to there was sent on its own: that prefix comes from the prefix cache (a
-  hit instead of a miss) and the rest is prefilled from there (other chunk boundaries, other
-  token counts per forward). Only positions after the split are compared (a cached position
-  has no logprob).
+- `drift-rechunk`: each transcript re-chunked at a quarter, half and three quarters of its
+  scored window, as a server chunks it when that prefix was a request of its own (an earlier
+  turn, a prefix sent first): the prefix alone, scored, in forwards of its own token count;
+  then the transcript, the prefix a prefix-cache hit and the rest prefilled from the split.
+  Every position is compared, before the split as the prefix request computed it, after it as
+  the rest did, so each position is computed in a forward of another token count than the
+  baseline's and takes the kernel dispatch that count picks (reference/dispatch.py), as a
+  prefill chunked elsewhere does. (Its first version, `drift-warm`, compared only the positions
+  after the split: a prefix's positions never met another dispatch, and a `--chunk-size 512`
+  server WARNed in the buckets below the first split, docs/probe.md.)
 
 Each is compared with the baseline's cold scores position by position (`drift.compare`); the pool
 of those comparisons is the null. A candidate's drift is then a multiple of it, and WARNs where a
@@ -38,7 +43,8 @@ from typing import Any
 
 from dsv4bisect.probe.drift import DriftComparison, DriftRecord, bucket_of, compare, percentile
 
-NULL_ARMS = ("drift-concurrent", "drift-warm")
+CONCURRENT_ARM, RECHUNK_ARM = "drift-concurrent", "drift-rechunk"
+NULL_ARMS = (CONCURRENT_ARM, RECHUNK_ARM)
 FALSE_ALARM = 0.01  # a harmless change WARNs in at most 1 run in 100 (all views and statistics)
 BLOCK = 64  # positions resampled together (a block shares its context)
 BOOTSTRAP = 2000  # resamples; the quantile for 9 tests at 1 % is the 2000 · 0.0011 ≈ 2nd largest

@@ -24,6 +24,7 @@ from dsv4bisect.probe.drift import NON_FINITE, DriftRecord, NonFiniteScores, com
 from dsv4bisect.probe.grid import DEFAULT_RATIOS, DEFAULT_WINDOW, Case, build_cases, periods
 from dsv4bisect.probe.judge import decide
 from dsv4bisect.probe.layout import calibrate
+from dsv4bisect.probe.null import CONCURRENT_ARM, RECHUNK_ARM
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.scoring import score
 from dsv4bisect.probe.shards import Shard, merge, shard_cases
@@ -210,8 +211,10 @@ def null_arms(client: ProbeClient, spec: ProbeSpec, drift: list[DriftRecord],
               notes: list[str]) -> list[tuple[str, DriftRecord]]:
     """The good end's drift transcripts scored again under the harmless changes a server makes
     to itself (`probe/null.py`): all at once in a shuffled order (other batch mates, another
-    prefill chunking), and each from a quarter, half and three quarters of its scored window,
-    the prefix up to there served from the prefix cache (a hit, other chunk boundaries)."""
+    prefill chunking), and each re-chunked at a quarter, half and three quarters of its scored
+    window: the prefix up to there as a request of its own (an earlier turn), then the whole
+    transcript, the prefix served from the prefix cache (a hit) and the rest prefilled from
+    there."""
     if not drift:
         return []
     level = min(len(drift), max(16, *spec.concurrency))  # a server under load batches them
@@ -235,21 +238,34 @@ def null_arms(client: ProbeClient, spec: ProbeSpec, drift: list[DriftRecord],
         finally:
             for c in clones:
                 c.close()
-        out += [("drift-concurrent", got[k]) for k in range(len(drift))]
+        out += [(CONCURRENT_ARM, got[k]) for k in range(len(drift))]
         for rec, quarter in ((rec, q) for rec in drift for q in (1, 2, 3)):
-            # The prefix up to a quarter, half or three quarters of the scored window comes from
-            # the cache (a hit: a turn boundary of a later request), the rest is prefilled from
-            # there: other chunk boundaries, other token counts per forward. Scored from there
-            # only (a cached position has no logprob).
             split = rec.start + (len(rec.input_ids) - rec.start) * quarter // 4
             client.flush_cache()
-            client.generate(rec.input_ids[:split], max_new_tokens=1)  # caches the prefix
-            out.append(("drift-warm", _rescore(client, spec, rec, start=split)))
+            out.append((RECHUNK_ARM, _rechunked(client, spec, rec, split)))
     except NonFiniteScores as exc:
         notes.append(f"null model not measured: the good end scored non-finite logprobs when "
                      f"re-batched ({exc.message})")
         return []
     return out
+
+
+def _rechunked(client: ProbeClient, spec: ProbeSpec, rec: DriftRecord, split: int
+               ) -> DriftRecord:
+    """`rec`'s transcript prefilled in two pieces, as a server computes it when its first
+    `split` tokens were a request of their own (an earlier turn of the conversation, a shared
+    prefix sent first): that prefix alone, in forwards of its own token count, scored and
+    cached (SGLang caches a finished request's prompt in its radix tree); then the transcript,
+    whose prefix is a cache hit and whose rest is prefilled from `split` in forwards of the
+    rest's token count. Every scored position but the split's own (the prefix request's
+    output, not an input position) is scored once: before the split at the prefix's chunking
+    and dispatch, after it at the rest's, as a prefill chunked at `split` gives them."""
+    pos, lps, tops = client.score(rec.input_ids[:split], start=rec.start,
+                                  top_k=spec.drift_top_k, max_new_tokens=1)
+    rest = _rescore(client, spec, rec, start=split)
+    return DriftRecord(rec.case_id, rec.input_ids, rec.start, (*pos, *rest.positions),
+                       (*lps, *rest.token_logprobs), (*(tuple(t) for t in tops), *rest.top),
+                       rec.answer_start)
 
 
 def _rescore(client: ProbeClient, spec: ProbeSpec, rec: DriftRecord,

@@ -199,7 +199,7 @@ def _terminal_verdict(v: Verdict) -> list[Line]:
         out.append((text, None))
         if v.drift.get("null"):
             out.append(((f"            {_multiple(v.drift.get('multiple'))} the good end's own "
-                         "variation (re-batched, prefix-cache hit)"), None))
+                         "variation (re-batched, re-chunked)"), None))
         if v.conditions:
             out.append((f"            ran {family_conditions(v.conditions.get('drift'))}",
                         "dim"))

@@ -28,6 +28,7 @@ from pathlib import Path
 from dsv4bisect.base.bounded import json_object, load_json
 from dsv4bisect.env import cache_dir
 from dsv4bisect.errors import ConfigError
+from dsv4bisect.probe.null import NULL_ARMS
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.spec import ProbeSpec
 
@@ -111,6 +112,11 @@ def lookup(key: BaselineKey) -> tuple[CachedBaseline | None, str | None]:
             if sub == BASELINE and run.drift and not run.null:
                 return None, (f"cached baseline {path} has no null model (made before the "
                               "drift verdict was judged against one); measured again")
+            arms = sorted({arm for arm, _ in run.null})
+            if sub == BASELINE and run.null and arms != sorted(NULL_ARMS):
+                return None, (f"cached baseline {path} has the null arms {', '.join(arms)}, "
+                              f"not {', '.join(NULL_ARMS)} (an older null model); measured "
+                              "again")
     except (OSError, ValueError, ConfigError) as exc:
         return None, f"cached baseline {path} is damaged ({exc}); ignored"
     return CachedBaseline(key, path, str(meta.get("created_at")), meta.get("source_run")), None

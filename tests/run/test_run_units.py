@@ -17,6 +17,7 @@ from dsv4bisect.config.resolve import Overrides, resolve
 from dsv4bisect.errors import ConfigError, ExitCode
 from dsv4bisect.probe.drift import DriftRecord
 from dsv4bisect.probe.grid import Case, Cell
+from dsv4bisect.probe.null import NULL_ARMS
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.runner import judge
 from dsv4bisect.probe.spec import tier_spec
@@ -126,9 +127,10 @@ def test_a_partial_repeat_keeps_every_candidate_pair_and_a_sound_floor() -> None
 
 
 # -- the baseline cache --------------------------------------------------------------------------
-def _saved_baseline(root: Path, *, null: bool = True) -> tuple[Path, Path]:
+def _saved_baseline(root: Path, *, null: bool = True,
+                    arms_named: tuple[str, ...] = NULL_ARMS) -> tuple[Path, Path]:
     run = _run()  # a fresh baseline carries its null model's scores (probe/null.py)
-    arms = tuple(("drift-concurrent", d) for d in run.drift) if null else ()
+    arms = tuple((arm, d) for arm in arms_named for d in run.drift) if null else ()
     base = replace(run, null=arms).save(root / "baseline")
     (root / "baseline" / "logs").mkdir()
     (root / "baseline" / "logs" / "server.log").write_text("engine log\n")
@@ -253,3 +255,16 @@ def test_a_cached_baseline_without_its_null_model_is_measured_again(tmp_path: Pa
     cache.store(key, *_saved_baseline(tmp_path / "run1", null=False))
     hit, why = cache.lookup(key)
     assert hit is None and why is not None and "no null model" in why
+
+
+def test_a_cached_baseline_with_an_older_null_model_is_measured_again(tmp_path: Path) -> None:
+    # `drift-warm` compared only the positions after each split: a baseline cached with it
+    # would judge every later candidate against the null that under-covered re-chunking.
+    key = cache.BaselineKey.of("d" * 16, SMOKE)
+    cache.store(key, *_saved_baseline(tmp_path / "run1",
+                                      arms_named=("drift-concurrent", "drift-warm")))
+    hit, why = cache.lookup(key)
+    assert hit is None and why is not None and "drift-warm" in why and "measured again" in why
+    cache.store(key, *_saved_baseline(tmp_path / "run2"))
+    hit, why = cache.lookup(key)  # the same key with the current arms is a hit
+    assert hit is not None and why is None
