@@ -220,6 +220,32 @@ def test_a_bad_end_that_lost_facts_as_signatures_is_bisected_on_them_not_on_drif
     assert d.verdict == "FAIL" and d.decided_by == "drift"
 
 
+def test_a_signature_bad_end_whose_accuracy_differs_too_passes_a_clean_trial_at_the_cap() -> None:
+    # As the draft-eos bisect measured on the merged tree: the bad end cut 6 of 72 answers in
+    # several seeds, enough for the ends to differ in accuracy but not for a trial to reach the
+    # 1 % bounds; a trial that answers every request, the signature cases first, without a
+    # signature, and loses some answers anyway, is like the good end, not BETWEEN.
+    base = make_ends(loss_every=2, n_cells=4)
+    cut = {c.key for c in base.cases if not c.bad_right}
+    cases = tuple(EndCase(c.case_id, c.arm, c.cell, c.family, c.length, c.prompt_tokens, c.seed,
+                          c.good_right, c.bad_right, c.repeat_right,
+                          bad_signatures=("truncated",) if c.key in cut else ())
+                  for c in base.cases)
+    ends = TrialEnds(cases, WARN_DRIFT, 2, 8192)
+    assert ends.accuracy_differs()
+    lost = [c for c in ends.cases if not c.bad_right]
+    ans = answers(ends, "good")
+    for c in lost[:2]:
+        ans[c.key] = (False, ())  # wrong, but not cut: the accuracy test alone stays inside
+    d = run_offline(SequentialTrial(ends, 0.001, 0.001), WARN_DRIFT, ans)
+    assert d.verdict == "PASS" and d.decided_by == "signatures" and d.accuracy_requests == d.cap
+    assert d.thresholds[0] < d.log_lr < d.thresholds[1]
+    for c in lost[:2]:
+        ans[c.key] = (False, ("truncated",))  # cut again, in two seeds: FAIL
+    d = run_offline(SequentialTrial(ends, 0.001, 0.001), WARN_DRIFT, ans)
+    assert d.verdict == "FAIL" and d.decided_by == "signatures"
+
+
 def test_undecided_at_the_cap_is_between() -> None:
     # The bad end loses 4 of 28; a trial losing half of those is like neither end, and at
     # error rates of 0.001 the 28 requests cannot settle it: BETWEEN, never a pass.
