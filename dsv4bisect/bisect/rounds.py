@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dsv4bisect.bisect.search.pricing import is_end
+
 
 def ends_alone(proposals: Sequence[frozenset[str]],
                everything: frozenset[str]) -> list[frozenset[str]]:
     """The round a sharding executor runs of `proposals`: the first end proposed, alone (the
     search is asked again after it: its proposals depend on its records only), else all of
     them."""
-    end = next((s for s in proposals if not s or s == everything), None)
+    end = next((s for s in proposals if is_end(s, everything)), None)
     return [end] if end is not None else list(proposals)

@@ -385,11 +385,6 @@ def draw_units(ends: TrialEnds, seed: int, benign: float = BENIGN_FLIP_RATE
     return ([tuple(sorted(units[u], key=lambda c: c.position)) for u in order], len(first))
 
 
-def draw_order(ends: TrialEnds, seed: int, benign: float = BENIGN_FLIP_RATE) -> list[EndCase]:
-    """Every accuracy case in the order `draw_units` sends them."""
-    return [c for unit in draw_units(ends, seed, benign)[0] for c in unit]
-
-
 def condition_groups(n: int, level: int) -> list[int]:
     """The concurrency group of each of a level's `n` requests, by their place in its
     submission order: windows of `level` consecutive requests (what the fixed probe has in

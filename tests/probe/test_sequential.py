@@ -15,7 +15,7 @@ from dsv4bisect.probe.sequential import (
     EndCase,
     SequentialTrial,
     TrialEnds,
-    draw_order,
+    draw_units,
     ends_from_runs,
     run_offline,
     wald_thresholds,
@@ -42,6 +42,11 @@ def make_ends(n_cells: int = 8, per_cell: int = 7, lost_lengths: tuple[int, ...]
                                  "needle", length, length, 1000 * c + i, good,
                                  good and not lost, good))
     return TrialEnds(tuple(cases), bad_drift, 2, 8192)
+
+
+def draw_order(ends: TrialEnds, seed: int) -> list[EndCase]:
+    """Every accuracy case in the order `draw_units` sends them."""
+    return [c for unit in draw_units(ends, seed)[0] for c in unit]
 
 
 def answers(ends: TrialEnds, like: str) -> dict:

@@ -73,7 +73,7 @@ from dsv4bisect.bisect.rounds import ends_alone
 from dsv4bisect.bisect.plan.search_memo import MemoSearch, SearchMemo
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
-from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts
+from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts, is_end
 from dsv4bisect.bisect.search.search import Search, Status
 from dsv4bisect.probe import verdict as V
 
@@ -259,14 +259,11 @@ class NodePool:
         """An end alone (`ends_alone`) is sharded across every node; any other trial runs on
         its own node, unsharded (RayRunner._helpers): a trial probe (a few percent of a full
         probe) is shorter than the switch a replica pays, so only the ends are worth splitting."""
-        if len(trials) == 1 and self._is_end(trials[0][0]):
+        if len(trials) == 1 and is_end(trials[0][0], self.everything):
             (subset, fails), = trials
             return self._run(0, self._group(subset), subset, fails)
         return [self._run(i, [self._place(subset)], subset, fails)[0]
                 for i, (subset, fails) in enumerate(trials)]
-
-    def _is_end(self, subset: frozenset[str]) -> bool:
-        return not subset or subset == self.everything
 
     def _group(self, subset: frozenset[str]) -> list[int]:
         """Every free node, in the order the Ray runner takes them: the trial's own node first
@@ -291,7 +288,7 @@ class NodePool:
              fails: float | bool) -> list[NodeTrial]:
         """The trial on `group`'s nodes, each running 1/len(group) of its probe (and of the
         baseline and A/A repeat it measures), paying its own launch or switch."""
-        end = not subset or subset == self.everything
+        end = is_end(subset, self.everything)
         block = self._seen[subset]
         self._seen[subset] += 1
         out = []
@@ -378,7 +375,7 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
             subsets = ends_alone(subsets, everything)
         done = pool.run_round([(s, culprits <= s) for s in subsets])
         rounds.append(done)
-        ends = any(not s or s == everything for s in subsets)
+        ends = any(is_end(s, everything) for s in subsets)
         phase[name or ("ends" if ends else "trials")] += done.wall_s
         out = []
         for i, subset in enumerate(subsets):

@@ -39,6 +39,12 @@ from typing import Any, Generic, TypeVar
 K = TypeVar("K", bound=Hashable)
 
 
+def is_end(subset: frozenset[str], everything: frozenset[str]) -> bool:
+    """Whether `subset` is one of the bisect's ends: the good end (nothing on) or the bad end
+    (every candidate on), each measured by a full-size probe."""
+    return not subset or subset == everything
+
+
 @dataclass(frozen=True)
 class StepCosts:
     """The seconds one step costs and the policy that decides which step pays what."""
@@ -150,7 +156,7 @@ class CostTracker:
         `shards`: this node runs 1/shards of the trial's probe (a sharded probe on several
         nodes: the Ray executor); a baseline another trial measures on the way is its own
         node's, whole (only the good end's trial shards its baseline: it is its probe)."""
-        end = not subset or subset == self.everything
+        end = is_end(subset, self.everything)
         # a re-test draws the next seed block; a sequential trial's re-test draws other
         # requests against the first block's ends (HotEngineRunner), an end's needs its own
         block = 0 if self.costs.sequential and not end else self.seen[subset]
@@ -193,7 +199,7 @@ class CostTracker:
         return self.costs.launch_s
 
     def _probe(self, subset: frozenset[str], like_bad: float) -> float:
-        if subset == self.everything or not subset:  # the ends: full size
+        if is_end(subset, self.everything):  # full size
             return self.costs.probe_s
         return self.costs.probe_s * self._fraction(like_bad)
 
