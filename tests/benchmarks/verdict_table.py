@@ -13,8 +13,9 @@ Per row and precision:
 - with `--bisect`, for faults: `dsv4bisect bisect reference-all [--set
   patches.P.variant=V] --json` (the slow part): the culprits it names, in how many rounds.
 Columns: drift (as a multiple of the null model when the verdict reports one, else the mean KL
-over the drift transcripts), answers lost of those paired, the verdict, the bisect's culprits
-and rounds. `--out` keeps every JSON; `--from DIR` rebuilds the table from kept JSON without
+over the drift transcripts), answers lost of those paired, where they were lost (per arm@level,
+the families' counts), the verdict, the bisect's culprits, its trials and whether one round
+did (the bad end without the culprits passes). `--out` keeps every JSON; `--from DIR` rebuilds the table from kept JSON without
 running anything (a row with no JSON there is printed as "not measured").
 """
 
@@ -95,12 +96,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(flags: tuple[str, ...], precision: str) -> tuple[subprocess.Popen, str]:
+def _serve(flags: tuple[str, ...], precision: str,
+           device: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         ["nice", "-n", "10", sys.executable, "-m", "dsv4bisect", "serve", "--port", str(port),
-         "--checkpoint", "embedded", "--device", "cpu", "--precision", precision, *flags],
+         "--checkpoint", "embedded", "--device", device, "--precision", precision, *flags],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -115,11 +117,12 @@ def _serve(flags: tuple[str, ...], precision: str) -> tuple[subprocess.Popen, st
     raise RuntimeError(f"serve {' '.join(flags)} did not become ready")
 
 
-def measure(row: Row, precision: str, tier: str, out: Path, bisect: bool) -> None:
+def measure(row: Row, precision: str, tier: str, out: Path, bisect: bool,
+            device: str = "auto") -> None:
     exact = ["--set", "engine.precision=exact"] if precision == "exact" else []
     tag = f"{row.key}.{precision}"
     if row.kind == "harmless":
-        servers = [_serve((), precision), _serve(row.serve, precision)]
+        servers = [_serve((), precision, device), _serve(row.serve, precision, device)]
         try:
             _cli(["probe", servers[1][1], "--baseline", servers[0][1], "--tier", tier,
                   "--out", str(out / f"{tag}.probe")], out / f"{tag}.run.json")
@@ -163,24 +166,43 @@ def _bisect(b: dict[str, Any] | None) -> str:
     # trials measured here (a trial answered from the ledger has another source)
     rounds = len({t.get("step") for t in b.get("trials") or [] if t.get("source") == "run"})
     named = ", ".join(culprits) if culprits else "none"
-    remedy = b.get("remedy") or {}
-    tail = f", remedy {remedy['verdict']}" if remedy.get("verdict") else ""
+    verdict = (b.get("remedy") or {}).get("verdict")
+    # One round: the bad end without the culprits passed, so nothing is left to bisect; a
+    # remedy that failed twice asks for a second round (another culprit remains).
+    tail = {"passes": ", one round, remedy passes", "fails": ", remedy fails: a second round",
+            None: ""}.get(verdict, f", remedy {verdict}")
     return f"{b.get('status')}: {named} ({rounds} trials{tail})"
 
 
+def _seen(v: dict[str, Any]) -> str:
+    """Where the probe saw the answers lost: per condition (arm@level), the families' counts,
+    largest first (`warm@16: needle 11, copy 11`); '-' where none was lost."""
+    by: dict[str, dict[str, int]] = {}
+    for cell in v.get("cells") or []:
+        if cell.get("b"):
+            where = by.setdefault(f"{cell['arm']}@{cell.get('concurrency', 1)}", {})
+            family = cell["cell"].split("/", 1)[0]
+            where[family] = where.get(family, 0) + cell["b"]
+    parts = sorted(by.items(), key=lambda kv: -sum(kv[1].values()))
+    return "; ".join(f"{cond}: " + ", ".join(f"{f} {n}" for f, n in
+                                             sorted(fams.items(), key=lambda kv: -kv[1]))
+                     for cond, fams in parts) or "-"
+
+
 def table(out: Path, precisions: list[str], rows: tuple[Row, ...]) -> str:
-    lines = ["| change | kind | precision | drift | answers lost | `run` | default `bisect` names |",
-             "| --- | --- | --- | ---: | ---: | --- | --- |"]
+    lines = ["| change | kind | precision | drift | answers lost | lost where | `run` "
+             "| default `bisect` names |",
+             "| --- | --- | --- | ---: | ---: | --- | --- | --- |"]
     for row in rows:
         for precision in precisions:
             v = _load(out / f"{row.key}.{precision}.run.json")
             if v is None:
-                lines.append(f"| {row.label} | {row.kind} | {precision} | not measured | | | |")
+                lines.append(f"| {row.label} | {row.kind} | {precision} | not measured | | | | |")
                 continue
             b = _load(out / f"{row.key}.{precision}.bisect.json")
             bis = "-" if row.kind == "harmless" else _bisect(b)
             lines.append(f"| {row.label} | {row.kind} | {precision} | {_drift(v)} | {_lost(v)} "
-                         f"| {v.get('verdict')} | {bis} |")
+                         f"| {_seen(v)} | {v.get('verdict')} | {bis} |")
     return "\n".join(lines)
 
 
@@ -190,6 +212,8 @@ def main() -> None:
                     choices=["deployment", "exact"])
     ap.add_argument("--rows", nargs="+", help="only these row labels")
     ap.add_argument("--tier", default="smoke")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="the harmless rows' servers (the profiles' own is auto)")
     ap.add_argument("--bisect", action="store_true", help="also bisect (slow)")
     ap.add_argument("--out", type=Path, default=Path("runs/verdict-table"))
     ap.add_argument("--from", dest="from_dir", type=Path,
@@ -200,7 +224,7 @@ def main() -> None:
         a.out.mkdir(parents=True, exist_ok=True)
         for row in rows:
             for precision in a.precision:
-                measure(row, precision, a.tier, a.out, a.bisect)
+                measure(row, precision, a.tier, a.out, a.bisect, a.device)
     print(table(a.from_dir or a.out, a.precision, rows))
 
 
