@@ -24,6 +24,16 @@ def node_plan(setup: Setup, asked: int, main_runs: int, runs: int = NODE_PLAN_RU
     return plan_nodes(setup, node_counts(asked), trials=min(runs, main_runs), of=main_runs)
 
 
+def ends_choice(setup: Setup, nodes: int, round_size: int, main_runs: int,
+                runs: int = NODE_PLAN_RUNS) -> str:
+    """How a sharded Ray bisect runs its ends (bisect/rounds.py): the schedule the node plan
+    chooses for these nodes and this round size, on the plan's culprit sets and outcome
+    streams (parallel_plan.choose_ends)."""
+    from dsv4bisect.bisect.plan.parallel_plan import choose_ends
+
+    return choose_ends(setup, nodes, round_size, trials=min(runs, main_runs), of=main_runs)
+
+
 def node_json(plan: NodePlan, asked: int, costs: list[dict[str, Any]]) -> dict[str, Any]:
     """`nodes` of `--plan --json`: the rows, the floor per node count, and the costs they are
     priced with (each with its source: the single-node plan's)."""
