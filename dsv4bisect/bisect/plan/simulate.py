@@ -22,7 +22,9 @@ What is modelled, and where the code does it:
   node has them: it measures no baseline another node measured (its ∅ check of that block is
   the A/A verdict, no launch), and it probes with the sequential trial probe once any node ran
   the bad end. Within a round no node has what another measures in it (every trial of a round
-  starts at once): two nodes of the first round may both measure block 0's baseline, and until
+  starts at once): two nodes of the first round may both measure block 0's baseline (not the
+  bad end beside the good end: its probe starts ahead and is judged against the good end's
+  run, `_after_good`), and until
   the bad end's round is over, trials run full size at the ends' error rates (the verdict
   states none: the search weighs it at the ends' rates), against their own block's
   baseline. Only hot runners share their ends: with fresh launches (`--fresh-launches`, the
@@ -34,15 +36,18 @@ What is modelled, and where the code does it:
   report says "skipped"), so none is priced; the single-node plan (whole_plan.py) prices it.
 * **Sharding** (`sharded=True`; probe/shards.py, bisect/rounds.py, docs/cluster.md "Reading
   the node plan"): the schedule the Ray runner runs (driver._search_rounds with
-  RayRunner.ends_alone, RayRunner._helpers). An end proposed by the search runs alone in its
-  round (`ends_alone`; the search is asked again after it), its full-size probe (and, the good
-  end's, the baseline and A/A repeat it measures) split across every node: the trial's own
-  node (`_place`), then those whose engine is up in its load-time state (a switch), then the
-  rest (a launch), each paying its own launch or switch and 1/K of the probe; the end lasts as
-  long as its slowest shard. So the good end runs on every node, then the bad end (which
-  replays the good end's run and is judged against it: it cannot start before it). Every
-  other trial runs on a node of its own, unsharded: a trial probe is shorter than the switch
-  a replica would pay. Hot runners with the sequential trial probe only (RayRunner.shard):
+  RayRunner.ends_schedule, RayRunner._helpers). The ends proposed by the search run in a round
+  of their own (`rounds.ends_round`; the search is asked again after them), their full-size
+  probes (and, the good end's, the baseline and A/A repeat it measures) split across nodes:
+  the trial's own node (`_place`), then those whose engine is up in its load-time state (a
+  switch), then the rest (a launch), each paying its own launch or switch and its share of the
+  probe; an end lasts as long as its slowest shard. `ends=ALONE`: the good end on every node,
+  then the bad end; `ends=TOGETHER`: both at once, each on half the nodes, the bad end's
+  accuracy requests sent while the good end runs and its drift scoring after
+  (`NodePool._after_good`; probe/ahead.py). Every other trial runs on a node of its own,
+  unsharded: a trial probe is shorter than the switch a replica would pay. A bad end beside the
+  good end of its seed block is started ahead of it in unsharded rounds too (hot runners), as
+  RayRunner runs it. Hot runners with the sequential trial probe only (RayRunner.shard):
   otherwise nothing is sharded and no end runs alone.
 
 Idle slots: a round holds K node slots for as long as its slowest trial. `idle_slots` counts
