@@ -221,6 +221,7 @@ def test_a_hot_ray_bisect_shares_the_ends_so_nodes_probe_with_ends_they_did_not_
     first_bad = next(t for t in rows if "b0/bad" in t["details"]["ends_measured"])
     assert first_bad["details"]["node"]["node_id"] == bad["node"]["node_id"]
     assert "b0/baseline" not in first_bad["details"]["ends_measured"]
+    assert "started ahead of the good end (" in (run_dir / "report.md").read_text()
     assert not engine_pids(scratch())
 
 
