@@ -32,7 +32,7 @@ from dsv4bisect.bisect.events import (
 )
 from dsv4bisect.bisect.evidence import record_noise_evidence
 from dsv4bisect.bisect.ledger import Ledger, NoiseEstimate, StepRow, TrialKey
-from dsv4bisect.bisect.rounds import ends_alone
+from dsv4bisect.bisect.rounds import ends_round
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.search import Search, SearchResult, Status
 from dsv4bisect.bisect.spec import BisectSpec
@@ -242,10 +242,9 @@ class _Driver:
                        pool: ThreadPoolExecutor | None) -> int:
         """Run what `propose` asks for, round by round, recording each outcome in the search
         and the ledger; returns the next step number."""
-        alone = self.runner.ends_alone  # bisect/rounds.py
+        schedule = self.runner.ends_schedule  # bisect/rounds.py
         while proposals := propose():
-            if alone:
-                proposals = ends_alone(proposals, frozenset(self.spec.candidates))
+            proposals = ends_round(proposals, frozenset(self.spec.candidates), schedule)
             self.emit(progress_of(search))
             slots = []
             for subset in proposals:
@@ -420,7 +419,9 @@ class _Driver:
                 )
             )
             started.append((slot, attempt, trial_id, trial_dir))
-        self.runner.begin_round(len(started))  # idle nodes may shard a probe
+        # idle nodes may shard a probe; a bad end beside the good end starts ahead of it
+        good = next((s.seed_block for s, *_ in started if not s.subset), None)
+        self.runner.begin_round(len(started), good)
         if pool is None:
             for slot, attempt, trial_id, trial_dir in started:
                 try:

@@ -369,8 +369,15 @@ def _where(details: dict[str, Any]) -> str:
 
     shared = "".join(f" + {r.get('name', '?')} ({clock(r.get('started'))}-"
                      f"{clock(r.get('finished'))})" for r in node.get("replicas") or ())
+    ahead = node.get("ahead") if isinstance(node.get("ahead"), dict) else None
+    # a bad end beside the good end: its accuracy requests sent before the good end's run
+    # existed, its drift scoring after (probe/ahead.py; docs/cluster.md, "Sharded rows")
+    started = (f", started ahead of the good end ({ahead.get('rows', '?')} rows "
+               f"{clock(ahead.get('started'))}-{clock(ahead.get('finished'))}, finished with "
+               f"its run from {clock(ahead.get('resumed'))})" if ahead else "")
     return f"; on {node.get('name', '?')}, {clock(node.get('started'))}-" \
-           f"{clock(node.get('finished'))} UTC" + (f", probe sharded{shared}" if shared else "")
+           f"{clock(node.get('finished'))} UTC" + (f", probe sharded{shared}" if shared else "") \
+        + started
 
 
 def _mode(details: dict[str, Any]) -> str:

@@ -1,14 +1,22 @@
 """Which of a round's proposals run, where the executor shards the ends (pure).
 
-A sharding executor (the Ray runner with hot runners that probe sequentially:
-`RayRunner.ends_alone`) runs an end proposed by the search alone in its round, its full-size
-probe split across every node, and every other trial on a node of its own, unsharded. The two
-ends are most of a bisect (each a launch and a full-size probe), and the bad end replays the
-good end's run, so it cannot start before it: one end after the other, each on every node, is
-the shortest way to measure them. A trial probe (a few percent of a full probe) is shorter than
-the switch a second node would pay to serve part of it, so later rounds give each trial its own
-node instead. The driver (driver._search_rounds) and the plan (plan/simulate.py) both call
-`ends_alone`, so the plan prices the rounds the executor runs.
+A sharding executor (the Ray runner with hot runners that probe sequentially: `RayRunner.ends`)
+runs the ends (∅ and the full set) proposed by the search in a round of their own, their
+full-size probes split across the nodes, and every other trial on a node of its own, unsharded
+(a trial probe, a few percent of a full probe, is shorter than the switch a second node would
+pay to serve part of it). The ends are most of a bisect, and there are two ways to run them:
+
+* `ALONE`: the first end proposed alone in its round, across every node, the search asked again
+  after it; so the good end on all K nodes, then the bad end on all K;
+* `TOGETHER`: both ends in one round, each on its own half of the nodes (K // 2 each), sharded
+  within its half; the bad end's half launches and sends its accuracy requests while the good
+  end runs (they do not depend on it: probe/ahead.py) and scores its drift transcripts against
+  the good end's run once it exists. An end proposed without the other runs alone.
+
+Which one is cheaper depends on K and the costs (a launch against a share of the probe), so the
+plan simulates the whole bisect with each and the executor runs the one it chose
+(plan/parallel_plan.py `choose_ends`). The driver (driver._search_rounds) and the plan
+(plan/simulate.py) both call `ends_round`, so the plan prices the rounds the executor runs.
 """
 
 from __future__ import annotations
@@ -17,11 +25,30 @@ from collections.abc import Sequence
 
 from dsv4bisect.bisect.search.pricing import is_end
 
+ALONE = "alone"
+TOGETHER = "together"
+SCHEDULES = (ALONE, TOGETHER)
 
-def ends_alone(proposals: Sequence[frozenset[str]],
-               everything: frozenset[str]) -> list[frozenset[str]]:
-    """The round a sharding executor runs of `proposals`: the first end proposed, alone (the
-    search is asked again after it: its proposals depend on its records only), else all of
-    them."""
-    end = next((s for s in proposals if is_end(s, everything)), None)
-    return [end] if end is not None else list(proposals)
+
+def ends_round(proposals: Sequence[frozenset[str]], everything: frozenset[str],
+               schedule: str | None) -> list[frozenset[str]]:
+    """The round a sharding executor runs of `proposals` under `schedule` (None: not sharding,
+    all of them). With an end among them, the ends only (the search is asked again after them:
+    its proposals depend on its records only): `ALONE` the first end proposed, `TOGETHER` each
+    end proposed once, the good end first."""
+    if schedule is None:
+        return list(proposals)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"ends schedule `{schedule}`")
+    ends = list(dict.fromkeys(s for s in proposals if is_end(s, everything)))
+    if not ends:
+        return list(proposals)
+    if schedule == ALONE:
+        return ends[:1]
+    return sorted(ends, key=len)
+
+
+def halves(nodes: int) -> int:
+    """Nodes each end takes in a `TOGETHER` round: its own and an equal share of the other
+    idle ones (RayRunner.begin_round: K // 2; with K odd one node waits)."""
+    return max(1, nodes // 2)

@@ -214,6 +214,13 @@ def bisect(
         console().print(_plan_line(estimate, spec), markup=False, highlight=False)
         ensure_runs_root(out)
         runner, req = prep.runner, prep.request
+        if placement["executor"] == "ray" and placement["shard"] and prep.engine is not None:
+            # the ends' schedule the node plan prices lower for these nodes and costs, kept in
+            # the run's request for a resume (docs/cluster.md, "Sharded rows")
+            from dsv4bisect.cli.bisect_nodes import ends_choice
+
+            placement["ends"] = ends_choice(prep.setup(), placement["nodes"] or spec.parallel,
+                                            spec.parallel, PLAN_RUNS)
         if prep.engine is not None:
             runner = _executor(prep.engine, req, placement, spec.parallel, not skip_preflight)
         elif placement["executor"] != "local":
@@ -348,7 +355,8 @@ def _executor(runner: EngineRunner, request: RunnerRequest, placement: dict[str,
     return executor_runner(placement.get("executor") or "local", runner, request, slots,
                            address=placement.get("ray_address"),
                            node_resource=placement.get("node_resource"), preflight=preflight,
-                           shard=bool(placement.get("shard", True)))
+                           shard=bool(placement.get("shard", True)),
+                           ends=placement.get("ends"))
 
 
 

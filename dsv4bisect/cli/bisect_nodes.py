@@ -24,6 +24,16 @@ def node_plan(setup: Setup, asked: int, main_runs: int, runs: int = NODE_PLAN_RU
     return plan_nodes(setup, node_counts(asked), trials=min(runs, main_runs), of=main_runs)
 
 
+def ends_choice(setup: Setup, nodes: int, round_size: int, main_runs: int,
+                runs: int = NODE_PLAN_RUNS) -> str:
+    """How a sharded Ray bisect runs its ends (bisect/rounds.py): the schedule the node plan
+    chooses for these nodes and this round size, on the plan's culprit sets and outcome
+    streams (parallel_plan.choose_ends)."""
+    from dsv4bisect.bisect.plan.parallel_plan import choose_ends
+
+    return choose_ends(setup, nodes, round_size, trials=min(runs, main_runs), of=main_runs)
+
+
 def node_json(plan: NodePlan, asked: int, costs: list[dict[str, Any]]) -> dict[str, Any]:
     """`nodes` of `--plan --json`: the rows, the floor per node count, and the costs they are
     priced with (each with its source: the single-node plan's)."""
@@ -38,7 +48,7 @@ def node_lines(plan: NodePlan, asked: int, main_runs: int,
     """The table and how to read it (`main_runs`: the single-node plan's simulated runs)."""
     fewer = (f"; {plan.runs} simulated bisects per row, the first {plan.runs} of the "
              f"{main_runs} above" if plan.runs < main_runs else "")
-    header = (f"{'nodes':>5}  {'levers':<7}  {'sharded':<7}  {'wall':>7}  {'p90':>7}  "
+    header = (f"{'nodes':>5}  {'levers':<7}  {'sharded':<16}  {'wall':>7}  {'p90':>7}  "
               f"{'rounds':>6}  {'trials':>6}  {'launches':>8}  {'idle slots':>10}  "
               f"{'idle time':>9}  P(correct)")
     title = ("on Ray nodes (--executor ray; the same culprit sets and outcome streams in every "
@@ -47,8 +57,9 @@ def node_lines(plan: NodePlan, asked: int, main_runs: int,
     for r in plan.rows:
         mark = "  <- --parallel" if r.nodes == asked and asked != 1 else ""
         shard = ("yes" if r.sharded else "no") + (f" /{r.round_size}" if r.sharded
-                                                 and r.round_size != r.nodes else "")
-        out.append(f"  {r.nodes:>5}  {'with' if r.levers else 'without':<7}  {shard:<7}  "
+                                                 and r.round_size != r.nodes else "") + (
+            f" {r.ends}" if r.ends and r.nodes > 1 else "")
+        out.append(f"  {r.nodes:>5}  {'with' if r.levers else 'without':<7}  {shard:<16}  "
                    f"{dur(r.mean_wall_s):>7}  {dur(r.p90_wall_s):>7}  {r.mean_rounds:>6.1f}  "
                    f"{r.mean_trials:>6.1f}  {r.mean_launches:>8.1f}  {r.mean_idle_slots:>10.1f}  "
                    f"{r.idle_share:>9.0%}  {r.p_correct:>10.2f}{mark}")
@@ -64,15 +75,20 @@ def node_lines(plan: NodePlan, asked: int, main_runs: int,
                "fresh confirmation (the Ray executor cannot launch fresh), so 1 node is the "
                "plan above")
     out.append("  sharded (hot runners; --no-shard turns it off): the schedule the Ray "
-               "executor runs: an end runs alone in its round, its full-size probe split across "
-               "every node (each paying its own launch or switch, the end lasting as long as "
-               "its slowest shard): the good end, then the bad end, which replays the good "
-               "end's run; every other trial runs on a node of its own, unsharded (its probe is "
-               "shorter than a replica's switch), up to K a round; '/N': --nodes K --parallel N "
-               "(N trials a round after the ends), priced lower than --parallel K")
+               "executor runs: the ends run in a round of their own, their full-size probes "
+               "split across the nodes (each paying its own launch or switch, an end lasting as "
+               "long as its slowest shard), 'alone' (the good end on every node, then the bad "
+               "end) or 'together' (each on half of the nodes at once, the bad end sending its "
+               "accuracy requests while the good end runs and scoring its drift transcripts "
+               "against the good end's run once it is back), whichever this simulation prices "
+               "lower for K (the Ray executor runs that one); every other trial runs on a node "
+               "of its own, unsharded (its probe is shorter than a replica's switch), up to K a "
+               "round; '/N': --nodes K --parallel N (N trials a round after the ends), priced "
+               "lower than --parallel K; not sharded, a bad end beside the good end of its seed "
+               "block starts ahead of it the same way and measures no baseline of its own")
     out.append("  costs: those above, unchanged, on every node")
-    out.append("  floor (what a bisect told the culprits must still run: the two ends, each "
-               "alone on every node, and one trial of the culprits, every lever, sharded): "
+    out.append("  floor (what a bisect told the culprits must still run: the two ends as the "
+               "sharded row runs them, and one trial of the culprits, every lever): "
                + ", ".join(f"{dur(s)} on {k} node{'s' * (k > 1)}" for k, s in plan.floor_s))
     out.append(f"  {_saving(plan, dur)}")
     return out

@@ -364,12 +364,15 @@ class _Tally:
 
 def _run_cases(client: ProbeClient, spec: ProbeSpec, cases: list[Case],
                reference_run: ProbeRun | None, notes: list[str], on_progress: Progress | None,
-               mine: set[str] | None = None
+               mine: set[str] | None = None, part: str | None = None
                ) -> tuple[list[dict[str, Any]], list[DriftRecord], dict[str, Any]]:
     """Every request of `cases` (`mine`: only those of these case ids, a shard's), in the
-    order and at the levels of an unsharded run."""
+    order and at the levels of an unsharded run. `part`: "accuracy" (every request but the
+    drift transcripts) or "drift" (only those; probe/ahead.py), None: all."""
     every = tasks_of(spec, cases)
-    keep = [mine is None or c.case_id in mine for c, _, _ in every]
+    keep = [(mine is None or c.case_id in mine)
+            and (part is None or (arm == "drift") == (part == "drift"))
+            for c, arm, _ in every]
     where = [n for n, k in enumerate(keep) if k]  # a shard's task -> the whole run's
     tasks = [every[n] for n in where]
     ref_drift = reference_run.drift_by_case() if reference_run else {}

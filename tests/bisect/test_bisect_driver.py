@@ -14,6 +14,7 @@ import pytest
 from dsv4bisect.bisect.driver import RUN_FILE, resume_bisect, start_bisect
 from dsv4bisect.bisect.events import Progress, StepDecided, TrialFinished, TrialStarted
 from dsv4bisect.bisect.ledger import Ledger
+from dsv4bisect.bisect.rounds import ALONE, TOGETHER
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.search import Status
 from dsv4bisect.bisect.spec import BisectSpec
@@ -347,16 +348,22 @@ def test_by_default_a_warn_is_like_good_when_the_bad_end_loses_facts(ledger, tmp
 
 
 class EndsAloneRunner(OracleRunner):
-    """A runner that shards the ends (the Ray runner's `ends_alone`): records each round."""
+    """A runner that shards the ends (the Ray runner's `ends_schedule`): records each round."""
 
-    ends_alone = True
+    ends_schedule = ALONE
 
     def __init__(self, culprits: set[str]) -> None:
         super().__init__(culprits)
         self.rounds: list[int] = []
+        self.good_blocks: list[int | None] = []
 
-    def begin_round(self, trials: int) -> None:
+    def begin_round(self, trials: int, good_block: int | None = None) -> None:
         self.rounds.append(trials)
+        self.good_blocks.append(good_block)
+
+
+class EndsTogetherRunner(EndsAloneRunner):
+    ends_schedule = TOGETHER
 
 
 def test_a_runner_that_shards_the_ends_gets_each_end_alone_in_its_round(ledger, tmp_path):
@@ -367,12 +374,25 @@ def test_a_runner_that_shards_the_ends_gets_each_end_alone_in_its_round(ledger, 
     assert out.result.culprits == {"a", "d"}
     assert [s for s, _ in runner.calls[:2]] == [frozenset(), frozenset(NAMES)]
     assert runner.rounds[:2] == [1, 1] and max(runner.rounds) == 3
+    assert runner.good_blocks[:2] == [0, None]
     ends = {frozenset(), frozenset(NAMES)}
     start = 0
     for size in runner.rounds:  # a round holding an end holds nothing else
         subsets = [s for s, _ in runner.calls[start:start + size]]
         assert size == 1 or not ends & set(subsets), subsets
         start += size
+
+
+def test_a_runner_that_runs_the_ends_together_gets_both_in_its_first_round(ledger, tmp_path):
+    """TOGETHER: the first round is the good end and the bad end, nothing else (the runner is
+    told the good end's seed block: the bad end beside it starts ahead of it), then rounds of
+    up to --parallel trials; the same culprits as one end at a time."""
+    runner = EndsTogetherRunner({"a", "d"})
+    out = start_bisect(spec(parallel=3), runner, ledger, tmp_path / "run")
+    assert out.result.culprits == {"a", "d"}
+    assert {s for s, _ in runner.calls[:2]} == {frozenset(), frozenset(NAMES)}
+    assert runner.rounds[0] == 2 and runner.good_blocks[0] == 0
+    assert max(runner.rounds) == 3
 
 
 def test_a_confirm_round_with_an_idle_slot_runs_the_remedy_check_in_it(ledger, tmp_path):

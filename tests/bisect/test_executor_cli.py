@@ -99,6 +99,9 @@ def test_plan_for_ray_nodes_prints_the_node_table_without_ray(cli, tmp_path: Pat
         assert got[(k, False)]["mean_wall_s"] < got[(1, False)]["mean_wall_s"]
         assert r["mean_wall_s"] < one["mean_wall_s"]  # the line above
         assert rows[(k, True, True)]["mean_wall_s"] < r["mean_wall_s"]  # sharding saves
+        # how the sharded row runs the ends: the schedule the Ray executor then runs
+        assert rows[(k, True, True)]["ends"] in ("alone", "together")
+        assert rows[(k, True, False)]["ends"] is None
     assert not (tmp_path / "runs").exists()
 
 

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from dsv4bisect.bisect.plan.parallel_plan import node_counts, plan_nodes
+from dsv4bisect.bisect.plan.parallel_plan import choose_ends, node_counts, plan_nodes
 from dsv4bisect.bisect.plan.simulate import NodePool, simulate
-from dsv4bisect.bisect.rounds import ends_alone
+from dsv4bisect.bisect.rounds import ALONE, SCHEDULES, TOGETHER, ends_round, halves
 from dsv4bisect.bisect.plan.whole_plan import Setup, common_draws, plan_bisect
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.pricing import StepCosts
@@ -69,14 +69,15 @@ def _costs() -> StepCosts:
 
 
 def test_rounds_idle_slots_and_idle_time_on_a_hand_checked_case():
-    pool = NodePool(_costs(), frozenset("abc"), 2)
+    pool = NodePool(replace(_costs(), drift_fraction=0.1), frozenset("abc"), 2)
     # Round 1, the ends. Node 0: the good end = its baseline (launch 100 + full probe 1000 +
-    # A/A 500). Node 1: its own baseline first (1600: the two start at once), then the bad
-    # end's engine (load-time state {a}: a launch, the pool holds one) and a full probe: 2700.
+    # A/A 500). Node 1, at once: the bad end's engine (load-time state {a}: a launch) and its
+    # accuracy requests (0.9 of the probe: 1000), then, once the good end's run is back (1600),
+    # its drift scoring against it (0.1: 100); it measures no baseline of its own.
     first = pool.run_round([(frozenset(), False), (frozenset("abc"), True)])
-    assert [(t.node, t.seconds, t.sequential) for t in first.trials] == [
-        (0, 1600, False), (1, 2700, False)]
-    assert (first.wall_s, first.idle_slots, first.idle_s) == (2700, 0, 1100)
+    assert [(t.node, t.start_s, t.seconds, t.sequential) for t in first.trials] == [
+        (0, 0, 1600, False), (1, 0, 1000, False), (1, 1600, 100, False)]
+    assert (first.wall_s, first.idle_slots, first.idle_s) == (1700, 0, 700)
     assert pool.has_bad_end(1) and not pool.has_bad_end(0)
     # Round 2: the bad end came back to the driver, which sends it to node 0 too. {b} goes to
     # node 0, whose engine is up in its state (∅): a switch + 0.1 of the probe (110); {a} to
@@ -91,7 +92,7 @@ def test_rounds_idle_slots_and_idle_time_on_a_hand_checked_case():
     third = pool.run_round([(frozenset("ac"), True)])
     assert [(t.node, t.seconds, t.sequential) for t in third.trials] == [(1, 210, True)]
     assert (third.wall_s, third.idle_slots, third.idle_s) == (210, 1, 210)
-    assert pool.launches == 3  # node 0: base(∅); node 1: base(∅), {a}
+    assert pool.launches == 2  # node 0: base(∅); node 1: {a}
 
 
 def _wall(costs: StepCosts, sequence: list[tuple[frozenset[str], bool]], nodes: int) -> float:
@@ -136,26 +137,32 @@ def test_ends_shared_after_their_round_make_two_nodes_faster_than_one():
     two = NodePool(costs, frozenset("abc"), 2)
     rounds = [two.run_round(sequence[:2]), two.run_round(sequence[2:4]),
               two.run_round(sequence[4:])]
-    # 2700 (the ends, as in the hand-checked case) + 210 ({b} and {a}: both switches) + 110
-    # ({b, c} on node 0, whose ∅ engine is up)
-    assert [r.wall_s for r in rounds] == [2700, 210, 110]
-    assert sum(r.wall_s for r in rounds) == 3020 < one
+    # 1600 (the ends at once: the good end's 1600; the bad end's launch and probe, 1100, is
+    # judged against it when it is back: no drift scoring to wait for here) + 210 ({b} and
+    # {a}: both switches) + 110 ({b, c} on node 0, whose ∅ engine is up)
+    assert [r.wall_s for r in rounds] == [1600, 210, 110]
+    assert sum(r.wall_s for r in rounds) == 1920 < one
 
 
 def test_within_a_round_no_node_has_what_another_measures_in_it():
-    """Two nodes of the first round both measure block 0's baseline (their trials start at
-    once); the next round's node with no engine up adopts the bad end: it launches and probes
-    sequentially, measuring no baseline."""
+    """A trial beside the good end that is not the bad end of its block measures block 0's
+    baseline itself (their trials start at once), the bad end beside it does not (its probe
+    starts ahead and is judged against the good end's run); in the next round every node has
+    the ends (node 1 too, which never measured a baseline): each probes sequentially."""
     costs = replace(_costs(), load_time=frozenset())
     pool = NodePool(costs, frozenset("abc"), 3)
-    first = pool.run_round([(frozenset(), False), (frozenset("abc"), True)])
-    assert [t.seconds for t in first.trials] == [1600, 1600 + 10 + 1000]  # its own baseline
+    first = pool.run_round([(frozenset(), False), (frozenset("abc"), True),
+                            (frozenset("b"), False)])
+    assert [(t.node, t.seconds) for t in first.trials] == [
+        (0, 1600), (1, 1100), (1, 0), (2, 1600 + 10 + 1000)]  # {b}: its own baseline
+    assert pool.trackers[1].baselines == set()
     second = pool.run_round([(frozenset("b"), False), (frozenset("c"), False),
                              (frozenset("bc"), False)])
-    # nodes 0 and 1 have the ∅ engine up (a switch); node 2 launches; each 0.1 of the probe
+    # every node has an engine up in the state ∅ (no load-time candidate): a switch each,
+    # 0.1 of the probe
     assert sorted((t.node, t.seconds, t.sequential) for t in second.trials) == [
-        (0, 110, True), (1, 110, True), (2, 200, True)]
-    assert pool.trackers[2].baselines == {0}
+        (0, 110, True), (1, 110, True), (2, 110, True)]
+    assert pool.trackers[1].baselines == pool.trackers[2].baselines == {0}
 
 
 def test_fresh_launches_share_no_baseline_between_nodes():
@@ -221,19 +228,48 @@ def test_an_end_alone_is_sharded_across_every_node_one_after_the_other():
         (n, 850, 4) for n in range(4)]
     assert good.wall_s + bad.wall_s == 1825 and good.idle_s == bad.idle_s == 0
     assert pool.launches == 8 and all(pool.has_bad_end(n) for n in range(4))
-    # both ends at once, each on its own node (--no-shard): the bad end's node measures its
-    # own baseline first, 3700 in all
-    plain = NodePool(replace(_costs(), launch_s=600), frozenset("abc"), 4).run_round(
-        [(frozenset(), False), (frozenset("abc"), True)])
-    assert plain.wall_s == 3700
+    # both ends at once, each on its own node (--no-shard): the bad end's node launches and
+    # sends its accuracy requests (600 + 900) while the good end runs (600 + 1500), then
+    # scores its drift transcripts (100) against the good end's run: 2200 in all (it measured
+    # its own baseline first before the probe could start ahead: 3700)
+    plain = NodePool(replace(_costs(), launch_s=600, drift_fraction=0.1), frozenset("abc"),
+                     4).run_round([(frozenset(), False), (frozenset("abc"), True)])
+    assert plain.wall_s == 2200
 
 
-def test_ends_alone_runs_the_first_end_proposed_by_itself_else_the_whole_round():
+def test_ends_round_runs_the_ends_by_themselves_alone_or_together_else_the_whole_round():
     everything = frozenset("abc")
-    assert ends_alone([frozenset("a"), everything, frozenset()], everything) == [everything]
-    assert ends_alone([frozenset(), everything], everything) == [frozenset()]
-    assert ends_alone([frozenset("a"), frozenset("bc")], everything) == [frozenset("a"),
-                                                                         frozenset("bc")]
+    mixed = [frozenset("a"), everything, frozenset(), everything]
+    assert ends_round(mixed, everything, ALONE) == [everything]
+    assert ends_round([frozenset(), everything], everything, ALONE) == [frozenset()]
+    assert ends_round(mixed, everything, TOGETHER) == [frozenset(), everything]
+    assert ends_round([everything, frozenset("a")], everything, TOGETHER) == [everything]
+    others = [frozenset("a"), frozenset("bc")]
+    for schedule in (ALONE, TOGETHER, None):
+        assert ends_round(others, everything, schedule) == others
+    assert ends_round(mixed, everything, None) == mixed  # not sharding: as proposed
+    with pytest.raises(ValueError):
+        ends_round(mixed, everything, "sideways")
+    assert [halves(k) for k in (1, 2, 3, 4, 8)] == [1, 1, 1, 2, 4]
+
+
+def test_both_ends_together_each_on_its_half_the_bad_end_started_ahead():
+    """Four nodes, TOGETHER: the good end on two nodes, each a launch 600 + (1000 + 500) / 2
+    of its baseline and A/A repeat (1350); the bad end on the other two, each a launch 600 and
+    its share of the accuracy requests (1000 x 0.9 / 2) at once, then, once the good end's run
+    is back (1350), its share of the drift scoring (1000 x 0.1 / 2): 1400 in all, against
+    975 + 850 = 1825 with each end alone on every node. No bad-end node measures a baseline."""
+    costs = replace(_costs(), launch_s=600, drift_fraction=0.1)
+    pool = NodePool(costs, frozenset("abc"), 4, sharded=True, ends=TOGETHER)
+    both = pool.run_round([(frozenset(), False), (frozenset("abc"), True)])
+    good = sorted((t.node, t.start_s, t.seconds, t.shards) for t in both.trials if t.trial == 0)
+    bad = sorted((t.node, t.start_s, t.seconds, t.shards) for t in both.trials if t.trial == 1)
+    assert good == [(0, 0, 1350, 2), (1, 0, 1350, 2)]
+    assert bad == [(2, 0, 1050, 2), (2, 1350, 50, 2), (3, 0, 1050, 2), (3, 1350, 50, 2)]
+    assert both.wall_s == 1400 and both.count == 2 and both.idle_slots == 0
+    assert both.idle_s == 4 * 1400 - (2 * 1350 + 2 * 1100)  # the bad end's wait
+    assert pool.launches == 4 and all(pool.trackers[n].baselines == set() for n in (2, 3))
+    assert pool.trackers[0].baselines == {0}
 
 
 def test_a_sharded_bisect_measures_the_ends_alone_first_then_trials_side_by_side():
@@ -306,3 +342,25 @@ def test_a_round_size_above_the_nodes_is_refused():
     with pytest.raises(ValueError, match="proposals a round"):
         simulate(_setup(confirm=False), 2, frozenset("a"), random.Random(0), True,
                  round_size=3)
+
+
+def test_the_plan_and_the_executor_share_one_choice_of_how_the_ends_run():
+    """The sharded row of K nodes is the shorter of the two schedules (bisect/rounds.py), and
+    `choose_ends` (what the CLI gives the Ray executor) picks the same one for its round size.
+    Without a load-time candidate the bad end after the good end is a switch on every node,
+    cheaper than half of the good end's A/A repeat (here the whole probe again, as at the ci
+    tier): ALONE; a launch for the bad end that costs more than that share of the probe makes
+    TOGETHER shorter on four nodes."""
+    setup = _setup(confirm=False)
+    plan = plan_nodes(setup, (1, 2, 4), trials=12, seed=4)
+    for k in (2, 4):
+        row = plan.row(k, True, True)
+        assert row.ends in SCHEDULES and plan.row(k, True, False).ends is None
+        assert choose_ends(setup, k, row.round_size, trials=12, of=12, seed=4) == row.ends
+    assert plan.row(1, True, True).ends is None
+    switch = replace(setup, costs=replace(HOT, load_time=frozenset(), aa_fraction=1.0,
+                                          drift_fraction=0.01))
+    assert choose_ends(switch, 2, 2, trials=12, of=12, seed=4) == ALONE
+    launch = replace(setup, costs=replace(HOT, drift_fraction=0.01))
+    assert choose_ends(launch, 4, 2, trials=12, of=12, seed=4) == TOGETHER
+    assert choose_ends(launch, 1, 1, trials=12, of=12, seed=4) == ALONE

@@ -212,6 +212,16 @@ def test_a_hot_ray_bisect_shares_the_ends_so_nodes_probe_with_ends_they_did_not_
     assert max(good["node"]["started"], bad["node"]["started"]) < min(
         good["node"]["finished"], bad["node"]["finished"])
     assert f"node {good['node']['node_id'][:8]}), " in (run_dir / "report.md").read_text()
+    # the bad end's node started its probe ahead of the good end's run (its accuracy
+    # requests), finished it once that run was back, and measured no baseline of its own
+    # (probe/ahead.py; the node plan prices this round so)
+    ahead = bad["node"]["ahead"]
+    assert ahead["rows"] > 0 and ahead["started"] < good["node"]["finished"]
+    assert ahead["resumed"] >= good["node"]["finished"]
+    first_bad = next(t for t in rows if "b0/bad" in t["details"]["ends_measured"])
+    assert first_bad["details"]["node"]["node_id"] == bad["node"]["node_id"]
+    assert "b0/baseline" not in first_bad["details"]["ends_measured"]
+    assert "started ahead of the good end (" in (run_dir / "report.md").read_text()
     assert not engine_pids(scratch())
 
 

@@ -24,3 +24,11 @@ def test_a_sharded_trial_names_the_nodes_its_probe_ran_on() -> None:
 def test_a_local_trial_says_nothing() -> None:
     assert report._node({}) is None and report._where({"mode": "hot"}) == ""
     assert report._where({"node": {"name": "n"}}) == "; on n, ?-? UTC"
+
+
+def test_a_bad_end_started_ahead_says_so() -> None:
+    details = {"node": {"name": "b", "started": 0, "finished": 90,
+                        "ahead": {"started": 0, "finished": 30, "rows": 4, "resumed": 80}}}
+    assert report._where(details) == ("; on b, 00:00:00-00:01:30 UTC, started ahead of the "
+                                      "good end (4 rows 00:00:00-00:00:30, finished with its "
+                                      "run from 00:01:20)")

@@ -17,10 +17,11 @@ EXECUTORS = ("local", "ray")
 
 def executor_runner(executor: str, local: EngineRunner, request: RunnerRequest,
                     parallel: int, *, address: str | None = None, node_resource: str | None = None,
-                    preflight: bool = True, shard: bool = True) -> Runner:
+                    preflight: bool = True, shard: bool = True, ends: str | None = None) -> Runner:
     """`local` as it is, or a `RayRunner` with `parallel` node slots that runs `request`'s
     trials on the cluster at `address` (`local` resolves and fingerprints on the driver).
-    `shard`: a trial may split its probe across the round's idle nodes (docs/cluster.md)."""
+    `shard`: a trial may split its probe across the round's idle nodes (docs/cluster.md);
+    `ends`: how the ends run then (bisect/rounds.py: the plan's `choose_ends`)."""
     if executor == "local":
         return local
     if executor != "ray":
@@ -32,4 +33,4 @@ def executor_runner(executor: str, local: EngineRunner, request: RunnerRequest,
                           "pip install 'dsv4bisect[ray]' (on the driver and on every node)"
                           ) from None
     return RayRunner(request, local, parallel, address=address, node_resource=node_resource,
-                     preflight=preflight, shard=shard)
+                     preflight=preflight, shard=shard, ends=ends)

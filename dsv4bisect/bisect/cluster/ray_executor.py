@@ -43,6 +43,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 from dsv4bisect.bisect.cluster import remote_trial as rt
+from dsv4bisect.bisect.rounds import ALONE
 from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.trials.runner import TrialResult, TrialRunner
@@ -91,6 +92,14 @@ class TrialActor:
             return {"error": self.error}
         return rt.run_on_node(self.runner, rt.NodeTrial.from_json(trial), self.scratch,
                               self.node, ends, replicas)
+
+    def ahead(self, trial: Mapping[str, Any], replicas: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Start a bad end's probe before the good end's run exists (remote_trial.ahead_on_node);
+        the next `run` of the same trial finishes it."""
+        if self.error is not None or self.runner is None:
+            return {"error": self.error}
+        return rt.ahead_on_node(self.runner, rt.NodeTrial.from_json(trial), self.scratch,
+                                self.node, replicas)
 
     def replica(self, trial: Mapping[str, Any]) -> dict[str, Any]:
         """This node's engine in `trial`'s configuration, for another node's trial to send a
@@ -144,6 +153,16 @@ def _cluster_errors_to_stderr() -> None:
     worker.print_to_stdstream = to_stderr
 
 
+class _EndsRound:
+    """A round that measures both ends at once (bisect/rounds.py, TOGETHER): the good end's
+    trial has its slot (`placed`), and is back, its ends kept by the driver (`done`)."""
+
+    def __init__(self, block: int) -> None:
+        self.block = block  # the good end's seed block
+        self.placed = threading.Event()
+        self.done = threading.Event()
+
+
 class _Slot:
     """A placed actor, and what the driver knows its runner has."""
 
@@ -158,7 +177,7 @@ class RayRunner(TrialRunner):
 
     def __init__(self, request: RunnerRequest, local: EngineRunner, slots: int, *,
                  address: str | None = None, node_resource: str | None = None,
-                 preflight: bool = True, shard: bool = True) -> None:
+                 preflight: bool = True, shard: bool = True, ends: str | None = None) -> None:
         from dsv4bisect.engines.preflight import named_gpus
 
         self.local, self.request, self.preflight = local, request, preflight
@@ -166,7 +185,11 @@ class RayRunner(TrialRunner):
         # them only with the sequential trial probe (simulate.NodePool), and so it runs: the
         # ends alone in their rounds, each across every slot (bisect/rounds.py)
         self.shard = shard and request.hot and bool(getattr(local, "sequential", False))
+        # how the ends run, sharded: the plan's choice for these nodes and costs
+        # (plan/parallel_plan.py `choose_ends`, made by the CLI and kept for a resume)
+        self.ends = ends or ALONE
         self._share = 0  # idle slots each trial of the round may take as replicas
+        self._round: _EndsRound | None = None  # a round with the good end (TOGETHER)
         self.address = address
         connect(address)
         self.resources = {node_resource: 1.0} if node_resource else {}
@@ -197,31 +220,56 @@ class RayRunner(TrialRunner):
         return self.local.fingerprint(patches)
 
     @property
-    def ends_alone(self) -> bool:
-        """Whether the driver runs an end alone in its round (bisect/rounds.py): its probe is
-        then sharded across every slot, and every other trial runs on a slot of its own."""
-        return self.shard
+    def ends_schedule(self) -> str | None:
+        """How the driver runs the ends (bisect/rounds.py): sharded, alone in their round
+        across every slot or together each across half of them; every other trial on a slot
+        of its own. None: not sharding (each proposal on a slot of its own)."""
+        return self.ends if self.shard else None
 
-    def begin_round(self, trials: int) -> None:
+    def begin_round(self, trials: int, good_block: int | None = None) -> None:
         """The driver starts a round of `trials` trials: the slots beyond them are idle for
-        the round, so an end (alone in its round: `ends_alone`) takes every other slot as
-        replicas; other trials take none (`_helpers`)."""
+        the round, so an end (alone in its round, or the two together) takes an equal share of
+        the other slots as replicas; other trials take none (`_helpers`). With the good end of
+        seed block `good_block` in the round (TOGETHER, or not sharding), the bad end of that
+        block beside it starts its probe ahead of the good end's run and finishes it once that
+        run is back (`_run`): hot runners only, which share their ends."""
         with self._lock:
             live = len(self._actors)
         self._share = max(0, live - trials) // max(trials, 1) if self.shard else 0
+        beside = good_block is not None and self.request.hot and self.ends_schedule != ALONE
+        self._round = _EndsRound(good_block) if beside else None
 
     def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult:
+        here = self._round
+        good = dict(patches) == dict(self.request.good)
+        try:
+            wait = here if here is not None and dict(patches) == dict(self.request.bad) \
+                and seed_block == here.block else None
+            return self._run(patches, seed_block, trial_dir, here if good else None, wait)
+        finally:
+            if good and here is not None:  # its ends are kept (or it failed): the bad end goes on
+                here.done.set()
+
+    def _run(self, patches: dict[str, str], seed_block: int, trial_dir: Path,
+             good_of: _EndsRound | None, wait: _EndsRound | None) -> TrialResult:
+        """One trial on a slot. `good_of`: this is the good end of that round (it says when it
+        has its slot); `wait`: this is the bad end beside it, which starts its probe ahead
+        (`_ahead`) and finishes it with the good end's run."""
         cfg = self.local.config(patches)
         trial = rt.NodeTrial(patches, seed_block, cfg.fingerprint, cfg.identity,
                              self.local.probe_hash, trial_dir.parent.parent.name, trial_dir.name)
         state = self._state_of(patches)
         slot = self._acquire(state)
+        if good_of is not None:
+            good_of.placed.set()
         ends = self._ends_of(trial_dir.parent.parent)
         helpers = self._helpers(ends, state) if self._is_end(patches) else []
         urls, replicas = self._replicas(slot, helpers, trial) if helpers else ((), {})
-        sent, archive = ends.pack(exclude=slot.ends) if ends is not None else (frozenset(), None)
         t0 = time.perf_counter()
         try:
+            ahead = self._ahead(slot, trial, urls, wait) if wait is not None else None
+            sent, archive = ends.pack(exclude=slot.ends) if ends is not None else (
+                frozenset(), None)
             reply = ray.get(slot.actor.run.remote(trial.to_json(), archive, urls))
         except (RayActorError, ActorUnavailableError) as exc:
             self._lost(slot)
@@ -240,6 +288,9 @@ class RayRunner(TrialRunner):
                 reply["node"]["replicas"] = [
                     {**replicas[h], "finished": time.time()} for h in helpers
                     if h in replicas] if shards > 1 else []
+            if ahead and "node" in reply:  # the probe began ahead of the good end's run
+                reply["node"]["ahead"] = ahead
+                reply["node"]["started"] = min(ahead["started"], reply["node"]["started"])
             result = rt.receive(reply, trial_dir, slot.node)
             if ends is not None:
                 ends.keep(reply.get("ends"))
@@ -249,6 +300,32 @@ class RayRunner(TrialRunner):
         finally:
             self._release(slot)
         return result
+
+    # -- both ends at once: the bad end's probe ahead of the good end's run ----------------
+    def _ahead(self, slot: _Slot, trial: rt.NodeTrial, urls: tuple[str, ...],
+               round_: _EndsRound) -> dict[str, Any] | None:
+        """The bad end's accuracy requests on its slot and replicas while the good end runs
+        (remote_trial.ahead_on_node), then the wait for the good end's trial to be back (its
+        run kept in the driver's ends, which the trial's request then carries). Its record
+        for the report: when it started and ended, the rows it sent. Without a slot for the
+        good end (none free, none placed for it), it waits no longer: the trial then measures
+        the good end itself, as unsharded (no round waits on a slot this one holds)."""
+        reply = ray.get(slot.actor.ahead.remote(trial.to_json(), urls))
+        if "error" in reply:  # the trial itself meets it again, and says it
+            logging.getLogger(__name__).warning("node %s cannot start the bad end ahead: %s",
+                                                slot.node, (reply["error"] or {}).get("message"))
+            return None
+        slot.engines = tuple(reply.get("engines") or slot.engines)
+        while not round_.done.wait(timeout=1.0):
+            with self._freed:
+                starved = not round_.placed.is_set() and not self._free
+            if starved:
+                logging.getLogger(__name__).warning(
+                    "the good end has no slot: the bad end on %s goes on without its run",
+                    slot.node)
+                break
+        return {"started": reply["started"], "finished": reply["finished"],
+                "rows": int(reply.get("rows") or 0), "resumed": time.time()}
 
     # -- sharded probes: an end's probe on every idle node (docs/cluster.md) ----------------
     def _is_end(self, patches: Mapping[str, str]) -> bool:

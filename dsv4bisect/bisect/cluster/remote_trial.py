@@ -131,6 +131,26 @@ def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
             "engines": list(runner.engines_up)}
 
 
+def ahead_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
+                  node: Mapping[str, Any], replicas: Sequence[str] = ()) -> dict[str, Any]:
+    """Start `trial`'s full-size probe before the good end's run exists: its engine up and
+    its accuracy requests sent (`HotEngineRunner.ahead`; probe/ahead.py), kept by the runner
+    for the trial's `run_on_node`, which finishes it. `{"rows", "started", "finished",
+    "engines"}` (rows 0: nothing kept, the trial probes whole), or `{"error"}`."""
+    try:
+        check_identity(runner, trial, str(node["name"]))
+        if not runner.hot:
+            raise ConfigError("a probe started ahead needs a hot runner",
+                              "drop --fresh-launches")
+        started = time.time()
+        rows = runner.ahead(dict(trial.patches), trial.seed_block,  # type: ignore[attr-defined]
+                            scratch_trial_dir(scratch, trial), replicas=replicas)
+    except Dsv4BisectError as exc:
+        return {"error": error_json(exc)}
+    return {"rows": rows, "started": started, "finished": time.time(),
+            "engines": list(runner.engines_up)}
+
+
 def replica_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
                     node: Mapping[str, Any]) -> dict[str, Any]:
     """This node's engine of `trial`'s configuration, up and switched (its identity checked

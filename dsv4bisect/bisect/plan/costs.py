@@ -68,6 +68,7 @@ class ProbeShape:
     prompt_tokens: int
     aa_share: float
     aa_note: str
+    drift_share: float = 0.0  # the drift transcripts' share of the prompt tokens
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,9 @@ def plan_costs(
     probe = _pick(f"full probe ({shape.tier} tier)", given.get("probe"),
                   _measured(details, "probe_s", "fresh"), probe_default, probe_why, lines)
     lines.append(CostLine("A/A repeat", shape.aa_share, "share", shape.aa_note))
+    lines.append(CostLine("drift scoring", shape.drift_share, "share",
+                          "the drift cases' share of the probe's prompt tokens: the part of a "
+                          "candidate's probe that needs the good end's run (probe/ahead.py)"))
     if sequential is None:
         seq = Sequential(LIKE_GOOD_FRACTION, LIKE_BAD_FRACTION, noise,
                          "assumed (dsv4bisect default until the sequential trial probe states "
@@ -143,7 +147,8 @@ def plan_costs(
                       aa_fraction=shape.aa_share, sequential=hot,
                       like_good_fraction=seq.like_good_fraction,
                       like_bad_fraction=seq.like_bad_fraction, hot=hot, pool=pool,
-                      load_time=frozenset(load_time), paired=True)
+                      load_time=frozenset(load_time), paired=True,
+                      drift_fraction=shape.drift_share)
     return PlanCosts(costs, seq.noise if hot else noise, tuple(lines))
 
 
@@ -209,17 +214,19 @@ def probe_shape(spec: Any) -> ProbeShape:
         return 1 if family == "drift" else conditions
 
     tokens = sum(cell.length * n * weight(cell.family) for cell, n in grid)
+    drift = sum(cell.length * n for cell, n in grid if cell.family == "drift") / max(tokens, 1)
     keep = REPEAT_SHORTEST_LENGTHS.get(spec.tier)
     lengths = sorted({cell.length for cell, _ in grid if cell.family != "drift"})
     if keep is None or len(lengths) <= keep:
         return ProbeShape(spec.tier, tokens, 1.0,
-                          f"the {spec.tier} tier repeats the whole probe (run/baseline.py)")
+                          f"the {spec.tier} tier repeats the whole probe (run/baseline.py)",
+                          drift)
     short = set(lengths[:keep])
     repeated = sum(cell.length * n * weight(cell.family) for cell, n in grid
                    if cell.family == "drift" or cell.length in short)
     return ProbeShape(spec.tier, tokens, repeated / max(tokens, 1),
                       f"the {spec.tier} tier repeats the drift cases and the lengths "
-                      f"{sorted(short)} (run/baseline.py), by prompt tokens")
+                      f"{sorted(short)} (run/baseline.py), by prompt tokens", drift)
 
 
 def sequential_from_probe(spec: Any, noise: Noise) -> Sequential | None:

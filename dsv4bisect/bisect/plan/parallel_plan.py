@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from dsv4bisect.bisect.rounds import ALONE, SCHEDULES
 from dsv4bisect.bisect.plan.simulate import (
     NodePool,
     NodeRun,
@@ -36,6 +37,7 @@ class NodeFigures:
     levers: bool  # every lever the bisect has on, or none
     sharded: bool  # a trial's probe may be split across idle nodes (simulate.NodePool)
     round_size: int  # the search's proposals per round (--parallel; sharded: K, K/2 or 1)
+    ends: str | None  # sharded: how the ends run (bisect/rounds.py: alone, together)
     mean_wall_s: float
     p90_wall_s: float
     mean_rounds: float
@@ -47,7 +49,7 @@ class NodeFigures:
 
     def to_json(self) -> dict[str, float | int | bool]:  # wall_s: the mean, by its short name
         return {"nodes": self.nodes, "levers": self.levers, "sharded": self.sharded,
-                "round_size": self.round_size,
+                "round_size": self.round_size, "ends": self.ends,
                 "wall_s": self.mean_wall_s, "mean_wall_s": self.mean_wall_s,
                 "p90_wall_s": self.p90_wall_s, "mean_rounds": self.mean_rounds,
                 "mean_trials": self.mean_trials, "mean_launches": self.mean_launches,
@@ -61,7 +63,7 @@ class NodePlan:
     levers: tuple[str, ...]  # the levers this bisect has ("without" turns them all off)
     rows: tuple[NodeFigures, ...]  # per node count: with the levers, then without; each
     # unsharded, then sharded
-    floor_s: tuple[tuple[int, float], ...] = ()  # per node count (floor_runs)
+    floor_s: tuple[tuple[int, float], ...] = ()  # per node count (floor_run), its schedule
 
     def row(self, nodes: int, levers: bool, sharded: bool = False) -> NodeFigures:
         return next(r for r in self.rows
@@ -99,46 +101,70 @@ def plan_nodes(setup: Setup, nodes: Sequence[int] = NODE_COUNTS, *, trials: int 
             if k == 1:  # one node has no other to share a probe with
                 rows.append(replace(plain, sharded=True))
                 continue
-            # sharded: after the ends (each alone on every node), K trials a round, or K/2 or
-            # one (--nodes K --parallel N), whichever is priced lower
-            rows.append(min((_row(cfg, k, size, on, priced, True, culprits, seeds)
-                             for size in sorted({k, (k + 1) // 2, 1}, reverse=True)),
+            # sharded: the ends alone or together (bisect/rounds.py), then K trials a round,
+            # or K/2 or one (--nodes K --parallel N), whichever is priced lower
+            rows.append(min((_row(cfg, k, size, on, priced, True, culprits, seeds, ends)
+                             for size in sorted({k, (k + 1) // 2, 1}, reverse=True)
+                             for ends in SCHEDULES),
                             key=lambda r: r.mean_wall_s))
-    floors = tuple((k, float(np.mean([floor_run(setup, k, c) for c in culprits])))
+    chosen = {r.nodes: r.ends or ALONE for r in rows if r.levers and r.sharded}
+    floors = tuple((k, float(np.mean([floor_run(setup, k, c, chosen[k]) for c in culprits])))
                    for k in nodes)
     return NodePlan(trials, levers, tuple(rows), floors)
 
 
-def floor_run(setup: Setup, nodes: int, culprits: frozenset[str]) -> float:
+def choose_ends(setup: Setup, nodes: int, round_size: int, *, trials: int, of: int,
+                seed: int = 0) -> str:
+    """How a sharded bisect on `nodes` nodes, `round_size` proposals a round, runs its ends:
+    the schedule (bisect/rounds.py) whose simulated whole bisect is shorter, on the culprit
+    sets and outcome streams of the plan (`plan_nodes` with the same `trials`, `of`, `seed`),
+    with every lever `setup` has on. The plan's sharded rows and the Ray executor's rounds
+    (cli/bisect.py passes it to RayRunner) are this one choice."""
+    setup = replace(setup, confirm=False)  # the Ray executor cannot launch fresh
+    if nodes < 2:
+        return ALONE  # one node: nothing to split
+    culprits, seeds = common_draws(setup, max(of, trials), seed)
+    culprits, seeds = culprits[:trials], seeds[:trials]
+    priced = True
+    return min((_row(setup, nodes, round_size, True, priced, True, culprits, seeds, ends)
+                for ends in SCHEDULES), key=lambda r: r.mean_wall_s).ends or ALONE
+
+
+def floor_run(setup: Setup, nodes: int, culprits: frozenset[str], ends: str = ALONE) -> float:
     """What a bisect told the culprits must still run, with every lever, as the sharding
-    executor runs it: the two ends, one after the other, each sharded across every node (the
-    bad end replays the good end's run, so it cannot start before it), and one trial of the
-    culprits (their failure, judged against the good end) on one node; no search, no
+    executor runs it with the `ends` schedule (bisect/rounds.py): the two ends (one after the
+    other, each sharded across every node; or together, each on its half), and one trial of
+    the culprits (their failure, judged against the good end) on one node; no search, no
     re-test."""
     everything = frozenset(setup.candidates)
-    pool = NodePool(setup.costs, everything, nodes, sharded=True)
-    wall = sum(pool.run_round([end]).wall_s for end in ((frozenset(), False), (everything, True)))
+    pool = NodePool(setup.costs, everything, nodes, sharded=True, ends=ends)
+    pair = [(frozenset(), False), (everything, True)]
+    rounds = [pair] if ends != ALONE and nodes > 1 else [[end] for end in pair]
+    wall = sum(pool.run_round(r).wall_s for r in rounds)
     if culprits != everything:
         wall += pool.run_round([(culprits, True)]).wall_s
     return wall
 
 
 def _row(cfg: Setup, nodes: int, size: int, levers: bool, priced: bool, sharded: bool,
-         culprits: Sequence[frozenset[str]], seeds: Sequence[int]) -> NodeFigures:
-    """One row: `size` proposals a round (the search's `parallel`) on `nodes` nodes."""
+         culprits: Sequence[frozenset[str]], seeds: Sequence[int],
+         ends: str = ALONE) -> NodeFigures:
+    """One row: `size` proposals a round (the search's `parallel`) on `nodes` nodes; sharded,
+    the ends run as `ends` says (bisect/rounds.py)."""
     memo = search_memo(cfg, size, priced)
-    runs = [simulate(cfg, nodes, c, random.Random(s), priced, memo, sharded, size)
+    runs = [simulate(cfg, nodes, c, random.Random(s), priced, memo, sharded, size, ends)
             for c, s in zip(culprits, seeds)]
-    return _figures(nodes, levers, sharded, size, runs)
+    shards = sharded and cfg.costs.hot and cfg.costs.sequential  # NodePool.shards
+    return _figures(nodes, levers, sharded, size, runs, ends if shards else None)
 
 
 def _figures(nodes: int, levers: bool, sharded: bool, size: int,
-             runs: list[NodeRun]) -> NodeFigures:
+             runs: list[NodeRun], ends: str | None = None) -> NodeFigures:
     wall = np.array([r.wall_s for r in runs])
     node_time = float(wall.sum()) * nodes
     idle = sum(rd.idle_s for r in runs for rd in r.rounds)
     return NodeFigures(
-        nodes=nodes, levers=levers, sharded=sharded, round_size=size,
+        nodes=nodes, levers=levers, sharded=sharded, round_size=size, ends=ends,
         mean_wall_s=float(wall.mean()), p90_wall_s=float(np.quantile(wall, 0.9)),
         mean_rounds=float(np.mean([len(r.rounds) for r in runs])),
         mean_trials=float(np.mean([r.trials for r in runs])),

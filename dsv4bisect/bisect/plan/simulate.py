@@ -22,7 +22,9 @@ What is modelled, and where the code does it:
   node has them: it measures no baseline another node measured (its ∅ check of that block is
   the A/A verdict, no launch), and it probes with the sequential trial probe once any node ran
   the bad end. Within a round no node has what another measures in it (every trial of a round
-  starts at once): two nodes of the first round may both measure block 0's baseline, and until
+  starts at once): two nodes of the first round may both measure block 0's baseline (not the
+  bad end beside the good end: its probe starts ahead and is judged against the good end's
+  run, `_after_good`), and until
   the bad end's round is over, trials run full size at the ends' error rates (the verdict
   states none: the search weighs it at the ends' rates), against their own block's
   baseline. Only hot runners share their ends: with fresh launches (`--fresh-launches`, the
@@ -34,15 +36,18 @@ What is modelled, and where the code does it:
   report says "skipped"), so none is priced; the single-node plan (whole_plan.py) prices it.
 * **Sharding** (`sharded=True`; probe/shards.py, bisect/rounds.py, docs/cluster.md "Reading
   the node plan"): the schedule the Ray runner runs (driver._search_rounds with
-  RayRunner.ends_alone, RayRunner._helpers). An end proposed by the search runs alone in its
-  round (`ends_alone`; the search is asked again after it), its full-size probe (and, the good
-  end's, the baseline and A/A repeat it measures) split across every node: the trial's own
-  node (`_place`), then those whose engine is up in its load-time state (a switch), then the
-  rest (a launch), each paying its own launch or switch and 1/K of the probe; the end lasts as
-  long as its slowest shard. So the good end runs on every node, then the bad end (which
-  replays the good end's run and is judged against it: it cannot start before it). Every
-  other trial runs on a node of its own, unsharded: a trial probe is shorter than the switch
-  a replica would pay. Hot runners with the sequential trial probe only (RayRunner.shard):
+  RayRunner.ends_schedule, RayRunner._helpers). The ends proposed by the search run in a round
+  of their own (`rounds.ends_round`; the search is asked again after them), their full-size
+  probes (and, the good end's, the baseline and A/A repeat it measures) split across nodes:
+  the trial's own node (`_place`), then those whose engine is up in its load-time state (a
+  switch), then the rest (a launch), each paying its own launch or switch and its share of the
+  probe; an end lasts as long as its slowest shard. `ends=ALONE`: the good end on every node,
+  then the bad end; `ends=TOGETHER`: both at once, each on half the nodes, the bad end's
+  accuracy requests sent while the good end runs and its drift scoring after
+  (`NodePool._after_good`; probe/ahead.py). Every other trial runs on a node of its own,
+  unsharded: a trial probe is shorter than the switch a replica would pay. A bad end beside the
+  good end of its seed block is started ahead of it in unsharded rounds too (hot runners), as
+  RayRunner runs it. Hot runners with the sequential trial probe only (RayRunner.shard):
   otherwise nothing is sharded and no end runs alone.
 
 Idle slots: a round holds K node slots for as long as its slowest trial. `idle_slots` counts
@@ -69,7 +74,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dsv4bisect.bisect import remedy as rem
-from dsv4bisect.bisect.rounds import ends_alone
+from dsv4bisect.bisect.rounds import ALONE, ends_round, halves
 from dsv4bisect.bisect.plan.search_memo import MemoSearch, SearchMemo
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
@@ -204,10 +209,11 @@ class NodePool:
     may run as shards of its probe on several nodes (**Sharding** in the module docstring)."""
 
     def __init__(self, costs: StepCosts, everything: frozenset[str], nodes: int,
-                 sharded: bool = False) -> None:
+                 sharded: bool = False, ends: str = ALONE) -> None:
         if nodes < 1:
             raise ValueError(f"nodes is {nodes}")
         self.nodes, self.everything, self.sharded = nodes, everything, sharded
+        self.ends = ends  # how a sharded round runs the ends (bisect/rounds.py)
         self._sequential = costs  # the costs once a node has run the bad end of block 0
         # Until then a node's non-end trials are full size against their own block's baseline.
         full = replace(costs, sequential=False)
@@ -222,6 +228,11 @@ class NodePool:
         """Whether this pool shards the ends (the Ray runner shards only with hot runners
         that probe sequentially: RayRunner.shard)."""
         return self.sharded and self._sequential.hot and self._sequential.sequential
+
+    @property
+    def schedule(self) -> str | None:
+        """The ends schedule of `rounds.ends_round` (None: this pool does not shard)."""
+        return self.ends if self.shards else None
 
     @property
     def launches(self) -> int:
@@ -242,8 +253,7 @@ class NodePool:
                 tracker.costs = self._sequential
         if not self.shards:
             # (the Ray runner shards only with hot runners that probe sequentially)
-            ran = [self._run(i, [self._place(subset)], subset, fails)[0]
-                   for i, (subset, fails) in enumerate(trials)]
+            ran = self._one_each(trials)
         else:
             ran = self._sharded_round(trials)
         for node in sorted({t.node for t in ran},  # back to the queue as they end
@@ -256,21 +266,63 @@ class NodePool:
 
     # -- sharding ----------------------------------------------------------------------------
     def _sharded_round(self, trials: Sequence[tuple[frozenset[str], bool]]) -> list[NodeTrial]:
-        """An end alone (`ends_alone`) is sharded across every node; any other trial runs on
-        its own node, unsharded (RayRunner._helpers): a trial probe (a few percent of a full
-        probe) is shorter than the switch a replica pays, so only the ends are worth splitting."""
+        """An end alone (`rounds.ends_round`) is sharded across every node; the two ends
+        together each across its half (`_together`); any other trial runs on its own node,
+        unsharded (RayRunner._helpers): a trial probe (a few percent of a full probe) is shorter
+        than the switch a replica pays, so only the ends are worth splitting."""
         if len(trials) == 1 and is_end(trials[0][0], self.everything):
             (subset, fails), = trials
-            return self._run(0, self._group(subset), subset, fails)
-        return [self._run(i, [self._place(subset)], subset, fails)[0]
-                for i, (subset, fails) in enumerate(trials)]
+            return self._run(0, self._group(subset, self.nodes), subset, fails)
+        if len(trials) == 2 and all(is_end(s, self.everything) for s, _ in trials):
+            return self._together(trials)
+        return self._one_each(trials)
 
-    def _group(self, subset: frozenset[str]) -> list[int]:
-        """Every free node, in the order the Ray runner takes them: the trial's own node first
-        (`_place`), then those whose engine is up in its load-time state, then the rest, free
-        longest first."""
+    def _together(self, trials: Sequence[tuple[frozenset[str], bool]]) -> list[NodeTrial]:
+        """The good end on its half of the nodes, the bad end on the other (RayRunner with
+        `TOGETHER`), the bad end started ahead of the good end's run (`_after_good`)."""
+        (good, good_fails), (bad, bad_fails) = sorted(trials, key=lambda t: len(t[0]))
+        size = halves(self.nodes)
+        first = self._run(0, self._group(good, size), good, good_fails)
+        bad_end = self._run(1, self._group(bad, size), bad, bad_fails, lent=True)
+        return first + self._after_good(bad_end, max(t.seconds for t in first))
+
+    def _one_each(self, trials: Sequence[tuple[frozenset[str], bool]]) -> list[NodeTrial]:
+        """Each trial on a node of its own. A bad end beside the good end of its seed block
+        (hot runners, which share their ends) is started ahead of the good end's run and
+        judged against it (`_after_good`), as RayRunner runs it; no node of it measures a
+        baseline of its own."""
+        blocks = [self._seen[s] for s, _ in trials]  # the driver's seed block of each
+        good = next((b for (s, _), b in zip(trials, blocks) if not s), None)
+        beside = [self._sequential.hot and s == self.everything and b == good
+                  for (s, _), b in zip(trials, blocks)]
+        ran = [self._run(i, [self._place(subset)], subset, fails, lent=lent)[0]
+               for i, ((subset, fails), lent) in enumerate(zip(trials, beside))]
+        good_done = next((t.seconds for t, (s, _) in zip(ran, trials) if not s), 0.0)
+        return [part for t, lent in zip(ran, beside)
+                for part in (self._after_good([t], good_done) if lent else [t])]
+
+    def _after_good(self, bad_end: list[NodeTrial], good_done: float) -> list[NodeTrial]:
+        """The bad end's shards as run beside the good end (probe/ahead.py): each node
+        launches (or switches) and sends its share of the accuracy requests at once, waits for
+        the good end's run (the driver sends it when the good end's trial is done, after
+        `good_done` seconds), then scores its share of the drift transcripts
+        (`drift_fraction` of the probe)."""
+        out = []
+        for t in bad_end:
+            drift = self.trackers[t.node].costs.probe_s * self._sequential.drift_fraction \
+                / t.shards
+            ahead = t.seconds - drift
+            out += [replace(t, seconds=ahead),
+                    replace(t, seconds=drift, start_s=max(ahead, good_done))]
+        return out
+
+    def _group(self, subset: frozenset[str], size: int) -> list[int]:
+        """`size` free nodes, in the order the Ray runner takes them: the trial's own node
+        first (`_place`), then those whose engine is up in its load-time state, then the rest,
+        free longest first."""
         first = self._place(subset)
         rest = sorted(self._free, key=lambda n: not self.trackers[n].engine_up(subset))
+        rest = rest[:size - 1]
         for node in rest:
             self._free.remove(node)
         return [first, *rest]
@@ -285,9 +337,11 @@ class NodePool:
         return node
 
     def _run(self, index: int, group: Sequence[int], subset: frozenset[str],
-             fails: float | bool) -> list[NodeTrial]:
+             fails: float | bool, lent: bool = False) -> list[NodeTrial]:
         """The trial on `group`'s nodes, each running 1/len(group) of its probe (and of the
-        baseline and A/A repeat it measures), paying its own launch or switch."""
+        baseline and A/A repeat it measures), paying its own launch or switch. `lent`: the
+        good end's baseline it is judged against is sent to every node of it (measured by the
+        good end's trial of the same round: `_together`)."""
         end = is_end(subset, self.everything)
         block = self._seen[subset]
         self._seen[subset] += 1
@@ -295,7 +349,8 @@ class NodePool:
         for node in group:
             tracker = self.trackers[node]
             sequential = tracker.costs.sequential and not end
-            seconds = _shard(tracker, subset, fails, block, len(group), node == group[0])
+            seconds = _shard(tracker, subset, fails, block, len(group),
+                             node == group[0] and not lent)
             out.append(NodeTrial(node, seconds, sequential, index, 0.0, len(group),
                                  tracker.launched_last))
         if subset == self.everything and block == 0 and self._sequential.sequential:
@@ -347,13 +402,14 @@ def search_memo(cfg: Setup, nodes: int, priced: bool) -> SearchMemo:
 
 def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Random,
              priced: bool, memo: SearchMemo | None = None, sharded: bool = False,
-             round_size: int | None = None) -> NodeRun:
+             round_size: int | None = None, ends: str = ALONE) -> NodeRun:
     """One whole bisect on `nodes` nodes against `culprits`, outcomes drawn from `rng` in
     trial order. A round's wall time counts to the phase of its trials (ends, trials, remedy);
     the confirmation is priced where `cfg` asks for it (one node, hot). `memo`: the search's
     answers shared with the configuration's other simulated bisects (`search_memo`; the same
-    figures, faster). `sharded`: a trial's probe may be split across nodes (NodePool);
-    `round_size`: the search's proposals per round (default: one per node)."""
+    figures, faster). `sharded`: a trial's probe may be split across nodes (NodePool), `ends`:
+    how the ends run then (bisect/rounds.py); `round_size`: the search's proposals per round
+    (default: one per node)."""
     everything = frozenset(cfg.candidates)
     size = nodes if round_size is None else round_size
     if not 1 <= size <= nodes:
@@ -364,15 +420,14 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
         raise ValueError("the search memo was made for another configuration")
     else:
         search = memo.search()
-    pool = NodePool(cfg.costs, everything, nodes, sharded)
+    pool = NodePool(cfg.costs, everything, nodes, sharded, ends)
     rounds: list[Round] = []
     phase = dict.fromkeys(PHASES, 0.0)
     fresh_fails: set[frozenset[str]] = set()  # failed in an engine launched for them (hot)
 
     def run(subsets: list[frozenset[str]], name: str | None = None
             ) -> list[tuple[frozenset[str], str, bool]]:
-        if pool.shards:
-            subsets = ends_alone(subsets, everything)
+        subsets = ends_round(subsets, everything, pool.schedule)
         done = pool.run_round([(s, culprits <= s) for s in subsets])
         rounds.append(done)
         ends = any(is_end(s, everything) for s in subsets)

@@ -60,10 +60,13 @@ class StepCosts:
     pool: int = 1  # engines kept up at once
     load_time: frozenset[str] = field(default_factory=frozenset)  # need a fresh launch
     paired: bool = False  # trials are judged against the good end's baseline of their block
+    # the drift scoring's share of a candidate's full probe: the part that needs the good end's
+    # run (probe/ahead.py); the rest can run before it exists (bisect/rounds.py, TOGETHER)
+    drift_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("launch_s", "switch_s", "probe_s", "aa_fraction", "like_good_fraction",
-                     "like_bad_fraction"):
+                     "like_bad_fraction", "drift_fraction"):
             value = getattr(self, name)
             if not value >= 0 or value == float("inf"):
                 raise ValueError(f"{name} is {value}")
@@ -79,7 +82,8 @@ class StepCosts:
                 "aa_fraction": self.aa_fraction, "sequential": self.sequential,
                 "like_good_fraction": self.like_good_fraction,
                 "like_bad_fraction": self.like_bad_fraction, "hot": self.hot, "pool": self.pool,
-                "load_time": sorted(self.load_time), "paired": self.paired}
+                "load_time": sorted(self.load_time), "paired": self.paired,
+                "drift_fraction": self.drift_fraction}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepCosts:

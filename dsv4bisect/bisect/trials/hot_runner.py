@@ -133,6 +133,9 @@ class HotEngineRunner(EngineRunner):
         self._ends = HotEnds()
         self.launches = 0  # engines this runner launched (a crash relaunch counts once more)
         self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
+        # a candidate's probe started before the good end's run existed (`ahead`): per
+        # (configuration, seed block), the shards' accuracy parts and the seconds they took
+        self._ahead: dict[tuple[str, int], tuple[list[ProbeRun], dict[str, float]]] = {}
 
     # -- identity ------------------------------------------------------------------------------
     @property
@@ -178,6 +181,40 @@ class HotEngineRunner(EngineRunner):
         with self._run_lock:
             return self._trial(patches, seed_block, trial_dir, fresh=False,
                                replicas=tuple(replicas))
+
+    def ahead(self, patches: dict[str, str], seed_block: int, trial_dir: Path,
+              replicas: Sequence[str] = ()) -> int:
+        """The accuracy part of `patches`' full-size probe at `seed_block`, before the good
+        end's run exists (probe/ahead.py): its engine up and switched, its accuracy requests
+        sent (split across `replicas` as `run` splits the probe), kept for the next `run` of
+        the same trial, which scores the drift part once it has the good end's run. Returns
+        the rows sent; 0 where it could not (an engine that cannot serve, a lost replica: the
+        trial then probes from the start, as without it)."""
+        from dsv4bisect.probe.ahead import collect_ahead, collect_ahead_sharded
+
+        with self._run_lock:
+            spec = self.spec.replace(seed_block=seed_block)
+            ctx = _TrialContext(spec, replicas=tuple(replicas), patches=dict(patches))
+            key = (self.fingerprint(patches), seed_block)
+            self._ahead.pop(key, None)
+            def work(url: str) -> list[ProbeRun]:
+                model = eng.cfg.served_model_name
+                self._switch(ctx, eng, patches)
+                if replicas:
+                    return collect_ahead_sharded([url, *replicas], spec, api_key=self.api_key,
+                                                 model=model)
+                return [collect_ahead(url, spec, api_key=self.api_key, model=model)]
+
+            try:
+                eng = self._engine_for(ctx, patches, trial_dir)
+                runs = self._timed(ctx, eng, patches, lambda: eng.arm.probe(work),
+                                   good_end=False)
+            except (Stop, Dsv4BisectError, OSError) as exc:
+                self.on_event(Notice(f"the probe of {sorted(patches)} could not start ahead of "
+                                     f"the good end ({exc}): it runs whole", "warn"))
+                return 0
+            self._ahead[key] = (runs, dict(ctx.costs))
+            return sum(len(r.rows) for r in runs)
 
     def replica(self, patches: dict[str, str], trial_dir: Path) -> str:
         """Bring the engine of λ(`patches`) up and switch it to `patches` (receipts verified,
@@ -334,8 +371,9 @@ class HotEngineRunner(EngineRunner):
         if bad is not None and patches != self.bad and self.sequential:
             return self._sequential(ctx, eng, patches, base, repeat, bad, trial_dir, draw)
         label = "good end (re-test)" if patches == self.good else "candidate"  # live view
-        cand = self._collect(ctx, eng, patches, base, label,
-                             good_end=False).save(trial_dir / "candidate")
+        cand = (self._finish_ahead(ctx, eng, patches, base, draw)
+                or self._collect(ctx, eng, patches, base, label, good_end=False)
+                ).save(trial_dir / "candidate")
         if patches == self.bad:
             cand.save(self.ends_dir(trial_dir) / end_name(block, "bad"))
             if ends.bad is None or not ends.adopted("bad"):
@@ -374,6 +412,36 @@ class HotEngineRunner(EngineRunner):
         outcome = self._timed(ctx, eng, patches, lambda: eng.arm.probe(work), good_end=False)
         saved = outcome.save(trial_dir / "candidate")
         return saved.as_verdict(), saved.run, saved.decision.requests
+
+    def _finish_ahead(self, ctx: _TrialContext, eng: HotEngine, patches: dict[str, str],
+                      base: ProbeRun, block: int) -> ProbeRun | None:
+        """The probe `ahead` started, finished against the good end's run `base` (its drift
+        transcripts scored on the engines that ran each shard); None where none was started,
+        or its cases are not the good end's (the probe then runs whole)."""
+        from dsv4bisect.probe.ahead import OtherCases, finish_ahead, finish_ahead_sharded
+
+        started = self._ahead.pop((self.fingerprint(patches), block), None)
+        if started is None:
+            return None
+        runs, costs = started
+        for name, seconds in costs.items():  # the trial's costs count its ahead part
+            ctx.costs[name] += seconds
+        model = eng.cfg.served_model_name
+
+        def work(url: str) -> ProbeRun:
+            self._switch(ctx, eng, patches)
+            if len(runs) == 1:
+                return finish_ahead(url, runs[0], base, api_key=self.api_key, model=model)
+            # each shard where it ran; one whose replica is gone, here
+            return finish_ahead_sharded([url], runs, base, api_key=self.api_key, model=model)
+
+        try:
+            run = self._timed(ctx, eng, patches, lambda: eng.arm.probe(work), good_end=False)
+        except OtherCases as exc:
+            self.on_event(Notice(f"{exc.message}: the candidate probes them again", "warn"))
+            return None
+        ctx.sharded = ctx.sharded or len(runs) > 1
+        return run
 
     def _collect(self, ctx: _TrialContext, eng: HotEngine, patches: Mapping[str, str],
                  reference: ProbeRun | None, label: str, *, good_end: bool) -> ProbeRun:

@@ -63,9 +63,10 @@ class Runner(Protocol):
         in a fresh launch where `fresh()` can, or the report says it was not)."""
 
     @property
-    def ends_alone(self) -> bool:
-        """Whether the driver runs an end alone in its round, its probe sharded across every
-        slot, and every other trial on a slot of its own (bisect/rounds.py)."""
+    def ends_schedule(self) -> str | None:
+        """How the driver runs the ends, their probes sharded across the slots, every other
+        trial on a slot of its own: `rounds.ALONE` or `rounds.TOGETHER`; None: each proposal
+        as it comes, on a slot of its own (bisect/rounds.py)."""
 
     def fingerprint(self, patches: Mapping[str, str]) -> str: ...
 
@@ -74,9 +75,11 @@ class Runner(Protocol):
     def fresh(self) -> FreshLaunch | None:
         """The fresh-launch confirmation of a hot runner; None where it cannot launch fresh."""
 
-    def begin_round(self, trials: int) -> None:
+    def begin_round(self, trials: int, good_block: int | None = None) -> None:
         """The driver starts a round of `trials` trials (a node runner lends the idle slots to
-        the round's probes as shards)."""
+        the round's probes as shards); `good_block`: the seed block of the good end's trial
+        among them, if any (a bad end of that block beside it starts its probe before the
+        good end's run exists, and is judged against it: probe/ahead.py)."""
 
     def stop_all(self) -> None:
         """Ctrl-C: stop the engines of every trial in flight (worker threads, nodes)."""
@@ -91,12 +94,12 @@ class TrialRunner:
     override what they do have."""
 
     hot = False
-    ends_alone = False
+    ends_schedule: str | None = None
 
     def fresh(self) -> FreshLaunch | None:
         return None
 
-    def begin_round(self, trials: int) -> None:
+    def begin_round(self, trials: int, good_block: int | None = None) -> None:
         return None
 
     def stop_all(self) -> None:
