@@ -1,3 +1,5 @@
+"""Wraps the raw `--json` outputs kept here into the files `tests/benchmarks/verdict_table.py
+--from docs/results/2026-12-02-cpu-woa/verdict` reads (run from the repository root)."""
 import json
 from pathlib import Path
 R = Path("docs/results/2026-12-02-cpu-woa")
@@ -8,6 +10,7 @@ rows = {
     "fp8-wo-a-gemm-scale-layout.deployment.run.json": ("scale-layout.run.json", ["dsv4bisect", "run", "reference", "--only", "fp8-wo-a-gemm", "--set", "patches.fp8-wo-a-gemm.variant=scale-layout", "--json"]),
     "fp8-wo-a-gemm-scale-layout.deployment.bisect.json": ("scale-layout.bisect.json", ["dsv4bisect", "bisect", "reference-all", "--set", "patches.fp8-wo-a-gemm.variant=scale-layout", "--json"]),
     "fp8-wo-a-gemm-scale-truncate.deployment.run.json": ("scale-truncate.run.json", ["dsv4bisect", "run", "reference", "--only", "fp8-wo-a-gemm", "--set", "patches.fp8-wo-a-gemm.variant=scale-truncate", "--json"]),
+    "fp8-wo-a-gemm-scale-layout.exact.run.json": ("scale-layout.exact.run.json", ["dsv4bisect", "run", "reference", "--only", "fp8-wo-a-gemm", "--set", "patches.fp8-wo-a-gemm.variant=scale-layout", "--set", "engine.precision=exact", "--json"]),
     "fp8-wo-a-gemm-scale-truncate.deployment.bisect.json": ("scale-truncate.bisect.json", ["dsv4bisect", "bisect", "reference-all", "--set", "patches.fp8-wo-a-gemm.variant=scale-truncate", "--json"]),
 }
 for name, (src, cmd) in rows.items():
