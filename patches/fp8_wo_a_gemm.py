@@ -9,8 +9,20 @@ plugin's receipt then reports).
 
 Numerical risk (tier 2): FP8 activations into the attention output projection of every layer.
 
-How to verify: a bisect against the same release with the switch off (bf16 `wo_a`). Not
-modelled by the embedded engine: inert there.
+How to verify: a bisect against the same release with the switch off (bf16 `wo_a`).
+
+Embedded engine (`precision: deployment`; at `exact` both paths are the fp32 GEMM): off, `wo_a`
+reads the attention output in bf16 on its FP8-valued weight (SGLang dequantises the FP8 weight
+to bf16 at load, exactly, and runs a bf16 einsum, fp32 accumulate); on (`fp8`), it reads FP8-E4M3
+activations with a UE8M0 scale per token, per group of heads and per 128 channels on the FP8
+128 x 128 block weight, fp32 accumulate, as `deep_gemm.fp8_einsum("bhr,hdr->bhd")` does. Two
+field faults hang here (`precision: deployment` only: they break the FP8 activation scales,
+which exist only there): `scale-layout` (sglang#29038, fix PR #29036: the scales of the flat
+[T·G] rows read back with group-major [G, T] semantics, so every (token, group) of a forward
+with T > 1 is dequantised with another one's scale; T = 1 is exact) and `scale-truncate`
+(sglang#39193, fix PR #39289: fp32 scales amax / 448 quantise the codes, the kernel reads them
+with the mantissa dropped, so each 128-channel block reads (0.5, 1] of its value),
+`dsv4bisect.reference.faults`.
 """
 
 from __future__ import annotations
@@ -27,7 +39,8 @@ PATCH = Patch(
     summary="attention wo_a GEMM in FP8 via DeepGEMM fp8_einsum (SGLANG_OPT_FP8_WO_A_GEMM)",
     tier=2,
     touches=("attention.wo_a",),
-    reference="not modelled (the embedded wo_a is a bf16/fp32 GEMM)",
+    reference=("wo_a on FP8 activations (UE8M0 per token, group and 128 channels) instead of bf16 "
+               "ones, on the FP8 block weight (precision: deployment)"),
     sglang=SglangDelivery(hooks={}, rules=(
         SglangRule((0, 5, 13), (0, 5, 20), "upstream", archs=("sm120",), evidence=(
             f"0.5.13-0.5.20 set {VAR}=False on SM120 unconditionally (server_args.py, "
@@ -38,9 +51,37 @@ PATCH = Patch(
         SglangRule((0, 5, 13), None, "env", archs=("sm100", "sm90"), **_SWITCH, evidence=(
             f"deepseek_v4.py reads {VAR} at import (environ.py default True)")),
     )),
-    variants=(Variant("fp8", "DeepGEMM fp8_einsum on the FP8 wo_a weight"),),
-    inert_when=(Condition("the embedded engine does not model the FP8 wo_a GEMM",
-                          lambda ctx: ctx.kind == "reference"),),
-    embedded="not modelled: inert",
+    variants=(
+        Variant("fp8", "DeepGEMM fp8_einsum on the FP8 wo_a weight"),
+        Variant(
+            "scale-layout",
+            "activation scales quantised over the flat [T·G] rows, read by the kernel as "
+            "group-major [G, T]: a (token, group) gets another one's scale when T > 1",
+            fault=True,
+            citation="sglang#29038 (fix PR #29036)",
+            showed=("SM100 DeepGEMM fp8_einsum read the wo_a activation scales, quantised as "
+                    "`o.reshape(T * G, D)` and viewed back as [T, G, -1], with group-major "
+                    "semantics, associating scales with the wrong group: early logit "
+                    "divergence and lower GPQA-Diamond, AIME25 and SWE-bench accuracy than "
+                    "vLLM on DeepSeek-V4-Flash, recovered by the layout fix"),
+        ),
+        Variant(
+            "scale-truncate",
+            "fp32 activation scales amax / 448 quantise the codes; the kernel reads them "
+            "truncated to a power of two (mantissa dropped)",
+            fault=True,
+            citation="sglang#39193 (fix PR #39289)",
+            showed=("with DEEPGEMM_SCALE_UE8M0 false the wo_a branch handed fp8_einsum "
+                    "non-power-of-two per-token activation scales; the kernel dropped their "
+                    "mantissa without requantising the codes: the wo_a GEMM ~25 % wrong with "
+                    "no error (SM121, DeepSeek-V4.1-Flash, isolated on real checkpoint "
+                    "weights)"),
+        ),
+    ),
+    inert_when=(Condition(
+        "a fault of the embedded engine: SGLang's switch turns on its real FP8 path, not the bug",
+        lambda ctx: ctx.kind != "reference", variants=("scale-layout", "scale-truncate")),),
+    embedded=("precision: deployment only (at exact both paths are the fp32 GEMM); "
+              "hot-switchable"),
     doc=__doc__ or "",
 )

@@ -423,6 +423,17 @@ class Numerics:
         return self.patches.get("mma-decode") == "swa-ring-stale"
 
     @property
+    def wo_a_input(self) -> str:
+        """How the attention's `wo_a` GEMM reads its input (the attention output [T, G, H·D/G]):
+        `fp32` at `exact`; at `deployment` `bf16` with `fp8-wo-a-gemm` off (SGLang dequantises
+        the FP8 weight to bf16 at load and runs a bf16 einsum), else the patch's variant: `fp8`
+        (FP8 activations, UE8M0 per token, group and 128 channels) or one of its field faults
+        `scale-layout` / `scale-truncate` (reference/faults.py)."""
+        if not self.deployment:
+            return "fp32"
+        return self.patches.get("fp8-wo-a-gemm", "bf16")
+
+    @property
     def nvfp4(self) -> str | None:
         return self.patches.get("nvfp4-dispatch")
 

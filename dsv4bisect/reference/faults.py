@@ -27,6 +27,16 @@ at the place where its patch's code acts and at the size it had (docs/reference-
   the prefix cache; on a prefix-cache hit the window rows of the reused prefix are read from the
   slot's ring, which holds what the slot's previous occupant wrote there (zeros in a slot never
   used). A request without a hit is exact.
+- `fp8-wo-a-gemm:scale-layout` (sglang#29038, fix PR #29036): the FP8 `wo_a` path quantises the
+  attention output o [T, G, C] as T·G flat rows (row t·G + g), and DeepGEMM's SM100
+  `fp8_einsum` reads the activation scales with group-major [G, T] semantics: (token t, group g)
+  is dequantised with the scale of flat row g·T + t. Its FP8 codes are right, its scale is
+  another (token, group)'s, a power-of-two factor off (UE8M0 scales). T is every row of the
+  forward (all requests of a batch); T = 1 (one request decoding alone) is exact.
+- `fp8-wo-a-gemm:scale-truncate` (sglang#39193, fix PR #39289): with `DEEPGEMM_SCALE_UE8M0`
+  false the codes are quantised with fp32 scales amax / 448 and the kernel reads each scale with
+  its mantissa dropped (the power of two at or below it), so every 128-channel block of every
+  (token, group) reads between half and all of its value, at any T.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from collections import deque
 from itertools import pairwise
 
 import torch
+import torch.nn.functional as F
 
 from dsv4bisect.reference import precision as prec
 from dsv4bisect.reference.cache import ModelCache
@@ -115,3 +126,37 @@ class SwaRings:
             self.rings[slot] = [layer.window.new_zeros(self.window, layer.window.shape[1])
                                 for layer in cache.layers]
         return self.rings[slot]
+
+
+def _fp8_blocks(o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """o [T, G, C] -> its 128-channel blocks [T, G, ceil(C/128), 128] (zero-padded) and
+    their amax [T, G, ceil(C/128), 1]."""
+    blocks = F.pad(o, (0, -o.shape[-1] % prec.ACT_GROUP)).unflatten(-1, (-1, prec.ACT_GROUP))
+    return blocks, blocks.abs().amax(-1, keepdim=True)
+
+
+def _codes(blocks: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (blocks / scale).to(torch.float8_e4m3fn).float()
+
+
+def wo_a_scale_layout(o: torch.Tensor) -> torch.Tensor:
+    """o [T, G, C] as the `scale-layout` fault's wo_a GEMM reads it: the codes of (t, g) with
+    UE8M0 scales, each dequantised with the scale of flat row g·T + t of the [T·G] rows."""
+    T, G, C = o.shape
+    blocks, amax = _fp8_blocks(o)
+    scale = prec._ue8m0_scale(amax)  # [T, G, K, 1], flat row t·G + g
+    t = torch.arange(T, device=o.device)[:, None]
+    g = torch.arange(G, device=o.device)[None, :]
+    flat = (g * T + t).reshape(-1)  # [T·G]: the row the kernel reads for (t, g)
+    read = scale.reshape(T * G, *scale.shape[2:])[flat].view_as(scale)
+    return (_codes(blocks, scale) * read).flatten(-2)[..., :C]
+
+
+def wo_a_scale_truncate(o: torch.Tensor) -> torch.Tensor:
+    """o [T, G, C] as the `scale-truncate` fault's wo_a GEMM reads it: codes quantised with
+    fp32 scales amax / 448, dequantised with each scale's mantissa dropped."""
+    C = o.shape[-1]
+    blocks, amax = _fp8_blocks(o)
+    scale = torch.where(amax > 0, amax / prec.E4M3_MAX, 1.0)
+    read = torch.exp2(torch.floor(torch.log2(scale)))  # the kernel's UE8M0 of an fp32 scale
+    return (_codes(blocks, scale) * read).flatten(-2)[..., :C]

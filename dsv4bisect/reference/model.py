@@ -125,8 +125,10 @@ class Linear(nn.Module):
 
     `fp8` (set by `Transformer.configure` at `precision: deployment`) makes it a block-FP8
     GEMM: the FP8 block-scaled weight `fp8_weight` (the stored value, or the weight quantised
-    at configure) and FP8 inputs per token and 128 channels. The parameter stays the loaded
-    value, so configuring again with another precision starts from it."""
+    at configure) and FP8 inputs per token and 128 channels (`forward`). The attention's `wo_a`
+    is a grouped einsum that reads `value()` and quantises its own input (`wo_a_input`). The
+    parameter stays the loaded value, so configuring again with another precision starts from
+    it."""
 
     def __init__(self, n_in: int, n_out: int) -> None:
         super().__init__()
@@ -137,10 +139,6 @@ class Linear(nn.Module):
     def value(self) -> torch.Tensor:
         """The weight the GEMM uses [out, in]."""
         return self.weight if self.fp8_weight is None else self.fp8_weight
-
-    def act(self, x: torch.Tensor) -> torch.Tensor:
-        """The GEMM input as the GEMM reads it."""
-        return x if self.fp8_weight is None else prec.fp8_activation(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8_weight is None:
@@ -499,6 +497,25 @@ def indexer_distillation(
 # ---- attention ----------------------------------------------------------------------------------
 
 
+def wo_a_input(o: torch.Tensor, mode: str) -> torch.Tensor:
+    """The attention output o [T, G, C] (T: every row of the forward) as the `wo_a` GEMM reads
+    it (`Numerics.wo_a_input`): fp32; bf16 (the stock bf16 einsum); FP8 from the bf16 output
+    (`fp8-wo-a-gemm`: UE8M0 per token, group and 128 channels); or a field fault of it."""
+    if mode == "fp32":
+        return o
+    o = o.bfloat16().float()  # the attention kernel's bf16 output
+    if mode == "bf16":
+        return o
+    if mode == "fp8":
+        return prec.fp8_activation(o)
+    if mode == "scale-layout":
+        return faults.wo_a_scale_layout(o)
+    if mode == "scale-truncate":
+        return faults.wo_a_scale_truncate(o)
+    raise ValueError(f"unknown wo_a input mode {mode!r}")
+
+
+
 class Attention(nn.Module):
     """MQA with q low-rank path, per-head sink, sliding window ∪ compressed entries, V = K."""
 
@@ -599,8 +616,9 @@ class Attention(nn.Module):
                 merge=merge,
             ))  # [B·T, H, D]
         o = outs[0] if len(outs) == 1 else torch.cat(outs)  # [N, H, D]
-        o = self.wo_a.act(apply_rope(o, cos, sin, inverse=True).reshape(N, a.o_groups, -1))
-        wo_a = self.wo_a.value().view(a.o_groups, a.o_lora_rank, -1)
+        o = apply_rope(o, cos, sin, inverse=True).reshape(N, a.o_groups, -1)  # [N, G, H·D/G]
+        o = wo_a_input(o, step.numerics.wo_a_input)
+        wo_a = self.wo_a.value().view(a.o_groups, a.o_lora_rank, -1)  # FP8-valued at deployment
         o = torch.einsum("tgd,grd->tgr", o, wo_a).reshape(N, -1)  # grouped low-rank output
         return self.wo_b(o)
 

@@ -58,6 +58,7 @@ ROWS: tuple[Row, ...] = (
     Row("nvfp4-dispatch", "patch", "nvfp4-dispatch"),
     Row("trtllm-clamp", "patch", "trtllm-clamp"),
     Row("nextn-speculation", "patch", "nextn-speculation"),
+    Row("fp8-wo-a-gemm", "patch", "fp8-wo-a-gemm"),
     Row("re-chunk 512", "harmless", serve=("--chunk-size", "512")),
     Row("re-chunk 77", "harmless", serve=("--chunk-size", "77")),
     Row("no batch mates", "harmless", serve=("--max-running-requests", "1")),
@@ -70,6 +71,10 @@ ROWS: tuple[Row, ...] = (
     Row("mma-decode:compress-rope-base", "fault", "mma-decode", "compress-rope-base"),
     Row("mma-decode:swa-ring-stale", "fault", "mma-decode", "swa-ring-stale"),
     Row("nextn-speculation:draft-eos", "fault", "nextn-speculation", "draft-eos"),
+    Row("fp8-wo-a-gemm:scale-layout", "fault", "fp8-wo-a-gemm", "scale-layout",
+        citation="sglang#29038"),
+    Row("fp8-wo-a-gemm:scale-truncate", "fault", "fp8-wo-a-gemm", "scale-truncate",
+        citation="sglang#39193"),
 )
 
 

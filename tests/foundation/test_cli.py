@@ -95,6 +95,27 @@ def test_patches_list_and_show(cli) -> None:
     assert clamp["enabled"] and clamp["inert"]
 
 
+def test_fp8_wo_a_gemm_is_listed_modelled_off_everywhere_and_with_its_field_faults(cli) -> None:
+    from dsv4bisect.config.layering import builtin_dir
+
+    row = next(r for r in json.loads(cli("patches", "list", "--json").stdout)
+               if r["name"] == "fp8-wo-a-gemm")
+    assert row["faults"] == ["scale-layout", "scale-truncate"]
+    assert set(row["citations"]) == {"scale-layout", "scale-truncate"}
+    shown = cli("patches", "show", "fp8-wo-a-gemm")
+    assert "scale-layout (FAULT)" in shown.stdout and "sglang#29038" in shown.stdout
+    assert "not modelled" not in shown.stdout
+    # off in every shipped embedded-engine profile: reference-all's default run stays the six
+    # real patches (the SGLang `-all` profiles turn on every switch their release has)
+    for name in ("reference", "reference-all"):
+        doc = yaml.safe_load((builtin_dir() / f"{name}.yaml").read_text())
+        assert "fp8-wo-a-gemm" not in (doc.get("patches") or {}), name
+    under = json.loads(cli("patches", "list", "--profile", "reference-all", "--set",
+                           "patches.fp8-wo-a-gemm.variant=scale-layout", "--json").stdout)
+    wo_a = next(r for r in under if r["name"] == "fp8-wo-a-gemm")
+    assert wo_a["enabled"] and wo_a["variant"] == "scale-layout" and not wo_a["inert"]
+
+
 def test_shipped_profiles_are_plain_yaml_with_comments() -> None:
     from dsv4bisect.config.layering import builtin_dir
 

@@ -39,7 +39,8 @@ def test_fault_variants_are_marked() -> None:
                       ("trtllm-clamp", "ignore-alpha"), ("triton-indexer", "residue"),
                       ("mma-decode", "batch-kv-slot"), ("mma-decode", "decode-rope-fp8"),
                       ("mma-decode", "compress-rope-base"), ("mma-decode", "swa-ring-stale"),
-                      ("nextn-speculation", "greedy-verify"), ("nextn-speculation", "draft-eos")}
+                      ("nextn-speculation", "greedy-verify"), ("nextn-speculation", "draft-eos"),
+                      ("fp8-wo-a-gemm", "scale-layout"), ("fp8-wo-a-gemm", "scale-truncate")}
     assert all(not p.variants[0].fault for p in KNOWN.values())
     # a citation and how the bug showed go together, and only on a fault
     for p in KNOWN.values():

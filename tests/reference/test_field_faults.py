@@ -235,3 +235,136 @@ def test_the_sglang_hook_refuses_the_embedded_only_faults() -> None:
 
     for variant in ("compress-rope-base", "swa-ring-stale"):
         assert decode_plan(variant, "0.5.13", None).action == "refuse"
+
+
+# ---- fp8-wo-a-gemm and its faults (sglang#29038, sglang#39193) ---------------------------------
+
+
+def wo_a_configure(model, variant: str | None, precision: str = "deployment") -> None:
+    patches = {} if variant is None else {"fp8-wo-a-gemm": variant}
+    model.configure(Numerics.from_patches(patches, precision=precision))
+
+
+def test_wo_a_input_modes_follow_the_patch_at_deployment_only() -> None:
+    def mode(variant, precision):
+        patches = {} if variant is None else {"fp8-wo-a-gemm": variant}
+        return Numerics.from_patches(patches, precision=precision).wo_a_input
+
+    assert mode(None, "deployment") == "bf16"  # SGLang's stock path: bf16 einsum
+    for v in ("fp8", "scale-layout", "scale-truncate"):
+        assert mode(v, "deployment") == v
+        assert mode(v, "exact") == "fp32"
+    assert mode(None, "exact") == "fp32"
+
+
+def test_wo_a_input_off_is_bf16_on_is_fp8_of_it() -> None:
+    from dsv4bisect.reference import precision as prec
+    from dsv4bisect.reference.model import wo_a_input
+
+    o = torch.randn(6, 2, 128, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(wo_a_input(o, "fp32"), o)
+    bf16 = o.bfloat16().float()
+    assert torch.equal(wo_a_input(o, "bf16"), bf16) and not torch.equal(bf16, o)
+    fp8 = wo_a_input(o, "fp8")
+    assert torch.equal(fp8, prec.fp8_activation(bf16))
+    assert not torch.equal(fp8, bf16)
+
+
+def test_scale_layout_reads_the_scale_of_flat_row_g_times_t_plus_t() -> None:
+    from dsv4bisect.reference import precision as prec
+
+    T, G = 3, 2
+    # (t, g) has amax 2^(t·G + g): its UE8M0 scale is unique per flat row t·G + g
+    o = torch.zeros(T, G, 128)
+    for t in range(T):
+        for g in range(G):
+            o[t, g, 0] = 2.0 ** (t * G + g)
+    got, right = faults.wo_a_scale_layout(o), prec.fp8_activation(o)
+    for t in range(T):
+        for g in range(G):
+            read = g * T + t  # the kernel's group-major row
+            assert got[t, g, 0] == right[t, g, 0] * 2.0 ** (read - (t * G + g))
+    assert torch.equal(got[0, 0], right[0, 0]) and torch.equal(got[T - 1, G - 1], right[-1, -1])
+
+
+def test_scale_layout_is_exact_for_one_token_and_wrong_for_several() -> None:
+    from dsv4bisect.reference import precision as prec
+
+    o = torch.randn(7, 2, 128, generator=torch.Generator().manual_seed(5))
+    o = o * torch.tensor([1.0, 9.0])[None, :, None]  # groups of different amax
+    assert torch.equal(faults.wo_a_scale_layout(o[:1]), prec.fp8_activation(o[:1]))
+    assert not torch.equal(faults.wo_a_scale_layout(o), prec.fp8_activation(o))
+
+
+def test_scale_truncate_reads_half_to_all_of_each_block() -> None:
+    o = torch.randn(4, 2, 256, generator=torch.Generator().manual_seed(6)) * 3
+    got = faults.wo_a_scale_truncate(o)
+    amax = o.unflatten(-1, (-1, 128)).abs().amax(-1)  # [4, 2, 2]
+    scale = amax / 448
+    factor = (torch.exp2(torch.floor(torch.log2(scale))) / scale)[..., None]  # (0.5, 1]
+    codes = (o.unflatten(-1, (-1, 128)) / scale[..., None]).to(torch.float8_e4m3fn).float()
+    read = torch.exp2(torch.floor(torch.log2(scale)))[..., None]  # = scale · factor
+    assert torch.equal(got, (codes * read).flatten(-2))
+    assert bool((factor > 0.5).all() and (factor <= 1).all() and (factor < 1).any())
+    # a scale that is a power of two already loses nothing
+    p2 = torch.zeros(1, 1, 128)
+    p2[0, 0, :2] = torch.tensor([448.0 * 4, 3.0])
+    assert torch.equal(faults.wo_a_scale_truncate(p2)[0, 0, :2], p2[0, 0, :2])
+
+
+def test_fp8_wo_a_gemm_changes_deployment_logits_only(model) -> None:
+    tokens = ids(24, seed=2)
+    out = {}
+    for precision in ("deployment", "exact"):
+        for variant in (None, "fp8"):
+            wo_a_configure(model, variant, precision)
+            with torch.inference_mode():
+                out[precision, variant] = model.forward(tokens)
+    assert not torch.equal(out["deployment", None], out["deployment", "fp8"])
+    assert torch.equal(out["exact", None], out["exact", "fp8"])
+
+
+def test_scale_layout_prefill_is_wrong_a_one_token_forward_exact(model) -> None:
+    tokens = ids(40, seed=3)
+    out = {}
+    for variant in ("fp8", "scale-layout"):
+        wo_a_configure(model, variant)
+        with torch.inference_mode():
+            out[variant] = (model.forward(tokens), model.forward(tokens[:1]))
+    assert not torch.equal(out["fp8"][0], out["scale-layout"][0])  # prefill: T = 40 rows
+    assert torch.equal(out["fp8"][1], out["scale-layout"][1])  # T = 1
+
+
+def test_scale_layout_decode_step_of_a_lone_request_is_exact(model) -> None:
+    """A decode step (T = 1) on a cache the right FP8 path wrote: exact under the fault."""
+    import copy
+
+    tokens = ids(30, seed=4)
+    wo_a_configure(model, "fp8")
+    cache = model.new_cache()
+    with torch.inference_mode():
+        model.forward_hidden(tokens[:-1], cache)
+        snapshot = copy.deepcopy(cache)
+        want = model.logits(model.forward_hidden(tokens[-1:], cache))
+        wo_a_configure(model, "scale-layout")
+        got = model.logits(model.forward_hidden(tokens[-1:], snapshot))
+    assert torch.equal(got, want)
+
+
+def test_scale_layout_batched_decode_is_wrong(model) -> None:
+    """Several requests decoding in one forward: T = batch > 1, scales read across requests."""
+    import copy
+
+    wo_a_configure(model, "fp8")
+    caches = []
+    with torch.inference_mode():
+        for seed in (5, 6, 7):
+            c = model.new_cache()
+            model.forward_hidden(ids(20, seed), c)
+            caches.append(c)
+    step = [(ids(1, 10 + i), c) for i, c in enumerate(caches)]
+    with torch.inference_mode():
+        want = model.logits(model.forward_ragged([(t, copy.deepcopy(c)) for t, c in step]))
+        wo_a_configure(model, "scale-layout")
+        got = model.logits(model.forward_ragged([(t, copy.deepcopy(c)) for t, c in step]))
+    assert not torch.equal(got, want)
