@@ -22,7 +22,7 @@ PROBE_VERSION = 2  # 2: a value glued to more characters is not correct
 
 ACCURACY_FAMILIES = ("needle", "copy", "vartrack")
 FAMILIES = (*ACCURACY_FAMILIES, "drift")
-ARMS = ("cold", "warm")
+ARMS = ("cold", "warm", "hit")
 ARM_PLANS = ("every", "staggered")
 MAX_CONCURRENCY = 1 << 16
 TIER_NAMES = ("ci", "smoke", "standard", "deep")
@@ -115,14 +115,17 @@ class ProbeSpec:
         return tuple(f for f in self.families if f in ACCURACY_FAMILIES)
 
     def arms_at(self, level: int) -> tuple[str, ...]:
-        """The arms every accuracy case runs at concurrency `level` (one of `concurrency`)."""
+        """The arms every accuracy case runs at concurrency `level` (one of `concurrency`).
+        Staggered: arm k at the k-th level, wrapping around to the lowest when there are more
+        arms than levels (cold, warm, hit over 1, 16: cold and hit at 1, warm at 16); a level
+        past the last arm repeats the arms after the first in turn."""
         if self.arm_plan == "every" or len(self.concurrency) == 1 or len(self.arms) == 1:
             return self.arms
         index = self.concurrency.index(level)
-        if index == 0:
-            return self.arms[:1]
-        rest = self.arms[1:]
-        return (rest[(index - 1) % len(rest)],)
+        if index >= len(self.arms):
+            rest = self.arms[1:]
+            return (rest[(index - 1) % len(rest)],)
+        return tuple(a for k, a in enumerate(self.arms) if k % len(self.concurrency) == index)
 
     def conditions(self) -> tuple[tuple[str, int], ...]:
         """Every (arm, concurrency) an accuracy case runs under, in the order they run."""
@@ -180,11 +183,12 @@ _TIERS: dict[str, ProbeSpec] = {
                     copy_chars=(24, 24), drift_cases=1, drift_top_k=5, max_tokens=48,
                     timeout_s=60.0),
     # The default on the embedded engine. Its cases are all multi-turn: cold at the lowest
-    # concurrency level, warm (turn-by-turn replay: prefix-cache hits) at the others.
+    # concurrency level, each followed by the same request sent again (hit: a retry served
+    # whole from the prefix cache), warm (turn-by-turn replay: prefix-cache hits) at the others.
     "smoke": ProbeSpec(tier="smoke", families=("needle", "copy", "vartrack", "drift"),
                        lengths=(256, 512, 1024, 2048), depths=(0.1, 0.5, 0.9), turns=(3,),
                        cases_per_cell=1, distractors=1, copy_chars=(24, 28), drift_cases=1,
-                       max_tokens=64, timeout_s=60.0, arms=("cold", "warm"),
+                       max_tokens=64, timeout_s=60.0, arms=("cold", "warm", "hit"),
                        arm_plan="staggered", concurrency=(1, 16)),
     # A real deployment, ~1k requests per level; arms as in smoke.
     "standard": ProbeSpec(tier="standard", families=("needle", "copy", "vartrack", "drift"),
