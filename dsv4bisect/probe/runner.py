@@ -320,7 +320,8 @@ def tasks_of(spec: ProbeSpec, cases: list[Case]) -> list[Task]:
     accuracy = [c for c in cases if c.family != "drift"]
     tasks: list[Task] = []
     for level in spec.concurrency:
-        tasks += [(c, arm, level) for c in accuracy for arm in spec.arms_at(level)]
+        tasks += [(c, arm, level) for c in accuracy for arm in spec.arms_at(level)
+                  if spec.arm_takes(arm, c.cell.depth)]
         if level == 1 and spec.thinking:
             tasks += [(c, "think", 1) for c in cases if c.family == "needle"]
     if 1 not in spec.concurrency and spec.thinking:
