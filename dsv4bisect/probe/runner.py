@@ -321,7 +321,7 @@ def tasks_of(spec: ProbeSpec, cases: list[Case]) -> list[Task]:
     tasks: list[Task] = []
     for level in spec.concurrency:
         tasks += [(c, arm, level) for c in accuracy for arm in spec.arms_at(level)
-                  if spec.arm_takes(arm, c.cell.depth)]
+                  if spec.arm_takes(arm, c.family)]
         if level == 1 and spec.thinking:
             tasks += [(c, "think", 1) for c in cases if c.family == "needle"]
     if 1 not in spec.concurrency and spec.thinking:

@@ -78,7 +78,7 @@ def spec_cells(spec: ProbeSpec, accuracy: float | Callable[[Cell], float]) -> li
     acc = accuracy if callable(accuracy) else (lambda _c, a=float(accuracy): a)
     return [SimCell(c.key, c.family, c.length, n, acc(c), arm, level)
             for arm, level in spec.conditions()
-            for c, n in cells(spec) if c.family != "drift" and spec.arm_takes(arm, c.depth)]
+            for c, n in cells(spec) if c.family != "drift" and spec.arm_takes(arm, c.family)]
 
 
 def _groups(world: Sequence[SimCell], rng: random.Random) -> dict[tuple[int, int], tuple[int, int]]:

@@ -92,22 +92,20 @@ def test_tasks_cover_each_case_once_per_condition() -> None:
     acc = [(c.case_id, arm, level) for c, arm, level in tasks if arm in spec.arms]
     # a case's hit request right after its cold one (the retry finds the prompt cached)
     assert acc == [("needle/L256/d0.5/t3/0", "cold", 1), ("needle/L256/d0.5/t3/0", "hit", 1),
-                   ("copy/L256/d0.5/t3/1", "cold", 1), ("copy/L256/d0.5/t3/1", "hit", 1),
+                   ("copy/L256/d0.5/t3/1", "cold", 1),  # the hit arm asks no copy case
                    ("needle/L256/d0.5/t3/0", "warm", 16), ("copy/L256/d0.5/t3/1", "warm", 16)]
     assert [(c.family, level) for c, arm, level in tasks if arm == "think"] == [("needle", 1)]
     assert [(c.family, level) for c, arm, level in tasks if arm == "drift"] == [("drift", 1)]
 
 
-def test_the_hit_arm_asks_only_its_depths() -> None:
-    far = Case("needle/L256/d0.1/t3/0", Cell("needle", 256, 0.1, 3), 0, 7, 256,
-               ({"role": "user", "content": "x"},), 256, "1234567", ("1234567",), 0.1, 9)
-    tasks = tasks_of(SMOKE, [far, _case("copy", 1)])
+def test_the_hit_arm_asks_only_its_families() -> None:
+    tasks = tasks_of(SMOKE, [_case("copy", 0), _case("vartrack", 1)])
     assert [(c.case_id, arm) for c, arm, level in tasks if level == 1] == [
-        ("needle/L256/d0.1/t3/0", "cold"), ("copy/L256/d0.5/t3/1", "cold"),
-        ("copy/L256/d0.5/t3/1", "hit")]
-    assert len(tasks_of(SMOKE.replace(hit_depths=()), [far])) == 3  # every case
-    with pytest.raises(ConfigError, match="hit_depths"):
-        SMOKE.replace(hit_depths=(0.3,))
+        ("copy/L256/d0.5/t3/0", "cold"), ("vartrack/L256/d0.5/t3/1", "cold"),
+        ("vartrack/L256/d0.5/t3/1", "hit")]
+    assert len(tasks_of(SMOKE.replace(hit_families=()), [_case("copy", 0)])) == 3  # every case
+    with pytest.raises(ConfigError, match="hit_families"):
+        SMOKE.replace(hit_families=("drift",))
 
 
 def _rows(correct_at: dict[int, bool]) -> list[dict]:
