@@ -62,6 +62,9 @@ class ChatResult:
     completion_tokens: int
     finish_reason: str | None
     latency_s: float
+    # prompt tokens the server's prefix cache supplied (`usage.prompt_tokens_details.
+    # cached_tokens`, SGLang with --enable-cache-report); None where it does not say
+    cached_tokens: int | None = None
 
 
 def find_key(data: Any, key: str) -> Any:
@@ -352,9 +355,11 @@ class ProbeClient:
             choice = data["choices"][0]
             text = choice["message"].get("content") or ""
             usage = data["usage"]
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
             return ChatResult(str(text), _count(usage["prompt_tokens"]),
                               _count(usage.get("completion_tokens") or 0),
-                              choice.get("finish_reason"), latency)
+                              choice.get("finish_reason"), latency,
+                              None if cached is None else _count(cached))
         except (KeyError, IndexError, TypeError, ValueError, AttributeError,
                 OverflowError) as exc:
             raise self._malformed("/v1/chat/completions", data, f"{type(exc).__name__} {exc}") \

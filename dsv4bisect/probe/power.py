@@ -67,10 +67,11 @@ class TierPower:
 
 def tier_power(spec: ProbeSpec) -> TierPower:
     """Computed from the spec's grid and the verdict rule's alphas (thinking arm left out)."""
-    plan = [(c, n) for c, n in cells(spec) if c.family != "drift"]
-    n_conditions = len(spec.conditions())  # (arm, concurrency) pairs each case runs under
-    n_cases = sum(n for _, n in plan) * n_conditions
-    n_cells = len(plan) * n_conditions
+    plan = [(c, n, arm) for c, n in cells(spec) if c.family != "drift"
+            for arm, _ in spec.conditions()  # (arm, concurrency) pairs each case runs under
+            if spec.arm_takes(arm, c.family)]
+    n_cases = sum(n for _, n, _ in plan)
+    n_cells = len(plan)
     overall = min_significant_discordant(ALPHA_OVERALL)
     cell_alone = min_significant_discordant(ALPHA_CELL / max(1, n_cells))
     threshold = min(overall, cell_alone)

@@ -97,12 +97,18 @@ def chat_row(client: ProbeClient, spec: ProbeSpec, case: Case, arm: str,
              concurrency: int = 1) -> dict[str, Any]:
     """One accuracy request, scored (also the sequential trial probe's request). `concurrency`
     is the level it runs at: above 1 a cold request does not flush the cache (that would empty
-    it under its batch mates; the level flushes once before it starts)."""
+    it under its batch mates; the level flushes once before it starts). A `hit` request is the
+    same request sent again (a client's retry or regenerate): first once with max_tokens=1,
+    then scored, so the scored one is a prefix-cache hit on its whole prompt wherever it runs
+    (right after its case's cold request, the first send is itself a hit and costs no
+    prefill)."""
     messages = list(case.messages)
     if arm == "warm":  # replay turn by turn so the server's prefix cache is exercised
         for i, m in enumerate(messages[:-1]):
             if m["role"] == "user":
                 client.chat(messages[: i + 1], max_tokens=1)
+    elif arm == "hit":
+        client.chat(messages, max_tokens=1)
     elif concurrency == 1:
         client.flush_cache()
     think = arm == "think"
@@ -119,7 +125,7 @@ def chat_row(client: ProbeClient, spec: ProbeSpec, case: Case, arm: str,
             "correct": s.correct, "exact": s.exact, "first_wrong_char": s.first_wrong_char,
             "edit_distance": s.edit_distance, "signatures": list(s.signatures),
             "finish_reason": res.finish_reason, "completion_tokens": res.completion_tokens,
-            "latency_s": round(res.latency_s, 4)}
+            "cached_tokens": res.cached_tokens, "latency_s": round(res.latency_s, 4)}
 
 
 def _row_head(case: Case, arm: str, concurrency: int = 1) -> dict[str, Any]:
@@ -314,7 +320,8 @@ def tasks_of(spec: ProbeSpec, cases: list[Case]) -> list[Task]:
     accuracy = [c for c in cases if c.family != "drift"]
     tasks: list[Task] = []
     for level in spec.concurrency:
-        tasks += [(c, arm, level) for c in accuracy for arm in spec.arms_at(level)]
+        tasks += [(c, arm, level) for c in accuracy for arm in spec.arms_at(level)
+                  if spec.arm_takes(arm, c.family)]
         if level == 1 and spec.thinking:
             tasks += [(c, "think", 1) for c in cases if c.family == "needle"]
     if 1 not in spec.concurrency and spec.thinking:

@@ -78,7 +78,7 @@ def spec_cells(spec: ProbeSpec, accuracy: float | Callable[[Cell], float]) -> li
     acc = accuracy if callable(accuracy) else (lambda _c, a=float(accuracy): a)
     return [SimCell(c.key, c.family, c.length, n, acc(c), arm, level)
             for arm, level in spec.conditions()
-            for c, n in cells(spec) if c.family != "drift"]
+            for c, n in cells(spec) if c.family != "drift" and spec.arm_takes(arm, c.family)]
 
 
 def _groups(world: Sequence[SimCell], rng: random.Random) -> dict[tuple[int, int], tuple[int, int]]:
@@ -218,9 +218,8 @@ def plan_trial(spec: ProbeSpec, false_fail: float, false_pass: float, loss_rate:
 
     # The full probe asks every accuracy case under each of its conditions (arm × level); a
     # trial draws from all of them (`spec_cells`), a concurrency group as a whole.
-    accuracy = [(c, n) for c, n in cells(spec) if c.family != "drift"]
-    full = (sum((c.length + request_overhead_tokens) * n for c, n in accuracy)
-            * len(spec.conditions()) + drift_tokens + len(drift) * request_overhead_tokens)
+    full = (sum((w.length + request_overhead_tokens) * w.cases for w in world)
+            + drift_tokens + len(drift) * request_overhead_tokens)
     scenario = Scenario(loss_rate=loss_rate)
     rng = random.Random(seed)
     out = {}
@@ -232,6 +231,6 @@ def plan_trial(spec: ProbeSpec, false_fail: float, false_pass: float, loss_rate:
     return TrialProbePlan(
         out["good"].mean_requests, out["bad"].mean_requests, out["good"].mean_cost / full,
         out["bad"].mean_cost / full, false_fail, false_pass,
-        sum(n for _, n in accuracy) * len(spec.conditions()) + len(drift), out["good"].between,
+        sum(w.cases for w in world) + len(drift), out["good"].between,
         out["bad"].between,
         sims, request_overhead_tokens)

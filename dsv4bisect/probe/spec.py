@@ -22,7 +22,7 @@ PROBE_VERSION = 2  # 2: a value glued to more characters is not correct
 
 ACCURACY_FAMILIES = ("needle", "copy", "vartrack")
 FAMILIES = (*ACCURACY_FAMILIES, "drift")
-ARMS = ("cold", "warm")
+ARMS = ("cold", "warm", "hit")
 ARM_PLANS = ("every", "staggered")
 MAX_CONCURRENCY = 1 << 16
 TIER_NAMES = ("ci", "smoke", "standard", "deep")
@@ -56,6 +56,10 @@ class ProbeSpec:
     # Which arm a case takes at which level: `every` arm at every level, or `staggered`: the
     # first arm at the lowest level, the others at the higher levels in turn (one level: all).
     arm_plan: str = "every"
+    # The families the hit arm asks (empty: every accuracy family). Its cost is the answers'
+    # decoding, and a stale restored state shows from the second generated token on, so the
+    # families with short answers suffice (docs/probe.md, "The hit arm").
+    hit_families: tuple[str, ...] = ()
     thinking: bool = False  # also run needle cases with thinking on (when the server has it)
     thinking_max_tokens: int = 1024
     timeout_s: float = 120.0  # per request
@@ -76,6 +80,8 @@ class ProbeSpec:
             data.pop("concurrency")
         if data["arm_plan"] == "every":
             data.pop("arm_plan")
+        if not data["hit_families"]:
+            data.pop("hit_families")
         data["probe_version"] = PROBE_VERSION
         return data
 
@@ -115,14 +121,21 @@ class ProbeSpec:
         return tuple(f for f in self.families if f in ACCURACY_FAMILIES)
 
     def arms_at(self, level: int) -> tuple[str, ...]:
-        """The arms every accuracy case runs at concurrency `level` (one of `concurrency`)."""
+        """The arms every accuracy case runs at concurrency `level` (one of `concurrency`).
+        Staggered: arm k at the k-th level, wrapping around to the lowest when there are more
+        arms than levels (cold, warm, hit over 1, 16: cold and hit at 1, warm at 16); a level
+        past the last arm repeats the arms after the first in turn."""
         if self.arm_plan == "every" or len(self.concurrency) == 1 or len(self.arms) == 1:
             return self.arms
         index = self.concurrency.index(level)
-        if index == 0:
-            return self.arms[:1]
-        rest = self.arms[1:]
-        return (rest[(index - 1) % len(rest)],)
+        if index >= len(self.arms):
+            rest = self.arms[1:]
+            return (rest[(index - 1) % len(rest)],)
+        return tuple(a for k, a in enumerate(self.arms) if k % len(self.concurrency) == index)
+
+    def arm_takes(self, arm: str, family: str) -> bool:
+        """Whether `arm` asks the cases of `family` (the hit arm only `hit_families`')."""
+        return arm != "hit" or not self.hit_families or family in self.hit_families
 
     def conditions(self) -> tuple[tuple[str, int], ...]:
         """Every (arm, concurrency) an accuracy case runs under, in the order they run."""
@@ -167,6 +180,8 @@ def _validate(spec: ProbeSpec) -> None:
          and all(a < b for a, b in zip(spec.concurrency, spec.concurrency[1:])),
          f"concurrency must be increasing levels in 1..{MAX_CONCURRENCY} without repeats"),
         (spec.arm_plan in ARM_PLANS, f"arm_plan must be one of {', '.join(ARM_PLANS)}"),
+        (set(spec.hit_families) <= set(ACCURACY_FAMILIES),
+         f"hit_families must be among {', '.join(ACCURACY_FAMILIES)}"),
     ]
     for ok, message in checks:
         if not ok:
@@ -180,12 +195,15 @@ _TIERS: dict[str, ProbeSpec] = {
                     copy_chars=(24, 24), drift_cases=1, drift_top_k=5, max_tokens=48,
                     timeout_s=60.0),
     # The default on the embedded engine. Its cases are all multi-turn: cold at the lowest
-    # concurrency level, warm (turn-by-turn replay: prefix-cache hits) at the others.
+    # concurrency level, the needle and vartrack ones each followed by the same request sent
+    # again (hit: a retry served whole from the prefix cache), warm (turn-by-turn replay:
+    # prefix-cache hits) at the others.
     "smoke": ProbeSpec(tier="smoke", families=("needle", "copy", "vartrack", "drift"),
                        lengths=(256, 512, 1024, 2048), depths=(0.1, 0.5, 0.9), turns=(3,),
                        cases_per_cell=1, distractors=1, copy_chars=(24, 28), drift_cases=1,
-                       max_tokens=64, timeout_s=60.0, arms=("cold", "warm"),
-                       arm_plan="staggered", concurrency=(1, 16)),
+                       max_tokens=64, timeout_s=60.0, arms=("cold", "warm", "hit"),
+                       arm_plan="staggered", concurrency=(1, 16),
+                       hit_families=("needle", "vartrack")),
     # A real deployment, ~1k requests per level; arms as in smoke.
     "standard": ProbeSpec(tier="standard", families=("needle", "copy", "vartrack", "drift"),
                           lengths=(4096, 16384, 32768, 65536),

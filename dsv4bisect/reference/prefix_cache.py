@@ -11,6 +11,14 @@ has one) — which is also why SGLang's DeepSeek-V4 pool keeps compressor state 
 (all layers' window rows, compressor and indexer state, entries shared copy-on-write), taken by
 the scheduler where a later request can continue: at the end of each prompt and of each output.
 
+A snapshot taken where a prompt ended also keeps the logits of the prompt's last position, the
+next-token distribution after it. SGLang serves the same prompt sent again (a client retry, a
+regenerate) from its radix tree and recomputes only the last token, cutting the match back by one
+token of per-token KV; a snapshot here holds the state at one token count and cannot be cut back,
+so a request whose whole prompt is a snapshot with logits (`match(..., whole=True)`) resumes at
+its end and takes its first token from those logits: no token is computed, and the answer is the
+one the request that left the snapshot got, bit for bit.
+
 Bounded by `budget_bytes` (the snapshots' tensor bytes; entries shared between snapshots counted
 once per snapshot, an upper bound); beyond it the least recently used snapshots are dropped, and
 nodes left with neither snapshot nor children are pruned. Thread-safe (one lock).
@@ -23,6 +31,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from dsv4bisect.reference.cache import ModelCache
 
 DEFAULT_BUDGET_BYTES = 1 << 30  # 1 GiB of snapshots (the tiny/small models' states are ~KiB-MiB)
@@ -34,6 +44,7 @@ class _Node:
     parent: _Node | None
     children: dict[int, _Node] = field(default_factory=dict)  # first token -> child
     snapshot: ModelCache | None = None
+    logits: torch.Tensor | None = None  # [V] after the snapshot's last token (a prompt's end)
     nbytes: int = 0
     last_used: int = 0
 
@@ -42,6 +53,7 @@ class _Node:
 class Match:
     tokens: int  # prefix length the snapshot covers (0: no hit)
     cache: ModelCache | None  # a private fork of the snapshot (None: no hit)
+    logits: torch.Tensor | None = None  # [V]: a whole-prompt hit's next-token logits
 
 
 class PrefixCache:
@@ -58,30 +70,36 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._snapshots)
 
-    def match(self, ids: Sequence[int], limit: int) -> Match:
-        """The longest snapshot of a prefix of `ids` no longer than `limit` tokens."""
+    def match(self, ids: Sequence[int], limit: int, *, whole: bool = False) -> Match:
+        """The longest snapshot of a prefix of `ids` no longer than `limit` tokens; with
+        `whole`, a snapshot of all of `ids` that kept its logits comes first (a request that
+        generates resumes at its end; its `logits` are in the match)."""
         with self._lock:
             node, depth, best, best_depth = self._root, 0, None, 0
-            while depth < min(len(ids), limit):
+            end = len(ids) if whole else min(len(ids), limit)
+            while depth < end:
                 child = node.children.get(ids[depth])
                 if child is None or tuple(ids[depth : depth + len(child.key)]) != child.key:
                     break
                 node, depth = child, depth + len(child.key)
-                if depth > limit:
-                    break
-                if node.snapshot is not None:
+                if node.snapshot is None:
+                    continue
+                if depth <= limit or (depth == len(ids) and whole and node.logits is not None):
                     best, best_depth = node, depth
             if best is None:
                 return Match(0, None)
             best.last_used = next(self._clock)
-            return Match(best_depth, best.snapshot.fork())
+            logits = best.logits if whole and best_depth == len(ids) else None
+            return Match(best_depth, best.snapshot.fork(), logits)
 
-    def insert(self, ids: Sequence[int], cache: ModelCache) -> None:
-        """Keep a snapshot of `cache`, the state after exactly `ids`."""
+    def insert(self, ids: Sequence[int], cache: ModelCache,
+               logits: torch.Tensor | None = None) -> None:
+        """Keep a snapshot of `cache`, the state after exactly `ids`, with the logits [V] of
+        its last position where a prompt ended there (None elsewhere)."""
         if cache.n_tokens != len(ids) or not ids:
             raise ValueError(f"a cache of {cache.n_tokens} tokens keyed by {len(ids)} ids")
         snap = cache.fork()
-        size = snap.nbytes
+        size = snap.nbytes + (0 if logits is None else logits.numel() * logits.element_size())
         if size > self.budget:
             return
         with self._lock:
@@ -90,7 +108,7 @@ class PrefixCache:
                 self.nbytes -= node.nbytes
             else:
                 self._snapshots.add(node)
-            node.snapshot, node.nbytes = snap, size
+            node.snapshot, node.logits, node.nbytes = snap, logits, size
             node.last_used = next(self._clock)
             self.nbytes += size
             while self.nbytes > self.budget:
@@ -122,7 +140,7 @@ class PrefixCache:
     def _drop(self, node: _Node) -> None:
         self._snapshots.discard(node)
         self.nbytes -= node.nbytes
-        node.snapshot, node.nbytes = None, 0
+        node.snapshot, node.logits, node.nbytes = None, None, 0
         while node.parent is not None and node.snapshot is None and not node.children:
             del node.parent.children[node.key[0]]
             node = node.parent

@@ -18,7 +18,11 @@ scored positions are kept.
 Prefix cache (`prefix_cache.py`): at admission a request takes the longest cached snapshot of a
 prefix of its prompt (leaving at least one token to compute, and no later than its first scored
 position, as SGLang limits the match by `logprob_start_len`), and prefills only the rest. A
-snapshot is inserted when a prompt is complete and when a request finishes.
+snapshot is inserted when a prompt is complete (with the logits of its last position) and when a
+request finishes. The same prompt sent again to generate (a retry, a regenerate) is a whole hit:
+SGLang recomputes its last token from per-token KV; a snapshot cannot be cut back by one token, so
+here the request resumes at the prompt's end and takes its first token from the kept logits (no
+forward: the prefill batch carries it with 0 tokens).
 
 Where this differs from SGLang: no memory-pool admission (`rem_total_tokens`), retraction or
 `new_token_ratio` (the caches are Python objects; `max_running_requests` is the only cap); a
@@ -88,6 +92,7 @@ class Request:
     error: BaseException | None = None
     cancelled: bool = False  # set by the waiting caller; the request leaves at the next step
     rng: torch.Generator | None = None  # its draws (set at admission when it samples)
+    resume_logits: torch.Tensor | None = None  # [V]: a whole-prompt hit's first-token logits
     slot: int | None = None  # its request slot, only under the swa-ring-stale field fault
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -294,11 +299,13 @@ class Scheduler:
         if not req.sampling.greedy:
             req.rng = req.sampling.generator(self.engine.device)
         match = None
-        if self.prefix_cache is not None and req.match_limit > 0:
-            match = self.prefix_cache.match(req.ids, req.match_limit)
+        whole = req.score_from is None and req.max_new_tokens > 0  # may resume at the end
+        if self.prefix_cache is not None and (req.match_limit > 0 or whole):
+            match = self.prefix_cache.match(req.ids, req.match_limit, whole=whole)
         if match is not None and match.cache is not None:
             req.cache, req.filled = match.cache, match.tokens
             req.cached_tokens = match.tokens
+            req.resume_logits = match.logits
             self.totals["prefix_cache_hit_tokens"] += match.tokens
         else:
             req.cache = self.model.new_cache(mtp=self.spec is not None)
@@ -336,8 +343,16 @@ class Scheduler:
 
     # ---- steps (model work, outside the queue lock) --------------------------------------------
     def _prefill(self, work: list[tuple[Request, int]]) -> list[Request]:
-        """One extend batch. Returns the requests it finished."""
+        """One extend batch. Returns the requests it finished. A whole-prompt hit (0 tokens)
+        takes its first token from the logits its snapshot kept; the rest run one forward."""
         self._note_batch(len(work))
+        resumed = [r for r, n in work if n == 0]
+        work = [(r, n) for r, n in work if n > 0]
+        done = [r for r in resumed if self.emit(r, r.resume_logits)]
+        return done + (self._extend(work) if work else [])
+
+    def _extend(self, work: list[tuple[Request, int]]) -> list[Request]:
+        """The forward of an extend batch's requests that have tokens to compute."""
         device = self.engine.device
         chunks = [(torch.tensor(r.ids[r.filled : r.filled + n], device=device), r.cache)
                   for r, n in work]
@@ -370,8 +385,8 @@ class Scheduler:
                 self._score(r, logits[at : at + count], pos)
                 at += count
             r.filled += n
-            if r.filled == r.target:
-                self._remember(r.ids[: r.filled], r.cache)
+            if r.filled == r.target:  # a prompt that generates keeps its last logits with it
+                self._remember(r.ids[: r.filled], r.cache, logits[at].clone() if ends else None)
                 if not ends:  # scoring only
                     r.finish_reason = "length"
                     done.append(r)
@@ -459,6 +474,7 @@ class Scheduler:
             self._remember(r.ids + tuple(r.output_ids[:-1]), r.cache)
         return True
 
-    def _remember(self, ids: tuple[int, ...], cache: ModelCache | None) -> None:
+    def _remember(self, ids: tuple[int, ...], cache: ModelCache | None,
+                  logits: torch.Tensor | None = None) -> None:
         if self.prefix_cache is not None and cache is not None:
-            self.prefix_cache.insert(ids, cache)
+            self.prefix_cache.insert(ids, cache, logits)

@@ -63,8 +63,9 @@ def probe_spec(cfg: EngineConfig, tier: str | None = None) -> ProbeSpec:
         if key in given and given[key] is not None:
             value = given[key]
             changes[field] = tuple(value) if isinstance(value, list) else value
-    if "warm" in given:
-        changes["arms"] = ("cold", "warm") if given["warm"] else ("cold",)
+    if "warm" in given:  # the warm arm on or off; the tier's other arms stay
+        arms = tuple(a for a in spec.arms if a != "warm")
+        changes["arms"] = (arms[0], "warm", *arms[1:]) if given["warm"] else arms
     spec = spec.replace(**changes) if changes else spec
     levels = given.get("concurrency")
     return with_concurrency(spec, tuple(levels) if levels else None)

@@ -88,11 +88,14 @@ def test_bad_values_are_refused_at_validation(bad: str) -> None:
 def test_probe_concurrency_from_the_profile() -> None:
     smoke = probe_spec(resolve("reference"))
     assert smoke.concurrency == (1, 16)
-    assert smoke.conditions() == (("cold", 1), ("warm", 16))
+    assert smoke.conditions() == (("cold", 1), ("hit", 1), ("warm", 16))
     sglang = probe_spec(resolve("dsv4-flash-tp8"))
     assert sglang.tier == "standard" and sglang.concurrency == (1, 32)
     other = probe_spec(resolve("reference", Overrides(sets=("probe.concurrency=[1, 4, 8]",))))
-    assert other.conditions() == (("cold", 1), ("warm", 4), ("warm", 8))
+    assert other.conditions() == (("cold", 1), ("warm", 4), ("hit", 8))
+    # probe.warm=false drops the warm arm, the tier's others stay
+    nowarm = probe_spec(resolve("reference", Overrides(sets=("probe.warm=false",))))
+    assert nowarm.conditions() == (("cold", 1), ("hit", 16))
     # the tests' tier keeps one level whatever the profile lists
     assert probe_spec(resolve("reference"), "ci").concurrency == (1,)
     assert probe_spec(resolve("reference"), "ci") == tier_spec("ci")

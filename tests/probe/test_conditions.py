@@ -22,12 +22,19 @@ SMOKE = tier_spec("smoke")
 
 
 def test_staggered_tiers_run_cold_alone_and_warm_among_others() -> None:
-    assert SMOKE.conditions() == (("cold", 1), ("warm", 16))
+    # smoke: each cold request is sent again at 1 (hit), warm at 16
+    assert SMOKE.conditions() == (("cold", 1), ("hit", 1), ("warm", 16))
     assert tier_spec("standard").conditions() == (("cold", 1), ("warm", 16))
-    three = SMOKE.replace(concurrency=(1, 4, 16))
+    two = SMOKE.replace(arms=("cold", "warm"))
+    three = two.replace(concurrency=(1, 4, 16))
     assert three.conditions() == (("cold", 1), ("warm", 4), ("warm", 16))
-    assert SMOKE.replace(concurrency=(1,)).conditions() == (("cold", 1), ("warm", 1))
+    assert SMOKE.replace(concurrency=(1, 4, 16)).conditions() == (
+        ("cold", 1), ("warm", 4), ("hit", 16))
+    assert two.replace(concurrency=(1,)).conditions() == (("cold", 1), ("warm", 1))
+    assert SMOKE.replace(concurrency=(1,)).conditions() == (
+        ("cold", 1), ("warm", 1), ("hit", 1))
     assert SMOKE.replace(arms=("cold",)).conditions() == (("cold", 1), ("cold", 16))
+    assert SMOKE.replace(arms=("cold", "hit")).conditions() == (("cold", 1), ("hit", 16))
     deep = tier_spec("deep").replace(concurrency=(1, 32))
     assert deep.conditions() == (("cold", 1), ("warm", 1), ("cold", 32), ("warm", 32))
 
@@ -82,11 +89,23 @@ def test_tasks_cover_each_case_once_per_condition() -> None:
     spec = SMOKE.replace(thinking=True)
     cases = [_case("needle", 0), _case("copy", 1), _case("drift", 2)]
     tasks = tasks_of(spec, cases)
-    acc = [(c.case_id, arm, level) for c, arm, level in tasks if arm in ("cold", "warm")]
-    assert acc == [("needle/L256/d0.5/t3/0", "cold", 1), ("copy/L256/d0.5/t3/1", "cold", 1),
+    acc = [(c.case_id, arm, level) for c, arm, level in tasks if arm in spec.arms]
+    # a case's hit request right after its cold one (the retry finds the prompt cached)
+    assert acc == [("needle/L256/d0.5/t3/0", "cold", 1), ("needle/L256/d0.5/t3/0", "hit", 1),
+                   ("copy/L256/d0.5/t3/1", "cold", 1),  # the hit arm asks no copy case
                    ("needle/L256/d0.5/t3/0", "warm", 16), ("copy/L256/d0.5/t3/1", "warm", 16)]
     assert [(c.family, level) for c, arm, level in tasks if arm == "think"] == [("needle", 1)]
     assert [(c.family, level) for c, arm, level in tasks if arm == "drift"] == [("drift", 1)]
+
+
+def test_the_hit_arm_asks_only_its_families() -> None:
+    tasks = tasks_of(SMOKE, [_case("copy", 0), _case("vartrack", 1)])
+    assert [(c.case_id, arm) for c, arm, level in tasks if level == 1] == [
+        ("copy/L256/d0.5/t3/0", "cold"), ("vartrack/L256/d0.5/t3/1", "cold"),
+        ("vartrack/L256/d0.5/t3/1", "hit")]
+    assert len(tasks_of(SMOKE.replace(hit_families=()), [_case("copy", 0)])) == 3  # every case
+    with pytest.raises(ConfigError, match="hit_families"):
+        SMOKE.replace(hit_families=("drift",))
 
 
 def _rows(correct_at: dict[int, bool]) -> list[dict]:

@@ -166,7 +166,12 @@ def test_ends_carry_the_fixed_probes_submission_order_and_groups() -> None:
     assert [at4[k].position for k in sent] == list(range(10))
     assert [at4[k].group for k in sent] == [0] * 4 + [1] * 6
     k = ends.counts()
-    assert (k["n"], k["b"]) == (20, 10)
+    assert (k["n"], k["b"]) == (27, 10)  # cold and hit (7: no copy case) at 1, warm at 4
+    # the hit rows pair with the ends' own and are replayed alone at 1, as the cold ones
+    hit = [c for c in ends.cases if c.arm == "hit"]
+    assert len(hit) == 7 and {c.concurrency for c in hit} == {1}
+    assert {c.key for c in hit} == {row_key(r) for r in bad.rows if r["arm"] == "hit"}
+    assert len({c.unit for c in hit}) == 7
     units, _ = draw_units(ends, seed=1)
     assert [[c.key for c in u] for u in units if u[0].concurrency == 4] in (
         [sent[:4], sent[4:]], [sent[4:], sent[:4]])
@@ -186,7 +191,7 @@ def test_the_plan_draws_from_every_condition() -> None:
     world = spec_cells(SMOKE, 0.9)
     assert {(w.arm, w.concurrency) for w in world} == set(SMOKE.conditions())
     plan = plan_trial(SMOKE, 0.01, 0.01, loss_rate=0.3, sims=30)
-    assert plan.full_requests == 2 * sum(w.cases for w in world if w.concurrency == 1) + 4
+    assert plan.full_requests == sum(w.cases for w in world) + 4
     assert plan.between_good == plan.between_bad == 0.0
 
 

@@ -230,6 +230,35 @@ def test_swa_ring_stale_moves_only_requests_that_hit_a_foreign_ring() -> None:
     assert stale[0] == want[0] and stale[1] != want[1]
 
 
+def test_swa_ring_stale_corrupts_a_retry_after_its_first_token() -> None:
+    """The same prompt sent again (a retry) resumes whole from its snapshot: with the fault the
+    window comes from a slot never used, so every token after the first (taken from the
+    snapshot's logits) reads a zero window, ATOM#1417's repeated prompt; without it the retry
+    answers as the first send."""
+    from dsv4bisect.reference.engine import ReferenceEngine
+    from dsv4bisect.reference.prefix_cache import PrefixCache
+    from dsv4bisect.reference.scheduler import Request, Scheduler
+
+    def sends(variant: str) -> list[tuple[int, list[float]]]:
+        engine = ReferenceEngine.load(None, patches={"mma-decode": variant}, precision="exact",
+                                      device="cpu")
+        sched = Scheduler(engine, prefix_cache=PrefixCache(), background=False)
+        prompt = tuple(ids(60, seed=12).tolist())
+        out = []
+        for r in (Request(prompt, 6, frozenset()), Request(prompt, 6, frozenset())):
+            sched.submit(r)
+            while sched.step() is not None:
+                pass
+            out.append((r.cached_tokens, r.logprobs))
+        return out
+
+    (c0, cold), (c1, retry) = sends("split-k")
+    assert (c0, c1) == (0, 60) and retry == cold
+    (_, cold_f), (hit, retry_f) = sends("swa-ring-stale")
+    assert hit == 60 and cold_f == cold
+    assert retry_f[0] == cold[0] and retry_f[1:] != cold[1:]
+
+
 def test_the_sglang_hook_refuses_the_embedded_only_faults() -> None:
     from dsv4bisect.plugin.hooks_attention import decode_plan
 

@@ -129,11 +129,43 @@ def test_a_prefix_hit_prefills_only_the_rest_and_equals_from_scratch(engine) -> 
     drain(sched)
     assert scored.cached_tokens == 0 and len(scored.scores) == len(turn2) - 50
     scored_at_end = req(first.ids + (7,), new=1, score_from=90)  # needs row 89 computed
-    plain = req(first.ids + (7,), new=1)
+    plain = req(first.ids + (8,), new=1)  # (+ (7,) would now be a whole hit: 91)
     for r in (scored_at_end, plain):
         sched.submit(r)
         drain(sched)
     assert (scored_at_end.cached_tokens, plain.cached_tokens) == (0, 90)
+
+
+def test_the_same_prompt_sent_again_resumes_whole_and_answers_as_cold(engine) -> None:
+    """A retry (the same prompt, generating) hits the prompt's own snapshot: no token is
+    computed, its first token comes from the logits the snapshot kept, and the answer is the
+    cold one, bit for bit (exact); a scoring request of the same ids still computes a token."""
+    cache = PrefixCache()
+    sched = Scheduler(engine, chunk_size=64, prefix_cache=cache, background=False)
+    prompt = ids(90, 21)
+    cold = req(prompt, new=6)
+    sched.submit(cold)
+    drain(sched)
+    computed = sched.totals["prefill_tokens_computed"]
+    retry = req(prompt, new=6, top_k=3)
+    sched.submit(retry)
+    steps = drain(sched)
+    assert retry.cached_tokens == 90 and shape(steps[0]) == ("prefill", [(90, 0)])
+    assert sched.totals["prefill_tokens_computed"] == computed  # nothing recomputed
+    assert (retry.output_ids, retry.logprobs) == (cold.output_ids, cold.logprobs)
+    assert retry.output_ids == engine.generate(prompt, max_new_tokens=6, stop_ids=()).output_ids
+    # a one-token prime and the retry beside another request in one batch: still whole hits
+    prime, other = req(prompt, new=1), req(ids(30, 22), new=2)
+    for r in (prime, other):
+        sched.submit(r)
+    assert shape(sched.step()) == ("prefill", [(90, 0), (30, 30)])
+    drain(sched)
+    assert prime.output_ids == cold.output_ids[:1] and prime.cached_tokens == 90
+    # scoring needs the last rows computed: no whole hit, the snapshot is not used
+    scored = req(prompt, new=0, score_from=80)
+    sched.submit(scored)
+    drain(sched)
+    assert scored.cached_tokens == 0
 
 
 def test_prefix_cache_matches_only_where_a_snapshot_was_taken(engine) -> None:

@@ -35,9 +35,10 @@ def test_default_run_fails_the_six_patches_within_the_smoke_budget(
         assert v["families"][family]["evidence"], family
         assert v["families"][family]["baseline_accuracy"] >= 0.9, family
     assert v["aa"]["flips"] == 0
-    assert any("A/A repeat covers 36 of 72" in x for x in v["reasons"])
-    for family in ("needle", "copy", "vartrack"):  # cold alone, warm among 16
-        assert v["conditions"][family]["requests"] == {"cold@1": 12, "warm@16": 12}, family
+    assert any("A/A repeat covers 48 of 96" in x for x in v["reasons"])
+    for family in ("needle", "copy", "vartrack"):  # cold alone, warm among 16, short ones hit
+        hit = {"hit@1": 12} if family != "copy" else {}
+        assert v["conditions"][family]["requests"] == {"cold@1": 12, **hit, "warm@16": 12}
     assert set(v["throughput"]["candidate"]) == {"1", "16"}
     doc = load(only_run_dir(tmp_path / "runs") / "run.json")
     assert doc["timing"]["overlapped"] and doc["arms"]["candidate"]["attempts"] == 1
