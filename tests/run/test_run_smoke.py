@@ -18,19 +18,20 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 SMOKE_BUDGET_S = 150.0
 
 
-def test_default_run_fails_the_six_patches_within_the_smoke_budget(
+def test_default_run_warns_on_the_six_patches_drift_within_the_smoke_budget(
         tmp_path: Path) -> None:
     quiet = os.getloadavg()[0] < 1.0
     t0 = time.monotonic()
     r = cli("run", "--no-cache", "--out", tmp_path / "runs", "--json", cache=tmp_path / "cache")
     wall = time.monotonic() - t0
-    assert r.returncode == 1, r.stderr
+    # No fault: the six real patches lose no fact, so the run does not FAIL. Their drift at
+    # precision deployment (bf16 patches on NVFP4 W4A4 experts, docs/reference-engine.md
+    # "Precision") is a WARN, said as a multiple of the good end's own variation, and a WARN
+    # exits 0 (git bisect run counts it good).
+    assert r.returncode == 0, r.stderr
     v = load(only_run_dir(tmp_path / "runs") / "verdict.json")
-    assert v["verdict"] == "FAIL" and v["probe"]["tier"] == "smoke"
-    # The shipped checkpoint answers needle and copy; at precision deployment the bf16 patches
-    # on top of its NVFP4 W4A4 experts move its logits (drift FAIL, docs/reference-engine.md
-    # "Precision") while retrieval holds.
-    assert v["drift"]["status"] == "fail"
+    assert v["verdict"] == "WARN" and v["probe"]["tier"] == "smoke"
+    assert v["drift"]["status"] == "warn" and v["drift"]["multiple"] > 1
     for family in ("needle", "copy"):
         assert v["families"][family]["evidence"], family
         assert v["families"][family]["baseline_accuracy"] >= 0.9, family
