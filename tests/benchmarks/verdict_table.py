@@ -2,7 +2,7 @@
 patch, every harmless change and every fault, at both precisions.
 
     python tests/benchmarks/verdict_table.py [--precision deployment exact] [--rows LABEL ...]
-        [--tier smoke] [--bisect] [--out docs/results/DIR] [--from DIR]
+        [--tier smoke] [--device auto] [--bisect] [--out docs/results/DIR] [--from DIR ...]
 
 Per row and precision:
 - a patch or a fault: `dsv4bisect run reference --only P [--set patches.P.variant=V] --json`
@@ -15,8 +15,9 @@ Per row and precision:
 Columns: drift (as a multiple of the null model when the verdict reports one, else the mean KL
 over the drift transcripts), answers lost of those paired, where they were lost (per arm@level,
 the families' counts), the verdict, the bisect's culprits, its trials and whether one round
-did (the bad end without the culprits passes). `--out` keeps every JSON; `--from DIR` rebuilds the table from kept JSON without
-running anything (a row with no JSON there is printed as "not measured").
+did (the bad end without the culprits passes), and the folder each result is kept in. `--out`
+keeps every JSON; `--from DIR ...` rebuilds the table from kept JSON without running anything
+(the first folder holding a result wins; a row with no JSON is printed as "not measured").
 """
 
 from __future__ import annotations
@@ -144,10 +145,12 @@ def measure(row: Row, precision: str, tier: str, out: Path, bisect: bool,
              out / f"{tag}.bisect.json")
 
 
-def _load(path: Path) -> dict[str, Any] | None:
-    if not path.exists():
-        return None
-    return json.loads(path.read_text()).get("result")
+def _load(dirs: list[Path], name: str) -> tuple[dict[str, Any] | None, str]:
+    """The kept result `name` from the first of `dirs` that has it, and that folder's name."""
+    for d in dirs:
+        if (d / name).exists():
+            return json.loads((d / name).read_text()).get("result"), d.name
+    return None, ""
 
 
 def _drift(v: dict[str, Any]) -> str:
@@ -169,14 +172,14 @@ def _bisect(b: dict[str, Any] | None) -> str:
         return "not run"
     culprits = b.get("culprits")
     # trials measured here (a trial answered from the ledger has another source)
-    rounds = len({t.get("step") for t in b.get("trials") or [] if t.get("source") == "run"})
+    trials = len({t.get("step") for t in b.get("trials") or [] if t.get("source") == "run"})
     named = ", ".join(culprits) if culprits else "none"
     verdict = (b.get("remedy") or {}).get("verdict")
     # One round: the bad end without the culprits passed, so nothing is left to bisect; a
     # remedy that failed twice asks for a second round (another culprit remains).
     tail = {"passes": ", one round, remedy passes", "fails": ", remedy fails: a second round",
             None: ""}.get(verdict, f", remedy {verdict}")
-    return f"{b.get('status')}: {named} ({rounds} trials{tail})"
+    return f"{b.get('status')}: {named} ({trials} trials{tail})"
 
 
 def _seen(v: dict[str, Any]) -> str:
@@ -194,20 +197,24 @@ def _seen(v: dict[str, Any]) -> str:
                      for cond, fams in parts) or "-"
 
 
-def table(out: Path, precisions: list[str], rows: tuple[Row, ...]) -> str:
+def table(dirs: list[Path], precisions: list[str], rows: tuple[Row, ...]) -> str:
+    """One line per row and precision, from the first of `dirs` holding each result (the
+    last columns name the folders the run and the bisect came from)."""
     lines = ["| change | kind | precision | drift | answers lost | lost where | `run` "
-             "| default `bisect` names |",
-             "| --- | --- | --- | ---: | ---: | --- | --- | --- |"]
+             "| default `bisect` names | kept in |",
+             "| --- | --- | --- | ---: | ---: | --- | --- | --- | --- |"]
     for row in rows:
         for precision in precisions:
-            v = _load(out / f"{row.key}.{precision}.run.json")
+            v, at = _load(dirs, f"{row.key}.{precision}.run.json")
             if v is None:
-                lines.append(f"| {row.label} | {row.kind} | {precision} | not measured | | | | |")
+                lines.append(f"| {row.label} | {row.kind} | {precision} | not measured "
+                             "| | | | | |")
                 continue
-            b = _load(out / f"{row.key}.{precision}.bisect.json")
+            b, b_at = _load(dirs, f"{row.key}.{precision}.bisect.json")
             bis = "-" if row.kind == "harmless" else _bisect(b)
+            kept = at if b_at in ("", at) else f"{at}; bisect {b_at}"
             lines.append(f"| {row.label} | {row.kind} | {precision} | {_drift(v)} | {_lost(v)} "
-                         f"| {_seen(v)} | {v.get('verdict')} | {bis} |")
+                         f"| {_seen(v)} | {v.get('verdict')} | {bis} | {kept} |")
     return "\n".join(lines)
 
 
@@ -221,16 +228,17 @@ def main() -> None:
                     help="the harmless rows' servers (the profiles' own is auto)")
     ap.add_argument("--bisect", action="store_true", help="also bisect (slow)")
     ap.add_argument("--out", type=Path, default=Path("runs/verdict-table"))
-    ap.add_argument("--from", dest="from_dir", type=Path,
-                    help="only print the table from JSON kept in this directory")
+    ap.add_argument("--from", dest="from_dirs", type=Path, nargs="+",
+                    help="only print the table from JSON kept in these directories (the first "
+                         "that holds a result wins)")
     a = ap.parse_args()
     rows = tuple(r for r in ROWS if not a.rows or r.label in a.rows)
-    if a.from_dir is None:
+    if a.from_dirs is None:
         a.out.mkdir(parents=True, exist_ok=True)
         for row in rows:
             for precision in a.precision:
                 measure(row, precision, a.tier, a.out, a.bisect, a.device)
-    print(table(a.from_dir or a.out, a.precision, rows))
+    print(table(a.from_dirs or [a.out], a.precision, rows))
 
 
 if __name__ == "__main__":
