@@ -149,7 +149,8 @@ def _load(dirs: list[Path], name: str) -> tuple[dict[str, Any] | None, str]:
     """The kept result `name` from the first of `dirs` that has it, and that folder's name."""
     for d in dirs:
         if (d / name).exists():
-            return json.loads((d / name).read_text()).get("result"), d.name
+            where = d.name if d.parent.name == "results" else f"{d.parent.name}/{d.name}"
+            return json.loads((d / name).read_text()).get("result"), where
     return None, ""
 
 
