@@ -29,16 +29,29 @@ ray = pytest.importorskip("ray", reason="the Ray executor's tests need `pip inst
 from ray.cluster_utils import Cluster
 
 SLOT = "trial_slot"
-# the e2e tests' question (tests/bisect/test_bisect_e2e.py): the fp32 path its cases were
-# written for (at deployment precision the bf16 patches fail the drift gate on their own).
-# --fresh-launches: these tests compare the executors trial for trial, and a local bisect of
-# rounds of 2 launches fresh; the hot runners on the nodes and the ends they share have their
-# own test (docs/cluster.md).
-SINGLE = ("--tier", "ci", "--set", "engine.precision=exact", "--fresh-launches",
+# The e2e tests' questions (tests/bisect/test_bisect_e2e.py), on the fp32 path their cases were
+# written for. Hot runners judge drift relative to the two ends (docs/bisect.md, "Drift and
+# WARN"), so theirs is the fault that only drifts (a WARN at the ci tier, which `--warn-as auto`
+# counts as the bad end's own). Fresh launches judge drift against the run's gates, where at
+# `exact` every kernel patch drifts beyond the null: theirs is a question that loses facts, the
+# test-only canary pair (DSV4BISECT_TEST_PATCHES=1, set for the nodes too). --fresh-launches:
+# these tests compare the executors trial for trial, and a local bisect of rounds of 2 launches
+# fresh; the hot runners on the nodes and the ends they share have their own tests
+# (docs/cluster.md).
+SINGLE = ("--tier", "ci", "--set", "engine.precision=exact",
           "--set", "patches.hash-topk-scaling.variant=double-scale",
           "--candidates", "mhc-bf16,hash-topk-scaling,mma-decode,triton-indexer",
-          "--warn-as", "pass", "--parallel", "2")
+          "--warn-as", "auto", "--parallel", "2")
 CULPRIT = ["hash-topk-scaling"]
+PAIR = ("--tier", "ci", "--set", "engine.precision=exact", "--fresh-launches",
+        "--bad", "canary-a,canary-b,hash-topk-scaling,triton-indexer:fp32", "--parallel", "2")
+PAIR_CULPRITS = ["canary-a", "canary-b"]
+
+
+@pytest.fixture(autouse=True)
+def test_patches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The canary pair registered here and on the nodes (their raylets inherit this env)."""
+    monkeypatch.setenv("DSV4BISECT_TEST_PATCHES", "1")
 
 
 @pytest.fixture
@@ -58,20 +71,17 @@ def scratch() -> Path:
     return Path(os.environ["DSV4BISECT_CACHE"]) / "ray-trials"
 
 
-def argv(c: Cluster, out: Path, *args: str, executor: str = "ray") -> list[str]:
+def argv(c: Cluster, out: Path, *args: str, executor: str = "ray",
+         question: tuple[str, ...] = PAIR) -> list[str]:
     ray_args = ("--executor", "ray", "--ray-address", c.address,
                 "--set", f"bisect.node_resource={SLOT}") if executor == "ray" else ()
-    return [sys.executable, "-m", "dsv4bisect", "bisect", *SINGLE, *ray_args, *args, "--json",
+    return [sys.executable, "-m", "dsv4bisect", "bisect", *question, *ray_args, *args, "--json",
             "--out", str(out)]
 
 
 def hot_argv(c: Cluster, out: Path, *args: str) -> list[str]:
-    """`argv` with hot runners. They judge drift relative to the two ends (docs/bisect.md,
-    "Drift and WARN"), and this question's bad end only drifts there (a WARN at the ci tier):
-    `--warn-as auto` counts a WARN as the bad end's own, where `pass` would make it pass."""
-    cmd = [a for a in argv(c, out, *args) if a != "--fresh-launches"]
-    i = cmd.index("--warn-as")
-    return cmd[:i + 1] + ["auto"] + cmd[i + 2:]
+    """`argv` with hot runners, on the question that only drifts (see SINGLE)."""
+    return argv(c, out, *args, question=SINGLE)
 
 
 def run(cmd: list[str], timeout: float = 1200) -> subprocess.CompletedProcess[str]:
@@ -157,7 +167,7 @@ def test_ray_parallel_bisect_names_the_local_culprit_with_trials_on_two_nodes_at
     assert r.returncode == 0, r.stderr
     report, expected = json.loads(r.stdout), json.loads(local.stdout)
     print(f"local --parallel 2: {t_local:.0f} s; ray --parallel 2: {t_ray:.0f} s")
-    assert report["culprits"] == expected["culprits"] == CULPRIT
+    assert report["culprits"] == expected["culprits"] == PAIR_CULPRITS
     assert [t["subset"] for t in report["trials"]] == [t["subset"] for t in expected["trials"]]
     rows = [t for t in trials(tmp_path / "ray") if t["status"] == "done"]
     nodes = {t["details"]["node"]["node_id"] for t in rows}
@@ -310,7 +320,7 @@ def test_a_node_lost_mid_trial_makes_it_cannot_test_rerun_to_the_same_answer(
     stderr = (tmp_path / "stderr.txt").read_text()
     assert proc.returncode == 0, stderr
     report = json.loads(stdout)
-    assert report["culprits"] == CULPRIT
+    assert report["culprits"] == PAIR_CULPRITS
     rows = trials(out)
     lost = [t for t in rows if t["verdict"] == "CANNOT_TEST"]
     assert lost and all(t["signature"].startswith("node-lost: ") for t in lost), rows
@@ -330,7 +340,7 @@ def test_kill_9_of_the_driver_leaves_no_engine_and_resume_repeats_no_finished_tr
         cluster: tuple[Cluster, Any], tmp_path: Path, mode: str) -> None:
     c, _ = cluster
     out = tmp_path / "runs"
-    cmd = argv(c, out) if mode == "fresh" else [a for a in argv(c, out) if a != "--fresh-launches"]
+    cmd = argv(c, out) if mode == "fresh" else hot_argv(c, out)
     proc = start(cmd, tmp_path / "stderr.txt")
     try:
         wait_for(lambda: sum(t["status"] == "done" for t in trials(out)) >= 2
@@ -349,7 +359,7 @@ def test_kill_9_of_the_driver_leaves_no_engine_and_resume_repeats_no_finished_tr
     assert bool(kept) == (mode == "hot")  # the finished trials' ends are the driver's
     r = run([sys.executable, "-m", "dsv4bisect", "bisect", "--resume", str(run_dir), "--json"])
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["culprits"] == CULPRIT
+    assert json.loads(r.stdout)["culprits"] == (PAIR_CULPRITS if mode == "fresh" else CULPRIT)
     rows = trials(out)
     for t in rows:  # the resumed bisect's nodes were sent the ends kept: none measured again
         if t["id"] > before and t["status"] == "done":
