@@ -29,9 +29,9 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from dsv4bisect.errors import ConfigError
-from dsv4bisect.probe.client import ProbeClient
 from dsv4bisect.probe.run import ProbeRun
-from dsv4bisect.probe.runner import Progress, _build, _run_cases, _server_dict
+from dsv4bisect.probe.runner import (Progress, _build, _run_cases, _server_dict, check_same_spec,
+                                     open_client)
 from dsv4bisect.probe.shards import Shard, merge, shard_cases
 from dsv4bisect.probe.spec import ProbeSpec
 
@@ -52,8 +52,7 @@ def collect_ahead(url: str, spec: ProbeSpec, *, api_key: str | None = None,
     report) are left out: a run that replays the good end's cases has none of them."""
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    client = ProbeClient(url, api_key=api_key, timeout_s=spec.timeout_s, retries=spec.retries,
-                         model=model)
+    client = open_client(url, spec, api_key, model)
     try:
         server = client.describe()
         cases = _build(client, spec, server, [], on_progress)
@@ -76,13 +75,8 @@ def finish_ahead(url: str, ahead: ProbeRun, reference_run: ProbeRun, *,
     """`ahead` (collect_ahead's run, on this `url`'s engine) finished against the good end's
     run: its drift transcripts scored here. The run `collect(url, spec, reference_run=
     reference_run)` makes (for `ahead`'s shard). Other cases than the good end's: `OtherCases`."""
-    spec, ref = ahead.spec, reference_run.spec
-    if (ref.spec_hash(), ref.seed_block) != (spec.spec_hash(), spec.seed_block):
-        raise ConfigError(
-            f"the baseline run was collected with probe spec {ref.tier} ({ref.spec_hash()}, "
-            f"seed block {ref.seed_block}), not {spec.tier} ({spec.spec_hash()}, seed block "
-            f"{spec.seed_block})",
-            "probe the candidate with the baseline's spec, or collect a new baseline")
+    spec = ahead.spec
+    check_same_spec(spec, reference_run.spec)
     if [c.to_dict() for c in ahead.cases] != [c.to_dict() for c in reference_run.cases]:
         raise OtherCases("the candidate built other probe cases than the good end's run",
                          "baseline and candidate must serve the same tokenizer and chat "
@@ -92,8 +86,7 @@ def finish_ahead(url: str, ahead: ProbeRun, reference_run: ProbeRun, *,
     cases = list(reference_run.cases)
     mine = None if shard is None else shard_cases(spec, cases, shard)
     notes = list(ahead.notes)
-    client = ProbeClient(url, api_key=api_key, timeout_s=spec.timeout_s, retries=spec.retries,
-                         model=model)
+    client = open_client(url, spec, api_key, model)
     try:
         rows, drift, _ = _run_cases(client, spec, cases, reference_run, notes, on_progress,
                                     mine, part="drift")

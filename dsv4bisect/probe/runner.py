@@ -173,6 +173,23 @@ def drift_row(client: ProbeClient, spec: ProbeSpec, case: Case,
     return row, rec
 
 
+def open_client(url: str, spec: ProbeSpec, api_key: str | None,
+                model: str | None) -> ProbeClient:
+    """The probe's client of the server at `url`, with the spec's timeout and retries."""
+    return ProbeClient(url, api_key=api_key, timeout_s=spec.timeout_s, retries=spec.retries,
+                       model=model)
+
+
+def check_same_spec(spec: ProbeSpec, ref: ProbeSpec) -> None:
+    """A candidate replays the good end's run only under the spec and seed block it ran."""
+    if (ref.spec_hash(), ref.seed_block) != (spec.spec_hash(), spec.seed_block):
+        raise ConfigError(
+            f"the baseline run was collected with probe spec {ref.tier} ({ref.spec_hash()}, "
+            f"seed block {ref.seed_block}), not {spec.tier} ({spec.spec_hash()}, seed block "
+            f"{spec.seed_block})",
+            "probe the candidate with the baseline's spec, or collect a new baseline")
+
+
 def collect(url: str, spec: ProbeSpec, *, reference_run: ProbeRun | None = None,
             api_key: str | None = None, on_progress: Progress | None = None,
             model: str | None = None, shard: Shard | None = None) -> ProbeRun:
@@ -184,19 +201,12 @@ def collect(url: str, spec: ProbeSpec, *, reference_run: ProbeRun | None = None,
     """
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    client = ProbeClient(url, api_key=api_key, timeout_s=spec.timeout_s, retries=spec.retries,
-                         model=model)
+    client = open_client(url, spec, api_key, model)
     try:
         server = client.describe()
         notes: list[str] = []
         if reference_run is not None:
-            ref = reference_run.spec
-            if (ref.spec_hash(), ref.seed_block) != (spec.spec_hash(), spec.seed_block):
-                raise ConfigError(
-                    f"the baseline run was collected with probe spec {ref.tier} "
-                    f"({ref.spec_hash()}, seed block {ref.seed_block}), not {spec.tier} "
-                    f"({spec.spec_hash()}, seed block {spec.seed_block})",
-                    "probe the candidate with the baseline's spec, or collect a new baseline")
+            check_same_spec(spec, reference_run.spec)
             cases = list(reference_run.cases)
         else:
             cases = _build(client, spec, server, notes, on_progress)
