@@ -17,15 +17,37 @@ One step of the decode batch, every running request at once:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
+from dsv4bisect.reference.cache import ModelCache
 from dsv4bisect.reference.mtp import feed_mtp, mtp_ragged
-from dsv4bisect.reference.speculative import commit_rows
+from dsv4bisect.reference.speculative import Verdict, commit_rows
 
-if TYPE_CHECKING:
-    from dsv4bisect.reference.scheduler import Request, Scheduler
+
+class Request(Protocol):
+    """What this step reads and moves of a scheduler's request (scheduler.Request)."""
+
+    output_ids: list[int]
+    max_new_tokens: int
+    stop_ids: frozenset[int]
+    cache: ModelCache | None
+
+
+class Scheduler(Protocol):
+    """What this step asks of the scheduler that calls it (scheduler.Scheduler); a protocol,
+    so the step does not import the scheduler back."""
+
+    model: Any
+    engine: Any
+    spec: Any  # SpecSettings: num_steps drafts a round
+
+    def choose_verdict(self, r: Any, drafts: list[int], rows: torch.Tensor) -> Verdict: ...
+
+    def note_round(self, proposed: int, verdict: Verdict) -> None: ...
+
+    def emit(self, r: Any, logits: torch.Tensor, token: int | None = None) -> bool: ...
 
 
 def spec_decode(sched: Scheduler, reqs: list[Request]) -> list[Request]:
