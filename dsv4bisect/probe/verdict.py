@@ -111,6 +111,9 @@ class Verdict:
     conditions: dict[str, Any] = field(default_factory=dict)
     # {"baseline"|"candidate": {level: {requests, tokens, wall_s, requests_per_s, tokens_per_s}}}
     throughput: dict[str, Any] = field(default_factory=dict)
+    # what decided a sequential trial probe's verdict (drift | signatures | accuracy | cap |
+    # ends; also under overall.sequential in the JSON); None: the fixed probe
+    decided_by: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -140,7 +143,8 @@ class Verdict:
                    d.get("signatures", {}), d.get("drift", {}), d.get("aa", {}),
                    d.get("power", {}), d.get("evidence", {}),
                    _rates(d.get("overall", {}).get("sequential")),
-                   conditions=d.get("conditions", {}), throughput=d.get("throughput", {}))
+                   conditions=d.get("conditions", {}), throughput=d.get("throughput", {}),
+                   decided_by=(d.get("overall", {}).get("sequential") or {}).get("decided_by"))
 
 
 def exit_code_as(verdict: str, warn_as: str = "pass") -> int:

@@ -16,6 +16,7 @@ from typing import Any
 
 from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 from dsv4bisect.bisect.trials.hot_runner import HotEngineRunner
+from dsv4bisect.policy import DEFAULT_POLICY, TrialPolicy
 from dsv4bisect.run.events import EventSink, ignore
 
 
@@ -27,36 +28,31 @@ class RunnerRequest:
     tier: str | None = None
     use_cache: bool = True
     # hot switching (docs/hot-switching.md): the bad end as the search names it, and the
-    # candidates whose effect is fixed at load; hot=False is --fresh-launches
+    # candidates whose effect is fixed at load
     bad: Mapping[str, str] = field(default_factory=dict)
     load_time: tuple[str, ...] = ()
-    hot: bool = False
-    warn_as: str = "fail"  # how the search counts a WARN: the sequential trials count it so
-    drift: str = "absolute"  # how the sequential trials judge drift: the run gates, or relative
+    policy: TrialPolicy = DEFAULT_POLICY  # the bisect's (policy.hot False: --fresh-launches)
 
     def to_json(self) -> dict[str, Any]:
         return {"profile": self.profile, "good": dict(self.good), "sets": list(self.sets),
                 "tier": self.tier, "use_cache": self.use_cache, "bad": dict(self.bad),
-                "load_time": list(self.load_time), "hot": self.hot, "warn_as": self.warn_as,
-                "drift": self.drift}
+                "load_time": list(self.load_time), "policy": self.policy.to_json()}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> RunnerRequest:
         return cls(str(doc["profile"]), dict(doc.get("good") or {}),
                    tuple(doc.get("sets") or ()), doc.get("tier"), bool(doc.get("use_cache", True)),
                    dict(doc.get("bad") or {}), tuple(doc.get("load_time") or ()),
-                   bool(doc.get("hot", False)), str(doc.get("warn_as") or "fail"),
-                   str(doc.get("drift") or "absolute"))
+                   TrialPolicy.from_json(doc))
 
 
 def node_runner(request: RunnerRequest, on_event: EventSink = ignore) -> EngineRunner:
     """The runner of this machine's trials (resolves the ends here; launches nothing yet):
-    hot switching unless the request says `--fresh-launches`."""
-    if request.hot:
+    hot switching where the policy says so (not `--fresh-launches`)."""
+    if request.policy.hot:
         return HotEngineRunner(request.profile, request.good, request.bad,
                                load_time=request.load_time, sets=request.sets,
                                tier=request.tier, use_cache=request.use_cache,
-                               warn_as=request.warn_as, drift=request.drift,
-                               on_event=on_event)
+                               policy=request.policy, on_event=on_event)
     return EngineRunner(request.profile, request.good, sets=request.sets, tier=request.tier,
                         use_cache=request.use_cache, on_event=on_event)
