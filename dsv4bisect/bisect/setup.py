@@ -22,7 +22,6 @@ from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
 from dsv4bisect.bisect.search.hypotheses import tier_weights
 from dsv4bisect.bisect.search.pricing import StepCosts
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.bisect.cluster.executors import Placement
 from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.trials.runner import Runner
@@ -94,9 +93,7 @@ class BisectRequest:
 @dataclass(frozen=True)
 class Prepared:
     question: Question
-    policy: TrialPolicy  # resolved once, here
-    placement: Placement  # the Ray executor's address, node resource and slots
-    request: RunnerRequest  # what a node (or a resume) rebuilds its runner from
+    request: RunnerRequest  # the run's request, with the trial policy resolved once here
     runner: Runner  # this machine's: the engine runner, or the test command's
     engine: EngineRunner | None  # the engine runner; None with a test command
     noise: Noise
@@ -123,18 +120,20 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
     cfg = question.bisect
     rounds = asked.parallel if asked.parallel is not None else cfg.parallel
     policy = trial_policy(asked, cfg, rounds)
-    placement = Placement(asked.ray_address or cfg.ray_address, cfg.node_resource,
-                          _node_slots(asked.nodes, rounds, policy))
-    request = RunnerRequest(question.profile, question.good, tuple(question.sets), asked.tier,
-                            asked.use_cache, bad=bad_end(question),
-                            load_time=tuple(question.load_time), policy=policy)
+    request = RunnerRequest(
+        question.profile, question.good, tuple(question.sets), asked.tier, asked.use_cache,
+        bad=bad_end(question), load_time=tuple(question.load_time), policy=policy,
+        # its working directory is recorded: `--resume` from elsewhere runs it there too
+        test_cmd=asked.test_cmd, test_cwd=os.getcwd() if asked.test_cmd is not None else None,
+        ray_address=asked.ray_address or cfg.ray_address, node_resource=cfg.node_resource,
+        nodes=_node_slots(asked.nodes, rounds, policy), left_out=question.left_out,
+        command=asked.command)
     engine: EngineRunner | None = None
     runner: Runner
     if asked.test_cmd is None:
         runner = engine = node_runner(request, on_event)
     else:
-        # its working directory is recorded: `--resume` from elsewhere runs it there too
-        runner = TestCommandRunner(asked.test_cmd, cwd=os.getcwd())
+        runner = TestCommandRunner(asked.test_cmd, cwd=request.test_cwd)
     measured, durations, details = _history(runner, asked.ledger)
     noise, where = _noise(measured, asked.false_fail, asked.false_pass)
     costs = _costs(engine, question, noise, details, durations, asked.costs, policy.hot)
@@ -147,8 +146,7 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
         costs=costs.costs,
         # the Ray executor cannot launch fresh: no confirmation to run, price or plan for
         confirm=asked.confirm and policy.executor is not Executor.RAY)
-    return Prepared(question, policy, placement, request, runner, engine, noise, where, costs,
-                    spec)
+    return Prepared(question, request, runner, engine, noise, where, costs, spec)
 
 
 def trial_policy(asked: BisectRequest, cfg: BisectSettings, rounds: int) -> TrialPolicy:

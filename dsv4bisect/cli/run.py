@@ -77,7 +77,7 @@ def run(
     disable: Disable = None,
     only: Only = None,
     sets: Set = None,
-    warn_as: Annotated[WarnExit, typer.Option(
+    warn_exit: Annotated[WarnExit, typer.Option(
         "--warn-as",
         help="The exit code of a drift WARN: pass (0, default: `git bisect run` lands on the "
              "commit that loses facts), warn (4) or fail (1). docs/run.md.")
@@ -118,7 +118,7 @@ def run(
         print(json.dumps(redact(outcome.verdict.to_dict(), view.secrets), indent=2))
     elif fmt is Format.md:
         stdout().file.write(render_markdown(view))
-    raise typer.Exit(exit_code_as(outcome.verdict.verdict, warn_as.value))
+    raise typer.Exit(exit_code_as(outcome.verdict.verdict, warn_exit.value))
 
 
 class RunDisplay:

@@ -29,7 +29,7 @@ def test_archive_round_trip_and_paths_moved_to_the_driver(tmp_path: Path) -> Non
                                   "other": str(tmp_path / "elsewhere")},
                          throughput=88.0, log_path=log, aa_verdicts=(V.PASS,),
                          error_rates=(0.01, 0.02), requests=40)
-    reply = {"result": rt.result_json(result), "node_dir": str(node_dir),
+    reply = {"result": result.to_json(), "node_dir": str(node_dir),
              "archive": rt.pack(node_dir), "node": {"name": NODE, "started": 1.0,
                                                    "finished": 2.0}}
     driver_dir = tmp_path / "driver" / "trials" / "003-abc-b0-a1"

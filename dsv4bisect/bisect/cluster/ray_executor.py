@@ -39,7 +39,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -89,29 +89,26 @@ class TrialActor:
     def ready(self) -> dict[str, Any]:
         return {"node": self.node, "error": self.error}
 
-    def run(self, trial: Mapping[str, Any], ends: bytes | None = None,
-            replicas: tuple[str, ...] = ()) -> dict[str, Any]:
+    def _on_node(self, call: Callable[..., dict[str, Any]], trial: Mapping[str, Any],
+                 *args: Any) -> dict[str, Any]:
+        """`call` (remote_trial's) with this slot's runner, or the error that left it none."""
         if self.error is not None or self.runner is None:
             return {"error": self.error}
-        return rt.run_on_node(self.runner, rt.NodeTrial.from_json(trial), self.scratch,
-                              self.node, ends, replicas)
+        return call(self.runner, rt.NodeTrial.from_json(trial), self.scratch, self.node, *args)
+
+    def run(self, trial: Mapping[str, Any], ends: bytes | None = None,
+            replicas: tuple[str, ...] = ()) -> dict[str, Any]:
+        return self._on_node(rt.run_on_node, trial, ends, replicas)
 
     def ahead(self, trial: Mapping[str, Any], replicas: tuple[str, ...] = ()) -> dict[str, Any]:
         """Start a bad end's probe before the good end's run exists (remote_trial.ahead_on_node);
         the next `run` of the same trial finishes it."""
-        if self.error is not None or self.runner is None:
-            return {"error": self.error}
-        return rt.ahead_on_node(self.runner, rt.NodeTrial.from_json(trial), self.scratch,
-                                self.node, replicas)
+        return self._on_node(rt.ahead_on_node, trial, replicas)
 
     def replica(self, trial: Mapping[str, Any]) -> dict[str, Any]:
         """This node's engine in `trial`'s configuration, for another node's trial to send a
         share of its probe to (remote_trial.replica_on_node)."""
-        if self.error is not None or self.runner is None:
-            return {"error": self.error}
-        reply = rt.replica_on_node(self.runner, rt.NodeTrial.from_json(trial), self.scratch,
-                                   self.node)
-        return {**reply, "started": time.time()}
+        return {**self._on_node(rt.replica_on_node, trial), "started": time.time()}
 
     def stop(self) -> None:
         """Stop the engines of the trial in flight (runs beside `run`: max_concurrency=2)."""
@@ -171,22 +168,21 @@ class RayRunner(TrialRunner):
     driver's ends and the probing policy (see the module docstring)."""
 
     def __init__(self, request: RunnerRequest, local: EngineRunner, slots: int, *,
-                 address: str | None = None, node_resource: str | None = None,
-                 ends: str | None = None, preflight: bool = True) -> None:
+                 preflight: bool = True) -> None:
         from dsv4bisect.engines.preflight import named_gpus
 
         self.local, self.request = local, request
         self.probing = ProbingPolicy(request.good, request.bad, request.policy)
         # how the ends run, sharded (`policy.shard`: hot sequential trials only, as the plan
         # prices them): the plan's choice for these nodes and costs (plan/parallel_plan.py
-        # `choose_ends`, made by the session and kept for a resume)
-        self.ends = ends or ALONE
+        # `choose_ends`, made by the session and kept in the request for a resume)
+        self.ends = request.ends or ALONE
         self._share = 0  # idle slots each trial of the round may take as replicas
         self._round: _EndsRound | None = None  # a round with the good end (TOGETHER)
         self._driver_ends: dict[Path, DriverEnds] = {}  # per bisect run directory
         self._lock = threading.Lock()
-        connect(address)
-        resources = {node_resource: 1.0} if node_resource else {}
+        connect(request.ray_address)
+        resources = {request.node_resource: 1.0} if request.node_resource else {}
         gpus = len(named_gpus(local.good_cfg))
         actor_cls = ray.remote(TrialActor).options(
             num_cpus=0, num_gpus=gpus, resources=resources,
@@ -251,7 +247,8 @@ class RayRunner(TrialRunner):
         if good_of is not None:
             good_of.placed.set()
         ends = self._ends_of(trial_dir.parent.parent)
-        helpers = self._helpers(ends, state) if self.probing.shards(patches) else []
+        # only the ends' full-size probes are split across idle slots (trials/probing.py)
+        helpers = self._helpers(ends, state) if self.probing.is_end(patches) else []
         urls, replicas = self._replicas(slot, helpers, trial) if helpers else ((), {})
         t0 = time.perf_counter()
         try:

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from dsv4bisect.bisect.cluster.archive import pack, unpack
 from dsv4bisect.bisect.cluster import shared_ends
+from dsv4bisect.bisect.cluster.archive import pack, unpack
 from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 from dsv4bisect.bisect.trials.runner import TrialResult
 from dsv4bisect.errors import (
@@ -122,7 +122,7 @@ def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
             parent.rmdir()  # only when empty: another trial of the bisect may be running
         except OSError:
             break
-    return {"result": result_json(result), "node_dir": str(trial_dir), "archive": archive,
+    return {"result": result.to_json(), "node_dir": str(trial_dir), "archive": archive,
             "node": {**node, "started": started, "finished": finished}, "ends": measured,
             "engines": list(runner.engines_up)}
 
@@ -190,7 +190,7 @@ def receive(reply: Mapping[str, Any], trial_dir: Path, node: str) -> TrialResult
     unpack(reply["archive"], trial_dir)
     doc = relocate(reply["result"], str(reply["node_dir"]), str(trial_dir))
     doc["details"] = {**doc["details"], "node": dict(reply["node"])}
-    return result_from_json(doc)
+    return TrialResult.from_json(doc)
 
 
 # -- values on the wire -----------------------------------------------------------------------
@@ -207,32 +207,6 @@ def node_error(doc: Mapping[str, Any], node: str) -> Dsv4BisectError:
     if f"node {node}" not in message:
         message = f"node {node}: {message}"
     return cls(message, doc.get("hint"))
-
-
-def result_json(result: TrialResult) -> dict[str, Any]:
-    return {"verdict": result.verdict, "signature": result.signature,
-            "duration_s": result.duration_s, "details": dict(result.details),
-            "throughput": result.throughput, "log_path": result.log_path,
-            "aa_verdicts": list(result.aa_verdicts),
-            "error_rates": list(result.error_rates) if result.error_rates is not None else None,
-            "requests": result.requests}
-
-
-def result_from_json(doc: Mapping[str, Any]) -> TrialResult:
-    return TrialResult(verdict=doc["verdict"], signature=doc.get("signature"),
-                       duration_s=float(doc.get("duration_s") or 0.0),
-                       details=dict(doc.get("details") or {}), throughput=doc.get("throughput"),
-                       log_path=doc.get("log_path"),
-                       aa_verdicts=tuple(doc.get("aa_verdicts") or ()),
-                       error_rates=_rates(doc.get("error_rates")), requests=doc.get("requests"))
-
-
-def _rates(value: Any) -> tuple[float, float] | None:
-    """A sequential trial's (false_fail, false_pass): what the search weighs its verdict with."""
-    if value is None:
-        return None
-    false_fail, false_pass = value
-    return float(false_fail), float(false_pass)
 
 
 def relocate(doc: Any, old: str, new: str) -> Any:

@@ -154,10 +154,6 @@ class DriverEnds:
         with self._lock:
             return _read_index(self.root)
 
-    def names(self) -> frozenset[str]:
-        index = self.index()
-        return frozenset(index.ends) if index else frozenset()
-
     def keep(self, data: bytes | None) -> list[str]:
         """Keep the ends of a node's archive that the driver does not have yet; returns them.
         Another good end than the ends kept so far is an error (one bisect, one good end)."""

@@ -68,12 +68,6 @@ class EndsBook:
     def block(self, block: int) -> BlockEnds:
         return self.blocks.setdefault(block, BlockEnds())
 
-    def known(self, block: int) -> BlockEnds | None:
-        return self.blocks[block] if self.blocks.get(block, BlockEnds()).known else None
-
-    def came_from(self, block: int) -> dict[str, str]:
-        return dict(sorted(self.blocks.get(block, BlockEnds()).came_from.items()))
-
     def take_aa(self, block: int) -> tuple[str, ...]:
         """The A/A verdict of `block` measured here, once: the trial that reports it."""
         ends = self.block(block)

@@ -191,12 +191,7 @@ class HotEngineRunner(EngineRunner):
         with self._run_lock:
             ctx = TrialContext(self.spec)
             eng = self._engine_for(ctx, patches, trial_dir)
-
-            def ready() -> None:
-                eng.arm.ready()
-                self._probes.switch(ctx, eng, patches)
-
-            self._pool.guard(ctx.spec, eng, ready)
+            self._probes.ready(ctx, eng, patches)
             assert eng.arm.launch is not None
             return str(eng.arm.launch.url)
 
@@ -236,8 +231,8 @@ class HotEngineRunner(EngineRunner):
         if cfg.cannot_start:
             raise ConfigError(f"configuration {patches} cannot start: {cfg.cannot_start}",
                               "keep required patches at their good-end state")
-        first = self._ends.known(0)
-        judged_by = self.probing.seed_block(patches, block, first is not None
+        first = self._ends.blocks.get(0)
+        judged_by = self.probing.seed_block(patches, block, first is not None and first.known
                                             and first.bad is not None)
         ctx = TrialContext(self.spec.replace(seed_block=judged_by), replicas=replicas,
                             patches=dict(patches))
@@ -267,7 +262,8 @@ class HotEngineRunner(EngineRunner):
                        base=self.base_of(patches), launched_as=used.base if used else None,
                        fresh_launch=fresh or bool(used and used.fresh_in(patches)),
                        ends_measured=list(ctx.measured),
-                       ends_from=self._ends.came_from(ctx.spec.seed_block),
+                       ends_from=dict(sorted(self._ends.block(ctx.spec.seed_block)
+                                             .came_from.items())),
                        shards=1 + len(ctx.replicas) if ctx.sharded else 1,
                        **{k: round(v, 3) for k, v in ctx.costs.items()})
         return TrialResult(verdict=verdict.verdict, signature=signature_of(verdict),
@@ -338,7 +334,8 @@ class HotEngineRunner(EngineRunner):
             return saved.as_verdict(), saved.run, saved.decision.requests
         started = self._ends.take_ahead((self.fingerprint(patches), draw))
         cand = (self._probes.finish_ahead(ctx, eng, patches, base, started)
-                or self._probes.collect(ctx, eng, patches, base, self.probing.label(patches),
+                or self._probes.collect(ctx, eng, patches, base, "good end (re-test)"
+                                        if self.probing.is_good(patches) else "candidate",
                                         good_end=False)).save(trial_dir / "candidate")
         if self.probing.is_bad(patches):
             block = ctx.spec.seed_block

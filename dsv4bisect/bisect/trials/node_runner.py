@@ -4,14 +4,16 @@ A local bisect calls `node_runner(request)` on the machine it runs on; the Ray e
 (bisect/cluster/ray_executor.py) calls the same function inside its actor on each node and keeps the
 object alive across the trials the actor is sent. So whatever the local runner learns to do
 across trials (an engine kept up and switched in place) happens on a node too, with no second
-code path. `RunnerRequest` is everything that function needs, as plain JSON: it is what the
-run file records for `--resume` and what travels to the nodes.
+code path. `RunnerRequest` is everything that function needs, as plain JSON, with the trial
+policy and what the executor and a report need besides (the test command, where the Ray
+executor's trials go, what was left out, the command line): it is the run file's request, what
+`--resume` rebuilds the runner from, and what travels to the nodes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dsv4bisect.bisect.trials.engine_runner import EngineRunner
@@ -32,18 +34,36 @@ class RunnerRequest:
     bad: Mapping[str, str] = field(default_factory=dict)
     load_time: tuple[str, ...] = ()
     policy: TrialPolicy = DEFAULT_POLICY  # the bisect's (policy.hot False: --fresh-launches)
+    test_cmd: str | list[str] | None = None  # a test command judges instead (its cwd: where)
+    test_cwd: str | None = None
+    # where the Ray executor's trials go: the cluster's head, the resource a node offers one
+    # unit of, the node slots (None: one per trial of a round), how sharded ends run
+    # (bisect/rounds.py, the node plan's choice)
+    ray_address: str | None = None
+    node_resource: str | None = None
+    nodes: int | None = None
+    ends: str | None = None
+    left_out: tuple[tuple[str, str], ...] = ()  # for the report: (patch, why)
+    command: tuple[str, ...] = ()  # the command line, for the report
 
     def to_json(self) -> dict[str, Any]:
-        return {"profile": self.profile, "good": dict(self.good), "sets": list(self.sets),
-                "tier": self.tier, "use_cache": self.use_cache, "bad": dict(self.bad),
-                "load_time": list(self.load_time), "policy": self.policy.to_json()}
+        return {**{f.name: getattr(self, f.name) for f in fields(self)},
+                "good": dict(self.good), "sets": list(self.sets), "bad": dict(self.bad),
+                "load_time": list(self.load_time), "policy": self.policy.to_json(),
+                "left_out": [list(x) for x in self.left_out], "command": list(self.command)}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> RunnerRequest:
-        return cls(str(doc["profile"]), dict(doc.get("good") or {}),
-                   tuple(doc.get("sets") or ()), doc.get("tier"), bool(doc.get("use_cache", True)),
-                   dict(doc.get("bad") or {}), tuple(doc.get("load_time") or ()),
-                   TrialPolicy.from_json(doc))
+        """The request a run file (or a driver) wrote, also one written before the trial
+        policy had its own key (TrialPolicy.from_json)."""
+        get = {f.name: doc.get(f.name, f.default) for f in fields(cls)}
+        return cls(**{**get, "profile": str(doc["profile"]), "good": dict(doc.get("good") or {}),
+                      "sets": tuple(doc.get("sets") or ()), "bad": dict(doc.get("bad") or {}),
+                      "use_cache": bool(doc.get("use_cache", True)),
+                      "load_time": tuple(doc.get("load_time") or ()),
+                      "policy": TrialPolicy.from_json(doc), "nodes": doc.get("nodes") or None,
+                      "left_out": tuple(tuple(x) for x in doc.get("left_out") or ()),
+                      "command": tuple(doc.get("command") or ())})
 
 
 def node_runner(request: RunnerRequest, on_event: EventSink = ignore) -> EngineRunner:

@@ -70,14 +70,6 @@ class ProbingPolicy:
             return Probe.SEQUENTIAL
         return Probe.FULL
 
-    def label(self, patches: Mapping[str, str]) -> str:
-        """How the live view names a full probe of `patches`."""
-        return "good end (re-test)" if self.is_good(patches) else "candidate"
-
-    def shards(self, patches: Mapping[str, str]) -> bool:
-        """Whether a trial of `patches` may split its probe across idle nodes: the ends only."""
-        return self.is_end(patches)
-
     def starts_ahead(self, patches: Mapping[str, str], block: int, good_block: int | None,
                      schedule: str | None) -> bool:
         """Whether a trial of `patches` at `block` is the bad end beside the good end of its

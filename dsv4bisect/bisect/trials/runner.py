@@ -11,6 +11,7 @@ that reached its cap undecided: evidence for neither end, never a pass; docs/bis
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
@@ -38,6 +39,16 @@ class TrialResult:
     # states them (the sequential trial probe does); None: the search's own noise applies.
     error_rates: tuple[float, float] | None = None
     requests: int | None = None  # probe requests this trial sent, where counted
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> TrialResult:
+        rates = doc.get("error_rates")  # what the search weighs a sequential verdict with
+        return cls(**{**doc, "details": dict(doc.get("details") or {}),
+                      "aa_verdicts": tuple(doc.get("aa_verdicts") or ()),
+                      "error_rates": None if rates is None else tuple(map(float, rates))})
 
 
 @dataclass(frozen=True)

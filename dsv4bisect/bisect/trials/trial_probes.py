@@ -57,16 +57,21 @@ class TrialProbes:
     def switch(self, ctx: TrialContext, eng: HotEngine, patches: Mapping[str, str]) -> None:
         ctx.costs["switch_s"] += self.pool.switch(eng, patches)
 
+    def ready(self, ctx: TrialContext, eng: HotEngine, patches: Mapping[str, str], *,
+              good_end: bool = False) -> None:
+        """`eng` up and switched to `patches` (receipts verified), guarded."""
+        def up() -> None:
+            eng.arm.ready()
+            self.switch(ctx, eng, patches)
+
+        self.pool.guard(ctx.spec, eng, up, good_end=good_end)
+
     def timed(self, ctx: TrialContext, eng: HotEngine, patches: Mapping[str, str],
               probe: Callable[[], T], *, good_end: bool) -> T:
         """`probe` (which switches `eng` to `patches` again inside the arm's probe: a crash
         relaunch starts from the base), guarded; the engine is up and switched to `patches`
         before its clock starts."""
-        def ready() -> None:
-            eng.arm.ready()
-            self.switch(ctx, eng, patches)
-
-        self.pool.guard(ctx.spec, eng, ready, good_end=good_end)
+        self.ready(ctx, eng, patches, good_end=good_end)
         t = time.perf_counter()
         out = self.pool.guard(ctx.spec, eng, probe, good_end=good_end)
         ctx.costs["probe_s"] += time.perf_counter() - t
