@@ -14,10 +14,10 @@ rates the search asks for (docs/probe.md, "The sequential trial probe (inside a 
    every one of them without a signature is like good.
    With the policy's relative drift rule (`bisect --drift relative`) a trial's drift is judged
    against the ends instead of the `run` gates: a drift whose mean KL is less than half the bad
-   end's (in the bad end's trigger view) is nearer the good end, so it is not a FAIL; where the ends differ
-   only by drift it is like good, and where they differ in accuracy the answers decide. For a
-   baseline at which every kernel change drifts past the gates (NVFP4 W4A4 experts:
-   docs/reference-engine.md) while one change makes the bad end bad.
+   end's (in the bad end's trigger view) is nearer the good end, so it is not a FAIL; where the
+   ends differ only by drift it is like good, and where they differ in accuracy the answers
+   decide. For a baseline at which every kernel change drifts past the gates (NVFP4 W4A4
+   experts: docs/reference-engine.md) while one change makes the bad end bad.
 2. Accuracy requests in batches, in a seeded random order across the grid's cells, each case
    weighted by the information one request in its cell carries (the Jeffreys divergence between
    the two hypotheses' predictions there), plus a floor so every cell is eventually drawn: a

@@ -7,7 +7,7 @@ probes started ahead of the good end's run (probe/ahead.py): per (configuration,
 the accuracy parts sent and the seconds they took, kept for the trial that finishes them.
 
 Ends measured on another node of the same bisect are installed with `adopt` (what
-`HotEngineRunner.adopt_ends` calls; the files travel by trials/shared_ends.py): checked against
+`HotEngineRunner.adopt_ends` calls; the files travel by cluster/shared_ends.py): checked against
 this runner's probe spec, seed block and good end, they serve as if measured here. The ends
 live as probe-run directories under `ends_dir(trial_dir)`, `b<block>/<end>`.
 """
