@@ -133,6 +133,8 @@ def _default_variant(name: str) -> str | None:
 def reproduce_command(run: dict[str, Any]) -> str:
     """The `dsv4bisect run` command line that asks the same question again."""
     argv = ["dsv4bisect", "run", str(run.get("profile")), "--tier", str(run.get("tier"))]
+    if run.get("good_config"):
+        argv += ["--good-config", str(run["good_config"])]
     ov = run.get("overrides") or {}
     for s in ov.get("sets") or ():
         argv += ["--set", s]
