@@ -415,7 +415,7 @@ def headline(view: BisectView) -> str:
 
 
 def _share(x: float) -> str:
-    return f"{x:.0%}" if x >= 0.1 else f"{100 * x:.2g} %"
+    return f"{100 * x:.0f} %" if x >= 0.1 else f"{100 * x:.2g} %"
 
 
 SEVERAL_NOTE = ("the hypotheses are single culprit sets (a configuration fails iff it holds "
