@@ -182,11 +182,27 @@ def _finish(view: BisectView, question: Question | None, json_out: bool,
     con = console()
     for text, style in report.terminal_lines(view):
         con.print(text, style=style, markup=False, highlight=False)
+    localise = localise_line(view) if status in ("found", "several") else None
+    if localise is not None:
+        con.print(f"which op: {localise}", style="bold", markup=False, highlight=False)
     if json_out:
         print((view.run_dir / "report.json").read_text(), end="")
     elif fmt is Format.md:
         stdout().file.write((view.run_dir / "report.md").read_text())
     raise typer.Exit(int(EXIT.get(status, ExitCode.FAIL)))
+
+
+def localise_line(view: BisectView) -> str | None:
+    """The `dsv4bisect localise` command for this bisect's culprit, printed after it: the one
+    place the bisect asks the localise package for it (`dsv4bisect.localise.command`), None
+    where this install has no such command."""
+    from importlib import import_module
+
+    try:
+        command = import_module("dsv4bisect.localise.command")
+    except ImportError:
+        return None
+    return str(command.shell(command.bisect_command(view.run_dir)))
 
 
 def _say_code_regression(q: Question) -> None:
