@@ -296,13 +296,9 @@ def culprit_lines(view: BisectView) -> list[str]:
 
 # -- one vocabulary from trial to headline (issue 41, item 4) -----------------------------------
 def run_word(step: StepView) -> str:
-    """The verdict `run` gives a trial's configuration, in `run`'s words: a trial its drift
-    decided says WARN (drift alone never FAILs a `run`), whatever the trial probe called it
-    (FAIL: like the bad end)."""
-    status = (step.details.get("drift") or {}).get("status")
-    if step.verdict == V.WARN or (step.signature == "drift" and status in ("warn", "fail")):
-        return V.WARN
-    return step.verdict or "-"
+    """The verdict `run` gives a trial's configuration (`verdict.as_run_says`)."""
+    return V.as_run_says(step.verdict, step.signature,
+                         (step.details.get("drift") or {}).get("status"))
 
 
 def counted_text(view: BisectView, step: StepView) -> str:

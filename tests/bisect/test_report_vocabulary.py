@@ -140,3 +140,23 @@ def test_posterior_png_numbers_steps_as_the_terminal_does(several) -> None:
     labels = {t.get_text() for t in ax.get_xticklabels()}
     assert "prior" in labels and "0" in labels
     assert "several" in ax.get_title() and "cannot hold several culprits" in ax.get_title()
+
+
+def test_the_live_line_says_the_same_word_as_the_row() -> None:
+    """The trial's line as it finishes: `run`'s word, and that the trial probe found it like
+    the bad end (off a terminal: one plain line per trial)."""
+    import io
+
+    from rich.console import Console
+
+    from dsv4bisect.bisect.events import TrialFinished
+    from dsv4bisect.bisect.trials.runner import TrialResult
+    from dsv4bisect.cli.bisect_display import BisectDisplay
+
+    display = BisectDisplay()
+    out = io.StringIO()
+    display._con = Console(file=out, force_terminal=False, width=200)
+    result = TrialResult("FAIL", signature="drift", duration_s=15.0,
+                         details={"drift": {"status": "warn", "kl_mean": 1.8e-3}})
+    display(TrialFinished(2, frozenset({"hash-topk-scaling"}), 0, 1, result))
+    assert out.getvalue().strip() == "trial 2: WARN (drift like the bad end) in 15 s"
