@@ -336,8 +336,11 @@ def _on_drift(view: BisectView) -> bool:
     return bad is not None and bad.outcome == "fail" and run_word(bad) == V.WARN
 
 
-def _kl(step: StepView) -> float | None:
-    kl = (step.details.get("drift") or {}).get("kl_mean")
+def _kl(step: StepView, where: str | None = None) -> float | None:
+    """A trial's mean KL: in view `where` (None: the view that triggered its own verdict)."""
+    drift = step.details.get("drift") or {}
+    kl = (drift.get("kl_by_view") or {}).get(where) if where is not None \
+        and drift.get("where") != where else drift.get("kl_mean")
     return float(kl) if isinstance(kl, (int, float)) else None
 
 
@@ -350,22 +353,26 @@ def decided_on_drift(view: BisectView) -> str | None:
     where = f" at {d['where']}" if d.get("where") else ""
     size = f", mean KL {kl:.3g}{where}" if kl is not None else ""
     policy = TrialPolicy.from_json(view.request)
-    rule = ("a trial counts as fail where its drift is like the bad end's, pass where like "
-            "the good end's" if policy.sequential else
-            f"a trial's drift WARN counts as fail ({_warn_rule(view)})")
-    return (f"bisected on drift relative to the two ends: the bad end loses no facts (its "
-            f"drift WARNs{size}); {rule}")
+    if policy.sequential:  # each trial's drift against the two ends' (probe/sequential.py)
+        return (f"bisected on drift relative to the two ends: the bad end loses no facts (its "
+                f"drift WARNs{size}); a trial counts as fail where its drift is like the bad "
+                "end's, pass where like the good end's")
+    return (f"bisected on drift: the bad end loses no facts (its drift WARNs{size}); a "
+            f"trial's drift WARN counts as fail ({_warn_rule(view)})")
 
 
 def drift_shares(view: BisectView) -> dict[str, float | None]:
-    """Each culprit's share of the bad end's drift (mean KL of its runs alone, the largest,
-    over the bad end's), where the bisect was decided on drift."""
+    """Each culprit's share of the bad end's drift: the mean KL of its runs alone over the bad
+    end's, both in the view that set the bad end's verdict (its trigger: the answer positions,
+    a position bucket), as the sequential trial probe compares them; None where a run kept no
+    figure in that view."""
     bad = _bad_end(view)
-    bad_kl = _kl(bad) if bad is not None else None
+    where = ((bad.details.get("drift") or {}).get("where") if bad is not None else None)
+    bad_kl = _kl(bad, where) if bad is not None else None
     out: dict[str, float | None] = {}
     for name in view.result.get("culprits") or ():
-        kls = [k for s in view.steps if s.subset == (name,) and (k := _kl(s)) is not None]
-        out[name] = max(kls) / bad_kl if kls and bad_kl else None
+        kls = [k for s in view.steps if s.subset == (name,) and (k := _kl(s, where)) is not None]
+        out[name] = sum(kls) / len(kls) / bad_kl if kls and bad_kl else None
     return out
 
 
@@ -404,7 +411,12 @@ def headline(view: BisectView) -> str:
         names = ", ".join(culprit_label(view, n) + (
             f" {_share(shares[n])}" if shares.get(n) is not None else "")
             for n in ranked_culprits(view))
-        how = (", ranked by their share of the bad end's drift (mean KL)" if shares else "")
+        how = ""
+        if shares:
+            bad = _bad_end(view)
+            where = (bad.details.get("drift") or {}).get("where") if bad is not None else None
+            how = (", ranked by their share of the bad end's drift (mean KL"
+                   + (f" at {where})" if where else ")"))
         return (f"several culprits, each failing on its own{how}: {names} (the good end "
                 "passed every time it was measured)")
     return str(r["message"])

@@ -2,8 +2,8 @@
 
 A drift-only bisect used to label its trials FAIL beside "drift warn … top-1 100.0 %" while the
 pasted line printed WARN and exited 0; its hypothesis table led with `unexplained` under a
-SEVERAL headline that named {hash-topk-scaling, mhc-bf16} as equals although the fault drifts a
-hundred times more than mhc-bf16 alone; FOUND named no variant; posterior.png counted from the
+SEVERAL headline that named {hash-topk-scaling, mhc-bf16} as equals (ranked by share, each
+culprit's drift is compared in the bad end's own view); FOUND named no variant; posterior.png counted from the
 prior while the terminal counts from the good end's trial 0. The views below are the shape a
 real ledger gives (`load_bisect`), with the figures of the issue's bisect.
 """
@@ -41,11 +41,17 @@ def line(patches: dict[str, str]) -> str:
     return f"dsv4bisect run reference-all --tier smoke {sets} --only {','.join(patches) or 'none'}"
 
 
+ANSWER = "answer positions"
+
+
 def step(n: int, subset: tuple[str, ...], verdict: str, outcome: str, kl: float,
-         status: str) -> StepView:
+         status: str, where: str = ANSWER, answer_kl: float | None = None) -> StepView:
+    """A trial as the ledger keeps it: its drift in the view that triggered it, and its mean
+    KL in every view (`answer_kl`: in the answer positions, where that is not its trigger)."""
     patches = {c: BAD[c] for c in subset}
-    details: dict[str, Any] = {"drift": {"status": status, "where": "all positions",
-                                         "kl_mean": kl, "top1_agreement": 1.0},
+    views = {where: kl, ANSWER: kl if answer_kl is None else answer_kl}
+    details: dict[str, Any] = {"drift": {"status": status, "where": where, "kl_mean": kl,
+                                         "top1_agreement": 1.0, "kl_by_view": views},
                                "command": line(patches), "mode": "hot"}
     signature = "drift" if outcome != "pass" else None
     return StepView(n, subset, patches, 0, outcome, signature, verdict, "run", 1, 10.0,
@@ -66,13 +72,17 @@ def view(status: str, culprits: list[str], steps: tuple[StepView, ...],
 
 @pytest.fixture
 def several() -> BisectView:
-    """The issue's bisect: the bad end drifts (WARN, no fact lost); the fault carries almost
-    all of it, mhc-bf16 alone a hundredth; each failed alone."""
-    steps = (step(0, (), "PASS", "pass", 1e-6, "pass"),
-             step(1, CANDIDATES, "WARN", "fail", 1.9e-3, "warn"),
-             step(2, ("hash-topk-scaling",), "FAIL", "fail", 1.8e-3, "warn"),
-             step(3, ("mhc-bf16",), "FAIL", "fail", 2.0e-5, "warn"),
-             step(4, ("mma-decode",), "PASS", "pass", 1e-6, "pass"))
+    """The issue's bisect as the embedded engine measured it (tests/bisect/
+    test_drift_bisect_e2e.py): the bad end drifts in the answer positions (WARN, no fact lost),
+    the fault alone 92 % of it there; mhc-bf16 alone 57 % there, though its own verdict was set
+    by a position bucket where its mean KL is larger than the bad end's answer-position one:
+    compared in its own view, it came first."""
+    steps = (step(0, (), "PASS", "pass", 1e-9, "pass"),
+             step(1, CANDIDATES, "WARN", "fail", 2.6e-4, "warn"),
+             step(2, ("hash-topk-scaling",), "FAIL", "fail", 2.4e-4, "warn"),
+             step(3, ("mhc-bf16",), "FAIL", "fail", 3.0e-4, "warn", "positions 0-255",
+                  answer_kl=1.48e-4),
+             step(4, ("mma-decode",), "PASS", "pass", 1e-9, "pass"))
     return view("several", ["hash-topk-scaling", "mhc-bf16"], steps,
                 top=(("unexplained", 0.9988), ("{hash-topk-scaling}", 0.001)))
 
@@ -96,8 +106,8 @@ def test_a_drift_trial_is_a_warn_counted_as_fail_and_its_line_exits_so(several) 
 def test_what_decided_is_said_and_several_culprits_are_ranked_by_drift(several) -> None:
     head = headline(several)
     assert head.startswith("several culprits, each failing on its own, ranked by their share "
-                           "of the bad end's drift (mean KL): hash-topk-scaling (variant "
-                           "double-scale) 95 %, mhc-bf16 1.1 %"), head
+                           "of the bad end's drift (mean KL at answer positions): "
+                           "hash-topk-scaling (variant double-scale) 92 %, mhc-bf16 57 %"), head
     md = render_markdown(several)
     assert md.startswith(f"# dsv4bisect bisect: several — {head}")
     assert "Bisected on drift relative to the two ends: the bad end loses no facts" in md
@@ -106,7 +116,8 @@ def test_what_decided_is_said_and_several_culprits_are_ranked_by_drift(several) 
     assert "bisected on drift relative to the two ends" in text
     assert "which is why `unexplained` leads" in text
     doc = report_json(several)
-    assert doc["culprit_shares"]["hash-topk-scaling"] == pytest.approx(1.8e-3 / 1.9e-3)
+    assert doc["culprit_shares"]["hash-topk-scaling"] == pytest.approx(2.4e-4 / 2.6e-4)
+    assert doc["culprit_shares"]["mhc-bf16"] == pytest.approx(1.48e-4 / 2.6e-4)
 
 
 def test_the_terminal_prints_every_reproduce_line_and_each_culprit_alone(several) -> None:
@@ -160,3 +171,20 @@ def test_the_live_line_says_the_same_word_as_the_row() -> None:
                          details={"drift": {"status": "warn", "kl_mean": 1.8e-3}})
     display(TrialFinished(2, frozenset({"hash-topk-scaling"}), 0, 1, result))
     assert out.getvalue().strip() == "trial 2: WARN (drift like the bad end) in 15 s"
+
+
+def test_every_trial_keeps_its_drift_in_every_view() -> None:
+    """What the ranking compares: a full verdict's views and a sequential trial's figures both
+    reach the ledger's details as {view: mean KL}."""
+    from dsv4bisect.bisect.trials.engine_runner import view_kls
+    from dsv4bisect.probe.sequential import DriftFigures
+
+    full = {"status": "warn", "trigger": {"where": ANSWER, "kl_mean": 2.6e-4},
+            "views": {ANSWER: {"status": "warn", "kl_mean": 2.6e-4, "top1_agreement": 1.0},
+                      "all positions": {"status": "pass", "kl_mean": 1e-5,
+                                        "top1_agreement": 1.0}}}
+    assert view_kls(full) == {ANSWER: 2.6e-4, "all positions": 1e-5}
+    figures = DriftFigures("warn", "positions 0-255", 3e-4, 1.0,
+                           {"positions 0-255": (3e-4, 1.0), ANSWER: (1.48e-4, 1.0)})
+    sequential = {"status": "warn", "trigger": figures.to_dict()}
+    assert view_kls(sequential) == {"positions 0-255": 3e-4, ANSWER: 1.48e-4}

@@ -51,8 +51,8 @@ def as_run_parses(line: str) -> tuple[str, str, str]:
     end's fingerprint, its candidate's, the line's tier)."""
     argv = shlex.split(line.split("  #", 1)[0])
     assert argv[:2] == ["dsv4bisect", "run"], argv
-    group = get_command(build_app(["run"]))
-    params = group.commands["run"].make_context("run", argv[2:]).params  # type: ignore[attr-defined]
+    run = get_command(build_app(["run"])).commands["run"]  # type: ignore[attr-defined]
+    params = run.make_context("run", argv[2:]).params
     ov = overrides(params["enable"], params["disable"], params["only"], params["sets"])
     ends = resolve_ends(params["profile"], ov, params["good_config"])
     return ends.good.fingerprint, ends.candidate.fingerprint, params["tier"]

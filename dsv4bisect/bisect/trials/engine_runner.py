@@ -219,12 +219,27 @@ def result_details(verdict: V.Verdict, *, ends_cached: bool, run_dir: Path,
                      for f, r in verdict.families.items()},
         "drift": {"status": drift.get("status"), "where": trigger.get("where"),
                   "kl_mean": trigger.get("kl_mean"),
-                  "top1_agreement": trigger.get("top1_agreement")},
+                  "top1_agreement": trigger.get("top1_agreement"),
+                  "kl_by_view": view_kls(drift)},
         "aa": dict(verdict.aa),
         "baseline_cached": ends_cached,
         "run_dir": str(run_dir),
         "command": command,
     }
+
+
+def view_kls(drift: dict[str, Any]) -> dict[str, float]:
+    """The mean KL of every drift view (all positions, the answer positions, each position
+    bucket): a full verdict's `views`, a sequential trial's figures' (so that a report compares
+    two trials in one view: the bad end's)."""
+    trigger = drift.get("trigger") or {}
+    views = drift.get("views") or trigger.get("views") or {}
+    out = {}
+    for where, v in views.items():
+        kl = v.get("kl_mean") if isinstance(v, dict) else v[0] if v else None
+        if isinstance(kl, (int, float)):
+            out[str(where)] = float(kl)
+    return out
 
 
 def aa_verdict(base: ProbeRun, repeat: ProbeRun) -> V.Verdict:
