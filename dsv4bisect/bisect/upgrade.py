@@ -86,8 +86,8 @@ def upgrade_differences(profile: str, old: str, overrides: Overrides = Overrides
         env = switch.kind == "env"
         name = (ENV if env else ARG) + switch.name
         why = None
-        if other_vendor(switch.name, arch):
-            why = other_vendor(switch.name, arch)
+        if other_vendor(switch.name, arch, switch):
+            why = other_vendor(switch.name, arch, switch)
         elif (switch.name in stated_env) if env else (switch.name in stated_args):
             why = "the profile sets it: its value did not change with the release"
         elif d_old is None:
