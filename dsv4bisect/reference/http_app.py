@@ -15,6 +15,8 @@ blocking work handed to threads. What a local engine adds around the endpoint lo
   `http.disconnect` message) or the server stops (503).
 - One log line per request on the `dsv4bisect.reference.server` logger; no traceback reaches a
   client (500 only for a server bug, logged).
+- `"stream": true` on a model route is answered by `reference/event_stream.py` (server-sent
+  events as the engine makes them; the same admission, threads and disconnect cancelling).
 """
 
 from __future__ import annotations

@@ -135,8 +135,8 @@ def run(why: str, step: Step) -> tuple[str, Step | None]:
 def readme_quickstart(walk: Walk, cmd: Found) -> None:
     install, _, command = cmd.text.partition(" && ")
     walk.sh(install)
-    runs = walk.scratch / "runs"  # `run`'s default runs root, in the directory it runs in
-    out = walk.sh(command, expect=(0, 1, 4), cwd=walk.scratch)
+    runs = walk.clone / "runs"  # `run`'s default runs root, in the clone where a user types it
+    out = walk.sh(command, expect=(0, 1, 4))
     dirs = sorted(runs.iterdir())
     if len(dirs) != 1 or "run dir:" not in out.stderr:
         raise WalkError(f"`{command}` left {dirs} and said: {out.stderr[-2000:]}")
@@ -297,7 +297,9 @@ def _wait_healthy(proc: subprocess.Popen[str], url: str, timeout: float = 300) -
 
 
 def _clone(workdir: Path, log: Callable[[str], None]) -> tuple[Path, dict[str, str]]:
-    clone, venv = workdir / "dsv4bisect", workdir / "venv"
+    # not `workdir/dsv4bisect`: a command run in workdir would import that folder (a
+    # namespace package) instead of the installed one
+    clone, venv = workdir / "clone", workdir / "venv"
     log(f"$ git clone {ROOT} {clone}")
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],

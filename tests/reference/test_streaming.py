@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import requests
-from test_server import free_port, start_server, stop, wait_healthy
+from test_server import _serving
 
 openai = pytest.importorskip("openai")  # the `test` extra installs it
 
@@ -30,15 +30,8 @@ FACT = [{"role": "user", "content": "Remember: the code for amber falcon is 4817
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    port = free_port()
-    proc = start_server(port, None, "--precision", "exact", "--checkpoint", "embedded")
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, base)
-        yield base
-    finally:
-        if proc.poll() is None:
-            stop(proc)
+    # the trained checkpoint (the later `--checkpoint` wins over start_server's random one)
+    yield from _serving(None, "--precision", "exact", "--checkpoint", "embedded")
 
 
 def events(url: str, path: str, body: dict[str, Any]) -> list[Any]:
