@@ -4,10 +4,10 @@
 `--warn-as`: the code of a drift WARN: pass (0, the default: drift alone is not what a
 `git bisect run` over a history should land on), warn (4, the verdict's own code) or fail (1).
 
-`default`: the stable codes (errors.ExitCode): 0 pass, 1 fail, 4 warn (with `--warn-as warn`),
-5 bad input, 70 internal error, 125 cannot test, 130 interrupted.
+`--exit-policy default`: the stable codes (errors.ExitCode): 0 pass, 1 fail, 4 warn (with
+`--warn-as warn`), 5 bad input, 70 internal error, 125 cannot test, 130 interrupted.
 
-`git-bisect` (`errors.policy_exit`): the codes `git bisect run` reads. git counts every code
+`--exit-policy git-bisect` (`errors.policy_exit`): the codes `git bisect run` reads. git counts every code
 from 1 to 127 but 125 as "bad", so a commit whose profile does not validate (exit 5) would be
 blamed for the regression. Under this policy a verdict keeps its code (0, 1, and 4 with
 `--warn-as warn`: something was measured, a crash of the candidate's engine included, which is
