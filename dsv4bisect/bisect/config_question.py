@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.question import Question, base_sets
-from dsv4bisect.bisect.switch_info import describe, in_catalog, other_vendor
+from dsv4bisect.bisect.switch_info import catalog_switch, describe, in_catalog, other_vendor
 from dsv4bisect.bisect.setting_candidates import ABSENT, ARG, ENV, is_setting, key_value
 from dsv4bisect.config.diff import argv_items
 from dsv4bisect.config.resolve import LoadedProfile, Overrides, load_profile, resolve
@@ -98,7 +98,8 @@ def differences(a: LoadedProfile, b: LoadedProfile, a_ref: str, b_ref: str
             listed = in_catalog(name, a.profile)  # read on V4's path: never quiet or secret
             why = ("a secret" if is_secret(name) and not listed else "a log, port or path "
                    "setting" if QUIET_ENV.search(name) and not listed else
-                   other_vendor(name, ea.gpu_arch or "sm120") if ea.kind == "sglang" else None)
+                   other_vendor(name, ea.gpu_arch or "sm120", catalog_switch(name, a.profile))
+                   if ea.kind == "sglang" else None)
             out.append(Difference(f"{ENV}{name}", va, vb, why))
     fa, fb = argv_items(tuple(ea.args)), argv_items(tuple(eb.args))
     for flag in dict.fromkeys([*fa, *fb]):

@@ -86,8 +86,8 @@ def upgrade_differences(profile: str, old: str, overrides: Overrides = Overrides
         env = switch.kind == "env"
         name = (ENV if env else ARG) + switch.name
         why = None
-        if other_vendor(switch.name, arch):
-            why = other_vendor(switch.name, arch)
+        if other_vendor(switch.name, arch, switch):
+            why = other_vendor(switch.name, arch, switch)
         elif (switch.name in stated_env) if env else (switch.name in stated_args):
             why = "the profile sets it: its value did not change with the release"
         elif d_old is None:
@@ -139,10 +139,12 @@ def code_bisect_hint(profile: str, old: str, new: str) -> str:
     profile compares two arms of the same code, so it cannot see a code regression)."""
     return (f"bisect SGLang's commits v{old}..v{new}: keep a baseline of {old} (`dsv4bisect "
             f"run {profile} --set engine.sglang_version={old}` on an SGLang {old} install leaves "
-            f"RUN/baseline), then in an SGLang clone `git bisect start v{new} v{old}` and `git "
-            "bisect run SCRIPT`, where SCRIPT installs the checkout (pip install -e python), "
-            "starts the server as the profile does and runs `dsv4bisect probe URL --baseline "
-            "RUN/baseline` (exit 0 good, 1 bad, 125 skip)")
+            "a run directory RUN: its good end's probe, A/A repeat and null model), then in an "
+            f"SGLang clone `git bisect start v{new} v{old}` and `git bisect run SCRIPT`, where "
+            "SCRIPT installs the checkout (pip install -e python), starts the server with RUN's "
+            "good-end arguments and environment (RUN/baseline/config.json) and runs "
+            "`dsv4bisect probe URL --baseline RUN --exit-policy git-bisect` (exit 0 good, drift "
+            "alone included; 1 bad; 125 skip: a commit that cannot be tested)")
 
 
 def _key(release: str) -> tuple[int, ...]:

@@ -24,7 +24,8 @@ def register(app: typer.Typer) -> None:
 
 def doctor(
     profile: Annotated[Optional[str], typer.Argument(
-        help="Profile (file or built-in name); default: every built-in patch, no ports.")] = None,
+        help="Profile (file or built-in name); default: what `run` runs (reference-all), or "
+             "with --sglang-src every built-in patch's SGLang targets.")] = None,
     sglang_src: Annotated[Optional[str], typer.Option(
         "--sglang-src", metavar="PATH",
         help="Check hook targets statically in this SGLang source tree or wheel file.")] = None,
@@ -39,7 +40,9 @@ def doctor(
     """Check SGLang, the plugin, every hook target, GPUs, forced env flags and ports.
 
     For an embedded-engine profile (`kind: reference`) it checks that engine instead: its
-    Python runs, torch imports there, the checkpoint loads; no SGLang or GPU rows.
+    Python runs, torch imports there, the checkpoint loads; no SGLang or GPU rows. With no
+    profile it checks what `dsv4bisect run` would run (reference-all, the embedded engine);
+    with --sglang-src and no profile, every built-in patch's hook targets in that tree.
 
     The SGLang row says whether the release is one dsv4bisect verified (0.5.13 to 0.5.23); an
     unverified one (newer, or a dev build) is checked statically and then refused with one
@@ -50,6 +53,10 @@ def doctor(
     from dsv4bisect.patching.registry import builtin_patches
 
     patches, host, ports, engine_py = list(builtin_patches()), "127.0.0.1", [], None
+    if profile is None and sglang_src is None:  # what `run` and `bisect` take by default
+        from dsv4bisect.config.resolve import DEFAULT_PROFILE
+
+        profile = DEFAULT_PROFILE
     if profile is not None:
         from dsv4bisect.config.resolve import load_profile, resolve_loaded
 
@@ -71,8 +78,9 @@ def doctor(
                 raise typer.Exit(int(ExitCode.FAIL))
             return
     elif enable or disable or only or sets:
-        raise ConfigError("--enable/--disable/--only/--set need a PROFILE",
-                          "e.g. dsv4bisect doctor dsv4-flash-tp8 --enable mma-decode")
+        raise ConfigError("--enable/--disable/--only/--set with --sglang-src need a PROFILE",
+                          "e.g. dsv4bisect doctor dsv4-flash-tp8 --sglang-src PATH "
+                          "--enable mma-decode")
     exe = _which(python or engine_py or sys.executable)
     try:
         src = d.source_tree(sglang_src)

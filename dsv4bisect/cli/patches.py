@@ -13,7 +13,16 @@ from dsv4bisect.errors import ConfigError
 from dsv4bisect.patching.registry import builtin_patches, get_patch
 from dsv4bisect.ui.console import stdout
 
-patches_app = typer.Typer(help="List the patches and show what each one does.", no_args_is_help=True)
+patches_app = typer.Typer(help="List the patches and show what each one does (alone: "
+                               "`patches list`).", invoke_without_command=True)
+
+
+@patches_app.callback()
+def _alone(ctx: typer.Context) -> None:
+    """`dsv4bisect patches` with no subcommand lists them, as `patches list` does (it used to
+    print usage and exit 2)."""
+    if ctx.invoked_subcommand is None:
+        list_patches()
 
 
 def register(app: typer.Typer) -> None:

@@ -33,6 +33,11 @@ from dsv4bisect.patching.spec import EngineContext, Patch
 from dsv4bisect.patching.wire import format_patch_set
 
 
+# What `run`, `bisect` and `doctor` take when no profile is given: the six patches on the
+# embedded engine (profiles/reference-all.yaml), judged against `reference`.
+DEFAULT_PROFILE = "reference-all"
+
+
 @dataclass(frozen=True)
 class Overrides:
     sets: tuple[str, ...] = ()  # "dotted.key=value"

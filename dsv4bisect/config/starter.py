@@ -52,7 +52,10 @@ probe:
 bisect:
   confidence: {confidence}
   parallel: {parallel}
-  warn_as: {warn_as}            # WARN (drift only) counts as FAIL in a search unless `pass`
+  # How a trial whose only finding is drift (a WARN) counts: auto = like the bad end when the
+  # bad end itself only drifts (the bisect is then on drift), like the good end when the bad
+  # end loses facts (its answers decide); fail / pass = always like the bad / the good end.
+  warn_as: {warn_as}
 """
 
 

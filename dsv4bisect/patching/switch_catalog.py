@@ -7,7 +7,13 @@ no wheel. This module only reads and validates that data and classifies a switch
 no torch, no wheel. The JSON is
 
     {"release": "0.5.23", "switches": [{"name", "kind", "type", "default", "read", "hot",
-                                        "gates", "where", "tier"}]}
+                                        "gates", "where", "tier", "also", "other_vendor"}]}
+
+`where` is the first read site, `also` every other one (`file:line`; written only when there
+are others): together, every place the release reads the switch; `other_vendor` lists those of
+them whose read happens, or matters, only on an AMD or Ascend GPU (behind `_is_hip`,
+`is_npu()`, …). Together they say whose GPU path a switch acts on (bisect/switch_info.py
+`other_vendor`).
 
 `default` is the declared value, or an object `{"default": v, "sm120": v2, ...}` where the
 release's source makes it depend on the GPU architecture (a platform-computed default, or a
@@ -33,7 +39,7 @@ Read = Literal["import", "construction", "call"]
 Tier = Literal["kernel", "precision", "topology", "scheduling", "logging", "other"]
 TIERS: tuple[str, ...] = ("kernel", "precision", "topology", "scheduling", "logging", "other")
 READS: tuple[str, ...] = ("import", "construction", "call")  # earliest first
-OPTIONAL = ("forced", "copies")  # written only when not empty
+OPTIONAL = ("forced", "copies", "also", "other_vendor")  # written only when not empty
 DATA_PACKAGE = "dsv4bisect.patching"
 DATA_DIR = "switch_data"
 
@@ -56,6 +62,15 @@ class Switch(BaseModel):
     # `module.global`s the release copies it into at import and reads at every call: a hot
     # switch assigns them again (plugin/hot.py, `ImportCopy`)
     copies: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()  # the other read sites ("sglang/....py:LINE"), after `where`
+    # the sites whose read happens, or matters, only on an AMD or Ascend GPU: behind `_is_hip`,
+    # `is_npu()`, `_use_aiter`, … (`_is_hip and envs.X.get()`), or after `_is_cuda or`
+    other_vendor: tuple[str, ...] = ()
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        """Every place the release reads it: `where`, then `also`."""
+        return (self.where, *self.also)
 
     def default_for(self, arch: str | None) -> Any:
         """The default on `arch` (sm120 | sm100 | sm90 | hip | npu), or the plain default."""

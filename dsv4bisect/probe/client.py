@@ -29,6 +29,7 @@ from requests.adapters import HTTPAdapter
 
 from dsv4bisect.errors import ProbeError
 from dsv4bisect.probe.drift import NonFiniteScores
+from dsv4bisect.probe.stream import StreamError, StreamTiming, read_chat_stream
 
 EXCERPT = 300
 MAX_MODEL_LEN = 2 ** 24  # tokens: the profiles' length limit (docs/profiles.md § Ranges)
@@ -65,6 +66,11 @@ class ChatResult:
     # prompt tokens the server's prefix cache supplied (`usage.prompt_tokens_details.
     # cached_tokens`, SGLang with --enable-cache-report); None where it does not say
     cached_tokens: int | None = None
+    # a streamed answer's time to first token and mean inter-token latency over its `itl_n`
+    # gaps (probe/stream.py); None: not streamed, or no text
+    ttft_s: float | None = None
+    itl_s: float | None = None
+    itl_n: int = 0
 
 
 def find_key(data: Any, key: str) -> Any:
@@ -206,21 +212,34 @@ class ProbeClient:
     def request(self, method: str, path: str, body: dict[str, Any] | None = None, *,
                 parse: bool = True) -> Any:
         """One call with bounded retries; returns parsed JSON (or the text when parse=False)."""
+        resp = self._send(method, path, body)
+        if not parse:
+            return resp.text
+        return self._json(resp, f"{method} {self.url}{path}")
+
+    def _json(self, resp: requests.Response, where: str) -> Any:
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise ProbeError(f"{where}: malformed JSON response: {self._excerpt(resp.text)}",
+                             "the server is not an SGLang-compatible API") from exc
+
+    def _send(self, method: str, path: str, body: dict[str, Any] | None = None, *,
+              stream: bool = False) -> requests.Response:
+        """The response of one call with bounded retries (an error status raised). `stream`:
+        its body is still to be read, and the deadline still armed: `_disarm` after reading."""
         where = f"{method} {self.url}{path}"
         attempt = 0
         while True:
             self._deadline.arm(self.timeout_s)
             try:
-                resp = self._session.request(method, self.url + path, json=body,
+                resp = self._session.request(method, self.url + path, json=body, stream=stream,
                                              timeout=(min(10.0, self.timeout_s), self.timeout_s))
             except requests.exceptions.RequestException as exc:
                 timed_out = self._deadline.disarm() or isinstance(
                     exc, requests.exceptions.Timeout) or _read_timeout(exc)
                 if timed_out:
-                    raise ProbeError(f"{where}: no response within {self.timeout_s:g} s "
-                                     "(a deadline for the whole request)",
-                                     "the server is hung or too slow; raise the probe timeout "
-                                     "if it is only slow") from exc
+                    raise self._timed_out(where) from exc
                 if isinstance(exc, requests.exceptions.ConnectionError):
                     if attempt < self.retries:
                         attempt += 1
@@ -232,22 +251,23 @@ class ProbeClient:
                     ) from exc
                 raise ProbeError(f"{where}: {type(exc).__name__}: {exc}",
                                  "check the URL and that an HTTP server answers there") from exc
-            self._deadline.disarm()
+            if not stream or resp.status_code >= 400:
+                self._deadline.disarm()
             if resp.status_code >= 500 and attempt < self.retries:
                 attempt += 1
+                resp.close()
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
                 continue
             if resp.status_code >= 400:
                 raise ProbeHTTPError(
                     f"{where}: HTTP {resp.status_code}: {self._excerpt(resp.text)}",
                     "the server refused the probe's request; see its log", resp.status_code)
-            if not parse:
-                return resp.text
-            try:
-                return resp.json()
-            except ValueError as exc:
-                raise ProbeError(f"{where}: malformed JSON response: {self._excerpt(resp.text)}",
-                                 "the server is not an SGLang-compatible API") from exc
+            return resp
+
+    def _timed_out(self, where: str) -> ProbeError:
+        return ProbeError(f"{where}: no response within {self.timeout_s:g} s (a deadline for "
+                          "the whole request)", "the server is hung or too slow; raise the "
+                          "probe timeout if it is only slow")
 
     def _malformed(self, path: str, data: Any, what: str) -> ProbeError:
         return ProbeError(f"POST {self.url}{path}: malformed response ({what}): "
@@ -340,16 +360,24 @@ class ProbeClient:
 
     # -- generation --------------------------------------------------------------------------
     def chat(self, messages: Sequence[dict[str, str]], *, max_tokens: int,
-             thinking: bool = False) -> ChatResult:
+             thinking: bool = False, stream: bool = False) -> ChatResult:
+        """One greedy chat answer. `stream`: asked for as SGLang's users ask (server-sent
+        events, probe/stream.py), which also times its first token and the gaps after it."""
         body: dict[str, Any] = {
             "model": self.model, "messages": list(messages), "max_tokens": max_tokens,
-            "temperature": 0, "top_p": 1, "top_k": -1, "stream": False,
+            "temperature": 0, "top_p": 1, "top_k": -1, "stream": stream,
             "chat_template_kwargs": {"thinking": thinking, "enable_thinking": thinking},
         }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
         if body["model"] is None:
             del body["model"]
         t0 = time.perf_counter()
-        data = self.request("POST", "/v1/chat/completions", body)
+        timing = None
+        if stream:
+            data, timing = self._chat_stream(body, t0)
+        else:
+            data = self.request("POST", "/v1/chat/completions", body)
         latency = time.perf_counter() - t0
         try:
             choice = data["choices"][0]
@@ -359,11 +387,40 @@ class ProbeClient:
             return ChatResult(str(text), _count(usage["prompt_tokens"]),
                               _count(usage.get("completion_tokens") or 0),
                               choice.get("finish_reason"), latency,
-                              None if cached is None else _count(cached))
+                              None if cached is None else _count(cached),
+                              timing.ttft_s if timing else None,
+                              timing.itl_s if timing else None,
+                              len(timing.gaps_s) if timing else 0)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError,
                 OverflowError) as exc:
             raise self._malformed("/v1/chat/completions", data, f"{type(exc).__name__} {exc}") \
                 from exc
+
+    def _chat_stream(self, body: dict[str, Any], t0: float
+                     ) -> tuple[Any, StreamTiming | None]:
+        """A streamed chat's answer and timing; a server that answers with plain JSON instead
+        (it does not stream) is read as such, untimed."""
+        where = f"POST {self.url}/v1/chat/completions"
+        resp = self._send("POST", "/v1/chat/completions", body, stream=True)
+        try:
+            if not resp.headers.get("content-type", "").startswith("text/event-stream"):
+                return self._json(resp, where), None
+            try:
+                return read_chat_stream(resp.iter_lines(), t0)
+            except requests.exceptions.RequestException as exc:
+                if self._deadline.disarm() or _read_timeout(exc):
+                    raise self._timed_out(where) from exc
+                raise ProbeError(f"{where}: the stream broke off ({type(exc).__name__})",
+                                 "the server closed the connection mid-answer; see its log"
+                                 ) from exc
+            except (StreamError, ValueError) as exc:
+                if self._deadline.fired:
+                    raise self._timed_out(where) from exc
+                raise ProbeError(f"{where}: malformed event stream: {exc}",
+                                 "the server is not an SGLang-compatible API") from exc
+        finally:
+            self._deadline.disarm()
+            resp.close()
 
     def _generate(self, body: dict[str, Any]) -> dict[str, Any]:
         data = self.request("POST", "/generate", body)

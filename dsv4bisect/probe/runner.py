@@ -25,6 +25,7 @@ from dsv4bisect.probe.grid import DEFAULT_RATIOS, DEFAULT_WINDOW, Case, build_ca
 from dsv4bisect.probe.judge import decide
 from dsv4bisect.probe.layout import calibrate
 from dsv4bisect.probe.null import CONCURRENT_ARM, RECHUNK_ARM
+from dsv4bisect.probe.stream import latency_figures
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.scoring import score
 from dsv4bisect.probe.shards import Shard, merge, shard_cases
@@ -113,7 +114,7 @@ def chat_row(client: ProbeClient, spec: ProbeSpec, case: Case, arm: str,
         client.flush_cache()
     think = arm == "think"
     budget = spec.thinking_max_tokens if think else case.max_tokens
-    res = client.chat(messages, max_tokens=budget, thinking=think)
+    res = client.chat(messages, max_tokens=budget, thinking=think, stream=True)  # as users do
     if res.prompt_tokens != case.prompt_tokens:
         raise ProbeError(
             f"case {case.case_id}: the server counts {res.prompt_tokens} prompt tokens, the "
@@ -125,7 +126,12 @@ def chat_row(client: ProbeClient, spec: ProbeSpec, case: Case, arm: str,
             "correct": s.correct, "exact": s.exact, "first_wrong_char": s.first_wrong_char,
             "edit_distance": s.edit_distance, "signatures": list(s.signatures),
             "finish_reason": res.finish_reason, "completion_tokens": res.completion_tokens,
-            "cached_tokens": res.cached_tokens, "latency_s": round(res.latency_s, 4)}
+            "cached_tokens": res.cached_tokens, "latency_s": round(res.latency_s, 4),
+            "ttft_s": _rounded(res.ttft_s), "itl_s": _rounded(res.itl_s), "itl_n": res.itl_n}
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 5)
 
 
 def _row_head(case: Case, arm: str, concurrency: int = 1) -> dict[str, Any]:
@@ -517,7 +523,7 @@ def _level_figures(rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     wall = max(wall_s, 1e-9)
     return {"requests": len(rows), "tokens": tokens, "wall_s": round(wall_s, 3),
             "requests_per_s": round(len(rows) / wall, 4), "tokens_per_s": round(tokens / wall, 1),
-            "arms": sorted({r["arm"] for r in rows})}
+            "arms": sorted({r["arm"] for r in rows}), **latency_figures(rows)}
 
 
 def judge(baseline: ProbeRun, baseline_repeat: ProbeRun | None, candidate: ProbeRun) -> Verdict:

@@ -15,6 +15,7 @@ step.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,6 +63,9 @@ class GenOutput:
     input_logprobs: list[float | None]  # first entry None, as SGLang reports it
     input_top: list[TopList | None]
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied (SGLang's cached_tokens)
+    # False: a streamed snapshot (`Generator.stream`): the tokens and text so far that the
+    # final answer is sure to begin with; finish_reason {} until the final one
+    final: bool = True
 
 
 POLL_S = 0.05  # how often a waiting request re-checks its stop condition
@@ -92,24 +96,49 @@ class Generator:
                                    spec_fault=spec_fault)
 
     def run(self, spec: GenSpec) -> GenOutput:
+        req = self._request(spec)
+        if spec.max_new_tokens > 0 or req.score_from is not None:
+            self._wait(req, current_check())
+        return self._output(spec, req)
+
+    def stream(self, spec: GenSpec) -> Iterator[GenOutput]:
+        """`run`, showing the answer as it grows (reference/stream_api.py sends it as SSE).
+
+        The request is checked here (a bad one raises before anything is yielded); the
+        iterator then yields a snapshot (`final=False`) whenever more of the answer is sure, and
+        last the very output `run` returns. A snapshot holds back what a later token could still
+        change: a partial UTF-8 character, or text that could begin a stop string (stop
+        strings apply to the whole answer, as in `run`: the text stops there and the request
+        runs on to its end, so the engine does exactly what an unstreamed request does)."""
+        req = self._request(spec)
+        return self._follow(spec, req, current_check())
+
+    def _request(self, spec: GenSpec) -> Request:
+        from dsv4bisect.reference.sampling import Sampling
+        from dsv4bisect.reference.scheduler import Request
+
         ids = list(spec.input_ids)
-        start = len(ids) - 1 if spec.logprob_start_len == -1 else spec.logprob_start_len
+        start = self._start(spec)
         want_all = spec.token_ids_logprob is not None
         k = self.tokenizer.vocab_size if want_all else min(spec.top_logprobs_num,
                                                             self.tokenizer.vocab_size)
         stop_ids = tuple(spec.stop_token_ids) + (() if spec.ignore_eos else (EOS_ID,))
-        from dsv4bisect.reference.sampling import Sampling
-        from dsv4bisect.reference.scheduler import Request
-
         self.engine.check_request(ids, spec.max_new_tokens, k, stop_ids)
         score_from = start + 1 if spec.return_logprob and start + 1 < len(ids) else None
-        req = Request(tuple(ids), spec.max_new_tokens, frozenset(stop_ids), k, score_from,
-                      Sampling(spec.temperature, spec.top_p, spec.top_k, spec.seed))
-        if spec.max_new_tokens > 0 or score_from is not None:
-            self._wait(req, current_check())
+        return Request(tuple(ids), spec.max_new_tokens, frozenset(stop_ids), k, score_from,
+                       Sampling(spec.temperature, spec.top_p, spec.top_k, spec.seed))
+
+    @staticmethod
+    def _start(spec: GenSpec) -> int:
+        n = len(spec.input_ids)
+        return n - 1 if spec.logprob_start_len == -1 else spec.logprob_start_len
+
+    def _output(self, spec: GenSpec, req: Request) -> GenOutput:
+        ids = list(spec.input_ids)
+        start = self._start(spec)
         out_ids = list(req.output_ids)
         out_lp = [finite(x) for x in req.logprobs]
-        out_top = [list(t) for t in req.tops] if k else [[] for _ in out_ids]
+        out_top = [list(t) for t in req.tops] if req.top_k else [[] for _ in out_ids]
         cut = self._stop_cut(spec, out_ids)
         if cut is not None:
             out_ids, out_lp, out_top = out_ids[:cut], out_lp[:cut], out_top[:cut]
@@ -121,6 +150,59 @@ class Generator:
         in_top: list[TopList | None] = [None] + [list(s.top) for s in req.scores]
         return GenOutput(out_ids, text, finish, out_lp, out_top, ids[start:], in_lp, in_top,
                          req.cached_tokens)
+
+    def _follow(self, spec: GenSpec, req: Request, check: StopCheck | None
+                ) -> Iterator[GenOutput]:
+        if spec.max_new_tokens == 0 and req.score_from is None:
+            yield self._output(spec, req)
+            return
+        grew = threading.Event()
+        req.on_token = grew.set  # the scheduler calls it after each token it appends
+        if check is not None and check():
+            raise Cancelled
+        self.scheduler.submit(req)
+        shown = 0
+        while not req.done.is_set():
+            grew.wait(POLL_S)
+            grew.clear()
+            if check is not None and check():
+                self.scheduler.cancel(req)
+                raise Cancelled
+            n = self._sure(spec, req.output_ids[:len(req.tops)])
+            if n > shown:
+                shown = n
+                yield self._snapshot(spec, req, n)
+        if req.error is not None:
+            raise req.error
+        yield self._output(spec, req)
+
+    def _sure(self, spec: GenSpec, ids: list[int]) -> int:
+        """How many of `ids` the final answer surely begins with, text and all: none past a
+        stop string's start, a partial UTF-8 character or a tail that could begin a stop
+        string."""
+        stops = [s for s in spec.stop if s]
+        n = len(ids)
+        if stops and any(s in self._decoded(spec, ids) for s in stops):
+            n = (self._stop_cut(spec, ids) or n) - 1  # the token completing it: not yet
+        while n > 0:
+            text = self._decoded(spec, ids[:n])
+            if not text.endswith("\ufffd") and not any(
+                    text.endswith(s[:k]) for s in stops for k in range(1, len(s))) \
+                    and not any(s in text for s in stops):
+                return n
+            n -= 1
+        return 0
+
+    def _snapshot(self, spec: GenSpec, req: Request, n: int) -> GenOutput:
+        """The first `n` output tokens (with their log-probs) and their text, not final."""
+        ids = list(spec.input_ids)
+        out_ids = list(req.output_ids[:n])
+        out_top = [list(t) for t in req.tops[:n]] if req.top_k else [[] for _ in out_ids]
+        in_lp: list[float | None] = [None] + [finite(s.logprob) for s in req.scores]
+        in_top: list[TopList | None] = [None] + [list(s.top) for s in req.scores]
+        return GenOutput(out_ids, self._decoded(spec, out_ids), {},
+                         [finite(x) for x in req.logprobs[:n]], out_top,
+                         ids[self._start(spec):], in_lp, in_top, req.cached_tokens, final=False)
 
     def _wait(self, req: Request, check: StopCheck | None) -> None:
         """Queue the request and wait for it; a caller whose client left stops waiting and the

@@ -15,6 +15,8 @@ blocking work handed to threads. What a local engine adds around the endpoint lo
   `http.disconnect` message) or the server stops (503).
 - One log line per request on the `dsv4bisect.reference.server` logger; no traceback reaches a
   client (500 only for a server bug, logged).
+- `"stream": true` on a model route is answered by `reference/event_stream.py` (server-sent
+  events as the engine makes them; the same admission, threads and disconnect cancelling).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
@@ -43,7 +45,11 @@ from dsv4bisect.reference.cancel import Cancelled, stop_when
 from dsv4bisect.reference.native_api import ServerApi
 from dsv4bisect.reference.request_body import ApiError, parse_json
 
+if TYPE_CHECKING:
+    from dsv4bisect.reference.event_stream import EventStream
+
 log = logging.getLogger("dsv4bisect.reference.server")
+T = TypeVar("T")
 
 MAX_BODY_BYTES = 64 << 20
 MAX_MODEL_REQUESTS = 64  # model requests in flight (running or waiting for the engine); then 503
@@ -227,13 +233,14 @@ class HttpApp:
         return _response(Reply(reply.status, reply.payload, extra), self.state)
 
     def _endpoint(self, route: Route) -> Callable[[Request], Any]:
-        async def endpoint(request: Request) -> Response:
-            return _response(await self._answer(route, request), self.state)
+        async def endpoint(request: Request) -> Any:
+            answer = await self._answer(route, request)  # a streamed one is its own response
+            return _response(answer, self.state) if isinstance(answer, Reply) else answer
 
         endpoint.__name__ = route.handler
         return endpoint
 
-    async def _answer(self, route: Route, request: Request) -> Reply:
+    async def _answer(self, route: Route, request: Request) -> Reply | EventStream:
         state = self.state
         if route.handler == "health":
             return Reply(200 if state.phase == "ready" else 503)
@@ -255,7 +262,7 @@ class HttpApp:
         finally:
             state.admitted[kind] -= 1
 
-    async def _run(self, route: Route, request: Request, kind: str) -> Reply:
+    async def _run(self, route: Route, request: Request, kind: str) -> Reply | EventStream:
         try:
             body = await _read_body(request) if route.json_body else b""
         except _BodyTooLarge:
@@ -266,6 +273,12 @@ class HttpApp:
         except ClientDisconnect:
             request.scope[CANCELLED_KEY] = True
             return Reply(499)  # nobody to send it to
+        from dsv4bisect.reference.event_stream import EventStream, stream_requested
+
+        streamed = stream_requested(route.handler, body)  # `"stream": true`: SSE events
+        if streamed is not None:
+            return EventStream(self, route.handler, streamed, request.method,
+                               request.scope["path"])
         gone = threading.Event()  # the client hung up: set from the disconnect watch
 
         def check() -> bool:
@@ -293,9 +306,15 @@ class HttpApp:
     def _call(self, route: Route, body: bytes, check: Callable[[], bool], method: str,
               path: str) -> Reply | None:
         """The endpoint logic, on a worker thread; None: cancelled because the client left."""
+        return self.guarded(lambda: self._dispatch(route, body), check, method, path)
+
+    def guarded(self, work: Callable[[], T], check: Callable[[], bool], method: str,
+                path: str) -> T | Reply | None:
+        """`work()` on a worker thread under the request's stop check, every failure an error
+        reply (None: cancelled because the client left); a streamed answer opens here too."""
         try:
             with stop_when(check):
-                return self._dispatch(route, body)
+                return work()
         except Cancelled:
             if not self.state.stopping.is_set():
                 return None

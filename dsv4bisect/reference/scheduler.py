@@ -38,7 +38,7 @@ import atexit
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -95,6 +95,7 @@ class Request:
     resume_logits: torch.Tensor | None = None  # [V]: a whole-prompt hit's first-token logits
     slot: int | None = None  # its request slot, only under the swa-ring-stale field fault
     done: threading.Event = field(default_factory=threading.Event)
+    on_token: Callable[[], None] | None = None  # after each output token (a streamed answer)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens == 0 and self.score_from is None:
@@ -463,7 +464,9 @@ class Scheduler:
             self.totals["output_tokens"] += 1
         r.output_ids.append(token)
         r.logprobs.append(float(lp[token]))
-        r.tops.append(top_alternatives(logits[None], lp[None], r.top_k)[0])
+        r.tops.append(top_alternatives(logits[None], lp[None], r.top_k)[0])  # the last: complete
+        if r.on_token is not None:
+            r.on_token()
         if token in r.stop_ids:
             r.finish_reason = "stop"
         elif len(r.output_ids) == r.max_new_tokens:

@@ -28,7 +28,7 @@ from dsv4bisect.plugin.hot import deliverable_env
 from dsv4bisect.plugin.static import SourceTree
 
 SCHEMA = {"name", "kind", "type", "default", "read", "hot", "gates", "where", "tier"}
-OPTIONAL = {"forced", "copies"}
+OPTIONAL = {"forced", "copies", "also", "other_vendor"}
 # Per release: (env switches, server arguments), regenerated with the data
 # (python tests/benchmarks/gen_switch_catalog.py) and checked by a reader of the diff.
 COUNTS = {
@@ -96,6 +96,9 @@ def test_shipped_catalog_schema_counts_and_no_unrelated_switch(release: str) -> 
         assert row["tier"] in TIERS
         assert re.fullmatch(r"sglang/\S+\.py:\d+", row["where"]), row["where"]
         assert not row["hot"] or row["read"] == "call"
+        for site in (*row.get("also", ()), *row.get("other_vendor", ())):  # every read site
+            assert re.fullmatch(r"sglang/\S+\.py:\d+", site), site
+        assert set(row.get("other_vendor", ())) <= {row["where"], *row.get("also", ())}
     assert (catalog.count("env"), catalog.count("arg")) == COUNTS[release]
     per_call = {s.name for s in catalog.switches if s.kind == "env" and s.read == "call"}
     hot = {s.name for s in catalog.switches if s.hot}
