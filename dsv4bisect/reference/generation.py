@@ -24,7 +24,7 @@ from dsv4bisect.reference.cancel import Cancelled, StopCheck, current_check
 from dsv4bisect.reference.tokenizer import EOS_ID, ByteTokenizer
 
 if TYPE_CHECKING:  # the scheduler imports torch; this module stays importable without it
-    from dsv4bisect.reference.scheduler import Request
+    from dsv4bisect.reference.request import Request
 
 TopList = list[tuple[int, float]]  # (token id, log-prob), best first
 
@@ -78,7 +78,6 @@ class Generator:
     def __init__(
         self, engine: Any, tokenizer: ByteTokenizer, *, max_running_requests: int | None = None,
         radix_cache: bool = True, chunk_size: int | None = None, spec: Any = None,
-        spec_fault: str | None = None,
     ) -> None:
         from dsv4bisect.reference.prefix_cache import PrefixCache
         from dsv4bisect.reference.scheduler import Scheduler
@@ -88,8 +87,7 @@ class Generator:
         self.prefix_cache = PrefixCache() if radix_cache else None
         self.scheduler = Scheduler(engine, chunk_size=chunk_size,
                                    max_running_requests=max_running_requests,
-                                   prefix_cache=self.prefix_cache, spec=spec,
-                                   spec_fault=spec_fault)
+                                   prefix_cache=self.prefix_cache, spec=spec)
 
     def run(self, spec: GenSpec) -> GenOutput:
         ids = list(spec.input_ids)
@@ -98,8 +96,8 @@ class Generator:
         k = self.tokenizer.vocab_size if want_all else min(spec.top_logprobs_num,
                                                             self.tokenizer.vocab_size)
         stop_ids = tuple(spec.stop_token_ids) + (() if spec.ignore_eos else (EOS_ID,))
+        from dsv4bisect.reference.request import Request
         from dsv4bisect.reference.sampling import Sampling
-        from dsv4bisect.reference.scheduler import Request
 
         self.engine.check_request(ids, spec.max_new_tokens, k, stop_ids)
         score_from = start + 1 if spec.return_logprob and start + 1 < len(ids) else None

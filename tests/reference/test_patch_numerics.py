@@ -115,9 +115,10 @@ def test_nvfp4_dispatch_map_restricts_the_layers(model) -> None:
         assert 0.01 < e_w < e_wa < 0.3
 
 
-def test_clamp_rules_per_backend_and_variant() -> None:
-    def rule(patches: dict[str, str], backend: str, layer: int = 3) -> str:
-        return Numerics.from_patches(patches, backend).routed_clamp(layer)
+def test_clamp_rules_per_backend_and_variant(model) -> None:
+    def rule(patches: dict[str, str], backend: str, layer: int = 3, **kw) -> str:
+        model.configure(Numerics.from_patches(patches, backend, **kw))
+        return model.layers[layer].ffn.routed_clamp()
 
     assert rule({}, "triton") == "limit"  # not NVFP4: always clamped
     assert rule({"nvfp4-dispatch": "hybrid"}, "triton") == "none"  # cutlass_moe_fp4
@@ -132,8 +133,7 @@ def test_clamp_rules_per_backend_and_variant() -> None:
         == "limit*alpha"
     )
     assert rule({"nvfp4-dispatch": "hybrid", "trtllm-clamp": "ignore-alpha"}, "triton") == "none"
-    n = Numerics.from_patches({"nvfp4-dispatch": "hybrid"}, "triton", nvfp4_layers=frozenset({2}))
-    assert n.routed_clamp(3) == "limit"
+    assert rule({"nvfp4-dispatch": "hybrid"}, "triton", nvfp4_layers=frozenset({2})) == "limit"
 
 
 def test_trtllm_clamp_is_bit_identical_to_off_under_triton(model) -> None:
