@@ -55,8 +55,6 @@ from dsv4bisect.sglang_hooks.targets import mla_caller, mla_module
 if TYPE_CHECKING:
     import torch
 
-SPLIT = 64  # list positions per split
-
 # what SGLang passes to flash_mla_with_kvcache_sm120 (the hook reads these by name)
 _MLA_KW = frozenset({"q", "k_cache", "head_dim_v", "softmax_scale", "indices", "topk_length",
                      "attn_sink", "extra_k_cache", "extra_indices_in_kvcache",
@@ -79,7 +77,8 @@ def split_k(partial: str, merge: str) -> Callable[[Site], Callable[..., torch.Te
         def attend(q: torch.Tensor, lists: list[Any], sink: torch.Tensor, scale: float,
                    step: Any) -> torch.Tensor:
             outs = [step.ops.attention(q[kl.rows], kl.keys, kl.idx.to(torch.int32), sink,
-                                       scale, split=SPLIT, partial_dtype=dtype, merge=merge)
+                                       scale, split=attention.SPLIT, partial_dtype=dtype,
+                                       merge=merge)
                     for kl in lists]  # [B·T, H, D] per group
             return outs[0] if len(outs) == 1 else torch.cat(outs)
 

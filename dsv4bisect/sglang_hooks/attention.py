@@ -29,7 +29,7 @@ DECODE_VARIANTS = {
     "split-k-fp32": ("float32", "lse"),
     "merge-no-rescale": ("bfloat16", "no-rescale"),
 }
-SPLIT = 64
+SPLIT = 64  # list positions per split (the embedded swap of mma-decode uses it too)
 KERNELS_ENV = "DSV4BISECT_PLUGIN_KERNELS"  # tests: "triton" runs the kernels interpreted on CPU
 
 
