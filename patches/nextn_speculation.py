@@ -61,6 +61,7 @@ def _draft_eos(site: Site) -> Callable[..., Any]:
     return lambda r, drafts, rows: stop_at_drafted_stop(verify(r, drafts, rows), drafts,
                                                         r.stop_ids)
 
+
 PATCH = Patch(
     name="nextn-speculation",
     summary="MTP speculative decoding: --speculative-algorithm NEXTN (3 steps, top-k 1, 4 tokens)",
