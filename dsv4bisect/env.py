@@ -14,6 +14,10 @@ LAUNCH = "DSV4BISECT_LAUNCH"  # names one spawn of an engine process (engines/gr
 SWITCH_DIR = "DSV4BISECT_SWITCH_DIR"  # hot mode: where switch requests and receipts live
 HOT = "DSV4BISECT_HOT"  # hot mode: wire of the patches that may be switched in (bad variants)
 CACHE = "DSV4BISECT_CACHE"  # cache root (worktrees, baselines, the ledger); default ~/.cache/dsv4bisect
+# test-only patches (never in a real search): 1 registers the canary pair (patches/__init__.py);
+# module,module registers those importable modules' patches after the built-ins (docs/patches.md)
+TEST_PATCHES = "DSV4BISECT_TEST_PATCHES"
+TEST_PATCH_MODULES = "DSV4BISECT_TEST_PATCH_MODULES"
 SGLANG_PLUGINS = "SGLANG_PLUGINS"  # SGLang's whitelist of plugin entry points
 PLUGIN_NAME = "dsv4bisect"
 

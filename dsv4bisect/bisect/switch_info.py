@@ -1,6 +1,6 @@
 """What a bisect needs to know of one candidate: its tier, its delivery, load-time or hot.
 
-Patches answer from their resolved choice (patching/spec.py). Settings answer from the engine's
+Patches answer from their resolved choice (patchspec/spec.py). Settings answer from the engine's
 switch catalog: the embedded engine's (config/embedded_switches.py) or the SGLang release's
 (patching/switch_catalog.py, read from the wheel); a switch neither names gets its tier from the
 catalog's word rule over its name (`tier_of`). The prior weight follows the tier

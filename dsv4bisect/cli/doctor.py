@@ -96,11 +96,11 @@ def doctor(
     if src is None:
         rows.append(d.check_entry_point(exe))
     if layout is not None:
-        declared = {n: dict(p.sglang.hooks) for n, p in builtin_patches().items()}
-        rows += d.target_checks(d.all_targets(patches, layout, declared), layout, src, exe)
+        rows += d.target_checks(d.all_targets(patches, layout, builtin_patches()), layout, src,
+                                exe)
         readable = src or (d.installed_source(exe) if version else None)
         if readable is not None:
-            rows += d.contract_checks(patches, layout, readable)
+            rows += d.contract_checks(patches, layout, readable, builtin_patches())
         rows.append(d.forced_flags_check(readable, version))
     found, why = d.gpus()
     rows += d.gpu_checks(found, why, patches)

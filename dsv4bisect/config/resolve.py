@@ -29,8 +29,8 @@ from dsv4bisect.config.validate import error_at, validate
 from dsv4bisect.config.worktree import SourceChange, WorktreePlan, materialize, plan_worktree
 from dsv4bisect.errors import ConfigError, PatchError
 from dsv4bisect.patching.registry import builtin_patches, unknown_patch_hint
-from dsv4bisect.patching.spec import EngineContext, Patch
 from dsv4bisect.patching.wire import format_patch_set
+from dsv4bisect.patchspec.spec import EngineContext, Patch
 
 
 # What `run`, `bisect` and `doctor` take when no profile is given: the six patches on the

@@ -64,8 +64,9 @@ from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import LoadedProfile, Overrides, load_profile, resolve_loaded
 from dsv4bisect.engines import ports as portcheck
 from dsv4bisect.errors import ConfigError, Dsv4BisectError, EngineError
+from dsv4bisect.patchspec.spec import Patch
 from dsv4bisect.plugin.static import SourceTree, call_keywords, result_index, sm120_forced_flags
-from dsv4bisect.plugin.targets import CONTRACT_TARGET, SIGNATURES, call_contracts, uses
+from dsv4bisect.sglang_hooks.targets import CONTRACT_TARGET, SIGNATURES
 
 DSV4_ARCHITECTURES = ("DeepseekV4ForCausalLM",)
 MIN_FREE = 0.90  # of each named GPU's memory
@@ -451,12 +452,13 @@ def _runtime_check(targets: list[str], layout: str, python: str) -> dict[str, st
     return json.loads(out.splitlines()[-1])
 
 
-def contract_checks(patches: Iterable[str], layout: str, src: SourceTree) -> list[Finding]:
+def contract_checks(patches: Iterable[str], layout: str, src: SourceTree,
+                    known: Mapping[str, Patch]) -> list[Finding]:
+    """The calls in this layout's SGLang source the patches' hooks rely on
+    (`PATCH.sglang.calls`)."""
     rows = []
-    for patch, contracts in call_contracts(layout).items():
-        if patch not in patches:
-            continue
-        for c in contracts:
+    for patch in patches:
+        for c in known[patch].sglang.calls.get(layout, ()):
             calls = src.calls(c.module, c.callee, within=c.within)
             bad = [] if calls else ["no call site"]
             for call in calls:
@@ -518,13 +520,11 @@ def port_checks(host: str, ports: Iterable[tuple[str, int]]) -> list[Finding]:
     return rows
 
 
-Declared = Mapping[str, Mapping[str, tuple[str, ...]]]  # patch -> layout -> hook targets
-
-
 def all_targets(patches: Iterable[str], layout: str,
-                declared: Declared) -> dict[str, tuple[str, ...]]:
+                known: Mapping[str, Patch]) -> dict[str, tuple[str, ...]]:
     """patch -> its hook targets and the symbols its hook bodies call, on this layout."""
-    out = {p: tuple(declared[p].get(layout, ())) + uses(p, layout) for p in patches}
+    out = {p: tuple(known[p].sglang.hooks.get(layout, ())) + known[p].sglang.uses.get(layout, ())
+           for p in patches}
     out = {p: ts for p, ts in out.items() if ts}
     out["(contract check)"] = (CONTRACT_TARGET,)
     return out

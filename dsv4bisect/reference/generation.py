@@ -25,7 +25,7 @@ from dsv4bisect.reference.cancel import Cancelled, StopCheck, current_check
 from dsv4bisect.reference.tokenizer import EOS_ID, ByteTokenizer
 
 if TYPE_CHECKING:  # the scheduler imports torch; this module stays importable without it
-    from dsv4bisect.reference.scheduler import Request
+    from dsv4bisect.reference.request import Request
 
 TopList = list[tuple[int, float]]  # (token id, log-prob), best first
 
@@ -82,7 +82,6 @@ class Generator:
     def __init__(
         self, engine: Any, tokenizer: ByteTokenizer, *, max_running_requests: int | None = None,
         radix_cache: bool = True, chunk_size: int | None = None, spec: Any = None,
-        spec_fault: str | None = None,
     ) -> None:
         from dsv4bisect.reference.prefix_cache import PrefixCache
         from dsv4bisect.reference.scheduler import Scheduler
@@ -92,8 +91,7 @@ class Generator:
         self.prefix_cache = PrefixCache() if radix_cache else None
         self.scheduler = Scheduler(engine, chunk_size=chunk_size,
                                    max_running_requests=max_running_requests,
-                                   prefix_cache=self.prefix_cache, spec=spec,
-                                   spec_fault=spec_fault)
+                                   prefix_cache=self.prefix_cache, spec=spec)
 
     def run(self, spec: GenSpec) -> GenOutput:
         req = self._request(spec)
@@ -115,7 +113,7 @@ class Generator:
 
     def _request(self, spec: GenSpec) -> Request:
         from dsv4bisect.reference.sampling import Sampling
-        from dsv4bisect.reference.scheduler import Request
+        from dsv4bisect.reference.request import Request
 
         ids = list(spec.input_ids)
         start = self._start(spec)

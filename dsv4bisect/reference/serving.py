@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dsv4bisect.reference.native_api import ServerApi
-from dsv4bisect.reference.spec_settings import SPEC_DEFAULT_VARIANT, SPEC_PATCH, SpecSettings
+from dsv4bisect.reference.spec_settings import SpecSettings
 
 HEADER_TIMEOUT_S = 10.0  # from a request's first byte to the end of its headers
 
@@ -54,15 +54,20 @@ def model_name(opts: ServeOptions) -> str:
             or "reference-tiny-random")
 
 
-def speculation(opts: ServeOptions) -> tuple[SpecSettings | None, str | None]:
-    """The settings and the fault variant speculative decoding runs with: the `--speculative-*`
-    arguments, or the `nextn-speculation` patch (SGLang's NEXTN default; its fault variants
-    model field bugs of verification)."""
-    variant = opts.patches.get(SPEC_PATCH)
-    spec = opts.speculative
-    if spec is None and variant is not None:
-        spec = SpecSettings()
-    return spec, (variant if variant not in (None, "", SPEC_DEFAULT_VARIANT) else None)
+def speculation(opts: ServeOptions) -> SpecSettings | None:
+    """The settings speculative decoding runs with: the `--speculative-*` arguments, or the
+    SGLang server arguments a patch of the set swaps in for it (`Op.SPECULATION`: the
+    nextn-speculation patch's `--speculative-algorithm NEXTN`, SGLang's default). How drafts
+    are verified is the model's (`Op.SPEC_VERIFY`, where the patch's fault variants act)."""
+    if opts.speculative is not None:
+        return opts.speculative
+    from dsv4bisect.patchspec.swaps import Op
+    from dsv4bisect.reference.config import Numerics
+    from dsv4bisect.reference.swappable import PatchSwaps
+
+    numerics = Numerics.from_patches(opts.patches, opts.moe_backend, precision=opts.precision)
+    args = PatchSwaps(numerics, None).value(Op.SPECULATION, None)
+    return None if args is None else SpecSettings.from_args(args)
 
 
 def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
@@ -75,7 +80,7 @@ def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
     from dsv4bisect.reference.tokenizer import ByteTokenizer
 
     extra = {} if opts.max_model_len is None else {"max_model_len": opts.max_model_len}
-    spec, spec_fault = speculation(opts)
+    spec = speculation(opts)
     engine = ReferenceEngine.load(
         opts.checkpoint, patches=dict(opts.patches), moe_backend=opts.moe_backend,
         precision=opts.precision, chunk_size=opts.chunk_size, device=opts.device,
@@ -99,8 +104,7 @@ def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
     }
     generator = Generator(engine, ByteTokenizer(engine.config.vocab_size),
                           max_running_requests=opts.max_running_requests,
-                          radix_cache=not opts.disable_radix_cache, spec=spec,
-                          spec_fault=spec_fault)
+                          radix_cache=not opts.disable_radix_cache, spec=spec)
     # the effective value (SGLang reports its derived default the same way)
     info["max_running_requests"] = generator.scheduler.max_running
     info |= {"schedule_policy": "fcfs", "enable_mixed_chunk": False}

@@ -23,8 +23,8 @@ from dsv4bisect import env as envvars
 from dsv4bisect.base.switching import read_request, write_receipt
 from dsv4bisect.errors import Dsv4BisectError
 from dsv4bisect.patching.registry import builtin_patches
-from dsv4bisect.patching.spec import EngineContext
 from dsv4bisect.patching.wire import format_patch_set, parse_patch_set
+from dsv4bisect.patchspec.spec import EngineContext
 
 log = logging.getLogger(__name__)
 CONTEXT = EngineContext(kind="reference")

@@ -12,6 +12,7 @@ import torch
 
 from dsv4bisect.config.checkpoints import EMBEDDED_CHECKPOINT
 from dsv4bisect.errors import ConfigError
+from dsv4bisect.patchspec.swaps import ExpertQuant
 from dsv4bisect.reference.checkpoint import CheckpointReader, load_model
 from dsv4bisect.reference.config import Numerics
 from dsv4bisect.reference.engine import ReferenceEngine
@@ -120,11 +121,16 @@ def test_nvfp4_dispatch_is_inert_at_deployment_and_weights_only_takes_the_w4a16_
         out[variant] = _chunked_logits(engine.model, tokens, 2048)
     assert torch.equal(out[None], out["hybrid"])
     assert not torch.equal(out[None], out["weights-only"])
-    n = Numerics.from_patches({}, "marlin", precision="deployment")
-    assert n.nvfp4_on(3) and not n.expert_act_quant(3) and n.routed_clamp(3) == "limit"
-    t = Numerics.from_patches({}, "triton", precision="deployment")
-    assert t.expert_act_quant(3) and t.routed_clamp(3) == "none"
-    assert not Numerics.from_patches({}, "triton").nvfp4_on(3)  # exact: only with the patch
+    model = engine.model
+
+    def layer3(backend: str, precision: str) -> tuple[ExpertQuant, str]:
+        model.configure(Numerics.from_patches({}, backend, precision=precision))
+        moe = model.layers[3].ffn
+        return moe.expert_quant, moe.routed_clamp()
+
+    assert layer3("marlin", "deployment") == (ExpertQuant(True, False), "limit")
+    assert layer3("triton", "deployment") == (ExpertQuant(True, True), "none")
+    assert not layer3("triton", "exact")[0].nvfp4  # exact: only with the patch
 
 
 def test_an_unknown_precision_is_a_config_error_and_info_reports_the_precision() -> None:

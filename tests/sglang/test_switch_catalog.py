@@ -13,7 +13,6 @@ import pytest
 from dsv4bisect.base.versions import VERIFIED, parse_version
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.patching.registry import builtin_patches
-from dsv4bisect.patching.spec import ARCHS
 from dsv4bisect.patching.switch_catalog import (
     TIERS,
     Switch,
@@ -23,6 +22,7 @@ from dsv4bisect.patching.switch_catalog import (
     shipped_releases,
     tier_of,
 )
+from dsv4bisect.patchspec.spec import ARCHS
 from dsv4bisect.plugin.discover import discover, env_declarations
 from dsv4bisect.plugin.hot import deliverable_env
 from dsv4bisect.plugin.static import SourceTree
