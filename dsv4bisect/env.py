@@ -8,6 +8,7 @@ from pathlib import Path
 PATCHES = "DSV4BISECT_PATCHES"  # wire format, read by `serve` and the SGLang plugin
 SWITCHES = "DSV4BISECT_SWITCHES"  # VAR=V,... the upstream switches as set (checked by the plugin)
 ALLOW_UNVERIFIED_SGLANG = "DSV4BISECT_ALLOW_UNVERIFIED_SGLANG"  # 1: run on an unverified SGLang
+ALLOW_UNVERIFIED_VLLM = "DSV4BISECT_ALLOW_UNVERIFIED_VLLM"  # 1: run on an unverified vLLM
 RECEIPTS = "DSV4BISECT_RECEIPTS"  # directory where engine processes write receipts
 ROLE = "DSV4BISECT_ROLE"  # the role of an engine process (server, prefill, decode)
 LAUNCH = "DSV4BISECT_LAUNCH"  # names one spawn of an engine process (engines/groups.py)
@@ -15,6 +16,7 @@ SWITCH_DIR = "DSV4BISECT_SWITCH_DIR"  # hot mode: where switch requests and rece
 HOT = "DSV4BISECT_HOT"  # hot mode: wire of the patches that may be switched in (bad variants)
 CACHE = "DSV4BISECT_CACHE"  # cache root (worktrees, baselines, the ledger); default ~/.cache/dsv4bisect
 SGLANG_PLUGINS = "SGLANG_PLUGINS"  # SGLang's whitelist of plugin entry points
+VLLM_PLUGINS = "VLLM_PLUGINS"  # vLLM's allowlist of `vllm.general_plugins` entry points
 PLUGIN_NAME = "dsv4bisect"
 
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")

@@ -33,6 +33,12 @@ def doctor(
     allow_unverified: Annotated[bool, typer.Option(
         "--allow-unverified-sglang",
         help="Warn instead of failing on an SGLang release dsv4bisect has not verified.")] = False,
+    vllm_src: Annotated[Optional[str], typer.Option(
+        "--vllm-src", metavar="PATH",
+        help="kind: vllm: read the release's facts from this vLLM wheel or source tree.")] = None,
+    allow_unverified_vllm: Annotated[bool, typer.Option(
+        "--allow-unverified-vllm",
+        help="kind: vllm: warn instead of failing on an unverified vLLM release.")] = False,
     json_out: Json = False,
     enable: Enable = None, disable: Disable = None, only: Only = None, sets: Set = None,
 ) -> None:
@@ -60,6 +66,10 @@ def doctor(
         host, ports = cfg.host, d.fixed_ports(cfg)
         if any(p.gets_patches for p in cfg.processes):  # `{python}` as the launcher runs it
             engine_py = d.engine_python(cfg)
+        if cfg.kind == "vllm":
+            _vllm(loaded, cfg, python or engine_py or sys.executable, vllm_src,
+                  allow_unverified_vllm, json_out)
+            return
         if cfg.kind == "reference":
             ref = loaded.profile.engine.reference
             rows = d.embedded_checks(_which(python or engine_py or sys.executable),
@@ -104,6 +114,36 @@ def doctor(
     _render(rows, json_out)
     if info is not None and not info.verified and info.layout is None:
         print(f"error: {info.reason}", file=sys.stderr)  # the one-line refusal
+    if any(r.failed for r in rows):
+        raise typer.Exit(int(ExitCode.FAIL))
+
+
+def _vllm(loaded: object, cfg: object, python: str, src: Optional[str], allow: bool,
+          json_out: bool) -> None:
+    """A `kind: vllm` profile: vLLM, the plugin, the argv, every hook target (docs/vllm.md)."""
+    from dsv4bisect.engines import preflight as d
+    from dsv4bisect.engines.vllm_checks import doctor as vllm_doctor
+
+    engine = loaded.profile.engine  # type: ignore[attr-defined]
+    try:
+        rows, info = vllm_doctor(cfg, _which(python), engine.vllm_version,  # type: ignore[arg-type]
+                                 allow or engine.allow_unverified_vllm, src)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc), "--vllm-src takes a vLLM wheel or a directory holding vllm/")
+    found, why = d.gpus()
+    patches = [p.name for p in cfg.patches if p.builtin and p.delivered]  # type: ignore[attr-defined]
+    from dsv4bisect.engines.vllm_checks import gpu_rows
+
+    rows += gpu_rows(found, why, patches)
+    rows += d.port_checks(cfg.host, d.fixed_ports(cfg))  # type: ignore[attr-defined, arg-type]
+    if src is None:
+        rows += [r for r in d.doctor_rows(loaded, cfg, python)  # type: ignore[arg-type]
+                 if r.check in ("preflight: model", "preflight: GPUs")]
+    _render(rows, json_out)
+    if info is not None and info.layout is None:
+        print(f"error: {info.reason}", file=sys.stderr)
+        print(f"hint: {__import__('dsv4bisect.base.vllm_releases', fromlist=['x']).refusal_hint(info)}",
+              file=sys.stderr)
     if any(r.failed for r in rows):
         raise typer.Exit(int(ExitCode.FAIL))
 
