@@ -95,7 +95,7 @@ def refusal_hint(info: VllmInfo) -> str:
     if info.version is None:
         return "install vLLM in the engine's Python (engine.python) or point --vllm-src at a wheel"
     parsed = parse_version(info.version)
-    if parsed is not None and parsed[:3] < FIRST_SUPPORTED:
+    if parsed is not None and (0, 0, 0) < parsed[:3] < FIRST_SUPPORTED:
         return f"upgrade vLLM to a verified release ({', '.join(VERIFIED)})"
     return (f"use a verified release ({', '.join(VERIFIED)}), or accept the risk with "
             "engine.allow_unverified_vllm: true / --allow-unverified-vllm")

@@ -83,7 +83,7 @@ class SwitchCatalog(BaseModel):
         argument); a ConfigError naming the closest one when the release has none."""
         key = name if name.isupper() else arg_name(name)
         for switch in self.switches:
-            if switch.name == key:
+            if switch.name in (key, name):  # vLLM's dotted keys keep their underscores
                 return switch
         hint = did_you_mean(key, self.names()) or "`dsv4bisect switches --json` lists them"
         raise ConfigError(f"{ENGINE_NAMES[self.engine]} {self.release} reads no switch `{name}` "

@@ -90,6 +90,19 @@ def _count(value: Any) -> int:
     return value
 
 
+def chat_body(model: str | None, messages: Sequence[dict[str, str]], max_tokens: int,
+              thinking: bool) -> dict[str, Any]:
+    """The probe's chat request (the same on SGLang and vLLM: both take these fields)."""
+    body: dict[str, Any] = {
+        "model": model, "messages": list(messages), "max_tokens": max_tokens,
+        "temperature": 0, "top_p": 1, "top_k": -1, "stream": False,
+        "chat_template_kwargs": {"thinking": thinking, "enable_thinking": thinking},
+    }
+    if model is None:
+        del body["model"]
+    return body
+
+
 class _Deadline:
     """The sockets of one client's connections, shut down when a request's deadline passes.
 
@@ -388,13 +401,7 @@ class ProbeClient:
     # -- generation --------------------------------------------------------------------------
     def chat(self, messages: Sequence[dict[str, str]], *, max_tokens: int,
              thinking: bool = False) -> ChatResult:
-        body: dict[str, Any] = {
-            "model": self.model, "messages": list(messages), "max_tokens": max_tokens,
-            "temperature": 0, "top_p": 1, "top_k": -1, "stream": False,
-            "chat_template_kwargs": {"thinking": thinking, "enable_thinking": thinking},
-        }
-        if body["model"] is None:
-            del body["model"]
+        body = chat_body(self.model, messages, max_tokens, thinking)
         t0 = time.perf_counter()
         data = self.request("POST", "/v1/chat/completions", body)
         latency = time.perf_counter() - t0

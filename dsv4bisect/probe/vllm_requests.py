@@ -77,14 +77,15 @@ def _with_model(model: str | None, body: dict[str, Any]) -> dict[str, Any]:
 
 def prompt_scores(data: Any, input_ids: Sequence[int], start: int, top_k: int
                   ) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
-    """Positions >= max(start, 1), the prompt token's log-prob there and the top k (by rank)
+    """Positions > start (as SGLang reports from `logprob_start_len`: the position `start` itself
+    carries none), the prompt token's log-prob there and the top k (by rank)
     from a completion's `prompt_logprobs` (keys are token ids as strings; a null logprob is a
     non-finite one). ValueError on anything else."""
     rows = data["choices"][0]["prompt_logprobs"]
     if not isinstance(rows, list) or len(rows) != len(input_ids):
         raise ValueError("prompt_logprobs do not cover the prompt")
     positions, lps, tops = [], [], []
-    for i in range(max(start, 1), len(input_ids)):
+    for i in range(start + 1, len(input_ids)):
         entry = rows[i]
         if not isinstance(entry, dict):
             raise ValueError(f"prompt_logprobs[{i}] is no object")

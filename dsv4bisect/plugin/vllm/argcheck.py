@@ -3,6 +3,7 @@ option definitions (the shipped facts, `facts.py`), the way vLLM's `FlexibleArgu
 reads it (`vllm/utils/argparse_utils.py`):
 
 - the option name's underscores become dashes up to the first `.` (`--max_num_seqs`);
+- `-O3` is `--optimization-level 3`;
 - `--json-option.key=value` / `--json-option.key value` (dotted keys, nested) are merged into
   one JSON object per option, values parsed as JSON where they are JSON;
 - a boolean field's option is `--x` / `--no-x` (BooleanOptionalAction) and takes no value; a
@@ -88,12 +89,25 @@ def serve_args(argv: Sequence[str]) -> list[str]:
     return argv[argv.index("serve") + 1:] if "serve" in argv else argv
 
 
+def _optimization_level(tokens: list[str]) -> list[str]:
+    """`-O3` / `-O=3` / `-O 3` -> `--optimization-level 3`, as vLLM's parser rewrites them."""
+    out: list[str] = []
+    for i, tok in enumerate(tokens):
+        if tok.startswith("-O") and tok != "-O":
+            out += ["--optimization-level", tok[3:] if tok[2:3] == "=" else tok[2:]]
+        elif tok == "-O" and i + 1 < len(tokens) and tokens[i + 1] in ("0", "1", "2", "3"):
+            out.append("--optimization-level")
+        else:
+            out.append(tok)
+    return out
+
+
 def check_argv(argv: Sequence[str], facts: dict[str, Any]) -> list[str]:
     """Every problem `vllm serve` of the facts' release would have with `argv` (after `serve`
     when present); [] when it parses."""
     options: dict[str, dict[str, Any]] = facts["cli"]
     by_flag = {f: (long, row) for long, row in options.items() for f in (long, *row["aliases"])}
-    tokens = serve_args(argv)
+    tokens = _optimization_level(serve_args(argv))
     problems: list[str] = []
     dotted: dict[str, dict[str, Any]] = {}
     positional = 0

@@ -165,8 +165,10 @@ def _install_one(base: dict[str, Any], plan: Plan, layout: str, sites: tuple[tg.
         problem = plan.check()
     if problem is not None:
         return Receipt(**base, state="refused", reason=problem, notes=notes)
+    group = tg.evidence(base["patch"], layout)
     rec = Receipt(**base, state="installed", notes=notes,
-                  expects_call=[h.target for h in plan.hooks if h.on_path])
+                  expects_call=[group] if group else [h.target for h in plan.hooks
+                                                      if h.on_path])
     writer.write(rec)
     try:
         rows = [apply_hook(h, by_target[h.target].copies) for h in plan.hooks]
@@ -186,9 +188,12 @@ def flush_calls(writer: ReceiptWriter, receipts: list[Receipt]) -> None:
         return
     _FLUSHED.update(fresh)
     for rec in receipts:
-        for target in rec.expects_call:
-            if target in fresh:
-                writer.mark_called(rec.patch, target)
+        mine = [t for t in fresh if t in rec.targets]
+        for target in mine:  # every site reached, and the group key of alternative sites
+            writer.mark_called(rec.patch, target)
+        group = tg.evidence(rec.patch, rec.layout or "")
+        if mine and group:
+            writer.mark_called(rec.patch, group)
 
 
 def install_flush(writer: ReceiptWriter, receipts: list[Receipt]) -> str | None:

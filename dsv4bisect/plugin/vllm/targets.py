@@ -112,6 +112,19 @@ def clamp_sites(layout: str) -> tuple[Site, ...]:
     return (Site(f"{TRTLLM}.TrtLlmNvFp4ExpertsBase.process_weights_after_loading"),)
 
 
+# Patches whose hooked sites are alternatives of one op: the model calls some of them, which
+# ones depends on the layer and the caller (0.34.0: the first layer's broadcast pre and the
+# residual-reusing post+pre; the others on other paths). Their receipt expects one call of any.
+ANY_SITE = {"mhc-bf16": "mHC pre (any of the hooked sites)"}
+
+
+def evidence(patch: str, layout: str) -> str | None:
+    """The receipt's single evidence key of a patch whose sites are alternatives, else None."""
+    if patch in ANY_SITE and len(mhc_sites(layout)) > 1:
+        return ANY_SITE[patch]
+    return None
+
+
 SITES = {"mhc-bf16": mhc_sites, "hash-topk-scaling": routing_sites, "mma-decode": decode_sites,
          "nvfp4-dispatch": dispatch_sites, "trtllm-clamp": clamp_sites}
 
