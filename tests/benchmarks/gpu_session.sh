@@ -3,6 +3,8 @@
 #   bash tests/benchmarks/gpu_session.sh kernels   # kernel tests + benchmark (~9 min)
 #   bash tests/benchmarks/gpu_session.sh engine    # the embedded engine's GPU tests + bench
 #   bash tests/benchmarks/gpu_session.sh sglang    # SGLang hook check (needs .whl/ with the wheels), microtest
+#   bash tests/benchmarks/gpu_session.sh vllm      # vLLM hooks vs vLLM's torch code (needs .whl/vllm:
+#                                                  #   python tests/vllm/gpu_vllm_check.py --make-slices .whl/vllm)
 # The GPU box has torch and triton but no pydantic and no network: the package is imported from
 # the checkout (kernels/, patches/, profiles/ linked under dsv4bisect/), nothing is installed.
 set -uo pipefail
@@ -23,5 +25,8 @@ case "${1:-}" in
     timeout 300 python3 tests/sglang/gpu_hooks_check.py --wheels .whl --out "$OUT" 2>&1 | tail -n 40
     MICROTEST_GPU_OUT=$OUT timeout 150 python3 -m pytest tests/microtest/test_gpu_microtest.py -m gpu -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/microtest_gpu.log" | tail -n 5
     ;;
-  *) echo "usage: $0 kernels|engine|sglang" >&2; exit 2 ;;
+  vllm)
+    timeout 300 python3 tests/vllm/gpu_vllm_check.py --slices .whl/vllm --device cuda --out "$OUT" 2>&1 | tail -n 75
+    ;;
+  *) echo "usage: $0 kernels|engine|sglang|vllm" >&2; exit 2 ;;
 esac
