@@ -25,7 +25,7 @@ from dsv4bisect.bisect.switch_info import other_vendor
 from dsv4bisect.config.diff import argv_items
 from dsv4bisect.config.resolve import Overrides, load_profile, resolve_loaded
 from dsv4bisect.config.schema import BisectSettings
-from dsv4bisect.errors import BisectError
+from dsv4bisect.errors import BisectError, ConfigError
 
 OFF_TEXT = ("", "0", "false", "no", "off", "none")
 
@@ -167,7 +167,11 @@ def code_bisect_hint(profile: str, old: str, new: str, kind: str | None = None) 
     every commit's server is probed against one baseline of the old release (a `run` of the
     profile compares two arms of the same code, so it cannot see a code regression). `kind`:
     the profile's engine kind (read from it when not given)."""
-    kind = kind or load_profile(profile).profile.engine.kind
+    if kind is None:
+        try:
+            kind = load_profile(profile).profile.engine.kind
+        except ConfigError:  # a profile this process cannot read: SGLang's wording
+            kind = "sglang"
     name, install = ("vLLM", "pip install -e .") if kind == "vllm" else \
         ("SGLang", "pip install -e python")
     return (f"bisect {name}'s commits v{old}..v{new}: keep a baseline of {old} (`dsv4bisect "

@@ -218,9 +218,13 @@ class ProbeClient:
                            api=self.api)
 
     def vllm(self) -> bool:
-        """Whether the server speaks vLLM's API (asked once, from /v1/models)."""
+        """Whether the server speaks vLLM's API (asked once, from /v1/models; a server that
+        cannot say is taken for SGLang's, whose routes then answer for themselves)."""
         if self.api is None:
-            self._learn_api(self.request("GET", "/v1/models"))
+            try:
+                self._learn_api(self.request("GET", "/v1/models"))
+            except ProbeError:
+                self.api = "sglang"
         return self.api == "vllm"
 
     def _learn_api(self, models: Any) -> None:
@@ -359,6 +363,14 @@ class ProbeClient:
         return tuple(value)
 
     def flush_cache(self) -> None:
+        if self.api is None:  # SGLang's route first (one request, as before); vLLM's on a 404
+            try:
+                self.request("POST", "/flush_cache", parse=False)
+                self.api = self.api or "sglang"
+                return
+            except ProbeHTTPError as exc:
+                if exc.status != 404 or not self.vllm():
+                    raise
         if self.vllm():  # vLLM's dev-mode route
             try:
                 self.request("POST", "/reset_prefix_cache", parse=False)
