@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from functools import cache
 from importlib import metadata, resources
 from typing import Any
 
 from dsv4bisect import env as envvars
-from dsv4bisect.base.versions import parse_version
+from dsv4bisect.base.versions import ReleaseSet, SglangInfo, parse_version
 
 VERIFIED = ("0.20.0", "0.22.0", "0.24.0", "0.28.0", "0.34.0")
 NEWEST_VERIFIED = VERIFIED[-1]
@@ -39,28 +38,15 @@ DATA_DIR = "vllm_data"
 FACTS_SCHEMA = 1
 
 
-@dataclass(frozen=True)
-class VllmInfo:
-    """The installed vLLM (version None: not installed) and its hook layout (None: refused)."""
-
-    version: str | None
-    layout: str | None
-    reason: str | None = None  # why there is no layout
-    verified: bool = True
-    warning: str | None = None
-
-    @property
-    def version_tuple(self) -> tuple[int, ...] | None:
-        return parse_version(self.version) if self.version else None
+VllmInfo = SglangInfo  # the same verdict shape: version, layout, reason, verified, warning
+RELEASES = ReleaseSet("vLLM", VERIFIED, LAYOUT_STARTS, "predates DeepSeek-V4 support (first "
+                      "release with it: 0.20.0)", f"verified: {', '.join(VERIFIED)}",
+                      "--allow-unverified-vllm")
 
 
 def layout_of_range(parsed: tuple[int, ...]) -> str:
     """The layout of the range `parsed` falls in (the newest one past the end)."""
-    name = LAYOUTS[0]
-    for layout, first in LAYOUT_STARTS:
-        if parsed[:3] >= first:
-            name = layout
-    return name
+    return RELEASES.layout_of_range(parsed)
 
 
 def allowed_by_env() -> bool:
@@ -69,25 +55,7 @@ def allowed_by_env() -> bool:
 
 def check_version(version: str, allow_unverified: bool = False) -> VllmInfo:
     """Layout, verification and the refusal or warning for a vLLM version string."""
-    parsed = parse_version(version)
-    if parsed is not None and parsed[:3] == (0, 0, 0):
-        parsed = None  # a source build's placeholder: proves nothing
-    if parsed is not None and parsed[:3] < FIRST_SUPPORTED:
-        return VllmInfo(version, None, f"vLLM {version} predates DeepSeek-V4 support (first "
-                        "release with it: 0.20.0)", verified=False)
-    if version.strip() in VERIFIED:
-        assert parsed is not None
-        return VllmInfo(version, layout_of_range(parsed))
-    what = (f"vLLM {version} is not a verified release (verified: {', '.join(VERIFIED)})"
-            if parsed is not None else
-            f"vLLM {version} is a source or dev build whose version proves nothing "
-            f"(newest verified release: {NEWEST_VERIFIED})")
-    if not allow_unverified:
-        return VllmInfo(version, None, what, verified=False)
-    layout = layout_of_range(parsed) if parsed is not None else LAYOUTS[-1]
-    return VllmInfo(version, layout, None, verified=False,
-                    warning=f"{what}; using the {layout} hook layout as asked "
-                            "(--allow-unverified-vllm)")
+    return RELEASES.check(version, allow_unverified)
 
 
 def refusal_hint(info: VllmInfo) -> str:

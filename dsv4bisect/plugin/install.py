@@ -20,7 +20,7 @@ from typing import Any
 from dsv4bisect.base.versions import SglangInfo
 from dsv4bisect.plugin.receipts import Receipt, ReceiptWriter
 from dsv4bisect.plugin.spec import HookSpec, Plan, Recorder
-from dsv4bisect.plugin.targets import CONTRACT_TARGET, SIGNATURES, uses
+from dsv4bisect.plugin.targets import CONTRACT_TARGET, SIGNATURES, Signature, uses
 
 PLANNERS: dict[str, tuple[str, str]] = {  # patch -> (module, function)
     "mhc-bf16": ("hooks_mhc", "plan"),
@@ -129,9 +129,11 @@ def _install_one(base: dict[str, Any], plan: Plan, layout: str,
     return rec
 
 
-def check_targets(targets: list[str], layout: str) -> str | None:
-    """Resolve each target and compare its signature with the layout's table."""
-    table = SIGNATURES[layout]
+def check_targets(targets: list[str], layout: str,
+                  table: Mapping[str, Signature] | None = None) -> str | None:
+    """Resolve each target and compare its signature with the layout's table (`table`:
+    another engine's, e.g. vLLM's `plugin/vllm/targets.SIGNATURES[layout]`)."""
+    table = SIGNATURES[layout] if table is None else table
     for target in targets:
         sig = table.get(target)
         if sig is None:

@@ -497,14 +497,19 @@ class ProbeClient:
                              self._logprob(t[0], data, f"input_top_logprobs[{i}]"))
                             for t in top if isinstance(t, list) and len(t) >= 2
                             and t[0] is not None])
-        bad = [(p, lp) for p, lps_at, top in zip(positions, token_lps, top_out)
-               for lp in (lps_at, *(x for _, x in top)) if not math.isfinite(lp)]
+        self._finite("/generate", positions, token_lps, top_out)
+        return positions, token_lps, top_out
+
+    def _finite(self, path: str, positions: list[int], lps: list[float],
+                tops: list[list[tuple[int, float]]]) -> None:
+        """NonFiniteScores when a scored log-prob (or a top one) is NaN or infinite."""
+        bad = [(p, lp) for p, at, top in zip(positions, lps, tops)
+               for lp in (at, *(x for _, x in top)) if not math.isfinite(lp)]
         if bad:
             raise NonFiniteScores(
-                f"POST {self.url}/generate: {len(bad)} non-finite logprobs, the first "
+                f"POST {self.url}{path}: {len(bad)} non-finite logprobs, the first "
                 f"{bad[0][1]!r} at position {bad[0][0]}",
                 "the configuration computes NaN/inf logits (a NaN decode, sglang#25704)")
-        return positions, token_lps, top_out
 
     def _score_vllm(self, input_ids: Sequence[int], start: int, top_k: int,
                     max_new_tokens: int
@@ -515,13 +520,7 @@ class ProbeClient:
             positions, lps, tops = vr.prompt_scores(data, input_ids, start, top_k)
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise self._malformed("/v1/completions", data, f"prompt_logprobs: {exc}") from exc
-        bad = [(p, lp) for p, at, top in zip(positions, lps, tops)
-               for lp in (at, *(x for _, x in top)) if not math.isfinite(lp)]
-        if bad:
-            raise NonFiniteScores(
-                f"POST {self.url}/v1/completions: {len(bad)} non-finite prompt logprobs, the "
-                f"first at position {bad[0][0]}",
-                "the configuration computes NaN/inf logits")
+        self._finite("/v1/completions", positions, lps, tops)
         return positions, lps, tops
 
     def _logprob(self, value: Any, data: Any, where: str) -> float:

@@ -5,7 +5,7 @@
 
     python tests/benchmarks/gen_vllm_facts.py [RELEASE ...]   # default: every verified one
 
-The wheels come from tests/vllm/wheels.py's cache (downloaded there when missing, ~1.3 GB for
+The wheels come from tests/vllm/vllm_wheels.py's cache (downloaded there when missing, ~1.3 GB for
 the five). Prints one line per release. tests/vllm/test_wheels.py (slow) checks that the shipped
 files equal this output.
 """
@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "vllm"))  # wheels.py
+sys.path.insert(0, str(ROOT / "tests" / "vllm"))  # vllm_wheels.py
 
-from wheels import VERSIONS, fetch_wheel
+from vllm_wheels import VERSIONS, fetch_wheel
 
 from dsv4bisect.base.vllm_releases import DATA_DIR
 from dsv4bisect.patching.switch_catalog import DATA_DIR as SWITCH_DIR

@@ -53,11 +53,11 @@ EXACT = 1e-5  # fp32-rounding agreement
 
 # -- slices -------------------------------------------------------------------------------------
 def make_slices(dest: Path) -> None:
-    """The files the check reads, from the wheels tests/vllm/wheels.py keeps (run here)."""
+    """The files the check reads, from the wheels tests/vllm/vllm_wheels.py keeps (run here)."""
     import zipfile
 
     sys.path.insert(0, str(ROOT / "tests" / "vllm"))
-    from wheels import fetch_wheel
+    from vllm_wheels import fetch_wheel
 
     total = 0
     for release in RELEASES:

@@ -1,6 +1,6 @@
 """Slow: every shipped vLLM fact comes from the release's own wheel. Downloads the five wheels
-(`pip download --no-deps`, ~1.3 GB, into ~/.cache/dsv4bisect/vllm-wheels: tests/vllm/
-wheels.py), regenerates the source facts and the switch catalogs by AST and requires them equal
+(`pip download --no-deps`, ~1.3 GB, into ~/.cache/dsv4bisect/vllm-wheels:
+tests/vllm/vllm_wheels.py), regenerates the source facts and the switch catalogs by AST and requires them equal
 to the shipped files; runs doctor against each wheel, and the GPU check's CPU arm from slices of
 the wheels (vLLM's own mhc torch.py and routing fallbacks against the hooks)."""
 
@@ -21,7 +21,7 @@ from dsv4bisect.plugin.vllm.facts import extract
 from dsv4bisect.plugin.vllm.tree import open_tree
 
 sys.path.insert(0, str(Path(__file__).parent))
-from wheels import READ, wheel_of  # noqa: E402
+from vllm_wheels import READ, wheel_of  # noqa: E402
 
 ROOT = Path(__file__).parents[2]
 pytestmark = pytest.mark.slow

@@ -17,13 +17,10 @@ from types import FrameType
 from typing import Any
 
 from dsv4bisect import env as envvars
+from dsv4bisect.plugin.context import _as_int
 from dsv4bisect.plugin.receipts import ProcessInfo
 
 WORKER_FUNCTION = "init_worker"
-
-
-def _as_int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def worker_frame(start: FrameType | None = None) -> FrameType | None:

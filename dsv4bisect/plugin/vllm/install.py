@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dsv4bisect.base.vllm_releases import VllmInfo
+from dsv4bisect.plugin.install import check_targets as _check_targets
+from dsv4bisect.plugin.install import resolve
 from dsv4bisect.plugin.receipts import Receipt, ReceiptWriter
 from dsv4bisect.plugin.spec import HookSpec, Plan
 from dsv4bisect.plugin.vllm import targets as tg
@@ -47,32 +49,9 @@ class Marks:
         self.writer.update_detail(self.patch, key, value)
 
 
-def resolve(target: str) -> Any:
-    obj_path, attr = target.rsplit(".", 1)
-    owner = pkgutil.resolve_name(obj_path)
-    raw = owner.__dict__.get(attr) if isinstance(owner, type) else None
-    if isinstance(raw, (staticmethod, classmethod)):
-        return raw.__func__
-    return getattr(owner, attr)
-
-
 def check_targets(names: list[str], layout: str) -> str | None:
-    """Resolve each target and compare its signature with the layout's table."""
-    from dsv4bisect.plugin.install import signature_names
-
-    table = tg.SIGNATURES[layout]
-    for target in names:
-        sig = table.get(target)
-        if sig is None:
-            return f"{target} has no expected signature for vLLM layout {layout}"
-        try:
-            obj = resolve(target)
-        except (ImportError, AttributeError, ValueError) as exc:
-            return f"cannot resolve {target}: {type(exc).__name__}: {exc}"
-        names_ = signature_names(obj)
-        if names_ is not None and sig.params and (why := sig.mismatch(names_)):
-            return f"{target} changed: {why}"
-    return None
+    """Resolve each target and compare its signature with the vLLM layout's table."""
+    return _check_targets(names, layout, tg.SIGNATURES[layout])
 
 
 def _wrapper(kind: str, fn: Callable[..., Any], original: Any) -> Callable[..., Any]:
@@ -214,4 +193,4 @@ def install_flush(writer: ReceiptWriter, receipts: list[Receipt]) -> str | None:
 
 
 __all__ = ["CALLED", "Marks", "apply_hook", "check_targets", "flush_calls", "install_flush",
-           "install_patches"]
+           "install_patches", "resolve"]

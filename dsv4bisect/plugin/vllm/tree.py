@@ -28,22 +28,12 @@ MAX_DEPTH = 6  # alias hops (`CacheDType = Literal[...]`, re-exports through __i
 class VllmTree(SourceTree):
     """A vLLM wheel or source directory."""
 
+    PACKAGE = PACKAGE
+
     def py_files(self) -> list[str]:
         if self._zip is not None:
             return sorted(n for n in self._names if n.endswith(".py") and n.startswith("vllm/"))
         return sorted(str(p.relative_to(self.root)) for p in (self.root / PACKAGE).rglob("*.py"))
-
-    def version(self) -> str | None:
-        if self._zip is not None:
-            return super().version()
-        tree = self.tree("vllm._version")
-        for node in tree.body if tree is not None else []:
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and \
-                    isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if any(getattr(t, "id", "") in ("__version__", "version") for t in targets):
-                    return str(node.value.value)
-        return None
 
     def is_vllm(self) -> bool:
         return self.module_file("vllm") is not None or self.module_file("vllm.envs") is not None
