@@ -34,7 +34,6 @@ Tier = Literal["kernel", "precision", "topology", "scheduling", "logging", "othe
 TIERS: tuple[str, ...] = ("kernel", "precision", "topology", "scheduling", "logging", "other")
 READS: tuple[str, ...] = ("import", "construction", "call")  # earliest first
 OPTIONAL = ("forced", "copies", "replaces")  # written only when not empty
-ENGINES = ("sglang", "vllm")  # whose catalogs ship: switch_data/<engine>-<release>.json
 DATA_PACKAGE = "dsv4bisect.patching"
 DATA_DIR = "switch_data"
 
