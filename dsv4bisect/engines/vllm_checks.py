@@ -74,8 +74,9 @@ def release_row(version: str | None, where: str, allow: bool
                 ) -> tuple[Finding, vr.VllmInfo | None]:
     """The vLLM row and its verdict (layout None: refused)."""
     if version is None:
-        return Finding("vLLM", "fail", f"not installed ({where})",
-                        "install vLLM in the engine's Python, or give --vllm-src"), None
+        return Finding("vLLM", "fail", f"vLLM is not installed in {where}",
+                        "install vLLM in the engine's Python or set engine.python to the one "
+                        "that has it (doctor: or give --vllm-src)"), None
     info = vr.check_version(version, allow or vr.allowed_by_env())
     if info.layout is None:
         return Finding("vLLM", "fail", f"{version} ({where}): {info.reason}",
