@@ -15,6 +15,8 @@ from dsv4bisect.errors import ConfigError, ExitCode
 from dsv4bisect.ui.console import stdout
 
 if TYPE_CHECKING:
+    from dsv4bisect.config.engine_config import EngineConfig
+    from dsv4bisect.config.resolve import LoadedProfile
     from dsv4bisect.engines.preflight import Finding
 
 
@@ -118,32 +120,29 @@ def doctor(
         raise typer.Exit(int(ExitCode.FAIL))
 
 
-def _vllm(loaded: object, cfg: object, python: str, src: Optional[str], allow: bool,
-          json_out: bool) -> None:
+def _vllm(loaded: LoadedProfile, cfg: EngineConfig, python: str, src: Optional[str],
+          allow: bool, json_out: bool) -> None:
     """A `kind: vllm` profile: vLLM, the plugin, the argv, every hook target (docs/vllm.md)."""
+    from dsv4bisect.base.vllm_releases import refusal_hint
     from dsv4bisect.engines import preflight as d
     from dsv4bisect.engines.vllm_checks import doctor as vllm_doctor
+    from dsv4bisect.engines.vllm_checks import gpu_rows
 
-    engine = loaded.profile.engine  # type: ignore[attr-defined]
+    engine = loaded.profile.engine
     try:
-        rows, info = vllm_doctor(cfg, _which(python), engine.vllm_version,  # type: ignore[arg-type]
+        rows, info = vllm_doctor(cfg, _which(python), engine.vllm_version,
                                  allow or engine.allow_unverified_vllm, src)
     except FileNotFoundError as exc:
         raise ConfigError(str(exc), "--vllm-src takes a vLLM wheel or a directory holding vllm/")
     found, why = d.gpus()
-    patches = [p.name for p in cfg.patches if p.builtin and p.delivered]  # type: ignore[attr-defined]
-    from dsv4bisect.engines.vllm_checks import gpu_rows
-
-    rows += gpu_rows(found, why, patches)
-    rows += d.port_checks(cfg.host, d.fixed_ports(cfg))  # type: ignore[attr-defined, arg-type]
+    rows += gpu_rows(found, why, [p.name for p in cfg.patches if p.builtin and p.delivered])
+    rows += d.port_checks(cfg.host, d.fixed_ports(cfg))
     if src is None:
-        rows += [r for r in d.doctor_rows(loaded, cfg, python)  # type: ignore[arg-type]
+        rows += [r for r in d.doctor_rows(loaded, cfg, python)
                  if r.check in ("preflight: model", "preflight: GPUs")]
     _render(rows, json_out)
     if info is not None and info.layout is None:
-        print(f"error: {info.reason}", file=sys.stderr)
-        print(f"hint: {__import__('dsv4bisect.base.vllm_releases', fromlist=['x']).refusal_hint(info)}",
-              file=sys.stderr)
+        print(f"error: {info.reason}\nhint: {refusal_hint(info)}", file=sys.stderr)
     if any(r.failed for r in rows):
         raise typer.Exit(int(ExitCode.FAIL))
 

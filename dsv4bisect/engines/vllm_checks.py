@@ -256,6 +256,7 @@ def doctor(cfg: EngineConfig, python: str, pin: str | None, allow: bool,
     patches = [p.name for p in cfg.patches if p.builtin and p.delivered]
     rows: list[Finding] = []
     found = probe_python(python)
+    engine_py = None if isinstance(found, str) else str(found["python"])
     installed = None if isinstance(found, str) else found.get("vllm")
     facts: Mapping[str, Any] | None = None
     if src is not None:
@@ -265,8 +266,8 @@ def doctor(cfg: EngineConfig, python: str, pin: str | None, allow: bool,
         tree = open_tree(src)
         facts = extract(tree)
         version, where, origin = facts["release"], src, f"AST of {Path(src).name}"
-    elif installed is not None:
-        version, where, origin = installed, str(found["python"]), "shipped facts"  # type: ignore[index]
+    elif installed is not None and engine_py is not None:
+        version, where, origin = installed, engine_py, "shipped facts"
     else:
         version, where, origin = pin, "the profile's engine.vllm_version", "shipped facts"
         rows.append(Finding("vLLM installed", "warn", (found if isinstance(found, str) else
@@ -290,8 +291,8 @@ def doctor(cfg: EngineConfig, python: str, pin: str | None, allow: bool,
         if installed is None or src is not None:
             rows += static_target_rows(targets, info.layout, facts, origin)
         rows += contract_rows(patches, info.layout, facts, origin)
-    if installed is not None and src is None:
-        rows += runtime_target_rows(targets, info.layout, str(found["python"]))  # type: ignore[index]
+    if installed is not None and src is None and engine_py is not None:
+        rows += runtime_target_rows(targets, info.layout, engine_py)
     if not patches:
         rows.append(Finding("hook targets", "ok", "no patch is delivered to vLLM: nothing to "
                             "hook"))

@@ -329,8 +329,8 @@ def main() -> int:
         lim = "report" if r["limit"] is None else f"{r['limit']:.0e}"
         extra = f"  hook {r['ms_hook']:.3f} ms, vLLM torch {r['ms_vllm_torch']:.3f} ms" \
             if "ms_hook" in r else ""
-        print(f"{r['release']:8} {r['tokens']:>5} {err:>10} {lim:>8} {'yes' if r['ok'] else 'NO':3} "
-              f"{r['op']}{extra}")
+        ok = "yes" if r["ok"] else "NO"
+        print(f"{r['release']:8} {r['tokens']:>5} {err:>10} {lim:>8} {ok:3} {r['op']}{extra}")
     failed = [r for r in rows if not r["ok"]]
     print(f"{len(rows) - len(failed)} of {len(rows)} checks passed")
     if a.out is not None:

@@ -14,7 +14,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dsv4bisect.plugin.hooks_attention import sparse_decode  # noqa: E402
-from dsv4bisect.plugin.vllm import hooks_attention, hooks_mhc, hooks_quant, hooks_routing  # noqa: E402
+from dsv4bisect.plugin.vllm import (  # noqa: E402
+    hooks_attention,
+    hooks_mhc,
+    hooks_quant,
+    hooks_routing,
+)
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "sglang"))
 from sglang_tree import paged_decode_case  # noqa: E402

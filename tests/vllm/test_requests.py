@@ -43,7 +43,8 @@ def test_the_fields_the_probe_relies_on_exist_in_every_release() -> None:
 
 
 @pytest.mark.parametrize("path,body,problem", [
-    ("/v1/completions", {"prompt": IDS, "logprob_start_len": 3}, "has no field `logprob_start_len`"),
+    ("/v1/completions", {"prompt": IDS, "logprob_start_len": 3},
+     "has no field `logprob_start_len`"),
     ("/v1/completions", {"prompt": IDS, "prompt_logprobs": "5"}, "prompt_logprobs: str where"),
     ("/v1/chat/completions", {"messages": MESSAGES, "top_logprobs_num": 5}, "no field"),
     ("/tokenize", {"messages": MESSAGES, "add_generation_prompt": "yes"}, "str where bool"),

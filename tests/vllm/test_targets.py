@@ -16,7 +16,8 @@ from dsv4bisect.plugin.vllm.planners import VLLM, delivery
 RELEASES = vr.VERIFIED
 # A by-value importer on DeepSeek-V4's NVIDIA path (not ROCm, XPU, CPU, V4.1 or another model):
 # one the hook must rebind, or the rebinding would miss a call site.
-V4_NVIDIA = re.compile(r"^vllm\.(models\.deepseek_v4\.(nvidia|common)\.|models\.deepseek_v4\.[a-z_]+$"
+V4_NVIDIA = re.compile(r"^vllm\.(models\.deepseek_v4\.(nvidia|common)\."
+                       r"|models\.deepseek_v4\.[a-z_]+$"
                        r"|model_executor\.(models|layers)\.deepseek_v4)")
 
 

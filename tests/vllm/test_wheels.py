@@ -1,8 +1,9 @@
 """Slow: every shipped vLLM fact comes from the release's own wheel. Downloads the five wheels
 (`pip download --no-deps`, ~1.3 GB, into ~/.cache/dsv4bisect/vllm-wheels:
-tests/vllm/vllm_wheels.py), regenerates the source facts and the switch catalogs by AST and requires them equal
-to the shipped files; runs doctor against each wheel, and the GPU check's CPU arm from slices of
-the wheels (vLLM's own mhc torch.py and routing fallbacks against the hooks)."""
+tests/vllm/vllm_wheels.py), regenerates the source facts and the switch catalogs by AST and
+requires them equal to the shipped files; runs doctor against each wheel, and the GPU check's
+CPU arm from slices of the wheels (vLLM's own mhc torch.py and routing fallbacks against the
+hooks)."""
 
 from __future__ import annotations
 

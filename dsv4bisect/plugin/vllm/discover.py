@@ -236,10 +236,11 @@ def _env_switch(name: str, reads: list[Read], decl: EnvDecl | None) -> Switch:
     mode = min((r.mode for r in reads), key=READS.index)
     first = reads[0]
     more = len({r.gates for r in reads}) - 1
-    return Switch(name=name, kind="env", type=decl.type if decl else "str",
-                  default=decl.default if decl else None, read=mode, hot=False,  # type: ignore[arg-type]
-                  gates=first.gates + (f" (+{more})" if more else ""), where=first.where,
-                  tier=vllm_tier(name))  # type: ignore[arg-type]
+    return Switch.model_validate({
+        "name": name, "kind": "env", "type": decl.type if decl else "str",
+        "default": decl.default if decl else None, "read": mode, "hot": False,
+        "gates": first.gates + (f" (+{more})" if more else ""), "where": first.where,
+        "tier": vllm_tier(name)})
 
 
 def _flag_of(cls: str, field: str, cli: dict[str, Any]) -> str | None:
@@ -302,12 +303,12 @@ def config_settings(tree: VllmTree, cli: dict[str, Any]) -> list[Switch]:
     out: list[Switch] = []
     for flag, cls_name, name, row, rel, _ in rows:
         default = row.get("default")
-        out.append(Switch(
-            name=flag, kind="arg", type=_type_name(row["type"]),
-            default=None if isinstance(default, str) and default.startswith("<") else default,
-            read="construction", hot=False, gates=f"{cls_name}.{name}",
-            where=f"{rel}:{row['line']}", tier=vllm_tier(flag),  # type: ignore[arg-type]
-            replaces=_replaces(flag, present)))
+        out.append(Switch.model_validate({
+            "name": flag, "kind": "arg", "type": _type_name(row["type"]),
+            "default": None if isinstance(default, str) and default.startswith("<") else default,
+            "read": "construction", "hot": False, "gates": f"{cls_name}.{name}",
+            "where": f"{rel}:{row['line']}", "tier": vllm_tier(flag),
+            "replaces": _replaces(flag, present)}))
     return out
 
 

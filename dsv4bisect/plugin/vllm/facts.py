@@ -81,7 +81,7 @@ def symbol_facts(tree: VllmTree, names: list[str]) -> dict[str, Any]:
 
 def by_value_facts(tree: VllmTree, names: list[str]) -> dict[str, dict[str, str]]:
     """target -> {importing module: local name} for `from M import f` anywhere in vllm/."""
-    wanted: dict[tuple[str, str], str] = {tuple(t.rsplit(".", 1)): t for t in names}  # type: ignore[misc]
+    wanted = {(t.rsplit(".", 1)[0], t.rsplit(".", 1)[1]): t for t in names}
     out: dict[str, dict[str, str]] = {t: {} for t in names}
     needles = {t.rsplit(".", 1)[1] for t in names}
     for rel in tree.py_files():

@@ -4,7 +4,8 @@ and the modules holding copies imported by value.
 A layout is named by the first verified release it covers (`base/vllm_releases.LAYOUTS`); each
 verified release starts one, because each moved something the mHC hook relies on:
 
-    0.20.0  model_executor/models/deepseek_v4.py: DeepseekV4DecoderLayer.hc_pre -> torch.ops.vllm.mhc_pre
+    0.20.0  model_executor/models/deepseek_v4.py: DeepseekV4DecoderLayer.hc_pre
+            (-> torch.ops.vllm.mhc_pre)
     0.22.0  models/deepseek_v4/nvidia/model.py: hc_pre (norm fused) + MHCFusedPostPreOp (CustomOp)
     0.24.0  the TileLang mHC kernels called by name (`from ...mhc.tilelang import mhc_pre_tilelang`)
     0.28.0  + mhc_pre_broadcast_tilelang (the first layer's residual broadcast from (T, H))
