@@ -8,6 +8,7 @@ from pathlib import Path
 PATCHES = "DSV4BISECT_PATCHES"  # wire format, read by `serve` and the SGLang plugin
 SWITCHES = "DSV4BISECT_SWITCHES"  # VAR=V,... the upstream switches as set (checked by the plugin)
 ALLOW_UNVERIFIED_SGLANG = "DSV4BISECT_ALLOW_UNVERIFIED_SGLANG"  # 1: run on an unverified SGLang
+ALLOW_UNVERIFIED_VLLM = "DSV4BISECT_ALLOW_UNVERIFIED_VLLM"  # 1: run on an unverified vLLM
 RECEIPTS = "DSV4BISECT_RECEIPTS"  # directory where engine processes write receipts
 ROLE = "DSV4BISECT_ROLE"  # the role of an engine process (server, prefill, decode)
 LAUNCH = "DSV4BISECT_LAUNCH"  # names one spawn of an engine process (engines/groups.py)
@@ -19,6 +20,7 @@ CACHE = "DSV4BISECT_CACHE"  # cache root (worktrees, baselines, the ledger); def
 TEST_PATCHES = "DSV4BISECT_TEST_PATCHES"
 TEST_PATCH_MODULES = "DSV4BISECT_TEST_PATCH_MODULES"
 SGLANG_PLUGINS = "SGLANG_PLUGINS"  # SGLang's whitelist of plugin entry points
+VLLM_PLUGINS = "VLLM_PLUGINS"  # vLLM's allowlist of `vllm.general_plugins` entry points
 PLUGIN_NAME = "dsv4bisect"
 
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")

@@ -73,24 +73,26 @@ def _catalog_tier(name: str, profile: Profile) -> tuple[str, str]:
         found = embedded_switch(name)
         if found is not None:
             return found.tier, "the embedded engine's catalog"
-    elif engine.kind == "sglang":
-        found_tier = _sglang_tier(name, engine.sglang_version)
+    elif engine.kind in ("sglang", "vllm"):
+        release = engine.vllm_version if engine.kind == "vllm" else engine.sglang_version
+        found_tier = _release_tier(name, release, engine.kind)
         if found_tier is not None:
-            return found_tier, f"SGLang {engine.sglang_version}'s switch catalog"
+            label = "vLLM" if engine.kind == "vllm" else "SGLang"
+            return found_tier, f"{label} {release}'s switch catalog"
     key = name[len(ENV):] if name.startswith(ENV) else name[len(ARG):] \
         if name.startswith(ARG) else name.rsplit(".", 1)[-1]
     return tier_of(key), "the name rule"
 
 
-def _sglang_tier(name: str, release: str | None) -> str | None:
+def _release_tier(name: str, release: str | None, engine: str = "sglang") -> str | None:
     """The release catalog's tier for an env switch or server flag (None: not in it)."""
     if release is None:
         return None
     try:
-        catalog = load_catalog(release)
+        catalog = load_catalog(release, engine)
     except ConfigError:  # no catalog ships for it: the name rule
         return None
-    for key in _catalog_names(name):
+    for key in _catalog_names(name, engine):
         found = catalog.get(key)
         if found is not None:
             return str(found.tier)
@@ -140,26 +142,38 @@ def _files(sites: list[str], *, lines: bool = False) -> str:
 
 
 def catalog_switch(name: str, profile: Profile) -> Switch | None:
-    """The profile's SGLang release's catalog entry for this variable or flag (None: the
-    catalog does not list it, or the profile runs no pinned SGLang)."""
+    """The profile's SGLang or vLLM release's catalog entry for this variable or flag (None:
+    the catalog does not list it, or the profile runs no pinned SGLang or vLLM)."""
     engine = profile.engine
-    if engine.kind != "sglang" or not engine.sglang_version:
+    release = engine.vllm_version if engine.kind == "vllm" else engine.sglang_version
+    if engine.kind not in ("sglang", "vllm") or not release:
         return None
     try:
-        return load_catalog(engine.sglang_version).get(name)
+        return load_catalog(release, engine.kind).get(name)
     except ConfigError:
         return None
 
 
 def in_catalog(switch: str, profile: Profile) -> bool:
-    """Whether the SGLang release's catalog lists this variable or flag (read on V4's path)."""
+    """Whether the SGLang or vLLM release's catalog lists this variable or flag (read on V4's
+    path)."""
     return catalog_switch(switch, profile) is not None
 
 
-def _catalog_names(name: str) -> tuple[str, ...]:
+# Where an `engine` key of a vLLM profile goes (config/processes.py `_vllm_server`).
+VLLM_FLAG = {"moe_backend": "--moe-backend", "quantization": "--quantization",
+             "chunked_prefill_size": "--max-num-batched-tokens", "tp": "--tensor-parallel-size",
+             "dp": "--data-parallel-size", "max_running_requests": "--max-num-seqs",
+             "disable_radix_cache": "--enable-prefix-caching"}
+
+
+def _catalog_names(name: str, engine: str = "sglang") -> tuple[str, ...]:
     if name.startswith(ENV):
         return (name[len(ENV):],)
     key = name.rsplit(".", 1)[-1]
-    flag = name[len(ARG):] if name.startswith(ARG) else SGLANG_FLAG.get(
+    flags = VLLM_FLAG if engine == "vllm" else SGLANG_FLAG
+    flag = name[len(ARG):] if name.startswith(ARG) else flags.get(
         key, "--" + key.replace("_", "-"))
+    if engine == "vllm" and flag.startswith("--no-"):
+        flag = "--" + flag[5:]  # a boolean option's negative form
     return (flag, flag.lstrip("-"), flag.lstrip("-").replace("-", "_"))

@@ -15,6 +15,8 @@ from dsv4bisect.errors import ConfigError, ExitCode
 from dsv4bisect.ui.console import stdout
 
 if TYPE_CHECKING:
+    from dsv4bisect.config.engine_config import EngineConfig
+    from dsv4bisect.config.resolve import LoadedProfile
     from dsv4bisect.engines.preflight import Finding
 
 
@@ -34,6 +36,12 @@ def doctor(
     allow_unverified: Annotated[bool, typer.Option(
         "--allow-unverified-sglang",
         help="Warn instead of failing on an SGLang release dsv4bisect has not verified.")] = False,
+    vllm_src: Annotated[Optional[str], typer.Option(
+        "--vllm-src", metavar="PATH",
+        help="kind: vllm: read the release's facts from this vLLM wheel or source tree.")] = None,
+    allow_unverified_vllm: Annotated[bool, typer.Option(
+        "--allow-unverified-vllm",
+        help="kind: vllm: warn instead of failing on an unverified vLLM release.")] = False,
     json_out: Json = False,
     enable: Enable = None, disable: Disable = None, only: Only = None, sets: Set = None,
 ) -> None:
@@ -67,6 +75,10 @@ def doctor(
         host, ports = cfg.host, d.fixed_ports(cfg)
         if any(p.gets_patches for p in cfg.processes):  # `{python}` as the launcher runs it
             engine_py = d.engine_python(cfg)
+        if cfg.kind == "vllm":
+            _vllm(loaded, cfg, python or engine_py or sys.executable, vllm_src,
+                  allow_unverified_vllm, json_out)
+            return
         if cfg.kind == "reference":
             ref = loaded.profile.engine.reference
             rows = d.embedded_checks(_which(python or engine_py or sys.executable),
@@ -112,6 +124,33 @@ def doctor(
     _render(rows, json_out)
     if info is not None and not info.verified and info.layout is None:
         print(f"error: {info.reason}", file=sys.stderr)  # the one-line refusal
+    if any(r.failed for r in rows):
+        raise typer.Exit(int(ExitCode.FAIL))
+
+
+def _vllm(loaded: LoadedProfile, cfg: EngineConfig, python: str, src: Optional[str],
+          allow: bool, json_out: bool) -> None:
+    """A `kind: vllm` profile: vLLM, the plugin, the argv, every hook target (docs/vllm.md)."""
+    from dsv4bisect.base.vllm_releases import refusal_hint
+    from dsv4bisect.engines import preflight as d
+    from dsv4bisect.engines.vllm_checks import doctor as vllm_doctor
+    from dsv4bisect.engines.vllm_checks import gpu_rows
+
+    engine = loaded.profile.engine
+    try:
+        rows, info = vllm_doctor(cfg, _which(python), engine.vllm_version,
+                                 allow or engine.allow_unverified_vllm, src)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc), "--vllm-src takes a vLLM wheel or a directory holding vllm/")
+    found, why = d.gpus()
+    rows += gpu_rows(found, why, [p.name for p in cfg.patches if p.builtin and p.delivered])
+    rows += d.port_checks(cfg.host, d.fixed_ports(cfg))
+    if src is None:
+        rows += [r for r in d.doctor_rows(loaded, cfg, python)
+                 if r.check in ("preflight: model", "preflight: GPUs")]
+    _render(rows, json_out)
+    if info is not None and info.layout is None:
+        print(f"error: {info.reason}\nhint: {refusal_hint(info)}", file=sys.stderr)
     if any(r.failed for r in rows):
         raise typer.Exit(int(ExitCode.FAIL))
 

@@ -1,4 +1,4 @@
-"""`dsv4bisect serve`: the embedded reference engine behind SGLang's HTTP API subset."""
+"""`dsv4bisect serve`: the embedded reference engine behind SGLang's (or vLLM's) HTTP API subset."""
 
 from __future__ import annotations
 
@@ -13,6 +13,11 @@ import typer
 class Precision(str, Enum):
     deployment = "deployment"
     exact = "exact"
+
+
+class ApiKind(str, Enum):
+    sglang = "sglang"
+    vllm = "vllm"
 
 
 class Device(str, Enum):
@@ -66,6 +71,9 @@ def serve(
         help="Draft branches per step; only 1 (a chain) is built (SGLang's name).")] = None,
     speculative_num_draft_tokens: Annotated[int | None, typer.Option(
         help="Tokens verified per round: steps + 1 for a chain (SGLang's name).")] = None,
+    api: Annotated[ApiKind, typer.Option(
+        help="The HTTP API served: SGLang's subset, or vLLM's (docs/vllm.md).")
+    ] = ApiKind.sglang,
 ) -> None:
     """Serve the embedded DeepSeek-V4 reference engine on SGLang's HTTP API subset.
 
@@ -97,7 +105,7 @@ def serve(
             max_model_len=max_model_len, served_model_name=served_model_name, patches=patches,
             model_path=checkpoint,
             header_timeout=header_timeout, max_running_requests=max_running_requests,
-            disable_radix_cache=disable_radix_cache, speculative=speculative,
+            disable_radix_cache=disable_radix_cache, speculative=speculative, api=api.value,
         )
         run_server(opts, _print_ready, signals)
     finally:

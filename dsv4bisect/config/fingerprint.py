@@ -101,6 +101,13 @@ def installed_sglang_version() -> str | None:
         return None
 
 
+def installed_vllm_version() -> str | None:
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def model_identity(path: str | None) -> dict[str, Any]:
     """Content identity of a checkpoint directory (its config and shard index), not its path."""
     if not path:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dsv4bisect.config.engine_config import ProcessSpec
 from dsv4bisect.config.schema import Engine, PDRole
-from dsv4bisect.env import PATCHES, PLUGIN_NAME, SGLANG_PLUGINS
+from dsv4bisect.env import PATCHES, PLUGIN_NAME, SGLANG_PLUGINS, VLLM_PLUGINS
 
 DEFAULT_REFERENCE_CHUNK = 2048
 
@@ -34,6 +34,8 @@ def build_processes(engine: Engine, delivery: PatchDelivery) -> tuple[str, tuple
         return "server", (_reference(engine, delivery),)
     if engine.kind == "command":
         return "server", (_command(engine, delivery),)
+    if engine.kind == "vllm":
+        return "server", (_vllm_server(engine, delivery),)
     if engine.pd is None:
         return "server", (_sglang_server(engine, delivery, "server", engine.gpus, engine.tp, []),)
     pd = engine.pd
@@ -60,15 +62,19 @@ def _env(*layers: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 def with_plugin(plugins: str) -> str:
-    """An SGLANG_PLUGINS value with ours added (the user's own plugins kept, in order)."""
+    """An SGLANG_PLUGINS / VLLM_PLUGINS value with ours added (the user's own plugins kept, in
+    order)."""
     return ",".join(dict.fromkeys([*(p for p in plugins.split(",") if p), PLUGIN_NAME]))
 
 
 def _patch_env(engine: Engine, delivery: PatchDelivery, plugin: bool) -> dict[str, str]:
     env = dict(delivery.env)
     env[PATCHES] = delivery.wire
-    if plugin and delivery.wire:
-        env[SGLANG_PLUGINS] = with_plugin(engine.env.get(SGLANG_PLUGINS, ""))
+    allowlist = VLLM_PLUGINS if engine.kind == "vllm" else SGLANG_PLUGINS
+    if plugin and delivery.wire and (engine.kind != "vllm" or allowlist in engine.env):
+        # vLLM loads every installed general plugin when VLLM_PLUGINS is unset: ours is then
+        # loaded without being named (and naming it alone would drop the user's others)
+        env[allowlist] = with_plugin(engine.env.get(allowlist, ""))
     if delivery.pythonpath:
         base = engine.env.get("PYTHONPATH")
         env["PYTHONPATH"] = delivery.pythonpath + (f":{base}" if base else "")
@@ -92,10 +98,13 @@ def _reference(engine: Engine, delivery: PatchDelivery) -> ProcessSpec:
             argv += ["--max-model-len", str(ref.max_model_len)]
     if engine.served_model_name:
         argv += ["--served-model-name", engine.served_model_name]
+    if engine.api == "vllm":  # vLLM's API subset (docs/vllm.md); left out: SGLang's, as before
+        argv += ["--api", "vllm"]
     argv += [*engine.args, *delivery.args]
     return ProcessSpec(
         role="server", argv=tuple(argv), env=_env(engine.env, _patch_env(engine, delivery, False)),
-        gpus=tuple(engine.gpus or ()), port=_fixed(engine.port), ready_path="/health_generate",
+        gpus=tuple(engine.gpus or ()), port=_fixed(engine.port),
+        ready_path="/health" if engine.api == "vllm" else "/health_generate",
         gets_patches=True, schedulers=1,
     )
 
@@ -177,6 +186,47 @@ def _router(engine: Engine) -> ProcessSpec:
         role="router", argv=tuple(argv), env=_env(pd.router.env), gpus=(),
         port=_fixed(pd.router.port), ready_path="/health", gets_patches=False, schedulers=0,
     )
+
+
+# vLLM (docs/vllm.md, "Launch"): `vllm serve MODEL` from the engine's Python. VLLM_SERVER_DEV_MODE
+# mounts /reset_prefix_cache and /server_info, which the probe uses to empty the prefix cache
+# between requests and to read the effective config back; the profile's env may override it.
+VLLM_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def _vllm_server(engine: Engine, delivery: PatchDelivery) -> ProcessSpec:
+    """`vllm serve` with SGLang-kind settings in vLLM's terms: tp GPUs, dp as DP attention with
+    expert parallelism (--data-parallel-size dp --tensor-parallel-size tp/dp
+    --enable-expert-parallel: dp x tp/dp = tp workers), the chunked-prefill budget as
+    --max-num-batched-tokens, max_running_requests as --max-num-seqs, the radix cache as
+    prefix caching, and prompt token details on (the probe reads cached_tokens)."""
+    argv = [_python(engine, "python3"), "-m", "vllm.entrypoints.cli.main", "serve", "{model}",
+            "--host", engine.host, "--port", "{port:server}"]
+    if engine.dp > 1:
+        argv += ["--data-parallel-size", str(engine.dp), "--tensor-parallel-size",
+                 str(engine.tp // engine.dp), "--enable-expert-parallel"]
+    else:
+        argv += ["--tensor-parallel-size", str(engine.tp)]
+    argv += ["--moe-backend", engine.moe_backend]
+    if engine.quantization:
+        argv += ["--quantization", engine.quantization]
+    if engine.chunked_prefill_size:
+        argv += ["--max-num-batched-tokens", str(engine.chunked_prefill_size)]
+    if engine.max_running_requests is not None:
+        argv += ["--max-num-seqs", str(engine.max_running_requests)]
+    if engine.disable_radix_cache:
+        argv.append("--no-enable-prefix-caching")
+    argv.append("--enable-prompt-tokens-details")
+    if engine.served_model_name:
+        argv += ["--served-model-name", engine.served_model_name]
+    argv += [*engine.args, *delivery.args]
+    gpus = engine.gpus
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus else {}
+    return ProcessSpec(
+        role="server", argv=tuple(argv),
+        env=_env(VLLM_ENV, env, engine.env, _patch_env(engine, delivery, True)),
+        gpus=tuple(gpus or ()), port=_fixed(engine.port), ready_path="/health",
+        gets_patches=True, schedulers=engine.tp)
 
 
 def _fixed(port: int | str | None) -> int | None:

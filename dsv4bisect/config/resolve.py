@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect import env as envvars
+from dsv4bisect.base import vllm_releases
 from dsv4bisect.base.versions import ALLOW_ENV, parse_version
 from dsv4bisect.config import fingerprint as fp
 from dsv4bisect.config.checkpoints import EMBEDDED_CHECKPOINT
@@ -76,8 +77,10 @@ def resolve_loaded(loaded: LoadedProfile, *, materialize_worktree: bool = False)
     engine = profile.engine
     ctx = engine_context(profile)
     available = _available_patches(profile, ctx)
-    enabled = _apply_masks(tuple(_with_variant(p, profile, ctx) for p in available
-                                 if p.name in profile.patches and profile.patches[p.name].enabled))
+    enabled = tuple(_with_variant(p, profile, ctx) for p in available
+                    if p.name in profile.patches and profile.patches[p.name].enabled)
+    if ctx.kind != "vllm":  # the masks describe SGLang's code paths (and the embedded engine's)
+        enabled = _apply_masks(enabled)
     _check_switch_env(profile, ctx, layered)
     on = {p.name for p in enabled}
     missing = [p for p in available if p.required and p.name not in on]
@@ -105,19 +108,26 @@ def engine_context(profile: Profile) -> EngineContext:
     engine = profile.engine
     version_text = (fp.installed_sglang_version() or engine.sglang_version
                     if engine.kind == "sglang" else None)
+    vllm_text = (fp.installed_vllm_version() or engine.vllm_version
+                 if engine.kind == "vllm" else None)
     return EngineContext(
         kind=engine.kind,
         moe_backend=engine.moe_backend,
         sglang_version=parse_version(version_text) if version_text else None,
         expert_quant=engine.expert_quant,
         # the seed deployment's GPUs when a profile does not say (docs/sglang.md)
-        gpu_arch=(engine.gpu_arch or "sm120") if engine.kind == "sglang" else None,
+        gpu_arch=(engine.gpu_arch or "sm120") if engine.kind == "sglang" else engine.gpu_arch,
+        vllm_version=parse_version(vllm_text) if vllm_text else None,
     )
 
 
 def delivery_of(patch: Patch, ctx: EngineContext, variant: str) -> tuple[str, bool, str | None]:
     """(how "on" reaches this engine, whether it is sent to the engine at all, why not when
     no rule covers a switch-only patch on this release)."""
+    if ctx.kind == "vllm":
+        from dsv4bisect.plugin.vllm.planners import delivery_of as vllm_delivery
+
+        return vllm_delivery(patch.name, variant, ctx)
     if ctx.kind != "sglang":
         return ("reference" if ctx.kind == "reference" else ctx.kind), True, None
     rule = patch.sglang.rule(ctx.sglang_version, ctx.gpu_arch)
@@ -153,6 +163,8 @@ def _choice(patch: Patch, ctx: EngineContext, variant: str, fault: bool) -> Patc
     inert = patch.inert_reason(ctx, variant) or no_rule
     if ctx.kind == "reference" and inert is not None and not patch.reference_modelled:
         delivered = False  # the embedded engine has nothing to switch
+    if ctx.kind == "vllm" and inert is not None:
+        delivered = False  # a hook on a path vLLM does not take would never be called
     return PatchChoice(name=patch.name, variant=variant, fault=fault, builtin=True,
                        tier=patch.tier, summary=patch.summary, inert=inert,
                        required=patch.required_reason(ctx), delivered=delivered, delivery=how,
@@ -240,12 +252,18 @@ def _delivery(profile: Profile, ctx: EngineContext, enabled: tuple[PatchChoice, 
     env: dict[str, str] = _switch_env(ctx, enabled)
     if profile.engine.kind == "sglang" and profile.engine.allow_unverified_sglang:
         env[ALLOW_ENV] = "1"
+    if profile.engine.kind == "vllm" and profile.engine.allow_unverified_vllm:
+        env[vllm_releases.ALLOW_ENV] = "1"
     args: list[str] = []
     for choice in enabled:
         if choice.builtin:
             if profile.engine.kind == "sglang" and choice.delivered:
                 env.update(builtins[choice.name].sglang.env)
                 args += builtins[choice.name].sglang.args
+            elif profile.engine.kind == "vllm" and choice.delivered:
+                from dsv4bisect.plugin.vllm.planners import delivery as vllm_delivery
+
+                args += vllm_delivery(choice.name).args
         else:
             custom = profile.custom_patches[choice.name]
             env.update(custom.env)
@@ -253,7 +271,7 @@ def _delivery(profile: Profile, ctx: EngineContext, enabled: tuple[PatchChoice, 
     # server-argument patches reach SGLang by their arguments alone (the plugin has nothing to
     # install for them); the embedded engine reads every patch from the wire
     plugin = [c for c in enabled if c.builtin and c.delivered and not (
-        profile.engine.kind == "sglang" and (c.delivery or "").startswith("args"))]
+        profile.engine.kind in ("sglang", "vllm") and (c.delivery or "").startswith("args"))]
     wire = format_patch_set({c.name: c.variant for c in plugin}, builtins)
     pythonpath = None
     if plan is not None:
@@ -284,6 +302,9 @@ def _identity(profile: Profile, config: EngineConfig, plan: WorktreePlan | None)
     elif engine.kind == "sglang":
         model = fp.model_identity(engine.model)
         version = {"sglang": fp.installed_sglang_version() or engine.sglang_version or "unknown"}
+    elif engine.kind == "vllm":
+        model = fp.model_identity(engine.model)
+        version = {"vllm": fp.installed_vllm_version() or engine.vllm_version or "unknown"}
     else:
         model, version = {"model": engine.model}, {"command": "unversioned"}
     return {

@@ -82,7 +82,8 @@ class Router(Strict):
 
 
 class PD(Strict):
-    """Prefill/decode disaggregation on one node: two SGLang servers and the router."""
+    """Prefill/decode disaggregation on one node: two SGLang servers and the router (kind:
+    sglang only; vLLM's disaggregation is not modelled: docs/vllm.md)."""
 
     prefill: PrefillRole
     decode: PDRole
@@ -107,13 +108,18 @@ class CommandSettings(Strict):
 
 
 class Engine(Strict):
-    kind: Literal["reference", "sglang", "command"]
+    kind: Literal["reference", "sglang", "vllm", "command"]
     model: str | None = None  # SGLang --model-path
     served_model_name: str | None = None
     api_key_env: str | None = None  # name of the env var holding the API key, never the key
     sglang_version: str | None = None  # the deployment's SGLang, for patch conditions
     gpu_arch: Literal["sm120", "sm100", "sm90"] | None = None  # the GPUs (default: sm120)
     allow_unverified_sglang: bool = False  # run on an SGLang release no one verified
+    vllm_version: str | None = None  # kind: vllm: the deployment's vLLM (docs/vllm.md)
+    allow_unverified_vllm: bool = False  # run on a vLLM release no one verified
+    # kind: reference only: the HTTP API the embedded engine serves (`serve --api`): SGLang's
+    # (default) or vLLM's subset, so a probe or bisect runs over vLLM's API end to end here
+    api: Literal["sglang", "vllm"] | None = None
     expert_quant: Literal["nvfp4", "mxfp4", "fp8", "bf16"] | None = None
     python: str | None = None  # interpreter for engine processes (default: this one / python3)
     host: str = "127.0.0.1"
@@ -142,6 +148,10 @@ class Engine(Strict):
 
     @model_validator(mode="after")
     def _kind_sections(self) -> Engine:
+        if self.kind == "vllm" and self.pd is not None:
+            raise ValueError("`pd` is SGLang's prefill/decode pair; the vllm kind does not "
+                             "start vLLM's disaggregation (--kv-transfer-config and a proxy): "
+                             "run that deployment as kind: command")
         if self.kind != "sglang" and self.pd is not None:
             raise ValueError("`pd` is only valid with kind: sglang")
         if self.kind != "reference" and self.reference is not None:
@@ -155,6 +165,17 @@ class Engine(Strict):
             raise ValueError("`command` is only valid with kind: command")
         if self.kind == "sglang" and not self.model:
             raise ValueError("kind: sglang needs `model` (the --model-path)")
+        if self.kind == "vllm" and not self.model:
+            raise ValueError("kind: vllm needs `model` (what `vllm serve` serves)")
+        if self.kind != "reference" and self.api is not None:
+            raise ValueError("`api` is only valid with kind: reference (a real engine serves "
+                             "its own API: kind sglang or vllm says which)")
+        if self.kind != "vllm" and (self.vllm_version or self.allow_unverified_vllm):
+            raise ValueError("`vllm_version` / `allow_unverified_vllm` are only valid with "
+                             "kind: vllm")
+        if self.kind == "vllm" and self.dp > 1 and self.tp % self.dp:
+            raise ValueError(f"kind: vllm takes dp as SGLang's DP attention inside the tp GPUs: "
+                             f"tp ({self.tp}) must be a multiple of dp ({self.dp})")
         return self
 
 

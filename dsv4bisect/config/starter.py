@@ -100,7 +100,8 @@ def _tail(inherited: Profile | None) -> str:
 
 
 def _model(inherited: Profile | None) -> str:
-    if inherited is None or inherited.engine.kind != "sglang":
+    if inherited is None or inherited.engine.kind not in ("sglang", "vllm"):
         return ""
+    what = "vllm serve's model" if inherited.engine.kind == "vllm" else "--model-path"
     return (f"engine:\n  model: {inherited.engine.model or '/path/to/DeepSeek-V4'}"
-            "   # --model-path: the checkpoint directory on this node\n")
+            f"   # {what}: the checkpoint directory on this node\n")

@@ -147,6 +147,14 @@ def preflight(loaded: LoadedProfile, cfg: EngineConfig,
     """Every check for this configuration, in order; a check that depends on a failed one is
     skipped. `python` replaces the profile's engine interpreter (doctor --python)."""
     out: list[Finding] = []
+    if cfg.kind == "vllm":
+        from dsv4bisect.engines.vllm_checks import preflight_rows
+
+        engine = loaded.profile.engine
+        out += preflight_rows(cfg, python or engine_python(cfg), engine.vllm_version,
+                              engine.allow_unverified_vllm)
+        out.append(model_check(cfg.model, engine.expert_quant))
+        out.append(gpu_check(named_gpus(cfg)))
     if cfg.kind == "sglang":
         engine = loaded.profile.engine
         out += sglang_checks(python or engine_python(cfg), engine.sglang_version,
@@ -646,7 +654,7 @@ def embedded_checks(python: str, checkpoint: str, device: str = "auto") -> list[
 
 # -- doctor shows the preflight ----------------------------------------------------------------
 
-DOCTOR_CHECKS = ("engine Python", "SGLang", "model", "GPUs")  # the rest are doctor's own rows
+DOCTOR_CHECKS = ("engine Python", "SGLang", "vLLM", "model", "GPUs")  # the rest: doctor's own rows
 
 
 def doctor_rows(loaded: LoadedProfile, cfg: EngineConfig, python: str | None = None

@@ -28,11 +28,12 @@ TRTLLM_BACKENDS = frozenset({"flashinfer_trtllm", "flashinfer_trtllm_routed"})
 class EngineContext:
     """What a patch's conditions may look at; built from the resolved profile."""
 
-    kind: str  # reference | sglang | command
+    kind: str  # reference | sglang | vllm | command
     moe_backend: str | None = None
     sglang_version: tuple[int, ...] | None = None  # the deployment's SGLang, when known
     expert_quant: str | None = None  # routed experts as stored: nvfp4 | mxfp4 | fp8 | bf16
     gpu_arch: str | None = None  # sm120 | sm100 | sm90 (the profile's engine.gpu_arch)
+    vllm_version: tuple[int, ...] | None = None  # kind vllm: the deployment's vLLM, when known
 
 
 @dataclass(frozen=True)

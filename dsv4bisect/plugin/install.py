@@ -20,7 +20,7 @@ from dsv4bisect.base.versions import SglangInfo
 from dsv4bisect.patchspec.plan import HookSpec, Plan, Planner, Recorder
 from dsv4bisect.patchspec.spec import Patch
 from dsv4bisect.plugin.receipts import Receipt, ReceiptWriter
-from dsv4bisect.sglang_hooks.targets import CONTRACT_TARGET, SIGNATURES
+from dsv4bisect.sglang_hooks.targets import CONTRACT_TARGET, SIGNATURES, Signature
 
 CONTRACT = "routed-scaling-contract"
 
@@ -120,9 +120,11 @@ def _install_one(base: dict[str, Any], plan: Plan, layout: str, writer: ReceiptW
     return rec
 
 
-def check_targets(targets: list[str], layout: str) -> str | None:
-    """Resolve each target and compare its signature with the layout's table."""
-    table = SIGNATURES[layout]
+def check_targets(targets: list[str], layout: str,
+                  table: Mapping[str, Signature] | None = None) -> str | None:
+    """Resolve each target and compare its signature with the layout's table (`table`:
+    another engine's, e.g. vLLM's `plugin/vllm/targets.SIGNATURES[layout]`)."""
+    table = SIGNATURES[layout] if table is None else table
     for target in targets:
         sig = table.get(target)
         if sig is None:

@@ -28,6 +28,7 @@ import urllib3
 from requests.adapters import HTTPAdapter
 
 from dsv4bisect.errors import ProbeError
+from dsv4bisect.probe import vllm_requests as vr
 from dsv4bisect.probe.drift import NonFiniteScores
 from dsv4bisect.probe.stream import StreamError, StreamTiming, read_chat_stream
 
@@ -93,6 +94,22 @@ def _count(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"token count {value!r} is no non-negative integer")
     return value
+
+
+def chat_body(model: str | None, messages: Sequence[dict[str, str]], max_tokens: int,
+              thinking: bool, stream: bool = False) -> dict[str, Any]:
+    """The probe's chat request (the same on SGLang and vLLM: both take these fields).
+    `stream`: as SGLang's users ask (server-sent events, usage in the last chunk)."""
+    body: dict[str, Any] = {
+        "model": model, "messages": list(messages), "max_tokens": max_tokens,
+        "temperature": 0, "top_p": 1, "top_k": -1, "stream": stream,
+        "chat_template_kwargs": {"thinking": thinking, "enable_thinking": thinking},
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if model is None:
+        del body["model"]
+    return body
 
 
 class _Deadline:
@@ -178,8 +195,12 @@ class ProbeClient:
     per thread."""
 
     def __init__(self, url: str, *, api_key: str | None = None, timeout_s: float = 120.0,
-                 retries: int = 2, backoff_s: float = 0.5, model: str | None = None) -> None:
+                 retries: int = 2, backoff_s: float = 0.5, model: str | None = None,
+                 api: str | None = None) -> None:
         self.url = url.rstrip("/")
+        # whose API the server speaks: sglang | vllm; None: learnt from /v1/models (vLLM's
+        # model cards say `owned_by: vllm`) at the first call that needs it
+        self.api = api
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
@@ -202,7 +223,25 @@ class ProbeClient:
         per thread when the probe sends several requests at once), optionally another timeout."""
         return ProbeClient(self.url, api_key=self._api_key,
                            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
-                           retries=self.retries, backoff_s=self.backoff_s, model=self.model)
+                           retries=self.retries, backoff_s=self.backoff_s, model=self.model,
+                           api=self.api)
+
+    def vllm(self) -> bool:
+        """Whether the server speaks vLLM's API (asked once, from /v1/models; a server that
+        cannot say is taken for SGLang's, whose routes then answer for themselves)."""
+        if self.api is None:
+            try:
+                self._learn_api(self.request("GET", "/v1/models"))
+            except ProbeError:
+                self.api = "sglang"
+        return self.api == "vllm"
+
+    def _learn_api(self, models: Any) -> None:
+        if self.api is None:
+            data = models.get("data") if isinstance(models, dict) else None
+            card = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) \
+                else {}
+            self.api = "vllm" if card.get("owned_by") == "vllm" else "sglang"
 
     # -- transport ---------------------------------------------------------------------------
     def _excerpt(self, text: str) -> str:
@@ -211,7 +250,8 @@ class ProbeClient:
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None, *,
                 parse: bool = True) -> Any:
-        """One call with bounded retries; returns parsed JSON (or the text when parse=False)."""
+        """One call with bounded retries; returns parsed JSON (or the text when parse=False).
+        A body for a vLLM server must fit vLLM's request models (`vllm_requests.problems`)."""
         resp = self._send(method, path, body)
         if not parse:
             return resp.text
@@ -222,13 +262,20 @@ class ProbeClient:
             return resp.json()
         except ValueError as exc:
             raise ProbeError(f"{where}: malformed JSON response: {self._excerpt(resp.text)}",
-                             "the server is not an SGLang-compatible API") from exc
+                             "the server is not an SGLang- or vLLM-compatible API") from exc
 
     def _send(self, method: str, path: str, body: dict[str, Any] | None = None, *,
               stream: bool = False) -> requests.Response:
         """The response of one call with bounded retries (an error status raised). `stream`:
         its body is still to be read, and the deadline still armed: `_disarm` after reading."""
         where = f"{method} {self.url}{path}"
+        if body is not None and self.api == "vllm":
+            wrong = vr.problems(path.partition("?")[0], body)
+            if wrong:
+                raise ProbeError(f"{where}: the probe's request does not fit vLLM's request "
+                                 f"model: {wrong[0]}" + (f" (+{len(wrong) - 1} more)"
+                                                          if len(wrong) > 1 else ""),
+                                 "a dsv4bisect bug: report it with the vLLM release")
         attempt = 0
         while True:
             self._deadline.arm(self.timeout_s)
@@ -259,8 +306,12 @@ class ProbeClient:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
                 continue
             if resp.status_code >= 400:
+                try:  # vLLM's {"error": {"message", "type"}}, SGLang's flat shape, FastAPI's
+                    said = vr.error_message(resp.json())
+                except ValueError:
+                    said = None
                 raise ProbeHTTPError(
-                    f"{where}: HTTP {resp.status_code}: {self._excerpt(resp.text)}",
+                    f"{where}: HTTP {resp.status_code}: {self._excerpt(said or resp.text)}",
                     "the server refused the probe's request; see its log", resp.status_code)
             return resp
 
@@ -272,7 +323,7 @@ class ProbeClient:
     def _malformed(self, path: str, data: Any, what: str) -> ProbeError:
         return ProbeError(f"POST {self.url}{path}: malformed response ({what}): "
                           f"{self._excerpt(json.dumps(data)[:EXCERPT * 2])}",
-                          "the server is not an SGLang-compatible API")
+                          "the server is not an SGLang- or vLLM-compatible API")
 
     # -- server facts ------------------------------------------------------------------------
     def describe(self) -> ServerInfo:
@@ -282,8 +333,12 @@ class ProbeClient:
         if not isinstance(data, list) or not data or not isinstance(data[0], dict) \
                 or not isinstance(data[0].get("id"), str):
             raise self._malformed("/v1/models", models, "no data[0].id")
+        self._learn_api(models)
         info: dict[str, Any] = {}
-        for path in ("/server_info", "/get_server_info"):
+        # vLLM: /server_info exists in dev mode (VLLM_SERVER_DEV_MODE=1, set by the vllm kind)
+        paths = ("/server_info?config_format=json",) if self.api == "vllm" else \
+            ("/server_info", "/get_server_info")
+        for path in paths:
             try:
                 info = self.request("GET", path)
                 break
@@ -316,7 +371,7 @@ class ProbeClient:
                 or not 1 <= value <= MAX_MODEL_LEN:
             raise ProbeError(f"GET {self.url}: max_model_len {str(value)[:40]!r} is not an "
                              f"integer in [1, {MAX_MODEL_LEN}]",
-                             "the server is not an SGLang-compatible API")
+                             "the server is not an SGLang- or vLLM-compatible API")
         return value
 
     def _ratios(self, value: Any, info: Any) -> tuple[int, ...] | None:
@@ -331,6 +386,24 @@ class ProbeClient:
         return tuple(value)
 
     def flush_cache(self) -> None:
+        if self.api is None:  # SGLang's route first (one request, as before); vLLM's on a 404
+            try:
+                self.request("POST", "/flush_cache", parse=False)
+                self.api = self.api or "sglang"
+                return
+            except ProbeHTTPError as exc:
+                if exc.status != 404 or not self.vllm():
+                    raise
+        if self.vllm():  # vLLM's dev-mode route
+            try:
+                self.request("POST", "/reset_prefix_cache", parse=False)
+            except ProbeHTTPError as exc:
+                if exc.status != 404:
+                    raise
+                raise ProbeError(f"{self.url}: vLLM has no /reset_prefix_cache",
+                                 "start vLLM with VLLM_SERVER_DEV_MODE=1 (the vllm kind sets "
+                                 "it): the probe empties the prefix cache between cases") from exc
+            return
         self.request("POST", "/flush_cache", parse=False)
 
     # -- token counts ------------------------------------------------------------------------
@@ -338,8 +411,10 @@ class ProbeClient:
         """Chat-templated token ids via /tokenize {messages}; None if the server cannot."""
         if self._tokenize_messages is False:
             return None
+        body = vr.tokenize(self.model, messages) if self.vllm() else \
+            {"messages": list(messages)}
         try:
-            data = self.request("POST", "/tokenize", {"messages": list(messages)})
+            data = self.request("POST", "/tokenize", body)
         except ProbeHTTPError as exc:
             if exc.status in (400, 404, 405, 422):
                 self._tokenize_messages = False
@@ -363,15 +438,7 @@ class ProbeClient:
              thinking: bool = False, stream: bool = False) -> ChatResult:
         """One greedy chat answer. `stream`: asked for as SGLang's users ask (server-sent
         events, probe/stream.py), which also times its first token and the gaps after it."""
-        body: dict[str, Any] = {
-            "model": self.model, "messages": list(messages), "max_tokens": max_tokens,
-            "temperature": 0, "top_p": 1, "top_k": -1, "stream": stream,
-            "chat_template_kwargs": {"thinking": thinking, "enable_thinking": thinking},
-        }
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-        if body["model"] is None:
-            del body["model"]
+        body = chat_body(self.model, messages, max_tokens, thinking, stream)
         t0 = time.perf_counter()
         timing = None
         if stream:
@@ -417,7 +484,7 @@ class ProbeClient:
                 if self._deadline.fired:
                     raise self._timed_out(where) from exc
                 raise ProbeError(f"{where}: malformed event stream: {exc}",
-                                 "the server is not an SGLang-compatible API") from exc
+                                 "the server is not an SGLang- or vLLM-compatible API") from exc
         finally:
             self._deadline.disarm()
             resp.close()
@@ -431,7 +498,19 @@ class ProbeClient:
         return data
 
     def generate(self, input_ids: Sequence[int], *, max_new_tokens: int) -> list[int]:
-        """Greedy continuation ids of `input_ids` (SGLang native /generate)."""
+        """Greedy continuation ids of `input_ids` (SGLang native /generate; vLLM's
+        /v1/completions with `return_token_ids`)."""
+        if self.vllm():
+            data = self.request("POST", "/v1/completions",
+                                vr.completion(self.model, input_ids, max_new_tokens))
+            try:
+                ids = data["choices"][0]["token_ids"]
+            except (KeyError, IndexError, TypeError) as exc:
+                raise self._malformed("/v1/completions", data, "no choices[0].token_ids") \
+                    from exc
+            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                raise self._malformed("/v1/completions", data, "no integer token_ids")
+            return ids
         data = self._generate({
             "input_ids": list(input_ids), "return_logprob": True, "logprob_start_len": -1,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "top_p": 1,
@@ -447,7 +526,11 @@ class ProbeClient:
               ) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
         """Teacher-forced logprobs of input_ids[start:] and the top-k at each position.
         `max_new_tokens` 1: the request also generates a token (greedy), so it is an ordinary
-        prompt the server caches whole (the null model's re-chunked arm: `runner.null_arms`)."""
+        prompt the server caches whole (the null model's re-chunked arm: `runner.null_arms`).
+        vLLM: `prompt_logprobs` over the whole prompt (no start position; such a request does
+        not read the prefix cache), positions before `start` dropped."""
+        if self.vllm():
+            return self._score_vllm(input_ids, start, top_k, max_new_tokens)
         data = self._generate({
             "input_ids": list(input_ids), "return_logprob": True, "logprob_start_len": start,
             "top_logprobs_num": top_k,
@@ -472,14 +555,31 @@ class ProbeClient:
                              self._logprob(t[0], data, f"input_top_logprobs[{i}]"))
                             for t in top if isinstance(t, list) and len(t) >= 2
                             and t[0] is not None])
-        bad = [(p, lp) for p, lps_at, top in zip(positions, token_lps, top_out)
-               for lp in (lps_at, *(x for _, x in top)) if not math.isfinite(lp)]
+        self._finite("/generate", positions, token_lps, top_out)
+        return positions, token_lps, top_out
+
+    def _finite(self, path: str, positions: list[int], lps: list[float],
+                tops: list[list[tuple[int, float]]]) -> None:
+        """NonFiniteScores when a scored log-prob (or a top one) is NaN or infinite."""
+        bad = [(p, lp) for p, at, top in zip(positions, lps, tops)
+               for lp in (at, *(x for _, x in top)) if not math.isfinite(lp)]
         if bad:
             raise NonFiniteScores(
-                f"POST {self.url}/generate: {len(bad)} non-finite logprobs, the first "
+                f"POST {self.url}{path}: {len(bad)} non-finite logprobs, the first "
                 f"{bad[0][1]!r} at position {bad[0][0]}",
                 "the configuration computes NaN/inf logits (a NaN decode, sglang#25704)")
-        return positions, token_lps, top_out
+
+    def _score_vllm(self, input_ids: Sequence[int], start: int, top_k: int,
+                    max_new_tokens: int
+                    ) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+        data = self.request("POST", "/v1/completions",
+                            vr.score(self.model, input_ids, top_k, max_new_tokens))
+        try:
+            positions, lps, tops = vr.prompt_scores(data, input_ids, start, top_k)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise self._malformed("/v1/completions", data, f"prompt_logprobs: {exc}") from exc
+        self._finite("/v1/completions", positions, lps, tops)
+        return positions, lps, tops
 
     def _logprob(self, value: Any, data: Any, where: str) -> float:
         """A logprob: a JSON number (NaN/±inf pass here: the caller judges them)."""

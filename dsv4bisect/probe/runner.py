@@ -114,7 +114,9 @@ def chat_row(client: ProbeClient, spec: ProbeSpec, case: Case, arm: str,
         client.flush_cache()
     think = arm == "think"
     budget = spec.thinking_max_tokens if think else case.max_tokens
-    res = client.chat(messages, max_tokens=budget, thinking=think, stream=True)  # as users do
+    # streamed, as users ask; the embedded engine's vLLM API subset answers unstreamed
+    # (docs/vllm.md), so a vLLM server is asked plainly and its lines carry no TTFT/ITL
+    res = client.chat(messages, max_tokens=budget, thinking=think, stream=not client.vllm())
     if res.prompt_tokens != case.prompt_tokens:
         raise ProbeError(
             f"case {case.case_id}: the server counts {res.prompt_tokens} prompt tokens, the "

@@ -44,6 +44,7 @@ from dsv4bisect.errors import Dsv4BisectError
 from dsv4bisect.reference.cancel import Cancelled, stop_when
 from dsv4bisect.reference.native_api import ServerApi
 from dsv4bisect.reference.request_body import ApiError, parse_json
+from dsv4bisect.reference.vllm_api import VLLM_ROUTES, vllm_error
 
 if TYPE_CHECKING:
     from dsv4bisect.reference.event_stream import EventStream
@@ -123,8 +124,10 @@ class ServerState:
     """What the routes read: the engine once loaded, the stop flag, the requests in flight.
     The admission counts are touched only on the event loop; the thread count from threads."""
 
-    def __init__(self, *, check_host: bool, checkpoint: str | None = None) -> None:
+    def __init__(self, *, check_host: bool, checkpoint: str | None = None,
+                 api_kind: str = "sglang") -> None:
         self.api: ServerApi | None = None  # set once the engine is loaded
+        self.api_kind = api_kind  # whose API the routes serve: sglang | vllm (vllm_api.py)
         self.stopping = threading.Event()  # set first thing on a stop: cancels model work
         # bound to loopback, every client is on this machine and names it in `Host`; another
         # name there is a browser tricked by DNS rebinding (evil.example resolving to 127.0.0.1)
@@ -166,9 +169,11 @@ class HttpApp:
         # created on the event loop (anyio wants one running); one thread per admitted request
         self.model_limiter = anyio.CapacityLimiter(MAX_MODEL_REQUESTS)
         self.light_limiter = anyio.CapacityLimiter(LIGHT_THREADS)
+        routes = ROUTES if state.api_kind != "vllm" else {
+            path: Route(*spec) for path, spec in VLLM_ROUTES.items()}
         self.router = Starlette(
             routes=[StarletteRoute(path, self._endpoint(route), methods=list(route.methods))
-                    for path, route in ROUTES.items()],
+                    for path, route in routes.items()],
             exception_handlers={HTTPException: self._http_error},
         )
         self.router.router.redirect_slashes = False  # `/health/` is a 404, as before
@@ -344,6 +349,11 @@ class HttpApp:
 
 
 def _response(reply: Reply, state: ServerState) -> Response:
+    if state.api_kind == "vllm" and isinstance(reply.payload, dict) \
+            and reply.payload.get("object") == "error":  # vLLM's ErrorResponse only
+        err = reply.payload["error"]
+        reply = Reply(reply.status, vllm_error(reply.status, err["message"], err["type"]),
+                      reply.headers, reply.close)
     data, ctype = reply_bytes(reply)
     headers = {"content-type": ctype, **dict(reply.headers)}
     if reply.close or state.stopping.is_set():

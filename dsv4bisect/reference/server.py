@@ -81,7 +81,8 @@ class ReferenceServer:
     def __init__(self, opts: ServeOptions) -> None:
         self.opts = opts
         self.listener = _listen(opts.host, opts.port)
-        self.state = ServerState(check_host=is_loopback(opts.host), checkpoint=opts.checkpoint)
+        self.state = ServerState(check_host=is_loopback(opts.host), checkpoint=opts.checkpoint,
+                                 api_kind=opts.api)
         self.load_error: BaseException | None = None
         self.loader: threading.Thread | None = None
         self.stop_requested_at: float | None = None

@@ -44,6 +44,7 @@ class ServeOptions:
     # SGLang's --speculative-* arguments, resolved (None: no speculative decoding); the MTP
     # layer beside the checkpoint drafts (reference/spec_decode.py)
     speculative: SpecSettings | None = None
+    api: str = "sglang"  # the HTTP API served: sglang | vllm (reference/vllm_api.py)
 
 
 def model_name(opts: ServeOptions) -> str:
@@ -109,6 +110,12 @@ def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
     info["max_running_requests"] = generator.scheduler.max_running
     info |= {"schedule_policy": "fcfs", "enable_mixed_chunk": False}
     info |= (spec.server_args() if spec is not None else {"speculative_algorithm": None})
-    api = ServerApi(generator, ApiConfig(name, engine.max_model_len, info))
+    info["api"] = opts.api
+    if opts.api == "vllm":
+        from dsv4bisect.reference.vllm_api import VllmApi
+
+        api: ServerApi = VllmApi(generator, ApiConfig(name, engine.max_model_len, info))
+    else:
+        api = ServerApi(generator, ApiConfig(name, engine.max_model_len, info))
     api.hot = HotSwitch.from_env(engine, generator, info)  # hot mode: the switch protocol
     return api

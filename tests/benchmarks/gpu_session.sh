@@ -8,6 +8,8 @@
 #       # pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, uvicorn
 #       # and starlette for Python 3.12; see docs/performance.md), the engine's own variation
 #       # (batch_variation.py --device cuda) beside them; every result to $OUT/verdicts.tgz
+#   bash tests/benchmarks/gpu_session.sh vllm      # vLLM hooks vs vLLM's torch code (needs .whl/vllm:
+#                                                  #   python tests/vllm/gpu_vllm_check.py --make-slices .whl/vllm)
 # The GPU box has torch and triton but no pydantic and no network: the package is imported from
 # the checkout (kernels/, patches/, profiles/ linked under dsv4bisect/), nothing is installed
 # except the carried wheels, into /tmp/site. DSV4BISECT_COMMIT names the commit measured (the
@@ -58,5 +60,8 @@ case "${1:-}" in
     pack
     ls -la "$OUT"
     ;;
-  *) echo "usage: $0 kernels|engine|sglang|verdicts" >&2; exit 2 ;;
+  vllm)
+    timeout 300 python3 tests/vllm/gpu_vllm_check.py --slices .whl/vllm --device cuda --out "$OUT" 2>&1 | tail -n 75
+    ;;
+  *) echo "usage: $0 kernels|engine|sglang|verdicts|vllm" >&2; exit 2 ;;
 esac
