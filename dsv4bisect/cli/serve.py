@@ -21,6 +21,17 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
+class DisaggregationMode(str, Enum):
+    null = "null"
+    prefill = "prefill"
+    decode = "decode"
+
+
+class TransferBackend(str, Enum):
+    mooncake = "mooncake"
+    nixl = "nixl"
+
+
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
 
@@ -66,6 +77,16 @@ def serve(
         help="Draft branches per step; only 1 (a chain) is built (SGLang's name).")] = None,
     speculative_num_draft_tokens: Annotated[int | None, typer.Option(
         help="Tokens verified per round: steps + 1 for a chain (SGLang's name).")] = None,
+    disaggregation_mode: Annotated[DisaggregationMode, typer.Option(
+        help="PD disaggregation (SGLang's name): `prefill` computes prompts and sends their "
+        "state, `decode` receives it and decodes; requests come through `dsv4bisect router`.")
+    ] = DisaggregationMode.null,
+    disaggregation_bootstrap_port: Annotated[int, typer.Option(
+        min=0, max=65535, help="A prefill server's bootstrap port, where decode servers fetch "
+        "state (SGLang's name and default; 0: any free port).")] = 8998,
+    disaggregation_transfer_backend: Annotated[TransferBackend, typer.Option(
+        help="How the state moves (SGLang's names; both over TCP here).")
+    ] = TransferBackend.mooncake,
 ) -> None:
     """Serve the embedded DeepSeek-V4 reference engine on SGLang's HTTP API subset.
 
@@ -84,6 +105,7 @@ def serve(
         from dsv4bisect.reference.server import serve as run_server
         from dsv4bisect.reference.serving import ServeOptions
         from dsv4bisect.reference.spec_settings import SpecSettings
+        from dsv4bisect.patching.transfer_faults import fault_from_env
 
         patches = parse_patch_set(os.environ.get(ENV_VAR, ""), builtin_patches())
         directory = checkpoint_dir(checkpoint)
@@ -98,6 +120,10 @@ def serve(
             model_path=checkpoint,
             header_timeout=header_timeout, max_running_requests=max_running_requests,
             disable_radix_cache=disable_radix_cache, speculative=speculative,
+            disaggregation_mode=disaggregation_mode.value,
+            disaggregation_bootstrap_port=disaggregation_bootstrap_port,
+            disaggregation_transfer_backend=disaggregation_transfer_backend.value,
+            transfer_fault=fault_from_env() if disaggregation_mode.value != "null" else None,
         )
         run_server(opts, _print_ready, signals)
     finally:
@@ -121,10 +147,15 @@ def _print_ready(url: str, info: dict[str, Any]) -> None:
 
     patches = info.get("patches") or {}
     listing = ", ".join(f"{k}:{v}" for k, v in patches.items()) or "none"
+    mode = info.get("disaggregation_mode") or "null"
+    pd = "" if mode == "null" else (
+        f", {mode} server, transfer {info.get('disaggregation_transfer_backend')}"
+        + (f", bootstrap port {info['disaggregation_bootstrap_port']}"
+           if mode == "prefill" else ""))
     console().print(
         f"ready: dsv4bisect reference engine on {url} (model {info.get('served_model_name')}, "
         f"device {info.get('device')}, max_model_len {info.get('max_model_len')}, "
-        f"patches {listing})",
+        f"patches {listing}{pd})",
         markup=False, highlight=False,
     )
     console().file.flush()

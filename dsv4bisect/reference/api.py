@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsv4bisect.reference.chat import ChatFormatError, apply_chat_template, normalize_messages
-from dsv4bisect.reference.generation import Generator, GenOutput, GenSpec, finite
+from dsv4bisect.reference.generation import Bootstrap, Generator, GenOutput, GenSpec, finite
 from dsv4bisect.reference.request_body import ApiError, Body, check_sampling, is_int_list
 from dsv4bisect.reference.tokenizer import ByteTokenizer
 
@@ -48,6 +48,25 @@ def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
             "completion_tokens": completion, "prompt_tokens_details": {"cached_tokens": cached},
             "reasoning_tokens": 0}
+
+
+def bootstrap_of(body: Body, index: int = 0) -> Bootstrap | None:
+    """SGLang's `bootstrap_host`, `bootstrap_port`, `bootstrap_room`, which its router adds to
+    a request for PD servers (one list entry per prompt of a batch); None when absent."""
+    fields = [body.data.get(k) for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room")]
+    if all(f is None for f in fields):
+        return None
+    if all(isinstance(f, list) for f in fields):
+        if not all(index < len(f) for f in fields):
+            raise ApiError("the bootstrap_* lists must have one entry per prompt")
+        fields = [f[index] for f in fields]
+    host, port, room = fields
+    if not (isinstance(host, str) and host and isinstance(port, int) and not isinstance(
+            port, bool) and 0 <= port <= 65535 and isinstance(room, int)
+            and not isinstance(room, bool) and room >= 0):
+        raise ApiError("bootstrap_host must be a host name, bootstrap_port a port and "
+                       "bootstrap_room a non-negative integer (all three, or none)")
+    return Bootstrap(host, port, room)
 
 
 def _check_thinking(body: Body) -> None:
@@ -140,6 +159,7 @@ class Api:
         out = self.gen.run(GenSpec(
             prompt, self._max_new(len(prompt), requested), **self._stops(body),
             **body.sampling("seed"), return_logprob=logprobs, top_logprobs_num=top,
+            bootstrap=bootstrap_of(body),
         ))
         choice: dict[str, Any] = {
             "index": 0,
@@ -204,6 +224,7 @@ class Api:
                 ids, self._max_new(len(ids), requested), **self._stops(body),
                 **body.sampling("seed"), return_logprob=logprobs is not None, top_logprobs_num=logprobs or 0,
                 logprob_start_len=0 if echo and logprobs is not None else -1,
+                bootstrap=bootstrap_of(body, index),
             ))
             choices.append({
                 "index": index, "text": (text if echo else "") + out.text,

@@ -10,8 +10,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dsv4bisect.reference.api import SAMPLING_PARAMS, WEIGHT_VERSION, Api, new_id
-from dsv4bisect.reference.generation import GenOutput, GenSpec, TopList, finite
+from dsv4bisect.reference.api import SAMPLING_PARAMS, WEIGHT_VERSION, Api, bootstrap_of, new_id
+from dsv4bisect.reference.generation import (
+    FAKE_BOOTSTRAP,
+    GenOutput,
+    GenSpec,
+    TopList,
+    finite,
+)
 from dsv4bisect.reference.request_body import ApiError, Body, check_sampling, is_int_list
 from dsv4bisect.reference.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -54,6 +60,7 @@ class ServerApi(Api):
                 return_logprob=logprob, logprob_start_len=start,
                 top_logprobs_num=top if logprob else 0,
                 token_ids_logprob=token_ids if logprob else None,
+                bootstrap=bootstrap_of(body, i),
             ))
             meta: dict[str, Any] = {
                 "id": _rid(rid, i, batched), "finish_reason": out.finish_reason,
@@ -190,8 +197,9 @@ class ServerApi(Api):
         return "Cache flushed.\n"
 
     def health_generate(self) -> None:
-        """One real greedy token from `[bos]` (SGLang generates from `input_ids=[0]`)."""
-        self.gen.run(GenSpec((BOS_ID,), max_new_tokens=1))
+        """One real greedy token from `[bos]` (SGLang generates from `input_ids=[0]`; a PD
+        server with its fake bootstrap host, transferring nothing)."""
+        self.gen.run(GenSpec((BOS_ID,), max_new_tokens=1, bootstrap=FAKE_BOOTSTRAP))
 
 
 def _rid(rid: object, index: int, batched: bool) -> str:
