@@ -31,6 +31,7 @@ from dsv4bisect.probe.shards import Shard, merge, shard_cases
 from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.probe.vocab import PROBE_VOCAB
+from dsv4bisect.probe.warmup import pollute
 
 
 class DriftUnsupported(Exception):
@@ -211,6 +212,7 @@ def collect(url: str, spec: ProbeSpec, *, reference_run: ProbeRun | None = None,
         else:
             cases = _build(client, spec, server, notes, on_progress)
         t_build = time.perf_counter() - t0
+        warm = warmup_phase(client, spec, server, notes)
         mine = None if shard is None else shard_cases(spec, cases, shard)
         rows, drift, throughput = _run_cases(client, spec, cases, reference_run, notes,
                                              on_progress, mine)
@@ -218,9 +220,21 @@ def collect(url: str, spec: ProbeSpec, *, reference_run: ProbeRun | None = None,
     finally:
         client.close()
     timing = {"build_s": round(t_build, 3), "total_s": round(time.perf_counter() - t0, 3)}
+    if warm["requests"]:
+        timing |= {"warmup_requests": warm["requests"], "warmup_s": warm["seconds"]}
     return ProbeRun(spec, url, {**_server_dict(server), "started_at": started}, tuple(cases),
                     tuple(rows), tuple(drift), tuple(notes), timing, throughput=throughput,
                     null=tuple(null), shard=None if shard is None else shard.to_dict())
+
+
+def warmup_phase(client: ProbeClient, spec: ProbeSpec, server: ServerInfo,
+                 notes: list[str]) -> dict[str, float]:
+    """The polluting phase before the measured requests (probe/warmup.py), noted in the run."""
+    warm = pollute(client, spec, server)
+    if warm["requests"]:
+        notes.append(f"polluting phase: {warm['requests']:.0f} requests of other conversations "
+                     f"on the same server before the measured ones ({warm['seconds']:.0f} s)")
+    return warm
 
 
 def null_arms(client: ProbeClient, spec: ProbeSpec, drift: list[DriftRecord],

@@ -59,7 +59,8 @@ def probe_spec(cfg: EngineConfig, tier: str | None = None) -> ProbeSpec:
     changes: dict[str, Any] = {}
     for key, field in (("families", "families"), ("lengths", "lengths"), ("depths", "depths"),
                        ("seed", "seed"), ("thinking", "thinking"),
-                       ("request_timeout_s", "timeout_s")):
+                       ("request_timeout_s", "timeout_s"),
+                       ("warmup_requests", "warmup_requests")):
         if key in given and given[key] is not None:
             value = given[key]
             changes[field] = tuple(value) if isinstance(value, list) else value
