@@ -24,12 +24,14 @@ def router(ctx: typer.Context) -> None:
 
     signals = StopSignal.install()  # first: a SIGTERM right after the launch is kept
     try:
+        from dsv4bisect.cli.serve import log_requests_to_stderr
         from dsv4bisect.reference.pd import router_args
         from dsv4bisect.reference.pd.router import build_router
         from dsv4bisect.reference.server import serve
         from dsv4bisect.reference.serving import ServeOptions
 
         args = router_args.parse(list(ctx.args))
+        log_requests_to_stderr()
         opts = ServeOptions(host=args.host, port=args.port)
         serve(opts, _ready(args), signals, loader=build_router(args))
     finally:

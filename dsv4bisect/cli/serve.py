@@ -111,7 +111,7 @@ def serve(
         directory = checkpoint_dir(checkpoint)
         speculative = SpecSettings.resolve(speculative_algorithm, speculative_num_steps,
                                            speculative_eagle_topk, speculative_num_draft_tokens)
-        _log_requests_to_stderr()
+        log_requests_to_stderr()
         opts = ServeOptions(
             host=host, port=port, checkpoint=None if directory is None else str(directory),
             device=device.value, chunk_size=chunk_size, moe_backend=moe_backend,
@@ -151,7 +151,9 @@ def _print_ready(url: str, info: dict[str, Any]) -> None:
     pd = "" if mode == "null" else (
         f", {mode} server, transfer {info.get('disaggregation_transfer_backend')}"
         + (f", bootstrap port {info['disaggregation_bootstrap_port']}"
-           if mode == "prefill" else ""))
+           if mode == "prefill" else "")
+        + (f", transfer fault {info['disaggregation_transfer_fault']}"
+           if info.get("disaggregation_transfer_fault") else ""))
     console().print(
         f"ready: dsv4bisect reference engine on {url} (model {info.get('served_model_name')}, "
         f"device {info.get('device')}, max_model_len {info.get('max_model_len')}, "
@@ -161,7 +163,7 @@ def _print_ready(url: str, info: dict[str, Any]) -> None:
     console().file.flush()
 
 
-def _log_requests_to_stderr() -> None:
+def log_requests_to_stderr() -> None:
     """One plain line per request on stderr, unless the app already configured logging."""
     if logging.getLogger().handlers:
         return

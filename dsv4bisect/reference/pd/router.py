@@ -33,6 +33,7 @@ import random
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,6 +49,7 @@ LOGPROB_KEYS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_l
 INFO_TIMEOUT_S = 10.0
 RECENT = 256  # requests remembered per server by the cache-aware policy
 POOL = 64  # connections per server (http_app's MAX_MODEL_REQUESTS requests in flight)
+PREFILL_GRACE_S = 5.0  # how long the prefill server's answer is awaited after a decode error
 
 
 def new_room() -> int:
@@ -162,7 +164,11 @@ class RouterApi:
             sent = {**body, **extra}
             leg = self._legs.submit(self._post, self.prefill.urls[p] + path, sent)
             decoded = self._post(self.decode.urls[d] + path, sent)
-            prefilled = leg.result()
+            try:  # a decode server that refused the request never fetches its state: the
+                # prefill server would wait out its bootstrap timeout, the client need not
+                prefilled = leg.result(timeout=PREFILL_GRACE_S if decoded[0] >= 400 else None)
+            except FutureTimeout:
+                prefilled = (200, None)
         finally:
             self.prefill.done(p)
             self.decode.done(d)

@@ -78,6 +78,13 @@ class TransferStats:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, record: dict[str, Any]) -> None:
+        b = record["bytes"]
+        log.info("%s transfer room %s (%s, %d tokens): kv %d B, state %d B, aux %d B, framing "
+                 "%d B in %.2f ms%s", self.role, record["room"], record["backend"],
+                 record.get("n_tokens", 0), b.get("kv", 0), b.get("state", 0), b.get("aux", 0),
+                 b.get("framing", 0), 1e3 * float(record["seconds"]),
+                 f" after waiting {1e3 * record['wait_seconds']:.0f} ms"
+                 if "wait_seconds" in record else "")
         with self._lock:
             self.requests += 1
             for key in self.bytes:
