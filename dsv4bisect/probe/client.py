@@ -19,9 +19,10 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
 import urllib3
@@ -31,6 +32,8 @@ from dsv4bisect.errors import ProbeError
 from dsv4bisect.probe.drift import NonFiniteScores
 
 EXCERPT = 300
+T = TypeVar("T")
+R = TypeVar("R")
 MAX_MODEL_LEN = 2 ** 24  # tokens: the profiles' length limit (docs/profiles.md § Ranges)
 
 
@@ -434,3 +437,26 @@ class ProbeClient:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self._malformed("/generate", data, f"{where}: token id {value!r} is no integer")
         return value
+
+
+def map_on_clones(client: ProbeClient, work: Callable[[ProbeClient, T], R], items: Sequence[T],
+                  level: int, timeout_s: float, name: str) -> list[R]:
+    """`work(connection, item)` for every item, `level` at once, each worker thread on a
+    connection of its own (a clone of `client`, closed at the end); the results in `items`'
+    order."""
+    local, lock = threading.local(), threading.Lock()
+    clones: list[ProbeClient] = []
+
+    def one(item: T) -> R:
+        if not hasattr(local, "client"):
+            local.client = client.clone(timeout_s=timeout_s)
+            with lock:
+                clones.append(local.client)
+        return work(local.client, item)
+
+    try:
+        with ThreadPoolExecutor(max_workers=level, thread_name_prefix=name) as pool:
+            return list(pool.map(one, items))
+    finally:
+        for c in clones:
+            c.close()

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from dsv4bisect.errors import ConfigError, ProbeError
-from dsv4bisect.probe.client import ProbeClient, ProbeHTTPError, ServerInfo
+from dsv4bisect.probe.client import ProbeClient, ProbeHTTPError, ServerInfo, map_on_clones
 from dsv4bisect.probe.drift import NON_FINITE, DriftRecord, NonFiniteScores, compare
 from dsv4bisect.probe.grid import DEFAULT_RATIOS, DEFAULT_WINDOW, Case, build_cases, periods
 from dsv4bisect.probe.judge import decide
@@ -249,25 +249,12 @@ def null_arms(client: ProbeClient, spec: ProbeSpec, drift: list[DriftRecord],
         return []
     level = min(len(drift), max(16, *spec.concurrency))  # a server under load batches them
     out: list[tuple[str, DriftRecord]] = []
-    local, lock = threading.local(), threading.Lock()
-    clones: list[ProbeClient] = []
-
-    def rescore(k: int) -> DriftRecord:
-        if not hasattr(local, "client"):  # one connection per worker thread
-            local.client = client.clone(timeout_s=spec.timeout_s * level)
-            with lock:
-                clones.append(local.client)
-        return _rescore(local.client, spec, drift[k])
-
     try:
         client.flush_cache()  # once: what is cached then comes from the batch mates themselves
         order = submission_order(spec, max(level, 2), len(drift))
-        try:
-            with ThreadPoolExecutor(max_workers=level, thread_name_prefix="probe-null") as pool:
-                got = dict(zip(order, pool.map(rescore, order)))
-        finally:
-            for c in clones:
-                c.close()
+        got = dict(zip(order, map_on_clones(
+            client, lambda c, k: _rescore(c, spec, drift[k]), order, level,
+            spec.timeout_s * level, "probe-null")))
         out += [(CONCURRENT_ARM, got[k]) for k in range(len(drift))]
         for rec, quarter in ((rec, q) for rec in drift for q in (1, 2, 3)):
             split = rec.start + (len(rec.input_ids) - rec.start) * quarter // 4

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-from dsv4bisect.probe.client import ProbeClient, ServerInfo
+from dsv4bisect.probe.client import ProbeClient, ServerInfo, map_on_clones
 from dsv4bisect.probe.grid import DEFAULT_RATIOS, Case, build_cases, periods
 from dsv4bisect.probe.layout import calibrate
 from dsv4bisect.probe.spec import ACCURACY_FAMILIES, ProbeSpec
@@ -60,20 +58,6 @@ def pollute(client: ProbeClient, spec: ProbeSpec, server: ServerInfo) -> dict[st
     t0 = time.perf_counter()
     cases = pollution_cases(spec, client, server)
     level = min(MAX_LEVEL, max(spec.concurrency), len(cases))
-    local, lock = threading.local(), threading.Lock()
-    clones: list[ProbeClient] = []
-
-    def send(case: Case) -> None:
-        if not hasattr(local, "client"):  # one connection per worker thread
-            local.client = client.clone(timeout_s=spec.timeout_s * level)
-            with lock:
-                clones.append(local.client)
-        local.client.chat(list(case.messages), max_tokens=case.max_tokens)
-
-    try:
-        with ThreadPoolExecutor(max_workers=level, thread_name_prefix="probe-pollute") as pool:
-            list(pool.map(send, cases))
-    finally:
-        for c in clones:
-            c.close()
+    map_on_clones(client, lambda c, case: c.chat(list(case.messages), max_tokens=case.max_tokens),
+                  cases, level, spec.timeout_s * level, "probe-pollute")
     return {"requests": len(cases), "seconds": round(time.perf_counter() - t0, 3)}

@@ -131,45 +131,50 @@ class Generator:
                     ) -> tuple[GenOutput, Request]:
         """`run`, also returning the request; `keep_cache`: its decoding state stays on it
         once it has left (a PD prefill server transfers it)."""
-        req, k, start = self._request(spec, keep_cache=keep_cache)
+        req = self._request(spec, keep_cache=keep_cache)
         if spec.max_new_tokens > 0 or req.score_from is not None:
             self._wait(req, current_check())
-        return self._output(spec, req, k, start), req
+        return self._output(spec, req), req
 
     def resume(self, spec: GenSpec, cache: Any, first: FirstToken) -> tuple[GenOutput, Request]:
         """Decode `spec` from a transferred state (a PD decode server): `cache` holds the prompt,
         `first` is the token the prefill server chose. The output reports no input log-probs
         (the prefill server's response has them; the router joins the two, as SGLang's)."""
-        req, k, _ = self._request(spec, keep_cache=True)
+        req = self._request(spec, keep_cache=True)
         req.cache, req.filled, req.cached_tokens = cache, req.target, first.cached_tokens
         if spec.max_new_tokens > 0 and not self.scheduler.start(req, first.token,
                                                                 first.logprob, first.top):
             self._wait(req, current_check())
-        return self._output(spec, req, k, None), req
+        return self._output(spec, req, inputs=False), req
 
-    def _request(self, spec: GenSpec, *, keep_cache: bool) -> tuple[Request, int, int]:
+    def _request(self, spec: GenSpec, *, keep_cache: bool = False) -> Request:
+        from dsv4bisect.reference.sampling import Sampling
+        from dsv4bisect.reference.scheduler import Request
+
         ids = list(spec.input_ids)
-        start = len(ids) - 1 if spec.logprob_start_len == -1 else spec.logprob_start_len
+        start = self._start(spec)
         want_all = spec.token_ids_logprob is not None
         k = self.tokenizer.vocab_size if want_all else min(spec.top_logprobs_num,
                                                             self.tokenizer.vocab_size)
         stop_ids = tuple(spec.stop_token_ids) + (() if spec.ignore_eos else (EOS_ID,))
-        from dsv4bisect.reference.sampling import Sampling
-        from dsv4bisect.reference.scheduler import Request
-
         self.engine.check_request(ids, spec.max_new_tokens, k, stop_ids)
         score_from = start + 1 if spec.return_logprob and start + 1 < len(ids) else None
-        req = Request(tuple(ids), spec.max_new_tokens, frozenset(stop_ids), k, score_from,
-                      Sampling(spec.temperature, spec.top_p, spec.top_k, spec.seed),
-                      keep_cache=keep_cache)
-        return req, k, start
+        return Request(tuple(ids), spec.max_new_tokens, frozenset(stop_ids), k, score_from,
+                       Sampling(spec.temperature, spec.top_p, spec.top_k, spec.seed),
+                       keep_cache=keep_cache)
 
-    def _output(self, spec: GenSpec, req: Request, k: int, start: int | None) -> GenOutput:
-        """The request's answer; `start` None: no input log-probs (a PD decode server's)."""
+    @staticmethod
+    def _start(spec: GenSpec) -> int:
+        n = len(spec.input_ids)
+        return n - 1 if spec.logprob_start_len == -1 else spec.logprob_start_len
+
+    def _output(self, spec: GenSpec, req: Request, *, inputs: bool = True) -> GenOutput:
+        """The request's answer; `inputs` False: no input log-probs (a PD decode server's)."""
         ids = list(spec.input_ids)
+        start = self._start(spec)
         out_ids = list(req.output_ids)
         out_lp = [finite(x) for x in req.logprobs]
-        out_top = [list(t) for t in req.tops] if k else [[] for _ in out_ids]
+        out_top = [list(t) for t in req.tops] if req.top_k else [[] for _ in out_ids]
         cut = self._stop_cut(spec, out_ids)
         if cut is not None:
             out_ids, out_lp, out_top = out_ids[:cut], out_lp[:cut], out_top[:cut]
@@ -177,7 +182,7 @@ class Generator:
         finish = self._finish(spec, req, out_ids, text, stopped_by_string=cut is not None)
         if isinstance(finish.get("matched"), str) and not spec.no_stop_trim:
             text = text[: text.find(finish["matched"])]
-        if start is None:
+        if not inputs:
             return GenOutput(out_ids, text, finish, out_lp, out_top, [], [], [],
                              req.cached_tokens)
         in_lp: list[float | None] = [None] + [finite(s.logprob) for s in req.scores]

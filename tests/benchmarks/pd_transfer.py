@@ -2,7 +2,7 @@
 the PD topology costs a probe.
 
     python tests/benchmarks/pd_transfer.py [--tier smoke] [--backends mooncake,nixl]
-        [--precision deployment] [--out DIR] [--json OUT.json]
+        [--precision deployment] [--monolithic] [--warmup N] [--out DIR] [--json OUT.json]
 
 For each backend: `reference-pd` launched as `dsv4bisect run` launches it (prefill server,
 decode server, router; ports chosen free), one probe run of the tier through the router
@@ -11,7 +11,8 @@ decode server, router; ports chosen free), one probe run of the tier through the
 transfer's milliseconds from first byte to status, and the wait from registering to the first
 byte, i.e. the prefill's compute) and the totals of both servers' `/server_info`. Prints the
 median and 90th percentile per request and the probe's wall time; `--json` keeps it all.
-The same probe against `reference` (the monolithic server) gives the topology's cost.
+The same probe against `reference` (the monolithic server, `--monolithic`) gives the
+topology's cost; `--warmup N` then times the probe's polluting phase of N requests on each.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ import requests
 
 from dsv4bisect.config.resolve import Overrides, resolve
 from dsv4bisect.engines.launcher import Launch
+from dsv4bisect.probe.client import ProbeClient
 from dsv4bisect.probe.runner import collect
 from dsv4bisect.probe.spec import tier_spec
+from dsv4bisect.probe.warmup import pollute
 
 LINE = re.compile(r"decode transfer room \d+ \((\w+), (\d+) tokens\): kv (\d+) B, state (\d+) B, "
                   r"aux (\d+) B, framing (\d+) B in ([\d.]+) ms(?: after waiting (\d+) ms)?")
@@ -43,7 +46,8 @@ def _quantiles(values: list[float]) -> dict[str, float]:
             "max": values[-1]}
 
 
-def measure(profile: str, sets: tuple[str, ...], tier: str, where: Path) -> dict[str, Any]:
+def measure(profile: str, sets: tuple[str, ...], tier: str, where: Path,
+            warmup: int = 0) -> dict[str, Any]:
     cfg = resolve(profile, Overrides(sets=sets))
     t0 = time.perf_counter()
     with Launch(cfg, where) as launch:
@@ -51,9 +55,15 @@ def measure(profile: str, sets: tuple[str, ...], tier: str, where: Path) -> dict
         t1 = time.perf_counter()
         run = collect(launch.url, tier_spec(tier))
         probe_s = time.perf_counter() - t1
+        polluted = {}
+        if warmup:  # the polluting phase alone, after the probe (probe/warmup.py)
+            client = ProbeClient(launch.url)
+            polluted = pollute(client, tier_spec(tier).replace(warmup_requests=warmup),
+                               client.describe())
+            client.close()
         info = requests.get(launch.url + "/server_info", timeout=60).json()
     out: dict[str, Any] = {"profile": profile, "sets": list(sets), "launch_s": launched,
-                           "probe_s": probe_s, "requests": len(run.rows)}
+                           "probe_s": probe_s, "requests": len(run.rows), "warmup": polluted}
     if "decode" not in info:
         return out
     records = []
@@ -85,6 +95,8 @@ def main() -> None:
     ap.add_argument("--backends", default="mooncake,nixl")
     ap.add_argument("--precision", default="deployment")
     ap.add_argument("--monolithic", action="store_true", help="also probe `reference`")
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="then time a polluting phase of this many requests on each server")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -93,9 +105,10 @@ def main() -> None:
     precision = f"engine.precision={args.precision}"
     for backend in args.backends.split(","):
         sets = (precision, f"engine.pd.transfer_backend={backend}")
-        results.append(measure("reference-pd", sets, args.tier, root / backend))
+        results.append(measure("reference-pd", sets, args.tier, root / backend, args.warmup))
     if args.monolithic:
-        results.append(measure("reference", (precision,), args.tier, root / "monolithic"))
+        results.append(measure("reference", (precision,), args.tier, root / "monolithic",
+                               args.warmup))
     for r in results:
         line = f"{r['profile']} {' '.join(r['sets'])}: launch {r['launch_s']:.0f} s, probe " \
                f"{r['probe_s']:.0f} s ({r['requests']} answers)"
@@ -106,6 +119,10 @@ def main() -> None:
                      f"{r['bytes_state']['median']:.0f}), transfer {t['median']:.2f} ms "
                      f"(p90 {t['p90']:.2f}), waiting for the prefill {w['median']:.0f} ms "
                      f"(p90 {w['p90']:.0f}), prompt tokens median {r['tokens']['median']:.0f}")
+        if r["warmup"]:
+            w = r["warmup"]
+            line += (f"; polluting phase {w['requests']:.0f} requests in {w['seconds']:.0f} s "
+                     f"({w['seconds'] / w['requests']:.2f} s a request)")
         print(line)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

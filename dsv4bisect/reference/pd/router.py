@@ -29,6 +29,7 @@ names.
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 from collections import deque
@@ -60,15 +61,6 @@ def new_room() -> int:
 def bootstrap_host(url: str) -> str:
     host = urlsplit(url).hostname or ""
     return f"[{host}]" if ":" in host else host
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class _Workers:
@@ -109,7 +101,7 @@ class _Workers:
         best, share = least, 0.0  # cache_aware
         for i, texts in enumerate(self.recent):
             for text in texts:
-                s = _common_prefix(key, text) / max(len(key), 1)
+                s = len(os.path.commonprefix([key, text])) / max(len(key), 1)
                 if s > share:
                     best, share = i, s
         return best if share > self.threshold else least
