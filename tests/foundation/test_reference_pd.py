@@ -134,3 +134,17 @@ def test_each_pd_server_must_report_the_patch_set_it_was_sent() -> None:
     info["decode"][0]["patches"] = {}
     with pytest.raises(PatchError, match="the decode server"):
         verify_reference_patches(cfg, info)
+
+
+def test_run_judges_a_role_patch_against_the_pair_without_it() -> None:
+    from dsv4bisect.run.ends import resolve_ends
+
+    ends = resolve_ends("reference-pd", Overrides(sets=(
+        "engine.pd.decode.patches.mma-decode=true", "engine.precision=exact")))
+    wire = {cfg: {p.role: p.env_dict().get(PATCHES) for p in c.processes
+                  if p.role != "router"} for cfg, c in (("good", ends.good),
+                                                         ("candidate", ends.candidate))}
+    assert wire == {"good": {"prefill": "", "decode": ""},
+                    "candidate": {"prefill": "", "decode": "mma-decode"}}
+    assert "--precision" in ends.good.process("decode").argv  # the other --set items stay
+    assert ends.good.process("decode").argv == ends.candidate.process("decode").argv

@@ -31,9 +31,10 @@ REFERENCE_SWITCH_S = 1.0  # in-process, eager on CPU: no graphs to capture
 # tier's requests decode and are scheduled whatever their prompt length).
 TIER_PROBE_S = {"ci": 20.0, "smoke": 60.0, "standard": 1200.0, "deep": 3600.0}
 # One polluting request on the embedded engine (probe/warmup.py: a conversation at the tier's
-# shortest length, its short answer): measured through `dsv4bisect serve` on the shared 2-core
-# CPU (docs/performance.md, "The polluting phase").
-REFERENCE_WARMUP_S_PER_REQUEST = 0.5
+# shortest length, its short answer): 0.8-1.6 s measured at load ~10 on the shared 2-core CPU,
+# 16 in flight (tests/benchmarks/pd_transfer.py --warmup; docs/performance.md, "PD
+# disaggregation")
+REFERENCE_WARMUP_S_PER_REQUEST = 1.0
 TEST_CMD_S = 60.0
 # The sequential trial probe's expected share of the full probe until it states its own
 # (`probe.sequential.plan_trial`): like a bad end losing 30 % of answers at most a tenth (the
