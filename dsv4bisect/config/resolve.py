@@ -223,6 +223,10 @@ def _check_switch_env(profile: Profile, ctx: EngineContext, layered: Layered) ->
         return
     setters = [(("engine", "env"), profile.engine.env)] + [
         (("custom_patches", n, "env"), c.env) for n, c in profile.custom_patches.items()]
+    pd = profile.engine.pd
+    if pd is not None:  # a PD role's env may not drive a switch either: its patches do
+        setters += [(("engine", "pd", role, "env"), spec.env)
+                    for role, spec in (("prefill", pd.prefill), ("decode", pd.decode))]
     for name, patch in builtin_patches().items():
         rule = patch.sglang.rule(ctx.sglang_version, ctx.gpu_arch)
         if rule is None:

@@ -148,3 +148,27 @@ def test_run_judges_a_role_patch_against_the_pair_without_it() -> None:
                     "candidate": {"prefill": "", "decode": "mma-decode"}}
     assert "--precision" in ends.good.process("decode").argv  # the other --set items stay
     assert ends.good.process("decode").argv == ends.candidate.process("decode").argv
+
+
+def test_the_router_command_and_the_fault_listing(cli) -> None:
+    done = cli("router", "--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2")
+    assert done.returncode == 5 and "only the PD mode" in done.stderr and "hint:" in done.stderr
+    helped = cli("router", "--help")
+    assert helped.returncode == 0 and "--pd-disaggregation" in helped.stdout
+    shown = cli("patches", "show", "engine.pd.transfer_fault")
+    assert shown.returncode == 0 and "sglang PR #24878" in shown.stdout
+    assert "state-not-sent (FAULT, the mooncake backend only)" in shown.stdout
+    listed = cli("patches", "list")
+    assert "engine.pd.transfer_fault" in listed.stdout and "stale-slot" in listed.stdout
+
+
+def test_an_sglang_switch_can_be_on_one_role_and_no_role_env_drives_it() -> None:
+    cfg = resolve("dsv4-flash-pd8", Overrides(sets=(
+        "engine.sglang_version=0.5.23", "engine.pd.decode.patches.fused-mhc-post-pre=true")))
+    env = {p.role: p.env_dict() for p in cfg.processes}
+    assert env["decode"]["SGLANG_OPT_FUSE_MHC_POST_PRE"] == "1"
+    assert env["prefill"]["SGLANG_OPT_FUSE_MHC_POST_PRE"] == "0"  # its most exact value
+    with pytest.raises(ConfigError, match="driven by the built-in patch"):
+        resolve("dsv4-flash-pd8", Overrides(sets=(
+            "engine.sglang_version=0.5.23",
+            "engine.pd.decode.env.SGLANG_OPT_FUSE_MHC_POST_PRE=1")))
