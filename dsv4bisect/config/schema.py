@@ -10,6 +10,9 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from dsv4bisect.errors import ConfigError
+from dsv4bisect.patching.transfer_faults import check_fault
+
 SCHEMA_VERSION = 1
 
 Port = Union[Annotated[int, Field(ge=1, le=65535)], Literal["auto"]]
@@ -114,9 +117,6 @@ class PD(Strict):
     @field_validator("transfer_fault")
     @classmethod
     def _known_fault(cls, value: str | None) -> str | None:
-        from dsv4bisect.errors import ConfigError
-        from dsv4bisect.patching.transfer_faults import check_fault
-
         try:
             return check_fault(value)
         except ConfigError as exc:
