@@ -41,7 +41,6 @@ from dsv4bisect.reference.pd.transfer import (
 from dsv4bisect.reference.request_body import ApiError
 
 PREFILL, DECODE = "prefill", "decode"
-MODES = ("null", PREFILL, DECODE)  # SGLang's --disaggregation-mode choices
 
 
 def _never() -> bool:

@@ -45,10 +45,10 @@ from dsv4bisect.reference.pd.wire import (
 log = logging.getLogger(__name__)
 
 BACKENDS = ("mooncake", "nixl")  # SGLang's --disaggregation-transfer-backend names
-DEFAULT_BACKEND = "mooncake"  # SGLang's default
 STATE_NOT_SENT = "state-not-sent"  # patching/transfer_faults.py: citations and sizes
 STALE_SLOT = "stale-slot"
-# SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT and _WAITING_TIMEOUT defaults (seconds)
+# SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT and _WAITING_TIMEOUT defaults (seconds;
+# srt/environ.py, 0.5.13)
 BOOTSTRAP_TIMEOUT_S = 300.0
 WAITING_TIMEOUT_S = 300.0
 LISTEN_BACKLOG = 128
