@@ -14,6 +14,11 @@ ROLE = "DSV4BISECT_ROLE"  # the role of an engine process (server, prefill, deco
 LAUNCH = "DSV4BISECT_LAUNCH"  # names one spawn of an engine process (engines/groups.py)
 SWITCH_DIR = "DSV4BISECT_SWITCH_DIR"  # hot mode: where switch requests and receipts live
 HOT = "DSV4BISECT_HOT"  # hot mode: wire of the patches that may be switched in (bad variants)
+# a PD server's transfer fault (engine.pd.transfer_fault; patching/transfer_faults.py)
+PD_TRANSFER_FAULT = "DSV4BISECT_PD_TRANSFER_FAULT"
+# a PD role's own patches on top of the profile's (engine.pd.<role>.patches), wire format: a hot
+# switch of the profile's patches keeps them (reference/switch.py)
+ROLE_PATCHES = "DSV4BISECT_ROLE_PATCHES"
 CACHE = "DSV4BISECT_CACHE"  # cache root (worktrees, baselines, the ledger); default ~/.cache/dsv4bisect
 # test-only patches (never in a real search): 1 registers the canary pair (patches/__init__.py);
 # module,module registers those importable modules' patches after the built-ins (docs/patches.md)

@@ -41,6 +41,11 @@ def probe(
     ] = None,
     families: Annotated[Optional[str], typer.Option(
         metavar="F,G", help="Only these families: needle, copy, vartrack, drift.")] = None,
+    warmup_requests: Annotated[Optional[int], typer.Option(
+        min=0, max=65536, metavar="N",
+        help="The polluting phase: N requests of other conversations on each server before "
+        "the measured ones (default: the tier's; standard and deep 256, docs/probe.md).")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the verdict JSON on stdout.")
                         ] = False,
     api_key_env: Annotated[Optional[str], typer.Option(
@@ -65,7 +70,7 @@ def probe(
         if not api_key:
             raise ConfigError(f"environment variable `{api_key_env}` is not set",
                               f"export {api_key_env}=<key>, or drop --api-key-env")
-    source = resolve_baseline(baseline, tier, fams)
+    source = resolve_baseline(baseline, tier, fams, warmup_requests)
     out_dir = out or make_unique_dir(Path("runs"), "probe")
     with _StageProgress() as progress:
         session = probe_against(url, source, out_dir, api_key=api_key,

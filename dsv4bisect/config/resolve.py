@@ -90,7 +90,14 @@ def resolve_loaded(loaded: LoadedProfile, *, materialize_worktree: bool = False)
     if plan is not None and materialize_worktree:
         materialize(plan)
     delivery = _delivery(profile, ctx, enabled, plan)
-    entry, processes = build_processes(engine, delivery)
+    roles = _role_deliveries(profile, ctx, available, plan)
+    for role, role_on in (roles or {}).items():
+        missing_here = [p for p in available if p.required and p.name not in role_on[1]]
+        cannot_start = cannot_start or "; ".join(
+            f"`{p.name}` is off on the {role} server but {p.required}" for p in missing_here
+        ) or None
+    entry, processes = build_processes(engine, delivery,
+                                       {r: d for r, (d, _) in (roles or {}).items()})
     config = EngineConfig(
         profile=profile.name, kind=engine.kind, host=engine.host, entry_role=entry,
         processes=processes, patches=enabled, available=available, model=engine.model,
@@ -233,6 +240,10 @@ def _check_switch_env(profile: Profile, ctx: EngineContext, layered: Layered) ->
         return
     setters = [(("engine", "env"), profile.engine.env)] + [
         (("custom_patches", n, "env"), c.env) for n, c in profile.custom_patches.items()]
+    pd = profile.engine.pd
+    if pd is not None:  # a PD role's env may not drive a switch either: its patches do
+        setters += [(("engine", "pd", role, "env"), spec.env)
+                    for role, spec in (("prefill", pd.prefill), ("decode", pd.decode))]
     for name, patch in builtin_patches().items():
         rule = patch.sglang.rule(ctx.sglang_version, ctx.gpu_arch)
         if rule is None:
@@ -277,6 +288,44 @@ def _delivery(profile: Profile, ctx: EngineContext, enabled: tuple[PatchChoice, 
     if plan is not None:
         pythonpath = "{worktree}/" + str(plan.pythonpath.relative_to(plan.path))
     return PatchDelivery(wire, env, tuple(args), pythonpath)
+
+
+def _role_deliveries(profile: Profile, ctx: EngineContext, available: tuple[PatchChoice, ...],
+                     plan: WorktreePlan | None
+                     ) -> dict[str, tuple[PatchDelivery, set[str]]] | None:
+    """Each PD role's delivery and patch names: the profile's patches with the role's own
+    toggles (`engine.pd.<role>.patches`) applied, masks decided on the role's set. A role with
+    toggles also gets them as DSV4BISECT_ROLE_PATCHES, which a hot switch keeps applying
+    (`name[:variant]` on, `!name` off)."""
+    pd = profile.engine.pd
+    if pd is None:
+        return None
+    out: dict[str, tuple[PatchDelivery, set[str]]] = {}
+    builtins = builtin_patches()
+    for role, spec in (("prefill", pd.prefill), ("decode", pd.decode)):
+        on = {p.name: p for p in available
+              if p.name in profile.patches and profile.patches[p.name].enabled}
+        on = {n: _with_variant(c, profile, ctx) for n, c in on.items()}
+        overlay = []
+        for name, toggle in spec.patches.items():
+            if not toggle.enabled:
+                on.pop(name, None)
+                overlay.append(f"!{name}")
+                continue
+            choice = next(c for c in available if c.name == name)
+            if choice.builtin:
+                variant = builtins[name].variant(toggle.variant)
+                assert variant is not None  # checked by _check_patch_names
+                choice = _choice(builtins[name], ctx, variant.name, variant.fault)
+                overlay.append(name if variant.name == builtins[name].default_variant
+                               else f"{name}:{variant.name}")
+            on[name] = choice
+        ordered = _apply_masks(tuple(on[c.name] for c in available if c.name in on))
+        delivery = _delivery(profile, ctx, ordered, plan)
+        if overlay:
+            delivery.env[envvars.ROLE_PATCHES] = ",".join(overlay)
+        out[role] = (delivery, set(on))
+    return out
 
 
 def _worktree_plan(profile: Profile, layered: Layered,
@@ -436,16 +485,24 @@ def _new_sections(data: dict[str, Any], dotted: str) -> list[tuple[str, ...]]:
 
 
 def _expand_bool_toggles(layered: Layered) -> None:
-    """`P: true` becomes `P: {enabled: true}` so that --set patches.P.variant=V can apply."""
-    patches = layered.data.get("patches")
-    if not isinstance(patches, dict):
-        return
-    for name, value in patches.items():
-        if isinstance(value, bool):
-            patches[name] = {"enabled": value}
-            mark = layered.provenance.get(("patches", name))
-            if mark is not None:
-                layered.provenance[("patches", name, "enabled")] = mark
+    """`P: true` becomes `P: {enabled: true}` so that --set patches.P.variant=V can apply (the
+    profile's patches and a PD role's own)."""
+    engine = layered.data.get("engine")
+    pd = engine.get("pd") if isinstance(engine, dict) else None
+    where = [("patches",)] + [("engine", "pd", role, "patches") for role in ("prefill", "decode")
+                              if isinstance(pd, dict) and isinstance(pd.get(role), dict)]
+    for path in where:
+        node: Any = layered.data
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue
+        for name, value in node.items():
+            if isinstance(value, bool):
+                node[name] = {"enabled": value}
+                mark = layered.provenance.get((*path, name))
+                if mark is not None:
+                    layered.provenance[(*path, name, "enabled")] = mark
 
 
 def _known_names(layered: Layered) -> list[str]:
@@ -471,18 +528,24 @@ def _check_patch_names(profile: Profile, layered: Layered) -> None:
             raise error_at(layered, ("custom_patches", name),
                            "a custom patch cannot reuse a built-in patch's name", "rename it")
     known = dict.fromkeys([*builtins, *profile.custom_patches])
-    for name, toggle in profile.patches.items():
-        if name not in known:
-            raise error_at(layered, ("patches", name), f"unknown patch `{name}`",
-                           unknown_patch_hint(name, known))
-        if toggle.variant is None:
-            continue
-        if name not in builtins:
-            raise error_at(layered, ("patches", name, "variant"),
-                           "custom patches have no variants", "remove `variant`")
-        patch = builtins[name]
-        if patch.variant(toggle.variant) is None:
-            names = [v.name for v in patch.variants]
-            raise error_at(layered, ("patches", name, "variant"),
-                           f"patch `{name}` has no variant `{toggle.variant}`",
-                           f"variants of {name}: {', '.join(names)}")
+    toggles: list[tuple[tuple[str, ...], dict[str, Any]]] = [(("patches",), profile.patches)]
+    pd = profile.engine.pd
+    if pd is not None:
+        toggles += [(("engine", "pd", role, "patches"), spec.patches)
+                    for role, spec in (("prefill", pd.prefill), ("decode", pd.decode))]
+    for where, patches in toggles:
+        for name, toggle in patches.items():
+            if name not in known:
+                raise error_at(layered, (*where, name), f"unknown patch `{name}`",
+                               unknown_patch_hint(name, known))
+            if toggle.variant is None:
+                continue
+            if name not in builtins:
+                raise error_at(layered, (*where, name, "variant"),
+                               "custom patches have no variants", "remove `variant`")
+            patch = builtins[name]
+            if patch.variant(toggle.variant) is None:
+                names = [v.name for v in patch.variants]
+                raise error_at(layered, (*where, name, "variant"),
+                               f"patch `{name}` has no variant `{toggle.variant}`",
+                               f"variants of {name}: {', '.join(names)}")

@@ -372,8 +372,9 @@ def fixed_ports(cfg: EngineConfig) -> list[tuple[str, int]]:
     for p in cfg.processes:  # the PD bootstrap port is an argument, not a process port
         argv = list(p.argv)
         if "--disaggregation-bootstrap-port" in argv:
-            out.append((f"{p.role} bootstrap",
-                        int(argv[argv.index("--disaggregation-bootstrap-port") + 1])))
+            value = argv[argv.index("--disaggregation-bootstrap-port") + 1]
+            if value.isdigit():  # else `{port:bootstrap}`: chosen free at launch
+                out.append((f"{p.role} bootstrap", int(value)))
     return out
 
 

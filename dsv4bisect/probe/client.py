@@ -19,9 +19,10 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
 import urllib3
@@ -33,6 +34,8 @@ from dsv4bisect.probe.drift import NonFiniteScores
 from dsv4bisect.probe.stream import StreamError, StreamTiming, read_chat_stream
 
 EXCERPT = 300
+T = TypeVar("T")
+R = TypeVar("R")
 MAX_MODEL_LEN = 2 ** 24  # tokens: the profiles' length limit (docs/profiles.md § Ranges)
 
 
@@ -214,6 +217,10 @@ class ProbeClient:
         if api_key:
             self._session.headers["Authorization"] = f"Bearer {api_key}"
         self._tokenize_messages: bool | None = None  # learnt on first use
+        # whether the server streams a chat answer (None: not asked yet; learnt at the first
+        # streamed chat: a server that refuses the streamed request with a 400 and answers
+        # the same request plainly does not stream, e.g. the embedded PD router)
+        self.streams: bool | None = None
 
     def close(self) -> None:
         self._session.close()
@@ -221,10 +228,12 @@ class ProbeClient:
     def clone(self, timeout_s: float | None = None) -> ProbeClient:
         """Another client of the same server, settings and model, with its own connection (one
         per thread when the probe sends several requests at once), optionally another timeout."""
-        return ProbeClient(self.url, api_key=self._api_key,
-                           timeout_s=self.timeout_s if timeout_s is None else timeout_s,
-                           retries=self.retries, backoff_s=self.backoff_s, model=self.model,
-                           api=self.api)
+        other = ProbeClient(self.url, api_key=self._api_key,
+                            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+                            retries=self.retries, backoff_s=self.backoff_s, model=self.model,
+                            api=self.api)
+        other.streams = self.streams
+        return other
 
     def vllm(self) -> bool:
         """Whether the server speaks vLLM's API (asked once, from /v1/models; a server that
@@ -438,11 +447,23 @@ class ProbeClient:
              thinking: bool = False, stream: bool = False) -> ChatResult:
         """One greedy chat answer. `stream`: asked for as SGLang's users ask (server-sent
         events, probe/stream.py), which also times its first token and the gaps after it."""
+        stream = stream and self.streams is not False
         body = chat_body(self.model, messages, max_tokens, thinking, stream)
         t0 = time.perf_counter()
         timing = None
         if stream:
-            data, timing = self._chat_stream(body, t0)
+            try:
+                data, timing = self._chat_stream(body, t0)
+            except ProbeHTTPError as exc:
+                if exc.status != 400 or self.streams:
+                    raise
+                t0 = time.perf_counter()  # the same request, plain: its answer, untimed
+                data = self.request("POST", "/v1/chat/completions",
+                                    chat_body(self.model, messages, max_tokens, thinking))
+            if timing is not None:
+                self.streams = True
+            elif self.streams is None:  # answered plainly: ask it plainly from now on
+                self.streams = False
         else:
             data = self.request("POST", "/v1/chat/completions", body)
         latency = time.perf_counter() - t0
@@ -591,3 +612,26 @@ class ProbeClient:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self._malformed("/generate", data, f"{where}: token id {value!r} is no integer")
         return value
+
+
+def map_on_clones(client: ProbeClient, work: Callable[[ProbeClient, T], R], items: Sequence[T],
+                  level: int, timeout_s: float, name: str) -> list[R]:
+    """`work(connection, item)` for every item, `level` at once, each worker thread on a
+    connection of its own (a clone of `client`, closed at the end); the results in `items`'
+    order."""
+    local, lock = threading.local(), threading.Lock()
+    clones: list[ProbeClient] = []
+
+    def one(item: T) -> R:
+        if not hasattr(local, "client"):
+            local.client = client.clone(timeout_s=timeout_s)
+            with lock:
+                clones.append(local.client)
+        return work(local.client, item)
+
+    try:
+        with ThreadPoolExecutor(max_workers=level, thread_name_prefix=name) as pool:
+            return list(pool.map(one, items))
+    finally:
+        for c in clones:
+            c.close()

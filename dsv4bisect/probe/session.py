@@ -48,11 +48,15 @@ def is_url(text: str) -> bool:
     return text.startswith(("http://", "https://"))
 
 
-def resolve_baseline(baseline: str, tier: str | None,
-                     families: tuple[str, ...] | None) -> BaselineSource:
-    """Turn `--baseline URL|RUN_DIR` (+ tier, families) into a spec and a source."""
+def resolve_baseline(baseline: str, tier: str | None, families: tuple[str, ...] | None,
+                     warmup_requests: int | None = None) -> BaselineSource:
+    """Turn `--baseline URL|RUN_DIR` (+ tier, families, polluting phase) into a spec and a
+    source."""
     if is_url(baseline):
-        return BaselineSource(tier_spec(tier or DEFAULT_TIER, families=families), baseline)
+        spec = tier_spec(tier or DEFAULT_TIER, families=families)
+        if warmup_requests is not None:
+            spec = spec.replace(warmup_requests=warmup_requests)
+        return BaselineSource(spec, baseline)
     run, repeat = _saved_baseline(Path(baseline))
     spec = run.spec
     if tier is not None and tier != spec.tier:
@@ -61,6 +65,10 @@ def resolve_baseline(baseline: str, tier: str | None,
     if families is not None and tuple(families) != spec.families:
         raise ConfigError(f"the saved baseline covers families {','.join(spec.families)}",
                           "drop --families to use the baseline's families")
+    if warmup_requests is not None and warmup_requests != spec.warmup_requests:
+        raise ConfigError(f"the saved baseline was probed after a polluting phase of "
+                          f"{spec.warmup_requests} requests, not {warmup_requests}",
+                          "drop --warmup-requests to use the baseline's")
     return BaselineSource(spec, None, run, repeat)
 
 

@@ -6,7 +6,7 @@ JSON (`Verdict.to_dict()`, schema `dsv4bisect.verdict/1`; docs/probe.md document
                    cap, inside a bisect only: docs/probe.md)
     exit_code      0 | 1 | 4 | 125 (git bisect run: good, bad, -, skip); BETWEEN 1
     reasons        human sentences, most important first
-    probe          {tier, spec_hash, seed_block, probe_version}
+    probe          {tier, spec_hash, seed_block, probe_version, warmup_requests}
     families.<f>   {n, baseline_accuracy, candidate_accuracy, repeat_accuracy, baseline_right,
                     b, c, p_value, evidence}
     overall        {n, b, c, p_value, alpha, families}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsv4bisect.reference.chat import ChatFormatError, apply_chat_template, normalize_messages
-from dsv4bisect.reference.generation import Generator, GenOutput, GenSpec, finite
+from dsv4bisect.reference.generation import Bootstrap, Generator, GenOutput, GenSpec, finite
 from dsv4bisect.reference.request_body import ApiError, Body, check_sampling, is_int_list
 from dsv4bisect.reference.tokenizer import ByteTokenizer
 
@@ -71,6 +71,25 @@ def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
             "completion_tokens": completion, "prompt_tokens_details": {"cached_tokens": cached},
             "reasoning_tokens": 0}
+
+
+def bootstrap_of(body: Body, index: int = 0) -> Bootstrap | None:
+    """SGLang's `bootstrap_host`, `bootstrap_port`, `bootstrap_room`, which its router adds to
+    a request for PD servers (one list entry per prompt of a batch); None when absent."""
+    fields = [body.data.get(k) for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room")]
+    if all(f is None for f in fields):
+        return None
+    if all(isinstance(f, list) for f in fields):
+        if not all(index < len(f) for f in fields):
+            raise ApiError("the bootstrap_* lists must have one entry per prompt")
+        fields = [f[index] for f in fields]
+    host, port, room = fields
+    if not (isinstance(host, str) and host and isinstance(port, int) and not isinstance(
+            port, bool) and 0 <= port <= 65535 and isinstance(room, int)
+            and not isinstance(room, bool) and room >= 0):
+        raise ApiError("bootstrap_host must be a host name, bootstrap_port a port and "
+                       "bootstrap_room a non-negative integer (all three, or none)")
+    return Bootstrap(host, port, room)
 
 
 def _check_thinking(body: Body) -> None:
@@ -168,7 +187,8 @@ class Api:
         logprobs = body.get_bool("logprobs", False)
         top = body.get_int("top_logprobs", 0, minimum=0) if logprobs else 0
         spec = GenSpec(prompt, self._max_new(len(prompt), requested), **self._stops(body),
-                       **body.sampling("seed"), return_logprob=logprobs, top_logprobs_num=top)
+                       **body.sampling("seed"), return_logprob=logprobs, top_logprobs_num=top,
+                       bootstrap=bootstrap_of(body))
         return ChatRequest(body, prompt, spec, top if logprobs else None,
                            body.get_str("model", self.cfg.served_model_name) or "")
 
@@ -254,7 +274,8 @@ class Api:
             **body.sampling("seed"), return_logprob=logprobs is not None,
             top_logprobs_num=logprobs or 0,
             logprob_start_len=0 if echo and logprobs is not None else -1,
-        )) for ids, text in self._completion_prompts(body)]
+            bootstrap=bootstrap_of(body, index),
+        )) for index, (ids, text) in enumerate(self._completion_prompts(body))]
         return CompletionRequest(body, prompts, echo, logprobs,
                                  body.get_str("model", self.cfg.served_model_name) or "")
 

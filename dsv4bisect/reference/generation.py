@@ -28,6 +28,38 @@ if TYPE_CHECKING:  # the scheduler imports torch; this module stays importable w
     from dsv4bisect.reference.request import Request
 
 TopList = list[tuple[int, float]]  # (token id, log-prob), best first
+# SGLang's `FAKE_BOOTSTRAP_HOST` (disaggregation/utils.py): a PD server's own health check runs
+# with it and transfers nothing
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """Where a PD request's state goes (SGLang's `bootstrap_host`, `bootstrap_port`,
+    `bootstrap_room`, which the router adds): the prefill server's bootstrap address and the
+    room both servers name the request by (reference/pd/)."""
+
+    host: str
+    port: int
+    room: int
+
+    @property
+    def fake(self) -> bool:
+        return self.host == FAKE_BOOTSTRAP_HOST
+
+
+FAKE_BOOTSTRAP = Bootstrap(FAKE_BOOTSTRAP_HOST, 0, 0)
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    """A PD request's first output token as the prefill server chose it (SGLang sends it with
+    its log-probs in the transfer's metadata), and the prompt tokens its prefix cache gave."""
+
+    token: int
+    logprob: float
+    top: TopList
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -50,6 +82,7 @@ class GenSpec:
     top_p: float = 1.0
     top_k: int = -1
     seed: int | None = None
+    bootstrap: Bootstrap | None = None  # a PD request (None: an ordinary one)
 
 
 @dataclass(frozen=True)
@@ -94,10 +127,27 @@ class Generator:
                                    prefix_cache=self.prefix_cache, spec=spec)
 
     def run(self, spec: GenSpec) -> GenOutput:
-        req = self._request(spec)
+        return self.run_request(spec)[0]
+
+    def run_request(self, spec: GenSpec, *, keep_cache: bool = False
+                    ) -> tuple[GenOutput, Request]:
+        """`run`, also returning the request; `keep_cache`: its decoding state stays on it
+        once it has left (a PD prefill server transfers it)."""
+        req = self._request(spec, keep_cache=keep_cache)
         if spec.max_new_tokens > 0 or req.score_from is not None:
             self._wait(req, current_check())
-        return self._output(spec, req)
+        return self._output(spec, req), req
+
+    def resume(self, spec: GenSpec, cache: Any, first: FirstToken) -> tuple[GenOutput, Request]:
+        """Decode `spec` from a transferred state (a PD decode server): `cache` holds the prompt,
+        `first` is the token the prefill server chose. The output reports no input log-probs
+        (the prefill server's response has them; the router joins the two, as SGLang's)."""
+        req = self._request(spec, keep_cache=True)
+        req.cache, req.filled, req.cached_tokens = cache, req.target, first.cached_tokens
+        if spec.max_new_tokens > 0 and not self.scheduler.start(req, first.token,
+                                                                first.logprob, first.top):
+            self._wait(req, current_check())
+        return self._output(spec, req, inputs=False), req
 
     def stream(self, spec: GenSpec) -> Iterator[GenOutput]:
         """`run`, showing the answer as it grows (reference/stream_api.py sends it as SSE).
@@ -111,9 +161,9 @@ class Generator:
         req = self._request(spec)
         return self._follow(spec, req, current_check())
 
-    def _request(self, spec: GenSpec) -> Request:
-        from dsv4bisect.reference.sampling import Sampling
+    def _request(self, spec: GenSpec, *, keep_cache: bool = False) -> Request:
         from dsv4bisect.reference.request import Request
+        from dsv4bisect.reference.sampling import Sampling
 
         ids = list(spec.input_ids)
         start = self._start(spec)
@@ -124,14 +174,16 @@ class Generator:
         self.engine.check_request(ids, spec.max_new_tokens, k, stop_ids)
         score_from = start + 1 if spec.return_logprob and start + 1 < len(ids) else None
         return Request(tuple(ids), spec.max_new_tokens, frozenset(stop_ids), k, score_from,
-                       Sampling(spec.temperature, spec.top_p, spec.top_k, spec.seed))
+                       Sampling(spec.temperature, spec.top_p, spec.top_k, spec.seed),
+                       keep_cache=keep_cache)
 
     @staticmethod
     def _start(spec: GenSpec) -> int:
         n = len(spec.input_ids)
         return n - 1 if spec.logprob_start_len == -1 else spec.logprob_start_len
 
-    def _output(self, spec: GenSpec, req: Request) -> GenOutput:
+    def _output(self, spec: GenSpec, req: Request, *, inputs: bool = True) -> GenOutput:
+        """The request's answer; `inputs` False: no input log-probs (a PD decode server's)."""
         ids = list(spec.input_ids)
         start = self._start(spec)
         out_ids = list(req.output_ids)
@@ -144,6 +196,9 @@ class Generator:
         finish = self._finish(spec, req, out_ids, text, stopped_by_string=cut is not None)
         if isinstance(finish.get("matched"), str) and not spec.no_stop_trim:
             text = text[: text.find(finish["matched"])]
+        if not inputs:
+            return GenOutput(out_ids, text, finish, out_lp, out_top, [], [], [],
+                             req.cached_tokens)
         in_lp: list[float | None] = [None] + [finite(s.logprob) for s in req.scores]
         in_top: list[TopList | None] = [None] + [list(s.top) for s in req.scores]
         return GenOutput(out_ids, text, finish, out_lp, out_top, ids[start:], in_lp, in_top,

@@ -11,8 +11,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dsv4bisect.reference.api import SAMPLING_PARAMS, WEIGHT_VERSION, Api, new_id
-from dsv4bisect.reference.generation import GenOutput, GenSpec, TopList, finite
+from dsv4bisect.reference.api import SAMPLING_PARAMS, WEIGHT_VERSION, Api, bootstrap_of, new_id
+from dsv4bisect.reference.generation import (
+    FAKE_BOOTSTRAP,
+    GenOutput,
+    GenSpec,
+    TopList,
+    finite,
+)
 from dsv4bisect.reference.request_body import ApiError, Body, check_sampling, is_int_list
 from dsv4bisect.reference.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -65,7 +71,7 @@ class ServerApi(Api):
         if token_ids is not None:
             self._prompt_ids(token_ids, "token_ids_logprob")
         specs = []
-        for ids in prompts:
+        for i, ids in enumerate(prompts):
             if logprob and start >= len(ids):
                 raise ApiError(f"logprob_start_len ({start}) is higher than the number of input "
                                f"tokens ({len(ids)}). Request with a lower logprob_start_len.")
@@ -75,6 +81,7 @@ class ServerApi(Api):
                 return_logprob=logprob, logprob_start_len=start,
                 top_logprobs_num=top if logprob else 0,
                 token_ids_logprob=token_ids if logprob else None,
+                bootstrap=bootstrap_of(body, i),
             ))
         rid = body.get("rid")
         return GenerateRequest(body, specs, batched, top, token_ids,
@@ -220,8 +227,9 @@ class ServerApi(Api):
         return "Cache flushed.\n"
 
     def health_generate(self) -> None:
-        """One real greedy token from `[bos]` (SGLang generates from `input_ids=[0]`)."""
-        self.gen.run(GenSpec((BOS_ID,), max_new_tokens=1))
+        """One real greedy token from `[bos]` (SGLang generates from `input_ids=[0]`; a PD
+        server with its fake bootstrap host, transferring nothing)."""
+        self.gen.run(GenSpec((BOS_ID,), max_new_tokens=1, bootstrap=FAKE_BOOTSTRAP))
 
 
 def _rid(rid: object, index: int, batched: bool) -> str:

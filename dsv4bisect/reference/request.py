@@ -41,6 +41,9 @@ class Request:
     rng: torch.Generator | None = None  # its draws (set at admission when it samples)
     resume_logits: torch.Tensor | None = None  # [V]: a whole-prompt hit's first-token logits
     window: Any = None  # its lease on the model's sliding-window store (`Op.WINDOW_STORE`)
+    # a PD role keeps the request's decoding state once it has left (reference/pd/): the
+    # prefill server transfers it, the decode server writes it back to its state-pool slot
+    keep_cache: bool = False
     done: threading.Event = field(default_factory=threading.Event)
     on_token: Callable[[], None] | None = None  # after each output token (a streamed answer)
 

@@ -240,6 +240,8 @@ class Scheduler:
         """Give the request its cache: a fork of the longest cached prefix, or a fresh one."""
         if not req.sampling.greedy:
             req.rng = req.sampling.generator(self.engine.device)
+        if req.cache is not None:  # a PD decode server's request: its state came by transfer
+            return
         match = None
         whole = req.score_from is None and req.max_new_tokens > 0  # may resume at the end
         if self.prefix_cache is not None and (req.match_limit > 0 or whole):
@@ -270,7 +272,9 @@ class Scheduler:
         if error is None:
             self.totals["finished_requests"] += 1
             self.totals["generated_tokens"] += len(req.output_ids)
-        req.error, req.cache = error, None
+        req.error = error
+        if not req.keep_cache:
+            req.cache = None
         req.done.set()
 
     def _fail_all(self, error: BaseException) -> None:
@@ -284,11 +288,13 @@ class Scheduler:
     # ---- steps (model work, outside the queue lock) --------------------------------------------
     def _prefill(self, work: list[tuple[Request, int]]) -> list[Request]:
         """One extend batch. Returns the requests it finished. A whole-prompt hit (0 tokens)
-        takes its first token from the logits its snapshot kept; the rest run one forward."""
+        takes its first token from the logits its snapshot kept; a PD decode server's request
+        arrives with its first token (the prefill server's) and only joins the running batch;
+        the rest run one forward."""
         self._note_batch(len(work))
         resumed = [r for r, n in work if n == 0]
         work = [(r, n) for r, n in work if n > 0]
-        done = [r for r in resumed if self.emit(r, r.resume_logits)]
+        done = [r for r in resumed if not r.output_ids and self.emit(r, r.resume_logits)]
         return done + (self._extend(work) if work else [])
 
     def _extend(self, work: list[tuple[Request, int]]) -> list[Request]:
@@ -393,12 +399,29 @@ class Scheduler:
         if token is None:
             token = (int(torch.argmax(logits)) if r.sampling.greedy
                      else draw(r.sampling.probs(logits), r.rng))
+        if not self._append(r, token, float(lp[token]),
+                            top_alternatives(logits[None], lp[None], r.top_k)[0]):
+            return False
+        if len(r.output_ids) > 1:  # the state after the prompt and all but the last token
+            self._remember(r.ids + tuple(r.output_ids[:-1]), r.cache)
+        return True
+
+    def start(self, r: Request, token: int, logprob: float,
+              top: list[tuple[int, float]]) -> bool:
+        """A PD decode server's request (its cache is the transferred prompt state, `filled` its
+        prompt): record the first token the prefill server chose; True when that token ended
+        it, else it is to be submitted and joins the decode batch."""
+        return self._append(r, token, logprob, top)
+
+    def _append(self, r: Request, token: int, logprob: float,
+                top: list[tuple[int, float]]) -> bool:
+        """Record one output token; True when it ends the request (stop id or length)."""
         with self._cond:
             self.totals["output_tokens"] += 1
         r.output_ids.append(token)
-        r.logprobs.append(float(lp[token]))
-        r.tops.append(top_alternatives(logits[None], lp[None], r.top_k)[0])  # the last: complete
-        if r.on_token is not None:
+        r.logprobs.append(logprob)
+        r.tops.append(top)
+        if r.on_token is not None:  # a streamed answer
             r.on_token()
         if token in r.stop_ids:
             r.finish_reason = "stop"
@@ -406,8 +429,6 @@ class Scheduler:
             r.finish_reason = "length"
         else:
             return False
-        if len(r.output_ids) > 1:  # the state after the prompt and all but the last token
-            self._remember(r.ids + tuple(r.output_ids[:-1]), r.cache)
         return True
 
     def _remember(self, ids: tuple[int, ...], cache: ModelCache | None,

@@ -3,15 +3,18 @@ API is built from it (`build_api`). Transport-free: `reference/server.py` and `h
 the sockets.
 
 Options keep SGLang's server-argument names where SGLang has the setting
-(`max_running_requests`, `disable_radix_cache`, the `speculative_*` arguments); `chunk_size` is the chunked-prefill token budget
+(`max_running_requests`, `disable_radix_cache`, the `speculative_*` arguments, the
+`disaggregation_*` arguments); `chunk_size` is the chunked-prefill token budget
 (SGLang's `chunked_prefill_size`, reported under that name in `/server_info`). The scheduler
-(`reference/scheduler.py`) honours all three.
+(`reference/scheduler.py`) honours all three; a prefill or decode server wraps it in its PD role
+(`reference/pd/roles.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from dsv4bisect.reference.native_api import ServerApi
 from dsv4bisect.reference.spec_settings import SpecSettings
@@ -45,6 +48,13 @@ class ServeOptions:
     # layer beside the checkpoint drafts (reference/spec_decode.py)
     speculative: SpecSettings | None = None
     api: str = "sglang"  # the HTTP API served: sglang | vllm (reference/vllm_api.py)
+    # SGLang's --disaggregation-* arguments (reference/pd/): null (one server), prefill or
+    # decode; the prefill server's bootstrap port; the transfer backend (mooncake | nixl)
+    disaggregation_mode: str = "null"
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_transfer_backend: str = "mooncake"
+    # a field fault of the PD transfer (DSV4BISECT_PD_TRANSFER_FAULT; reference/pd/transfer.py)
+    transfer_fault: str | None = None
 
 
 def model_name(opts: ServeOptions) -> str:
@@ -103,19 +113,33 @@ def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
         "disable_radix_cache": opts.disable_radix_cache,
         "host": opts.host, "port": port,
     }
+    decode = opts.disaggregation_mode == "decode"  # prefixes arrive whole: no prefix cache
     generator = Generator(engine, ByteTokenizer(engine.config.vocab_size),
                           max_running_requests=opts.max_running_requests,
-                          radix_cache=not opts.disable_radix_cache, spec=spec)
+                          radix_cache=not (opts.disable_radix_cache or decode), spec=spec)
     # the effective value (SGLang reports its derived default the same way)
     info["max_running_requests"] = generator.scheduler.max_running
     info |= {"schedule_policy": "fcfs", "enable_mixed_chunk": False}
     info |= (spec.server_args() if spec is not None else {"speculative_algorithm": None})
     info["api"] = opts.api
+    info |= {"disaggregation_mode": opts.disaggregation_mode}
+    served: Any = generator
+    if opts.disaggregation_mode != "null":
+        from dsv4bisect.reference.pd.roles import make_role
+
+        served = make_role(opts.disaggregation_mode, generator,
+                           opts.disaggregation_transfer_backend, opts.transfer_fault,
+                           opts.host, opts.disaggregation_bootstrap_port)
+        info |= {"disaggregation_transfer_backend": opts.disaggregation_transfer_backend,
+                 "disaggregation_transfer_fault": opts.transfer_fault,
+                 "disable_radix_cache": opts.disable_radix_cache or decode}
+        if opts.disaggregation_mode == "prefill":
+            info["disaggregation_bootstrap_port"] = served.bootstrap.port
     if opts.api == "vllm":
         from dsv4bisect.reference.vllm_api import VllmApi
 
-        api: ServerApi = VllmApi(generator, ApiConfig(name, engine.max_model_len, info))
+        api: ServerApi = VllmApi(served, ApiConfig(name, engine.max_model_len, info))
     else:
-        api = ServerApi(generator, ApiConfig(name, engine.max_model_len, info))
-    api.hot = HotSwitch.from_env(engine, generator, info)  # hot mode: the switch protocol
+        api = ServerApi(served, ApiConfig(name, engine.max_model_len, info))
+    api.hot = HotSwitch.from_env(engine, served, info)  # hot mode: the switch protocol
     return api
