@@ -30,8 +30,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from dsv4bisect.patchspec.spec import Condition, Patch, SglangDelivery, SglangRule, Variant
+from dsv4bisect.patchspec.spec import (
+    Condition,
+    Patch,
+    SglangDelivery,
+    SglangRule,
+    Variant,
+    VllmDelivery,
+)
 from dsv4bisect.patchspec.swaps import Op, Site, Swap
+from dsv4bisect.vllm_hooks import SGLANG_SWITCH
 
 if TYPE_CHECKING:
     import torch
@@ -161,6 +169,7 @@ PATCH = Patch(
         lambda ctx: ctx.kind != "reference", variants=("scale-layout", "scale-truncate")),),
     embedded=("precision: deployment only (at exact both paths are the fp32 GEMM); "
               "hot-switchable"),
+    vllm=VllmDelivery("absent", SGLANG_SWITCH),
     doc=__doc__ or "",
     swaps=(Swap(Op.WO_A_INPUT, _reads(fp8), ("fp8",)),
            Swap(Op.WO_A_INPUT, _reads(scale_layout), ("scale-layout",)),

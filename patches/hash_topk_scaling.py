@@ -32,11 +32,14 @@ from dsv4bisect.patchspec.spec import (
     Planners,
     SglangDelivery,
     Variant,
+    VllmDelivery,
     version_at_least,
     version_at_most,
 )
 from dsv4bisect.patchspec.swaps import Op, Site, Swap
 from dsv4bisect.sglang_hooks import hash_topk
+from dsv4bisect.vllm_hooks import routing as vllm_routing
+from dsv4bisect.vllm_hooks import targets as vllm_targets
 
 if TYPE_CHECKING:
     import torch
@@ -116,8 +119,11 @@ PATCH = Patch(
             _nvfp4_on_stock,
         ),
     ),
+    vllm=VllmDelivery(
+        "hook", "fused_topk_bias applies rsf on hash layers; double-scale adds it once more",
+        inert=vllm_routing.inert, sites=vllm_targets.per_layout(vllm_targets.routing_sites)),
     doc=__doc__ or "",
     swaps=(Swap(Op.ROUTED_SCALING, _in_topk(False), ("topk",)),
            Swap(Op.ROUTED_SCALING, _in_topk(True), ("double-scale",))),
-    planners=Planners(sglang=hash_topk.plan),
+    planners=Planners(sglang=hash_topk.plan, vllm=vllm_routing.plan),
 )

@@ -26,10 +26,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dsv4bisect.base.versions import LAYOUTS
-from dsv4bisect.patchspec.spec import Mask, Patch, Planners, SglangDelivery, Variant
+from dsv4bisect.patchspec.spec import Mask, Patch, Planners, SglangDelivery, Variant, VllmDelivery
 from dsv4bisect.patchspec.swaps import Op, Site, Swap
 from dsv4bisect.sglang_hooks import mhc
 from dsv4bisect.sglang_hooks.targets import fused_guard_target, hc_pre_target, sinkhorn_target
+from dsv4bisect.vllm_hooks import mhc as vllm_mhc
+from dsv4bisect.vllm_hooks import targets as vllm_targets
 
 if TYPE_CHECKING:
     import torch
@@ -62,7 +64,15 @@ PATCH = Patch(
     variants=(Variant("bf16", "bf16 operands, fp32 accumulation, mixes rounded to bf16"),),
     masked_by=(Mask("fused-mhc-post-pre", "SGLang's fused mHC post+pre kernel bypasses hc_pre on "
                     "every layer after the first, so the hook would act at one site of 86"),),
+    vllm=VllmDelivery(
+        "hook", "mHC pre: DeepseekV4DecoderLayer.hc_pre (0.20.0, 0.22.0 with the fused "
+        "post+pre CustomOp) or the TileLang kernels the model imports by name (0.24.0+)",
+        sites=vllm_targets.per_layout(vllm_targets.mhc_sites),
+        # the post half of a fused post+pre is vLLM's own kernel, called by the hook
+        uses=vllm_targets.per_layout(vllm_targets.mhc_uses),
+        calls=vllm_targets.per_layout(vllm_targets.mhc_calls),
+        any_site="mHC pre (any of the hooked sites)"),
     doc=__doc__ or "",
     swaps=(Swap(Op.MHC_MIXES, mixes_in("bf16")),),
-    planners=Planners(sglang=mhc.plan),
+    planners=Planners(sglang=mhc.plan, vllm=vllm_mhc.plan),
 )

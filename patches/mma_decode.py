@@ -47,10 +47,13 @@ from dsv4bisect.patchspec.spec import (
     SglangDelivery,
     SglangRule,
     Variant,
+    VllmDelivery,
 )
 from dsv4bisect.patchspec.swaps import Op, Site, Swap
 from dsv4bisect.sglang_hooks import attention
 from dsv4bisect.sglang_hooks.targets import mla_caller, mla_module
+from dsv4bisect.vllm_hooks import attention as vllm_attention
+from dsv4bisect.vllm_hooks import targets as vllm_targets
 
 if TYPE_CHECKING:
     import torch
@@ -292,6 +295,12 @@ PATCH = Patch(
                     "without prefix caching"),
         ),
     ),
+    vllm=VllmDelivery(
+        "hook", "FlashMLA's sparse FP8 decode entry (flash_mla_with_kvcache), imported by "
+        "value into the V4 attention module", inert=vllm_attention.inert,
+        variants=vllm_attention.VARIANTS,
+        sites=vllm_targets.per_layout(vllm_targets.decode_sites),
+        calls=vllm_targets.per_layout(vllm_targets.decode_calls)),
     doc=__doc__ or "",
     swaps=(
         Swap(Op.ATTENTION, split_k("bfloat16", "lse"), ("split-k", "batch-kv-slot",
@@ -304,5 +313,5 @@ PATCH = Patch(
         Swap(Op.COMPRESSED_ROPE, _compress_rope_base, ("compress-rope-base",)),
         Swap(Op.WINDOW_STORE, lambda site: SwaRings, ("swa-ring-stale",)),
     ),
-    planners=Planners(sglang=attention.decode_plan),
+    planners=Planners(sglang=attention.decode_plan, vllm=vllm_attention.plan),
 )

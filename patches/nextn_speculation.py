@@ -27,13 +27,17 @@ How to verify: a bisect against the same profile without it; `/server_info`'s
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
-from dsv4bisect.patchspec.spec import Patch, SglangDelivery, SglangRule, Variant
+from dsv4bisect.patchspec.spec import Patch, SglangDelivery, SglangRule, Variant, VllmDelivery
 from dsv4bisect.patchspec.swaps import Op, Site, Swap
 
 ARGS = ("--speculative-algorithm", "NEXTN")
+# vLLM's MTP drafting with the checkpoint's one MTP layer (SpeculativeConfig.method "mtp", which
+# vLLM maps DeepSeek-V4's MTP to)
+VLLM_SPECULATIVE = {"method": "mtp", "num_speculative_tokens": 1}
 
 
 def _greedy_verify(site: Site) -> Callable[..., Any]:
@@ -85,6 +89,11 @@ PATCH = Patch(
     load_time=("the draft worker and its CUDA graphs are built at launch; SGLang's hot switch "
                "refuses speculative decoding (docs/hot-switching.md)"),
     embedded="speculative decoding in the scheduler's decode batch (the MTP layer drafts)",
+    vllm=VllmDelivery(
+        "args", "vllm serve --speculative-config: MTP drafting with the checkpoint's MTP layer "
+        "(SpeculativeConfig.method 'mtp')",
+        args=("--speculative-config", json.dumps(VLLM_SPECULATIVE, separators=(",", ":"))),
+        variants=("nextn",)),
     doc=__doc__ or "",
     # on the embedded engine: SGLang's arguments turn its speculative decoding on (every
     # variant); the faults swap its verification

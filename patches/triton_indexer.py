@@ -31,7 +31,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dsv4bisect.base.versions import LAYOUTS
-from dsv4bisect.patchspec.spec import Mask, Patch, Planners, SglangDelivery, SglangRule, Variant
+from dsv4bisect.patchspec.spec import (
+    Mask,
+    Patch,
+    Planners,
+    SglangDelivery,
+    SglangRule,
+    Variant,
+    VllmDelivery,
+)
 from dsv4bisect.patchspec.swaps import Op, Site, Swap
 from dsv4bisect.sglang_hooks import attention
 
@@ -105,6 +113,10 @@ PATCH = Patch(
     ),
     masked_by=(Mask("tilelang-indexer", "SGLang's TileLang indexer branch is taken before the "
                     "hooked torch indexer, which is then never called"),),
+    vllm=VllmDelivery(
+        "absent", "no vLLM hook: vLLM scores the lightning indexer with DeepGEMM's "
+        "fp8(_fp4)_paged_mqa_logits (0.34.0: or its fused MQA top-k); the patch's site is "
+        "SGLang's SM120 torch indexer, which vLLM does not have"),
     doc=__doc__ or "",
     swaps=(Swap(Op.INDEXER_LOGITS, logits_in("bf16"), ("bf16", "residue")),
            Swap(Op.INDEXER_LOGITS, logits_in("fp32"), ("fp32",)),

@@ -31,6 +31,7 @@ from dsv4bisect.patchspec.spec import (
     Planners,
     SglangDelivery,
     Variant,
+    VllmDelivery,
 )
 from dsv4bisect.patchspec.swaps import Op, Site, Swap
 from dsv4bisect.sglang_hooks import quant
@@ -46,6 +47,8 @@ _KERNELS = (
     "flashinfer.fused_moe.trtllm_fp4_block_scale_moe",
     "flashinfer.fused_moe.trtllm_fp4_block_scale_routed_moe",
 )
+from dsv4bisect.vllm_hooks import quant as vllm_quant
+from dsv4bisect.vllm_hooks import targets as vllm_targets
 
 
 def _clamp(mode: str) -> Callable[[Site], str | None]:
@@ -89,8 +92,11 @@ PATCH = Patch(
             lambda ctx: ctx.moe_backend is not None and ctx.moe_backend not in TRTLLM_BACKENDS,
         ),
     ),
+    vllm=VllmDelivery(
+        "hook", "TrtLlmNvFp4ExpertsBase.process_weights_after_loading folds the clamp",
+        inert=vllm_quant.clamp_inert, sites=vllm_targets.per_layout(vllm_targets.clamp_sites)),
     doc=__doc__ or "",
     swaps=(Swap(Op.EXPERT_CLAMP, _clamp("limit"), ("alpha",)),
            Swap(Op.EXPERT_CLAMP, _clamp("limit*alpha"), ("ignore-alpha",))),
-    planners=Planners(sglang=quant.clamp_plan),
+    planners=Planners(sglang=quant.clamp_plan, vllm=vllm_quant.clamp_plan),
 )

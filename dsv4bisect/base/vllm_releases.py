@@ -29,7 +29,7 @@ from dsv4bisect.base.versions import ReleaseSet, SglangInfo, parse_version
 VERIFIED = ("0.20.0", "0.22.0", "0.24.0", "0.28.0", "0.34.0")
 NEWEST_VERIFIED = VERIFIED[-1]
 FIRST_SUPPORTED = (0, 20, 0)  # the first release with DeepSeek-V4 (model_executor/models)
-# (layout, first release it covers); what moved is said in plugin/vllm/targets.py
+# (layout, first release it covers); what moved is said in vllm_hooks/targets.py
 LAYOUT_STARTS = tuple((v, parse_version(v) or ()) for v in VERIFIED)
 LAYOUTS = VERIFIED
 ALLOW_ENV = envvars.ALLOW_UNVERIFIED_VLLM

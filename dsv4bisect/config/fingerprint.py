@@ -75,8 +75,8 @@ def code_hash() -> str:
     out)."""
     from dsv4bisect.patching.registry import extra_module_files
 
-    files = [f for f in _sources("patches", "kernels", "plugin", "sglang_hooks", "patchspec",
-                                 "base") if f[0] not in CLI_ONLY]
+    files = [f for f in _sources("patches", "kernels", "plugin", "sglang_hooks", "vllm_hooks",
+                                 "patchspec", "base") if f[0] not in CLI_ONLY]
     files += [(f"test-patches/{p.name}", p) for p in extra_module_files()]
     return _hash_files(files) if files else "none"
 

@@ -132,9 +132,7 @@ def delivery_of(patch: Patch, ctx: EngineContext, variant: str) -> tuple[str, bo
     """(how "on" reaches this engine, whether it is sent to the engine at all, why not when
     no rule covers a switch-only patch on this release)."""
     if ctx.kind == "vllm":
-        from dsv4bisect.plugin.vllm.planners import delivery_of as vllm_delivery
-
-        return vllm_delivery(patch.name, variant, ctx)
+        return patch.vllm.reaches(patch.name, variant, ctx)
     if ctx.kind != "sglang":
         return ("reference" if ctx.kind == "reference" else ctx.kind), True, None
     rule = patch.sglang.rule(ctx.sglang_version, ctx.gpu_arch)
@@ -272,9 +270,7 @@ def _delivery(profile: Profile, ctx: EngineContext, enabled: tuple[PatchChoice, 
                 env.update(builtins[choice.name].sglang.env)
                 args += builtins[choice.name].sglang.args
             elif profile.engine.kind == "vllm" and choice.delivered:
-                from dsv4bisect.plugin.vllm.planners import delivery as vllm_delivery
-
-                args += vllm_delivery(choice.name).args
+                args += builtins[choice.name].vllm.args
         else:
             custom = profile.custom_patches[choice.name]
             env.update(custom.env)

@@ -29,8 +29,9 @@ from typing import Any
 from dsv4bisect.base import vllm_releases as vr
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.engines.preflight import Finding
-from dsv4bisect.plugin.vllm import targets as tg
+from dsv4bisect.plugin.vllm import declared as decl
 from dsv4bisect.plugin.vllm.argcheck import check_argv
+from dsv4bisect.vllm_hooks import targets as tg
 
 GROUP = "vllm.general_plugins"
 ENTRY = "dsv4bisect.plugin.vllm:main"
@@ -145,8 +146,7 @@ def preflight_rows(cfg: EngineConfig, python: str, pin: str | None,
 def declared(patches: Iterable[str], layout: str) -> dict[str, tuple[str, ...]]:
     """patch -> its hook targets and the symbols its hook bodies call, on this layout; plus
     the worker entry the plugin wraps and the step whose end flushes the call evidence."""
-    out = {p: tuple(s.target for s in tg.sites(p, layout)) + tg.uses(p, layout)
-           for p in patches}
+    out = {p: decl.targets(p, layout) for p in patches}
     out = {p: ts for p, ts in out.items() if ts}
     if out:
         out["(plugin)"] = (tg.WORKER, tg.WORKER_WARMUP, tg.WORKER_STEP)
@@ -170,7 +170,7 @@ def static_target_rows(targets: Mapping[str, tuple[str, ...]], layout: str,
                 why = "no expected signature for this layout"
             else:
                 why = sig.mismatch(tuple(fact["params"])) if sig.params else None
-            site = next((s for s in tg.sites(patch, layout) if s.target == t), None)
+            site = next((s for s in decl.sites(patch, layout) if s.target == t), None)
             if why is None and site is not None and site.copies:
                 have = set(by_value.get(t, {}))
                 missing = [m for m in site.copies if m not in have]
@@ -187,9 +187,8 @@ def contract_rows(patches: Iterable[str], layout: str, facts: Mapping[str, Any],
                   origin: str) -> list[Finding]:
     rows = []
     calls = facts["calls"].get(layout, {})
-    for patch, contracts in tg.call_contracts(layout).items():
-        if patch not in patches:
-            continue
+    # in registry order (the target rows' order too)
+    for patch, contracts in decl.call_contracts(layout, patches).items():
         for c, found in zip(contracts, calls.get(patch, [])):
             bad = [] if found["calls"] else ["no call site"]
             for call in found["calls"]:

@@ -5,7 +5,8 @@ engine kind receives it, which variants it has (fault variants reproduce known f
 are labelled as faults everywhere), and the conditions under which it is inert or required.
 It also points, as typed references, to the code that acts for it on each engine kind: the ops
 it swaps in on the embedded engine (`swaps`, `patchspec/swaps.py`) and its hook planner per
-engine kind that hooks (`planners`). docs/patches.md says how to add a patch, a fault variant
+engine kind that hooks (`planners`: SGLang's and vLLM's, beside their deliveries `sglang` and
+`vllm`). docs/patches.md says how to add a patch, a fault variant
 or a planner for another engine kind.
 """
 
@@ -174,14 +175,111 @@ class SglangDelivery:
 
 
 @dataclass(frozen=True)
+class VllmSite:
+    """A vLLM hook target (`module.function` or `module.Class.method`) and, for a module-level
+    function, the modules that did `from module import function`: their by-value copy is
+    rebound too (a rebinding in the defining module alone would never be called)."""
+
+    target: str
+    copies: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.target.rsplit(".", 1)[-1]
+
+    @property
+    def module(self) -> str:
+        return self.target.rsplit(".", 1)[0]
+
+
+@dataclass(frozen=True)
+class VllmCall:
+    """A call in vLLM's source a hook relies on: `callee(...)` inside `module[.within]` with
+    these keywords (at least), no positional argument when `keywords_only`."""
+
+    module: str
+    within: str
+    callee: str
+    keywords: frozenset[str]
+    why: str
+    keywords_only: bool = True
+
+
+VLLM_HOW = ("hook", "args", "absent")
+
+
+def _never_inert(variant: str, ctx: EngineContext) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class VllmDelivery:
+    """How the patch's "on" reaches a vLLM deployment: `hook` (the plugin installs the hooks of
+    `Planners.vllm` in every worker), `args` (on `vllm serve`'s command line) or `absent` (vLLM
+    has no such path, or dsv4bisect no hook for it), with the `evidence` read from the
+    verified releases. Per vLLM hook layout (`base/vllm_releases.LAYOUTS`), as `SglangDelivery`
+    per SGLang layout: the sites the hooks replace, the vLLM symbols the hook bodies call at
+    run time (checked like the sites) and the calls in vLLM's source they rely on."""
+
+    how: str
+    evidence: str
+    # variant, deployment -> why "on" changes nothing there (then it is not sent to vLLM)
+    inert: Callable[[str, EngineContext], str | None] = _never_inert
+    args: tuple[str, ...] = ()
+    variants: tuple[str, ...] | None = None  # None: every variant; else the only ones delivered
+    sites: Mapping[str, tuple[VllmSite, ...]] = field(default_factory=dict)
+    uses: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    calls: Mapping[str, tuple[VllmCall, ...]] = field(default_factory=dict)
+    # the receipt's one evidence key where the sites of a layout are alternatives of one op
+    # (the model calls some of them, which ones depends on the layer): one call of any suffices
+    any_site: str = ""
+
+    def __post_init__(self) -> None:
+        if self.how not in VLLM_HOW:
+            raise ValueError(f"unknown vLLM delivery {self.how!r}")
+        if bool(self.args) != (self.how == "args"):
+            raise ValueError("a vLLM delivery has server arguments exactly when how='args'")
+        for name in ("sites", "uses"):
+            object.__setattr__(self, name, MappingProxyType(
+                {k: tuple(v) for k, v in getattr(self, name).items()}))
+        object.__setattr__(self, "calls", MappingProxyType(
+            {k: tuple(v) for k, v in self.calls.items() if v}))
+        object.__setattr__(self, "args", tuple(self.args))
+
+    def evidence_key(self, layout: str) -> str | None:
+        """The receipt's single evidence key where this layout's sites are alternatives."""
+        return self.any_site if self.any_site and len(self.sites.get(layout, ())) > 1 else None
+
+    def reaches(self, patch: str, variant: str, ctx: EngineContext
+                ) -> tuple[str, bool, str | None]:
+        """(how "on" reaches vLLM, whether it is sent to the engine, why it changes nothing)."""
+        if self.how == "absent":
+            return "absent", False, self.evidence
+        if self.variants is not None and variant not in self.variants:
+            return self.how, False, (f"{patch}:{variant} has no vLLM delivery (a fault the "
+                                     "embedded engine models, or a variant vLLM cannot express)")
+        inert = self.inert(variant, ctx)
+        if inert is not None:
+            return "upstream" if self.how == "hook" else self.how, False, inert
+        if self.how == "args":
+            return "args " + " ".join(self.args), True, None
+        return "hook", True, None
+
+
+NO_VLLM = VllmDelivery("absent", "no vLLM delivery declared")
+
+
+@dataclass(frozen=True)
 class Planners:
     """The patch's hook planner per engine kind that is patched by hooks: called in each
     engine process with (variant, layout, recorder), it returns the `Plan` of hooks to install
     (`patchspec/plan.py`). None: nothing to hook on that kind (an upstream switch or server
     arguments deliver the patch there, or it is refused). Another engine kind is one more
-    field here and one more argument in the patches that have a planner for it."""
+    field here (and a delivery type beside `SglangDelivery`, `VllmDelivery`) and one more
+    argument in the patches that have a planner for it."""
 
     sglang: Planner | None = None
+    vllm: Planner | None = None  # exactly where the patch's `vllm` delivery is a hook
 
 
 @dataclass(frozen=True)
@@ -195,6 +293,7 @@ class Patch:
     reference: str  # the op the embedded engine swaps
     sglang: SglangDelivery
     variants: tuple[Variant, ...]
+    vllm: VllmDelivery = NO_VLLM  # how it reaches vLLM (absent unless declared)
     inert_when: tuple[Condition, ...] = ()
     required_when: tuple[Condition, ...] = ()
     masked_by: tuple[Mask, ...] = ()  # other patches whose "on" keeps this one from acting
@@ -216,6 +315,8 @@ class Patch:
         stray = [v for s in self.swaps for v in (s.variants or ()) if v not in names]
         if stray:
             raise ValueError(f"patch {self.name} swaps ops for unknown variants {stray}")
+        if (self.planners.vllm is not None) != (self.vllm.how == "hook"):
+            raise ValueError(f"patch {self.name}: a vLLM planner goes with a `hook` delivery")
         object.__setattr__(self, "sglang", _frozen_delivery(self.sglang))
         object.__setattr__(self, "swaps", tuple(self.swaps))
 

@@ -123,7 +123,7 @@ def _install_one(base: dict[str, Any], plan: Plan, layout: str, writer: ReceiptW
 def check_targets(targets: list[str], layout: str,
                   table: Mapping[str, Signature] | None = None) -> str | None:
     """Resolve each target and compare its signature with the layout's table (`table`:
-    another engine's, e.g. vLLM's `plugin/vllm/targets.SIGNATURES[layout]`)."""
+    another engine's, e.g. vLLM's `vllm_hooks/targets.SIGNATURES[layout]`)."""
     table = SIGNATURES[layout] if table is None else table
     for target in targets:
         sig = table.get(target)

@@ -60,9 +60,11 @@ def test_every_package_has_a_layer():
 
 # The folders mapped into the package at install time (pyproject's package-dir): import-linter
 # reads the package's own folder, where they are not. The patch layer sits between the registry
-# that loads it (`patching`) and the code its declarations point to (`sglang_hooks` and below).
+# that loads it (`patching`) and the code its declarations point to (the hook bodies of each
+# engine kind, `sglang_hooks : vllm_hooks`, and below).
 BELOW_PATCHES = _rank("dsv4bisect.sglang_hooks")
 assert BELOW_PATCHES == _rank("dsv4bisect.patching") + 1, "the patch layer's place moved"
+assert _rank("dsv4bisect.vllm_hooks") == BELOW_PATCHES, "the hook bodies share one layer"
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "kernels").glob("*.py")), ids=lambda p: p.name)

@@ -1,6 +1,7 @@
 """A patch is one unit: a test-only patch with one fault variant, written as one module in a
 temporary package and registered through `DSV4BISECT_TEST_PATCH_MODULES`, is delivered by the
-embedded engine and the SGLang plugin from its own file (docs/patches.md, "Adding a patch")."""
+embedded engine, the SGLang plugin and the vLLM plugin from its own file (docs/patches.md,
+"Adding a patch")."""
 
 from __future__ import annotations
 
@@ -15,23 +16,31 @@ import torch
 
 from dsv4bisect import env as envvars
 from dsv4bisect.base.versions import check_version
+from dsv4bisect.config.resolve import Overrides, resolve
+from dsv4bisect.engines.receipts import check_receipts, read_receipts
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.plugin.install import install_patches
 from dsv4bisect.plugin.receipts import ProcessInfo, ReceiptWriter
 from dsv4bisect.reference.engine import ReferenceEngine
 from tests.reference.test_server import free_port, start_server, stop, wait_healthy
+from tests.vllm.test_plugin import run_stand_in
 
 MODULE = "unitpkg.probe_negate"
-# Everything a new patch needs: its declaration, its embedded swap, its SGLang planner.
+MOE = "vllm.models.deepseek_v4.nvidia.model.DeepseekV4MoE.__init__"
+# Everything a new patch needs: its declaration, its embedded swap, its SGLang planner, its vLLM
+# delivery (sites per layout) and planner.
 PATCH_SOURCE = '''"""probe-negate — a test-only patch: one real variant, one fault variant.
 
 Speeds up: nothing. The fault negates the final state before the norm and the head, so every
-logit is negated: the most likely token becomes the least likely.
+logit is negated: the most likely token becomes the least likely. On vLLM the fault's hook only
+records each MoE block the worker builds (test only).
 """
 
-from dsv4bisect.patchspec.plan import Plan
-from dsv4bisect.patchspec.spec import Patch, Planners, SglangDelivery, Variant
+from dsv4bisect.patchspec.plan import HookSpec, Plan
+from dsv4bisect.patchspec.spec import Patch, Planners, SglangDelivery, Variant, VllmDelivery, VllmSite
 from dsv4bisect.patchspec.swaps import Op, Swap
+
+MOE = "vllm.models.deepseek_v4.nvidia.model.DeepseekV4MoE.__init__"
 
 
 def _negated(site):
@@ -40,6 +49,14 @@ def _negated(site):
 
 def _sglang(variant, layout, recorder):
     return Plan("inert", reason="probe-negate has nothing to hook on SGLang")
+
+
+def _vllm(variant, layout, recorder):
+    def after(result, block, *args, **kwargs):
+        recorder.called(MOE)
+        recorder.log("blocks", type(block).__name__)
+
+    return Plan("install", (HookSpec(MOE, "after", after, True),))
 
 
 PATCH = Patch(
@@ -54,7 +71,9 @@ PATCH = Patch(
     doc=__doc__,
     test_only=True,
     swaps=(Swap(Op.HEAD_INPUT, _negated, ("negate",)),),
-    planners=Planners(sglang=_sglang),
+    vllm=VllmDelivery("hook", "test only: AFTER the MoE block's construction",
+                      variants=("negate",), sites={"0.34.0": (VllmSite(MOE),)}),
+    planners=Planners(sglang=_sglang, vllm=_vllm),
 )
 '''
 PROC = ProcessInfo(pid=1, role="server", kind="scheduler", tp_rank=0, dp_rank=0, pp_rank=0)
@@ -101,6 +120,31 @@ def test_the_sglang_plugin_takes_its_planner_from_its_file(unit) -> None:
                                ReceiptWriter(None, PROC), builtin_patches(), contract=False)
     assert [(r.patch, r.state, r.reason) for r in receipts] == [
         ("probe-negate", "inert", "probe-negate has nothing to hook on SGLang")]
+
+
+def test_the_vllm_plugin_takes_its_delivery_and_planner_from_its_file(unit, tmp_path) -> None:
+    """The resolver reads its vLLM delivery (a hook for the fault, the real variant not sent)
+    and the real plugin installs its planner's hook at its declared site in every worker of
+    the stand-in vLLM (tests/vllm/stand_in.py, the 0.34.0 layout; its mHC kernels exist only
+    as hooks, so mhc-bf16 goes along)."""
+    def config(variant: str) -> object:
+        return resolve("dsv4-flash-vllm-tp8", Overrides(sets=(
+            "engine.tp=2", "engine.gpus=[0,1]", "engine.vllm_version=0.34.0",
+            f"patches.probe-negate.variant={variant}"), enable=("mhc-bf16",)))
+
+    keep = config("keep")
+    (choice,) = [c for c in keep.patches if c.name == "probe-negate"]
+    assert not choice.delivered and "has no vLLM delivery" in (choice.inert or "")
+    cfg = config("negate")
+    wire = cfg.processes[0].env_dict()[envvars.PATCHES]
+    assert wire == "mhc-bf16,probe-negate:negate"
+    receipts = run_stand_in(tmp_path, "fork", wire, env_extra=unit)
+    assert check_receipts(cfg, receipts).states == {
+        p: {"server/tp0": "installed", "server/tp1": "installed"}
+        for p in ("mhc-bf16", "probe-negate")}
+    for rec in [r for r in read_receipts(receipts) if r["patch"] == "probe-negate"]:
+        assert rec["targets"] == [MOE] and MOE in rec["called"]
+        assert rec["detail"]["blocks"] == ["DeepseekV4MoE"]  # the one block the model builds
 
 
 def test_serve_delivers_it_receipts_it_and_its_fault_negates_the_logits(unit) -> None:

@@ -40,7 +40,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from dsv4bisect.plugin.vllm import hooks_mhc, hooks_routing  # noqa: E402
+from dsv4bisect.vllm_hooks import mhc as hooks_mhc  # noqa: E402
+from dsv4bisect.vllm_hooks import routing as hooks_routing  # noqa: E402
 
 RELEASES = ("0.20.0", "0.22.0", "0.24.0", "0.28.0", "0.34.0")
 SLICES = ("vllm/model_executor/kernels/mhc/torch.py",

@@ -7,9 +7,11 @@ layout (tests/vllm/stand_in.py); the installer, the hooks and the receipts are t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -60,13 +62,17 @@ DRIVER = textwrap.dedent('''
 ''')
 
 
-def _run(tmp: Path, mode: str, wire: str = WIRE, version: str = "0.34.0",
-         drop_copy: str | None = None) -> Path:
+def run_stand_in(tmp: Path, mode: str, wire: str = WIRE, version: str = "0.34.0",
+         drop_copy: str | None = None, env_extra: Mapping[str, str] | None = None) -> Path:
+    """Run DRIVER against the stand-in; `env_extra` is added (PYTHONPATH after the stand-in's
+    root)."""
     root = stand_in.write(tmp / "site", version, drop_copy)
     receipts = tmp / "receipts"
     receipts.mkdir(exist_ok=True)
-    env = {"PYTHONPATH": str(root), "DSV4BISECT_PATCHES": wire, "PATH": "/usr/bin:/bin",
-           "DSV4BISECT_RECEIPTS": str(receipts), "DSV4BISECT_ROLE": "server"}
+    extra = dict(env_extra or {})
+    path = os.pathsep.join(filter(None, [str(root), extra.pop("PYTHONPATH", "")]))
+    env = {"PYTHONPATH": path, "DSV4BISECT_PATCHES": wire, "PATH": "/usr/bin:/bin",
+           "DSV4BISECT_RECEIPTS": str(receipts), "DSV4BISECT_ROLE": "server", **extra}
     got = subprocess.run([sys.executable, "-c", DRIVER, mode, str(tmp)], env=env,
                          capture_output=True, text=True, timeout=300, check=False)
     assert got.returncode == 0, got.stderr[-3000:]
@@ -82,7 +88,7 @@ def _config() -> object:
 def test_forked_workers_install_and_the_launcher_accepts_their_receipts(tmp_path: Path) -> None:
     cfg = _config()
     assert cfg.processes[0].env_dict()["DSV4BISECT_PATCHES"] == WIRE
-    receipts = _run(tmp_path, "fork")
+    receipts = run_stand_in(tmp_path, "fork")
     report = check_receipts(cfg, receipts)
     assert report.states == {p: {"server/tp0": "installed", "server/tp1": "installed"}
                              for p in ("mhc-bf16", "hash-topk-scaling", "nvfp4-dispatch")}
@@ -107,14 +113,14 @@ def test_forked_workers_install_and_the_launcher_accepts_their_receipts(tmp_path
 
 
 def test_a_worker_that_loads_the_plugin_itself_installs_too(tmp_path: Path) -> None:
-    receipts = _run(tmp_path, "0", wire="mhc-bf16")
+    receipts = run_stand_in(tmp_path, "0", wire="mhc-bf16")
     (rec,) = read_receipts(receipts)
     assert rec["state"] == "installed" and rec["process"]["tp_rank"] == 0
     assert rec["called"], rec
 
 
 def test_an_unverified_release_is_refused_in_every_worker(tmp_path: Path) -> None:
-    receipts = _run(tmp_path, "fork", wire="mhc-bf16", version="0.19.0")
+    receipts = run_stand_in(tmp_path, "fork", wire="mhc-bf16", version="0.19.0")
     recs = read_receipts(receipts)
     assert len(recs) == 2 and {r["state"] for r in recs} == {"refused"}
     assert "predates DeepSeek-V4 support" in recs[0]["reason"]
@@ -126,7 +132,8 @@ def test_an_unverified_release_is_refused_in_every_worker(tmp_path: Path) -> Non
 
 
 def test_a_model_module_without_the_by_value_copy_fails_the_patch(tmp_path: Path) -> None:
-    receipts = _run(tmp_path, "0", wire="mhc-bf16", drop_copy="mhc_fused_post_pre_tilelang")
+    receipts = run_stand_in(tmp_path, "0", wire="mhc-bf16",
+                            drop_copy="mhc_fused_post_pre_tilelang")
     (rec,) = read_receipts(receipts)
     assert rec["state"] == "failed"
     assert "holds no by-value copy" in rec["reason"] and "layout changed" in rec["reason"]

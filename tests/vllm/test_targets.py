@@ -4,14 +4,16 @@ release outside the verified list is refused with a hint."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
 from dsv4bisect.base import vllm_releases as vr
 from dsv4bisect.patching.registry import builtin_patches
-from dsv4bisect.plugin.vllm import targets as tg
-from dsv4bisect.plugin.vllm.planners import VLLM, delivery
+from dsv4bisect.patchspec.spec import NO_VLLM
+from dsv4bisect.plugin.vllm import declared
+from dsv4bisect.vllm_hooks import targets as tg
 
 RELEASES = vr.VERIFIED
 # A by-value importer on DeepSeek-V4's NVIDIA path (not ROCm, XPU, CPU, V4.1 or another model):
@@ -40,9 +42,8 @@ def test_every_hook_target_resolves_with_its_signature(release: str) -> None:
         assert fact["kind"] in ("function", "method"), (target, fact)
         assert sig.mismatch(tuple(fact["params"])) is None, (release, target, fact["params"])
         checked += 1
-    every_site = {s.target for p in tg.SITES for s in tg.sites(p, layout)}
-    every_use = {u for p in tg.SITES for u in tg.uses(p, layout)}
-    assert every_site | every_use <= set(tg.SIGNATURES[layout])  # nothing unchecked
+    every_target = {t for p in builtin_patches() for t in declared.targets(p, layout)}
+    assert every_target <= set(tg.SIGNATURES[layout])  # nothing unchecked
     assert checked >= 8
 
 
@@ -51,8 +52,8 @@ def test_by_value_copies_are_exactly_the_ones_rebound(release: str) -> None:
     """Each declared copy imports the target by value in that release, and no module on V4's
     NVIDIA path holds a copy the hook would not rebind."""
     facts = vr.load_facts(release)
-    for patch in tg.SITES:
-        for site in tg.sites(patch, release):
+    for patch in builtin_patches():
+        for site in declared.sites(patch, release):
             if not site.copies:
                 continue
             importers = facts["by_value"][site.target]
@@ -75,7 +76,7 @@ def test_the_mhc_sites_follow_the_release() -> None:
 @pytest.mark.parametrize("release", RELEASES)
 def test_the_call_sites_the_hooks_rely_on(release: str) -> None:
     facts = vr.load_facts(release)
-    for patch, contracts in tg.call_contracts(release).items():
+    for patch, contracts in declared.call_contracts(release).items():
         found = facts["calls"][release][patch]
         for contract, rows in zip(contracts, found, strict=True):
             assert rows["calls"], (release, contract.callee)
@@ -118,12 +119,16 @@ def test_the_opt_in_warns_and_takes_the_range_layout() -> None:
 
 
 def test_every_builtin_patch_declares_its_vllm_delivery() -> None:
-    """The table (plugin/vllm/planners.py) has a row per built-in patch: a new patch must say
-    how it reaches vLLM, even when the answer is `absent`."""
-    assert set(VLLM) == set(builtin_patches())
-    for name, row in VLLM.items():
-        assert row.how in ("hook", "args", "absent"), name
-        assert (row.planner is not None) == (row.how == "hook"), name
-        assert row.evidence
+    """Each built-in patch says in its own file how it reaches vLLM (`PATCH.vllm`), even when
+    the answer is `absent`: a hook delivery with its planner and its sites on some layout,
+    server arguments with the arguments."""
+    for name, patch in builtin_patches().items():
+        if patch.test_only:
+            continue
+        row = patch.vllm
+        assert row is not NO_VLLM and row.evidence, name
+        assert (patch.planners.vllm is not None) == (row.how == "hook"), name
+        assert any(row.sites.values()) == (row.how == "hook"), name
         assert bool(row.args) == (row.how == "args"), name
-    assert delivery("_canary-a").how == "absent"
+    with pytest.raises(ValueError, match="goes with a `hook` delivery"):
+        dataclasses.replace(builtin_patches()["mhc-bf16"], vllm=NO_VLLM)

@@ -22,7 +22,7 @@ def _pyproject() -> dict:
 def test_the_vllm_kind_is_declared_for_installation() -> None:
     data = _pyproject()
     setuptools = data["tool"]["setuptools"]
-    assert "dsv4bisect.plugin.vllm" in setuptools["packages"]
+    assert {"dsv4bisect.plugin.vllm", "dsv4bisect.vllm_hooks"} <= set(setuptools["packages"])
     assert setuptools["package-data"]["dsv4bisect.base"] == ["vllm_data/*.json"]
     assert data["project"]["entry-points"]["vllm.general_plugins"] == {
         "dsv4bisect": "dsv4bisect.plugin.vllm:main"}
@@ -33,13 +33,14 @@ import json, importlib.metadata as m, dsv4bisect
 from dsv4bisect.base.vllm_releases import load_facts, shipped_facts
 from dsv4bisect.config.resolve import resolve
 from dsv4bisect.patching.switch_catalog import load_catalog
+from dsv4bisect.plugin.vllm.declared import all_targets
 (ep,) = [e for e in m.entry_points(group="vllm.general_plugins") if e.name == "dsv4bisect"]
 main = ep.load()
 cfg = resolve("dsv4-flash-vllm-tp8-latest-all")
 print(json.dumps({"file": dsv4bisect.__file__, "entry": ep.value, "main": main.__module__,
                   "facts": shipped_facts(), "kind": cfg.kind,
                   "settings": len(load_catalog("0.34.0", "vllm").switches),
-                  "cli": len(load_facts("0.34.0")["cli"])}))
+                  "cli": len(load_facts("0.34.0")["cli"]), "targets": len(all_targets())}))
 """
 
 
@@ -70,3 +71,4 @@ def test_the_wheel_installs_the_vllm_kind_and_its_plugin(tmp_path: Path) -> None
         "dsv4bisect.plugin.vllm"
     assert out["facts"] == ["0.20.0", "0.22.0", "0.24.0", "0.28.0", "0.34.0"]
     assert out["kind"] == "vllm" and out["settings"] >= 30 and out["cli"] > 300
+    assert out["targets"] >= 20  # the patches' vLLM deliveries, read from the installed wheel

@@ -54,7 +54,7 @@ def wrap_init_worker(wire: str) -> None:
     import pkgutil
 
     from dsv4bisect.plugin.vllm.context import worker_info
-    from dsv4bisect.plugin.vllm.targets import WORKER
+    from dsv4bisect.vllm_hooks.targets import WORKER
 
     owner_path, attr = WORKER.rsplit(".", 1)
     owner = pkgutil.resolve_name(owner_path)
@@ -84,15 +84,15 @@ def install_in_worker(wire: str, process: Any) -> list[Any]:
     from dsv4bisect.patching.wire import parse_patch_set
     from dsv4bisect.plugin.receipts import ReceiptWriter
     from dsv4bisect.plugin.vllm.install import install_flush, install_patches
-    from dsv4bisect.plugin.vllm.planners import planners
 
-    patches = parse_patch_set(wire, builtin_patches())
+    known = builtin_patches()
+    patches = parse_patch_set(wire, known)
     directory = os.environ.get(envvars.RECEIPTS)
     writer = ReceiptWriter(Path(directory) if directory else None, process)
     info = detect_vllm()
     if info.warning:
         logger.warning("dsv4bisect: %s", info.warning)
-    receipts = install_patches(patches, info, writer, planners())
+    receipts = install_patches(patches, info, writer, known)
     if info.layout is not None and any(r.expects_call for r in receipts):
         problem = install_flush(writer, receipts)
         if problem is not None:

@@ -7,11 +7,11 @@ the wheel once (`python tests/benchmarks/gen_vllm_facts.py`) and ship as
 and require equality; the fast tests check the plugin's tables, the shipped profiles' argv and
 the probe's requests against them. Sections:
 
-- `symbols`: every target any layout declares (`targets.all_targets()`), on every release:
+- `symbols`: every target any layout declares (`declared.all_targets()`), on every release:
   kind, parameter names, file:line, or null when the release lacks it;
 - `by_value`: for each hooked module-level function, the modules that import it by value
   (`from M import f [as g]`): module -> local name;
-- `calls`: the call sites the hooks rely on (`targets.call_contracts`): keywords, positional
+- `calls`: the call sites the hooks rely on (`declared.call_contracts`): keywords, positional
   count, per layout;
 - `cli`: `vllm serve`'s options: flags, dest, what value they take (as vLLM's `get_kwargs`
   derives it from the config dataclass field), choices, the config class of a JSON option;
@@ -29,7 +29,7 @@ from typing import Any
 from dsv4bisect.base.vllm_releases import FACTS_SCHEMA, LAYOUTS, layout_of_range
 from dsv4bisect.base.versions import parse_version
 from dsv4bisect.plugin.static import Resolved, _find, call_keywords
-from dsv4bisect.plugin.vllm import targets as tg
+from dsv4bisect.plugin.vllm import declared
 from dsv4bisect.plugin.vllm.tree import (
     Types,
     VllmTree,
@@ -105,7 +105,7 @@ def call_facts(tree: VllmTree) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for layout in LAYOUTS:
         rows: dict[str, Any] = {}
-        for patch, contracts in tg.call_contracts(layout).items():
+        for patch, contracts in declared.call_contracts(layout).items():
             rows[patch] = [{"module": c.module, "within": c.within, "callee": c.callee,
                             "calls": [{"keywords": sorted(call_keywords(call)),
                                        "positional": len(call.args)}
@@ -357,8 +357,8 @@ def extract(tree: VllmTree) -> dict[str, Any]:
         "schema": FACTS_SCHEMA,
         "release": version,
         "layout": layout_of_range(parsed) if parsed else None,
-        "symbols": symbol_facts(tree, tg.all_targets()),
-        "by_value": by_value_facts(tree, tg.by_value_targets()),
+        "symbols": symbol_facts(tree, declared.all_targets()),
+        "by_value": by_value_facts(tree, declared.by_value_targets()),
         "calls": call_facts(tree),
         "cli": cli["options"],
         "configs": cli["configs"],

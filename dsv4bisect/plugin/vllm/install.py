@@ -24,15 +24,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dsv4bisect.base.vllm_releases import VllmInfo
+from dsv4bisect.patchspec.plan import HookSpec, Plan
+from dsv4bisect.patchspec.spec import Patch, VllmSite
 from dsv4bisect.plugin.install import check_targets as _check_targets
 from dsv4bisect.plugin.install import resolve
 from dsv4bisect.plugin.receipts import Receipt, ReceiptWriter
-from dsv4bisect.patchspec.plan import HookSpec, Plan
-from dsv4bisect.plugin.vllm import targets as tg
+from dsv4bisect.vllm_hooks import ORIGINALS
+from dsv4bisect.vllm_hooks import targets as tg
 
 CALLED: dict[str, bool] = {}  # target -> called (set by the hooks; Dynamo replays the store)
 _FLUSHED: set[str] = set()
-_ORIGINALS: dict[str, Any] = {}  # target -> the object before any dsv4bisect hook
 
 
 class Marks:
@@ -81,7 +82,7 @@ def apply_hook(hook: HookSpec, copies: tuple[str, ...]) -> dict[str, Any]:
     obj_path, attr = hook.target.rsplit(".", 1)
     owner = pkgutil.resolve_name(obj_path)
     original = resolve(hook.target)
-    _ORIGINALS.setdefault(hook.target, original)
+    ORIGINALS.setdefault(hook.target, original)  # before any dsv4bisect hook
     hooked = _wrapper(hook.type, hook.fn, original)
     setattr(owner, attr, hooked)
     rebound = []
@@ -101,34 +102,33 @@ def apply_hook(hook: HookSpec, copies: tuple[str, ...]) -> dict[str, Any]:
             "rebound": rebound}
 
 
-Planner = Callable[[str, str, Any], Plan]
-
-
 def install_patches(patches: Mapping[str, str], info: VllmInfo, writer: ReceiptWriter,
-                    planners: Mapping[str, Planner]) -> list[Receipt]:
-    """Install each patch (name -> variant) with its vLLM planner; one receipt each."""
+                    known: Mapping[str, Patch]) -> list[Receipt]:
+    """Install each patch (name -> variant) of `known` (the registry) with its own vLLM planner
+    (`PATCH.planners.vllm`) at the sites it declares (`PATCH.vllm`); one receipt each."""
     receipts = []
     for name, variant in patches.items():
+        patch = known[name]
         layout = info.layout or ""
-        sites = tg.sites(name, layout) if info.layout else ()
+        sites = patch.vllm.sites.get(layout, ()) if info.layout else ()
         base = dict(patch=name, variant=variant, process=writer.process, sglang_version=None,
                     layout=info.layout, targets=[s.target for s in sites], engine="vllm",
                     vllm_version=info.version)
         if info.layout is None:
             rec = Receipt(**base, state="refused", reason=info.reason or "unknown vLLM layout")
-        elif name not in planners:
+        elif patch.planners.vllm is None:
             rec = Receipt(**base, state="refused", reason=f"no vLLM hook for patch {name} (docs/"
                           "vllm.md: it reaches vLLM by its arguments, or not at all)")
         else:
-            plan = planners[name](variant, layout, Marks(writer, name))
-            rec = _install_one(base, plan, layout, sites, writer)
+            plan = patch.planners.vllm(variant, layout, Marks(writer, name))
+            rec = _install_one(base, plan, layout, sites, patch, writer)
         writer.write(rec)
         receipts.append(rec)
     return receipts
 
 
-def _install_one(base: dict[str, Any], plan: Plan, layout: str, sites: tuple[tg.Site, ...],
-                 writer: ReceiptWriter) -> Receipt:
+def _install_one(base: dict[str, Any], plan: Plan, layout: str, sites: tuple[VllmSite, ...],
+                 patch: Patch, writer: ReceiptWriter) -> Receipt:
     notes = list(plan.notes)
     if plan.action != "install":
         state = "inert" if plan.action == "inert" else "refused"
@@ -138,13 +138,13 @@ def _install_one(base: dict[str, Any], plan: Plan, layout: str, sites: tuple[tg.
     if stray:
         return Receipt(**base, state="refused", notes=notes,
                        reason=f"hook targets not declared for the layout: {', '.join(stray)}")
-    problem = check_targets([h.target for h in plan.hooks] + list(tg.uses(base["patch"], layout)),
+    problem = check_targets([h.target for h in plan.hooks] + list(patch.vllm.uses.get(layout, ())),
                             layout)
     if problem is None and plan.check is not None:
         problem = plan.check()
     if problem is not None:
         return Receipt(**base, state="refused", reason=problem, notes=notes)
-    group = tg.evidence(base["patch"], layout)
+    group = patch.vllm.evidence_key(layout)
     rec = Receipt(**base, state="installed", notes=notes,
                   expects_call=[group] if group else [h.target for h in plan.hooks
                                                       if h.on_path])
@@ -170,7 +170,8 @@ def flush_calls(writer: ReceiptWriter, receipts: list[Receipt]) -> None:
         mine = [t for t in fresh if t in rec.targets]
         for target in mine:  # every site reached, and the group key of alternative sites
             writer.mark_called(rec.patch, target)
-        group = tg.evidence(rec.patch, rec.layout or "")
+        # the evidence key of alternative sites is the one expected call that is no target
+        group = next((e for e in rec.expects_call if e not in rec.targets), None)
         if mine and group:
             writer.mark_called(rec.patch, group)
 

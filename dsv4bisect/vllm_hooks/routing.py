@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from dsv4bisect.patchspec.plan import HookSpec, Plan, Recorder
-from dsv4bisect.plugin.vllm import targets as tg
+from dsv4bisect.patchspec.spec import EngineContext
+from dsv4bisect.vllm_hooks import targets as tg
 
 RSF: dict[str, float] = {}  # "model": the routed_scaling_factor the MoE blocks were built with
 HASH_INDEX = 8  # position of `hash_indices_table` in fused_topk_bias (every verified release)
@@ -35,10 +36,18 @@ def extra_factor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
     return float(passed)
 
 
+UPSTREAM = ("vLLM applies routed_scaling_factor on hash-routed layers itself "
+            "(fused_topk_bias with hash_indices_table, every verified release)")
+
+
+def inert(variant: str, ctx: EngineContext) -> str | None:
+    """The default variant is what vLLM does itself (the resolver does not send it)."""
+    return UPSTREAM if variant == "topk" else None
+
+
 def plan(variant: str, layout: str, rec: Recorder) -> Plan:
     if variant == "topk":
-        return Plan("inert", reason="vLLM applies routed_scaling_factor on hash-routed layers "
-                    "itself (fused_topk_bias with hash_indices_table, every verified release)")
+        return Plan("inert", reason=UPSTREAM)
     if variant != "double-scale":
         return Plan("refuse", reason=f"hash-topk-scaling has no vLLM hook for {variant!r}")
     route, moe = tg.routing_sites(layout)

@@ -12,8 +12,8 @@ kernel would break the graph). Where the caller hands it a norm (`norm_weight`, 
 vLLM fuses into the pre kernel from 0.22.0), the collapsed stream is RMS-normalised in fp32
 and scaled by the weight before its one rounding to bf16. The post half of a fused post+pre is
 vLLM's own `mhc_post_tilelang`. Shapes follow `mhc_pre_torch`: post [.., n, 1], comb [.., n, n],
-layer input [.., D]. Torch is imported inside the functions (the plugin's table imports this
-module without it).
+layer input [.., D]. Torch is imported inside the functions (the patch's declaration imports
+this module without it).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from dsv4bisect.patchspec.plan import HookSpec, Plan, Recorder
-from dsv4bisect.plugin.vllm import targets as tg
+from dsv4bisect.patchspec.spec import VllmSite
+from dsv4bisect.vllm_hooks import targets as tg
 
 MODES = {"bf16": "bf16"}  # variant -> mixes mode (`fp32` is the GPU check's exact arm)
 
@@ -114,7 +115,7 @@ def plan(variant: str, layout: str, rec: Recorder) -> Plan:
         "a fused post+pre stays vLLM's own",))
 
 
-def _hook(site: tg.Site, layout: str, mode: str, rec: Recorder) -> Any:
+def _hook(site: VllmSite, layout: str, mode: str, rec: Recorder) -> Any:
     target = site.target
     if site.name == "hc_pre":
         def hc_pre(self: Any, x: Any, hc_fn: Any, hc_scale: Any, hc_base: Any,
@@ -147,7 +148,9 @@ def _hook(site: tg.Site, layout: str, mode: str, rec: Recorder) -> Any:
 
 def _post_fn() -> Any:
     """vLLM's own post kernel (its original, before any dsv4bisect hook)."""
-    from dsv4bisect.plugin.vllm.install import _ORIGINALS, resolve
+    import pkgutil
+
+    from dsv4bisect.vllm_hooks import ORIGINALS
 
     target = f"{tg.MHC}.mhc_post_tilelang"
-    return _ORIGINALS.get(target) or resolve(target)
+    return ORIGINALS.get(target) or pkgutil.resolve_name(target)

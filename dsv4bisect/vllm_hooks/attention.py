@@ -7,7 +7,7 @@ softmax_scale=, is_fp8_kvcache=True, out=...)` on FlashMLA's FP8 "MODEL1" pages,
 SGLang's SM120 entry takes too, so the hook body is the SGLang one
 (`sglang_hooks/attention.sparse_decode`): the SWA and compressed sources in 64-key splits,
 merged by LSE. It writes into `out` when given and returns `(out, None)` (vLLM's callers unpack
-`out, _`; checked statically, `targets.call_contracts`). A dense call (no `indices`) goes to
+`out, _`; checked statically, `targets.decode_calls`). A dense call (no `indices`) goes to
 FlashMLA unchanged. Reached on GPUs where vLLM picks FlashMLA for V4 (SM90 / SM100); SM12x
 defaults to FlashInfer's sparse MLA, where the receipt shows the hook never called. The field
 faults of this patch live where the embedded engine models them; vLLM refuses them.
@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from dsv4bisect.patchspec.plan import HookSpec, Plan, Recorder
-from dsv4bisect.plugin.vllm import targets as tg
+from dsv4bisect.patchspec.spec import EngineContext
+from dsv4bisect.vllm_hooks import targets as tg
 
 VARIANTS = ("split-k", "split-k-fp32", "merge-no-rescale")
 
@@ -38,6 +39,14 @@ def decode(original: Any, variant: str, **kw: Any) -> Any:
         return result, None
     out.copy_(result.view(out.shape))
     return out, None
+
+
+def inert(variant: str, ctx: EngineContext) -> str | None:
+    """Where vLLM does not decode V4 with FlashMLA the hooked entry is never called."""
+    if ctx.gpu_arch == "sm120":
+        return ("vLLM decodes DeepSeek-V4 with FlashInfer's sparse MLA on SM12x "
+                "(_select_dsv4_attn_cls); the hooked FlashMLA entry runs on SM90 / SM100")
+    return None
 
 
 def plan(variant: str, layout: str, rec: Recorder) -> Plan:

@@ -11,19 +11,23 @@ verified release starts one, because each moved something the mHC hook relies on
     0.28.0  + mhc_pre_broadcast_tilelang (the first layer's residual broadcast from (T, H))
     0.34.0  + mhc_fused_post_pre_tilelang_reuse_residual
 
-A `Site` names the defining object (`module.function` or `module.Class.method`) and, for a
-module-level function, the modules that did `from module import function` and must have that
-copy rebound too (a rebinding in the defining module alone would never be called). The same
-table drives the install-time check (inspect.signature of the live object, `install.py`), the
-check of the shipped per-release facts (`facts.py`, tests/vllm) and `doctor`. Imports nothing
-heavy.
+A site (`patchspec.spec.VllmSite`) names the defining object (`module.function` or
+`module.Class.method`) and, for a module-level function, the modules that did `from module
+import function` and must have that copy rebound too (a rebinding in the defining module alone
+would never be called). Each patch declares its own sites, uses and call contracts per layout
+in its `VllmDelivery` from the functions here (`per_layout`); the signatures below drive the
+install-time check (inspect.signature of the live object, `plugin/vllm/install.py`), the check
+of the shipped per-release facts (`plugin/vllm/facts.py`, tests/vllm) and `doctor`. Imports
+nothing heavy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import TypeVar
 
 from dsv4bisect.base.vllm_releases import LAYOUTS
+from dsv4bisect.patchspec.spec import VllmCall, VllmSite
 from dsv4bisect.sglang_hooks.targets import Signature
 
 MHC = "vllm.model_executor.kernels.mhc.tilelang"
@@ -47,22 +51,7 @@ WORKER_STEP = "vllm.v1.worker.gpu_worker.Worker.execute_model"
 # the server answers /health: the evidence is on disk when the launcher reads the receipts
 WORKER_WARMUP = "vllm.v1.worker.gpu_worker.Worker.compile_or_warm_up_model"
 PLUGINS = "vllm.plugins.load_general_plugins"
-
-
-@dataclass(frozen=True)
-class Site:
-    """A hook target and the modules whose by-value copy of it is rebound too."""
-
-    target: str
-    copies: tuple[str, ...] = ()
-
-    @property
-    def name(self) -> str:
-        return self.target.rsplit(".", 1)[-1]
-
-    @property
-    def module(self) -> str:
-        return self.target.rsplit(".", 1)[0]
+T = TypeVar("T")
 
 
 def model_module(layout: str) -> str:
@@ -78,68 +67,44 @@ def attention_module(layout: str) -> str:
 
 
 # -- per patch: the sites of each layout -------------------------------------------------------
-def mhc_sites(layout: str) -> tuple[Site, ...]:
+def mhc_sites(layout: str) -> tuple[VllmSite, ...]:
     if layout == "0.20.0":
-        return (Site(f"{V4_OLD}.DeepseekV4DecoderLayer.hc_pre"),)
+        return (VllmSite(f"{V4_OLD}.DeepseekV4DecoderLayer.hc_pre"),)
     if layout == "0.22.0":
-        return (Site(f"{V4}.DeepseekV4DecoderLayer.hc_pre"),
-                Site(f"{MHC_OP}.MHCFusedPostPreOp.forward_cuda"))
+        return (VllmSite(f"{V4}.DeepseekV4DecoderLayer.hc_pre"),
+                VllmSite(f"{MHC_OP}.MHCFusedPostPreOp.forward_cuda"))
     names = ["mhc_pre_tilelang", "mhc_fused_post_pre_tilelang"]
     if layout >= "0.28.0":
         names.append("mhc_pre_broadcast_tilelang")
     if layout >= "0.34.0":
         names.append("mhc_fused_post_pre_tilelang_reuse_residual")
-    return tuple(Site(f"{MHC}.{n}", (V4,)) for n in names)
+    return tuple(VllmSite(f"{MHC}.{n}", (V4,)) for n in names)
 
 
-def routing_sites(layout: str) -> tuple[Site, ...]:
+def routing_sites(layout: str) -> tuple[VllmSite, ...]:
     """double-scale: around the routing function (its module calls it by its global name; the
     model imported it by value) and after the MoE block's construction (its rsf)."""
     model = model_module(layout)
-    return (Site(f"{ROUTER}.fused_topk_bias", (model,)), Site(f"{model}.DeepseekV4MoE.__init__"))
+    return (VllmSite(f"{ROUTER}.fused_topk_bias", (model,)), VllmSite(f"{model}.DeepseekV4MoE.__init__"))
 
 
-def decode_sites(layout: str) -> tuple[Site, ...]:
-    return (Site(f"{FLASHMLA}.flash_mla_with_kvcache", (attention_module(layout),)),)
+def decode_sites(layout: str) -> tuple[VllmSite, ...]:
+    return (VllmSite(f"{FLASHMLA}.flash_mla_with_kvcache", (attention_module(layout),)),)
 
 
-def dispatch_sites(layout: str) -> tuple[Site, ...]:
-    return (Site(f"{quant_module(layout)}.DeepseekV4FP8Config.get_quant_method"),)
+def dispatch_sites(layout: str) -> tuple[VllmSite, ...]:
+    return (VllmSite(f"{quant_module(layout)}.DeepseekV4FP8Config.get_quant_method"),)
 
 
-def clamp_sites(layout: str) -> tuple[Site, ...]:
+def clamp_sites(layout: str) -> tuple[VllmSite, ...]:
     if layout == "0.20.0":
         return ()
-    return (Site(f"{TRTLLM}.TrtLlmNvFp4ExpertsBase.process_weights_after_loading"),)
+    return (VllmSite(f"{TRTLLM}.TrtLlmNvFp4ExpertsBase.process_weights_after_loading"),)
 
 
-# Patches whose hooked sites are alternatives of one op: the model calls some of them, which
-# ones depends on the layer and the caller (0.34.0: the first layer's broadcast pre and the
-# residual-reusing post+pre; the others on other paths). Their receipt expects one call of any.
-ANY_SITE = {"mhc-bf16": "mHC pre (any of the hooked sites)"}
-
-
-def evidence(patch: str, layout: str) -> str | None:
-    """The receipt's single evidence key of a patch whose sites are alternatives, else None."""
-    if patch in ANY_SITE and len(mhc_sites(layout)) > 1:
-        return ANY_SITE[patch]
-    return None
-
-
-SITES = {"mhc-bf16": mhc_sites, "hash-topk-scaling": routing_sites, "mma-decode": decode_sites,
-         "nvfp4-dispatch": dispatch_sites, "trtllm-clamp": clamp_sites}
-
-
-def sites(patch: str, layout: str) -> tuple[Site, ...]:
-    fn = SITES.get(patch)
-    return () if fn is None else fn(layout)
-
-
-def uses(patch: str, layout: str) -> tuple[str, ...]:
-    """Symbols a hook body calls at run time (resolved and checked like its targets)."""
-    if patch == "mhc-bf16" and layout != "0.20.0":
-        return (f"{MHC}.mhc_post_tilelang",)  # the post half of the fused post+pre: vLLM's own
-    return ()
+def mhc_uses(layout: str) -> tuple[str, ...]:
+    """The post half of a fused post+pre: the mHC hook calls vLLM's own (`mhc._post_fn`)."""
+    return () if layout == "0.20.0" else (f"{MHC}.mhc_post_tilelang",)
 
 
 # -- signatures ---------------------------------------------------------------------------------
@@ -195,20 +160,7 @@ SIGNATURES: dict[str, dict[str, Signature]] = {layout: _signatures(layout) for l
 DEFINED_AT = {f"{FLASHMLA}.flash_mla_with_kvcache": FLASHMLA_DEF}
 
 
-# -- what the plugin and its checks rely on, beyond signatures ----------------------------------
-@dataclass(frozen=True)
-class CallContract:
-    """A call in vLLM's source a hook relies on: `callee(...)` inside `module[.within]` with
-    these keywords (at least), no positional argument when `keywords_only`."""
-
-    module: str
-    within: str
-    callee: str
-    keywords: frozenset[str]
-    why: str
-    keywords_only: bool = True
-
-
+# -- the calls in vLLM's source the hooks rely on ----------------------------------------------
 _MLA_KW = frozenset({"q", "k_cache", "head_dim_v", "softmax_scale", "indices", "topk_length",
                      "attn_sink", "extra_k_cache", "extra_indices_in_kvcache",
                      "extra_topk_length", "is_fp8_kvcache"})
@@ -216,35 +168,24 @@ _DECODE_WITHIN = {"0.20.0": "DeepseekV4MLAAttention._forward_decode",
                   "0.22.0": "DeepseekV4FlashMLASparseImpl._forward_decode"}
 
 
-def call_contracts(layout: str) -> dict[str, tuple[CallContract, ...]]:
-    """patch -> the calls in this layout's vLLM source its hooks rely on."""
+def decode_calls(layout: str) -> tuple[VllmCall, ...]:
+    """mma-decode: the V4 attention's FlashMLA call passes the keywords the hook reads."""
     within = _DECODE_WITHIN.get(layout, "DeepseekV4FlashMLAAttention._forward_decode")
-    out = {"mma-decode": (CallContract(
+    return (VllmCall(
         attention_module(layout), within, "flash_mla_with_kvcache", _MLA_KW,
-        "the hook reads exactly these keyword arguments (FlashMLA's sparse FP8 decode)"),)}
-    if layout >= "0.24.0":
-        out["mhc-bf16"] = tuple(CallContract(
-            V4, "DeepseekV4DecoderLayer.forward", callee, frozenset({"norm_weight", "norm_eps"}),
-            "the hook fuses the RMSNorm the caller hands it", keywords_only=False)
-            for callee in ("mhc_pre_tilelang",))
-    return out
+        "the hook reads exactly these keyword arguments (FlashMLA's sparse FP8 decode)"),)
 
 
-def all_targets() -> list[str]:
-    """Every symbol any layout declares (the facts extractor reads each on every release)."""
-    names: set[str] = {PLUGINS, *DEFINED_AT.values()}
-    for layout in LAYOUTS:
-        names |= set(SIGNATURES[layout])
-        for patch in SITES:
-            names |= {s.target for s in sites(patch, layout)}
-            names |= set(uses(patch, layout))
-    return sorted(names)
+def mhc_calls(layout: str) -> tuple[VllmCall, ...]:
+    """mhc-bf16, where the kernels are called by name: the decoder layer hands the pre its
+    RMSNorm."""
+    if layout < "0.24.0":
+        return ()
+    return (VllmCall(V4, "DeepseekV4DecoderLayer.forward", "mhc_pre_tilelang",
+                     frozenset({"norm_weight", "norm_eps"}),
+                     "the hook fuses the RMSNorm the caller hands it", keywords_only=False),)
 
 
-def by_value_targets() -> list[str]:
-    """Module-level functions hooked somewhere: their by-value importers are recorded."""
-    out: set[str] = set()
-    for layout in LAYOUTS:
-        for patch in SITES:
-            out |= {s.target for s in sites(patch, layout) if s.copies}
-    return sorted(out)
+def per_layout(fn: Callable[[str], tuple[T, ...]]) -> dict[str, tuple[T, ...]]:
+    """layout -> fn(layout), for every vLLM hook layout (a patch's `VllmDelivery` fields)."""
+    return {layout: fn(layout) for layout in LAYOUTS}

@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from dsv4bisect.patchspec.plan import HookSpec, Plan, Recorder
-from dsv4bisect.plugin.vllm import targets as tg
+from dsv4bisect.patchspec.spec import EngineContext
+from dsv4bisect.vllm_hooks import targets as tg
 
 
 def dispatch_plan(variant: str, layout: str, rec: Recorder) -> Plan:
@@ -57,6 +58,17 @@ def restore_unfolded(original: Any, experts: Any, layer: Any) -> float | None:
     with torch.no_grad():
         clamp.copy_(raw.to(clamp.dtype).view(clamp.shape))
     return float(raw.reshape(-1)[0])
+
+
+def clamp_inert(variant: str, ctx: EngineContext) -> str | None:
+    """What the resolver says of each variant before anything is sent to vLLM."""
+    if ctx.vllm_version is not None and ctx.vllm_version[:3] < (0, 22, 0):
+        return ("vLLM 0.20.0 passes gemm1_clamp_limit=None to the TRT-LLM NVFP4 kernels (no "
+                "SwiGLU clamp to fold): no faithful hook for either variant")
+    if variant == "alpha":
+        return ("vLLM >= 0.22.0 folds swiglu_limit / g1_alphas into gemm1_clamp_limit itself "
+                "(TrtLlmNvFp4ExpertsBase.process_weights_after_loading)")
+    return None
 
 
 def clamp_plan(variant: str, layout: str, rec: Recorder) -> Plan:
