@@ -190,6 +190,16 @@ def doctor_without_sglang(walk: Walk, cmd: Found) -> None:
         raise WalkError(f"doctor did not say SGLang is missing: {out.stdout[-1000:]}")
 
 
+def embedded_api(walk: Walk, cmd: Found) -> None:
+    """docs/vllm.md's two lines: the embedded engine behind vLLM's API, a run and a bisect of a
+    fault, each into the scratch runs root; the bisect must find the fault's patch."""
+    out = walk.sh(f"{cmd.text} --out {walk.scratch / 'vllm-api'}", expect=(0, 1, 4),
+                  cwd=walk.scratch)
+    if " bisect " in cmd.text and "mma-decode" not in out.stdout + out.stderr.split("FOUND")[-1]:
+        raise WalkError("the bisect over vLLM's API did not name mma-decode:\n"
+                        + out.stderr[-2000:])
+
+
 SYNOPSIS = skip("a synopsis (brackets, placeholders), not a command")
 PLAN: dict[tuple[str, str], tuple[str, Step | None]] = {
     ("README.md", "pip install torch==2.13.0 -e '.[engine,plots]' && dsv4bisect run"):
@@ -256,6 +266,29 @@ PLAN: dict[tuple[str, str], tuple[str, Step | None]] = {
                           "--activations acts.safetensors"):
         skip("needs the real checkpoint and captured activations"),
 }
+PLAN.update({
+    ("docs/reference-engine.md", "dsv4bisect router --pd-disaggregation --prefill http://H:PORT P "
+                                 "--decode http://H:PORT --host H --port R --policy round_robin"):
+        skip("a synopsis (H, PORT, P, R); tests/reference/test_pd_e2e.py starts the router "
+             "between two embedded servers"),
+    ("docs/vllm.md", "pip install /path/to/dsv4bisect                  # into the same Python as "
+                     "vLLM"):
+        run("/path/to/dsv4bisect: the clone", sglang_install),
+    ("docs/vllm.md", "dsv4bisect doctor dsv4-flash-vllm-tp8            # vLLM release, plugin, "
+                     "argv, every hook target"):
+        skip("needs vLLM (tests/vllm/test_vllm_doctor.py checks it against vLLM's wheels)"),
+    ("docs/vllm.md", "dsv4bisect switches --engine vllm                # vLLM's DeepSeek-V4 "
+                     "switches (0.34.0)"):
+        skip("reads vLLM's wheel (tests/vllm/test_vllm_switches.py)"),
+    ("docs/vllm.md", "dsv4bisect run dsv4-flash-vllm-tp8-latest-all    # all patches on, "
+                     "against all off"):
+        skip("needs vLLM and GPUs"),
+    ("docs/vllm.md", "dsv4bisect run reference-all --set engine.api=vllm"):
+        run("the embedded engine behind vLLM's API", embedded_api),
+    ("docs/vllm.md", "dsv4bisect bisect reference-all --set engine.api=vllm --set "
+                     "patches.mma-decode.variant=swa-ring-stale"):
+        run("the embedded engine behind vLLM's API; must name mma-decode", embedded_api),
+})
 QUICKSTART_CLUSTER = skip("docs/quickstart-cluster.md is walked by tests/docs/"
                           "test_quickstart_cluster.py (its own conventions)")
 
