@@ -1,10 +1,12 @@
 """The bisect loop: ask the search, look up the ledger, run what is missing, record, repeat.
 
 Everything that touches the outside world is here; the search stays pure. The driver decides
-what a trial means for the search: a drift WARN is like the bad end where the bad end itself
-only drifts and like the good end where it loses facts (`warn_as="auto"`; `fail`/`pass` fix
-it); CANNOT_TEST is retried once, then SKIP (routed around); two crashes of a configuration are a FAIL with
-signature "crash" (at the good end they are SKIP: the good end must be testable).
+what a trial means for the search: a drift WARN counts by the trial policy's rule
+(`TrialPolicy.warn_fails`: by default like the bad end where the bad end's own first
+measurement only drifts, like the good end where it loses facts; the bad end's verdict is read
+from the ledger, so the order in which trials are decided never changes an outcome);
+CANNOT_TEST is retried once, then SKIP (routed around); two crashes of a configuration are a
+FAIL with signature "crash" (at the good end they are SKIP: the good end must be testable).
 After a `found` result the remedy check (remedy.py) runs the bad end without the culprits.
 A resume replays the ledger into a fresh search; the search is deterministic given its
 records, so the same trials come back in the same order and none is run twice.
@@ -38,6 +40,7 @@ from dsv4bisect.bisect.search.search import Search, SearchResult, Status
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.bisect.trials.runner import CRASH, FreshLaunch, Runner, TrialResult
 from dsv4bisect.errors import BisectError, ConfigError
+from dsv4bisect.policy import DEFAULT_POLICY, TrialPolicy
 from dsv4bisect.probe import verdict as V
 
 RUN_FILE = "bisect.json"  # in the run directory: the run id and the ledger it lives in
@@ -105,22 +108,25 @@ def start_bisect(
     run_dir: str | Path,
     on_event: Callable[[Event], None] | None = None,
     request: Mapping[str, Any] | None = None,
+    policy: TrialPolicy = DEFAULT_POLICY,
 ) -> BisectOutcome:
     """Start a bisect in `run_dir` (created), recorded in `ledger`. `request` (JSON-able: what
-    the caller needs to rebuild its runner on resume) is kept in the run file. With a runner
-    that can (`confirm`), the culprits are confirmed in a fresh launch after a hot search
-    unless `spec.confirm` is False (`--no-confirm`: the result says it was skipped)."""
+    the caller needs to rebuild its runner on resume) is kept in the run file, with the trial
+    `policy` in it (a resume counts verdicts by the same rules). With a runner that can
+    (`fresh`), the culprits are confirmed in a fresh launch after a hot search unless
+    `spec.confirm` is False (`--no-confirm`: the result says it was skipped)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / RUN_FILE).exists():
         raise BisectError(f"`{run_dir}` already holds a bisect", "resume it with --resume")
+    stored = {**dict(request or {}), "policy": policy.to_json()}
+    if request is not None and request.get("policy", stored["policy"]) != stored["policy"]:
+        raise ValueError("the request's trial policy is not the one the bisect runs by")
     settings = {**spec.to_json(), "probe": runner.probe_hash}
     run_id = ledger.create_run(run_dir, settings)
-    info: dict[str, Any] = {"run_id": run_id, "ledger": str(ledger.path.resolve())}
-    if request is not None:
-        info["request"] = dict(request)
+    info = {"run_id": run_id, "ledger": str(ledger.path.resolve()), "request": stored}
     (run_dir / RUN_FILE).write_text(json.dumps(info, indent=2) + "\n")
-    return _Driver(spec, runner, ledger, run_id, run_dir, on_event).drive()
+    return _Driver(spec, policy, runner, ledger, run_id, run_dir, on_event).drive()
 
 
 def resume_bisect(
@@ -129,8 +135,9 @@ def resume_bisect(
     on_event: Callable[[Event], None] | None = None,
     ledger: Ledger | None = None,
 ) -> BisectOutcome:
-    """Continue the bisect of `run_dir`; finished trials are reused, interrupted ones re-run.
-    Without `ledger`, the ledger named in the run directory is opened (and closed)."""
+    """Continue the bisect of `run_dir`; finished trials are reused, interrupted ones re-run,
+    verdicts counted by the trial policy its run file's request holds. Without `ledger`, the
+    ledger named in the run directory is opened (and closed)."""
     run_dir = Path(run_dir)
     info = read_run_file(run_dir)
     own = ledger is None
@@ -143,8 +150,9 @@ def resume_bisect(
                 "start a new bisect, or resume with the same one",
             )
         spec = BisectSpec.from_json(run.settings)
+        policy = TrialPolicy.from_json(info.get("request") or {})
         ledger.abandon_running(run.id)
-        return _Driver(spec, runner, ledger, run.id, run_dir, on_event).drive()
+        return _Driver(spec, policy, runner, ledger, run.id, run_dir, on_event).drive()
     finally:
         if own:
             ledger.close()
@@ -174,7 +182,7 @@ def read_run_file(run_dir: str | Path) -> dict[str, Any]:
 _REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
     "test_cmd": (str, list, type(None)), "test_cwd": (str, type(None)),
     "profile": (str, type(None)), "sets": (list, type(None)), "command": (list, type(None)),
-    "executor": (str, type(None)), "tier": (str, type(None))}
+    "executor": (str, type(None)), "tier": (str, type(None)), "policy": (dict, type(None))}
 
 
 def _damaged_field(info: dict[str, Any]) -> str | None:
@@ -192,6 +200,10 @@ def _damaged_field(info: dict[str, Any]) -> str | None:
             return f"`request.{key}` has the wrong type ({type(value).__name__})"
         if isinstance(value, list) and not all(isinstance(x, str) for x in value):
             return f"`request.{key}` holds a value that is not a string"
+    try:
+        TrialPolicy.from_json(request)
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"`request.policy` cannot be read ({type(exc).__name__}: {str(exc)[:80]})"
     return None
 
 
@@ -199,18 +211,19 @@ class _Driver:
     def __init__(
         self,
         spec: BisectSpec,
+        policy: TrialPolicy,
         runner: Runner,
         ledger: Ledger,
         run_id: str,
         run_dir: Path,
         on_event: Callable[[Event], None] | None,
     ) -> None:
-        self.spec, self.runner, self.ledger = spec, runner, ledger
+        self.spec, self.policy, self.runner, self.ledger = spec, policy, runner, ledger
         self.run_id, self.run_dir = run_id, run_dir
         self.emit = on_event or (lambda event: None)
         self.trials_run = 0
         self.launched: set[int] = set()  # trial ids run by this invocation
-        self._bad_end_warns = False  # the bad end's own verdict was a drift WARN (--warn-as auto)
+        self._bad_key: TrialKey | None = None  # the bad end's first measurement (seed block 0)
 
     def drive(self) -> BisectOutcome:
         search = self.spec.search()
@@ -370,9 +383,7 @@ class _Driver:
             reused = done.id not in self.launched
             rates = done.details.get("error_rates")
             noise = Noise(*rates) if rates else None
-            return _Decision(self._outcome(done.verdict, slot.subset), done.signature, done.id,
-                             reused,
-                             noise)
+            return _Decision(self._outcome(done.verdict), done.signature, done.id, reused, noise)
         attempts = self.ledger.attempts(self.run_id, slot.key)
         if len(attempts) < 2:
             return None
@@ -382,22 +393,22 @@ class _Driver:
             return _Decision(V.FAIL, CRASH, last.id, False)
         return _Decision(V.CANNOT_TEST, last.signature, last.id, False)
 
-    def _outcome(self, verdict: str | None, subset: frozenset[str] | None = None) -> str:
+    def _outcome(self, verdict: str | None) -> str:
+        """What a trial's verdict is for the search (a WARN by the trial policy's rule)."""
         if verdict == V.BETWEEN:
             return V.BETWEEN
-        if subset == frozenset(self.spec.candidates):
-            self._bad_end_warns = verdict == V.WARN
         if verdict == V.WARN:
-            return V.FAIL if self._warn_fails() else V.PASS
+            return V.FAIL if self.policy.warn_fails(self._bad_end_only_drifts()) else V.PASS
         return V.PASS if verdict == V.PASS else V.FAIL
 
-    def _warn_fails(self) -> bool:
-        """Whether a drift WARN is like the bad end. `auto`: only where the bad end itself only
-        drifts (a bisect on drift); where it loses facts, or is not measured yet, facts decide
-        and a WARN is like the good end."""
-        if self.spec.warn_as == "auto":
-            return self._bad_end_warns
-        return self.spec.warn_as == "fail"
+    def _bad_end_only_drifts(self) -> bool:
+        """Whether the bad end's own first measurement (seed block 0) is a drift WARN: read
+        from the ledger, so every trial is counted by the same rule, whatever the order in
+        which the driver (or a resume) decides them; False while it is not measured."""
+        if self._bad_key is None:
+            self._bad_key = self._slot(0, frozenset(self.spec.candidates), 0).key
+        row = self.ledger.definitive(self._bad_key)
+        return row is not None and row.verdict == V.WARN
 
     def _launch(self, slots: list[_Slot], pool: ThreadPoolExecutor | None) -> None:
         started = []

@@ -23,6 +23,7 @@ from dsv4bisect.bisect.ledger import Ledger
 from dsv4bisect.bisect.search.design import Noise, capacity
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.errors import Dsv4BisectError
+from dsv4bisect.policy import TrialPolicy
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.redact import redact, redact_text, secrets_in
 
@@ -62,10 +63,6 @@ class BisectView:
     launches: int  # trial attempts this bisect started
     history: tuple[dict[str, float], ...]  # the final top five's posterior: prior, each step
     ledger: str
-
-
-def is_bisect_dir(path: str | Path) -> bool:
-    return (Path(path) / "bisect.json").is_file()
 
 
 def load_bisect(run_dir: str | Path) -> BisectView:
@@ -306,8 +303,8 @@ def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
     for name, why in req.get("left_out") or ():
         lines.append(f"- left out: {name} ({why})")
     lines += [(f"- confidence {view.spec.confidence}, noise: false fail "
-               f"{noise.false_fail:.3g}, false pass {noise.false_pass:.3g}, WARN counts as "
-               f"{view.spec.warn_as}"),
+               f"{noise.false_fail:.3g}, false pass {noise.false_pass:.3g}; trial policy: "
+               f"{TrialPolicy.from_json(req).describe()}"),
               f"- run `{view.run_id}`, ledger `{view.ledger}`", "", "## Result", "",
               r["message"], "", "| hypothesis | posterior |", "| --- | --- |"]
     lines += [f"| {t['hypothesis']} | {t['posterior']:.4f} |" for t in r["top"]]

@@ -1,7 +1,9 @@
-"""A bisect of a profile assembled before anything launches: the runner of this machine, the
-noise (given, measured in the ledger, or the default), every cost with its source, the spec and
-its simulated plan. `cli/bisect.py` is parse → `prepare` → drive → render; the microtest priors
-(cli/bisect_priors.py, which shows its progress) come in between through `with_weights`.
+"""A bisect of a profile assembled before anything launches: what the command line asked
+(`BisectRequest`), the trial policy resolved from it once (dsv4bisect/policy.py: the command line
+over the profile's `bisect` block), the runner of this machine, the noise (given, measured in the
+ledger, or the default), every cost with its source, the spec and its simulated plan.
+bisect/session.py calls `prepare`; the microtest priors (cli/bisect_priors.py, which shows its
+progress) come in after it through `with_weights`.
 """
 
 from __future__ import annotations
@@ -24,22 +26,39 @@ from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.trials.runner import Runner
 from dsv4bisect.bisect.trials.testcmd import TestCommandRunner
-from dsv4bisect.errors import BisectError
+from dsv4bisect.config.resolve import Overrides
+from dsv4bisect.config.schema import BisectSettings
+from dsv4bisect.errors import BisectError, ConfigError
+from dsv4bisect.policy import DriftRule, Executor, TrialPolicy, WarnAs
 from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
 from dsv4bisect.run.events import EventSink, ignore
+from dsv4bisect.run.session import DEFAULT_PROFILE
+
+LEDGER = "ledger.sqlite"  # in the runs root unless asked: shared, so no bisect repeats a trial
 
 
 @dataclass(frozen=True)
-class Asked:
-    """What the command line asked; None: the profile's `bisect` setting (or its default)."""
+class BisectRequest:
+    """What `dsv4bisect bisect` was asked, as one value (the command line builds it; the
+    session runs it). None: the profile's `bisect` setting (or its default)."""
 
-    ledger: Path
+    profile: str = DEFAULT_PROFILE
+    overrides: Overrides = field(default_factory=Overrides)
+    # the question: one profile's ends (`good`, `bad`: patch sets), two configurations, or an
+    # upgrade; `candidates` restricts it
+    good: str | None = None
+    bad: str | None = None
+    candidates: str | None = None
+    good_config: str | None = None
+    bad_config: str | None = None
+    upgrade_from: str | None = None
+    # the search, its trials and their policy
     tier: str | None = None
     confidence: float | None = None
     max_trials: int | None = None
     parallel: int | None = None
-    warn_as: str | None = None
-    drift: str | None = None
+    warn_as: WarnAs | None = None
+    drift: DriftRule | None = None
     test_cmd: str | None = None
     false_fail: float | None = None
     false_pass: float | None = None
@@ -47,15 +66,34 @@ class Asked:
     fresh_launches: bool = False
     confirm: bool = True
     use_cache: bool = True
-    executor: str | None = None
+    microtest_priors: bool | None = None
+    # where trials run
+    executor: Executor | None = None
     ray_address: str | None = None
+    nodes: int | None = None
+    shard: bool = True
+    # what the command does
+    plan_only: bool = False
+    preflight: bool = True
+    resume: Path | None = None
+    runs_root: Path = Path("runs")
+    ledger_path: Path | None = None
+    command: tuple[str, ...] = ()  # argv as typed, for the run file
+
+    @property
+    def ledger(self) -> Path:
+        return self.ledger_path or self.runs_root / LEDGER
+
+    @property
+    def two_configurations(self) -> bool:
+        """The ends are not one profile's patch sets (trials run the good end's profile)."""
+        return bool(self.good_config or self.bad_config or self.upgrade_from)
 
 
 @dataclass(frozen=True)
 class Prepared:
     question: Question
-    placement: dict[str, Any]  # executor, ray_address, node_resource
-    request: RunnerRequest  # what a node (or a resume) rebuilds its runner from
+    request: RunnerRequest  # the run's request, with the trial policy resolved once here
     runner: Runner  # this machine's: the engine runner, or the test command's
     engine: EngineRunner | None  # the engine runner; None with a test command
     noise: Noise
@@ -78,48 +116,71 @@ class Prepared:
         return plan_bisect(self.setup(), trials=trials, compare=compare)
 
 
-def prepare(question: Question, asked: Asked, on_event: EventSink = ignore) -> Prepared:
+def prepare(question: Question, asked: BisectRequest, on_event: EventSink = ignore) -> Prepared:
     cfg = question.bisect
-    placement = {"executor": asked.executor or cfg.executor,
-                 "ray_address": asked.ray_address or cfg.ray_address,
-                 "node_resource": cfg.node_resource}
-    # One machine keeps one pool of hot engines and runs its trials one at a time, so local
-    # rounds of K > 1 launch fresh; on Ray each node keeps its own (docs/cluster.md).
     rounds = asked.parallel if asked.parallel is not None else cfg.parallel
-    hot = not asked.fresh_launches and (placement["executor"] == "ray" or rounds == 1)
-    # Relative by default where it applies: a bad end that only drifts is bisected on drift
-    # against the two ends (docs/bisect.md, "Drift and WARN").
-    drift = asked.drift or cfg.drift or ("relative" if hot and asked.test_cmd is None
-                                         else "absolute")
-    if drift == "relative" and (not hot or asked.test_cmd is not None):
-        raise BisectError("--drift relative judges the sequential trial probe of a hot "
-                          "bisect", "drop --fresh-launches, --parallel K > 1 (local) and "
-                          "--test-cmd, or use --drift absolute")
-    warn_as = asked.warn_as or cfg.warn_as
-    request = RunnerRequest(question.profile, question.good, tuple(question.sets), asked.tier,
-                            asked.use_cache, bad=bad_end(question),
-                            load_time=tuple(question.load_time), hot=hot, warn_as=warn_as,
-                            drift=drift)
+    policy = trial_policy(asked, cfg, rounds)
+    request = RunnerRequest(
+        question.profile, question.good, tuple(question.sets), asked.tier, asked.use_cache,
+        bad=bad_end(question), load_time=tuple(question.load_time), policy=policy,
+        # its working directory is recorded: `--resume` from elsewhere runs it there too
+        test_cmd=asked.test_cmd, test_cwd=os.getcwd() if asked.test_cmd is not None else None,
+        ray_address=asked.ray_address or cfg.ray_address, node_resource=cfg.node_resource,
+        nodes=_node_slots(asked.nodes, rounds, policy), left_out=question.left_out,
+        command=asked.command)
     engine: EngineRunner | None = None
     runner: Runner
     if asked.test_cmd is None:
         runner = engine = node_runner(request, on_event)
     else:
-        # its working directory is recorded: `--resume` from elsewhere runs it there too
-        runner = TestCommandRunner(asked.test_cmd, cwd=os.getcwd())
+        runner = TestCommandRunner(asked.test_cmd, cwd=request.test_cwd)
     measured, durations, details = _history(runner, asked.ledger)
     noise, where = _noise(measured, asked.false_fail, asked.false_pass)
-    costs = _costs(engine, question, noise, details, durations, asked.costs, hot)
+    costs = _costs(engine, question, noise, details, durations, asked.costs, policy.hot)
     spec = BisectSpec(
         candidates=question.candidates, good=question.good, bad=question.bad, noise=noise,
         confidence=asked.confidence if asked.confidence is not None else cfg.confidence,
         max_trials=asked.max_trials if asked.max_trials is not None else cfg.max_trials,
-        parallel=rounds, weights=tier_priors(question), warn_as=warn_as,
+        parallel=rounds, weights=tier_priors(question),
         trial_noise=costs.trial_noise if costs.costs.sequential else None,
         costs=costs.costs,
         # the Ray executor cannot launch fresh: no confirmation to run, price or plan for
-        confirm=asked.confirm and placement["executor"] != "ray")
-    return Prepared(question, placement, request, runner, engine, noise, where, costs, spec)
+        confirm=asked.confirm and policy.executor is not Executor.RAY)
+    return Prepared(question, request, runner, engine, noise, where, costs, spec)
+
+
+def trial_policy(asked: BisectRequest, cfg: BisectSettings, rounds: int) -> TrialPolicy:
+    """The trial policy, resolved once: each field the command line's, else the profile's,
+    else its default (docs/bisect.md, "The trial policy")."""
+    executor = Executor(asked.executor or cfg.executor)
+    # One machine keeps one pool of hot engines and runs its trials one at a time, so local
+    # rounds of K > 1 launch fresh; on Ray each node keeps its own (docs/cluster.md). A test
+    # command runs no engine at all.
+    hot = (asked.test_cmd is None and not asked.fresh_launches
+           and (executor is Executor.RAY or rounds == 1))
+    # Relative by default where it applies: a bad end that only drifts is bisected on drift
+    # against the two ends (docs/bisect.md, "Drift and WARN").
+    drift = DriftRule(asked.drift or cfg.drift
+                      or (DriftRule.RELATIVE if hot else DriftRule.ABSOLUTE))
+    if drift is DriftRule.RELATIVE and not hot:
+        raise BisectError("--drift relative judges the sequential trial probe of a hot "
+                          "bisect", "drop --fresh-launches, --parallel K > 1 (local) and "
+                          "--test-cmd, or use --drift absolute")
+    return TrialPolicy(warn_as=WarnAs(asked.warn_as or cfg.warn_as), drift=drift, hot=hot,
+                       sequential=hot, shard=hot and asked.shard and executor is Executor.RAY,
+                       executor=executor)
+
+
+def _node_slots(nodes: int | None, parallel: int, policy: TrialPolicy) -> int | None:
+    """`--nodes`: the Ray executor's slots, at least the round's trials (`--parallel`)."""
+    if nodes is None:
+        return None
+    if policy.executor is not Executor.RAY:
+        raise ConfigError("--nodes is the Ray executor's", "add --executor ray, or drop --nodes")
+    if nodes < parallel:
+        raise ConfigError(f"--nodes {nodes} is fewer than --parallel {parallel} trials a round",
+                          f"use --nodes {parallel} or more (the extra nodes shard probes)")
+    return nodes
 
 
 def bad_end(q: Question) -> dict[str, str]:

@@ -1,5 +1,9 @@
 """What a bisect is asked: the candidates, the two ends, and the search settings.
 
+How a trial's verdict counts for the search (a drift WARN) is the trial policy's, kept in the
+run's request (dsv4bisect/policy.py); the copy of that rule in settings an older ledger wrote is
+not read.
+
 A configuration is named by the subset S of candidates switched to their bad-end state; every
 other patch keeps its good-end state (so an inert patch left out of the candidates runs as at
 the good end).
@@ -35,7 +39,6 @@ class BisectSpec:
     max_order: int = 2
     weights: Mapping[str, float] = field(default_factory=dict)  # prior weight per candidate
     order_mass: tuple[float, ...] | None = None  # prior mass on singles, pairs (, triples)
-    warn_as: str = "auto"  # how WARN counts: "auto" (as the bad end's own WARN), "fail", "pass"
     design_discount: float = 0.03  # see docs/bisect.md, "Singles first"; 1.0 turns it off
     # The rates the sequential trial probe holds non-end trials to (None: `noise`), and what
     # each step costs (pricing.py; None: the unpriced design). Both steer the design only.
@@ -47,8 +50,6 @@ class BisectSpec:
         # the search's own check, here too: a bad setting is reported before anything runs
         validate_settings(self.candidates, self.noise, self.confidence, self.max_trials,
                           self.parallel, self.max_order, self.design_discount)
-        if self.warn_as not in ("auto", "fail", "pass"):
-            raise BisectError(f"warn_as is `{self.warn_as}`", "use `auto`, `fail` or `pass`")
         for name in self.candidates:
             if self.good.get(name) == self.bad.get(name):
                 raise BisectError(
@@ -95,7 +96,6 @@ class BisectSpec:
             "max_order": self.max_order,
             "weights": dict(self.weights),
             "order_mass": list(self.order_mass) if self.order_mass else None,
-            "warn_as": self.warn_as,
             "design_discount": self.design_discount,
             "trial_noise": _noise_json(self.trial_noise),
             "costs": self.costs.to_json() if self.costs is not None else None,
@@ -131,7 +131,6 @@ class BisectSpec:
             max_order=data["max_order"],
             weights=dict(data["weights"]),
             order_mass=tuple(data["order_mass"]) if data["order_mass"] else None,
-            warn_as=data["warn_as"],
             design_discount=data["design_discount"],
             trial_noise=_noise_of(data.get("trial_noise")),
             costs=StepCosts.from_json(data["costs"]) if data.get("costs") else None,

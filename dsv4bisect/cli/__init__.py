@@ -1,4 +1,4 @@
-"""The `dsv4bisect` command line: Typer on top, one domain call per command.
+"""The `dsv4bisect` command line: Typer on top; a command parses, calls the layers below, renders.
 
 Each command module exposes `register(app)`. A `Dsv4BisectError` becomes `error:` + `hint:` and its
 exit code; Ctrl-C exits 130; anything else is a bug (traceback, exit 70). Importing this module

@@ -1,6 +1,7 @@
-"""The node table of `bisect --plan --executor ray`: the whole bisect on 1, 2 and 4 nodes (and
-the K of `--parallel` where it is another), with every lever and without any, from one
-simulation (bisect/plan/parallel_plan.py; docs/cluster.md, "Reading the node plan")."""
+"""The node table of `bisect --plan --executor ray`, rendered: the whole bisect on 1, 2 and 4
+nodes (and the K of `--parallel` where it is another), with every lever and without any, from
+one simulation (bisect/plan/parallel_plan.py, run by bisect/session.py; docs/cluster.md,
+"Reading the node plan")."""
 
 from __future__ import annotations
 
@@ -9,29 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # numpy and the search: imported when the plan runs, not with the CLI
     from dsv4bisect.bisect.plan.parallel_plan import NodePlan
-    from dsv4bisect.bisect.plan.whole_plan import Setup
-
-# Simulated bisects per row: fewer than the single-node plan's, so that 6-8 rows of rounds of
-# up to K proposals (each scored over 2^K outcome patterns) stay within a few seconds.
-NODE_PLAN_RUNS = 100
-
-
-def node_plan(setup: Setup, asked: int, main_runs: int, runs: int = NODE_PLAN_RUNS) -> NodePlan:
-    """The rows, on the first `runs` culprit sets and outcome streams of the single-node plan
-    of `main_runs` bisects."""
-    from dsv4bisect.bisect.plan.parallel_plan import node_counts, plan_nodes
-
-    return plan_nodes(setup, node_counts(asked), trials=min(runs, main_runs), of=main_runs)
-
-
-def ends_choice(setup: Setup, nodes: int, round_size: int, main_runs: int,
-                runs: int = NODE_PLAN_RUNS) -> str:
-    """How a sharded Ray bisect runs its ends (bisect/rounds.py): the schedule the node plan
-    chooses for these nodes and this round size, on the plan's culprit sets and outcome
-    streams (parallel_plan.choose_ends)."""
-    from dsv4bisect.bisect.plan.parallel_plan import choose_ends
-
-    return choose_ends(setup, nodes, round_size, trials=min(runs, main_runs), of=main_runs)
 
 
 def node_json(plan: NodePlan, asked: int, costs: list[dict[str, Any]]) -> dict[str, Any]:

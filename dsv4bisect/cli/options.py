@@ -59,11 +59,6 @@ def finite(low: float, high: float) -> Callable[..., float | None]:
 ONLY_NONE = "none"  # `--only none`: every patch off, said on purpose (bisect's --good takes it)
 
 
-def only_arg(names: tuple[str, ...]) -> str:
-    """The `--only` value that turns exactly `names` on (`none` for the empty set)."""
-    return ",".join(names) if names else ONLY_NONE
-
-
 def overrides(enable: list[str] | None, disable: list[str] | None, only: str | None,
               sets: list[str] | None) -> Overrides:
     if only is not None and only.strip().lower() == ONLY_NONE:

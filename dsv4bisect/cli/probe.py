@@ -54,7 +54,7 @@ def probe(
         metavar="DIR",
         help="Where to write the runs and verdict (default runs/probe-<UTC time>-<random>).")
     ] = None,
-    warn_as: WarnAsOpt = WarnExit.passed,
+    warn_exit: WarnAsOpt = WarnExit.passed,
     exit_policy: ExitPolicyOpt = ExitPolicy.default,  # cli.main applies it to every exit
 ) -> None:
     """Probe a running server against a baseline and judge it.
@@ -79,7 +79,7 @@ def probe(
     _summary(verdict, session)
     if json_out:
         print(json.dumps(verdict.to_dict(), indent=2))
-    raise typer.Exit(exit_code_as(verdict.verdict, warn_as.value))
+    raise typer.Exit(exit_code_as(verdict.verdict, warn_exit.value))
 
 
 def _with_heatmap(session: ProbeSession) -> Verdict:

@@ -69,7 +69,7 @@ def run(
     disable: Disable = None,
     only: Only = None,
     sets: Set = None,
-    warn_as: WarnAsOpt = WarnExit.passed,
+    warn_exit: WarnAsOpt = WarnExit.passed,  # the exit code of a WARN, not the bisect's rule
     exit_policy: ExitPolicyOpt = ExitPolicy.default,  # cli.main applies it to every exit
     skip_preflight: Annotated[bool, typer.Option(
         "--skip-preflight", help="Launch without checking the engine's Python, SGLang, the "
@@ -91,7 +91,7 @@ def run(
         require(profile, ov)
     request = RunRequest(profile=profile, overrides=ov, tier=tier, seed_block=seed_block,
                          runs_root=out, use_cache=not no_cache,
-                         command=("dsv4bisect", *sys.argv[1:]), warn_as=warn_as.value,
+                         command=("dsv4bisect", *sys.argv[1:]), warn_exit=warn_exit.value,
                          exit_policy=exit_policy.value)
     display = RunDisplay()
     try:
@@ -110,7 +110,7 @@ def run(
         print(json.dumps(redact(outcome.verdict.to_dict(), view.secrets), indent=2))
     elif fmt is Format.md:
         stdout().file.write(render_markdown(view))
-    raise typer.Exit(exit_code_as(outcome.verdict.verdict, warn_as.value))
+    raise typer.Exit(exit_code_as(outcome.verdict.verdict, warn_exit.value))
 
 
 class RunDisplay:

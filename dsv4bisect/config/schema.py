@@ -6,12 +6,14 @@ exist, which processes to start) is decided by `resolve.py`.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.patching.transfer_faults import check_fault
+from dsv4bisect.policy import DriftRule, Executor, WarnAs
 
 SCHEMA_VERSION = 1
 
@@ -57,6 +59,12 @@ def _env_values(value: Any) -> Any:
 
 
 EnvMap = Annotated[dict[str, str], BeforeValidator(_env_values)]
+
+
+def _words(kind: type[Enum]) -> Any:
+    """The values of one of the trial policy's enums as a `Literal` (dsv4bisect/policy.py
+    defines them once; a Literal keeps the profile's field a plain word in the schema)."""
+    return Literal[tuple(e.value for e in kind)]
 
 
 class Strict(BaseModel):
@@ -299,13 +307,13 @@ class BisectSettings(Strict):
     parallel: Annotated[int, Field(ge=1, le=64)] = 1  # trials at once: engines on one node
     # how a drift WARN counts (bisect.md): auto = like the bad end when the bad end itself only
     # drifts, like the good end when the bad end loses facts
-    warn_as: Literal["auto", "fail", "pass"] = "auto"
+    warn_as: _words(WarnAs) = WarnAs.AUTO.value  # type: ignore[valid-type]
     # how a sequential trial's drift is judged: against the ends (relative; the default where a
     # trial is a hot sequential probe) or by the run's gate (absolute); bisect.md
-    drift: Literal["absolute", "relative"] | None = None
+    drift: _words(DriftRule) | None = None  # type: ignore[valid-type]
     priors: dict[str, Annotated[float, Field(gt=0, le=1e6)]] | None = None
     # Where trials run (docs/cluster.md): this machine, or the nodes of a Ray cluster.
-    executor: Literal["local", "ray"] = "local"
+    executor: _words(Executor) = Executor.LOCAL.value  # type: ignore[valid-type]
     ray_address: str | None = None  # HEAD:6379; default: RAY_ADDRESS or the local `ray start`
     # A custom Ray resource each node offers one unit of: one trial slot holds a whole node.
     node_resource: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")] | None = None

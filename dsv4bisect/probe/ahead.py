@@ -94,7 +94,7 @@ def finish_ahead(url: str, ahead: ProbeRun, reference_run: ProbeRun, *,
         client.close()
     total = float(ahead.timing.get(AHEAD, 0.0)) + time.perf_counter() - t0
     timing = {**ahead.timing, "total_s": round(total, 3)}
-    # drift rows are the run's last requests (runner.tasks_of): after every accuracy row
+    # drift rows are the run's last requests (tasks.tasks_of): after every accuracy row
     return replace(ahead, url=url, cases=tuple(cases), rows=tuple(ahead.rows) + tuple(rows),
                    drift=tuple(drift), notes=tuple(notes), timing=timing, path=None)
 

@@ -298,7 +298,7 @@ def decide(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> V.Verdict:
         return V.Verdict(V.CANNOT_TEST, (
             *(non_finite_reason(who, cases) for who, cases in bad_ends),
             "the good end is itself broken, so nothing can be compared with it", *reasons),
-            probe, families, {}, tuple(cells), {}, drift, aa, {})
+            probe, families=families, cells=tuple(cells), drift=drift, aa=aa)
     cand_non_finite = non_finite_cases(cand.rows)
     if cand_non_finite:
         fails.append(non_finite_reason("the candidate", cand_non_finite))
@@ -306,7 +306,7 @@ def decide(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> V.Verdict:
         return V.Verdict(V.CANNOT_TEST, (
             f"the baseline disagrees with its own repeat ({aa['b']} lost, {aa['c']} gained, "
             f"p = {aa['p_value']:.2g}): no stable noise floor", *reasons), probe,
-            families, {}, tuple(cells), {}, drift, aa, {}, **serving)
+            families=families, cells=tuple(cells), drift=drift, aa=aa, **serving)
     signatures = _signature_rule(pairs, fails, reasons)
     overall = _overall(pairs, with_evidence, families, fails, reasons)
     fails += [f"cell {c.cell} ({c.arm}, concurrency {c.concurrency}): lost {c.b}, gained "
@@ -327,8 +327,9 @@ def decide(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> V.Verdict:
         outcome = V.CANNOT_TEST
         reasons.insert(0, "no evidence: the baseline answered too few cases right and there "
                           "is no drift family")
-    return V.Verdict(outcome, (*fails, *reasons), probe, families, overall, tuple(cells),
-                     _with_non_finite(signatures, cand_non_finite), drift, aa, power, **serving)
+    return V.Verdict(outcome, (*fails, *reasons), probe, families=families, overall=overall,
+                     cells=tuple(cells), signatures=_with_non_finite(signatures, cand_non_finite),
+                     drift=drift, aa=aa, power=power, **serving)
 
 
 def _overall(pairs: list[Pair], with_evidence: set[str], families: dict[str, V.FamilyResult],

@@ -8,8 +8,6 @@ applies the verdict rule (`probe/judge.py`) to baseline, A/A repeat and candidat
 
 from __future__ import annotations
 
-import hashlib
-import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +28,7 @@ from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.scoring import score
 from dsv4bisect.probe.shards import Shard, merge, shard_cases
 from dsv4bisect.probe.spec import ProbeSpec
+from dsv4bisect.probe.tasks import Task, submission_order, tasks_of
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.probe.vocab import PROBE_VOCAB
 from dsv4bisect.probe.warmup import pollute
@@ -329,35 +328,6 @@ def collect_sharded(urls: Sequence[str], spec: ProbeSpec, *,
                     raise
                 runs.append(None)
     return merge([run if run is not None else one(i, urls[0]) for i, run in enumerate(runs)])
-
-
-Task = tuple[Case, str, int]  # case, arm, concurrency level
-
-
-def tasks_of(spec: ProbeSpec, cases: list[Case]) -> list[Task]:
-    """Every request of a run, level by level (the thinking arm and drift at level 1)."""
-    accuracy = [c for c in cases if c.family != "drift"]
-    tasks: list[Task] = []
-    for level in spec.concurrency:
-        tasks += [(c, arm, level) for c in accuracy for arm in spec.arms_at(level)
-                  if spec.arm_takes(arm, c.family)]
-        if level == 1 and spec.thinking:
-            tasks += [(c, "think", 1) for c in cases if c.family == "needle"]
-    if 1 not in spec.concurrency and spec.thinking:
-        tasks += [(c, "think", 1) for c in cases if c.family == "needle"]
-    return tasks + [(c, "drift", 1) for c in cases if c.family == "drift"]
-
-
-def submission_order(spec: ProbeSpec, level: int, n: int) -> list[int]:
-    """The order in which a level's n requests are sent: at level 1 the grid's order, above it a
-    shuffle fixed by (seed, seed block, level), so the baseline, its repeat and the candidate
-    send the same requests in the same order and a comparison stays paired."""
-    order = list(range(n))
-    if level > 1:
-        key = f"order:{spec.seed}:{spec.seed_block}:{level}"
-        random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
-                      ).shuffle(order)
-    return order
 
 
 @dataclass

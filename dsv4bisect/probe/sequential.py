@@ -12,12 +12,12 @@ rates the search asks for (docs/probe.md, "The sequential trial probe (inside a 
    failed on hard signatures lost facts: its drift does not decide, its signature cases are
    asked first, and where its accuracy loss alone is too small to differ, a trial that answers
    every one of them without a signature is like good.
-   With `drift_relative` (`bisect --drift relative`) a trial's drift is judged against the ends
-   instead of the `run` gates: a drift whose mean KL is less than half the bad end's (in the
-   bad end's trigger view) is nearer the good end, so it is not a FAIL; where the ends differ
-   only by drift it is like good, and where they differ in accuracy the answers decide. For a
-   baseline at which every kernel change drifts past the gates (NVFP4 W4A4 experts:
-   docs/reference-engine.md) while one change makes the bad end bad.
+   With the policy's relative drift rule (`bisect --drift relative`) a trial's drift is judged
+   against the ends instead of the `run` gates: a drift whose mean KL is less than half the bad
+   end's (in the bad end's trigger view) is nearer the good end, so it is not a FAIL; where the
+   ends differ only by drift it is like good, and where they differ in accuracy the answers
+   decide. For a baseline at which every kernel change drifts past the gates (NVFP4 W4A4
+   experts: docs/reference-engine.md) while one change makes the bad end bad.
 2. Accuracy requests in batches, in a seeded random order across the grid's cells, each case
    weighted by the information one request in its cell carries (the Jeffreys divergence between
    the two hypotheses' predictions there), plus a floor so every cell is eventually drawn: a
@@ -27,7 +27,7 @@ rates the search asks for (docs/probe.md, "The sequential trial probe (inside a 
    a row measured at concurrency 1 alone (a cold request after a cache flush, a warm one turn
    by turn, as the fixed probe sends them), a row measured at concurrency c > 1 with its
    concurrency group: a window of c consecutive requests of that level in the fixed probe's
-   seeded submission order (`runner.submission_order`; a shorter remainder joins the last
+   seeded submission order (`tasks.submission_order`; a shorter remainder joins the last
    window), sent after one cache flush with c in flight in that order, so its batch mates are
    its neighbours in the ends' level (`condition_groups`). A cell is a grid cell under one
    condition (arm, concurrency): a fault that loses answers only when batched is a rate of
@@ -72,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsv4bisect.errors import ConfigError
+from dsv4bisect.policy import DEFAULT_POLICY, TrialPolicy
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.drift import non_finite_reason
 from dsv4bisect.probe.run import ProbeRun
@@ -408,8 +409,9 @@ class SequentialTrial:
     seed: int = 0
     batch: int = DEFAULT_BATCH
     benign: float = BENIGN_FLIP_RATE
-    warn_fails: bool = True  # how the bisect counts a drift WARN (False: --warn-as pass)
-    drift_relative: bool = False  # judge drift against the ends (--drift relative), see above
+    # the bisect's trial policy: how a drift WARN counts where the ends differ only by drift
+    # (there the bad end only drifts), and whether drift is judged against the ends (above)
+    policy: TrialPolicy = DEFAULT_POLICY
     _units: list[tuple[EndCase, ...]] = field(init=False, repr=False)
     _model: _Model = field(init=False, repr=False)
     _next: int = field(default=0, init=False)  # accuracy requests sent
@@ -468,7 +470,8 @@ class SequentialTrial:
         share = drift.share_of(bad)
         shown = "?" if share is None else f"{share:.0%}"
         kl_share = drift.share_of(bad, kl_only=True)
-        nearer_good = self.drift_relative and kl_share is not None and kl_share < DRIFT_LIKE_BAD
+        nearer_good = (self.policy.drift_relative and kl_share is not None
+                       and kl_share < DRIFT_LIKE_BAD)
         if nearer_good:
             shown = f"{kl_share:.0%} (mean KL)"
         if drift.status == "fail" and not nearer_good:
@@ -483,7 +486,7 @@ class SequentialTrial:
                 return self._decide(V.PASS, "drift", f"the ends differ only by drift; the trial's "
                                     f"drift ({drift.status}{where}) is {shown} of the bad end's: "
                                     "nearer the good end (--drift relative)")
-            if not self.warn_fails:  # a WARN counts as PASS: only a drift FAIL (above) fails
+            if not self.policy.warn_fails(bad_end_only_drifts=True):  # only a drift FAIL fails
                 return self._decide(V.PASS, "drift", f"the ends differ only by drift; the trial's "
                                     f"drift is {drift.status.upper()}{where}, which counts as "
                                     "PASS (--warn-as pass)")
@@ -644,11 +647,11 @@ def ends_from_runs(base: ProbeRun, bad: ProbeRun, repeat: ProbeRun | None) -> Tr
 
 def _level_places(run: ProbeRun) -> dict[tuple[str, str, int], tuple[int, int]]:
     """(place in its level's submission order, concurrency group) of every request the fixed
-    probe sent at a level above 1, from the run's spec and cases (`runner.tasks_of`,
-    `runner.submission_order`: the order the baseline, its repeat and the bad end all used).
+    probe sent at a level above 1, from the run's spec and cases (`tasks.tasks_of`,
+    `tasks.submission_order`: the order the baseline, its repeat and the bad end all used).
     A run without its cases (rows alone) keeps its rows' order."""
     from dsv4bisect.probe.run import row_key
-    from dsv4bisect.probe.runner import submission_order, tasks_of
+    from dsv4bisect.probe.tasks import submission_order, tasks_of
 
     spec = run.spec
     every = tasks_of(spec, list(run.cases))

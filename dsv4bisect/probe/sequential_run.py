@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from dsv4bisect.base.atomic import write_json
 from dsv4bisect.errors import ConfigError
+from dsv4bisect.policy import DEFAULT_POLICY, TrialPolicy
 from dsv4bisect.probe.client import ProbeClient
 from dsv4bisect.probe.drift import non_finite_cases
 from dsv4bisect.probe.judge import drift_check
@@ -79,7 +80,7 @@ class SequentialResult:
                         "seed_block": spec.seed_block, "sequential": True},
                        overall={"sequential": d.to_dict()},
                        drift={"status": drift.get("status"), "trigger": drift},
-                       error_rates=(d.false_fail, d.false_pass))
+                       error_rates=(d.false_fail, d.false_pass), decided_by=d.decided_by)
 
     def save(self, directory: str | os.PathLike[str]) -> SequentialResult:
         """The rows as a probe run directory, plus `sequential.json`."""
@@ -93,8 +94,8 @@ def run_sequential(url: str | Sequence[str], base: ProbeRun, bad: ProbeRun,
                    repeat: ProbeRun | None, *,
                    false_fail: float, false_pass: float, seed: int = 0,
                    batch: int = DEFAULT_BATCH, api_key: str | None = None,
-                   model: str | None = None, warn_fails: bool = True,
-                   drift_relative: bool = False) -> SequentialResult:
+                   model: str | None = None,
+                   policy: TrialPolicy = DEFAULT_POLICY) -> SequentialResult:
     """Probe the trial at `url` sequentially against the ends `base` (good), `bad`, `repeat`.
 
     Every request is sent under the condition the ends measured it in: a concurrency-1 row
@@ -116,8 +117,7 @@ def run_sequential(url: str | Sequence[str], base: ProbeRun, bad: ProbeRun,
         raise ConfigError("no server to probe", "give the trial's url (or its shards' urls)")
     spec = base.spec
     test = SequentialTrial(ends_from_runs(base, bad, repeat), false_fail, false_pass,
-                           seed=seed, batch=batch, warn_fails=warn_fails,
-                           drift_relative=drift_relative)
+                           seed=seed, batch=batch, policy=policy)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     clients = [ProbeClient(u, api_key=api_key, timeout_s=spec.timeout_s, retries=spec.retries,

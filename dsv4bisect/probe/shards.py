@@ -58,7 +58,7 @@ class Shard:
 def case_work(spec: ProbeSpec, case: Case) -> int:
     """Prompt tokens of every request of `case` in a full probe (each arm at each concurrency
     level, the thinking arm, its drift transcript): the work its shard takes on."""
-    from dsv4bisect.probe.runner import tasks_of
+    from dsv4bisect.probe.tasks import tasks_of
 
     return sum(c.prompt_tokens for c, _, _ in tasks_of(spec, [case]))
 
@@ -100,7 +100,7 @@ def merge(runs: Sequence[ProbeRun]) -> ProbeRun:
     """One probe run from the runs of every shard of one probe (any order). Refuses a missing,
     repeated or foreign shard, shards with other cases or specs, and a request in two shards
     or in a shard that does not own its case."""
-    from dsv4bisect.probe.runner import tasks_of
+    from dsv4bisect.probe.tasks import tasks_of
 
     if not runs:
         raise ConfigError("no shard to merge", _HINT)

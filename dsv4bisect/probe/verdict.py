@@ -114,6 +114,9 @@ class Verdict:
     conditions: dict[str, Any] = field(default_factory=dict)
     # {"baseline"|"candidate": {level: {requests, tokens, wall_s, requests_per_s, tokens_per_s}}}
     throughput: dict[str, Any] = field(default_factory=dict)
+    # what decided a sequential trial probe's verdict (drift | signatures | accuracy | cap |
+    # ends; also under overall.sequential in the JSON); None: the fixed probe
+    decided_by: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -143,16 +146,18 @@ class Verdict:
                    d.get("signatures", {}), d.get("drift", {}), d.get("aa", {}),
                    d.get("power", {}), d.get("evidence", {}),
                    _rates(d.get("overall", {}).get("sequential")),
-                   conditions=d.get("conditions", {}), throughput=d.get("throughput", {}))
+                   conditions=d.get("conditions", {}), throughput=d.get("throughput", {}),
+                   decided_by=(d.get("overall", {}).get("sequential") or {}).get("decided_by"))
 
 
-def exit_code_as(verdict: str, warn_as: str = "pass") -> int:
-    """The process exit code of a verdict when a drift WARN counts as `warn_as`: `pass` (0, the
+def exit_code_as(verdict: str, warn_exit: str = "pass") -> int:
+    """The process exit code of a verdict when a drift WARN exits as `warn_exit` (`run
+    --warn-as`; a bisect's rule for a WARN is its trial policy's): `pass` (0, the
     default: `git bisect run` then lands on the commit that loses facts, not on one that only
     drifts), `warn` (4, the verdict's own code) or `fail` (1)."""
     if verdict != WARN:
         return int(EXIT_CODES[verdict])
-    return int({"pass": ExitCode.OK, "warn": ExitCode.WARN, "fail": ExitCode.FAIL}[warn_as])
+    return int({"pass": ExitCode.OK, "warn": ExitCode.WARN, "fail": ExitCode.FAIL}[warn_exit])
 
 
 def _rates(sequential: dict[str, Any] | None) -> tuple[float, float] | None:

@@ -355,9 +355,6 @@ class Numerics:
             precision,
         )
 
-    def with_nvfp4_layers(self, layers: frozenset[int] | None) -> Numerics:
-        return replace(self, nvfp4_layers=layers)
-
     @property
     def deployment(self) -> bool:
         return self.precision == "deployment"

@@ -77,11 +77,6 @@ def sidecar_names(name: str) -> dict[str, str]:
     return {role: f"{base}.{role}" for role in SIDECARS}
 
 
-def is_sidecar(name: str) -> bool:
-    leaf = name.rsplit(".", 1)[-1]
-    return leaf in SIDECARS and leaf != "weight"
-
-
 def classify(name: str, dtype: torch.dtype, shape: tuple[int, ...],
              sidecars: Mapping[str, tuple[torch.dtype, tuple[int, ...]]]) -> str:
     """The stored format of weight `name` from its dtype/shape and its sidecars' (role ->

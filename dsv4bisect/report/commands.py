@@ -101,12 +101,12 @@ def exit_words(view: RunView) -> str:
     how = run.get("exit")
     if not isinstance(how, dict) or not isinstance(own, int):
         return f"the verdict's code {own}" if v is not None else f"exit code {own}"
-    warn_as, policy = str(how.get("warn_as", "pass")), str(how.get("policy", "default"))
-    code = exit_code_as(v.verdict, warn_as) if v is not None else own
+    warn_exit, policy = str(how.get("warn_as", "pass")), str(how.get("policy", "default"))
+    code = exit_code_as(v.verdict, warn_exit) if v is not None else own
     final = policy_exit(code, policy)
     if final == own:
         return f"exit {final}"
-    why = (f"a drift WARN under `--warn-as {warn_as}`" if v is not None and code != own else
+    why = (f"a drift WARN under `--warn-as {warn_exit}`" if v is not None and code != own else
            "nothing was measured: `--exit-policy git-bisect`")
     keeps = "verdict.json keeps the verdict's" if v is not None else "the error's"
     return f"exit {final} ({why}; {keeps} code {own})"

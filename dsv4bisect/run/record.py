@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import dsv4bisect
-from dsv4bisect.base.bounded import json_object, load_json
+from dsv4bisect.base.bounded import load_json
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import Overrides
 from dsv4bisect.engines import procfs
@@ -145,12 +145,6 @@ class RunRecord:
     def save(self) -> None:
         with self.lock:
             write_json(self.path, self.doc)
-
-
-def load_record(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / RUN_FILE
-    return json_object(load_json(path, "run"), str(path), "a run record",
-                       "was this directory written by `dsv4bisect run`?")
 
 
 # run.json of a `run`, and of each trial of a bisect, under a runs root.

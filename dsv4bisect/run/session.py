@@ -42,7 +42,7 @@ class RunRequest:
     command: tuple[str, ...] = ()  # argv as typed, for run.json
     # how the command exits (run.json `exit`, so report.md says the exit the process had):
     # a drift WARN's code (probe.verdict.exit_code_as) and the exit policy (errors.policy_exit)
-    warn_as: str = "pass"
+    warn_exit: str = "pass"  # --warn-as; run.json keeps it as `warn_as`
     exit_policy: str = "default"
 
 
@@ -74,7 +74,7 @@ def run(request: RunRequest, on_event: EventSink = ignore) -> RunOutcome:
         run_dir, command=list(request.command), profile=request.profile,
         overrides=request.overrides, good_overrides=ends.good_overrides,
         use_cache=request.use_cache, spec=spec, good=ends.good, candidate=ends.candidate)
-    record.set("exit", {"warn_as": request.warn_as, "policy": request.exit_policy})
+    record.set("exit", {"warn_as": request.warn_exit, "policy": request.exit_policy})
     on_event(Notice(f"run directory: {run_dir}", run_dir=str(run_dir)))
     trial = Trial(ends, spec, run_dir, record, Supervisor(), on_event, api_key, request.use_cache)
     return RunOutcome(run_dir, finish(run_dir, record, trial, judge_trial(trial, record)))

@@ -81,7 +81,7 @@ def main() -> None:
     from dsv4bisect.bisect.config_question import config_question
     from dsv4bisect.bisect.plan.simulate import draw_culprits, search_memo, simulate
     from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
-    from dsv4bisect.bisect.setup import Asked, prepare
+    from dsv4bisect.bisect.setup import BisectRequest, prepare
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, nargs="+", default=[20, 30, 40])
@@ -95,7 +95,7 @@ def main() -> None:
         for n in args.n:
             a, b = profile_pair(Path(tmp), n, args.release, args.even)
             q = config_question(a, b)
-            prep = prepare(q, Asked(Path(tmp) / "none.sqlite"))
+            prep = prepare(q, BisectRequest(ledger_path=Path(tmp) / "none.sqlite"))
             tiered = prep.setup()
             flat_setup = replace(tiered, weights={}, base_weights={})
             tiers = {}

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from dsv4bisect.bisect.cluster import shared_ends as se
 from dsv4bisect.bisect.question import resolve_question
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.bisect.trials import shared_ends as se
+from dsv4bisect.bisect.trials.hot_runner import HOT_POLICY as HOT
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.cli.options import overrides
 from dsv4bisect.probe.run import ProbeRun
@@ -31,7 +32,7 @@ def test_a_bad_end_started_ahead_on_two_engines_is_its_one_node_trial(tmp_path: 
 
     def runner():
         return node_runner(RunnerRequest(q.profile, q.good, tuple(q.sets), "ci", False, bad=bad,
-                                         load_time=tuple(q.load_time), hot=True))
+                                         load_time=tuple(q.load_time), policy=HOT))
 
     a, b, c = runner(), runner(), runner()
     driver = se.DriverEnds(tmp_path / "driver")

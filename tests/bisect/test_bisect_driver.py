@@ -20,6 +20,7 @@ from dsv4bisect.bisect.search.search import Status
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.bisect.trials.runner import CRASH, FreshLaunch, Runner, TrialResult, TrialRunner
 from dsv4bisect.errors import BisectError
+from dsv4bisect.policy import TrialPolicy, WarnAs
 from dsv4bisect.probe import verdict as V
 
 NAMES = ("a", "b", "c", "d", "e", "f", "g", "h")
@@ -71,9 +72,8 @@ class OracleRunner(TrialRunner):
         fails = self.culprits <= on
         flip = rng.random() < (self.noise.false_pass if fails else self.noise.false_fail)
         verdict = V.FAIL if fails != flip else V.PASS
-        return TrialResult(
-            verdict, None, 1.0, {"on": sorted(on)}, throughput=42.0, aa_verdicts=self.aa
-        )
+        return TrialResult(verdict, duration_s=1.0, details={"on": sorted(on)}, throughput=42.0,
+                           aa_verdicts=self.aa)
 
 
 def spec(**kwargs) -> BisectSpec:
@@ -119,7 +119,7 @@ def test_a_second_bisect_reuses_every_finished_trial(ledger, tmp_path):
 
 
 def test_warn_counts_as_fail_unless_told_otherwise(ledger, tmp_path):
-    warn = TrialResult(V.WARN, None, 1.0)
+    warn = TrialResult(V.WARN, duration_s=1.0)
 
     def runner():
         r = OracleRunner({"none of them"})
@@ -130,7 +130,8 @@ def test_warn_counts_as_fail_unless_told_otherwise(ledger, tmp_path):
     assert out.result.culprits == {"e"}
     other = OracleRunner({"none of them"}, probe="oracle-v2")
     other.verdicts = runner().verdicts
-    out = start_bisect(spec(warn_as="pass"), other, ledger, tmp_path / "pass")
+    out = start_bisect(spec(), other, ledger, tmp_path / "pass",
+                       policy=TrialPolicy(warn_as=WarnAs.PASS))
     assert out.result.status is Status.BAD_END_PASSES
 
 
@@ -143,7 +144,7 @@ def _supersets(core: set[str]) -> list[frozenset[str]]:
 
 
 def test_cannot_test_is_retried_once_then_skipped(ledger, tmp_path):
-    infra = TrialResult(V.CANNOT_TEST, None, 1.0, {"why": "port busy"})
+    infra = TrialResult(V.CANNOT_TEST, duration_s=1.0, details={"why": "port busy"})
     runner = OracleRunner({"b"})
     flaky = frozenset("abcd")  # fails to launch once, then works
     dead = frozenset("efgh")  # never launches
@@ -158,7 +159,7 @@ def test_cannot_test_is_retried_once_then_skipped(ledger, tmp_path):
 
 
 def test_a_patch_that_crashes_the_engine_is_the_culprit(ledger, tmp_path):
-    crash = TrialResult(V.CANNOT_TEST, CRASH, 1.0)
+    crash = TrialResult(V.CANNOT_TEST, signature=CRASH, duration_s=1.0)
     runner = OracleRunner({"none of them"})
     runner.verdicts = {s: [crash, crash] for s in _supersets({"g"})}
     out = start_bisect(spec(), runner, ledger, tmp_path / "run")
@@ -168,7 +169,7 @@ def test_a_patch_that_crashes_the_engine_is_the_culprit(ledger, tmp_path):
 
 
 def test_a_good_end_that_crashes_cannot_be_tested(ledger, tmp_path):
-    crash = TrialResult(V.CANNOT_TEST, CRASH, 1.0)
+    crash = TrialResult(V.CANNOT_TEST, signature=CRASH, duration_s=1.0)
     runner = OracleRunner({"a"})
     runner.verdicts = {frozenset(): [crash, crash]}
     out = start_bisect(spec(), runner, ledger, tmp_path / "run")
@@ -285,7 +286,7 @@ class HotOracle(OracleRunner):
     def run(self, patches, seed_block, trial_dir):
         result = super().run(patches, seed_block, trial_dir)
         fresh = frozenset(patches) in self.launched_for
-        return TrialResult(result.verdict, None, 1.0, {"fresh_launch": fresh})
+        return TrialResult(result.verdict, duration_s=1.0, details={"fresh_launch": fresh})
 
     def confirm(self, patches, seed_block, trial_dir):
         self.confirmed.append(frozenset(patches))
@@ -322,7 +323,7 @@ class AnyOfRunner(OracleRunner):
         on = frozenset(patches)
         with self.lock:
             self.calls.append((on, seed_block))
-        return TrialResult(V.FAIL if on & self.culprits else V.PASS, None, 1.0, {})
+        return TrialResult(V.FAIL if on & self.culprits else V.PASS, duration_s=1.0)
 
 
 def test_three_independently_failing_patches_are_named_as_several(ledger, tmp_path):
@@ -341,7 +342,7 @@ def test_three_independently_failing_patches_are_named_as_several(ledger, tmp_pa
 def test_by_default_a_warn_is_like_good_when_the_bad_end_loses_facts(ledger, tmp_path):
     # "c" loses facts (FAIL); "e" only drifts (WARN wherever it is on without "c").
     runner = OracleRunner({"c"})
-    runner.verdicts = {s: [TrialResult(V.WARN, None, 1.0)] for s in _supersets({"e"})
+    runner.verdicts = {s: [TrialResult(V.WARN, duration_s=1.0)] for s in _supersets({"e"})
                        if "c" not in s}
     out = start_bisect(spec(), runner, ledger, tmp_path / "run")
     assert out.result.status is Status.FOUND and out.result.culprits == {"c"}

@@ -107,7 +107,7 @@ def test_a_pool_of_two_keeps_both_engines_and_fresh_mode_launches_every_trial():
 
 
 def test_the_pool_stops_the_least_recently_used_engine_as_the_hot_runner_does():
-    # EngineSlots is the hot runner's pool policy too (trials/hot_engines.py): a switch into
+    # EngineSlots is the hot runner's pool policy too (trials/engine_pool.py): a switch into
     # an engine refreshes it, so the launch of {b} stops {a}'s engine, not the older ∅'s
     two = CostTracker(replace(SGLANG, pool=2, paired=False, sequential=False), frozenset(NAMES))
     for subset in (frozenset(), frozenset({"a"}), frozenset({"d"}), frozenset({"b"})):

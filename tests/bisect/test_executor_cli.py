@@ -29,11 +29,12 @@ def test_executor_ray_without_ray_is_one_error_line_and_writes_nothing(tmp_path:
 
 
 def test_only_the_ray_executor_imports_ray() -> None:
+    # the executor and its pool of node slots; both imported only when `ray` is chosen
     package = Path(__file__).parents[2] / "dsv4bisect"
     importers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
                        if any(line.lstrip().startswith(("import ray", "from ray"))
                               for line in p.read_text().splitlines()))
-    assert importers == ["bisect/cluster/ray_executor.py"]
+    assert importers == ["bisect/cluster/ray_executor.py", "bisect/cluster/slots.py"]
     code = ("import sys, dsv4bisect.bisect.cluster.executors; from dsv4bisect.cli import app; "
             "import dsv4bisect.bisect.cluster.remote_trial, dsv4bisect.engines.reaper; "
             "print([m for m in ('ray', 'torch') if m in sys.modules])")

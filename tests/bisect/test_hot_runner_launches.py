@@ -11,6 +11,7 @@ import pytest
 
 from dsv4bisect.bisect.question import resolve_question
 from dsv4bisect.bisect.spec import BisectSpec
+from dsv4bisect.bisect.trials.hot_runner import HOT_POLICY as HOT
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.cli.options import overrides
 
@@ -26,7 +27,7 @@ def test_a_new_load_time_state_launches_in_the_trial_configuration(tmp_path: Pat
     spec = BisectSpec(candidates=q.candidates, good=q.good, bad=q.bad)
     runner = node_runner(RunnerRequest(q.profile, q.good, tuple(q.sets), "ci", False,
                                        bad=spec.patches_for(frozenset(q.candidates)),
-                                       load_time=tuple(q.load_time), hot=True))
+                                       load_time=tuple(q.load_time), policy=HOT))
     trials = tmp_path / "trials"
 
     def run(subset: set[str], n: int) -> dict:

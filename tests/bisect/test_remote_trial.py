@@ -12,6 +12,7 @@ from dsv4bisect.bisect.cluster import remote_trial as rt
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.trials.runner import TrialResult
 from dsv4bisect.errors import EngineError
+from dsv4bisect.policy import DriftRule, TrialPolicy
 from dsv4bisect.probe import verdict as V
 
 NODE = "gpu-07 (10.0.0.7, node 1a2b3c4d)"
@@ -23,10 +24,12 @@ def test_archive_round_trip_and_paths_moved_to_the_driver(tmp_path: Path) -> Non
     (node_dir / "run" / "verdict.json").write_text('{"verdict": "FAIL"}\n')
     (node_dir / "run" / "candidate" / "logs" / "server.log").write_text("log\n")
     log = str(node_dir / "run" / "candidate" / "logs" / "server.log")
-    result = TrialResult(V.FAIL, "drift", 12.5, {"run_dir": str(node_dir / "run"),
-                                                       "other": str(tmp_path / "elsewhere")},
-                         88.0, log, (V.PASS,), error_rates=(0.01, 0.02), requests=40)
-    reply = {"result": rt.result_json(result), "node_dir": str(node_dir),
+    result = TrialResult(V.FAIL, signature="drift", duration_s=12.5,
+                         details={"run_dir": str(node_dir / "run"),
+                                  "other": str(tmp_path / "elsewhere")},
+                         throughput=88.0, log_path=log, aa_verdicts=(V.PASS,),
+                         error_rates=(0.01, 0.02), requests=40)
+    reply = {"result": result.to_json(), "node_dir": str(node_dir),
              "archive": rt.pack(node_dir), "node": {"name": NODE, "started": 1.0,
                                                    "finished": 2.0}}
     driver_dir = tmp_path / "driver" / "trials" / "003-abc-b0-a1"
@@ -77,8 +80,9 @@ def test_a_verdict_judged_against_the_two_ends_is_keyed_by_the_bad_end_too() -> 
     """A trial whose drift is judged relative to the ends measures something else in a bisect
     with another bad end: its ledger key differs, so no other bisect's verdict is reused."""
     def probe_hash(bad: dict[str, str], drift: str) -> str:
+        policy = TrialPolicy(drift=DriftRule(drift), hot=True, sequential=True)
         return node_runner(RunnerRequest("reference-all", {}, (), "ci", bad=bad,
-                                         hot=True, drift=drift)).probe_hash
+                                         policy=policy)).probe_hash
 
     double = {"hash-topk-scaling": "double-scale"}
     merge = {"mma-decode": "merge-no-rescale"}

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.question import resolve_question
 from dsv4bisect.bisect.spec import BisectSpec
+from dsv4bisect.bisect.trials.hot_runner import HOT_POLICY as HOT
+from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.cli.options import overrides
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -23,7 +24,7 @@ def test_the_good_end_at_seed_blocks_0_to_3_on_the_smoke_tier(tmp_path: Path) ->
     spec = BisectSpec(candidates=q.candidates, good=q.good, bad=q.bad)
     runner = node_runner(RunnerRequest(q.profile, q.good, tuple(q.sets), "smoke", False,
                                        bad=spec.patches_for(frozenset(q.candidates)),
-                                       load_time=tuple(q.load_time), hot=True))
+                                       load_time=tuple(q.load_time), policy=HOT))
     good = spec.patches_for(frozenset())
     verdicts = {}
     try:

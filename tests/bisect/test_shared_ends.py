@@ -1,4 +1,4 @@
-"""Ends measured on one node serve every node (trials/shared_ends.py, HotEngineRunner.adopt_ends):
+"""Ends measured on one node serve every node (cluster/shared_ends.py, HotEngineRunner.adopt_ends):
 the checks an adoption makes, and on the embedded engine a runner that adopts another runner's
 ends and then probes a trial sequentially without measuring the good end, as a second Ray node
 does, with the ends going through the driver's copy as files."""
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from dsv4bisect.bisect.cluster import shared_ends as se
 from dsv4bisect.bisect.question import resolve_question
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.bisect.trials import shared_ends as se
+from dsv4bisect.bisect.trials.hot_runner import HOT_POLICY as HOT
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.cli.options import overrides
 from dsv4bisect.errors import BisectError, ConfigError
@@ -24,7 +25,7 @@ N = re.escape(NODE)
 
 
 def _runner(good: dict[str, str] | None = None, tier: str = "ci"):
-    return node_runner(RunnerRequest("reference-all", good or {}, (), tier, False, hot=True))
+    return node_runner(RunnerRequest("reference-all", good or {}, (), tier, False, policy=HOT))
 
 
 def _run(runner, block: int) -> ProbeRun:
@@ -80,8 +81,8 @@ def test_the_drivers_copy_keeps_the_first_of_each_end_and_sends_what_a_node_lack
     with pytest.raises(BisectError, match="good end"):
         driver.keep(se.pack_ends(node_ends, ["b0/bad"], good="e" * 32, node="x"))
     # a resume's driver reads the same copy
-    assert se.DriverEnds(tmp_path / "driver").names() == {"b0/baseline", "b0/baseline-repeat",
-                                                          "b0/bad"}
+    kept = se.DriverEnds(tmp_path / "driver").index()
+    assert kept is not None and set(kept.ends) == {"b0/baseline", "b0/baseline-repeat", "b0/bad"}
 
 
 @pytest.mark.e2e
@@ -97,7 +98,7 @@ def test_a_runner_with_adopted_ends_probes_sequentially_and_measures_no_good_end
     def runner():
         return node_runner(RunnerRequest(q.profile, q.good, tuple(q.sets), "ci", False,
                                          bad=spec.patches_for(frozenset(q.candidates)),
-                                         load_time=tuple(q.load_time), hot=True))
+                                         load_time=tuple(q.load_time), policy=HOT))
 
     first, second = runner(), runner()
     driver = se.DriverEnds(tmp_path / "driver")

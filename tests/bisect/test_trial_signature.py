@@ -8,9 +8,8 @@ from dsv4bisect.probe import verdict as V
 
 def _verdict(verdict: str, drift: str = "pass", decided: str | None = None,
              signatures: dict | None = None) -> V.Verdict:
-    overall = {"sequential": {"decided_by": decided}} if decided else {}
-    return V.Verdict(verdict, ("r",), {}, overall=overall, drift={"status": drift},
-                     signatures=signatures or {})
+    return V.Verdict(verdict, ("r",), {}, drift={"status": drift},
+                     signatures=signatures or {}, decided_by=decided)
 
 
 def test_a_sequential_trial_is_labelled_by_what_decided_it() -> None:

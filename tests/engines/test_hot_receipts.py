@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dsv4bisect import env as envvars
-from dsv4bisect.bisect.trials.hot_engines import with_env
+from dsv4bisect.bisect.trials.engine_pool import with_env
 from dsv4bisect.config.resolve import Overrides, resolve
 from dsv4bisect.engines.receipts import HOT_RECEIPT, check_receipts
 from dsv4bisect.errors import PatchError

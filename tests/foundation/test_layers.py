@@ -142,3 +142,100 @@ def test_every_bisect_subpackage_is_on_the_map():
     text = _map()
     subs = [p.name for p in (PACKAGE / "bisect").iterdir() if (p / "__init__.py").exists()]
     assert all(f"{s}/" in text for s in subs), subs
+
+
+def _map_blocks() -> dict[str, str]:
+    """Each row of the map with its continuation lines, by the row's package or module."""
+    blocks: dict[str, str] = {}
+    row = None
+    for line in _map().splitlines():
+        if line and not line.startswith((" ", "-")):
+            row = line.split()[0].rstrip("/").removesuffix(".py")
+            blocks[row] = ""
+        if row is not None:
+            blocks[row] += line + "\n"
+    return blocks
+
+
+def _product_files() -> list[tuple[str, Path]]:
+    """Every product file with the map row it belongs on: a package's files (its subpackages'
+    too) on the package's row, a top-level module on its own, patches/ and kernels/ on theirs."""
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if (PACKAGE / rel.parts[0]).is_symlink() or path.name == "__init__.py":
+            continue  # a checkout that links kernels/, patches/ (their own rows, below)
+        out.append((rel.parts[0].removesuffix(".py"), path))
+    for folder in ("patches", "kernels"):
+        out += [(folder, p) for p in sorted((ROOT / folder).glob("*.py"))
+                if p.name != "__init__.py"]
+    return out
+
+
+def test_every_product_file_is_on_the_map():
+    # the other way round from test_every_file_and_folder_the_map_names_exists: a file
+    # nobody put on the map is a module a newcomer cannot find
+    blocks = _map_blocks()
+    missing = [str(p.relative_to(ROOT)) for row, p in _product_files()
+               if row not in blocks or (row != p.stem and not re.search(
+                   rf"(?<![\w/]){re.escape(p.name)}", blocks[row]))]
+    assert not missing, missing
+
+
+BISECT = CONFIG["contracts"][1]
+
+
+def test_every_bisect_module_has_a_layer_inside_the_bisect():
+    assert BISECT["containers"] == ["dsv4bisect.bisect"]
+    placed = {name for layer in BISECT["layers"] for name in re.split(r"\s*[:|]\s*", layer)}
+    here = {p.stem for p in (PACKAGE / "bisect").glob("*.py")} - {"__init__"}
+    here |= {p.name for p in (PACKAGE / "bisect").iterdir() if (p / "__init__.py").exists()}
+    assert here == placed, (sorted(here - placed), sorted(placed - here))
+
+
+# torch, triton and sglang: where docs/architecture.md says they are imported
+HEAVY = ("torch", "triton", "sglang")
+HEAVY_PACKAGES = ("reference", "kernels", "microtest", "plugin", "sglang_hooks")
+HEAVY_LAZILY = ("cli/bisect_priors.py",)  # inside a function: the device of the microtest
+HEAVY_LAZILY_ROWS = ("patches",)  # a patch's swap bodies: loading the registry imports none
+
+
+def _heavy(nodes: list[ast.stmt]) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.Module(body=nodes, type_ignores=[])):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found & set(HEAVY)
+
+
+def _run_on_import(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements importing the module runs: not a function's (a class's methods
+    included), not an `if TYPE_CHECKING:` block (annotations only)."""
+    out: list[ast.stmt] = []
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or (
+                isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)):
+            continue
+        if isinstance(node, ast.ClassDef):
+            out += _run_on_import(node.body)
+        else:
+            out.append(node)
+    return out
+
+
+def test_torch_triton_and_sglang_are_imported_only_where_the_map_says():
+    wrong = []
+    for row, path in _product_files():
+        if row in HEAVY_PACKAGES:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef,
+                                                             ast.AsyncFunctionDef))]
+        top = _run_on_import(tree.body)
+        rel = str(path.relative_to(PACKAGE if path.is_relative_to(PACKAGE) else ROOT))
+        lazily = rel in HEAVY_LAZILY or row in HEAVY_LAZILY_ROWS
+        if _heavy(top) or (_heavy(funcs) and not lazily):
+            wrong.append(rel)
+    assert not wrong, wrong

@@ -12,7 +12,8 @@ from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.conditions import family_conditions, throughput_lines
 from dsv4bisect.probe.grid import Case, Cell
 from dsv4bisect.probe.run import ProbeRun, row_key
-from dsv4bisect.probe.runner import judge, submission_order, tasks_of
+from dsv4bisect.probe.runner import judge
+from dsv4bisect.probe.tasks import submission_order, tasks_of
 from dsv4bisect.probe.sequential import ends_from_runs
 from dsv4bisect.probe.spec import ProbeSpec, tier_spec, with_concurrency
 from dsv4bisect.probe.verdict import Verdict

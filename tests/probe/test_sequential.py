@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dsv4bisect.policy import DriftRule, TrialPolicy, WarnAs
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.sequential import (
     DriftFigures,
@@ -22,6 +23,9 @@ from dsv4bisect.probe.sequential import (
 )
 from dsv4bisect.probe.sequential_plan import plan_trial
 from dsv4bisect.probe.spec import tier_spec
+
+WARN_PASSES = TrialPolicy(warn_as=WarnAs.PASS)  # `--warn-as pass`
+RELATIVE = TrialPolicy(drift=DriftRule.RELATIVE)  # `--drift relative`
 
 PASS_DRIFT = DriftFigures("pass", "all positions", 0.0, 1.0, {"all positions": (0.0, 1.0)})
 FAIL_DRIFT = DriftFigures("fail", "all positions", 0.15, 0.31, {"all positions": (0.15, 0.31)})
@@ -110,9 +114,9 @@ def test_drift_only_ends_are_decided_by_drift() -> None:
     assert d is not None and d.verdict == "BETWEEN"  # neither end's drift: never a pass
     # --warn-as pass: a WARN counts as PASS, as in the full probe; a drift FAIL still fails
     fail_ends = make_ends(loss_every=0, bad_drift=FAIL_DRIFT)
-    d = SequentialTrial(fail_ends, 0.05, 0.05, warn_fails=False).observe_drift(similar)
+    d = SequentialTrial(fail_ends, 0.05, 0.05, policy=WARN_PASSES).observe_drift(similar)
     assert d is not None and d.verdict == "PASS"
-    d = SequentialTrial(fail_ends, 0.05, 0.05, warn_fails=False).observe_drift(FAIL_DRIFT)
+    d = SequentialTrial(fail_ends, 0.05, 0.05, policy=WARN_PASSES).observe_drift(FAIL_DRIFT)
     assert d is not None and d.verdict == "FAIL"
 
 
@@ -123,10 +127,10 @@ def test_relative_drift_judges_a_trial_by_the_nearer_end() -> None:
     fault = DriftFigures("fail", "all positions", 0.7, 0.84, {"all positions": (0.7, 0.84)})
     drift_only = make_ends(loss_every=0, bad_drift=bad)
     assert SequentialTrial(drift_only, 0.05, 0.05).observe_drift(benign).verdict == "FAIL"
-    d = SequentialTrial(drift_only, 0.05, 0.05, drift_relative=True).observe_drift(benign)
+    d = SequentialTrial(drift_only, 0.05, 0.05, policy=RELATIVE).observe_drift(benign)
     assert d is not None and d.verdict == "PASS"
     assert any("nearer the good end" in r for r in d.reasons)
-    d = SequentialTrial(drift_only, 0.05, 0.05, drift_relative=True).observe_drift(fault)
+    d = SequentialTrial(drift_only, 0.05, 0.05, policy=RELATIVE).observe_drift(fault)
     assert d is not None and d.verdict == "FAIL"  # 78 % of the bad end's: like it
     # measured at deployment (bisect of reference-all + double-scale, positions 1024-2047): the
     # bad end without the fault has a third of its KL but half its top-1 shortfall, because
@@ -135,17 +139,17 @@ def test_relative_drift_judges_a_trial_by_the_nearer_end() -> None:
     rest = DriftFigures("fail", "all positions", 0.275, 0.909, {"all positions": (0.275, 0.909)})
     assert rest.share_of(bad_end) > 0.5 > rest.share_of(bad_end, kl_only=True)
     d = SequentialTrial(make_ends(loss_every=0, bad_drift=bad_end), 0.05, 0.05,
-                        drift_relative=True).observe_drift(rest)
+                        policy=RELATIVE).observe_drift(rest)
     assert d is not None and d.verdict == "PASS"
     # ends that differ in accuracy: a benign drift FAIL no longer decides, the answers do
     lossy = make_ends(bad_drift=bad)
-    test = SequentialTrial(lossy, 0.05, 0.05, drift_relative=True)
+    test = SequentialTrial(lossy, 0.05, 0.05, policy=RELATIVE)
     assert test.observe_drift(benign) is None
     right = {c.key: (c.good_right, ()) for c in lossy.cases}  # answers like the good end's
-    d = run_offline(SequentialTrial(lossy, 0.05, 0.05, drift_relative=True), benign, right)
+    d = run_offline(SequentialTrial(lossy, 0.05, 0.05, policy=RELATIVE), benign, right)
     assert d.verdict == "PASS" and d.decided_by == "accuracy"
     wrong = {c.key: (c.bad_right, ()) for c in lossy.cases}  # ... like the bad end's
-    d = run_offline(SequentialTrial(lossy, 0.05, 0.05, drift_relative=True), benign, wrong)
+    d = run_offline(SequentialTrial(lossy, 0.05, 0.05, policy=RELATIVE), benign, wrong)
     assert d.verdict == "FAIL" and d.decided_by == "accuracy"
 
 

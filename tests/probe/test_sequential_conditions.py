@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.grid import Case, Cell
 from dsv4bisect.probe.run import ProbeRun, row_key
-from dsv4bisect.probe.runner import submission_order, tasks_of
+from dsv4bisect.probe.tasks import submission_order, tasks_of
 from dsv4bisect.probe.sequential import (
     DriftFigures,
     EndCase,

@@ -16,7 +16,7 @@ from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.drift import DriftRecord
 from dsv4bisect.probe.grid import Case, Cell
 from dsv4bisect.probe.run import ProbeRun, row_key
-from dsv4bisect.probe.runner import tasks_of
+from dsv4bisect.probe.tasks import tasks_of
 from dsv4bisect.probe.shards import (
     Shard,
     assignment,

@@ -1,5 +1,5 @@
 """A directory as one gzipped tar and back: how a trial's files (and the ends a node measured)
-travel between a node and the driver (cluster/remote_trial.py, trials/shared_ends.py)."""
+travel between a node and the driver (cluster/remote_trial.py, cluster/shared_ends.py)."""
 
 from __future__ import annotations
 

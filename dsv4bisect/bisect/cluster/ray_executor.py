@@ -9,13 +9,16 @@ runner once with `node_runner` — the same factory and trial code as a local bi
 it for every trial it is sent. Results come back as one archive of the trial directory per
 trial (bisect/cluster/remote_trial.py), unpacked into the driver's trial directory.
 
-The ends travel (hot runners; trials/shared_ends.py): the good end's baseline and A/A repeat and
-the bad end's run that a node's trial measured come back beside its archive and are kept in the
-driver's run directory (`ends/`); every later trial request carries the ends its slot's runner
-does not have, which that runner installs before the trial. So no node measures a good end
-another measured, and every node probes sequentially once one ran the bad end (from the round
-after). Placement: a trial goes to the free slot whose engine is up in the trial's load-time
-state (a hot switch, not a launch), else to the slot free longest.
+`RayRunner` is the hot runner's three parts at the scale of a cluster: its engine pool is the
+pool of node slots (cluster/slots.py: a trial goes to the free slot whose engine is up in the
+trial's load-time state, a hot switch there, not a launch, else to the slot free longest); its
+ends book is the driver's copy of the ends (cluster/shared_ends.py `DriverEnds`; hot runners:
+the good end's baseline and A/A repeat and the bad end's run that a node's trial measured come
+back beside its archive, and every later trial request carries the ends its slot's runner does
+not have, which that runner installs before the trial, so no node measures a good end another
+measured, and every node probes sequentially once one ran the bad end); its probing policy is
+the hot runner's own (trials/probing.py: which trials shard their probe across the round's idle
+slots, which bad end starts ahead of the good end's run).
 
 Faults. Ray never re-runs anything (`max_restarts=0`, `max_task_retries=0`): an actor that
 dies mid-trial (its worker killed, its node's raylet gone) makes that trial CANNOT_TEST with a
@@ -26,7 +29,8 @@ gone, so a killed worker, a lost driver (Ray ends its job's actors with it) or C
 (`stop_all`) leaves no engine. A node's preflight failure or identity mismatch is the same
 one-line error as locally, naming the node.
 
-This module is the only one that imports Ray (`pip install 'dsv4bisect[ray]'`).
+This module and its slots (cluster/slots.py) are the only ones that import Ray (`pip install
+'dsv4bisect[ray]'`).
 """
 
 from __future__ import annotations
@@ -35,28 +39,27 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from dsv4bisect.bisect.cluster import remote_trial as rt
+from dsv4bisect.bisect.cluster.shared_ends import DriverEnds
+from dsv4bisect.bisect.cluster.slots import Slot, SlotPool
 from dsv4bisect.bisect.rounds import ALONE
 from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
+from dsv4bisect.bisect.trials.probing import ProbingPolicy
 from dsv4bisect.bisect.trials.runner import TrialResult, TrialRunner
-from dsv4bisect.bisect.trials.shared_ends import DriverEnds
 from dsv4bisect.engines import reaper
 from dsv4bisect.engines.groups import stop_orphans
 from dsv4bisect.env import cache_dir
 from dsv4bisect.errors import BisectError, Dsv4BisectError
 from dsv4bisect.probe import verdict as V
 
-PLACE_TIMEOUT_S = 120.0  # for the first slot to be placed and pass its node's preflight
-OTHERS_GRACE_S = 20.0  # then for the other slots, before trials start on those placed
-STOP_TIMEOUT_S = 60.0  # for the actors to stop their engines on Ctrl-C
 NODE_LOST = "node-lost"  # signature prefix of a trial whose actor died
 
 
@@ -86,29 +89,26 @@ class TrialActor:
     def ready(self) -> dict[str, Any]:
         return {"node": self.node, "error": self.error}
 
-    def run(self, trial: Mapping[str, Any], ends: bytes | None = None,
-            replicas: tuple[str, ...] = ()) -> dict[str, Any]:
+    def _on_node(self, call: Callable[..., dict[str, Any]], trial: Mapping[str, Any],
+                 *args: Any) -> dict[str, Any]:
+        """`call` (remote_trial's) with this slot's runner, or the error that left it none."""
         if self.error is not None or self.runner is None:
             return {"error": self.error}
-        return rt.run_on_node(self.runner, rt.NodeTrial.from_json(trial), self.scratch,
-                              self.node, ends, replicas)
+        return call(self.runner, rt.NodeTrial.from_json(trial), self.scratch, self.node, *args)
+
+    def run(self, trial: Mapping[str, Any], ends: bytes | None = None,
+            replicas: tuple[str, ...] = ()) -> dict[str, Any]:
+        return self._on_node(rt.run_on_node, trial, ends, replicas)
 
     def ahead(self, trial: Mapping[str, Any], replicas: tuple[str, ...] = ()) -> dict[str, Any]:
         """Start a bad end's probe before the good end's run exists (remote_trial.ahead_on_node);
         the next `run` of the same trial finishes it."""
-        if self.error is not None or self.runner is None:
-            return {"error": self.error}
-        return rt.ahead_on_node(self.runner, rt.NodeTrial.from_json(trial), self.scratch,
-                                self.node, replicas)
+        return self._on_node(rt.ahead_on_node, trial, replicas)
 
     def replica(self, trial: Mapping[str, Any]) -> dict[str, Any]:
         """This node's engine in `trial`'s configuration, for another node's trial to send a
         share of its probe to (remote_trial.replica_on_node)."""
-        if self.error is not None or self.runner is None:
-            return {"error": self.error}
-        reply = rt.replica_on_node(self.runner, rt.NodeTrial.from_json(trial), self.scratch,
-                                   self.node)
-        return {**reply, "started": time.time()}
+        return {**self._on_node(rt.replica_on_node, trial), "started": time.time()}
 
     def stop(self) -> None:
         """Stop the engines of the trial in flight (runs beside `run`: max_concurrency=2)."""
@@ -163,47 +163,33 @@ class _EndsRound:
         self.done = threading.Event()
 
 
-class _Slot:
-    """A placed actor, and what the driver knows its runner has."""
-
-    def __init__(self, actor: Any, node: str, ip: str | None = None) -> None:
-        self.actor, self.node, self.ip = actor, node, ip
-        self.ends: frozenset[str] = frozenset()  # ends it measured or was sent (b<n>/<end>)
-        self.engines: tuple[str, ...] = ()  # load-time states up after its last trial
-
-
 class RayRunner(TrialRunner):
-    """The `Runner` that runs each trial on a node slot of a Ray cluster."""
+    """The `Runner` that runs each trial on a node slot of a Ray cluster: a pool of slots, the
+    driver's ends and the probing policy (see the module docstring)."""
 
     def __init__(self, request: RunnerRequest, local: EngineRunner, slots: int, *,
-                 address: str | None = None, node_resource: str | None = None,
-                 preflight: bool = True, shard: bool = True, ends: str | None = None) -> None:
+                 preflight: bool = True) -> None:
         from dsv4bisect.engines.preflight import named_gpus
 
-        self.local, self.request, self.preflight = local, request, preflight
-        # sharded probes need engines kept up between trials (hot runners); the plan prices
-        # them only with the sequential trial probe (simulate.NodePool), and so it runs: the
-        # ends alone in their rounds, each across every slot (bisect/rounds.py)
-        self.shard = shard and request.hot and bool(getattr(local, "sequential", False))
-        # how the ends run, sharded: the plan's choice for these nodes and costs
-        # (plan/parallel_plan.py `choose_ends`, made by the CLI and kept for a resume)
-        self.ends = ends or ALONE
+        self.local, self.request = local, request
+        self.probing = ProbingPolicy(request.good, request.bad, request.policy)
+        # how the ends run, sharded (`policy.shard`: hot sequential trials only, as the plan
+        # prices them): the plan's choice for these nodes and costs (plan/parallel_plan.py
+        # `choose_ends`, made by the session and kept in the request for a resume)
+        self.ends = request.ends or ALONE
         self._share = 0  # idle slots each trial of the round may take as replicas
         self._round: _EndsRound | None = None  # a round with the good end (TOGETHER)
-        self.address = address
-        connect(address)
-        self.resources = {node_resource: 1.0} if node_resource else {}
-        self.num_gpus = len(named_gpus(local.good_cfg))
-        self._actor_cls = ray.remote(TrialActor).options(
-            num_cpus=0, num_gpus=self.num_gpus, resources=self.resources,
-            max_restarts=0, max_task_retries=0, max_concurrency=2)
-        self._free: list[_Slot] = []  # free slots, free longest first
-        self._freed = threading.Condition()
-        self._ends: dict[Path, DriverEnds] = {}  # per bisect run directory
+        self._driver_ends: dict[Path, DriverEnds] = {}  # per bisect run directory
         self._lock = threading.Lock()
-        self._actors: list[Any] = []  # live or pending, to kill on stop
-        self._placing: list[threading.Thread] = []  # waiting for a node with room (_place_later)
-        self._start(slots)
+        connect(request.ray_address)
+        resources = {request.node_resource: 1.0} if request.node_resource else {}
+        gpus = len(named_gpus(local.good_cfg))
+        actor_cls = ray.remote(TrialActor).options(
+            num_cpus=0, num_gpus=gpus, resources=resources,
+            max_restarts=0, max_task_retries=0, max_concurrency=2)
+        wants = ", ".join([f"{gpus} GPUs"] + [f"{k}: {v:g}" for k, v in resources.items()])
+        self.slots = SlotPool(lambda: actor_cls.remote(request.to_json(), preflight), wants)
+        self.slots.start(slots)
 
     # -- the Runner protocol: fingerprints come from the driver's own resolution ---------------
     @property
@@ -214,7 +200,7 @@ class RayRunner(TrialRunner):
     def hot(self) -> bool:
         """Whether the nodes' runners switch hot (then no fresh confirmation runs: the report
         says so; docs/cluster.md)."""
-        return self.request.hot
+        return self.request.policy.hot
 
     def fingerprint(self, patches: Mapping[str, str]) -> str:
         return self.local.fingerprint(patches)
@@ -224,27 +210,25 @@ class RayRunner(TrialRunner):
         """How the driver runs the ends (bisect/rounds.py): sharded, alone in their round
         across every slot or together each across half of them; every other trial on a slot
         of its own. None: not sharding (each proposal on a slot of its own)."""
-        return self.ends if self.shard else None
+        return self.ends if self.request.policy.shard else None
 
     def begin_round(self, trials: int, good_block: int | None = None) -> None:
         """The driver starts a round of `trials` trials: the slots beyond them are idle for
         the round, so an end (alone in its round, or the two together) takes an equal share of
         the other slots as replicas; other trials take none (`_helpers`). With the good end of
-        seed block `good_block` in the round (TOGETHER, or not sharding), the bad end of that
-        block beside it starts its probe ahead of the good end's run and finishes it once that
-        run is back (`_run`): hot runners only, which share their ends."""
-        with self._lock:
-            live = len(self._actors)
-        self._share = max(0, live - trials) // max(trials, 1) if self.shard else 0
-        beside = good_block is not None and self.request.hot and self.ends_schedule != ALONE
-        self._round = _EndsRound(good_block) if beside else None
+        seed block `good_block` in the round, the bad end of that block beside it may start
+        its probe ahead of the good end's run (`ProbingPolicy.starts_ahead`) and finishes it
+        once that run is back (`_run`)."""
+        shard = self.request.policy.shard
+        self._share = max(0, self.slots.live - trials) // max(trials, 1) if shard else 0
+        self._round = _EndsRound(good_block) if good_block is not None else None
 
     def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult:
         here = self._round
-        good = dict(patches) == dict(self.request.good)
+        good = self.probing.is_good(patches)
         try:
-            wait = here if here is not None and dict(patches) == dict(self.request.bad) \
-                and seed_block == here.block else None
+            wait = here if here is not None and self.probing.starts_ahead(
+                patches, seed_block, here.block, self.ends_schedule) else None
             return self._run(patches, seed_block, trial_dir, here if good else None, wait)
         finally:
             if good and here is not None:  # its ends are kept (or it failed): the bad end goes on
@@ -259,11 +243,12 @@ class RayRunner(TrialRunner):
         trial = rt.NodeTrial(patches, seed_block, cfg.fingerprint, cfg.identity,
                              self.local.probe_hash, trial_dir.parent.parent.name, trial_dir.name)
         state = self._state_of(patches)
-        slot = self._acquire(state)
+        slot = self.slots.acquire(state)
         if good_of is not None:
             good_of.placed.set()
         ends = self._ends_of(trial_dir.parent.parent)
-        helpers = self._helpers(ends, state) if self._is_end(patches) else []
+        # only the ends' full-size probes are split across idle slots (trials/probing.py)
+        helpers = self._helpers(ends, state) if self.probing.is_end(patches) else []
         urls, replicas = self._replicas(slot, helpers, trial) if helpers else ((), {})
         t0 = time.perf_counter()
         try:
@@ -272,16 +257,16 @@ class RayRunner(TrialRunner):
                 frozenset(), None)
             reply = ray.get(slot.actor.run.remote(trial.to_json(), archive, urls))
         except (RayActorError, ActorUnavailableError) as exc:
-            self._lost(slot)
+            self.slots.lost(slot)
             return lost_result(slot.node, exc, time.perf_counter() - t0)
         except RayTaskError as exc:
-            self._release(slot)
+            self.slots.release(slot)
             raise BisectError(f"node {slot.node}: the trial failed: {first_line(exc.cause)}",
                               "its traceback is in the node's Ray worker log") from None
         finally:
             for helper in helpers:
                 if helper in replicas:
-                    self._release(helper)
+                    self.slots.release(helper)
         try:
             if replicas and "result" in reply:  # which nodes served a share of its probe
                 shards = int(reply["result"]["details"].get("shards") or 1)
@@ -298,11 +283,11 @@ class RayRunner(TrialRunner):
                 slot.ends = slot.ends | sent | frozenset(measured)
             slot.engines = tuple(reply.get("engines") or ())
         finally:
-            self._release(slot)
+            self.slots.release(slot)
         return result
 
     # -- both ends at once: the bad end's probe ahead of the good end's run ----------------
-    def _ahead(self, slot: _Slot, trial: rt.NodeTrial, urls: tuple[str, ...],
+    def _ahead(self, slot: Slot, trial: rt.NodeTrial, urls: tuple[str, ...],
                round_: _EndsRound) -> dict[str, Any] | None:
         """The bad end's accuracy requests on its slot and replicas while the good end runs
         (remote_trial.ahead_on_node), then the wait for the good end's trial to be back (its
@@ -317,9 +302,7 @@ class RayRunner(TrialRunner):
             return None
         slot.engines = tuple(reply.get("engines") or slot.engines)
         while not round_.done.wait(timeout=1.0):
-            with self._freed:
-                starved = not round_.placed.is_set() and not self._free
-            if starved:
+            if not round_.placed.is_set() and not self.slots.any_free():
                 logging.getLogger(__name__).warning(
                     "the good end has no slot: the bad end on %s goes on without its run",
                     slot.node)
@@ -328,295 +311,89 @@ class RayRunner(TrialRunner):
                 "rows": int(reply.get("rows") or 0), "resumed": time.time()}
 
     # -- sharded probes: an end's probe on every idle node (docs/cluster.md) ----------------
-    def _is_end(self, patches: Mapping[str, str]) -> bool:
-        """Whether `patches` is the good or the bad end: only the ends' full-size probes are
-        sharded (a trial probe is shorter than the switch a replica pays: bisect/rounds.py)."""
-        return dict(patches) in (dict(self.request.good), dict(self.request.bad))
-
-    def _helpers(self, ends: DriverEnds | None, state: str | None) -> list[_Slot]:
+    def _helpers(self, ends: DriverEnds | None, state: str | None) -> list[Slot]:
         """Idle slots for this trial's replicas (hot runners only): its share of the round's
-        idle slots, those whose engine is up in its load-time state first (a switch, not a
-        launch)."""
+        idle slots, those whose engine is up in its load-time state first."""
         if not self._share or ends is None:
             return []
-        with self._freed:
-            taken = sorted(self._free, key=lambda s: state not in s.engines)[:self._share]
-            for helper in taken:
-                self._free.remove(helper)
-        return taken
+        return self.slots.idle(self._share, state)
 
-    def _replicas(self, slot: _Slot, helpers: list[_Slot], trial: rt.NodeTrial
-                  ) -> tuple[tuple[str, ...], dict[_Slot, dict[str, Any]]]:
+    def _replicas(self, slot: Slot, helpers: list[Slot], trial: rt.NodeTrial
+                  ) -> tuple[tuple[str, ...], dict[Slot, dict[str, Any]]]:
         """Each helper's engine up and switched to the trial's configuration (at once); the
         urls of those that are, and per helper its node record. A helper that cannot serve is
         released (or, lost, replaced) and the trial runs without it."""
         refs = [h.actor.replica.remote(trial.to_json()) for h in helpers]
         urls: list[str] = []
-        replicas: dict[_Slot, dict[str, Any]] = {}
+        replicas: dict[Slot, dict[str, Any]] = {}
         for helper, ref in zip(helpers, refs):
             try:
                 reply = ray.get(ref)
             except (RayActorError, ActorUnavailableError):
-                self._lost(helper)
+                self.slots.lost(helper)
                 continue
             except RayTaskError:
-                self._release(helper)
+                self.slots.release(helper)
                 continue
             helper.engines = tuple(reply.get("engines") or helper.engines)
-            if "error" in reply:
-                logging.getLogger(__name__).warning(
-                    "node %s cannot serve a replica: %s", helper.node,
-                    (reply["error"] or {}).get("message"))
-                self._release(helper)
-                continue
-            node = reply["node"]
-            if not rt.reaches(str(reply["url"]), slot.ip, node.get("ip")):
-                logging.getLogger(__name__).warning(
-                    "node %s's engine listens on loopback (%s): not a replica for a trial on "
-                    "%s; set engine.host=0.0.0.0 to shard across machines", helper.node,
-                    reply["url"], slot.node)
-                self._release(helper)
+            why = _not_a_replica(reply, helper, slot)
+            if why:
+                logging.getLogger(__name__).warning("%s", why)
+                self.slots.release(helper)
                 continue
             urls.append(str(reply["url"]))
-            replicas[helper] = {"name": node["name"], "node_id": node["node_id"],
-                                "started": reply["started"]}
+            replicas[helper] = {"name": reply["node"]["name"],
+                                "node_id": reply["node"]["node_id"], "started": reply["started"]}
         return tuple(urls), replicas
 
     # -- the ends and the engines the nodes have (docs/cluster.md, "The ends travel") ---------
     def _ends_of(self, run_dir: Path) -> DriverEnds | None:
         """The driver's copy of the bisect's ends (hot runners only: a fresh-launch runner
         judges against its node's baseline cache)."""
-        if not self.request.hot:
+        if not self.hot:
             return None
         with self._lock:
-            return self._ends.setdefault(run_dir, DriverEnds(run_dir))
+            return self._driver_ends.setdefault(run_dir, DriverEnds(run_dir))
 
     def _state_of(self, patches: Mapping[str, str]) -> str | None:
         """The engine a trial of `patches` runs in on a node (its load-time state), as the
         nodes' runners name it; None for fresh launches."""
-        return self.local.engine_key(patches) if self.request.hot else None
-
-    # -- slots --------------------------------------------------------------------------------
-    def _ask(self) -> tuple[Any, Any]:
-        actor = self._actor_cls.remote(self.request.to_json(), self.preflight)
-        with self._lock:
-            self._actors.append(actor)
-        return actor, actor.ready.remote()
-
-    def _start(self, slots: int) -> None:
-        """Ask for K slots and wait for the first to be placed and checked (then a short
-        while for the others); a node's preflight or identity error is raised here, before
-        the bisect writes anything. Slots not placed yet join when a node has room."""
-        waiting = [self._ask() for _ in range(slots)]
-        deadline = time.monotonic() + PLACE_TIMEOUT_S
-        while waiting and time.monotonic() < deadline:
-            done, _ = ray.wait([ref for _, ref in waiting], num_returns=1,
-                               timeout=deadline - time.monotonic())
-            for pair in [p for p in waiting if p[1] in done]:
-                waiting.remove(pair)
-                self._placed(*pair)  # raises a node's error
-            if self._free:
-                deadline = min(deadline, time.monotonic() + OTHERS_GRACE_S)
-        if not self._free:
-            self.stop_all()
-            wants = ", ".join([f"{self.num_gpus} GPUs"]
-                              + [f"{k}: {v:g}" for k, v in self.resources.items()])
-            raise BisectError(
-                f"no node of the Ray cluster had room for a trial slot ({wants}) within "
-                f"{PLACE_TIMEOUT_S:.0f} s",
-                "check `ray status`: each node needs the engine's GPUs and one unit of the "
-                "profile's bisect.node_resource")
-        for pair in waiting:
-            self._place_in_background(pair)
-
-    def _placed(self, actor: Any, ref: Any) -> None:
-        try:
-            info = ray.get(ref)
-        except (RayActorError, ActorUnavailableError):
-            return  # died before its first trial: nothing lost
-        if info["error"] is not None:
-            self.stop_all()
-            raise rt.node_error(info["error"], info["node"]["name"])
-        self._release(_Slot(actor, info["node"]["name"], info["node"].get("ip")))
-
-    def _place_later(self, actor: Any, ref: Any) -> None:
-        try:
-            self._placed(actor, ref)
-        except Dsv4BisectError as exc:  # a node that joined later and fails its checks
-            logging.getLogger(__name__).warning("%s", exc.message)
-
-    def _lost(self, slot: _Slot) -> None:
-        """The slot's actor died: forget it and ask for a replacement (placed when there is
-        room: at once if only the worker died, never if its node is gone and no other has
-        room)."""
-        with self._lock:
-            if slot.actor in self._actors:
-                self._actors.remove(slot.actor)
-        try:  # unreachable may not mean dead: make sure, so its reaper stops its engines
-            ray.kill(slot.actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-        self._place_in_background(self._ask())
-
-    def _place_in_background(self, pair: tuple[Any, Any]) -> None:
-        thread = threading.Thread(target=self._place_later, args=pair, daemon=True)
-        with self._lock:
-            self._placing.append(thread)
-        thread.start()
-
-    def _acquire(self, state: str | None) -> _Slot:
-        """A free slot: the one free longest whose engine is up in `state` (the trial is then
-        a hot switch there, not a launch), else the one free longest."""
-        with self._freed:
-            while True:
-                if self._free:
-                    slot = next((s for s in self._free if state is not None
-                                 and state in s.engines), self._free[0])
-                    self._free.remove(slot)
-                    return slot
-                with self._lock:
-                    if not self._actors:
-                        raise BisectError("every trial slot of the Ray cluster was lost",
-                                          "check `ray status`, then resume the bisect")
-                self._freed.wait(timeout=1.0)
-
-    def _release(self, slot: _Slot) -> None:
-        with self._freed:
-            self._free.append(slot)
-            self._freed.notify()
+        return self.local.engine_key(patches) if self.hot else None
 
     def close(self) -> None:
-        """The bisect is over (or interrupted): every actor stops its engines and is killed
-        (stop_all), and the placements still waiting for room end with their actor. Without it
-        a placement thread still inside Ray at interpreter exit makes Ray's core worker end the
-        process with status 1 after a successful bisect. The driver stays connected: Ray
-        disconnects at exit, and a trial thread of an interrupted round may still be in a
-        `ray.get` (it returns with the actor's death), which `ray.shutdown()` here would crash."""
-        self.stop_all()
-        with self._lock:
-            placing = list(self._placing)
-        for thread in placing:
-            thread.join(timeout=STOP_TIMEOUT_S)
+        """The bisect is over (or interrupted): every actor stops its engines and is killed,
+        and the placements still waiting for room end with their actor. Without it a placement
+        thread still inside Ray at interpreter exit makes Ray's core worker end the process
+        with status 1 after a successful bisect. The driver stays connected: Ray disconnects
+        at exit, and a trial thread of an interrupted round may still be in a `ray.get` (it
+        returns with the actor's death), which `ray.shutdown()` here would crash."""
+        self.slots.close()
 
     def stop_all(self) -> None:
         """Ctrl-C: every actor stops its engines (bounded wait), then every actor is killed
         (its reaper stops whatever is left)."""
-        with self._lock:
-            actors = list(self._actors)
-            self._actors.clear()
-        refs = []
-        for actor in actors:
-            try:
-                refs.append(actor.stop.remote())
-            except Exception:  # noqa: BLE001 - an actor already gone
-                continue
-        if refs:
-            try:
-                ray.wait(refs, num_returns=len(refs), timeout=STOP_TIMEOUT_S)
-            except (GetTimeoutError, RayActorError):
-                pass
-        for actor in actors:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead
-                continue
+        self.slots.stop_all()
+
+
+def _not_a_replica(reply: Mapping[str, Any], helper: Slot, slot: Slot) -> str | None:
+    """Why a helper's reply cannot serve as a replica of `slot`'s trial (None: it can)."""
+    if "error" in reply:
+        return (f"node {helper.node} cannot serve a replica: "
+                f"{(reply['error'] or {}).get('message')}")
+    if not rt.reaches(str(reply["url"]), slot.ip, reply["node"].get("ip")):
+        return (f"node {helper.node}'s engine listens on loopback ({reply['url']}): not a "
+                f"replica for a trial on {slot.node}; set engine.host=0.0.0.0 to shard "
+                "across machines")
+    return None
 
 
 def lost_result(node: str, exc: BaseException, duration_s: float) -> TrialResult:
     """A trial whose actor died under it: not the configuration's fault, never evidence."""
-    return TrialResult(V.CANNOT_TEST, f"{NODE_LOST}: {node}", duration_s,
-                       {"node": {"name": node}, "error": first_line(exc)})
+    return TrialResult(verdict=V.CANNOT_TEST, signature=f"{NODE_LOST}: {node}",
+                       duration_s=duration_s,
+                       details={"node": {"name": node}, "error": first_line(exc)})
 
 
 def first_line(exc: object) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
-
-
-# -- sharded probes ------------------------------------------------------------------------------
-
-class ShardActor:
-    """One node's part of a sharded probe: it probes its shard on the engine of that node (the
-    `url` the driver gives it, reached from the node) and sends back the shard's run directory
-    as one archive (bisect/cluster/archive.py)."""
-
-    def __init__(self) -> None:
-        self.node_id = ray.get_runtime_context().get_node_id()
-        self.node = {"name": node_name(self.node_id), "node_id": self.node_id}
-
-    def where(self) -> dict[str, Any]:
-        return self.node
-
-    def probe(self, url: str, spec: Mapping[str, Any], reference: bytes | None, index: int,
-              count: int) -> bytes:
-        import tempfile
-
-        from dsv4bisect.bisect.cluster.archive import pack, unpack
-        from dsv4bisect.probe.run import ProbeRun
-        from dsv4bisect.probe.runner import collect
-        from dsv4bisect.probe.shards import Shard
-        from dsv4bisect.probe.spec import ProbeSpec
-
-        with tempfile.TemporaryDirectory(prefix="dsv4bisect-shard-") as tmp:
-            ref = None
-            if reference is not None:
-                unpack(reference, Path(tmp) / "reference")
-                ref = ProbeRun.load(Path(tmp) / "reference")
-            run = collect(url, ProbeSpec.from_dict(dict(spec)), reference_run=ref,
-                          shard=Shard(index, count))
-            return pack(Path(run.save(Path(tmp) / "shard").path or ""))
-
-
-def probe_sharded(actors: Mapping[Any, str], spec: Any, reference: Any | None, count: int,
-                  scratch: Path) -> tuple[Any, list[tuple[int, str, str, float]]]:
-    """Probe `spec` in `count` shards on the actors (`ShardActor` handle -> the url of its
-    node's engine), one shard per actor at a time; an actor lost mid-shard gives its shard to
-    the next free actor, whole. Returns the merged run and the schedule (shard, node, event,
-    seconds since the start). `reference`: the good end's run, replayed (None: build cases)."""
-    from dsv4bisect.bisect.cluster.archive import pack, unpack
-    from dsv4bisect.bisect.cluster.shard_book import ShardBook
-    from dsv4bisect.probe.run import ProbeRun
-    from dsv4bisect.probe.shards import merge
-
-    ref_bytes = None
-    if reference is not None:
-        ref_dir = scratch / "reference"
-        reference.save(ref_dir)
-        ref_bytes = pack(ref_dir)
-    names = {a: str(ray.get(a.where.remote())["name"]) for a in actors}
-    book: ShardBook[Any, bytes] = ShardBook(count)
-    free = list(actors)
-    flight: dict[Any, tuple[int, Any]] = {}  # object ref -> (shard, actor)
-    t0 = time.monotonic()
-    log: list[tuple[int, str, str, float]] = []
-    while not book.complete:
-        for shard, actor in book.deal(free):
-            free.remove(actor)
-            ref = actor.probe.remote(actors[actor], spec.to_dict(), ref_bytes, shard, count)
-            flight[ref] = (shard, actor)
-            log.append((shard, names[actor], "start", time.monotonic() - t0))
-        if not flight:
-            raise BisectError(f"every node of the sharded probe was lost "
-                              f"({len(book.done)} of {count} shards done)",
-                              "check the nodes (docs/cluster.md, \"Faults\")")
-        ready, _ = ray.wait(list(flight), num_returns=1)
-        shard, actor = flight.pop(ready[0])
-        try:
-            data = ray.get(ready[0])
-        except (RayActorError, ActorUnavailableError) as exc:
-            book.lost(actor)
-            log.append((shard, names[actor], "lost", time.monotonic() - t0))
-            logging.getLogger(__name__).warning("shard %d lost with %s: %s", shard,
-                                                names[actor], first_line(exc))
-            continue
-        except RayTaskError as exc:
-            raise BisectError(f"shard {shard} on {names[actor]}: {first_line(exc)}",
-                              "the node's engine failed the probe; see its log") from None
-        if book.finish(shard, actor, data):
-            log.append((shard, names[actor], "done", time.monotonic() - t0))
-        free.append(actor)
-    runs = []
-    for i, data in enumerate(book.results()):
-        unpack(data, scratch / f"shard-{i}")
-        runs.append(ProbeRun.load(scratch / f"shard-{i}"))
-    return merge(runs), log

@@ -9,7 +9,7 @@ same local trial code as a local bisect into a scratch trial directory and sends
 archive of that directory (tar.gz) with the `TrialResult` as JSON; the driver unpacks the
 archive into its own trial directory and rewrites the result's paths to point there. No Ray
 here: the executor (bisect/cluster/ray_executor.py) only carries these values. The ends a hot runner
-measures travel beside the trial's archive, both ways (bisect/trials/shared_ends.py).
+measures travel beside the trial's archive, both ways (bisect/cluster/shared_ends.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from dsv4bisect.bisect.cluster import shared_ends
 from dsv4bisect.bisect.cluster.archive import pack, unpack
-from dsv4bisect.bisect.trials import shared_ends
 from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 from dsv4bisect.bisect.trials.runner import TrialResult
 from dsv4bisect.errors import (
@@ -91,7 +91,7 @@ def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
                 node: Mapping[str, Any], ends: bytes | None = None,
                 replicas: Sequence[str] = ()) -> dict[str, Any]:
     """Check, run and pack one trial on this node; the reply the driver receives.
-    `ends`: the driver's archive of ends other nodes measured (trials/shared_ends.py), installed
+    `ends`: the driver's archive of ends other nodes measured (cluster/shared_ends.py), installed
     in a hot runner before the trial; the reply's `ends` holds those this trial measured, and
     `engines` the load-time states whose engine is up after it (where the runner says).
     `replicas`: urls of other nodes' engines switched to the trial's configuration
@@ -105,11 +105,7 @@ def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
         if ends is not None and runner.hot:
             shared_ends.adopt(runner, ends, scratch / trial.run_name / "adopted" / trial.trial_name)
         started = time.time()
-        if replicas and runner.hot:
-            result = runner.run(dict(trial.patches), trial.seed_block, trial_dir,
-                                replicas=replicas)  # type: ignore[call-arg]
-        else:
-            result = runner.run(dict(trial.patches), trial.seed_block, trial_dir)
+        result = runner.run(dict(trial.patches), trial.seed_block, trial_dir, replicas=replicas)
         finished = time.time()
         names = result.details.get("ends_measured") or []
         kept = runner.ends_dir(trial_dir)
@@ -126,7 +122,7 @@ def run_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
             parent.rmdir()  # only when empty: another trial of the bisect may be running
         except OSError:
             break
-    return {"result": result_json(result), "node_dir": str(trial_dir), "archive": archive,
+    return {"result": result.to_json(), "node_dir": str(trial_dir), "archive": archive,
             "node": {**node, "started": started, "finished": finished}, "ends": measured,
             "engines": list(runner.engines_up)}
 
@@ -139,11 +135,8 @@ def ahead_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
     "engines"}` (rows 0: nothing kept, the trial probes whole), or `{"error"}`."""
     try:
         check_identity(runner, trial, str(node["name"]))
-        if not runner.hot:
-            raise ConfigError("a probe started ahead needs a hot runner",
-                              "drop --fresh-launches")
         started = time.time()
-        rows = runner.ahead(dict(trial.patches), trial.seed_block,  # type: ignore[attr-defined]
+        rows = runner.ahead(dict(trial.patches), trial.seed_block,
                             scratch_trial_dir(scratch, trial), replicas=replicas)
     except Dsv4BisectError as exc:
         return {"error": error_json(exc)}
@@ -159,11 +152,8 @@ def replica_on_node(runner: EngineRunner, trial: NodeTrial, scratch: Path,
     without this node). Only a hot runner keeps an engine up between calls."""
     try:
         check_identity(runner, trial, str(node["name"]))
-        if not runner.hot:
-            raise ConfigError("a replica needs a hot runner", "drop --fresh-launches")
         # (its engine goes where the node's trials keep theirs: <bisect dir>/engines)
-        url = runner.replica(dict(trial.patches),  # type: ignore[attr-defined]
-                             scratch_trial_dir(scratch, trial))
+        url = runner.replica(dict(trial.patches), scratch_trial_dir(scratch, trial))
         url = replica_url(url, node.get("ip"))
     except Dsv4BisectError as exc:
         return {"error": error_json(exc)}
@@ -200,7 +190,7 @@ def receive(reply: Mapping[str, Any], trial_dir: Path, node: str) -> TrialResult
     unpack(reply["archive"], trial_dir)
     doc = relocate(reply["result"], str(reply["node_dir"]), str(trial_dir))
     doc["details"] = {**doc["details"], "node": dict(reply["node"])}
-    return result_from_json(doc)
+    return TrialResult.from_json(doc)
 
 
 # -- values on the wire -----------------------------------------------------------------------
@@ -217,31 +207,6 @@ def node_error(doc: Mapping[str, Any], node: str) -> Dsv4BisectError:
     if f"node {node}" not in message:
         message = f"node {node}: {message}"
     return cls(message, doc.get("hint"))
-
-
-def result_json(result: TrialResult) -> dict[str, Any]:
-    return {"verdict": result.verdict, "signature": result.signature,
-            "duration_s": result.duration_s, "details": dict(result.details),
-            "throughput": result.throughput, "log_path": result.log_path,
-            "aa_verdicts": list(result.aa_verdicts),
-            "error_rates": list(result.error_rates) if result.error_rates is not None else None,
-            "requests": result.requests}
-
-
-def result_from_json(doc: Mapping[str, Any]) -> TrialResult:
-    return TrialResult(doc["verdict"], doc.get("signature"),
-                       float(doc.get("duration_s") or 0.0), dict(doc.get("details") or {}),
-                       doc.get("throughput"), doc.get("log_path"),
-                       tuple(doc.get("aa_verdicts") or ()),
-                       error_rates=_rates(doc.get("error_rates")), requests=doc.get("requests"))
-
-
-def _rates(value: Any) -> tuple[float, float] | None:
-    """A sequential trial's (false_fail, false_pass): what the search weighs its verdict with."""
-    if value is None:
-        return None
-    false_fail, false_pass = value
-    return float(false_fail), float(false_pass)
 
 
 def relocate(doc: Any, old: str, new: str) -> Any:

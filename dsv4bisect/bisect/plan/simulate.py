@@ -16,7 +16,7 @@ What is modelled, and where the code does it:
   when its trial ends.
 * **Each node its own runner** (node_runner.py, hot_runner.py on the node): its own engines
   (one `CostTracker` per node, `pool` engines up at once: 1 per SGLang node). The ends are
-  shared (trials/shared_ends.py): a node's trial that measures a seed block's good-end baseline
+  shared (cluster/shared_ends.py): a node's trial that measures a seed block's good-end baseline
   and A/A repeat, or the bad end's block-0 run, sends them back to the driver, which sends them
   with every later trial request. So from the round after the one that measured them every
   node has them: it measures no baseline another node measured (its ∅ check of that block is

@@ -7,7 +7,7 @@ The policy priced here is the one the driver follows:
   λ(C) = C ∩ load-time candidates: switched (drain, switch at a barrier, CUDA-graph re-capture,
   prefix-cache flush: `switch_s`) when that engine is up, else launched in C itself
   (`launch_s`) after stopping the least recently used engine; `pool` engines are kept up at
-  once (`EngineSlots`: the hot runner's own pool, trials/hot_engines.py, keeps them by it). A trial
+  once (`EngineSlots`: the hot runner's own pool, trials/engine_pool.py, keeps them by it). A trial
   that launched its engine is a fresh launch's (`launched_last`): when it is the culprits'
   configuration and fails, it is the fresh confirmation, which then costs nothing more. With
   hot mode off every trial is a fresh launch.
@@ -96,7 +96,7 @@ UNIFORM = StepCosts()  # every trial the same price: the unpriced design
 class EngineSlots(Generic[K]):
     """Which load-time states have an engine up and which to stop for the next launch: at most
     `size`, the least recently used stopped first (a switch into an engine refreshes it). The
-    hot runner's pool (trials/hot_engines.py) and the plan's price of it (`CostTracker`) are
+    hot runner's pool (trials/engine_pool.py) and the plan's price of it (`CostTracker`) are
     this one policy; the runner stops the engines it is told to."""
 
     def __init__(self, size: int, up: Iterable[K] = ()) -> None:

@@ -71,7 +71,11 @@ class EngineRunner(TrialRunner):
     def fingerprint(self, patches: Mapping[str, str]) -> str:
         return self.config(patches).fingerprint
 
-    def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult:
+    def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path,
+            replicas: Sequence[str] = ()) -> TrialResult:
+        """One fresh launch of `patches`, judged against the good end (`replicas`: other
+        nodes' engines a hot runner would split its probe across; a fresh launch probes its
+        own engine)."""
         t0 = time.perf_counter()
         cfg = self.config(patches)
         if cfg.cannot_start:
@@ -114,7 +118,16 @@ class EngineRunner(TrialRunner):
         for supervisor in active:
             supervisor.stop_all()
 
-    # -- what a node's runner tells the Ray executor (hot_runner.py overrides each) ----------
+    # -- what a node's runner does for the Ray executor (hot_runner.py overrides each) -------
+    def ahead(self, patches: dict[str, str], seed_block: int, trial_dir: Path,
+              replicas: Sequence[str] = ()) -> int:
+        """A probe started ahead of the good end's run: a hot runner's (it shares its ends)."""
+        raise ConfigError("a probe started ahead needs a hot runner", "drop --fresh-launches")
+
+    def replica(self, patches: dict[str, str], trial_dir: Path) -> str:
+        """An engine kept up for another node's probe: a hot runner's."""
+        raise ConfigError("a replica needs a hot runner", "drop --fresh-launches")
+
     def engine_key(self, patches: Mapping[str, str]) -> str | None:
         """The engine kept up that a trial of `patches` runs in; None: a fresh launch."""
         return None
@@ -164,9 +177,9 @@ def signature_of(verdict: V.Verdict) -> str | None:
         return "infrastructure"
     if verdict.verdict == V.BETWEEN:
         return "between"
-    decided = (verdict.overall.get("sequential") or {}).get("decided_by")
+    decided = verdict.decided_by
     if decided in ("drift", "accuracy"):  # a sequential trial says what decided it
-        return str(decided)
+        return decided
     hard = verdict.signatures.get("candidate") or {}
     if verdict.signatures.get("hard_fail") and hard:
         return str(next(iter(hard)))
@@ -193,8 +206,9 @@ def trial_result(verdict: V.Verdict, trial: Trial, run_dir: Path, duration_s: fl
     details["mode"] = "fresh"
     runs = [trial.cand] + ([] if cached else [trial.base, trial.repeat])
     requests = sum(len(r.rows) for r in runs if r is not None)
-    return TrialResult(verdict.verdict, signature_of(verdict), duration_s, details,
-                       throughput(trial.cand), _log_path(run_dir), aa, requests=requests)
+    return TrialResult(verdict=verdict.verdict, signature=signature_of(verdict),
+                       duration_s=duration_s, details=details, throughput=throughput(trial.cand),
+                       log_path=_log_path(run_dir), aa_verdicts=aa, requests=requests)
 
 
 def result_details(verdict: V.Verdict, *, ends_cached: bool, run_dir: Path,

@@ -7,21 +7,22 @@ and its result says so (`fresh_launch`), which can stand as the fresh confirmati
 set (driver.py). Later trials of the same λ are switched in that engine by the protocol of
 base/switching.py (drain, request, `/flush_cache`, a receipt from every process naming the
 generation, verified before any probe request).
-Engines kept up at once: `pool` (the embedded engine: 2; one SGLang node: 1; the least
-recently used is stopped first): `hot_engines.EnginePool`. A seed block's ends are one
-`shared_ends.BlockEnds`; what one trial did (its spec, costs, the engine it probed in, the ends it
-measured) is its `_TrialContext`, never the runner's state. What goes wrong with an engine
-becomes the trial's verdict by run/trial.py's `guard`, and a probe collects by its `collect_on`
-(this runner's differences are their parameters).
-
-What each trial probes (docs/hot-switching.md):
-- the good end's baseline (full size) and its A/A repeat are measured right after the launch
+The runner is three parts and the trial policy (dsv4bisect/policy.py) that rules them:
+- the engine pool with the switch protocol (trials/engine_pool.py): the engines kept up at once,
+  `pool` of them (the embedded engine: 2; one SGLang node: 1; the least recently used stops
+  first), launched, switched and guarded;
+- the ends book (trials/ends_book.py): each seed block's ends, measured or adopted, the A/A
+  verdict to report, the probes started ahead of the good end's run;
+- the probing policy (trials/probing.py): what each trial probes, pure, the Ray runner's too:
+  the good end's baseline (full size) and its A/A repeat are measured right after the launch
   of the good end, before any switch, so they are a fresh launch's (and are cached as such; the
   baseline of a later seed block, measured in a switched engine, is not cached); the ∅ end
-  check's verdict is then the A/A verdict (the repeat judged against the baseline);
-- the bad end is probed at full size;
-- any other configuration gets the sequential trial probe (probe/sequential_run.py) against the
-  two ends once both are measured for the seed block, else a full probe.
+  check's verdict is then the A/A verdict (the repeat judged against the baseline); the bad end
+  is probed at full size; any other configuration gets the sequential trial probe
+  (probe/sequential_run.py) against the two ends once both are measured for the seed block,
+  else a full probe.
+What one trial did (its spec, costs, the engine it probed in, the ends it measured) is its
+`TrialContext`, never the runner's state; a probe collects by run/trial.py's `collect_on`.
 Ends measured on another machine of the same bisect (the Ray executor's other nodes) are
 installed with `adopt_ends` before a trial: checked against this runner's probe spec, seed block
 and good end, they serve as if measured here, so this runner measures no good end another one
@@ -42,14 +43,13 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
 
 from dsv4bisect import env as envvars
-from dsv4bisect.base import switching
-from dsv4bisect.bisect.setting_candidates import is_setting
+from dsv4bisect.bisect.trials import ends_book
+from dsv4bisect.bisect.trials.ends_book import BlockEnds, EndsBook, end_name
+from dsv4bisect.bisect.trials.engine_pool import EnginePool, HotEngine, new_dir, with_env
 from dsv4bisect.bisect.trials.engine_runner import (
     EngineRunner,
     aa_verdict,
@@ -57,85 +57,65 @@ from dsv4bisect.bisect.trials.engine_runner import (
     signature_of,
     throughput,
 )
-from dsv4bisect.bisect.trials.hot_engines import EnginePool, HotEngine, new_dir, with_env
+from dsv4bisect.bisect.trials.probing import Probe, ProbingPolicy
 from dsv4bisect.bisect.trials.runner import FreshLaunch, TrialResult
-from dsv4bisect.bisect.trials.shared_ends import BlockEnds, HotEnds, end_name
+from dsv4bisect.bisect.trials.trial_probes import Probed, TrialContext, TrialProbes
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.engines.rundir import save_config
-from dsv4bisect.engines.verify import server_info, verify_reference_patches
-from dsv4bisect.errors import ConfigError, Dsv4BisectError, EngineError, PatchError
+from dsv4bisect.errors import ConfigError, Dsv4BisectError
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.patching.wire import format_patch_set
-from dsv4bisect.probe import verdict as V
-from dsv4bisect.probe.client import ProbeClient
+from dsv4bisect.policy import TrialPolicy
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.runner import judge
 from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
 from dsv4bisect.probe.session import write_verdict
-from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.run import baseline as cache
-from dsv4bisect.run.arm import EngineArm, Supervisor
+from dsv4bisect.run.arm import Supervisor
 from dsv4bisect.run.events import EventSink, Notice, ignore
-from dsv4bisect.run.trial import Stop, collect_on, guard, probe_progress
+from dsv4bisect.run.trial import Stop
 
-T = TypeVar("T")
 HOT_MARKER = "hot-v1"
 SEQUENTIAL_RULES = 2  # bump when probe/sequential.py decides differently: no reuse of old verdicts
-SWITCH_TIMEOUT_S = 600.0  # a CUDA-graph re-capture of an 8-GPU engine takes minutes
-
-
-_Probed = tuple[V.Verdict, "ProbeRun | None", "int | None"]  # verdict, its run, its requests
-
-
-@dataclass
-class _TrialContext:
-    """One trial's own state: the spec a verdict that stops it records (its seed block), the
-    seconds it spent launching, switching and probing, the engine it probed in and the ends it
-    measured (`b<block>/<end>`)."""
-
-    spec: ProbeSpec
-    costs: dict[str, float] = field(
-        default_factory=lambda: {"launch_s": 0.0, "switch_s": 0.0, "probe_s": 0.0})
-    probed_in: HotEngine | None = None
-    measured: list[str] = field(default_factory=list)
-    replicas: tuple[str, ...] = ()  # urls of other nodes' engines in `patches`
-    patches: dict[str, str] = field(default_factory=dict)  # the trial's configuration
-    sharded: bool = False  # whether the probe really ran across them (else on this engine)
+HOT_POLICY = TrialPolicy(hot=True, sequential=True)  # a hot runner's, unless it is given one
 
 
 class HotEngineRunner(EngineRunner):
     """`EngineRunner` with hot switching (see the module docstring). `good`, `bad`: the patch
-    sets of the two ends as the search names them (`BisectSpec.patches_for`)."""
+    sets of the two ends as the search names them (`BisectSpec.patches_for`); `policy`: the
+    bisect's trial policy (its sequential probe, how it counts a WARN, how it judges drift)."""
 
     hot = True
 
     def __init__(self, profile: str, good: Mapping[str, str], bad: Mapping[str, str], *,
                  load_time: Sequence[str] = (), sets: Sequence[str] = (),
                  tier: str | None = None, use_cache: bool = True, pool: int | None = None,
-                 sequential: bool = True,
-                 error_rates: tuple[float, float] = TRIAL_ERROR_RATES, warn_as: str = "fail",
-                 drift: str = "absolute", on_event: EventSink = ignore) -> None:
+                 policy: TrialPolicy = HOT_POLICY,
+                 error_rates: tuple[float, float] = TRIAL_ERROR_RATES,
+                 on_event: EventSink = ignore) -> None:
         super().__init__(profile, good, sets=sets, tier=tier, use_cache=use_cache,
                          on_event=on_event)
         self.bad = dict(bad)
         self.load_time = frozenset(load_time)
-        self.pool = pool if pool is not None else (2 if self.good_cfg.kind == "reference" else 1)
-        self.sequential, self.error_rates = sequential, error_rates
-        self.warn_fails = warn_as != "pass"  # how the search counts a WARN (--warn-as)
-        if drift not in ("absolute", "relative"):
-            raise ConfigError(f"drift is `{drift}`", "use `absolute` or `relative`")
-        self.drift_relative = drift == "relative"  # --drift (probe/sequential.py)
+        self.policy, self.error_rates = policy, error_rates
+        self.probing = ProbingPolicy(self.good, self.bad, policy)
         hot = {n: v for n, v in self.bad.items() if n not in self.load_time
                and self.good.get(n) != v}
         self.hot_wire = format_patch_set(hot, builtin_patches())
-        self._pool = EnginePool(self.pool)
+        size = pool if pool is not None else (2 if self.good_cfg.kind == "reference" else 1)
         self._supervisor = Supervisor()
-        self._ends = HotEnds()
-        self.launches = 0  # engines this runner launched (a crash relaunch counts once more)
+        self._pool = EnginePool(size, config=self.config, api_key=self.api_key,
+                                supervisor=self._supervisor, on_event=on_event)
+        self._ends = EndsBook()
+        self._probes = TrialProbes(self._pool, api_key=self.api_key, policy=policy,
+                                   error_rates=error_rates, on_event=on_event,
+                                   fingerprint=self.fingerprint)
         self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
-        # a candidate's probe started before the good end's run existed (`ahead`): per
-        # (configuration, seed block), the shards' accuracy parts and the seconds they took
-        self._ahead: dict[tuple[str, int], tuple[list[ProbeRun], dict[str, float]]] = {}
+
+    @property
+    def launches(self) -> int:
+        """Engines this runner launched (a crash relaunch counts once more)."""
+        return self._pool.launches
 
     # -- identity ------------------------------------------------------------------------------
     @property
@@ -145,10 +125,9 @@ class HotEngineRunner(EngineRunner):
         Drift judged against the two ends means the bad end as well: the same trial in a bisect
         with another bad end is another measurement, never reused from the ledger."""
         rules = {"engine": super().probe_hash, "rules": SEQUENTIAL_RULES,
-                 "sequential": self.sequential,
-                 "error_rates": list(self.error_rates), "warn_fails": self.warn_fails,
-                 "drift_relative": self.drift_relative,
-                 "bad": self.config(self.bad).fingerprint if self.drift_relative else None}
+                 "error_rates": list(self.error_rates), **self.policy.judging_rules(),
+                 "bad": self.config(self.bad).fingerprint if self.policy.drift_relative
+                 else None}
         return hashlib.sha256(json.dumps(rules, sort_keys=True).encode()).hexdigest()[:32]
 
     def base_of(self, patches: Mapping[str, str]) -> dict[str, str]:
@@ -186,34 +165,23 @@ class HotEngineRunner(EngineRunner):
               replicas: Sequence[str] = ()) -> int:
         """The accuracy part of `patches`' full-size probe at `seed_block`, before the good
         end's run exists (probe/ahead.py): its engine up and switched, its accuracy requests
-        sent (split across `replicas` as `run` splits the probe), kept for the next `run` of
-        the same trial, which scores the drift part once it has the good end's run. Returns
-        the rows sent; 0 where it could not (an engine that cannot serve, a lost replica: the
-        trial then probes from the start, as without it)."""
-        from dsv4bisect.probe.ahead import collect_ahead, collect_ahead_sharded
-
+        sent (split across `replicas` as `run` splits the probe), kept in the ends book for the
+        next `run` of the same trial, which scores the drift part once it has the good end's
+        run. Returns the rows sent; 0 where it could not (an engine that cannot serve, a lost
+        replica: the trial then probes from the start, as without it)."""
         with self._run_lock:
-            spec = self.spec.replace(seed_block=seed_block)
-            ctx = _TrialContext(spec, replicas=tuple(replicas), patches=dict(patches))
+            ctx = TrialContext(self.spec.replace(seed_block=seed_block),
+                               replicas=tuple(replicas), patches=dict(patches))
             key = (self.fingerprint(patches), seed_block)
-            self._ahead.pop(key, None)
-            def work(url: str) -> list[ProbeRun]:
-                model = eng.cfg.served_model_name
-                self._switch(ctx, eng, patches)
-                if replicas:
-                    return collect_ahead_sharded([url, *replicas], spec, api_key=self.api_key,
-                                                 model=model)
-                return [collect_ahead(url, spec, api_key=self.api_key, model=model)]
-
+            self._ends.keep_ahead(key, None)
             try:
                 eng = self._engine_for(ctx, patches, trial_dir)
-                runs = self._timed(ctx, eng, patches, lambda: eng.arm.probe(work),
-                                   good_end=False)
+                runs = self._probes.start_ahead(ctx, eng, patches)
             except (Stop, Dsv4BisectError, OSError) as exc:
                 self.on_event(Notice(f"the probe of {sorted(patches)} could not start ahead of "
                                      f"the good end ({exc}): it runs whole", "warn"))
                 return 0
-            self._ahead[key] = (runs, dict(ctx.costs))
+            self._ends.keep_ahead(key, (runs, dict(ctx.costs)))
             return sum(len(r.rows) for r in runs)
 
     def replica(self, patches: dict[str, str], trial_dir: Path) -> str:
@@ -221,14 +189,9 @@ class HotEngineRunner(EngineRunner):
         as before any probe here), for another node's trial to send part of its probe to;
         returns its url. Raises `Stop` when the engine cannot serve."""
         with self._run_lock:
-            ctx = _TrialContext(self.spec)
+            ctx = TrialContext(self.spec)
             eng = self._engine_for(ctx, patches, trial_dir)
-
-            def ready() -> None:
-                eng.arm.ready()
-                self._switch(ctx, eng, patches)
-
-            self._guard(ctx, eng, ready, good_end=False)
+            self._probes.ready(ctx, eng, patches)
             assert eng.arm.launch is not None
             return str(eng.arm.launch.url)
 
@@ -246,20 +209,17 @@ class HotEngineRunner(EngineRunner):
         self._pool.close()
 
     # -- ends measured elsewhere ---------------------------------------------------------------
-    @staticmethod
-    def ends_dir(trial_dir: Path) -> Path:
-        """Where the trials of `trial_dir`'s bisect keep the ends (`b<block>/<end>`)."""
-        return trial_dir.parent.parent / "ends"
+    ends_dir = staticmethod(ends_book.ends_dir)
 
     @property
     def engines_up(self) -> tuple[str, ...]:
         """The load-time states whose engine is up (`engine_key`)."""
-        return tuple(self._pool.slots.up)
+        return self._pool.up
 
     def adopt_ends(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
                    bad: ProbeRun | None, *, good_fingerprint: str, source: str) -> list[str]:
         """Install ends of seed block `block` measured by `source` (another node of this
-        bisect) for the next trials (`HotEnds.adopt`); returns the ends installed."""
+        bisect) for the next trials (`EndsBook.adopt`); returns the ends installed."""
         return self._ends.adopt(block, base, repeat, bad, spec=self.spec,
                                 good=self.good_cfg.fingerprint,
                                 good_fingerprint=good_fingerprint, source=source)
@@ -271,13 +231,11 @@ class HotEngineRunner(EngineRunner):
         if cfg.cannot_start:
             raise ConfigError(f"configuration {patches} cannot start: {cfg.cannot_start}",
                               "keep required patches at their good-end state")
-        # A sequential trial's re-test (block > 0) draws other requests, in another order,
-        # against the first block's ends; an end's re-test probes its own block at full size.
-        first = self._ends.known(0)
-        reuse = (self.sequential and patches not in (self.good, self.bad)
-                 and first is not None and first.bad is not None)
-        ctx = _TrialContext(self.spec.replace(seed_block=0 if reuse else block),
-                            replicas=replicas, patches=dict(patches))
+        first = self._ends.blocks.get(0)
+        judged_by = self.probing.seed_block(patches, block, first is not None and first.known
+                                            and first.bad is not None)
+        ctx = TrialContext(self.spec.replace(seed_block=judged_by), replicas=replicas,
+                            patches=dict(patches))
         save_config(trial_dir / "candidate", cfg)
         measured_base = False
         eng: HotEngine | None = None  # the confirmation's own engine
@@ -298,23 +256,23 @@ class HotEngineRunner(EngineRunner):
         verdict = verdict.with_evidence(candidate=cand.path if cand else None)
         write_verdict(trial_dir, verdict)
         used = ctx.probed_in
-        came_from = self._ends.blocks.get(ctx.spec.seed_block, BlockEnds()).came_from
         details = result_details(verdict, ends_cached=not measured_base,
                                  run_dir=trial_dir, command=self.reproduce(patches, block))
         details.update(mode="fresh" if fresh else "hot", requests=requests,
                        base=self.base_of(patches), launched_as=used.base if used else None,
                        fresh_launch=fresh or bool(used and used.fresh_in(patches)),
                        ends_measured=list(ctx.measured),
-                       ends_from=dict(sorted(came_from.items())),
+                       ends_from=dict(sorted(self._ends.block(ctx.spec.seed_block)
+                                             .came_from.items())),
                        shards=1 + len(ctx.replicas) if ctx.sharded else 1,
                        **{k: round(v, 3) for k, v in ctx.costs.items()})
-        aa = self._ends.take_aa(block)
-        return TrialResult(verdict.verdict, signature_of(verdict),
-                           time.perf_counter() - t0, details, throughput(cand), None, aa,
+        return TrialResult(verdict=verdict.verdict, signature=signature_of(verdict),
+                           duration_s=time.perf_counter() - t0, details=details,
+                           throughput=throughput(cand), aa_verdicts=self._ends.take_aa(block),
                            error_rates=verdict.error_rates, requests=requests)
 
     # -- the ends ------------------------------------------------------------------------------
-    def _ends_for(self, ctx: _TrialContext, trial_dir: Path) -> tuple[BlockEnds, bool]:
+    def _ends_for(self, ctx: TrialContext, trial_dir: Path) -> tuple[BlockEnds, bool]:
         """The good end's baseline and A/A repeat for this seed block (measured now on the
         engine of λ = ∅ if not cached: then `True`), and the bad end's run once measured."""
         block = ctx.spec.seed_block
@@ -333,11 +291,11 @@ class HotEngineRunner(EngineRunner):
             eng = self._engine_for(ctx, self.good, trial_dir)
             ctx.probed_in = eng
             fresh = eng.fresh_in(self.good)  # not an engine launched in another set of λ = ∅
-            base = self._collect(ctx, eng, self.good, None, "baseline",
-                                 good_end=True).save(ends_dir / "baseline")
+            base = self._probes.collect(ctx, eng, self.good, None, "baseline",
+                                        good_end=True).save(ends_dir / "baseline")
             ref, _subset = cache.repeat_reference(base)
-            repeat = self._collect(ctx, eng, self.good, ref, "A/A repeat",
-                                   good_end=True).save(ends_dir / "baseline-repeat")
+            repeat = self._probes.collect(ctx, eng, self.good, ref, "A/A repeat",
+                                          good_end=True).save(ends_dir / "baseline-repeat")
             ends.baseline, ends.repeat = base, repeat
             ends.aa = (aa_verdict(base, repeat).verdict,)
             ctx.measured += [end_name(block, "baseline"), end_name(block, "baseline-repeat")]
@@ -354,122 +312,41 @@ class HotEngineRunner(EngineRunner):
         return ends, hit is None
 
     # -- probing -------------------------------------------------------------------------------
-    def _probe(self, ctx: _TrialContext, patches: dict[str, str], ends: BlockEnds,
+    def _probe(self, ctx: TrialContext, patches: dict[str, str], ends: BlockEnds,
                measured_base: bool, fresh_eng: HotEngine | None, trial_dir: Path,
-               draw: int) -> _Probed:
+               draw: int) -> Probed:
         base, repeat, bad = ends.baseline, ends.repeat, ends.bad
         assert base is not None
-        block = ctx.spec.seed_block
-        if patches == self.good and (measured_base or ends.adopted("baseline")) \
-                and fresh_eng is None:
+        probe = self.probing.probe(
+            patches, good_end_fresh=measured_base or ends.adopted("baseline"),
+            bad_known=bad is not None, confirmation=fresh_eng is not None)
+        if probe is Probe.AA_CHECK:
             # The ∅ end check: the good end was just measured twice in a fresh launch (here,
             # or on the node these ends came from, whose trial reported the A/A verdict).
             assert repeat is not None
             return aa_verdict(base, repeat), repeat, 0
         eng = fresh_eng or self._engine_for(ctx, patches, trial_dir)
         ctx.probed_in = eng
-        if bad is not None and patches != self.bad and self.sequential:
-            return self._sequential(ctx, eng, patches, base, repeat, bad, trial_dir, draw)
-        label = "good end (re-test)" if patches == self.good else "candidate"  # live view
-        cand = (self._finish_ahead(ctx, eng, patches, base, draw)
-                or self._collect(ctx, eng, patches, base, label, good_end=False)
-                ).save(trial_dir / "candidate")
-        if patches == self.bad:
+        if probe is Probe.SEQUENTIAL:
+            assert bad is not None
+            outcome = self._probes.sequential(ctx, eng, patches, (base, repeat, bad), draw)
+            saved = outcome.save(trial_dir / "candidate")
+            return saved.as_verdict(), saved.run, saved.decision.requests
+        started = self._ends.take_ahead((self.fingerprint(patches), draw))
+        cand = (self._probes.finish_ahead(ctx, eng, patches, base, started)
+                or self._probes.collect(ctx, eng, patches, base, "good end (re-test)"
+                                        if self.probing.is_good(patches) else "candidate",
+                                        good_end=False)).save(trial_dir / "candidate")
+        if self.probing.is_bad(patches):
+            block = ctx.spec.seed_block
             cand.save(self.ends_dir(trial_dir) / end_name(block, "bad"))
             if ends.bad is None or not ends.adopted("bad"):
                 ends.bad = cand  # an adopted bad end stays: every node judges against it
             ctx.measured.append(end_name(block, "bad"))
         return judge(base, repeat, cand), cand, len(cand.rows)
 
-    def _sequential(self, ctx: _TrialContext, eng: HotEngine, patches: dict[str, str],
-                    base: ProbeRun, repeat: ProbeRun | None, bad: ProbeRun, trial_dir: Path,
-                    draw: int) -> _Probed:
-        from dsv4bisect.probe.sequential_run import run_sequential
-
-        ff, fp = self.error_rates
-        # its own draw order per configuration and re-test
-        seed = int(hashlib.sha256(f"{self.fingerprint(patches)}:{draw}".encode())
-                   .hexdigest()[:8], 16)
-
-        def on(urls: Sequence[str]) -> Any:
-            return run_sequential(urls, base, bad, repeat, false_fail=ff, false_pass=fp,
-                                  seed=seed, api_key=self.api_key,
-                                  model=eng.cfg.served_model_name, warn_fails=self.warn_fails,
-                                  drift_relative=self.drift_relative)
-
-        def work(url: str) -> Any:
-            self._switch(ctx, eng, patches)
-            if ctx.replicas:
-                try:  # the same draws and decision as on one node (probe/shards.py)
-                    out = on([url, *ctx.replicas])
-                    ctx.sharded = True
-                    return out
-                except (Dsv4BisectError, OSError) as exc:  # a replica's node or engine lost:
-                    self.on_event(Notice(f"sharded probe lost a replica ({exc}): probed on "
-                                         "this node alone", "warn"))  # the same requests
-            return on([url])
-
-        outcome = self._timed(ctx, eng, patches, lambda: eng.arm.probe(work), good_end=False)
-        saved = outcome.save(trial_dir / "candidate")
-        return saved.as_verdict(), saved.run, saved.decision.requests
-
-    def _finish_ahead(self, ctx: _TrialContext, eng: HotEngine, patches: dict[str, str],
-                      base: ProbeRun, block: int) -> ProbeRun | None:
-        """The probe `ahead` started, finished against the good end's run `base` (its drift
-        transcripts scored on the engines that ran each shard); None where none was started,
-        or its cases are not the good end's (the probe then runs whole)."""
-        from dsv4bisect.probe.ahead import OtherCases, finish_ahead, finish_ahead_sharded
-
-        started = self._ahead.pop((self.fingerprint(patches), block), None)
-        if started is None:
-            return None
-        runs, costs = started
-        for name, seconds in costs.items():  # the trial's costs count its ahead part
-            ctx.costs[name] += seconds
-        model = eng.cfg.served_model_name
-
-        def work(url: str) -> ProbeRun:
-            self._switch(ctx, eng, patches)
-            if len(runs) == 1:
-                return finish_ahead(url, runs[0], base, api_key=self.api_key, model=model)
-            # each shard where it ran; one whose replica is gone, here
-            return finish_ahead_sharded([url], runs, base, api_key=self.api_key, model=model)
-
-        try:
-            run = self._timed(ctx, eng, patches, lambda: eng.arm.probe(work), good_end=False)
-        except OtherCases as exc:
-            self.on_event(Notice(f"{exc.message}: the candidate probes them again", "warn"))
-            return None
-        ctx.sharded = ctx.sharded or len(runs) > 1
-        return run
-
-    def _collect(self, ctx: _TrialContext, eng: HotEngine, patches: Mapping[str, str],
-                 reference: ProbeRun | None, label: str, *, good_end: bool) -> ProbeRun:
-        progress = probe_progress(self.on_event, label)
-        replicas = ctx.replicas if dict(patches) == ctx.patches else ()  # in this configuration
-        run = self._timed(ctx, eng, patches, lambda: collect_on(
-            eng.arm, ctx.spec, reference, self.api_key, progress,
-            lambda: self._switch(ctx, eng, patches), replicas), good_end=good_end)
-        ctx.sharded = ctx.sharded or bool(replicas)
-        return run
-
-    def _timed(self, ctx: _TrialContext, eng: HotEngine, patches: Mapping[str, str],
-               probe: Callable[[], T], *, good_end: bool) -> T:
-        """`probe` (which switches `eng` to `patches` again inside the arm's probe: a crash
-        relaunch starts from the base), guarded; the engine is up and switched to `patches`
-        before its clock starts."""
-        def ready() -> None:
-            eng.arm.ready()
-            self._switch(ctx, eng, patches)
-
-        self._guard(ctx, eng, ready, good_end=good_end)
-        t = time.perf_counter()
-        out = self._guard(ctx, eng, probe, good_end=good_end)
-        ctx.costs["probe_s"] += time.perf_counter() - t
-        return out
-
-    # -- engines -------------------------------------------------------------------------------
-    def _engine_for(self, ctx: _TrialContext, patches: Mapping[str, str],
+    # -- engines (the pool's, with this trial's costs) ----------------------------------------
+    def _engine_for(self, ctx: TrialContext, patches: Mapping[str, str],
                     trial_dir: Path) -> HotEngine:
         """The engine of λ(patches): the one up, else one launched in `patches` itself (its
         first trial is then a fresh launch's; the next trials of λ are switched in it)."""
@@ -484,56 +361,14 @@ class HotEngineRunner(EngineRunner):
         self._pool.add(key, eng)
         return eng
 
-    def _launch(self, ctx: _TrialContext, name: str, patches: Mapping[str, str],
+    def _launch(self, ctx: TrialContext, name: str, patches: Mapping[str, str],
                 cfg: EngineConfig, eng_dir: Path) -> HotEngine:
         """An engine launched in `patches` (`cfg`: with the hot environment, or none for the
-        confirmation), room made for it in the pool first."""
-        self._pool.make_room()
-        self.launches += 1
-        eng = HotEngine(patches, cfg, EngineArm(name, cfg, eng_dir, self._supervisor,
-                                                self.on_event), eng_dir / "switch")
+        confirmation), ready."""
+        eng = self._pool.new(name, patches, cfg, eng_dir)
         t = time.perf_counter()
-        self._guard(ctx, eng, eng.arm.ready, good_end=dict(patches) == self.good)
+        self._pool.guard(ctx.spec, eng, eng.arm.ready,
+                         good_end=self.probing.is_good(patches))
         ctx.costs["launch_s"] += time.perf_counter() - t
         eng.launch = eng.arm.launch
         return eng
-
-    def _switch(self, ctx: _TrialContext, eng: HotEngine, patches: Mapping[str, str]) -> None:
-        """Bring the running engine to `patches` (after a crash relaunch: from its base)."""
-        launch = eng.arm.launch
-        if launch is not eng.launch:  # relaunched: the process starts from the base state
-            eng.launch, eng.current = launch, dict(eng.base)
-        if eng.current == dict(patches):
-            return
-        t = time.perf_counter()
-        eng.generation += 1
-        # settings (bisect/setting_candidates.py) are load-time: the engine's base holds them
-        switching.write_request(eng.dir, eng.generation, format_patch_set(
-            {n: v for n, v in patches.items() if not is_setting(n)}, builtin_patches()))
-        assert launch is not None
-        for proc in launch.procs:  # type: ignore[attr-defined]
-            if proc.spec.gets_patches:
-                client = ProbeClient(proc.url, api_key=self.api_key, timeout_s=60, retries=1)
-                try:
-                    client.flush_cache()
-                finally:
-                    client.close()
-        switching.wait_receipts(eng.dir, eng.generation, switching.expected_receipts(eng.cfg),
-                                SWITCH_TIMEOUT_S)
-        if eng.cfg.kind == "reference":  # the engine must now report exactly the new set
-            verify_reference_patches(self.config(patches), server_info(launch.url))
-        eng.current = dict(patches)
-        eng.switches += 1
-        ctx.costs["switch_s"] += time.perf_counter() - t
-
-    def _guard(self, ctx: _TrialContext, eng: HotEngine, work: Callable[[], T], *,
-               good_end: bool = False) -> T:
-        """run/trial.py's guard, for an engine that outlives the trial: one that crashed or
-        cannot serve leaves the pool; a candidate's crash is decided here (no cached-baseline or
-        relaunch note: the good end is measured once per seed block); a PatchError (a switch
-        that did not take) is the engine's fault; an EngineError gets the log tail (a switch's
-        or a receipt's error does not carry it, unlike a launch's)."""
-        return guard(ctx.spec, eng.arm, work, good_end=good_end,
-                     crash_note="the good end ran without crashing",
-                     lost=lambda: self._pool.drop(eng), broken=(EngineError, PatchError),
-                     engine_tail=True)

@@ -4,15 +4,16 @@ A `Runner` launches (or otherwise evaluates) one patch set and returns a `TrialR
 decides what a crash or an infrastructure error means for the search: it reports them (verdict
 CANNOT_TEST, signature "crash" for an engine crash) and the driver decides (retry once; a
 repeated crash away from the good end is a FAIL with signature "crash"). Verdicts are
-probe/verdict.py's words: PASS, FAIL, WARN (drift only; FAIL for the search unless
-warn_as="pass"), CANNOT_TEST (infrastructure or a crash) and BETWEEN (a sequential trial probe
+probe/verdict.py's words: PASS, FAIL, WARN (drift only; the trial policy says how the search
+counts it), CANNOT_TEST (infrastructure or a crash) and BETWEEN (a sequential trial probe
 that reached its cap undecided: evidence for neither end, never a pass; docs/bisect.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -21,7 +22,11 @@ CRASH = "crash"
 
 @dataclass(frozen=True)
 class TrialResult:
+    """One trial's outcome, built by keyword past its verdict; `details` is its JSON evidence
+    (the ledger's and the report's), everything the bisect itself acts on is typed."""
+
     verdict: str  # PASS | FAIL | WARN | CANNOT_TEST | BETWEEN (probe/verdict.py)
+    _: KW_ONLY
     signature: str | None = None  # e.g. "crash", "garbage", "timeout"
     duration_s: float = 0.0
     details: Mapping[str, Any] = field(default_factory=dict)  # scores / evidence (JSON-able)
@@ -34,6 +39,16 @@ class TrialResult:
     # states them (the sequential trial probe does); None: the search's own noise applies.
     error_rates: tuple[float, float] | None = None
     requests: int | None = None  # probe requests this trial sent, where counted
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> TrialResult:
+        rates = doc.get("error_rates")  # what the search weighs a sequential verdict with
+        return cls(**{**doc, "details": dict(doc.get("details") or {}),
+                      "aa_verdicts": tuple(doc.get("aa_verdicts") or ()),
+                      "error_rates": None if rates is None else tuple(map(float, rates))})
 
 
 @dataclass(frozen=True)

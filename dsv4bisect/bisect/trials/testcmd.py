@@ -24,6 +24,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from dsv4bisect.bisect.trials.runner import TrialResult, TrialRunner
 from dsv4bisect.errors import BisectError
@@ -102,31 +103,32 @@ class TestCommandRunner(TrialRunner):
         log_path = trial_dir / LOG_NAME
         start = time.monotonic()
         cwd = str(self.cwd) if self.cwd is not None else os.getcwd()
+        details: dict[str, Any] = {"exit_code": None, "command": self._command_json(), "cwd": cwd}
+
+        def result(verdict: str, signature: str | None = None) -> TrialResult:
+            return TrialResult(verdict, signature=signature, duration_s=time.monotonic() - start,
+                               details=details, log_path=str(log_path))
+
         with open(log_path, "wb") as log:
             try:
                 code = self._execute(env, log)
             except _CouldNotRun as exc:
                 log.write(f"dsv4bisect: {exc}\n".encode())
-                return TrialResult(V.CANNOT_TEST, NOT_RUN, time.monotonic() - start,
-                                   {"exit_code": None, "command": self._command_json(),
-                                    "cwd": cwd, "why": str(exc)}, log_path=str(log_path))
-        duration = time.monotonic() - start
-        details = {"exit_code": code, "command": self._command_json(), "cwd": cwd}
+                details["why"] = str(exc)
+                return result(V.CANNOT_TEST, NOT_RUN)
+        details["exit_code"] = code
         if code is None:
-            return TrialResult(
-                V.CANNOT_TEST, "timeout", duration, details, log_path=str(log_path)
-            )
+            return result(V.CANNOT_TEST, "timeout")
         if code == 0:
-            return TrialResult(V.PASS, None, duration, details, log_path=str(log_path))
+            return result(V.PASS)
         if code == CANNOT_TEST_EXIT:
-            return TrialResult(V.CANNOT_TEST, None, duration, details, log_path=str(log_path))
+            return result(V.CANNOT_TEST)
         if code in NOT_RUN_EXITS:
             details["why"] = (f"the test command exited {code} ({NOT_RUN_EXITS[code]} in {cwd}): "
                               "it did not run, so it measured nothing")
-            return TrialResult(V.CANNOT_TEST, NOT_RUN, duration, details,
-                               log_path=str(log_path))
+            return result(V.CANNOT_TEST, NOT_RUN)
         if 1 <= code <= 127:
-            return TrialResult(V.FAIL, None, duration, details, log_path=str(log_path))
+            return result(V.FAIL)
         reason = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
         raise BisectError(
             f"the test command {reason}: aborting the bisect (log: {log_path})",

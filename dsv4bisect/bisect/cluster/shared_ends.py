@@ -14,10 +14,9 @@ as files (docs/cluster.md, "The ends travel"):
   (`adopt`: `HotEngineRunner.adopt_ends`, which checks probe spec, seed block and good end).
 
 No Ray here (bisect/cluster/ray_executor.py carries the bytes); only files, never probe objects, go
-through Ray's object store.
-
-A hot runner keeps the ends it knows as one `BlockEnds` per seed block (`HotEnds`), each end
-named as here (`ENDS`); `HotEnds.adopt` is what `adopt` installs.
+through Ray's object store. A hot runner keeps the ends it knows in its ends book
+(trials/ends_book.py), whose `EndsBook.adopt` is what `adopt` installs; the driver's copy is
+`DriverEnds`, the ends book of the Ray runner.
 """
 
 from __future__ import annotations
@@ -28,28 +27,23 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dsv4bisect.base.atomic import write_json
 from dsv4bisect.base.bounded import load_json
 from dsv4bisect.bisect.cluster.archive import pack, unpack
+from dsv4bisect.bisect.trials.ends_book import end_name
 from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.probe.run import ProbeRun
-from dsv4bisect.probe.spec import ProbeSpec
 
 if TYPE_CHECKING:  # the runner that adopts (its `adopt_ends`: none for fresh launches)
     from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 
 INDEX = "index.json"
 SCHEMA = "dsv4bisect.shared-ends/1"
-ENDS = ("baseline", "baseline-repeat", "bad")
 _NAME = re.compile(r"^b(\d+)/(baseline|baseline-repeat|bad)$")
-
-
-def end_name(block: int, end: str) -> str:
-    return f"b{block}/{end}"
 
 
 def parse_name(name: str) -> tuple[int, str]:
@@ -160,10 +154,6 @@ class DriverEnds:
         with self._lock:
             return _read_index(self.root)
 
-    def names(self) -> frozenset[str]:
-        index = self.index()
-        return frozenset(index.ends) if index else frozenset()
-
     def keep(self, data: bytes | None) -> list[str]:
         """Keep the ends of a node's archive that the driver does not have yet; returns them.
         Another good end than the ends kept so far is an error (one bisect, one good end)."""
@@ -203,81 +193,3 @@ class DriverEnds:
             if not sent.ends:
                 return frozenset(), None
             return frozenset(sent.ends), _archive(self.root, sent)
-
-
-# -- a hot runner's ends, by seed block ------------------------------------------------------
-
-@dataclass
-class BlockEnds:
-    """One seed block's ends as a hot runner knows them (bisect/trials/hot_runner.py): the good
-    end's baseline and its A/A repeat (measured together, or adopted together from another
-    node), the bad end's full-size run. A bad end adopted before the block's good end is known
-    waits here; the block is usable once its baseline is there."""
-
-    baseline: ProbeRun | None = None
-    repeat: ProbeRun | None = None
-    bad: ProbeRun | None = None
-    came_from: dict[str, str] = field(default_factory=dict)  # adopted end (ENDS) -> its node
-    aa: tuple[str, ...] = ()  # the A/A verdict measured here that no trial reported yet
-
-    @property
-    def known(self) -> bool:
-        """The good end measured (or adopted): trials of this block can be judged."""
-        return self.baseline is not None
-
-    def adopted(self, end: str) -> bool:
-        return end in self.came_from
-
-
-class HotEnds:
-    """A hot runner's ends: every seed block's `BlockEnds`, and the adoption of ends measured
-    on another node (`adopt`: what `HotEngineRunner.adopt_ends` installs)."""
-
-    def __init__(self) -> None:
-        self.blocks: dict[int, BlockEnds] = {}
-
-    def block(self, block: int) -> BlockEnds:
-        return self.blocks.setdefault(block, BlockEnds())
-
-    def take_aa(self, block: int) -> tuple[str, ...]:
-        """The A/A verdict of `block` measured here, once: the trial that reports it."""
-        ends = self.block(block)
-        aa, ends.aa = ends.aa, ()
-        return aa
-
-    def known(self, block: int) -> BlockEnds | None:
-        return self.blocks[block] if self.blocks.get(block, BlockEnds()).known else None
-
-    def adopt(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
-              bad: ProbeRun | None, *, spec: ProbeSpec, good: str, good_fingerprint: str,
-              source: str) -> list[str]:
-        """Install ends of seed block `block` measured by `source` (another node of this
-        bisect); returns the ends installed (`b<block>/<end>`). Ends already here are kept (its
-        own measurement, or an earlier adoption). The good end's baseline and A/A repeat come as
-        a pair. A run of another probe spec (`spec` at `block`), seed block or good end (`good`:
-        this runner's) is a ConfigError naming `source`."""
-        if (base is None) != (repeat is None):
-            raise ConfigError(f"the ends of seed block {block} from {source} hold the good "
-                              "end's baseline without its A/A repeat (or the reverse)",
-                              "send both runs of the good end, or neither")
-        if good_fingerprint != good:
-            raise ConfigError(f"the ends of seed block {block} from {source} were measured on "
-                              f"good end {good_fingerprint[:12]}, this runner's is {good[:12]}",
-                              "every node must resolve the same good end as the driver")
-        want = spec.replace(seed_block=block).spec_hash()
-        for end, run in (("baseline", base), ("baseline-repeat", repeat), ("bad", bad)):
-            if run is not None and (run.spec.seed_block, run.spec.spec_hash()) != (block, want):
-                raise ConfigError(f"the {end} of seed block {block} from {source} is a probe of "
-                                  f"seed block {run.spec.seed_block}, spec {run.spec.spec_hash()}"
-                                  f" (this runner probes spec {want})",
-                                  "every node must run the driver's dsv4bisect and probe tier")
-        ends = self.block(block)
-        installed: list[str] = []
-        if not ends.known and base is not None:
-            ends.baseline, ends.repeat = base, repeat
-            installed += ["baseline", "baseline-repeat"]
-        if bad is not None and ends.bad is None:  # before the good end is known: waits here
-            ends.bad = bad
-            installed.append("bad")
-        ends.came_from.update({end: source for end in installed})
-        return [end_name(block, end) for end in installed]

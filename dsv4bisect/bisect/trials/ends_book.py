@@ -1,0 +1,119 @@
+"""The hot runner's ends book: what a machine knows of the bisect's two ends, by seed block.
+
+Per seed block (`BlockEnds`): the good end's baseline and A/A repeat (measured together here, or
+adopted together from another node), the bad end's full-size run, which node each adopted end
+came from, and the A/A verdict measured here that no trial has reported yet. Beside them, the
+probes started ahead of the good end's run (probe/ahead.py): per (configuration, seed block),
+the accuracy parts sent and the seconds they took, kept for the trial that finishes them.
+
+Ends measured on another node of the same bisect are installed with `adopt` (what
+`HotEngineRunner.adopt_ends` calls; the files travel by cluster/shared_ends.py): checked against
+this runner's probe spec, seed block and good end, they serve as if measured here. The ends
+live as probe-run directories under `ends_dir(trial_dir)`, `b<block>/<end>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsv4bisect.errors import ConfigError
+from dsv4bisect.probe.run import ProbeRun
+from dsv4bisect.probe.spec import ProbeSpec
+
+ENDS = ("baseline", "baseline-repeat", "bad")
+
+
+def end_name(block: int, end: str) -> str:
+    return f"b{block}/{end}"
+
+
+def ends_dir(trial_dir: Path) -> Path:
+    """Where the trials of `trial_dir`'s bisect keep the ends (`b<block>/<end>`)."""
+    return trial_dir.parent.parent / "ends"
+
+
+@dataclass
+class BlockEnds:
+    """One seed block's ends as a hot runner knows them. A bad end adopted before the block's
+    good end is known waits here; the block is usable once its baseline is there."""
+
+    baseline: ProbeRun | None = None
+    repeat: ProbeRun | None = None
+    bad: ProbeRun | None = None
+    came_from: dict[str, str] = field(default_factory=dict)  # adopted end (ENDS) -> its node
+    aa: tuple[str, ...] = ()  # the A/A verdict measured here that no trial reported yet
+
+    @property
+    def known(self) -> bool:
+        """The good end measured (or adopted): trials of this block can be judged."""
+        return self.baseline is not None
+
+    def adopted(self, end: str) -> bool:
+        return end in self.came_from
+
+
+# A probe started ahead of the good end's run: its shards' accuracy parts, the seconds it took
+Ahead = tuple[list[ProbeRun], dict[str, float]]
+
+
+class EndsBook:
+    """Every seed block's `BlockEnds`, the adoption of ends measured on another node, and the
+    probes started ahead of the good end's run."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, BlockEnds] = {}
+        self._ahead: dict[tuple[str, int], Ahead] = {}
+
+    def block(self, block: int) -> BlockEnds:
+        return self.blocks.setdefault(block, BlockEnds())
+
+    def take_aa(self, block: int) -> tuple[str, ...]:
+        """The A/A verdict of `block` measured here, once: the trial that reports it."""
+        ends = self.block(block)
+        aa, ends.aa = ends.aa, ()
+        return aa
+
+    def keep_ahead(self, key: tuple[str, int], started: Ahead | None) -> None:
+        """The probe of configuration `key[0]` at seed block `key[1]` started ahead (None: it
+        could not start; an earlier one of the same trial is forgotten either way)."""
+        self._ahead.pop(key, None)
+        if started is not None:
+            self._ahead[key] = started
+
+    def take_ahead(self, key: tuple[str, int]) -> Ahead | None:
+        return self._ahead.pop(key, None)
+
+    def adopt(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
+              bad: ProbeRun | None, *, spec: ProbeSpec, good: str, good_fingerprint: str,
+              source: str) -> list[str]:
+        """Install ends of seed block `block` measured by `source` (another node of this
+        bisect); returns the ends installed (`b<block>/<end>`). Ends already here are kept (its
+        own measurement, or an earlier adoption). The good end's baseline and A/A repeat come as
+        a pair. A run of another probe spec (`spec` at `block`), seed block or good end (`good`:
+        this runner's) is a ConfigError naming `source`."""
+        if (base is None) != (repeat is None):
+            raise ConfigError(f"the ends of seed block {block} from {source} hold the good "
+                              "end's baseline without its A/A repeat (or the reverse)",
+                              "send both runs of the good end, or neither")
+        if good_fingerprint != good:
+            raise ConfigError(f"the ends of seed block {block} from {source} were measured on "
+                              f"good end {good_fingerprint[:12]}, this runner's is {good[:12]}",
+                              "every node must resolve the same good end as the driver")
+        want = spec.replace(seed_block=block).spec_hash()
+        for end, run in (("baseline", base), ("baseline-repeat", repeat), ("bad", bad)):
+            if run is not None and (run.spec.seed_block, run.spec.spec_hash()) != (block, want):
+                raise ConfigError(f"the {end} of seed block {block} from {source} is a probe of "
+                                  f"seed block {run.spec.seed_block}, spec {run.spec.spec_hash()}"
+                                  f" (this runner probes spec {want})",
+                                  "every node must run the driver's dsv4bisect and probe tier")
+        ends = self.block(block)
+        installed: list[str] = []
+        if not ends.known and base is not None:
+            ends.baseline, ends.repeat = base, repeat
+            installed += ["baseline", "baseline-repeat"]
+        if bad is not None and ends.bad is None:  # before the good end is known: waits here
+            ends.bad = bad
+            installed.append("bad")
+        ends.came_from.update({end: source for end in installed})
+        return [end_name(block, end) for end in installed]
