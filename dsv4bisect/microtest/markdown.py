@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from dsv4bisect.microtest.results import MicrotestReport, Row, layer_ranges
-from dsv4bisect.patching.spec import FAULT_LEGEND, FAULT_MARK
+from dsv4bisect.patchspec.spec import FAULT_LEGEND, FAULT_MARK
 
 STATUS_MARK = {"ok": "ok", "FAIL": "**FAIL**", "info": "info", "fault": "fault (not counted)",
                "fault-ok": "fault, within (not counted)",

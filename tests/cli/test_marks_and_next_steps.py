@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dsv4bisect.microtest.markdown import fault_legend, render_markdown
 from dsv4bisect.microtest.results import MicrotestReport, Row
-from dsv4bisect.patching.spec import FAULT_LEGEND, FAULT_MARK
+from dsv4bisect.patchspec.spec import FAULT_LEGEND, FAULT_MARK
 from dsv4bisect.report.run_report import RunView, terminal_lines
 
 
