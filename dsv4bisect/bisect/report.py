@@ -361,14 +361,20 @@ def decided_on_drift(view: BisectView) -> str | None:
             f"trial's drift WARN counts as fail ({_warn_rule(view)})")
 
 
-def drift_shares(view: BisectView) -> dict[str, float | None]:
+ALL_POSITIONS = "all positions"  # probe/null.py's view of every scored position
+
+
+def drift_shares(view: BisectView, where: str | None = ALL_POSITIONS
+                 ) -> dict[str, float | None]:
     """Each culprit's share of the bad end's drift: the mean KL of its runs alone over the bad
-    end's, both in the view that set the bad end's verdict (its trigger: the answer positions,
-    a position bucket), as the sequential trial probe compares them; None where a run kept no
-    figure in that view."""
+    end's, both in view `where` (all positions: the whole drift; None: the view that set the
+    bad end's verdict, as the sequential trial probe compares a trial with the ends); None
+    where a run kept no figure in that view."""
     bad = _bad_end(view)
-    where = ((bad.details.get("drift") or {}).get("where") if bad is not None else None)
-    bad_kl = _kl(bad, where) if bad is not None else None
+    if bad is None:
+        return {name: None for name in view.result.get("culprits") or ()}
+    where = where or (bad.details.get("drift") or {}).get("where")
+    bad_kl = _kl(bad, where)
     out: dict[str, float | None] = {}
     for name in view.result.get("culprits") or ():
         kls = [k for s in view.steps if s.subset == (name,) and (k := _kl(s, where)) is not None]
@@ -377,10 +383,22 @@ def drift_shares(view: BisectView) -> dict[str, float | None]:
 
 
 def ranked_culprits(view: BisectView) -> list[str]:
-    """The culprits, the largest share of the bad end's drift first (by name otherwise)."""
+    """The culprits, the largest share of the bad end's whole drift first (by name
+    otherwise)."""
     shares = drift_shares(view) if _on_drift(view) else {}
     return sorted(view.result.get("culprits") or (),
                   key=lambda n: (-(shares.get(n) or 0.0), n))
+
+
+def _shares_text(view: BisectView, name: str) -> str:
+    """` 96 % (92 % at answer positions)`: a culprit's share of the bad end's whole drift, and
+    in the view that set the bad end's verdict where that is another."""
+    whole = drift_shares(view).get(name)
+    bad = _bad_end(view)
+    where = (bad.details.get("drift") or {}).get("where") if bad is not None else None
+    there = drift_shares(view, None).get(name) if where != ALL_POSITIONS else None
+    out = f" {_share(whole)}" if whole is not None else ""
+    return out + (f" ({_share(there)} at {where})" if there is not None and where else "")
 
 
 def culprit_label(view: BisectView, name: str) -> str:
@@ -407,16 +425,11 @@ def headline(view: BisectView) -> str:
         names = ", ".join(culprit_label(view, n) for n in sorted(r["culprits"]))
         return f"culprit {{{names}}} (posterior {r['posterior']:.3f}), each member needed"
     if r["status"] == "several" and r.get("culprits"):
-        shares = drift_shares(view) if _on_drift(view) else {}
-        names = ", ".join(culprit_label(view, n) + (
-            f" {_share(shares[n])}" if shares.get(n) is not None else "")
-            for n in ranked_culprits(view))
-        how = ""
-        if shares:
-            bad = _bad_end(view)
-            where = (bad.details.get("drift") or {}).get("where") if bad is not None else None
-            how = (", ranked by their share of the bad end's drift (mean KL"
-                   + (f" at {where})" if where else ")"))
+        on_drift = _on_drift(view)
+        names = ", ".join(culprit_label(view, n) + (_shares_text(view, n) if on_drift else "")
+                          for n in ranked_culprits(view))
+        how = (", ranked by their share of the bad end's drift (mean KL over all positions)"
+               if on_drift and any(v is not None for v in drift_shares(view).values()) else "")
         return (f"several culprits, each failing on its own{how}: {names} (the good end "
                 "passed every time it was measured)")
     return str(r["message"])
