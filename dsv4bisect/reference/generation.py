@@ -78,14 +78,15 @@ class Generator:
     def __init__(
         self, engine: Any, tokenizer: ByteTokenizer, *, max_running_requests: int | None = None,
         radix_cache: bool = True, chunk_size: int | None = None, spec: Any = None,
-        spec_fault: str | None = None,
+        spec_fault: str | None = None, prefix_cache_budget: int | None = None,
     ) -> None:
-        from dsv4bisect.reference.prefix_cache import PrefixCache
+        from dsv4bisect.reference.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
         from dsv4bisect.reference.scheduler import Scheduler
 
         self.engine = engine
         self.tokenizer = tokenizer
-        self.prefix_cache = PrefixCache() if radix_cache else None
+        self.prefix_cache = (PrefixCache(prefix_cache_budget or DEFAULT_BUDGET_BYTES)
+                             if radix_cache else None)
         self.scheduler = Scheduler(engine, chunk_size=chunk_size,
                                    max_running_requests=max_running_requests,
                                    prefix_cache=self.prefix_cache, spec=spec,
