@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dsv4bisect.reference.cancel import Cancelled, StopCheck, current_check
+from dsv4bisect.reference.response_bound import charge, logprob_entries
 from dsv4bisect.reference.tokenizer import EOS_ID, ByteTokenizer
 
 if TYPE_CHECKING:  # the scheduler imports torch; this module stays importable without it
@@ -104,6 +105,9 @@ class Generator:
 
         self.engine.check_request(ids, spec.max_new_tokens, k, stop_ids)
         score_from = start + 1 if spec.return_logprob and start + 1 < len(ids) else None
+        if spec.return_logprob:  # what the reply will hold, against the server's bounds
+            charge(logprob_entries(scored_positions=len(ids) - (score_from or len(ids)),
+                                   output_tokens=spec.max_new_tokens, k=k))
         req = Request(tuple(ids), spec.max_new_tokens, frozenset(stop_ids), k, score_from,
                       Sampling(spec.temperature, spec.top_p, spec.top_k, spec.seed))
         if spec.max_new_tokens > 0 or score_from is not None:

@@ -6,9 +6,13 @@ blocking work handed to threads. What a local engine adds around the endpoint lo
 (`native_api.ServerApi`, request-JSON to reply-JSON):
 
 - Browsers: a foreign `Origin` (or, bound to loopback, a foreign `Host`) is 403 on every route, a
-  JSON route's body must be declared JSON (415), so a web page cannot drive the engine.
+  JSON route's body must be declared JSON (415), and a state-changing route takes POST only
+  (`csrf.py`: 405 for a GET, which a page can send without an Origin), so a web page cannot
+  drive the engine.
 - Size and load: a body over MAX_BODY_BYTES is 413 (by `Content-Length` before reading, and
-  counted while reading); more than MAX_MODEL_REQUESTS model requests in flight is 503 at once.
+  counted while reading); more than MAX_MODEL_REQUESTS model requests in flight is 503 at once;
+  the log-prob entries a reply would hold are bounded per request (400) and across the requests
+  in flight (503; `response_bound.py`).
 - Model work runs in worker threads (`anyio.to_thread`, one per admitted request: the engine
   decides what runs together, the transport serialises nothing). A `StopCheck` polled between
   model steps (`reference/cancel.py`) cancels it when the client hangs up (the ASGI
@@ -39,6 +43,7 @@ from starlette.routing import Route as StarletteRoute
 from starlette.types import Message, Receive, Scope, Send
 
 from dsv4bisect.errors import Dsv4BisectError
+from dsv4bisect.reference import csrf, response_bound
 from dsv4bisect.reference.cancel import Cancelled, stop_when
 from dsv4bisect.reference.native_api import ServerApi
 from dsv4bisect.reference.request_body import ApiError, parse_json
@@ -70,7 +75,7 @@ ROUTES: dict[str, Route] = {
     "/server_info": Route(("GET",), "server_info"),
     "/get_server_info": Route(("GET",), "server_info"),
     "/get_model_info": Route(("GET",), "model_info"),
-    "/flush_cache": Route(("GET", "POST"), "flush_cache"),
+    "/flush_cache": Route(csrf.METHODS, "flush_cache"),  # SGLang's takes GET too: csrf.py
     "/v1/chat/completions": Route(("POST",), "chat", json_body=True),
     "/v1/completions": Route(("POST",), "completions", json_body=True),
     "/generate": Route(("POST", "PUT"), "generate", json_body=True),
@@ -215,6 +220,10 @@ class HttpApp:
         if self.state.check_host and host is not None and not is_loopback(_hostname(host)):
             return error_reply(403, f"Host {host[:100]!r} is not this machine: the server is "
                                "bound to a loopback address", "ForbiddenError", close=True)
+        state_change = csrf.refusal(scope["method"], scope["path"])
+        if state_change is not None:
+            refused = error_reply(405, state_change, "MethodNotAllowedError")
+            return Reply(405, refused.payload, (("allow", ", ".join(csrf.METHODS)),))
         return None
 
     async def _http_error(self, request: Request, exc: Exception) -> Response:
@@ -294,7 +303,7 @@ class HttpApp:
               path: str) -> Reply | None:
         """The endpoint logic, on a worker thread; None: cancelled because the client left."""
         try:
-            with stop_when(check):
+            with stop_when(check), response_bound.request_scope():
                 return self._dispatch(route, body)
         except Cancelled:
             if not self.state.stopping.is_set():
