@@ -12,7 +12,6 @@ records, so the same trials come back in the same order and none is run twice.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.base import atomic
 from dsv4bisect.base.bounded import load_json
 from dsv4bisect.bisect import remedy as rem
 from dsv4bisect.bisect.events import (
@@ -119,7 +119,9 @@ def start_bisect(
     info: dict[str, Any] = {"run_id": run_id, "ledger": str(ledger.path.resolve())}
     if request is not None:
         info["request"] = dict(request)
-    (run_dir / RUN_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    # the request is what --resume replays, secrets included (a --set token, a test command's
+    # --api-key): readable by its owner only; every output of it is redacted
+    atomic.write_json(run_dir / RUN_FILE, info, private=True)
     return _Driver(spec, runner, ledger, run_id, run_dir, on_event).drive()
 
 
