@@ -21,6 +21,7 @@ from typing import Any
 
 from dsv4bisect.base import atomic
 from dsv4bisect.base.bounded import load_json
+from dsv4bisect.base.storage import resume_hint, storage_failure
 from dsv4bisect.bisect import remedy as rem
 from dsv4bisect.bisect.events import (
     Event,
@@ -135,6 +136,7 @@ def resume_bisect(
     Without `ledger`, the ledger named in the run directory is opened (and closed)."""
     run_dir = Path(run_dir)
     info = read_run_file(run_dir)
+    _check_replayable(info, run_dir)
     own = ledger is None
     ledger = ledger or Ledger.open(info["ledger"])
     try:
@@ -169,6 +171,19 @@ def read_run_file(run_dir: str | Path) -> dict[str, Any]:
         raise BisectError(f"{path}: {damaged}",
                           "the file was edited or truncated; it cannot be reported or resumed")
     return info
+
+
+def _check_replayable(info: dict[str, Any], run_dir: Path) -> None:
+    """What the request replays must still exist: a test command runs in its recorded working
+    directory, and one that is gone would make every remaining trial a CANNOT_TEST `not-run`
+    (a resume spent 49 of them before giving up): one error, before any trial."""
+    cwd = (info.get("request") or {}).get("test_cwd")
+    if info.get("request", {}).get("test_cmd") and isinstance(cwd, str) \
+            and not Path(cwd).is_dir():
+        raise BisectError(
+            f"`{run_dir}` runs its test command in `{cwd}`, which no longer exists",
+            f"recreate `{cwd}` with the test command's files, or start a new bisect from "
+            "where they are now (the ledger keeps every finished trial)")
 
 
 # The fields of bisect.json that a report or a resume reads, with the JSON types they must
@@ -215,6 +230,17 @@ class _Driver:
         self._bad_end_warns = False  # the bad end's own verdict was a drift WARN (--warn-as auto)
 
     def drive(self) -> BisectOutcome:
+        """The bisect to its end; a full disk or a lost permission on the way is a
+        StorageError (exit 125) whose hint is this bisect's `--resume`."""
+        try:
+            return self._drive()
+        except Exception as exc:
+            storage = storage_failure(exc, resume_hint(self.run_dir))
+            if storage is None:
+                raise
+            raise storage from exc
+
+    def _drive(self) -> BisectOutcome:
         search = self.spec.search()
         seen: Counter[frozenset[str]] = Counter()
         step = 0
