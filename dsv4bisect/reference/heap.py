@@ -6,8 +6,9 @@ cache's snapshots share the malloc arenas: a snapshot allocated among activation
 around it, and the freed activations stay in the process (measured: 60 distinct 1000-token
 prompts on the embedded checkpoint grew RSS by 147 MB while the cache held 19 MB; flushing the
 cache gave none of it back). `malloc_trim(0)` returns every whole free page of every arena (it
-madvises the middle of a heap too, glibc >= 2.8): after it the same run grew 44 MB and a flush
-fell back to 24 MB above the start. It costs about 0.1 ms on a trimmed heap.
+madvises the middle of a heap too, glibc >= 2.8): trimming after each request, the same run grew
+44 MB and a flush fell back to 20 MB above the start (one prefill's working set). It costs
+about 0.1 ms on a trimmed heap.
 
 Called when the scheduler goes idle, after the prefix cache evicts, and after a flush. Elsewhere
 than glibc (musl, macOS) there is no such call and this does nothing.
