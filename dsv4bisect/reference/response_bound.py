@@ -1,8 +1,8 @@
 """How many log-prob entries one request may make the server hold, and all requests at once.
 
 A request's cost in memory is not its body: a 77 KB `/generate` with the whole prompt scored
-(`logprob_start_len` 0) and `top_logprobs_num` 512 asks for 16 k positions × 513 entries, a
-249 MB JSON reply and 2.5 GB of Python objects on the way there. What a request makes the server
+(`logprob_start_len` 0) and `top_logprobs_num` 512 asks for 16 k positions × 513 entries: the
+audit saw a 249 MB JSON reply and the server's RSS peak at 2.85 GB. What a request makes the server
 hold is its log-prob entries: per scored position (prompt positions from `logprob_start_len`,
 and every output token) the chosen token's plus `k` alternatives, where k is `top_logprobs_num`,
 or the whole vocabulary when `token_ids_logprob` is asked (the engine ranks every id to look
