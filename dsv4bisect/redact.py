@@ -90,10 +90,9 @@ def is_secret_key(name: str) -> bool:
 
 
 def _secret_value(name: str, value: Any) -> bool:
-    """Whether `value`, under the secret name `name`, is to be hidden: any text, and any
-    number but a count (an int from YAML too: `API_KEY: 12345678`)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
+    """Whether `value`, under the secret name `name`, is to be hidden: any text, digits too,
+    but a count's. JSON numbers are never credentials (`eos_token_id: 1`); an env value or an
+    argument is always text (`API_KEY: 12345678` in a profile is the string "12345678")."""
     return isinstance(value, str) and bool(value) and not shown_number(name, value)
 
 
@@ -139,7 +138,7 @@ def secrets_in(data: Any) -> set[str]:
         if isinstance(item, Mapping):
             for key, value in item.items():
                 if is_secret_key(str(key)) and _secret_value(str(key), value):
-                    found.add(str(value))
+                    found.add(value)
                 stack.append(value)
         elif isinstance(item, (list, tuple)):
             strings = [x for x in item if isinstance(x, str)]
