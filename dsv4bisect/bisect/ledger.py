@@ -27,7 +27,7 @@ import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -395,8 +395,11 @@ def _own_file(path: Path) -> None:
     try:
         os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                          | os.O_CLOEXEC, 0o600))
-    except FileExistsError:
-        pass
+    except FileExistsError:  # an older ledger of ours, readable by others: ours alone now
+        with suppress(OSError):  # a read-only runs root: a reader's ledger
+            st = path.stat()
+            if st.st_uid == os.getuid() and st.st_mode & 0o077:
+                os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
     except OSError as exc:
         raise BisectError(f"cannot create the ledger `{path}`: {exc.strerror}",
                           "point --ledger (or --out) at a writable directory") from None
