@@ -136,7 +136,6 @@ def resume_bisect(
     Without `ledger`, the ledger named in the run directory is opened (and closed)."""
     run_dir = Path(run_dir)
     info = read_run_file(run_dir)
-    _check_replayable(info, run_dir)
     own = ledger is None
     ledger = ledger or Ledger.open(info["ledger"])
     try:
@@ -148,7 +147,8 @@ def resume_bisect(
             )
         spec = BisectSpec.from_json(run.settings)
         ledger.abandon_running(run.id)
-        return _Driver(spec, runner, ledger, run.id, run_dir, on_event).drive()
+        return _Driver(spec, runner, ledger, run.id, run_dir, on_event,
+                       before_trials=lambda: _check_replayable(info, run_dir)).drive()
     finally:
         if own:
             ledger.close()
@@ -176,7 +176,8 @@ def read_run_file(run_dir: str | Path) -> dict[str, Any]:
 def _check_replayable(info: dict[str, Any], run_dir: Path) -> None:
     """What the request replays must still exist: a test command runs in its recorded working
     directory, and one that is gone would make every remaining trial a CANNOT_TEST `not-run`
-    (a resume spent 49 of them before giving up): one error, before any trial."""
+    (a resume spent 49 of them before giving up): one error, before the first trial a resume
+    runs (a finished bisect's resume, which runs none, still reports)."""
     cwd = (info.get("request") or {}).get("test_cwd")
     if info.get("request", {}).get("test_cmd") and isinstance(cwd, str) \
             and not Path(cwd).is_dir():
@@ -221,8 +222,10 @@ class _Driver:
         run_id: str,
         run_dir: Path,
         on_event: Callable[[Event], None] | None,
+        before_trials: Callable[[], None] | None = None,
     ) -> None:
         self.spec, self.runner, self.ledger = spec, runner, ledger
+        self._before_trials = before_trials  # raises when trials cannot run (once, first)
         self.run_id, self.run_dir = run_id, run_dir
         self.emit = on_event or (lambda event: None)
         self.trials_run = 0
@@ -428,6 +431,9 @@ class _Driver:
         return self.spec.warn_as == "fail"
 
     def _launch(self, slots: list[_Slot], pool: ThreadPoolExecutor | None) -> None:
+        if self._before_trials is not None:
+            self._before_trials()
+            self._before_trials = None
         started = []
         for slot in slots:
             attempt = len(self.ledger.attempts(self.run_id, slot.key)) + 1
