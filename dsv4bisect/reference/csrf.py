@@ -6,8 +6,9 @@ it. A POST from a page always carries its Origin (browsers send it on every cros
 `null` from sandboxed frames), which that check refuses. So a route that changes the server's
 state answers POST only; a GET or HEAD is 405 with `Allow: POST` and says why.
 
-`/flush_cache` is the one such route: it empties the prefix cache and, in hot mode, applies a
-pending switch (reference/switch.py). SGLang's `/flush_cache` takes GET and POST (every verified
+`/flush_cache` (and `/reset_prefix_cache` of `serve --api vllm`, POST only in vLLM too) is
+the one such route: it empties the prefix cache and, in hot mode, applies a pending switch
+(reference/switch.py). SGLang's `/flush_cache` takes GET and POST (every verified
 release, `entrypoints/http_server.py`); dsv4bisect's client POSTs to both engines
 (`probe/client.py`). The model routes are POST with a JSON body, which no page can send across
 origins without a CORS preflight (which carries Origin); `/health_generate` is GET as SGLang's
@@ -16,7 +17,7 @@ and changes no state.
 
 from __future__ import annotations
 
-STATE_CHANGING = frozenset({"/flush_cache"})
+STATE_CHANGING = frozenset({"/flush_cache", "/reset_prefix_cache"})
 METHODS = ("POST",)
 
 
