@@ -68,6 +68,38 @@ def test_profile_and_diff_outputs(profile: Path) -> None:
         assert not leaked(result.out + result.err), command
 
 
+# main's newer engine shapes: a PD profile's per-role env and args (the router's too), and a
+# vLLM profile (`vllm serve --api-key`); `--resolved` prints every process's argv and env
+ROLE_SECRETS = {"prefill": ({"MY_BEARER": ENV["MY_BEARER"]}, ARGS[:2]),
+                "decode": ({"JWT": ENV["JWT"]}, ARGS[2:]),
+                "router": ({"DB_PWD": ENV["DB_PWD"]}, None)}
+
+
+@pytest.mark.parametrize("base", ["reference-pd", "dsv4-flash-vllm-tp8"])
+def test_pd_roles_and_vllm_profiles(tmp_path: Path, base: str) -> None:
+    engine: dict = {"env": {"API_KEY": ENV["API_KEY"], "DB_PASSPHRASE": ENV["DB_PASSPHRASE"]}}
+    if base == "reference-pd":
+        engine["pd"] = {role: {"env": env, **({"args": args} if args else {})}
+                        for role, (env, args) in ROLE_SECRETS.items()}
+    else:
+        engine["args"] = ARGS
+        engine["env"] |= {"MY_BEARER": ENV["MY_BEARER"]}
+    path = tmp_path / "planted.yaml"
+    path.write_text(yaml.safe_dump({"schema_version": 1, "name": "planted", "extends": base,
+                                    "engine": engine}))
+    p = str(path)
+    planted = 0
+    for command in (("profile", "show", p), ("profile", "show", p, "--json"),
+                    ("profile", "show", p, "--why"), ("profile", "show", p, "--resolved"),
+                    ("profile", "show", p, "--resolved", "--json"),
+                    ("diff-config", p, base), ("diff-config", base, p, "--json")):
+        result = cli(*command)
+        result.assert_clean()
+        assert not leaked(result.out + result.err), command
+        planted += result.out.count("***")
+    assert planted  # the secrets were there to hide
+
+
 def test_a_run_directory_and_its_report(tmp_path: Path) -> None:
     run = tmp_path / "run"
     overrides = Overrides(sets=SETS)
