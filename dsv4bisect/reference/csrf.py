@@ -6,9 +6,9 @@ it. A POST from a page always carries its Origin (browsers send it on every cros
 `null` from sandboxed frames), which that check refuses. So a route that changes the server's
 state answers POST only; a GET or HEAD is 405 with `Allow: POST` and says why.
 
-`/flush_cache` (and `/reset_prefix_cache` of `serve --api vllm`, POST only in vLLM too) is
-the one such route: it empties the prefix cache and, in hot mode, applies a pending switch
-(reference/switch.py). SGLang's `/flush_cache` takes GET and POST (every verified
+Such routes are `/flush_cache` and `/reset_prefix_cache` (`serve --api vllm`'s; POST only in
+vLLM too): each empties the prefix cache and, in hot mode, applies a pending switch
+(reference/switch.py); `dsv4bisect router`'s `/flush_cache` flushes every server. SGLang's `/flush_cache` takes GET and POST (every verified
 release, `entrypoints/http_server.py`); dsv4bisect's client POSTs to both engines
 (`probe/client.py`). The model routes are POST with a JSON body, which no page can send across
 origins without a CORS preflight (which carries Origin); `/health_generate` is GET as SGLang's
