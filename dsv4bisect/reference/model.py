@@ -354,8 +354,9 @@ class Compressor(nn.Module):
         kv = torch.cat((torch.stack([s.pending_kv for s in states]), kv), 1)  # from n_entries·r
         score = torch.cat((torch.stack([s.pending_score for s in states]), score), 1)
         n_win = kv.shape[1] // r
-        for b, state in enumerate(states):
-            state.pending_kv, state.pending_score = kv[b, n_win * r :], score[b, n_win * r :]
+        for b, state in enumerate(states):  # copies (< r rows): a view would keep [B, T, ·]
+            state.pending_kv = kv[b, n_win * r :].clone()
+            state.pending_score = score[b, n_win * r :].clone()
         if n_win == 0:
             return
         kv = kv[:, : n_win * r].view(B, n_win, r, -1)
