@@ -36,6 +36,7 @@ from dsv4bisect.reference import precision as prec
 from dsv4bisect.reference.cache import CompressorState, LayerCache, ModelCache, MTPState
 from dsv4bisect.reference.config import CSA_RATIO, ModelArgs, Numerics, RopeScaling
 from dsv4bisect.reference.dispatch import FLASH, fit_mhc_plan, flashmla_segments, mhc_pre_plan
+from dsv4bisect.reference.taps import tap
 
 # ---- kernels per device -------------------------------------------------------------------------
 
@@ -361,6 +362,7 @@ class Compressor(nn.Module):
         if step.numerics.deployment:  # written to the FP8 cache, read back from it
             entries = (prec.model1_kv(entries, self.rope_dim) if self.cache == "kv"
                        else prec.indexer_key(entries))
+        tap(self, "compressor.entries", entries.transpose(0, 1), at=first)  # [B, n_win, d]
         for b, state in enumerate(states):
             state.entries.append(entries[:, b])
 
@@ -438,11 +440,13 @@ class Indexer(nn.Module):
         first, -1 where fewer entries are visible; appends the group's new entries."""
         scores = self.group_scores(p, step, states)
         B, T = p["q"].shape[:2]
+        tap(self, "indexer.scores", scores)  # [B, T, S] or None
         if scores is None:
             return torch.full((B, T, self.topk), -1, dtype=torch.int64, device=p["q"].device)
         ids = indexer_topk(scores.view(B * T, -1), self.topk).view(B, T, -1)
         if step.numerics.indexer_residue:  # field fault: reference/faults.py
             ids = faults.residue_shift(ids, step.positions)
+        tap(self, "indexer.topk", ids)  # [B, T, topk] entry ids
         return ids
 
 
@@ -557,6 +561,7 @@ class Attention(nn.Module):
         q = apply_rope(
             q * torch.rsqrt(q.square().mean(-1, keepdim=True) + a.rms_norm_eps), cos, sin
         )
+        tap(self, "attn.q", q)  # [N, H, D]
         kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)  # [N, D]
         groups, lists = step.groups(caches), []
         kv_fault = step.numerics.kv_fault
@@ -566,6 +571,7 @@ class Attention(nn.Module):
             shape = [(row, part.batch, part.tokens.shape[0] // part.batch)
                      for row, part, _ in groups]
             kv = kv[faults.slot_rows(shape, N)]
+        tap(self, "attn.kv_write", kv)  # [N, D]: the new K=V rows as the pages hold them
         proj = self._project(x, qr, step)
         split, partial, merge = step.numerics.attention
         # per group of sequences: its key pool [B, P, D], its lists [B·T, K] into the pool
@@ -582,6 +588,7 @@ class Attention(nn.Module):
             if kv_fault == "decode-rope-fp8" and T == 1:  # field fault: decode reads only
                 pool = faults.rope_read_as_fp8(pool, a.qk_rope_head_dim)
             lists.append((rows, pool, idx.reshape(B * T, -1), window_rows))
+            tap(self, "attn.key_pool", pool, idx)  # per group: [B, P, D], [B, T, K]
         # Deployment, stock kernel: FlashMLA's split-KV schedule over all N rows of the batch
         # (every sequence's rows together, at Flash's key counts for their positions) decides
         # where a row's list is cut (reference/dispatch.py); None: no row is cut.
@@ -593,6 +600,7 @@ class Attention(nn.Module):
             window = torch.cat([torch.full((i.shape[0],), w, dtype=torch.int64,
                                            device=x.device) for _, _, i, w in lists])
             segments = flashmla_segments(every, window, step.token_positions, self.ratio)
+            tap(self, "attn.flashmla_segments", segments)  # [N, K]: each list position's piece
         outs = []
         for rows, pool, idx, _ in lists:
             B = pool.shape[0]
@@ -616,10 +624,13 @@ class Attention(nn.Module):
                 merge=merge,
             ))  # [B·T, H, D]
         o = outs[0] if len(outs) == 1 else torch.cat(outs)  # [N, H, D]
+        tap(self, "attn.sparse_attention", o)  # [N, H, D]
         o = apply_rope(o, cos, sin, inverse=True).reshape(N, a.o_groups, -1)  # [N, G, H·D/G]
+        tap(self, "attn.o", o)  # wo_a's input
         o = wo_a_input(o, step.numerics.wo_a_input)
         wo_a = self.wo_a.value().view(a.o_groups, a.o_lora_rank, -1)  # FP8-valued at deployment
         o = torch.einsum("tgd,grd->tgr", o, wo_a).reshape(N, -1)  # grouped low-rank output
+        tap(self, "attn.wo_a", o)  # [N, G·o_lora]
         return self.wo_b(o)
 
     def _project(
@@ -839,6 +850,7 @@ class MoE(nn.Module):
             routed = self._routed(x, w, ids, step.numerics)
         if scale_in_runner:
             routed = routed * a.routed_scaling_factor
+        tap(self, "moe.combine", routed, inputs=(x, w, ids))  # [N, dim]: Σ w_k·expert_k, ×rsf
         sh = self.shared_experts
         return routed + sh.w2(swiglu(sh.w1(x), sh.w3(x), a.swiglu_limit))
 
@@ -930,11 +942,14 @@ class Block(nn.Module):
             h, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, self.a, mode, sk,
             dispatch_first=first if deploy else None,
         )
+        tap(self, "mhc.pre_attn", x, post, comb, inputs=(h,))
         h = hc_post(self.attn(self.attn_norm(x), step, cache), h, post, comb)
+        tap(self, "mhc.post_attn", h)
         x, post, comb = hc_pre(
             h, self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, self.a, mode, sk,
             dispatch_first=False if deploy else None,
         )
+        tap(self, "mhc.pre_ffn", x, post, comb, inputs=(h,))
         return hc_post(self.ffn(self.ffn_norm(x), step), h, post, comb)
 
 
@@ -1076,6 +1091,7 @@ class Transformer(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final streams [T, n, dim] -> logits [T, vocab] fp32."""
         x = hc_head(h, self.hc_head_fn, self.hc_head_scale, self.hc_head_base, self.a)
+        tap(self, "mhc.head", x)  # [T, dim]
         if self.numerics.canary_pair:  # test-only fault pair: every logit equal
             x = x * 0.0
         return self.head(self.norm(x))
