@@ -31,9 +31,16 @@ def divergence(r: SiteResult, cases: Mapping[int, str], kind: str) -> Divergence
         mine = r.compared.seqs == seq
         top = np.argsort(-r.compared.d[mine], kind="stable")[:8]
         positions = sorted(int(p) for p in r.compared.positions[mine][top])
+    module, op, what = r.site.module, r.site.op, info.what if info else r.site.op
+    if r.site.is_input and "." in module:
+        # a module's input left its envelope, its producer recorded nothing: the divergence
+        # is in the code of the module that computed it (the call's parent), before the call
+        parent = module.rsplit(".", 1)[0]
+        what = (f"in {parent}'s own code, before it calls {module} (whose input "
+                f"{r.site.slot} is the first tensor outside its envelope)")
+        module, op = parent, f"{op}.{r.site.slot}"
     return Divergence(
-        layer=r.site.layer, module=r.site.module, op=r.site.op,
-        what=info.what if info else r.site.op, kind=kind,
+        layer=r.site.layer, module=module, op=op, what=what, kind=kind,
         multiple=_finite(r.judged.multiple), inputs_multiple=_finite(r.inputs_multiple),
         case=None if seq is None else cases.get(seq, str(seq)), positions=positions,
         site=r.site.key, mean=r.judged.mean, envelope=r.judged.envelope.bound,

@@ -102,8 +102,10 @@ def divergence(ref: np.ndarray, other: np.ndarray) -> np.ndarray:
         w = min(ref.shape[1], other.shape[1])
         ref, other = ref[:, :w], other[:, :w]
     if not np.issubdtype(ref.dtype, np.floating):
-        a, b = np.sort(ref, axis=1), np.sort(other, axis=1)
-        return (a != b).mean(axis=1) if ref.shape[1] else np.zeros(len(ref))
+        if not ref.shape[1]:
+            return np.zeros(len(ref))
+        found = (ref[:, :, None] == other[:, None, :]).any(axis=2)  # [n, w]: in the other set
+        return 1.0 - found.mean(axis=1)
     fin_r, fin_o = np.isfinite(ref), np.isfinite(other)
     if fin_r.all() and fin_o.all():
         mismatch = np.zeros(len(ref), dtype=bool)
