@@ -17,13 +17,28 @@ from dsv4bisect.errors import BisectError
 from dsv4bisect.localise.driver import BisectInput
 
 
+def _moved(path: Path, recorded_root: Path, root: Path) -> Path:
+    """A path the bisect recorded under its run directory, where that directory is now (a runs
+    root copied or moved elsewhere keeps its layout)."""
+    if path.exists() or recorded_root == root:
+        return path
+    try:
+        return root / path.relative_to(recorded_root)
+    except ValueError:
+        return path
+
+
 def read_bisect(run_dir: str | Path) -> BisectInput:
-    root = Path(run_dir)
+    root = Path(run_dir).resolve()
     info = read_run_file(root)
     request = dict(info.get("request") or {})
-    with Ledger.open_readonly(info["ledger"]) as ledger:
+    ledger_path = Path(info["ledger"])
+    if not ledger_path.is_file() and (root.parent / ledger_path.name).is_file():
+        ledger_path = root.parent / ledger_path.name  # the runs root moved with it
+    with Ledger.open_readonly(ledger_path) as ledger:
         run = ledger.get_run(info["run_id"])
         trials = ledger.trials(run.id)
+    recorded = Path(run.run_dir)
     spec = BisectSpec.from_json(run.settings)
     result = run.result or {}
     culprits = result.get("culprits")
@@ -37,8 +52,8 @@ def read_bisect(run_dir: str | Path) -> BisectInput:
         raise BisectError(f"the bisect in `{root}` ran a test command, not a profile",
                           "localise needs the configurations: localise the profile instead")
     bad = dict(spec.bad)
-    with_culprit = [Path(t.trial_dir) for t in trials if t.trial_dir and all(
-        t.patches.get(c) == bad.get(c) for c in culprits)]
+    with_culprit = [_moved(Path(t.trial_dir), recorded, root) for t in trials
+                    if t.trial_dir and all(t.patches.get(c) == bad.get(c) for c in culprits)]
     dirs = [d for d in (root / "ends", *with_culprit) if d.is_dir()]
     return BisectInput(run_dir=root, profile=str(profile),
                        sets=tuple(request.get("sets") or ()), bad_patches=bad,

@@ -17,7 +17,10 @@ runs; any other shape (weights, per-request tensors) is left out.
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
+import sys
+import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,9 +52,12 @@ def release_loader(source: str) -> dict[str, Any]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(getattr(t, "id", None) in _KEEP for t in targets):
                 body.append(node)
-    ns: dict[str, Any] = {"__name__": "sglang_release_dump_loader"}
+    name = f"_sglang_release_dump_loader_{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+    module = sys.modules.get(name) or types.ModuleType(name)
+    sys.modules[name] = module  # a dataclass looks its module up there
     code = compile(ast.Module(body=body, type_ignores=[]), "dump_loader.py", "exec")
-    exec(code, ns)  # noqa: S102 - the release's own loader functions, from its own source
+    exec(code, module.__dict__)  # noqa: S102 - the release's own loader functions, as written
+    ns = module.__dict__
     missing = [k for k in _KEEP if k not in ns]
     if missing:
         raise ValueError(f"the release's dump_loader.py has no {', '.join(missing)}")
