@@ -9,6 +9,7 @@ has nothing to localise: `error:` + `hint:` (exit 5).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from dsv4bisect.bisect.driver import read_run_file
 from dsv4bisect.bisect.ledger import Ledger
@@ -18,26 +19,39 @@ from dsv4bisect.localise.driver import BisectInput
 
 
 def _moved(path: Path, recorded_root: Path, root: Path) -> Path:
-    """A path the bisect recorded under its run directory, where that directory is now (a runs
-    root copied or moved elsewhere keeps its layout)."""
-    if path.exists() or recorded_root == root:
+    """A path the bisect recorded under its run directory, under the directory being read
+    when that was copied or moved elsewhere (its own copy first)."""
+    if recorded_root == root:
         return path
     try:
-        return root / path.relative_to(recorded_root)
+        moved = root / path.relative_to(recorded_root)
     except ValueError:
         return path
+    return moved if moved.exists() or not path.exists() else path
+
+
+def _read_run(root: Path, recorded: Path, run_id: str) -> tuple[Any, list[Any]]:
+    """The run and its trials: from the ledger beside the run directory when it holds the run
+    (a runs root copied or moved keeps its ledger there, `RUNS_ROOT/ledger.sqlite`), else from
+    the one the bisect recorded (`--ledger` elsewhere)."""
+    for path in dict.fromkeys((root.parent / recorded.name, recorded)):
+        if not path.is_file():
+            continue
+        try:
+            with Ledger.open_readonly(path) as ledger:
+                run = ledger.get_run(run_id)
+                return run, ledger.trials(run.id)
+        except BisectError:
+            continue
+    raise BisectError(f"no ledger holds the bisect run `{run_id}` of `{root}`",
+                      f"was {recorded} moved? keep it beside the run directory")
 
 
 def read_bisect(run_dir: str | Path) -> BisectInput:
     root = Path(run_dir).resolve()
     info = read_run_file(root)
     request = dict(info.get("request") or {})
-    ledger_path = Path(info["ledger"])
-    if not ledger_path.is_file() and (root.parent / ledger_path.name).is_file():
-        ledger_path = root.parent / ledger_path.name  # the runs root moved with it
-    with Ledger.open_readonly(ledger_path) as ledger:
-        run = ledger.get_run(info["run_id"])
-        trials = ledger.trials(run.id)
+    run, trials = _read_run(root, Path(info["ledger"]), info["run_id"])
     recorded = Path(run.run_dir)
     spec = BisectSpec.from_json(run.settings)
     result = run.result or {}
