@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -28,17 +28,17 @@ def localise(
     disable: Disable = None,
     only: Only = None,
     sets: Set = None,
-    culprit: Annotated[Optional[str], typer.Option(
+    culprit: Annotated[str | None, typer.Option(
         "--culprit", metavar="P,Q", help="The culprit patches, reverted for the good end "
         "(default: what the flags changed against the profile).")] = None,
     revert: Annotated[str, typer.Option(
         metavar="fault|patch", help="A culprit running a fault variant goes back to its "
         "patch's default variant (`fault`, the default) or off (`patch`).")] = "fault",
-    tier: Annotated[Optional[str], typer.Option(
+    tier: Annotated[str | None, typer.Option(
         help="Probe tier whose cases are used without a run (default: the profile's).")] = None,
     cases: Annotated[int, typer.Option(
         min=1, max=64, help="Cases to run, longest first (each ~1 min on a 2-core CPU).")] = 1,
-    from_runs: Annotated[Optional[list[Path]], typer.Option(
+    from_runs: Annotated[list[Path] | None, typer.Option(
         "--from", metavar="RUN_DIR", help="A `run` directory whose lost cases to use "
         "(repeatable).")] = None,
     out: Annotated[Path, typer.Option(

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.grid import Case, build_cases, periods
 from dsv4bisect.probe.layout import calibrate
 from dsv4bisect.probe.run import ProbeRun
@@ -71,8 +72,8 @@ def probe_runs(roots: Iterable[Path]) -> list[ProbeRun]:
             if (run_json.parent / "rows.jsonl").is_file():
                 try:
                     runs.append(ProbeRun.load(run_json.parent))
-                except Exception:  # noqa: BLE001 - a run directory of another kind: not ours
-                    continue
+                except ConfigError:  # a run.json of another kind (a `run`'s own): not a probe's
+                    pass
     return runs
 
 

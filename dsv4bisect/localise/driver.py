@@ -45,7 +45,7 @@ class BisectInput:
 @dataclass(frozen=True)
 class Question:
     profile: str | None = None
-    overrides: Overrides = Overrides()
+    overrides: Overrides = field(default_factory=Overrides)
     culprit: tuple[str, ...] | None = None
     bisect: BisectInput | None = None
     revert: str = "fault"

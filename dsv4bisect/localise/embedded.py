@@ -42,7 +42,6 @@ class EmbeddedResult:
     spec: Round | None = None
     spec_prompts: int = 0  # prompts the speculative check generated
     seconds: dict[str, float] = field(default_factory=dict)
-    models: dict[str, Any] = field(default_factory=dict)  # label -> the loaded model
 
 
 class Engines:
@@ -163,8 +162,6 @@ def run_embedded(good: EmbeddedSettings, bad: EmbeddedSettings, cases: Sequence[
             engine, prompts, chunk=bad.chunk_size, spec=spec_settings(bad),
             spec_fault=bad.spec_fault, stop_ids=frozenset({engine.config.eos_token_id}))
         seconds["speculation"] = time.perf_counter() - t0
-    result.models = {"good": engines.get(good).model if good.load_key != bad.load_key else None,
-                     "bad": engines.get(bad).model}
     return result
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -90,7 +91,7 @@ def schedule(transcripts: Sequence[Transcript], arm: Arm, chunk: int
             cuts = [0, t.prompt]
             if arm.split is not None:
                 cuts.insert(1, min(t.prompt - 1, max(1, round(arm.split * t.prompt))))
-            for a, b in zip(cuts, cuts[1:], strict=False):
+            for a, b in pairwise(cuts):
                 steps += [(Rows(seq, s, min(chunk, b - s)),) for s in range(a, b, chunk)]
     order = list(reversed(seqs)) if arm.rebatch else seqs
     longest = max(len(t.ids) - t.prompt for _, t in seqs)

@@ -63,7 +63,7 @@ def downstream(loc: Localisation) -> list[LayerPicture]:
     by_layer: dict[int | None, list[SiteResult]] = {}
     for r in loc.sites:
         by_layer.setdefault(r.site.layer, []).append(r)
-    keys = sorted((k for k in by_layer if k is not None)) + ([None] if None in by_layer else [])
+    keys = sorted(k for k in by_layer if k is not None) + ([None] if None in by_layer else [])
     return [LayerPicture(layer=k, max_multiple=max(r.judged.multiple for r in by_layer[k]),
                          sites_outside=sum(r.judged.is_outside for r in by_layer[k]),
                          sites=len(by_layer[k])) for k in keys]
@@ -140,7 +140,7 @@ def markdown(res: LocaliseResult) -> str:
     for name, end in res.ends.items():
         listing = ", ".join(f"{k}:{v}" for k, v in end.patches.items()) or "no patch"
         lines.append(f"- {name} end: fingerprint `{end.fingerprint[:16]}`, {listing}")
-    lines.append(f"- cases: " + "; ".join(f"{c.case_id} ({c.tokens} tokens, {c.why})"
+    lines.append("- cases: " + "; ".join(f"{c.case_id} ({c.tokens} tokens, {c.why})"
                                          for c in res.cases))
     lines.append(f"- null arms (the envelope): {', '.join(res.null_arms) or 'none'}")
     lines += ["", "## First divergence", ""]

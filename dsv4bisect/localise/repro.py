@@ -88,9 +88,13 @@ def build(op: str, module: str, raws: dict[str, Raw], layout: tuple[Rows, ...], 
         # the whole forward's rows: a layout fault reads the scales of other rows
         return {"o": full, "weight": weight, "rows": (at, o.shape[0])}
     if op in ("mhc.pre_attn", "mhc.pre_ffn"):
-        h = _rows(raws.get(f"{module}:{op}:in0", Raw()), forward, layout, seq)
-        full = next((t for f, _, t in raws.get(f"{module}:{op}:in0", Raw()).parts
-                     if f == forward), None)
+        # its input h: the block's input (the attention site) or the attention's mHC post's
+        # output (the MoE site), recorded under whichever site saw the tensor first
+        sources = ([f"{module}:block:in0"] if op == "mhc.pre_attn"
+                   else [f"{module}:mhc.post_attn:0"]) + [f"{module}:{op}:in0"]
+        raw = next((raws[k] for k in sources if k in raws), Raw())
+        h = _rows(raw, forward, layout, seq)
+        full = next((t for f, _, t in raw.parts if f == forward), None)
         if h is None or full is None:
             return None
         site = "attn" if op == "mhc.pre_attn" else "ffn"

@@ -150,8 +150,8 @@ def localise_sglang(q: Any, ends: Any, progress: Any) -> tuple[Any, Path]:
                           for t in transcripts]),
         null_arms=[a.name for a in arms], first_divergence=first, activations=first,
         downstream=report.downstream(loc), files=files, comparator=" ".join(cmp),
-        notes=[*notes, "SGLang path: module calls only (no functional taps), prefill only, "
-               "no state check"], seconds={"total": round(time.perf_counter() - t0, 1)})
+        notes=[*notes, ("SGLang path: module calls only (no functional taps), prefill only, "
+                        "no state check")], seconds={"total": round(time.perf_counter() - t0, 1)})
     atomic.write_json(out / "localise.json", result.to_json())
     atomic.write_text(out / "report.md", report.markdown(result))
     return result, out

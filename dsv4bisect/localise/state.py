@@ -44,7 +44,7 @@ def state_capture(caches: Mapping[int, Any], model: torch.nn.Module, label: str 
         if len(pos):
             cap.rows[key].add(seq, pos, rows.detach().reshape(len(pos), -1).float().numpy().copy())
 
-    for i, block in enumerate(model.layers):
+    for i in range(len(model.layers)):
         for seq, cache in caches.items():
             lc = cache.layers[i]
             n = lc.window.shape[0]
@@ -68,7 +68,6 @@ def state_capture(caches: Mapping[int, Any], model: torch.nn.Module, label: str 
                             np.arange(start - r, start), getattr(state, slot))
                 put(module, entries_op, "0", seq, (np.arange(done) + 1) * r - 1,
                     state.entries.view())
-        del block
     return cap
 
 

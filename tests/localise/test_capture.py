@@ -6,11 +6,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from dsv4bisect.localise import protocol as P  # noqa: E402
-from dsv4bisect.localise.capture import recording  # noqa: E402
-from dsv4bisect.localise.judge import localise, null_comparisons  # noqa: E402
-from dsv4bisect.localise.sites import compare_site  # noqa: E402
-from dsv4bisect.reference.engine import ReferenceEngine  # noqa: E402
+from dsv4bisect.localise import protocol as P
+from dsv4bisect.localise.capture import recording
+from dsv4bisect.localise.judge import localise, null_comparisons
+from dsv4bisect.localise.sites import compare_site
+from dsv4bisect.reference.engine import ReferenceEngine
 
 
 @pytest.fixture(scope="module")

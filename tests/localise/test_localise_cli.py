@@ -92,7 +92,7 @@ def test_hash_topk_scaling_names_its_combine_where_it_moves_anything(cli,
                                                                      tmp_path: Path) -> None:
     """`topk` scales before the combine instead of after it: an fp32 reordering of the hash
     layers' routed output, below the fp32 floor unless it flips a rounding downstream."""
-    rc, out = _localise(cli, tmp_path, "reference", "--only", "hash-topk-scaling")
+    _, out = _localise(cli, tmp_path, "reference", "--only", "hash-topk-scaling")
     first = out["first_divergence"]
     assert first is None or first["op"] == "moe.combine"
 

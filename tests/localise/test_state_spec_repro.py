@@ -8,12 +8,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dsv4bisect.localise import protocol as P  # noqa: E402
-from dsv4bisect.localise.judge import localise  # noqa: E402
-from dsv4bisect.localise.repro import kernel_parts, run_op  # noqa: E402
-from dsv4bisect.localise.state import hit_state, state_capture  # noqa: E402
-from dsv4bisect.reference.engine import ReferenceEngine  # noqa: E402
-from dsv4bisect.reference.scheduler import Scheduler  # noqa: E402
+from dsv4bisect.localise import protocol as P
+from dsv4bisect.localise.judge import localise
+from dsv4bisect.localise.repro import kernel_parts, run_op
+from dsv4bisect.localise.state import hit_state, state_capture
+from dsv4bisect.reference.engine import ReferenceEngine
+from dsv4bisect.reference.scheduler import Scheduler
 
 
 def _cold_and_hit(engine: ReferenceEngine, ids: tuple[int, ...], prompt: int):
@@ -38,12 +38,11 @@ def test_a_stale_window_restored_on_a_hit_is_named_and_a_right_one_is_not() -> N
 
 
 def test_a_drafted_stop_taken_unverified_is_the_stop_check() -> None:
+    from dsv4bisect.config.checkpoints import checkpoint_dir
     from dsv4bisect.localise.cases import prompt_ids, tier_cases
     from dsv4bisect.localise.speculation import first_wrong_round
     from dsv4bisect.probe.spec import tier_spec
     from dsv4bisect.reference.spec_settings import SpecSettings
-
-    from dsv4bisect.config.checkpoints import checkpoint_dir
 
     engine = ReferenceEngine.load(checkpoint_dir("embedded"), precision="deployment",
                                   mtp=True, patches={"nextn-speculation": "draft-eos"})
@@ -83,3 +82,38 @@ def test_the_split_k_kernel_is_taken_apart_into_its_merge_and_its_partials() -> 
     off = {"split": None, "partial": "float32", "merge": "lse", "segmented": False}
     assert kernel_parts(inputs, off, lse)[0] == "attn.sparse_attention"  # not split alike
     assert run_op("attn.sparse_attention", inputs, lse).shape == inputs["q"].shape
+
+
+@pytest.mark.parametrize(("module", "op", "patches"), [
+    ("layers.0", "mhc.pre_attn", {"mhc-bf16": "bf16"}),
+    ("layers.1", "mhc.pre_ffn", {"mhc-bf16": "bf16"}),
+    ("layers.0.attn", "attn.wo_a", {"fp8-wo-a-gemm": "scale-layout"}),
+    ("layers.3.attn", "attn.sparse_attention", {"mma-decode": "split-k"}),
+])
+def test_the_op_level_repro_rebuilds_the_op_from_a_save_pass(module: str, op: str,
+                                                            patches: dict[str, str]) -> None:
+    from dsv4bisect.localise.capture import recording
+    from dsv4bisect.localise.repro import build, op_settings
+    from dsv4bisect.reference.config import Numerics
+
+    engine = ReferenceEngine.load(None, precision="deployment")
+    ids = tuple((3 * i + 2) % 500 + 5 for i in range(40))
+    ts = P.with_mates([P.Transcript("t", ids, 40)])
+    with recording(engine.model, keep=lambda key: key.startswith(module + ":")) as rec:
+        P.run(engine.model, ts, P.schedule(ts, P.BASE, 2048), rec)
+    inputs = build(op, module, rec.raw, rec.layouts[0], 0, 0, engine.model)
+    assert inputs is not None, sorted(rec.raw)
+    layer = int(module.split(".")[1])
+    ends = (("good", {}), ("bad", patches))
+    settings = {end: op_settings(op, Numerics.from_patches(p, precision="deployment"),
+                                 engine.model, layer) for end, p in ends}
+    good = run_op(op, inputs, settings["good"])
+    bad = run_op(op, inputs, settings["bad"])
+    assert good.shape == bad.shape and good.shape[0] == 40
+    assert not torch.equal(good, bad)
+    # the good end's settings on its own inputs give back what its forward computed
+    produced = next(t for f, _, t in rec.raw[f"{module}:{op}:0"].parts if f == 0)
+    if op.startswith("mhc"):
+        assert torch.allclose(good[:, :produced.shape[1]], produced[:40], atol=1e-6)
+    else:
+        assert torch.allclose(good, produced[:40].reshape(good.shape), atol=1e-6)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from wheels import VERSIONS, wheel_of
 
 from dsv4bisect.localise.sglang_contract import (
     EXPECTED,
@@ -24,7 +25,6 @@ from dsv4bisect.localise.sglang_contract import (
     read_contract,
 )
 from dsv4bisect.plugin.static import SourceTree
-from wheels import VERSIONS, wheel_of
 
 
 def test_every_verified_release_has_the_dumper_localise_drives(wheel: Path) -> None:
