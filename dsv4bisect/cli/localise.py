@@ -103,6 +103,11 @@ def _summary(res: LocaliseResult, directory: Path) -> None:
     if res.state is not None and res.state.first is not None and res.state.first is not f:
         s = res.state.first
         con.print(Text(f"state: {s.module} {s.op} ×{s.multiple:.3g} on a prefix-cache hit"))
+    if res.alignment is not None and not res.alignment["bit_identical"]:
+        con.print(Text("warning: the embedding is not bit-identical in both ends: the runs "
+                       "are not aligned", style="yellow"))
+    if res.comparator:
+        con.print(Text(f"cross-check: {res.comparator}"))
     if "repro" in res.files:
         con.print(Text(f"op-level repro: {res.files['repro']}"))
     con.print(Text(f"report: {directory / 'report.md'}"))

@@ -329,7 +329,8 @@ def localise_embedded(q: Any, ends: Any, good: EmbeddedSettings, bad: EmbeddedSe
         bisect_dir=str(q.bisect.run_dir) if q.bisect else None,
         culprit=ends.culprit.describe(), revert=ends.revert, good_end_how=ends.how,
         ends={"good": end_info(ends.good, good), "bad": end_info(ends.bad, bad)},
-        cases=case_infos(cases), null_arms=list(run.null_arms), first_divergence=first,
+        cases=case_infos(cases), null_arms=list(run.null_arms),
+        alignment=report.alignment(run.activations), first_divergence=first,
         activations=activation, state=state, speculation=speculation,
         speculation_prompts=run.spec_prompts, downstream=report.downstream(run.activations),
         files=files, notes=notes, seconds={k: round(v, 1) for k, v in run.seconds.items()})

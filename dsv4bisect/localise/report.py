@@ -47,6 +47,17 @@ def divergence(r: SiteResult, cases: Mapping[int, str], kind: str) -> Divergence
         acts_on=list(info.acts_on) if info else [])
 
 
+def alignment(loc: Localisation) -> dict[str, object] | None:
+    """The maintainers' first step: the embedding output must be bit-identical, or the two runs
+    did not compute the same tokens at the same positions (nothing after it can be compared)."""
+    first = next((r for r in loc.sites if not r.site.is_input and (
+        r.site.op == "embed" or r.site.module.endswith(("embed", "embed_tokens")))), None)
+    if first is None:
+        return None
+    return {"site": first.site.key, "bit_identical": bool(not first.compared.d.any()),
+            "positions": len(first.compared.d)}
+
+
 def state_check(check: str, loc: Localisation | None, cases: Mapping[int, str]
                 ) -> StateCheck | None:
     if loc is None:
@@ -143,6 +154,10 @@ def markdown(res: LocaliseResult) -> str:
     lines.append("- cases: " + "; ".join(f"{c.case_id} ({c.tokens} tokens, {c.why})"
                                          for c in res.cases))
     lines.append(f"- null arms (the envelope): {', '.join(res.null_arms) or 'none'}")
+    if res.alignment is not None:
+        same = "bit-identical" if res.alignment["bit_identical"] else \
+            "NOT bit-identical: the runs are not aligned, nothing after it compares"
+        lines.append(f"- alignment: the embedding (`{res.alignment['site']}`) is {same}")
     lines += ["", "## First divergence", ""]
     f = res.first_divergence
     if f is None:

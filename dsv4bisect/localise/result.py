@@ -10,6 +10,8 @@ Keys (docs/localise.md documents each):
   envelope, or null, and how many state sites were;
 - `speculation`: the first speculative round that emitted what greedy decoding would not;
 - `downstream`: per layer, the largest multiple and the sites outside;
+- `alignment`: the embedding output's site and whether it is bit-identical in both ends (the
+  maintainers' first step: if not, the runs did not compute the same tokens);
 - `ends`, `cases`, `null_arms`, `files`, `seconds`, and for SGLang `comparator`.
 """
 
@@ -78,6 +80,7 @@ class LocaliseResult(BaseModel):
     ends: dict[str, EndInfo]
     cases: list[CaseInfo]
     null_arms: list[str]
+    alignment: dict[str, Any] | None = None  # the embedding: bit-identical in both ends?
     first_divergence: Divergence | None
     activations: Divergence | None  # the activation path's answer alone
     state: StateCheck | None = None

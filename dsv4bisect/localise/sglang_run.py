@@ -148,7 +148,8 @@ def localise_sglang(q: Any, ends: Any, progress: Any) -> tuple[Any, Path]:
               for k, c in (("good", ends.good), ("bad", ends.bad))},
         cases=case_infos([CaseTokens(t.case_id, t.ids[:t.prompt], t.ids[t.prompt:])
                           for t in transcripts]),
-        null_arms=[a.name for a in arms], first_divergence=first, activations=first,
+        null_arms=[a.name for a in arms], alignment=report.alignment(loc),
+        first_divergence=first, activations=first,
         downstream=report.downstream(loc), files=files, comparator=" ".join(cmp),
         notes=[*notes, ("SGLang path: module calls only (no functional taps), prefill only, "
                         "no state check")], seconds={"total": round(time.perf_counter() - t0, 1)})

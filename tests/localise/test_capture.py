@@ -74,3 +74,16 @@ def test_a_re_chunked_prefill_is_a_harmless_change_and_a_fault_is_not(
     first = localise(good, bad, null).first
     assert first is not None and first.site.key == "layers.0.attn:attn.wo_a:0"
     assert first.judged.multiple > 1 and first.inputs_multiple <= 1
+
+
+def test_alignment_is_proven_on_the_embedding(engine: ReferenceEngine) -> None:
+    from dsv4bisect.localise.report import alignment
+
+    good = _capture(engine)
+    engine.switch({"mhc-bf16": "bf16"})
+    try:
+        bad = _capture(engine)
+    finally:
+        engine.switch({})
+    got = alignment(localise(good, bad, {}))
+    assert got is not None and got["site"] == "embed:embed:0" and got["bit_identical"]
