@@ -60,6 +60,10 @@ def localise(
     if revert not in ("fault", "patch"):
         raise ConfigError(f"--revert {revert}: unknown", "use --revert fault or --revert patch")
     names = tuple(n.strip() for n in culprit.split(",") if n.strip()) if culprit else None
+    for run_dir in from_runs or ():
+        if not run_dir.is_dir():
+            raise ConfigError(f"--from {run_dir}: not a directory",
+                              "pass a `run` directory (it holds baseline/ and candidate/)")
     flags = overrides(enable, disable, only, sets)
     root = Path(target)
     if (root / "bisect.json").is_file():

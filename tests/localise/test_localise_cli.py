@@ -25,6 +25,8 @@ def test_an_unknown_revert_and_flags_on_a_bisect_directory_are_bad_input(cli,
                                                                          tmp_path: Path) -> None:
     proc = cli("localise", "reference", "--only", "mhc-bf16", "--revert", "bogus")
     assert proc.returncode == 5 and "--revert bogus" in proc.stderr
+    proc = cli("localise", "reference", "--only", "mhc-bf16", "--from", tmp_path / "nowhere")
+    assert proc.returncode == 5 and "not a directory" in proc.stderr
     (tmp_path / "bisect.json").write_text("{}")
     proc = cli("localise", tmp_path, "--only", "mhc-bf16")
     assert proc.returncode == 5 and "brings its own ends" in proc.stderr
