@@ -20,6 +20,7 @@ tool for that; its findings are in the engine's log).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -54,9 +55,10 @@ def with_dumper(cfg: EngineConfig, dump_dir: Path, contract: DumperContract) -> 
     return replace(cfg, processes=tuple(procs))
 
 
-def configure(url: str, **body: Any) -> None:
+def configure(url: str, api_key: str | None = None, **body: Any) -> None:
     """POST /dumper/configure on the engine's port (`DUMPER_SERVER_PORT=reuse`)."""
-    resp = requests.post(url.rstrip("/") + CONFIGURE, json=body, timeout=60)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    resp = requests.post(url.rstrip("/") + CONFIGURE, json=body, timeout=60, headers=headers)
     if resp.status_code != 200:
         raise EngineError(f"POST {CONFIGURE} answered {resp.status_code}: {resp.text[:200]}",
                           "is the dumper on (DUMPER_SERVER_PORT=reuse reached the engine)?")
@@ -92,6 +94,7 @@ def localise_sglang(q: Any, ends: Any, progress: Any) -> tuple[Any, Path]:
     from dsv4bisect.localise.sites import Compared
     from dsv4bisect.probe.runner import open_client
     from dsv4bisect.probe.spec import tier_spec
+    from dsv4bisect.run.arm import verify_patches
 
     t0 = time.perf_counter()
     src = installed_source(engine_python(ends.bad))
@@ -115,15 +118,17 @@ def localise_sglang(q: Any, ends: Any, progress: Any) -> tuple[Any, Path]:
         dump_dir = out / "dumps" / end
         launched = with_dumper(cfg, dump_dir, contract)
         progress(f"{end} end: launching SGLang {contract.release} with the dumper, graphs off")
+        key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
         with Launch(launched, out / end) as launch:
-            client = open_client(launch.url, spec, None, cfg.served_model_name)
+            verify_patches(launched, launch)  # a patch that did not take is no comparison
+            client = open_client(launch.url, spec, key, cfg.served_model_name)
             if not transcripts:  # the tier's drift cases with the good end's greedy answers
                 transcripts = _drift(client, spec, q.cases, cases)
             for arm in [P.BASE, *(arms if end == "good" else [])]:
                 progress(f"{end} end: dumping `{arm.name}`")
-                configure(launch.url, enable=True, exp_name=arm.name)
+                configure(launch.url, key, enable=True, exp_name=arm.name)
                 send(client, transcripts, arm)
-                configure(launch.url, enable=False)
+                configure(launch.url, key, enable=False)
         dirs[end] = dump_dir
     ids = [t.ids for t in transcripts]
     good = load_capture(dirs["good"] / P.BASE.name, loader, ids, "good")
