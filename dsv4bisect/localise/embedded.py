@@ -39,6 +39,7 @@ class EmbeddedResult:
     activations: Localisation
     null_arms: tuple[str, ...]
     restore: Localisation | None = None  # the prefix-cache restore check (None: not run)
+    restore_states: tuple[Capture, Capture] | None = None  # the bad end's cold and hit states
     spec: Round | None = None
     spec_prompts: int = 0  # prompts the speculative check generated
     seconds: dict[str, float] = field(default_factory=dict)
@@ -149,8 +150,8 @@ def run_embedded(good: EmbeddedSettings, bad: EmbeddedSettings, cases: Sequence[
     if bad.radix_cache:
         t0 = time.perf_counter()
         progress("state: the prefix-cache restore against the cold prefill")
-        result.restore = _restore_check(engines, good, bad, transcripts, g_cold, b_cold,
-                                        arm_cold)
+        result.restore, result.restore_states = _restore_check(
+            engines, good, bad, transcripts, g_cold, b_cold, arm_cold)
         seconds["state"] = time.perf_counter() - t0
     if bad.speculative is not None:
         t0 = time.perf_counter()
@@ -177,7 +178,7 @@ def held_out(transcripts: Sequence[P.Transcript], arms: Sequence[P.Arm],
 def _restore_check(engines: Engines, good: EmbeddedSettings, bad: EmbeddedSettings,
                    transcripts: Sequence[P.Transcript], g_cold: dict[int, Any],
                    b_cold: dict[int, Any], arm_cold: dict[str, dict[int, Any]]
-                   ) -> Localisation:
+                   ) -> tuple[Localisation, tuple[Capture, Capture]]:
     from dsv4bisect.reference.scheduler import Scheduler
 
     seqs = [(seq, t) for seq, t in P.numbered(transcripts) if t.prompt < len(t.ids)]
@@ -201,8 +202,7 @@ def _restore_check(engines: Engines, good: EmbeddedSettings, bad: EmbeddedSettin
     model_b = engines.get(bad).model
     b_ref = state_capture({s: c for s, c in b_cold.items() if s in keep}, model_b, "bad cold")
     b_hit = state_capture(hits(bad, b_cold), model_b, "bad hit")
-    with torch.inference_mode():
-        return localise(b_ref, b_hit, null)
+    return localise(b_ref, b_hit, null), (b_ref, b_hit)
 
 
 # ---- the report of an embedded run ----------------------------------------------------------
@@ -283,6 +283,24 @@ def save_first(engines: Engines, good: EmbeddedSettings, bad: EmbeddedSettings,
     return (parts or {}), part
 
 
+def save_state(loc: Localisation, states: tuple[Capture, Capture], out: Any) -> str:
+    """first_divergence.pt for a state difference: the state site's rows in the bad end, cold
+    and restored, at every position each held, per sequence."""
+    site = loc.first.site
+    cold, hit = states
+
+    def rows(cap: Capture) -> dict[int, dict[str, torch.Tensor]]:
+        out_rows = {}
+        for seq, (pos, r) in cap.rows[site.key].by_seq().items():
+            out_rows[seq] = {"positions": torch.from_numpy(pos), "rows": torch.from_numpy(r)}
+        return out_rows
+
+    torch.save({"kind": "state", "op": site.op, "module": site.module, "layer": site.layer,
+                "site": site.key, "cold": rows(cold), "restored": rows(hit)},
+               out / "first_divergence.pt")
+    return "first_divergence.pt"
+
+
 def localise_embedded(q: Any, ends: Any, good: EmbeddedSettings, bad: EmbeddedSettings,
                       cases: list[CaseTokens], out: Any, notes: list[str],
                       progress: Progress) -> Any:
@@ -316,6 +334,9 @@ def localise_embedded(q: Any, ends: Any, good: EmbeddedSettings, bad: EmbeddedSe
                                                        "parts": parts})
     state = report.state_check("prefix-cache restore against the cold prefill", run.restore,
                                names)
+    if activation is None and run.restore is not None and run.restore.first is not None \
+            and run.restore_states is not None:
+        files["tensors"] = save_state(run.restore, run.restore_states, out)
     speculation = None if run.spec is None else spec_divergence(run.spec)
     first = report.first_of([activation, state.first if state else None, speculation])
     seq = None

@@ -165,19 +165,19 @@ def markdown(res: LocaliseResult) -> str:
                      + (", and the state and speculative checks found nothing." if res.state
                         else "."))
     else:
-        mult = "n/a" if f.multiple is None else f"×{f.multiple:.3g}"
-        inp = "n/a" if f.inputs_multiple is None else f"×{f.inputs_multiple:.3g}"
-        lines += [f"**{f.module} — `{f.op}`** ({f.kind}, layer {f.layer}): {f.what}.", "",
-                  f"- {mult} its envelope (mean divergence {f.mean:.3g} against "
-                  f"{f.envelope:.3g}); its inputs {inp}" if f.mean is not None else
-                  f"- {mult}",
-                  f"- first positions ({f.case}): {f.positions[:8]}",
+        where = "outside the layers" if f.layer is None else f"layer {f.layer}"
+        lines += [f"**{f.module} — `{f.op}`** ({f.kind}, {where}): {f.what}.", ""]
+        if f.mean is not None and f.multiple is not None:
+            inp = "n/a" if f.inputs_multiple is None else f"×{f.inputs_multiple:.3g}"
+            lines.append(f"- ×{f.multiple:.3g} its envelope (mean divergence {f.mean:.3g} "
+                         f"against {f.envelope:.3g}); its inputs {inp}")
+        lines += [f"- first positions ({f.case}): {f.positions[:8]}",
                   f"- code of: {', '.join(f.acts_on) or 'no patch (see the op table)'}"]
         if f.parts:
             lines.append("- the kernel's parts: " + ", ".join(f"{k} {v:.3g}"
                                                            for k, v in f.parts.items()))
         if f.detail:
-            lines.append(f"- round: {f.detail}")
+            lines.append(f"- {spec_round(f.detail)}")
     if res.state is not None:
         s = res.state.first
         lines += ["", f"## State: {res.state.check}", "",
@@ -185,8 +185,8 @@ def markdown(res: LocaliseResult) -> str:
                   f"**{s.module} — `{s.op}`** ×{s.multiple:.3g}, first positions ({s.case}): "
                   f"{s.positions[:8]} ({res.state.sites_outside} of {res.state.sites} state "
                   "sites outside)"]
-    if res.speculation is not None:
-        lines += ["", "## Speculation", "", f"round {res.speculation.detail}"]
+    if res.speculation is not None and res.speculation is not f:
+        lines += ["", "## Speculation", "", spec_round(res.speculation.detail or {})]
     if res.downstream:
         lines += ["", "## Downstream", "", "| layer | largest multiple | sites outside |",
                   "| ---: | ---: | ---: |"]
@@ -205,6 +205,14 @@ def markdown(res: LocaliseResult) -> str:
     for note in res.notes:
         lines += ["", f"> {note}"]
     return "\n".join(lines) + "\n"
+
+
+def spec_round(d: Mapping[str, object]) -> str:
+    """A speculative round in words."""
+    return (f"round {d.get('round')} of {d.get('case_id')}, after {d.get('position')} output "
+            f"tokens: the MTP layer drafted {d.get('drafts')}, the main model's argmax at the "
+            f"verify rows was {d.get('verify_argmax')}; greedy verification takes "
+            f"{d.get('greedy')}, the configuration took {d.get('chosen')}")
 
 
 def first_of(candidates: Sequence[Divergence | None]) -> Divergence | None:
