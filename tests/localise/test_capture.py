@@ -87,3 +87,17 @@ def test_alignment_is_proven_on_the_embedding(engine: ReferenceEngine) -> None:
         engine.switch({})
     got = alignment(localise(good, bad, {}))
     assert got is not None and got["site"] == "embed:embed:0" and got["bit_identical"]
+
+
+def test_a_null_arm_that_is_the_change_under_test_is_held_out() -> None:
+    from dsv4bisect.localise.embedded import held_out
+    from dsv4bisect.localise.settings import EmbeddedSettings
+
+    ts = _transcripts()
+    good, bad = EmbeddedSettings("random"), EmbeddedSettings("random", chunk_size=28)
+    rechunk = P.Arm("rechunk@0.5", 0.5)  # the 56-token prompt split at 28: bad's forwards
+    assert P.schedule(ts, rechunk, 2048)[:2] == P.schedule(ts, P.BASE, 28)[:2]
+    assert held_out(ts, [rechunk, P.Arm("rebatch", rebatch=True)], good, bad) == \
+        [rechunk, P.Arm("rebatch", rebatch=True)]  # the mate's prefill differs: not the same
+    same = EmbeddedSettings("random", patches={"mhc-bf16": "bf16"})
+    assert held_out(ts, [P.BASE, rechunk], good, same) == [rechunk]
