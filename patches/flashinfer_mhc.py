@@ -14,7 +14,9 @@ x and `hc_fn` to TF32 before an fp32 GEMM; FlashInfer's fused Sinkhorn is not re
 
 from __future__ import annotations
 
-from dsv4bisect.patching.spec import Mask, Patch, SglangDelivery, SglangRule, Variant
+from dsv4bisect.patches.mhc_bf16 import mixes_in
+from dsv4bisect.patchspec.spec import Mask, Patch, SglangDelivery, SglangRule, Variant
+from dsv4bisect.patchspec.swaps import Op, Swap
 
 VAR = "SGLANG_OPT_USE_FLASHINFER_MHC"
 
@@ -36,4 +38,5 @@ PATCH = Patch(
                     "is chosen"),),
     embedded="TF32-rounded operands in the hc_pre mixing GEMM",
     doc=__doc__ or "",
+    swaps=(Swap(Op.MHC_MIXES, mixes_in("tf32")),),
 )

@@ -17,7 +17,7 @@ one torch path): inert there.
 
 from __future__ import annotations
 
-from dsv4bisect.patching.spec import Condition, Patch, SglangDelivery, SglangRule, Variant
+from dsv4bisect.patchspec.spec import Condition, Patch, SglangDelivery, SglangRule, Variant
 
 VAR = "SGLANG_OPT_USE_FUSED_HASH_TOPK"
 

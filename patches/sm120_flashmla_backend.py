@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsv4bisect.patching.spec import (
+from dsv4bisect.patches.mma_decode import split_k
+from dsv4bisect.patchspec.spec import (
     ImportCopy,
     Mask,
     Patch,
@@ -35,6 +36,7 @@ from dsv4bisect.patching.spec import (
     SglangRule,
     Variant,
 )
+from dsv4bisect.patchspec.swaps import Op, Swap
 
 VAR = "SGLANG_SM120_FLASHMLA_BACKEND"
 GLOBAL = "_sm120_default_backend"
@@ -73,4 +75,6 @@ PATCH = Patch(
                     "which is where the backend is chosen"),),
     embedded="flashinfer: the mma-decode split-k numerics; triton: fp32 partials",
     doc=__doc__ or "",
+    swaps=(Swap(Op.ATTENTION, split_k("bfloat16", "lse"), ("flashinfer",)),
+           Swap(Op.ATTENTION, split_k("float32", "lse"), ("triton",))),
 )

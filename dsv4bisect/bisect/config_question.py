@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.question import Question, base_sets
-from dsv4bisect.bisect.switch_info import describe, in_catalog, other_vendor
+from dsv4bisect.bisect.switch_info import catalog_switch, describe, in_catalog, other_vendor
 from dsv4bisect.bisect.setting_candidates import ABSENT, ARG, ENV, is_setting, key_value
 from dsv4bisect.config.diff import argv_items
 from dsv4bisect.config.resolve import LoadedProfile, Overrides, load_profile, resolve
@@ -31,7 +31,8 @@ CANNOT_MATTER = {
     "host": "the address the server binds", "port": "a port", "python": "the interpreter's "
     "path (the fingerprint leaves it out)", "served_model_name": "the model's name in the API",
     "api_key_env": "the API key's variable name", "startup_timeout_s": "how long the launcher "
-    "waits", "allow_unverified_sglang": "a guard of the launcher, not of the engine"}
+    "waits", "allow_unverified_sglang": "a guard of the launcher, not of the engine",
+    "allow_unverified_vllm": "a guard of the launcher, not of the engine"}
 QUIET_FLAG = re.compile(r"^--(port|host|.*log.*|api-key|served-model-name|download-dir|"
                         r"enable-metrics|show-time-cost|.*bootstrap-port.*)$")
 # Variables that only say where to log, listen or keep files (a switch of the engine's catalog
@@ -83,6 +84,11 @@ def differences(a: LoadedProfile, b: LoadedProfile, a_ref: str, b_ref: str
             "changes code as well as switches",
             f"bisect the upgrade: dsv4bisect bisect {b_ref} --upgrade-from {ea.sglang_version} "
             "(the switches whose defaults changed; it says when the code is to blame)")
+    if ea.kind == "vllm" and (ea.vllm_version or "") != (eb.vllm_version or ""):
+        raise BisectError(
+            f"A runs vLLM {ea.vllm_version} and B vLLM {eb.vllm_version}: a release changes "
+            "code as well as switches", f"bisect the upgrade: dsv4bisect bisect {b_ref} "
+            f"--upgrade-from {ea.vllm_version}")
     out = _patch_differences(a_ref, b_ref, a, b)
     da, db = ea.model_dump(), eb.model_dump()
     for key in dict.fromkeys([*da, *db]):
@@ -98,7 +104,8 @@ def differences(a: LoadedProfile, b: LoadedProfile, a_ref: str, b_ref: str
             listed = in_catalog(name, a.profile)  # read on V4's path: never quiet or secret
             why = ("a secret" if is_secret(name) and not listed else "a log, port or path "
                    "setting" if QUIET_ENV.search(name) and not listed else
-                   other_vendor(name, ea.gpu_arch or "sm120") if ea.kind == "sglang" else None)
+                   other_vendor(name, ea.gpu_arch or "sm120", catalog_switch(name, a.profile))
+                   if ea.kind in ("sglang", "vllm") else None)
             out.append(Difference(f"{ENV}{name}", va, vb, why))
     fa, fb = argv_items(tuple(ea.args)), argv_items(tuple(eb.args))
     for flag in dict.fromkeys([*fa, *fb]):

@@ -136,6 +136,8 @@ class Launch:
                               "enable the required patch, or pick another good end")
         self._check_fixed_ports()
         ports = {p.role: p.port or free_port(self.cfg.host) for p in self.cfg.processes}
+        for name in self.cfg.port_names() - ports.keys():  # e.g. a PD bootstrap port
+            ports[name] = free_port(self.cfg.host)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.receipts_dir.mkdir(parents=True, exist_ok=True)
         self._record = GroupRecord(self.run_dir)

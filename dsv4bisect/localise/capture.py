@@ -32,6 +32,7 @@ from torch import nn
 from dsv4bisect.localise import ops
 from dsv4bisect.localise.sites import Capture, Site, SiteRows
 from dsv4bisect.reference import taps
+from dsv4bisect.reference.swappable import Swappable
 
 
 @dataclass(frozen=True)
@@ -217,11 +218,14 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 @contextmanager
 def recording(model: nn.Module, keep: Callable[[str], bool] | None = None
               ) -> Iterator[Recorder]:
-    """A recorder on every module of `model` and on its taps, for the block."""
+    """A recorder on every module of `model` and on its taps, for the block. A swappable place
+    (`reference/swappable.py`) is not a module of the model but the op's implementation: the
+    tap after its call names its output, as the op table has it, whichever implementation is
+    in it (a hook on it would record the same tensor first, under the place's path)."""
     rec = Recorder(model, keep)
     handles = []
     for name, module in model.named_modules():
-        if not _skipped(name):
+        if not _skipped(name) and not isinstance(module, Swappable):
             handles.append(module.register_forward_pre_hook(rec.pre_hook))
             handles.append(module.register_forward_hook(rec.hook))
     try:

@@ -161,7 +161,7 @@ def run_embedded(good: EmbeddedSettings, bad: EmbeddedSettings, cases: Sequence[
                    for t in transcripts if not t.case_id.endswith("#mate")] + list(spec_prompts)
         result.spec, result.spec_prompts = first_wrong_round(
             engine, prompts, chunk=bad.chunk_size, spec=spec_settings(bad),
-            spec_fault=bad.spec_fault, stop_ids=frozenset({engine.config.eos_token_id}))
+            stop_ids=frozenset({engine.config.eos_token_id}))
         seconds["speculation"] = time.perf_counter() - t0
     return result
 
@@ -275,8 +275,9 @@ def save_first(engines: Engines, good: EmbeddedSettings, bad: EmbeddedSettings,
                 saved.update(repro_inputs=inputs, forward=f, settings=settings, outputs=outs)
                 if site.op == "attn.sparse_attention":
                     with torch.inference_mode():
-                        part, parts = repro.kernel_parts(inputs, settings["good"],
-                                                         settings["bad"])
+                        part, parts = repro.kernel_parts(repro.kernel_inputs(inputs),
+                                                         settings["good"]["kernel"],
+                                                         settings["bad"]["kernel"])
                     saved["op"] = part
             del rec_b, fb
     torch.save(saved, out / "first_divergence.pt")

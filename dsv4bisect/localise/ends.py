@@ -148,6 +148,18 @@ def bisect_ends(profile: str, sets: Sequence[str], bad_patches: Mapping[str, str
 
 
 def _checked(ends: Ends) -> Ends:
+    bad = ends.bad
+    if bad.kind not in ("reference", "sglang"):
+        raise ConfigError(f"`{bad.profile}` runs a `{bad.kind}` engine: localise reads the "
+                          "embedded engine in-process or SGLang through its own dumper",
+                          "localise the same patches on an embedded or SGLang profile "
+                          "(`--only P` on `reference`)")
+    if bad.entry_role != "server":  # a PD set: prefill, decode and router processes
+        raise ConfigError(f"`{bad.profile}` is a PD deployment ({bad.entry_role} in front of "
+                          "prefill and decode servers): localise compares one server's "
+                          "forwards and restored state, not a transfer between two",
+                          "localise the same patches on the monolithic profile (`reference` "
+                          "for `reference-pd`); a transfer fault is bisected by `run`/`bisect`")
     for name, cfg in (("bad end", ends.bad), ("good end", ends.good)):
         if cfg.cannot_start:
             raise ConfigError(f"the {name} cannot start: {cfg.cannot_start}",

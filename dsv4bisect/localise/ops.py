@@ -42,9 +42,8 @@ TAPS = (
        ("triton-indexer", "tilelang-indexer"), per_group=True),
     Op("indexer.topk", "the indexer's top-k entry ids", ("triton-indexer:residue",),
        per_group=True),
-    Op("attn.key_pool", "a group's key pool and key lists (the sparse attention's inputs)",
-       per_group=True, compared=False),
-    Op("attn.flashmla_segments", "where FlashMLA's split-KV schedule cuts each key list",
+    Op("attn.key_pool", "a group's key pool as the kernel reads it, its key lists and window "
+       "rows (the sparse attention's inputs)", ("mma-decode:decode-rope-fp8",), per_group=True,
        compared=False),
     Op("attn.sparse_attention", "the sparse MQA attention kernel (split-K decode kernel of "
        "mma-decode: 64-key partials and their merge)",
@@ -60,8 +59,28 @@ TAPS = (
        "(NVFP4 experts at deployment)",
        ("hash-topk-scaling", "hash-topk-scaling:double-scale", "nvfp4-dispatch",
         "trtllm-clamp", "trtllm-clamp:ignore-alpha")),
-    Op("mhc.head", "the final collapse of the streams (hc_head)"),
+    Op("mhc.head", "the final collapse of the streams (hc_head) as the head reads it"),
 )
+
+# each swappable place of the embedded engine (`patchspec.swaps.Op`'s value) -> the ops that
+# record what the implementation in it computes: a patch's code is named where it acts
+PLACES: dict[str, tuple[str, ...]] = {
+    "mhc_mixes": ("mhc.pre_attn", "mhc.pre_ffn"),
+    "attention": ("attn.sparse_attention",),
+    "kv_write": ("attn.kv_write", "state.kv_rows"),
+    "kv_read": ("attn.key_pool",),
+    "compressed_rope": ("compressor.entries",),
+    "indexer_logits": ("indexer.scores",),
+    "indexer_topk": ("indexer.topk",),
+    "wo_a_input": ("attn.wo_a",),
+    "routed_scaling": ("moe.combine",),
+    "expert_quant": ("moe.combine",),
+    "expert_clamp": ("moe.combine",),
+    "head_input": ("mhc.head",),
+    "speculation": ("spec.verify", "spec.stop_check"),
+    "spec_verify": ("spec.verify", "spec.stop_check"),
+    "window_store": ("state.swa_window",),
+}
 
 # sub-ops of the sparse attention kernel, told apart by running it again on its saved inputs
 # under both configurations (localise/kernel_split.py)

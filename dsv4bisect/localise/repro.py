@@ -3,17 +3,20 @@ it first left its envelope, under both configurations — the seeds' "micro-test
 tensors". One command: `python -m dsv4bisect.localise.repro REPORT_DIR/first_divergence.pt`.
 
 `build` reads the op's inputs from a save pass (`capture.Recorder` with `keep`: the raw tensors
-of the divergent layer's sites, per forward) and the settings of each configuration that the op
-reads (`Numerics` views); `run_op` recomputes the op from them. Built for the ops whose code a
-patch swaps in the attention and mHC: the sparse attention kernel (and, for two split-K
-configurations, its parts: with one knob of the bad end's kernel set to the good end's, which
-one brings its output back names `attn.sparse_attention.partials` or `.merge`), `wo_a` and the
-mHC pre sites. Other ops keep their saved rows in the file and say that no recompute exists.
+of the divergent layer's sites, per forward); `op_settings` says what each configuration puts
+at the op's swappable place (its patch set, precision and MoE runner: `reference/swappable.py`
+builds the implementation from them, the code the engine ran), and `run_op` runs that
+implementation on the inputs. Built for the ops whose code a patch swaps in the attention and
+mHC: the sparse attention (and, for two split-K configurations, its parts: with one setting of
+the bad end's kernel set to the good end's, which one brings its output back names
+`attn.sparse_attention.partials` or `.merge`), `wo_a` and the mHC pre sites. Other ops keep
+their saved rows in the file and say that no recompute exists.
 """
 
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -21,122 +24,162 @@ import torch
 from dsv4bisect.localise.capture import Raw, Rows
 
 REPRO_OPS = ("attn.sparse_attention", "attn.wo_a", "mhc.pre_attn", "mhc.pre_ffn")
-PARTS_FLOOR = 0.01  # a knob "brings the output back" when 1 % or less of the divergence is left
-
-
-def kernel_settings(numerics: Any) -> dict[str, Any]:
-    split, partial, merge = numerics.attention
-    return {"split": split, "partial": partial, "merge": merge,
-            "segmented": bool(numerics.deployment and split is None)}
+PARTS_FLOOR = 0.01  # a setting "brings the output back" when 1 % or less of the divergence is left
 
 
 def op_settings(op: str, numerics: Any, model: Any, layer: int) -> dict[str, Any]:
-    """What op `op` reads of a configuration (its `Numerics` view)."""
+    """What configuration `numerics` puts at op `op`'s place in `layer` (plain data, saved in
+    the repro file); for the sparse attention also its kernel's settings (split, partials'
+    dtype, merge, the stock schedule's cut)."""
+    settings: dict[str, Any] = {
+        "layer": layer,
+        "numerics": {"patches": dict(numerics.patches), "moe_backend": numerics.moe_backend,
+                     "precision": numerics.precision,
+                     "nvfp4_layers": None if numerics.nvfp4_layers is None
+                     else sorted(numerics.nvfp4_layers)}}
     if op == "attn.sparse_attention":
-        return kernel_settings(numerics)
-    if op == "attn.wo_a":
-        return {"mode": numerics.wo_a_input}
-    first = layer == 0 or layer >= model.a.num_hidden_layers
-    return {"mode": numerics.mhc_mode,
-            "dispatch_first": (first if op == "mhc.pre_attn" else False)
-            if numerics.deployment else None}
+        impl = _place(op, settings, model.a, model.layers[layer].attn.ratio)
+        settings["kernel"] = dict(impl.kernel)
+    return settings
+
+
+def _place(op: str, settings: dict[str, Any], args: Any, ratio: int = 1) -> Any:
+    """The implementation configuration `settings` runs at op `op`'s place (stock or a
+    patch's), built as `Transformer.configure` builds it."""
+    from dsv4bisect.patchspec.swaps import Op
+    from dsv4bisect.reference.config import Numerics
+    from dsv4bisect.reference.swappable import (
+        PatchSwaps,
+        stock_attention,
+        stock_mixes,
+        stock_wo_a_input,
+    )
+
+    n, layer = settings["numerics"], settings["layer"]
+    numerics = Numerics(n["patches"], n["moe_backend"],
+                        None if n["nvfp4_layers"] is None else frozenset(n["nvfp4_layers"]),
+                        n["precision"])
+    deploy = numerics.deployment
+    place, stock = {
+        "attn.sparse_attention": (Op.ATTENTION, lambda: stock_attention(deploy, ratio)),
+        "attn.wo_a": (Op.WO_A_INPUT, lambda: stock_wo_a_input(deploy)),
+        "mhc.pre_attn": (Op.MHC_MIXES, lambda: stock_mixes(
+            args, deploy, layer == 0 or layer >= args.num_hidden_layers)),
+        "mhc.pre_ffn": (Op.MHC_MIXES, lambda: stock_mixes(args, deploy, False)),
+    }[op]
+    return PatchSwaps(numerics, args).value(place, stock(), layer)
 
 
 def _group(raw: Raw, forward: int, seq: int) -> torch.Tensor | None:
     return next((t for f, s, t in raw.parts if f == forward and s == seq), None)
 
 
-def _rows(raw: Raw, forward: int, layout: tuple[Rows, ...], seq: int) -> torch.Tensor | None:
-    full = next((t for f, _, t in raw.parts if f == forward), None)
-    if full is None:
-        return None
+def _full(raw: Raw, forward: int) -> torch.Tensor | None:
+    return next((t for f, _, t in raw.parts if f == forward), None)
+
+
+def _rows_of(layout: tuple[Rows, ...], seq: int) -> tuple[int, int] | None:
+    """Where sequence `seq`'s rows are in the forward: (first row, count)."""
     at = 0
     for r in layout:
         if r.seq == seq:
-            return full[at:at + r.n]
+            return at, r.n
         at += r.n
     return None
 
 
 def build(op: str, module: str, raws: dict[str, Raw], layout: tuple[Rows, ...], forward: int,
           seq: int, model: Any) -> dict[str, Any] | None:
-    """The op's inputs (the good end's, from its save pass) for sequence `seq` in `forward`;
-    None when the save pass did not record what the op needs."""
+    """The op's inputs (the good end's, from its save pass) in `forward`, the whole forward's
+    (a stock kernel's schedule or a layout fault reads other sequences' rows), with `rows`:
+    where sequence `seq`'s are. None when the save pass did not record what the op needs."""
     layer = int(module.split(".")[1])
+    where = _rows_of(layout, seq)
+    if where is None:
+        return None
+    common = {"rows": where, "group": [r.seq for r in layout].index(seq),
+              "args": model.a.to_hf_config()}
     if op == "attn.sparse_attention":
-        q = _rows(raws.get(f"{module}:attn.q:0", Raw()), forward, layout, seq)
-        pool = _group(raws.get(f"{module}:attn.key_pool:0", Raw()), forward, seq)
-        idx = _group(raws.get(f"{module}:attn.key_pool:1", Raw()), forward, seq)
-        seg = _rows(raws.get(f"{module}:attn.flashmla_segments:0", Raw()), forward, layout, seq)
-        if q is None or pool is None or idx is None:
+        q = _full(raws.get(f"{module}:attn.q:0", Raw()), forward)
+        # every sequence's group (one sequence each): its key pool, lists and window rows
+        groups = [tuple(_group(raws.get(f"{module}:attn.key_pool:{i}", Raw()), forward, r.seq)
+                        for i in range(3)) for r in layout]
+        if q is None or any(t is None for g in groups for t in g):
             return None
         attn = model.layers[layer].attn
-        D = pool.shape[-1]
-        return {"q": q, "kv": pool.reshape(-1, D), "indices": idx.reshape(q.shape[0], -1),
-                "sink": attn.attn_sink.detach().clone(), "scale": D ** -0.5,
-                "segments": None if seg is None else seg[:, :idx.shape[-1]]}
+        positions = torch.cat([torch.arange(r.start, r.start + r.n) for r in layout])
+        return {**common, "q": q, "groups": groups, "positions": positions,
+                "sink": attn.attn_sink.detach().clone(), "scale": q.shape[-1] ** -0.5,
+                "ratio": attn.ratio}
     if op == "attn.wo_a":
-        o = _rows(raws.get(f"{module}:attn.o:0", Raw()), forward, layout, seq)
-        full = next((t for f, _, t in raws.get(f"{module}:attn.o:0", Raw()).parts
-                     if f == forward), None)
-        if o is None or full is None:
+        o = _full(raws.get(f"{module}:attn.o:0", Raw()), forward)
+        if o is None:
             return None
         attn = model.layers[layer].attn
         a = attn.a
         weight = attn.wo_a.value().detach().view(a.o_groups, a.o_lora_rank, -1).clone()
-        at = sum(r.n for r in layout[:[r.seq for r in layout].index(seq)])
-        # the whole forward's rows: a layout fault reads the scales of other rows
-        return {"o": full, "weight": weight, "rows": (at, o.shape[0])}
+        return {**common, "o": o, "weight": weight}
     if op in ("mhc.pre_attn", "mhc.pre_ffn"):
         # its input h: the block's input (the attention site) or the attention's mHC post's
         # output (the MoE site), recorded under whichever site saw the tensor first
         sources = ([f"{module}:block:in0"] if op == "mhc.pre_attn"
                    else [f"{module}:mhc.post_attn:0"]) + [f"{module}:{op}:in0"]
-        raw = next((raws[k] for k in sources if k in raws), Raw())
-        h = _rows(raw, forward, layout, seq)
-        full = next((t for f, _, t in raw.parts if f == forward), None)
-        if h is None or full is None:
+        h = _full(next((raws[k] for k in sources if k in raws), Raw()), forward)
+        if h is None:
             return None
         site = "attn" if op == "mhc.pre_attn" else "ffn"
         block = model.layers[layer]
-        at = sum(r.n for r in layout[:[r.seq for r in layout].index(seq)])
-        return {"h": full, "rows": (at, h.shape[0]), "args": model.a.to_hf_config(),
-                **{k: getattr(block, f"hc_{site}_{k}").detach().clone()
-                   for k in ("fn", "scale", "base")}}
+        return {**common, "h": h, **{k: getattr(block, f"hc_{site}_{k}").detach().clone()
+                                     for k in ("fn", "scale", "base")}}
     return None
 
 
 def run_op(op: str, inputs: dict[str, Any], settings: dict[str, Any]) -> torch.Tensor:
-    """The op alone on `inputs` under one configuration's `settings` -> its output rows."""
-    from dsv4bisect.kernels.sparse_attention import (
-        sparse_attention_ref,
-        sparse_attention_segmented_ref,
-    )
-
-    if op == "attn.sparse_attention":
-        if settings["segmented"] and inputs["segments"] is not None:
-            return sparse_attention_segmented_ref(inputs["q"], inputs["kv"], inputs["indices"],
-                                                  inputs["sink"], inputs["scale"],
-                                                  inputs["segments"])
-        return sparse_attention_ref(inputs["q"], inputs["kv"], inputs["indices"].int(),
-                                    inputs["sink"], inputs["scale"], split=settings["split"],
-                                    partial_dtype=getattr(torch, settings["partial"]),
-                                    merge=settings["merge"])
-    if op == "attn.wo_a":
-        from dsv4bisect.reference.model import wo_a_input
-
-        o = wo_a_input(inputs["o"], settings["mode"])
-        out = torch.einsum("tgd,grd->tgr", o, inputs["weight"]).reshape(o.shape[0], -1)
-        a, n = inputs["rows"]
-        return out[a:a + n]
+    """The op alone on `inputs` under one configuration's `settings` -> sequence's output rows."""
     from dsv4bisect.reference.config import ModelArgs
-    from dsv4bisect.reference.model import hc_pre
+    from dsv4bisect.reference.model import Ops, hc_pre
+    from dsv4bisect.reference.swappable import KeyList
 
     args = ModelArgs.from_hf_config(inputs["args"])
-    x, post, comb = hc_pre(inputs["h"], inputs["fn"], inputs["scale"], inputs["base"], args,
-                           settings["mode"], dispatch_first=settings["dispatch_first"])
     a, n = inputs["rows"]
+    if op == "attn.sparse_attention":
+        q = inputs["q"]
+        lists, row = [], 0
+        for pool, idx, window in inputs["groups"]:
+            T = idx.shape[1]
+            local = idx.reshape(T, -1)  # one sequence a group: its own pool is the flat one
+            lists.append(KeyList(slice(row, row + T), pool.reshape(-1, pool.shape[-1]), local,
+                                 local, int(window[0])))
+            row += T
+        step = SimpleNamespace(ops=Ops.for_device(q.device), token_positions=inputs["positions"])
+        impl = _place(op, settings, args, inputs["ratio"])
+        return impl(q, lists, inputs["sink"], inputs["scale"], step)[a:a + n]
+    if op == "attn.wo_a":
+        o = _place(op, settings, args)(inputs["o"])
+        return torch.einsum("tgd,grd->tgr", o, inputs["weight"]).reshape(o.shape[0], -1)[a:a + n]
+    x, post, comb = hc_pre(inputs["h"], inputs["fn"], inputs["scale"], inputs["base"], args,
+                           _place(op, settings, args))
     return torch.cat((x, post, comb.flatten(1)), 1)[a:a + n]
+
+
+def kernel_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The sparse attention's inputs of the sequence `build` was asked for: its queries, its
+    key pool flattened, its lists into it, the sink and scale."""
+    pool, idx, _ = inputs["groups"][inputs["group"]]
+    a, n = inputs["rows"]
+    return {"q": inputs["q"][a:a + n], "kv": pool.reshape(-1, pool.shape[-1]),
+            "indices": idx.reshape(n, -1), "sink": inputs["sink"], "scale": inputs["scale"]}
+
+
+def kernel(inputs: dict[str, Any], knobs: dict[str, Any]) -> torch.Tensor:
+    """The split-K kernel (or one fp32 pass: `split` None) with settings `knobs` on one
+    sequence's `kernel_inputs`."""
+    from dsv4bisect.kernels.sparse_attention import sparse_attention_ref
+
+    return sparse_attention_ref(inputs["q"], inputs["kv"], inputs["indices"].int(),
+                                inputs["sink"], inputs["scale"], split=knobs["split"],
+                                partial_dtype=getattr(torch, knobs["partial"]),
+                                merge=knobs["merge"])
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -148,11 +191,13 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def kernel_parts(inputs: dict[str, Any], good: dict[str, Any], bad: dict[str, Any]
                  ) -> tuple[str, dict[str, float]]:
-    """Which part of the split-K kernel moves its output: the bad end's kernel with one knob
-    set to the good end's (the partials' dtype, the merge); the knob that removes (nearly) all
-    of the divergence names the part. Needs both ends split (else: the kernel as a whole)."""
-    ref = run_op("attn.sparse_attention", inputs, good)
-    whole = float(rel(ref, run_op("attn.sparse_attention", inputs, bad)).mean())
+    """Which part of the split-K kernel moves its output (`inputs`: one sequence's
+    `kernel_inputs`; `good`, `bad`: each end's kernel settings): the bad end's kernel with one
+    setting set to the good end's (the partials' dtype, the merge); the one that removes
+    (nearly) all of the divergence names the part. Needs both ends split (else: the kernel as
+    a whole)."""
+    ref = kernel(inputs, good)
+    whole = float(rel(ref, kernel(inputs, bad)).mean())
     figures = {"kernel": whole}
     if good["split"] is None or bad["split"] is None or whole == 0.0:
         return "attn.sparse_attention", figures
@@ -160,8 +205,7 @@ def kernel_parts(inputs: dict[str, Any], good: dict[str, Any], bad: dict[str, An
                        ("partial", "attn.sparse_attention.partials")):
         if good[knob] == bad[knob]:
             continue
-        left = float(rel(ref, run_op("attn.sparse_attention", inputs,
-                                     {**bad, knob: good[knob]})).mean())
+        left = float(rel(ref, kernel(inputs, {**bad, knob: good[knob]})).mean())
         figures[f"with the good end's {knob}"] = left
         if left <= PARTS_FLOOR * whole:
             return part, figures
@@ -179,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
           f"forward {saved['forward']}, first positions {saved['positions'][:8]}")
     if inputs is None:
         print("no op-level recompute for this op: compare the saved outputs")
-        d = rel(saved["outputs"]["good"], saved["outputs"]["bad"])
+        rows = saved["outputs_by_position"]
+        d = rel(rows["good"]["rows"], rows["bad"]["rows"])
     else:
         kind = op.split(".sparse_attention")[0] + ".sparse_attention" if \
             op.startswith("attn.sparse_attention") else op
@@ -187,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         d = rel(out["good"], out["bad"])
         print(f"settings: good {settings['good']}  bad {settings['bad']}")
         if kind == "attn.sparse_attention":
-            part, figures = kernel_parts(inputs, settings["good"], settings["bad"])
+            part, figures = kernel_parts(kernel_inputs(inputs), settings["good"]["kernel"],
+                                         settings["bad"]["kernel"])
             print(f"kernel parts: {part}: " + ", ".join(f"{k} {v:.3g}" for k, v in
                                                        figures.items()))
     worst = int(torch.argmax(d))

@@ -14,7 +14,6 @@ from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.errors import ConfigError
 
 SPEC_PATCH = "nextn-speculation"  # reference/spec_settings.py's (not imported: torch-free)
-SPEC_DEFAULT = "nextn"
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,6 @@ class EmbeddedSettings:
     threads: int | None = None
     radix_cache: bool = True
     speculative: dict[str, int | str] | None = None  # SGLang's --speculative-* arguments
-    spec_fault: str | None = None  # a fault variant of nextn-speculation
 
     @property
     def directory(self) -> str | None:
@@ -65,5 +63,4 @@ class EmbeddedSettings:
             precision=items.get("--precision") or "deployment",
             chunk_size=int(items.get("--chunk-size") or 2048),
             device=items.get("--device") or "auto", threads=int(threads) if threads else None,
-            radix_cache="--disable-radix-cache" not in items, speculative=spec,
-            spec_fault=variant if variant not in (None, "", SPEC_DEFAULT) else None)
+            radix_cache="--disable-radix-cache" not in items, speculative=spec)

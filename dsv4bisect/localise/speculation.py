@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from dsv4bisect.reference.scheduler import Request, Scheduler
+from dsv4bisect.reference.request import Request
+from dsv4bisect.reference.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -76,15 +77,14 @@ class _Recording(Scheduler):
 
 
 def first_wrong_round(engine: Any, prompts: Iterable[tuple[str, tuple[int, ...], int]], *,
-                      chunk: int, spec: Any, spec_fault: str | None, stop_ids: frozenset[int]
+                      chunk: int, spec: Any, stop_ids: frozenset[int]
                       ) -> tuple[Round | None, int]:
     """Generate each (case id, prompt, max new tokens) with speculation, greedily, until a round
     emits what greedy decoding would not; that round (None if none did) and the prompts run."""
     tried = 0
     for case_id, ids, max_new in prompts:
         tried += 1
-        sched = _Recording(engine, chunk_size=chunk, background=False, spec=spec,
-                           spec_fault=spec_fault)
+        sched = _Recording(engine, chunk_size=chunk, background=False, spec=spec)
         req = Request(tuple(ids), max_new, stop_ids)
         sched.submit(req)
         while not req.done.is_set():

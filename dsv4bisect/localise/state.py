@@ -72,16 +72,16 @@ def state_capture(caches: Mapping[int, Any], model: torch.nn.Module, label: str 
 
 
 def hit_state(scheduler_cls: Any, engine: Any, ids: tuple[int, ...], prompt: int,
-              cold: Any, *, chunk: int, spec: Any = None, spec_fault: str | None = None) -> Any:
+              cold: Any, *, chunk: int, spec: Any = None) -> Any:
     """The cache of a request admitted on a prefix-cache hit of `ids[:prompt]` (whose cold
     state is `cold`), after the prefill of its one remaining token `ids[prompt]`."""
     from dsv4bisect.reference.prefix_cache import PrefixCache
-    from dsv4bisect.reference.scheduler import Request
+    from dsv4bisect.reference.request import Request
 
     cache = PrefixCache()
     cache.insert(ids[:prompt], cold.fork())
     sched = scheduler_cls(engine, chunk_size=chunk, prefix_cache=cache, background=False,
-                          spec=spec, spec_fault=spec_fault)
+                          spec=spec)
     req = Request(tuple(ids[:prompt + 1]), 2, frozenset())
     sched.submit(req)
     with torch.inference_mode():

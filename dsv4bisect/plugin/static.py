@@ -41,6 +41,8 @@ class Resolved:
 class SourceTree:
     """Python source of a package tree: a directory or a wheel (zip) file."""
 
+    PACKAGE = "sglang"  # whose version files `version()` reads (VllmTree: vllm)
+
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         if not self.root.exists():
@@ -95,7 +97,7 @@ class SourceTree:
                 for line in self._zip.read(meta).decode("utf-8", "replace").splitlines():
                     if line.startswith("Version:"):
                         return line.split(":", 1)[1].strip()
-        for module in ("sglang._version", "sglang.version"):
+        for module in (f"{self.PACKAGE}._version", f"{self.PACKAGE}.version"):
             try:
                 tree = self.tree(module)
             except (SyntaxError, ValueError, UnicodeDecodeError):

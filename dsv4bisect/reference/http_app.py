@@ -15,6 +15,8 @@ blocking work handed to threads. What a local engine adds around the endpoint lo
   `http.disconnect` message) or the server stops (503).
 - One log line per request on the `dsv4bisect.reference.server` logger; no traceback reaches a
   client (500 only for a server bug, logged).
+- `"stream": true` on a model route is answered by `reference/event_stream.py` (server-sent
+  events as the engine makes them; the same admission, threads and disconnect cancelling).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
@@ -42,8 +44,13 @@ from dsv4bisect.errors import Dsv4BisectError
 from dsv4bisect.reference.cancel import Cancelled, stop_when
 from dsv4bisect.reference.native_api import ServerApi
 from dsv4bisect.reference.request_body import ApiError, parse_json
+from dsv4bisect.reference.vllm_api import VLLM_ROUTES, vllm_error
+
+if TYPE_CHECKING:
+    from dsv4bisect.reference.event_stream import EventStream
 
 log = logging.getLogger("dsv4bisect.reference.server")
+T = TypeVar("T")
 
 MAX_BODY_BYTES = 64 << 20
 MAX_MODEL_REQUESTS = 64  # model requests in flight (running or waiting for the engine); then 503
@@ -117,8 +124,10 @@ class ServerState:
     """What the routes read: the engine once loaded, the stop flag, the requests in flight.
     The admission counts are touched only on the event loop; the thread count from threads."""
 
-    def __init__(self, *, check_host: bool, checkpoint: str | None = None) -> None:
+    def __init__(self, *, check_host: bool, checkpoint: str | None = None,
+                 api_kind: str = "sglang") -> None:
         self.api: ServerApi | None = None  # set once the engine is loaded
+        self.api_kind = api_kind  # whose API the routes serve: sglang | vllm (vllm_api.py)
         self.stopping = threading.Event()  # set first thing on a stop: cancels model work
         # bound to loopback, every client is on this machine and names it in `Host`; another
         # name there is a browser tricked by DNS rebinding (evil.example resolving to 127.0.0.1)
@@ -160,9 +169,11 @@ class HttpApp:
         # created on the event loop (anyio wants one running); one thread per admitted request
         self.model_limiter = anyio.CapacityLimiter(MAX_MODEL_REQUESTS)
         self.light_limiter = anyio.CapacityLimiter(LIGHT_THREADS)
+        routes = ROUTES if state.api_kind != "vllm" else {
+            path: Route(*spec) for path, spec in VLLM_ROUTES.items()}
         self.router = Starlette(
             routes=[StarletteRoute(path, self._endpoint(route), methods=list(route.methods))
-                    for path, route in ROUTES.items()],
+                    for path, route in routes.items()],
             exception_handlers={HTTPException: self._http_error},
         )
         self.router.router.redirect_slashes = False  # `/health/` is a 404, as before
@@ -227,13 +238,14 @@ class HttpApp:
         return _response(Reply(reply.status, reply.payload, extra), self.state)
 
     def _endpoint(self, route: Route) -> Callable[[Request], Any]:
-        async def endpoint(request: Request) -> Response:
-            return _response(await self._answer(route, request), self.state)
+        async def endpoint(request: Request) -> Any:
+            answer = await self._answer(route, request)  # a streamed one is its own response
+            return _response(answer, self.state) if isinstance(answer, Reply) else answer
 
         endpoint.__name__ = route.handler
         return endpoint
 
-    async def _answer(self, route: Route, request: Request) -> Reply:
+    async def _answer(self, route: Route, request: Request) -> Reply | EventStream:
         state = self.state
         if route.handler == "health":
             return Reply(200 if state.phase == "ready" else 503)
@@ -255,7 +267,7 @@ class HttpApp:
         finally:
             state.admitted[kind] -= 1
 
-    async def _run(self, route: Route, request: Request, kind: str) -> Reply:
+    async def _run(self, route: Route, request: Request, kind: str) -> Reply | EventStream:
         try:
             body = await _read_body(request) if route.json_body else b""
         except _BodyTooLarge:
@@ -266,6 +278,12 @@ class HttpApp:
         except ClientDisconnect:
             request.scope[CANCELLED_KEY] = True
             return Reply(499)  # nobody to send it to
+        from dsv4bisect.reference.event_stream import EventStream, stream_requested
+
+        streamed = stream_requested(route.handler, body)  # `"stream": true`: SSE events
+        if streamed is not None:
+            return EventStream(self, route.handler, streamed, request.method,
+                               request.scope["path"])
         gone = threading.Event()  # the client hung up: set from the disconnect watch
 
         def check() -> bool:
@@ -293,9 +311,15 @@ class HttpApp:
     def _call(self, route: Route, body: bytes, check: Callable[[], bool], method: str,
               path: str) -> Reply | None:
         """The endpoint logic, on a worker thread; None: cancelled because the client left."""
+        return self.guarded(lambda: self._dispatch(route, body), check, method, path)
+
+    def guarded(self, work: Callable[[], T], check: Callable[[], bool], method: str,
+                path: str) -> T | Reply | None:
+        """`work()` on a worker thread under the request's stop check, every failure an error
+        reply (None: cancelled because the client left); a streamed answer opens here too."""
         try:
             with stop_when(check):
-                return self._dispatch(route, body)
+                return work()
         except Cancelled:
             if not self.state.stopping.is_set():
                 return None
@@ -325,6 +349,11 @@ class HttpApp:
 
 
 def _response(reply: Reply, state: ServerState) -> Response:
+    if state.api_kind == "vllm" and isinstance(reply.payload, dict) \
+            and reply.payload.get("object") == "error":  # vLLM's ErrorResponse only
+        err = reply.payload["error"]
+        reply = Reply(reply.status, vllm_error(reply.status, err["message"], err["type"]),
+                      reply.headers, reply.close)
     data, ctype = reply_bytes(reply)
     headers = {"content-type": ctype, **dict(reply.headers)}
     if reply.close or state.stopping.is_set():

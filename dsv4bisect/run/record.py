@@ -20,6 +20,9 @@ Written when the run starts (`status: running`) and rewritten atomically as it e
                       candidate), report_s}
     started_at, finished_at, wall_s
     verdict, exit_code, error {message, hint} (on error), notes[]
+                      (exit_code: the verdict's own code, or the error's; not the process's)
+    exit              {warn_as, policy}: how the command maps that to the process exit
+                      (`--warn-as`, `--exit-policy`); absent in a bisect trial's run
     arms.<arm>.verified  false when the answering server could not be checked to be the one
                       launched (a host that is not this machine); its baseline is not cached
     abandoned_at      when a later run found it `running` with its driver gone

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv4bisect.config.engine_config import EngineConfig
-from dsv4bisect.config.resolve import Overrides
+from dsv4bisect.config.resolve import DEFAULT_PROFILE, Overrides
 from dsv4bisect.engines.rundir import ensure_runs_root, new_run_dir, save_config
 from dsv4bisect.errors import ConfigError, Dsv4BisectError, ExitCode
 from dsv4bisect.probe.session import write_verdict
@@ -31,9 +31,6 @@ from dsv4bisect.run.signals import shielded
 from dsv4bisect.run.trial import Trial
 from dsv4bisect.base.storage import storage_failure
 
-DEFAULT_PROFILE = "reference-all"
-
-
 @dataclass(frozen=True)
 class RunRequest:
     profile: str = DEFAULT_PROFILE
@@ -43,6 +40,10 @@ class RunRequest:
     runs_root: Path = Path("runs")
     use_cache: bool = True
     command: tuple[str, ...] = ()  # argv as typed, for run.json
+    # how the command exits (run.json `exit`, so report.md says the exit the process had):
+    # a drift WARN's code (probe.verdict.exit_code_as) and the exit policy (errors.policy_exit)
+    warn_as: str = "pass"
+    exit_policy: str = "default"
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ def run(request: RunRequest, on_event: EventSink = ignore) -> RunOutcome:
         run_dir, command=list(request.command), profile=request.profile,
         overrides=request.overrides, good_overrides=ends.good_overrides,
         use_cache=request.use_cache, spec=spec, good=ends.good, candidate=ends.candidate)
+    record.set("exit", {"warn_as": request.warn_as, "policy": request.exit_policy})
     on_event(Notice(f"run directory: {run_dir}", run_dir=str(run_dir)))
     trial = Trial(ends, spec, run_dir, record, Supervisor(), on_event, api_key, request.use_cache)
     return RunOutcome(run_dir, finish(run_dir, record, trial, judge_trial(trial, record)))

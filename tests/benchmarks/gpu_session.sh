@@ -8,6 +8,8 @@
 #       # pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, uvicorn
 #       # and starlette for Python 3.12; see docs/performance.md), the engine's own variation
 #       # (batch_variation.py --device cuda) beside them; every result to $OUT/verdicts.tgz
+#   bash tests/benchmarks/gpu_session.sh vllm      # vLLM hooks vs vLLM's torch code (needs .whl/vllm:
+#                                                  #   python tests/vllm/gpu_vllm_check.py --make-slices .whl/vllm)
 # The GPU box has torch and triton but no pydantic and no network: the package is imported from
 # the checkout (kernels/, patches/, profiles/ linked under dsv4bisect/), nothing is installed
 # except the carried wheels, into /tmp/site. DSV4BISECT_COMMIT names the commit measured (the
@@ -42,13 +44,24 @@ case "${1:-}" in
         --precisions deployment --transcripts docs/results/2026-12-01-cpu-deployment/drift-transcripts.jsonl \
         --json "$VT/batch-variation-cuda.json" > "$VT/batch-variation-cuda.md" 2>&1 &
     fi
+    # the kept JSON, every run's and bisect's verdict, report and logs (not probe rows: large),
+    # packed every minute too, so a call the lease cuts short still brings back what finished
+    pack() { tar czf "$OUT/verdicts.tgz.part" -C "$VT" --exclude='*.jsonl' --exclude='*.png' \
+               --exclude='*.sqlite*' . && mv "$OUT/verdicts.tgz.part" "$OUT/verdicts.tgz"; }
+    (while sleep 60; do pack; done) &
+    packer=$!
+    # JOBS: rows at once. Each row's two engines are CUDA contexts of their own, and one GPU
+    # time-slices between contexts: 7 rows (14 engines) on an H200 took 2 s per request at the
+    # median and 12 s at p90, and no row finished in 470 s (2026-12-06). Keep it small.
     timeout "${VERDICTS_S:-500}" python3 tests/benchmarks/verdict_table.py --device cuda \
-      --precision deployment --jobs "${JOBS:-6}" --out "$VT" "$@" 2>&1 | tail -n 40
+      --precision deployment --jobs "${JOBS:-2}" --out "$VT" "$@" 2>&1 | tail -n 40
+    kill "$packer" 2>/dev/null
     wait
-    # the kept JSON, every run's and bisect's verdict, report and logs (not probe rows: large)
-    tar czf "$OUT/verdicts.tgz" -C "$VT" --exclude='*.jsonl' --exclude='*.png' \
-      --exclude='*.sqlite*' .
+    pack
     ls -la "$OUT"
     ;;
-  *) echo "usage: $0 kernels|engine|sglang|verdicts" >&2; exit 2 ;;
+  vllm)
+    timeout 300 python3 tests/vllm/gpu_vllm_check.py --slices .whl/vllm --device cuda --out "$OUT" 2>&1 | tail -n 75
+    ;;
+  *) echo "usage: $0 kernels|engine|sglang|verdicts|vllm" >&2; exit 2 ;;
 esac

@@ -68,5 +68,13 @@ def test_speculation_and_its_fault_are_read_from_the_patch() -> None:
     ends = profile_ends("reference", Overrides(
         only=("nextn-speculation",), sets=("patches.nextn-speculation.variant=draft-eos",)))
     good, bad = EmbeddedSettings.from_config(ends.good), EmbeddedSettings.from_config(ends.bad)
-    assert good.speculative is not None and good.spec_fault is None
-    assert bad.spec_fault == "draft-eos" and bad.load_key == good.load_key
+    assert good.speculative is not None and good.patches["nextn-speculation"] == "nextn"
+    assert bad.patches["nextn-speculation"] == "draft-eos" and bad.load_key == good.load_key
+
+
+@pytest.mark.parametrize(("profile", "says"), [("reference-pd", "PD deployment"),
+                                               ("dsv4-flash-vllm-tp8", "`vllm` engine")])
+def test_a_pd_or_vllm_profile_is_bad_input_with_a_hint(profile: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says) as err:
+        profile_ends(profile, Overrides(only=("mhc-bf16",)))
+    assert err.value.hint

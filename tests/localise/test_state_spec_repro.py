@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from dsv4bisect.localise import protocol as P
 from dsv4bisect.localise.judge import localise
-from dsv4bisect.localise.repro import kernel_parts, run_op
+from dsv4bisect.localise.repro import kernel, kernel_parts
 from dsv4bisect.localise.state import hit_state, state_capture
 from dsv4bisect.reference.engine import ReferenceEngine
 from dsv4bisect.reference.scheduler import Scheduler
@@ -53,11 +53,12 @@ def test_a_drafted_stop_taken_unverified_is_the_stop_check() -> None:
     prompts = [(case.case_id, prompt_ids(case), case.max_tokens)]
     stop = frozenset({a.eos_token_id})
     found, tried = first_wrong_round(engine, prompts, chunk=2048, spec=SpecSettings(),
-                                     spec_fault="draft-eos", stop_ids=stop)
+                                     stop_ids=stop)
     assert tried == 1 and found is not None and found.op == "spec.stop_check"
     assert found.chosen[-1] in stop and found.chosen != found.greedy
+    engine.switch({"nextn-speculation": "nextn"})
     none, _ = first_wrong_round(engine, prompts, chunk=2048, spec=SpecSettings(),
-                                spec_fault=None, stop_ids=stop)
+                                stop_ids=stop)
     assert none is None  # the default rule emits what greedy decoding emits
 
 
@@ -66,8 +67,7 @@ def _kernel_inputs(T: int = 6, H: int = 4, D: int = 64, N: int = 200):
     q = torch.randn(T, H, D, generator=g)
     kv = torch.randn(N, D, generator=g)
     idx = torch.stack([torch.randperm(N, generator=g)[:150] for _ in range(T)])  # 3 splits
-    return {"q": q, "kv": kv, "indices": idx, "sink": torch.zeros(H), "scale": D ** -0.5,
-            "segments": None}
+    return {"q": q, "kv": kv, "indices": idx, "sink": torch.zeros(H), "scale": D ** -0.5}
 
 
 def test_the_split_k_kernel_is_taken_apart_into_its_merge_and_its_partials() -> None:
@@ -81,7 +81,7 @@ def test_the_split_k_kernel_is_taken_apart_into_its_merge_and_its_partials() -> 
     assert part == "attn.sparse_attention.partials"
     off = {"split": None, "partial": "float32", "merge": "lse", "segmented": False}
     assert kernel_parts(inputs, off, lse)[0] == "attn.sparse_attention"  # not split alike
-    assert run_op("attn.sparse_attention", inputs, lse).shape == inputs["q"].shape
+    assert kernel(inputs, lse).shape == inputs["q"].shape
 
 
 @pytest.mark.parametrize(("module", "op", "patches"), [
@@ -93,7 +93,7 @@ def test_the_split_k_kernel_is_taken_apart_into_its_merge_and_its_partials() -> 
 def test_the_op_level_repro_rebuilds_the_op_from_a_save_pass(module: str, op: str,
                                                             patches: dict[str, str]) -> None:
     from dsv4bisect.localise.capture import recording
-    from dsv4bisect.localise.repro import build, op_settings
+    from dsv4bisect.localise.repro import build, op_settings, run_op
     from dsv4bisect.reference.config import Numerics
 
     engine = ReferenceEngine.load(None, precision="deployment")

@@ -53,3 +53,35 @@ def test_a_tap_returns_at_once_without_a_recorder_and_recorders_do_not_nest() ->
         with pytest.raises(RuntimeError), taps.recording(Rec()):
             pass
     assert not taps.active()
+
+
+def test_every_swappable_place_is_recorded_by_an_op_of_the_table() -> None:
+    """A patch's code runs at a swappable place (`patchspec.swaps.Op`); the op that records
+    the place's output must exist, and for a place in the model's forward, sit in the same
+    function as the place's call (a place added without a tap fails here)."""
+    from dsv4bisect.patchspec.swaps import Op
+
+    assert set(ops.PLACES) == {o.value for o in Op}
+    for names in ops.PLACES.values():
+        assert set(names) <= set(ops.BY_NAME), names
+    sites = _tap_sites()
+    tree = ast.parse(Path(model_module.__file__).read_text())
+    calls: dict[str, set[str]] = {}  # function -> the places it calls (self.<place>(...))
+    places = {"hc_attn_mixes": "mhc_mixes", "hc_ffn_mixes": "mhc_mixes", "core": "attention",
+              "kv_write": "kv_write", "kv_read": "kv_read", "logits": "indexer_logits",
+              "selection": "indexer_topk", "wo_a_input": "wo_a_input",
+              "head_input": "head_input"}
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef):
+            for node in ast.walk(fn):
+                attr = getattr(node, "attr", None)
+                if (isinstance(node, ast.Attribute) and attr in places
+                        and isinstance(node.ctx, ast.Load) and "install" not in fn.name
+                        and getattr(node.value, "id", None) == "self"):  # its own place
+                    calls.setdefault(fn.name, set()).add(places[attr])
+    for fn, called in calls.items():
+        for place in called:
+            if place == "indexer_logits":  # called per sequence; `indexer.scores` records
+                continue  # the group's scores where the group's top-k reads them
+            tapped = {o for o in ops.PLACES[place] if o in sites}
+            assert any(sites[o] == fn for o in tapped), (fn, place, tapped)

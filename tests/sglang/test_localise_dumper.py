@@ -122,7 +122,8 @@ def test_dumps_of_the_release_own_dumper_are_localised(version: str, tmp_path: P
     harmless = localise(good, load_capture(null_dir, loader, [ids]), null)
     assert harmless.first is None
     first = localise(good, load_capture(bad_dir, loader, [ids]), null).first
-    # wo_a is an einsum inside the attention's forward: the first dumped tensor outside its
-    # envelope is wo_b's input, computed by layers.0.attn's own code
+    # the fault is in how the wo_a GEMM reads the attention output: the embedded engine's
+    # `wo_a_input` place (a module, so the dumper's hooks see it) is the first dumped tensor
+    # outside its envelope
     assert first is not None, how
-    assert first.site.key == "layers.0.attn.wo_b:inputs.0", (first.site.key, how)
+    assert first.site.key == "layers.0.attn.wo_a_input:output", (first.site.key, how)

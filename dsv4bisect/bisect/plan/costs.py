@@ -30,6 +30,11 @@ REFERENCE_SWITCH_S = 1.0  # in-process, eager on CPU: no graphs to capture
 # Seconds of a full probe per tier: the embedded engine's, and the least any engine takes (the
 # tier's requests decode and are scheduled whatever their prompt length).
 TIER_PROBE_S = {"ci": 20.0, "smoke": 60.0, "standard": 1200.0, "deep": 3600.0}
+# One polluting request on the embedded engine (probe/warmup.py: a conversation at the tier's
+# shortest length, its short answer): 0.8-1.6 s measured at load ~10 on the shared 2-core CPU,
+# 16 in flight (tests/benchmarks/pd_transfer.py --warmup; docs/performance.md, "PD
+# disaggregation")
+REFERENCE_WARMUP_S_PER_REQUEST = 1.0
 TEST_CMD_S = 60.0
 # The sequential trial probe's expected share of the full probe until it states its own
 # (`probe.sequential.plan_trial`): like a bad end losing 30 % of answers at most a tenth (the
@@ -69,6 +74,8 @@ class ProbeShape:
     aa_share: float
     aa_note: str
     drift_share: float = 0.0  # the drift transcripts' share of the prompt tokens
+    warmup_requests: int = 0  # the polluting phase before every probe of a server
+    warmup_tokens: int = 0  # its prompt tokens (not in prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,13 @@ def plan_costs(
                      f"{shape.prompt_tokens / 1e3:.0f} k prompt tokens take "
                      f"{shape.prompt_tokens * SGLANG_PROBE_S_PER_TOKEN:.0f} s of prefill; the "
                      "tier's fixed minimum counts its requests' decode and scheduling")
+    if shape.warmup_requests:  # every probe of a server pays its polluting phase first
+        warm_s = (shape.warmup_requests * REFERENCE_WARMUP_S_PER_REQUEST if engine == "reference"
+                  else shape.warmup_tokens * SGLANG_PROBE_S_PER_TOKEN)
+        probe_default += warm_s
+        probe_why += (f"; with the polluting phase of {shape.warmup_requests} requests "
+                      f"({shape.warmup_tokens / 1e3:.0f} k prompt tokens, ~{warm_s:.0f} s) "
+                      "before the measured ones")
     launch = _pick("launch", given.get("launch"), _measured(details, "launch_s"),
                    launch_default, f"dsv4bisect default for {kind}", lines)
     switch = _pick("hot switch", given.get("switch"), _measured(details, "switch_s", "hot"),
@@ -215,18 +229,21 @@ def probe_shape(spec: Any) -> ProbeShape:
 
     tokens = sum(cell.length * n * weight(cell.family) for cell, n in grid)
     drift = sum(cell.length * n for cell, n in grid if cell.family == "drift") / max(tokens, 1)
+    # the polluting phase (probe/warmup.py) at the shortest length, priced apart (plan_costs)
+    late = {"warmup_requests": spec.warmup_requests,
+            "warmup_tokens": spec.warmup_requests * min(spec.lengths)}
     keep = REPEAT_SHORTEST_LENGTHS.get(spec.tier)
     lengths = sorted({cell.length for cell, _ in grid if cell.family != "drift"})
     if keep is None or len(lengths) <= keep:
         return ProbeShape(spec.tier, tokens, 1.0,
                           f"the {spec.tier} tier repeats the whole probe (run/baseline.py)",
-                          drift)
+                          drift, **late)
     short = set(lengths[:keep])
     repeated = sum(cell.length * n * weight(cell.family) for cell, n in grid
-                   if cell.family == "drift" or cell.length in short)
+                          if cell.family == "drift" or cell.length in short)
     return ProbeShape(spec.tier, tokens, repeated / max(tokens, 1),
                       f"the {spec.tier} tier repeats the drift cases and the lengths "
-                      f"{sorted(short)} (run/baseline.py), by prompt tokens", drift)
+                      f"{sorted(short)} (run/baseline.py), by prompt tokens", drift, **late)
 
 
 def sequential_from_probe(spec: Any, noise: Noise) -> Sequential | None:

@@ -27,7 +27,7 @@ BAD_END_PASSES = "bad-end-passes"
 UNEXPLAINED = "unexplained"
 CATCH_ALLS = (GOOD_END_FAILS, BAD_END_PASSES, UNEXPLAINED)
 
-# Risk tier (patching.spec.Patch.tier) -> prior weight of a patch; 1 = most likely culprit.
+# Risk tier (patchspec.spec.Patch.tier) -> prior weight of a patch; 1 = most likely culprit.
 TIER_WEIGHT: Mapping[int, float] = {1: 2.0, 2: 1.0, 3: 0.5}
 
 DEFAULT_ORDER_MASS: Mapping[int, tuple[float, ...]] = {

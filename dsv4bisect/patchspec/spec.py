@@ -3,8 +3,10 @@
 A patch is data about a speed change: what it touches, how risky its numerics are, how each
 engine kind receives it, which variants it has (fault variants reproduce known failure modes and
 are labelled as faults everywhere), and the conditions under which it is inert or required.
-The numerics themselves live where they run: the embedded engine's op swaps
-(`dsv4bisect.reference`) and the SGLang hooks (`dsv4bisect.plugin`).
+It also points, as typed references, to the code that acts for it on each engine kind: the ops
+it swaps in on the embedded engine (`swaps`, `patchspec/swaps.py`) and its hook planner per
+engine kind that hooks (`planners`). docs/patches.md says how to add a patch, a fault variant
+or a planner for another engine kind.
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dsv4bisect.patchspec.plan import Planner
+    from dsv4bisect.patchspec.swaps import Swap
 
 # MoE runner backends whose NVFP4 path is the flashinfer TRT-LLM kernel.
 TRTLLM_BACKENDS = frozenset({"flashinfer_trtllm", "flashinfer_trtllm_routed"})
@@ -21,11 +28,12 @@ TRTLLM_BACKENDS = frozenset({"flashinfer_trtllm", "flashinfer_trtllm_routed"})
 class EngineContext:
     """What a patch's conditions may look at; built from the resolved profile."""
 
-    kind: str  # reference | sglang | command
+    kind: str  # reference | sglang | vllm | command
     moe_backend: str | None = None
     sglang_version: tuple[int, ...] | None = None  # the deployment's SGLang, when known
     expert_quant: str | None = None  # routed experts as stored: nvfp4 | mxfp4 | fp8 | bf16
     gpu_arch: str | None = None  # sm120 | sm100 | sm90 (the profile's engine.gpu_arch)
+    vllm_version: tuple[int, ...] | None = None  # kind vllm: the deployment's vLLM, when known
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,21 @@ class Mask:
 
 
 @dataclass(frozen=True)
+class CallContract:
+    """A call in SGLang's source the hook relies on: `callee(...)` inside `module[.within]`
+    passes these keywords (exactly, or at least), and with `index` set the caller uses only
+    `result[index]`."""
+
+    module: str
+    within: str | None
+    callee: str
+    keywords: frozenset[str]
+    index: int | None = None
+    why: str = ""
+    exact: bool = True  # False: these keywords at least
+
+
+@dataclass(frozen=True)
 class SglangDelivery:
     """How the patch reaches a real SGLang deployment (through the `dsv4bisect` plugin)."""
 
@@ -137,11 +160,28 @@ class SglangDelivery:
     env: Mapping[str, str] = field(default_factory=dict)  # extra env for engine processes
     args: tuple[str, ...] = ()  # extra server args
     rules: tuple[SglangRule, ...] = ()  # per release range × arch; none: a hook everywhere
+    # layout -> SGLang symbols the hook bodies import or call at call time: checked like the
+    # hook targets, so a moved one is refused at install (and failed by doctor) instead of
+    # crashing the scheduler at the first forward
+    uses: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # layout -> the calls in that layout's SGLang source the hooks rely on (static checks)
+    calls: Mapping[str, tuple[CallContract, ...]] = field(default_factory=dict)
 
     def rule(self, version: tuple[int, ...] | None, arch: str | None) -> SglangRule | None:
         if version is None:
             return None
         return next((r for r in self.rules if r.covers(version, arch)), None)
+
+
+@dataclass(frozen=True)
+class Planners:
+    """The patch's hook planner per engine kind that is patched by hooks: called in each
+    engine process with (variant, layout, recorder), it returns the `Plan` of hooks to install
+    (`patchspec/plan.py`). None: nothing to hook on that kind (an upstream switch or server
+    arguments deliver the patch there, or it is refused). Another engine kind is one more
+    field here and one more argument in the patches that have a planner for it."""
+
+    sglang: Planner | None = None
 
 
 @dataclass(frozen=True)
@@ -164,11 +204,20 @@ class Patch:
     load_time: str = ""
     doc: str = ""
     test_only: bool = False
+    # The ops its variants swap on the embedded engine (`patchspec/swaps.py`), and its hook
+    # planner per engine kind: typed references into code that imports torch only when it runs.
+    swaps: tuple[Swap, ...] = ()
+    planners: Planners = field(default_factory=Planners)
 
     def __post_init__(self) -> None:
         if not self.variants:
             raise ValueError(f"patch {self.name} declares no variant")
+        names = {v.name for v in self.variants}
+        stray = [v for s in self.swaps for v in (s.variants or ()) if v not in names]
+        if stray:
+            raise ValueError(f"patch {self.name} swaps ops for unknown variants {stray}")
         object.__setattr__(self, "sglang", _frozen_delivery(self.sglang))
+        object.__setattr__(self, "swaps", tuple(self.swaps))
 
     @property
     def reference_modelled(self) -> bool:
@@ -219,7 +268,8 @@ class Patch:
 def _frozen_delivery(d: SglangDelivery) -> SglangDelivery:
     return SglangDelivery(
         hooks=MappingProxyType(dict(d.hooks)), env=MappingProxyType(dict(d.env)),
-        args=tuple(d.args), rules=tuple(d.rules),
+        args=tuple(d.args), rules=tuple(d.rules), uses=MappingProxyType(dict(d.uses)),
+        calls=MappingProxyType({k: tuple(v) for k, v in d.calls.items()}),
     )
 
 

@@ -1,4 +1,5 @@
-"""What a patch asks the installer to do in one SGLang process: a plan of hooks.
+"""What a patch asks the installer to do in one engine process: a plan of hooks, returned by
+the patch's planner for that engine kind (`Patch.planners`).
 
 Hook types follow SGLang's `HookRegistry` (`sglang.srt.plugins.hook_registry.HookType`):
 REPLACE `fn(*args, **kwargs)`, AROUND `fn(original, *args, **kwargs)`, AFTER
@@ -51,3 +52,7 @@ def first_call(recorder: Recorder, target: str) -> Callable[[], None]:
             recorder.called(target)
 
     return mark
+
+
+# A patch's hook planner on one engine kind: (variant, layout, recorder) -> the plan to install.
+Planner = Callable[[str, str, Recorder], Plan]

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsv4bisect.plugin.contract import backend_name, runner_scales
-from dsv4bisect.plugin.spec import HookSpec, Plan, Recorder, first_call
+from dsv4bisect.patchspec.plan import HookSpec, Plan, Recorder, first_call
+from dsv4bisect.sglang_hooks.contract import backend_name, runner_scales
 
 _QUANT = "sglang.srt.layers.quantization.modelopt_quant"
 GET_FP4 = f"{_QUANT}.ModelOptFp4Config.get_quant_method"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from dsv4bisect.plugin.spec import HookSpec, Plan, Recorder, first_call
+from dsv4bisect.patchspec.plan import HookSpec, Plan, Recorder, first_call
 
 CLASS = "sglang.srt.layers.moe.hash_topk.HashTopK"
 INIT, FORWARD = f"{CLASS}.__init__", f"{CLASS}.forward"

@@ -1,12 +1,13 @@
 """Every SGLang symbol the plugin hooks, per layout, with the signature it expects.
 
-The patches declare their targets (`PATCH.sglang.hooks`); this table adds what a target must
+The patches declare their targets (`PATCH.sglang.hooks`, and the symbols their hook bodies call:
+`PATCH.sglang.uses`); this table adds what a target must
 look like for the hook to be correct: the parameter names in order (`exact`), or the names it
 must at least have (an AFTER hook on a long `__init__` reads attributes, not arguments).
 The same table drives the install-time check (inspect.signature of the live object), the static
-check of a source tree (`static.py`) and `doctor`. Targets outside SGLang (`flashinfer.…`) are
-checked at install time only; statically, their SGLang call site is checked instead
-(`CALL_CONTRACTS`). Imports nothing heavy.
+check of a source tree (`plugin/static.py`) and `doctor`. Targets outside SGLang (`flashinfer.…`)
+are checked at install time only; statically, their SGLang call site is checked instead
+(`PATCH.sglang.calls`). Imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -120,49 +121,17 @@ SIGNATURES["0.5.13"].update({
 })
 
 
-# Symbols a patch's hook body imports or calls at call time (checked like its hook targets, so
-# a moved one is refused at install and failed by doctor instead of crashing the scheduler).
-def uses(patch: str, layout: str) -> tuple[str, ...]:
-    if patch == "mhc-bf16":
-        return (sinkhorn_target(layout), fused_guard_target(layout))
-    return ()
-
-
-@dataclass(frozen=True)
-class CallContract:
-    """A call in SGLang's source the hook relies on: `callee(...)` inside `module[.within]`
-    passes these keywords (exactly, or at least), and with `index` set the caller uses only
-    `result[index]`."""
-
-    module: str
-    within: str | None
-    callee: str
-    keywords: frozenset[str]
-    index: int | None = None
-    why: str = ""
-    exact: bool = True  # False: these keywords at least
-
-
-_MLA_KW = frozenset({"q", "k_cache", "head_dim_v", "softmax_scale", "indices", "topk_length",
-                     "attn_sink", "extra_k_cache", "extra_indices_in_kvcache",
-                     "extra_topk_length"})
-_TRT_KW = frozenset({"gemm1_clamp_limit", "output1_scale_gate_scalar"})
 _BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
-
-_MLA_CALL = {"0.5.13": "DeepseekV4AttnBackend.forward",
-             "0.5.21": "DeepseekV4AttnBackend._forward_attention"}
-_TRT_CALLS = tuple(
-    CallContract(_TRTLLM, "fused_experts_none_to_flashinfer_trtllm_fp4", callee, _TRT_KW,
-                 why="the hook divides gemm1_clamp_limit by the g1 alphas", exact=False)
-    for callee in ("trtllm_fp4_block_scale_moe", "trtllm_fp4_block_scale_routed_moe"))
+_TRTLLM_CALLER = "fused_experts_none_to_flashinfer_trtllm_fp4"
 
 
-def call_contracts(layout: str) -> dict[str, tuple[CallContract, ...]]:
-    """patch -> the calls in this layout's SGLang source its hooks rely on."""
-    within = _MLA_CALL["0.5.21" if layout >= "0.5.21" else "0.5.13"]
-    out = {"mma-decode": (CallContract(
-        _BACKEND, within, "flash_mla_with_kvcache_sm120", _MLA_KW, 0,
-        "the hook returns (out, None): only out may be used"),)}
-    if layout == "0.5.13":
-        out["trtllm-clamp"] = _TRT_CALLS
-    return out
+def mla_caller(layout: str) -> tuple[str, str]:
+    """(module, function) where DeepseekV4AttnBackend calls the SM120 decode kernel."""
+    within = ("DeepseekV4AttnBackend._forward_attention" if layout >= "0.5.21"
+              else "DeepseekV4AttnBackend.forward")
+    return _BACKEND, within
+
+
+def trtllm_caller() -> tuple[str, str]:
+    """(module, function) that calls the flashinfer TRT-LLM NVFP4 MoE kernels (0.5.13)."""
+    return _TRTLLM, _TRTLLM_CALLER

@@ -13,22 +13,23 @@ PyTorch references run instead of the Triton kernels.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from dsv4bisect.patchspec.plan import HookSpec, Plan, Recorder, first_call
+from dsv4bisect.sglang_hooks.targets import mla_module
 
-from dsv4bisect.plugin.spec import HookSpec, Plan, Recorder, first_call
-from dsv4bisect.plugin.targets import mla_module
+if TYPE_CHECKING:
+    import torch
 
 INDEXER_TARGET = "sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120"
 
 # variant -> (partial dtype, merge)
 DECODE_VARIANTS = {
-    "split-k": (torch.bfloat16, "lse"),
-    "split-k-fp32": (torch.float32, "lse"),
-    "merge-no-rescale": (torch.bfloat16, "no-rescale"),
+    "split-k": ("bfloat16", "lse"),
+    "split-k-fp32": ("float32", "lse"),
+    "merge-no-rescale": ("bfloat16", "no-rescale"),
 }
-SPLIT = 64
+SPLIT = 64  # list positions per split (the embedded swap of mma-decode uses it too)
 KERNELS_ENV = "DSV4BISECT_PLUGIN_KERNELS"  # tests: "triton" runs the kernels interpreted on CPU
 
 
@@ -48,6 +49,8 @@ def paged_source(k_cache: torch.Tensor, indices: torch.Tensor, topk_length: torc
     """SGLang's (k_cache [pages, P, 1, bytes/token] fp8 view with page stride, indices
     [B, s_q, K] (-1 = none), topk_length [B] | None) -> a `PagedKV` of [pages, page_bytes]
     uint8 and [B·s_q, K] int32 row ids with entries past topk_length set to -1."""
+    import torch
+
     from dsv4bisect.kernels.sparse_attention import PagedKV
 
     pages, page_size = k_cache.shape[0], k_cache.shape[1]
@@ -65,6 +68,8 @@ def sparse_decode(kw: dict[str, Any], partial_dtype: torch.dtype, merge: str
                   ) -> tuple[torch.Tensor, None]:
     """The `flash_mla_with_kvcache_sm120` contract: returns (out [B, s_q, H, head_dim_v] bf16,
     None). SGLang's only caller uses `[0]`; the kernels do not produce the LSE."""
+    import torch
+
     from dsv4bisect.kernels import sparse_attention as sa
 
     q = kw["q"]  # [B, s_q, H, D]
@@ -93,6 +98,8 @@ def paged_logits(q_fp8: torch.Tensor, kvcache_fp8: torch.Tensor, weight: torch.T
     [pages, 64, 1, 132] (1-byte view), weight [B, H] fp32, seq_lens [B] or [B, 1],
     page_table [B, max_pages] -> logits [B, max_seq_len] fp32, -inf past seq_lens."""
     del deep_gemm_metadata, clean_logits  # SGLang passes None / False on this path
+    import torch
+
     from dsv4bisect.kernels import indexer as ix
 
     pages = kvcache_fp8 if kvcache_fp8.dtype == torch.uint8 else kvcache_fp8.view(torch.uint8)
@@ -104,7 +111,10 @@ def paged_logits(q_fp8: torch.Tensor, kvcache_fp8: torch.Tensor, weight: torch.T
 def decode_plan(variant: str, layout: str, rec: Recorder) -> Plan:
     if variant not in DECODE_VARIANTS:
         return Plan("refuse", reason=f"mma-decode has no SGLang hook for variant {variant!r}")
-    pdt, merge = DECODE_VARIANTS[variant]
+    import torch
+
+    dtype, merge = DECODE_VARIANTS[variant]
+    pdt = getattr(torch, dtype)
     target = f"{mla_module(layout)}.flash_mla_with_kvcache_sm120"  # moved in 0.5.16
     mark = first_call(rec, target)
 

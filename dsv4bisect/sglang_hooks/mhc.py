@@ -12,18 +12,19 @@ first forward) and the fp32 stream collapse.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from dsv4bisect.patchspec.plan import HookSpec, Plan, Recorder, first_call
+from dsv4bisect.sglang_hooks.targets import fused_guard_target, hc_pre_target, sinkhorn_target
 
-from dsv4bisect.plugin.spec import HookSpec, Plan, Recorder, first_call
-from dsv4bisect.plugin.targets import fused_guard_target, hc_pre_target, sinkhorn_target
+if TYPE_CHECKING:
+    import torch
 
 
 def mixes(x_flat: torch.Tensor, hc_fn: torch.Tensor, eps: float, mode: str) -> torch.Tensor:
     """m = (x·fnᵀ)·rsqrt(mean(x²)+eps): x_flat [T, n·D] -> [T, M] fp32 (kernel on CUDA)."""
     from dsv4bisect.kernels import mhc_mixes as k
-    from dsv4bisect.plugin.hooks_attention import _use_triton
+    from dsv4bisect.sglang_hooks.attention import _use_triton
 
     if _use_triton(x_flat):
         return k.mhc_mixes(x_flat, hc_fn, eps, mode=mode)
@@ -36,6 +37,8 @@ def hc_pre(layer: Any, x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Ten
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
     """x: [T, n, D] residual streams; `sinkhorn` is SGLang's own `hc_split_sinkhorn`.
     Returns (y [T, D], post [T, n], comb [T, n, n], False)."""
+    import torch
+
     del norm, forward_batch  # the norm is applied by the caller (norm_fused=False)
     shape, dtype, n = x.size(), x.dtype, layer.hc_mult
     if x.shape[0] == 0:
