@@ -3,7 +3,8 @@ patch set, the culprit set it found, and where the probe runs of the bad end (an
 that had the culprit) and of the good end lie — the cases that lost facts are among them.
 
 Read only (the ledger is opened read-only, nothing is written). A bisect that found no culprit
-has nothing to localise: `error:` + `hint:` (exit 5).
+has nothing to localise: `error:` + `hint:` (exit 5). `localise_command` is the line a finished
+bisect prints next (here, not in `localise/`: reading a bisect is the bisect layer's).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any
 from dsv4bisect.bisect.driver import read_run_file
 from dsv4bisect.bisect.ledger import Ledger
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.errors import BisectError
-from dsv4bisect.localise.driver import BisectInput
+from dsv4bisect.errors import BisectError, Dsv4BisectError
+from dsv4bisect.localise.command import bisect_command, shell
+from dsv4bisect.localise.driver import BisectInput, Question, resolve_ends
 
 
 def _moved(path: Path, recorded_root: Path, root: Path) -> Path:
@@ -73,3 +75,16 @@ def read_bisect(run_dir: str | Path) -> BisectInput:
                        sets=tuple(request.get("sets") or ()), bad_patches=bad,
                        culprit=tuple(sorted(culprits)), tier=request.get("tier"),
                        probe_dirs=tuple(dirs))
+
+
+def localise_command(run_dir: str | Path) -> str | None:
+    """The `dsv4bisect localise RUN_DIR` line to run after a bisect in `run_dir` finished, as a
+    shell takes it back (`run_dir` as given); None where `localise` cannot take it: no FOUND
+    culprit, a test command's or two configuration files' bisect (no profile), or ends that
+    `localise` refuses (a PD or vLLM profile, a culprit that changes nothing, an end that cannot
+    start). Resolves both ends (torch-free, no launch), as `localise RUN_DIR` would first."""
+    try:
+        resolve_ends(Question(bisect=read_bisect(run_dir)))
+    except Dsv4BisectError:
+        return None
+    return shell(bisect_command(run_dir))

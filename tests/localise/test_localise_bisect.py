@@ -82,3 +82,24 @@ def test_a_real_bisect_then_localise(cli, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     first = json.loads(proc.stdout)["first_divergence"]
     assert (first["module"], first["op"]) == ("layers.0.attn", "attn.wo_a")
+
+
+def test_a_found_bisect_gives_the_localise_command_and_others_none(bisect_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    import sqlite3
+
+    from dsv4bisect.bisect.localise_input import localise_command
+
+    assert localise_command(bisect_dir) == f"dsv4bisect localise {bisect_dir}"
+    spaced = tmp_path / "my runs"
+    shutil.copytree(bisect_dir.parent, spaced)
+    moved = spaced / bisect_dir.name
+    assert localise_command(moved) == f"dsv4bisect localise '{moved}'"  # a shell takes it back
+    assert localise_command(tmp_path / "nowhere") is None
+    info = json.loads((moved / "bisect.json").read_text())
+    (moved / "bisect.json").write_text(json.dumps(
+        {**info, "request": {**info["request"], "profile": "reference-pd"}}))
+    assert localise_command(moved) is None  # a PD profile: localise refuses it
+    with sqlite3.connect(bisect_dir.parent / "ledger.sqlite") as conn:
+        conn.execute("UPDATE runs SET result = ?", (json.dumps({"status": "budget"}),))
+    assert localise_command(bisect_dir) is None  # no FOUND culprit
