@@ -6,6 +6,9 @@ sparse-attention kernel and its split-K merge, the KV write to the FP8 pages, th
 entries, the indexer's scores and top-k, the MoE combine, `wo_a`'s grouped einsum). Each such
 site calls `tap(module, op, tensor)` once, on one line, right after the op: it returns at once
 unless a recorder is installed (`recording`), so the engine pays one global read per site.
+Where a patch can put in another implementation of the op (a swappable place,
+`reference/swappable.py`), the tap sits right after the place's call, so it records whichever
+implementation ran.
 
 `dsv4bisect.localise` installs the recorder; `dsv4bisect.localise.ops` names every op (what it
 is, which patches and faults act on it). A tap never changes what it is given.
