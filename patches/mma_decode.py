@@ -49,7 +49,7 @@ from dsv4bisect.patchspec.spec import (
     Variant,
     VllmDelivery,
 )
-from dsv4bisect.patchspec.swaps import Op, Site, Swap
+from dsv4bisect.patchspec.swaps import Op, Site, Swap, kernel_settings
 from dsv4bisect.sglang_hooks import attention
 from dsv4bisect.sglang_hooks.targets import mla_caller, mla_module
 from dsv4bisect.vllm_hooks import attention as vllm_attention
@@ -85,7 +85,7 @@ def split_k(partial: str, merge: str) -> Callable[[Site], Callable[..., torch.Te
                     for kl in lists]  # [B·T, H, D] per group
             return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-        return attend
+        return kernel_settings(attend, attention.SPLIT, partial, merge)
 
     return build
 

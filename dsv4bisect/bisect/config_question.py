@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.question import Question, base_sets
+from dsv4bisect.bisect.search.hypotheses import MAX_CANDIDATES
 from dsv4bisect.bisect.switch_info import catalog_switch, describe, in_catalog, other_vendor
 from dsv4bisect.bisect.setting_candidates import ABSENT, ARG, ENV, is_setting, key_value
 from dsv4bisect.config.diff import argv_items
@@ -201,6 +202,8 @@ def config_question(good_ref: str, bad_ref: str, overrides: Overrides = Override
         if not chosen:
             raise BisectError("every difference between A and B is inert or cannot matter",
                               "; ".join(f"{n}: {why}" for n, why in left))
+    if len(chosen) > MAX_CANDIDATES:
+        raise _too_many(chosen, infos, a_ref, b_ref)
     good, bad = ends(resolved_a.patch_set, chosen)
     names = tuple(d.name for d in chosen)
     return Question(
@@ -210,6 +213,22 @@ def config_question(good_ref: str, bad_ref: str, overrides: Overrides = Override
         {n: infos[n].load_time or "" for n in names if infos[n].load_time},
         {n: f"{infos[n].tier} ({infos[n].source})" for n in names},
         {n: infos[n].weight for n in names if is_setting(n)})
+
+
+def _too_many(chosen: list[Difference], infos: dict[str, Any], a_ref: str, b_ref: str
+              ) -> BisectError:
+    """The refusal of more candidates than one search weighs, with the first round to run:
+    the MAX_CANDIDATES of the highest prior weight (kernel and precision switches first, then
+    profile order)."""
+    ranked = sorted(range(len(chosen)), key=lambda i: (-infos[chosen[i].name].weight, i))
+    first = [chosen[i].name for i in sorted(ranked[:MAX_CANDIDATES])]
+    return BisectError(
+        f"A and B differ in {len(chosen)} settings that can change a computation; one bisect "
+        f"searches at most {MAX_CANDIDATES} (its culprit sets grow with the square)",
+        f"bisect them in rounds of {MAX_CANDIDATES}, the likeliest first: dsv4bisect bisect "
+        f"--good-config {a_ref} --bad-config {b_ref} --candidates {','.join(first)}; if it "
+        f"ends BAD-END-PASSES the culprit is among the other {len(chosen) - len(first)} "
+        f"(`dsv4bisect diff-config {a_ref} {b_ref}` lists every difference)")
 
 
 def ends(a_patches: dict[str, str], chosen: list[Difference]

@@ -16,8 +16,9 @@ from dsv4bisect.errors import Dsv4BisectError, ExitCode
 
 # command -> its module under dsv4bisect.cli, in the order `--help` lists them
 COMMANDS = {"patches": "patches", "profile": "profile", "diff-config": "diff", "run": "run",
-            "bisect": "bisect", "probe": "probe", "report": "report", "microtest": "microtest",
-            "doctor": "doctor", "switches": "switches", "serve": "serve", "router": "router"}
+            "bisect": "bisect", "localise": "localise", "probe": "probe", "report": "report",
+            "microtest": "microtest", "doctor": "doctor", "switches": "switches", "serve": "serve",
+            "router": "router"}
 
 
 def build_app(commands: list[str] | None = None) -> typer.Typer:

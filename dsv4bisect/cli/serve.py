@@ -72,6 +72,9 @@ def serve(
     disable_radix_cache: Annotated[bool, typer.Option(
         "--disable-radix-cache", help="Prefill every request from scratch (SGLang's name).")
     ] = False,
+    prefix_cache_budget_mib: Annotated[int, typer.Option(
+        min=1, metavar="MIB", help="Memory the prefix cache may keep, in MiB (every snapshot "
+        "tensor counted; least recently used dropped beyond it).")] = 1024,
     speculative_algorithm: Annotated[str | None, typer.Option(
         metavar="NEXTN", help="Speculative decoding with the checkpoint's MTP layer as the "
         "draft (SGLang's name; NEXTN or EAGLE). Alone: 3 steps, top-k 1, 4 draft tokens.")
@@ -128,6 +131,7 @@ def serve(
             model_path=checkpoint,
             header_timeout=header_timeout, max_running_requests=max_running_requests,
             disable_radix_cache=disable_radix_cache, speculative=speculative, api=api.value,
+            prefix_cache_budget_bytes=prefix_cache_budget_mib << 20,
             disaggregation_mode=disaggregation_mode.value,
             disaggregation_bootstrap_port=disaggregation_bootstrap_port,
             disaggregation_transfer_backend=disaggregation_transfer_backend.value,

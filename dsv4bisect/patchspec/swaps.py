@@ -107,3 +107,15 @@ class Swap:
 
     def covers(self, variant: str) -> bool:
         return self.variants is None or variant in self.variants
+
+
+def kernel_settings(attend: Callable[..., Any], split: int | None, partial: str,
+                    merge: str, segmented: bool = False) -> Callable[..., Any]:
+    """Name the kernel settings an `Op.ATTENTION` implementation runs with, as its `kernel`
+    attribute: keys per split-K piece (None: whole lists), the partials' dtype, the merge, and
+    whether the stock deployment schedule cuts the lists (`segmented`). `localise`'s op-level
+    repro sets one of the bad end's to the good end's to tell the kernel's parts apart."""
+    # setattr: a function object's new attribute, which a type checker does not know
+    setattr(attend, "kernel", {"split": split, "partial": partial, "merge": merge,  # noqa: B010
+                               "segmented": segmented})
+    return attend

@@ -197,7 +197,7 @@ def _parse(src: SourceTree, rel: str) -> ast.Module | None:
     if text is None:
         return None
     try:
-        return ast.parse(text)
+        return src.parse(rel, text)
     except SyntaxError:
         return None  # a file the release ships broken is not read on any path
 

@@ -7,7 +7,8 @@ before its 200), then walks the answer and hands each event to the event loop, w
 A client that hangs up (the ASGI `http.disconnect` message) sets the request's stop check, so
 the engine drops the request at its next step (reference/cancel.py) and the log line reads 499;
 a server that stops ends the stream with an error event. The stream counts as a model request
-in flight until its last event is sent (`MAX_MODEL_REQUESTS`).
+in flight until its last event is sent (`MAX_MODEL_REQUESTS`), and its log-prob entries count
+against the bound of those in flight until its last event was made (`response_bound.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import anyio.to_thread
 from starlette.types import Receive, Scope, Send
 
 from dsv4bisect.errors import Dsv4BisectError
+from dsv4bisect.reference import response_bound
 from dsv4bisect.reference.cancel import Cancelled
 from dsv4bisect.reference.request_body import ApiError
 from dsv4bisect.reference.stream_api import DONE, event, open_stream
@@ -93,7 +95,8 @@ class EventStream:
         """On a worker thread: open the stream (or say why not), then walk it."""
         api = self.app.state.api
         assert api is not None  # admitted only once ready
-        with self.app.state.in_thread():
+        # the log-prob entries the request takes are held until its last event was made
+        with self.app.state.in_thread(), response_bound.request_scope():
             try:
                 opened = self.app.guarded(lambda: open_stream(api, self.handler, self.data),
                                           self._check, self.method, self.path)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dsv4bisect.reference.cancel import Cancelled, StopCheck, current_check
+from dsv4bisect.reference.response_bound import charge, logprob_entries
 from dsv4bisect.reference.tokenizer import EOS_ID, ByteTokenizer
 
 if TYPE_CHECKING:  # the scheduler imports torch; this module stays importable without it
@@ -115,13 +116,15 @@ class Generator:
     def __init__(
         self, engine: Any, tokenizer: ByteTokenizer, *, max_running_requests: int | None = None,
         radix_cache: bool = True, chunk_size: int | None = None, spec: Any = None,
+        prefix_cache_budget: int | None = None,
     ) -> None:
-        from dsv4bisect.reference.prefix_cache import PrefixCache
+        from dsv4bisect.reference.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
         from dsv4bisect.reference.scheduler import Scheduler
 
         self.engine = engine
         self.tokenizer = tokenizer
-        self.prefix_cache = PrefixCache() if radix_cache else None
+        self.prefix_cache = (PrefixCache(prefix_cache_budget or DEFAULT_BUDGET_BYTES)
+                             if radix_cache else None)
         self.scheduler = Scheduler(engine, chunk_size=chunk_size,
                                    max_running_requests=max_running_requests,
                                    prefix_cache=self.prefix_cache, spec=spec)
@@ -142,7 +145,7 @@ class Generator:
         """Decode `spec` from a transferred state (a PD decode server): `cache` holds the prompt,
         `first` is the token the prefill server chose. The output reports no input log-probs
         (the prefill server's response has them; the router joins the two, as SGLang's)."""
-        req = self._request(spec, keep_cache=True)
+        req = self._request(spec, keep_cache=True, inputs=False)
         req.cache, req.filled, req.cached_tokens = cache, req.target, first.cached_tokens
         if spec.max_new_tokens > 0 and not self.scheduler.start(req, first.token,
                                                                 first.logprob, first.top):
@@ -161,7 +164,10 @@ class Generator:
         req = self._request(spec)
         return self._follow(spec, req, current_check())
 
-    def _request(self, spec: GenSpec, *, keep_cache: bool = False) -> Request:
+    def _request(self, spec: GenSpec, *, keep_cache: bool = False, inputs: bool = True
+                 ) -> Request:
+        """The checked request; `inputs` False: its prompt's log-probs are not returned (a PD
+        decode server's), so they are not charged against the response bound."""
         from dsv4bisect.reference.request import Request
         from dsv4bisect.reference.sampling import Sampling
 
@@ -173,6 +179,10 @@ class Generator:
         stop_ids = tuple(spec.stop_token_ids) + (() if spec.ignore_eos else (EOS_ID,))
         self.engine.check_request(ids, spec.max_new_tokens, k, stop_ids)
         score_from = start + 1 if spec.return_logprob and start + 1 < len(ids) else None
+        if spec.return_logprob:  # what the reply will hold, against the server's bounds
+            scored = len(ids) - (score_from or len(ids)) if inputs else 0
+            charge(logprob_entries(scored_positions=scored, output_tokens=spec.max_new_tokens,
+                                   k=k))
         return Request(tuple(ids), spec.max_new_tokens, frozenset(stop_ids), k, score_from,
                        Sampling(spec.temperature, spec.top_p, spec.top_k, spec.seed),
                        keep_cache=keep_cache)

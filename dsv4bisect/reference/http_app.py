@@ -6,9 +6,13 @@ blocking work handed to threads. What a local engine adds around the endpoint lo
 (`native_api.ServerApi`, request-JSON to reply-JSON):
 
 - Browsers: a foreign `Origin` (or, bound to loopback, a foreign `Host`) is 403 on every route, a
-  JSON route's body must be declared JSON (415), so a web page cannot drive the engine.
+  JSON route's body must be declared JSON (415), and a state-changing route takes POST only
+  (`csrf.py`: 405 for a GET, which a page can send without an Origin), so a web page cannot
+  drive the engine.
 - Size and load: a body over MAX_BODY_BYTES is 413 (by `Content-Length` before reading, and
-  counted while reading); more than MAX_MODEL_REQUESTS model requests in flight is 503 at once.
+  counted while reading); more than MAX_MODEL_REQUESTS model requests in flight is 503 at once;
+  the log-prob entries a reply would hold are bounded per request (400) and across the requests
+  in flight (503; `response_bound.py`).
 - Model work runs in worker threads (`anyio.to_thread`, one per admitted request: the engine
   decides what runs together, the transport serialises nothing). A `StopCheck` polled between
   model steps (`reference/cancel.py`) cancels it when the client hangs up (the ASGI
@@ -41,6 +45,7 @@ from starlette.routing import Route as StarletteRoute
 from starlette.types import Message, Receive, Scope, Send
 
 from dsv4bisect.errors import Dsv4BisectError
+from dsv4bisect.reference import csrf, response_bound
 from dsv4bisect.reference.cancel import Cancelled, stop_when
 from dsv4bisect.reference.native_api import ServerApi
 from dsv4bisect.reference.request_body import ApiError, parse_json
@@ -77,7 +82,7 @@ ROUTES: dict[str, Route] = {
     "/server_info": Route(("GET",), "server_info"),
     "/get_server_info": Route(("GET",), "server_info"),
     "/get_model_info": Route(("GET",), "model_info"),
-    "/flush_cache": Route(("GET", "POST"), "flush_cache"),
+    "/flush_cache": Route(csrf.METHODS, "flush_cache"),  # SGLang's takes GET too: csrf.py
     "/v1/chat/completions": Route(("POST",), "chat", json_body=True),
     "/v1/completions": Route(("POST",), "completions", json_body=True),
     "/generate": Route(("POST", "PUT"), "generate", json_body=True),
@@ -171,6 +176,7 @@ class HttpApp:
         self.light_limiter = anyio.CapacityLimiter(LIGHT_THREADS)
         routes = ROUTES if state.api_kind != "vllm" else {
             path: Route(*spec) for path, spec in VLLM_ROUTES.items()}
+        self.paths = frozenset(routes)
         self.router = Starlette(
             routes=[StarletteRoute(path, self._endpoint(route), methods=list(route.methods))
                     for path, route in routes.items()],
@@ -226,6 +232,11 @@ class HttpApp:
         if self.state.check_host and host is not None and not is_loopback(_hostname(host)):
             return error_reply(403, f"Host {host[:100]!r} is not this machine: the server is "
                                "bound to a loopback address", "ForbiddenError", close=True)
+        served = scope["path"] in self.paths  # another path is a 404, whatever its method
+        state_change = csrf.refusal(scope["method"], scope["path"]) if served else None
+        if state_change is not None:
+            refused = error_reply(405, state_change, "MethodNotAllowedError")
+            return Reply(405, refused.payload, (("allow", ", ".join(csrf.METHODS)),))
         return None
 
     async def _http_error(self, request: Request, exc: Exception) -> Response:
@@ -310,8 +321,10 @@ class HttpApp:
 
     def _call(self, route: Route, body: bytes, check: Callable[[], bool], method: str,
               path: str) -> Reply | None:
-        """The endpoint logic, on a worker thread; None: cancelled because the client left."""
-        return self.guarded(lambda: self._dispatch(route, body), check, method, path)
+        """The endpoint logic, on a worker thread; None: cancelled because the client left. The
+        log-prob entries it takes are held until it returned (`response_bound.py`)."""
+        with response_bound.request_scope():
+            return self.guarded(lambda: self._dispatch(route, body), check, method, path)
 
     def guarded(self, work: Callable[[], T], check: Callable[[], bool], method: str,
                 path: str) -> T | Reply | None:

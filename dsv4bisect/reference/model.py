@@ -52,6 +52,7 @@ from dsv4bisect.reference.swappable import (
     stock_mixes,
     stock_wo_a_input,
 )
+from dsv4bisect.reference.taps import active, tap
 
 # ---- kernels per device -------------------------------------------------------------------------
 
@@ -354,8 +355,9 @@ class Compressor(nn.Module):
         kv = torch.cat((torch.stack([s.pending_kv for s in states]), kv), 1)  # from n_entries·r
         score = torch.cat((torch.stack([s.pending_score for s in states]), score), 1)
         n_win = kv.shape[1] // r
-        for b, state in enumerate(states):
-            state.pending_kv, state.pending_score = kv[b, n_win * r :], score[b, n_win * r :]
+        for b, state in enumerate(states):  # copies (< r rows): a view would keep [B, T, ·]
+            state.pending_kv = kv[b, n_win * r :].clone()
+            state.pending_score = score[b, n_win * r :].clone()
         if n_win == 0:
             return
         kv = kv[:, : n_win * r].view(B, n_win, r, -1)
@@ -370,6 +372,7 @@ class Compressor(nn.Module):
         if step.numerics.deployment:  # written to the FP8 cache, read back from it
             entries = (model1_kv(entries, self.rope_dim) if self.cache == "kv"
                        else indexer_key(entries))
+        tap(self, "compressor.entries", entries.transpose(0, 1), at=first)  # [B, n_win, d]
         for b, state in enumerate(states):
             state.entries.append(entries[:, b])
 
@@ -451,9 +454,12 @@ class Indexer(nn.Module):
         first, -1 where fewer entries are visible; appends the group's new entries."""
         scores = self.group_scores(p, step, states)
         B, T = p["q"].shape[:2]
+        tap(self, "indexer.scores", scores)  # [B, T, S] or None
         if scores is None:
             return torch.full((B, T, self.topk), -1, dtype=torch.int64, device=p["q"].device)
-        return self.selection(scores, self.topk, step)
+        ids = self.selection(scores, self.topk, step)
+        tap(self, "indexer.topk", ids)  # [B, T, topk] entry ids
+        return ids
 
 
 def key_lists(
@@ -563,9 +569,11 @@ class Attention(nn.Module):
         q = apply_rope(
             q * torch.rsqrt(q.square().mean(-1, keepdim=True) + a.rms_norm_eps), cos, sin
         )
+        tap(self, "attn.q", q)  # [N, H, D]
         kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)  # [N, D]
         groups, lists = step.groups(caches), []
         kv = self.kv_write(kv, step, groups)  # the new rows as the cache holds them
+        tap(self, "attn.kv_write", kv)  # [N, D]
         proj = self._project(x, qr, step)
         # per group of sequences: its key pool [B, P, D], its lists [B·T, K] into the pool
         # flattened, and each row's window part of the pool (the stock kernel's schedule)
@@ -579,6 +587,8 @@ class Attention(nn.Module):
             pool, idx = self._keys(mine, q[rows].view(B, T, H, D), kv[rows].view(B, T, D),
                                    part, group_caches)  # [B, P, D], [B, T, K]
             pool = self.kv_read(pool, T)
+            if active():  # per group: [B, P, D], [B, T, K], its window rows [1] (a schedule's)
+                tap(self, "attn.key_pool", pool, idx, torch.full((1,), window_rows))
             local = idx.reshape(B * T, -1)
             offsets = torch.arange(B, device=x.device).repeat_interleave(T)[:, None]
             offsets = offsets * pool.shape[1]  # [B·T, 1]: each sequence's pool in the flat one
@@ -586,10 +596,13 @@ class Attention(nn.Module):
                                  torch.where(local >= 0, local + offsets, -1), local,
                                  window_rows))
         o = self.core(q, lists, self.attn_sink, D**-0.5, step)  # [N, H, D]
+        tap(self, "attn.sparse_attention", o)  # [N, H, D]
         o = apply_rope(o, cos, sin, inverse=True).reshape(N, a.o_groups, -1)  # [N, G, H·D/G]
+        tap(self, "attn.o", o)  # wo_a's input
         o = self.wo_a_input(o)
         wo_a = self.wo_a.value().view(a.o_groups, a.o_lora_rank, -1)  # FP8-valued at deployment
         o = torch.einsum("tgd,grd->tgr", o, wo_a).reshape(N, -1)  # grouped low-rank output
+        tap(self, "attn.wo_a", o)  # [N, G·o_lora]
         return self.wo_b(o)
 
     def _project(
@@ -817,6 +830,7 @@ class MoE(nn.Module):
         else:
             routed = self._routed(x, w, ids)
         routed = self.routed_scaling.runner(routed)
+        tap(self, "moe.combine", routed, inputs=(x, w, ids))  # [N, dim]: Σ w_k·expert_k, ×rsf
         sh = self.shared_experts
         return routed + sh.w2(swiglu(sh.w1(x), sh.w3(x), a.swiglu_limit))
 
@@ -922,11 +936,14 @@ class Block(nn.Module):
             h, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, self.a,
             self.hc_attn_mixes, sk,
         )
+        tap(self, "mhc.pre_attn", x, post, comb, inputs=(h,))
         h = hc_post(self.attn(self.attn_norm(x), step, cache), h, post, comb)
+        tap(self, "mhc.post_attn", h)
         x, post, comb = hc_pre(
             h, self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, self.a,
             self.hc_ffn_mixes, sk,
         )
+        tap(self, "mhc.pre_ffn", x, post, comb, inputs=(h,))
         return hc_post(self.ffn(self.ffn_norm(x), step), h, post, comb)
 
 
@@ -1079,7 +1096,9 @@ class Transformer(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final streams [T, n, dim] -> logits [T, vocab] fp32."""
         x = hc_head(h, self.hc_head_fn, self.hc_head_scale, self.hc_head_base, self.a)
-        return self.head(self.norm(self.head_input(x)))
+        x = self.head_input(x)
+        tap(self, "mhc.head", x)  # [T, dim]
+        return self.head(self.norm(x))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Full recompute: tokens [T] -> logits [T, vocab]."""

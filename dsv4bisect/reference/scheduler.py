@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from dsv4bisect.reference import heap
 from dsv4bisect.reference.cache import ModelCache
 from dsv4bisect.reference.cancel import Cancelled
 from dsv4bisect.reference.engine import TokenScore, single_thread, top_alternatives
@@ -133,6 +134,8 @@ class Scheduler:
                 "waiting_requests": len(self._waiting),
                 "prefix_cache_entries": 0 if self.prefix_cache is None else len(self.prefix_cache),
                 "prefix_cache_bytes": 0 if self.prefix_cache is None else self.prefix_cache.nbytes,
+                "prefix_cache_budget_bytes": (0 if self.prefix_cache is None
+                                              else self.prefix_cache.budget),
             }
 
     @contextmanager
@@ -171,6 +174,8 @@ class Scheduler:
             while True:
                 with self._cond:
                     batch = self._next_batch()
+                    if batch is None:  # idle: the steps' activations are all freed
+                        heap.give_back()
                     while batch is None and not self._stopped:
                         self._cond.wait()
                         batch = self._next_batch()

@@ -44,6 +44,9 @@ class ServeOptions:
     max_running_requests: int | None = None
     # SGLang's --disable-radix-cache: every request prefills from scratch
     disable_radix_cache: bool = False
+    # the bytes the prefix cache may keep (`--prefix-cache-budget-mib`; None: the engine's
+    # 1 GiB); no SGLang argument bounds radix-cache bytes (docs/reference-api.md says why)
+    prefix_cache_budget_bytes: int | None = None
     # SGLang's --speculative-* arguments, resolved (None: no speculative decoding); the MTP
     # layer beside the checkpoint drafts (reference/spec_decode.py)
     speculative: SpecSettings | None = None
@@ -116,7 +119,8 @@ def build_api(opts: ServeOptions, *, port: int) -> ServerApi:
     decode = opts.disaggregation_mode == "decode"  # prefixes arrive whole: no prefix cache
     generator = Generator(engine, ByteTokenizer(engine.config.vocab_size),
                           max_running_requests=opts.max_running_requests,
-                          radix_cache=not (opts.disable_radix_cache or decode), spec=spec)
+                          radix_cache=not (opts.disable_radix_cache or decode), spec=spec,
+                          prefix_cache_budget=opts.prefix_cache_budget_bytes)
     # the effective value (SGLang reports its derived default the same way)
     info["max_running_requests"] = generator.scheduler.max_running
     info |= {"schedule_policy": "fcfs", "enable_mixed_chunk": False}

@@ -23,7 +23,7 @@ from dsv4bisect.kernels.fp8 import model1_kv
 from dsv4bisect.kernels.indexer import indexer_topk
 from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref, mhc_mixes_split_ref
 from dsv4bisect.kernels.sparse_attention import sparse_attention_segmented_ref
-from dsv4bisect.patchspec.swaps import ExpertQuant, Op, Swap
+from dsv4bisect.patchspec.swaps import ExpertQuant, Op, Swap, kernel_settings
 from dsv4bisect.reference.config import (
     NVFP4_UNCLAMPED_BACKENDS,
     NVFP4_W4A16_BACKENDS,
@@ -167,7 +167,7 @@ def stock_attention(deployment: bool, ratio: int) -> Callable[..., torch.Tensor]
                                            merge="lse"))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    return attend
+    return kernel_settings(attend, None, "float32", "lse", segmented=deployment)
 
 
 def stock_kv_write(a: ModelArgs, deployment: bool) -> Callable[..., torch.Tensor]:

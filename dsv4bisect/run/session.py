@@ -11,6 +11,7 @@ The loop (docs/run.md):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -129,7 +130,21 @@ def api_key_of(cfg: EngineConfig) -> str | None:
 
 
 def finish(run_dir: Path, record: RunRecord, trial: Trial, verdict: Verdict) -> Verdict:
-    """Heatmap, verdict.json (with its evidence paths), run.json, report.md."""
+    """Heatmap, verdict.json (with its evidence paths), run.json, report.md. A full disk on
+    the way ends the record `error` (its reserve takes it) and is a StorageError (exit 125)."""
+    try:
+        return _finish(run_dir, record, trial, verdict)
+    except Exception as exc:
+        storage = storage_failure(exc)
+        if storage is None:
+            raise
+        with contextlib.suppress(OSError):
+            record.finish("error", exit_code=int(storage.exit_code),
+                          error=(storage.message, storage.hint))
+        raise storage from exc
+
+
+def _finish(run_dir: Path, record: RunRecord, trial: Trial, verdict: Verdict) -> Verdict:
     from dsv4bisect.report.heatmap import PLOTS_SKIPPED, render_heatmap
     from dsv4bisect.report.run_report import load_run, render_markdown
 

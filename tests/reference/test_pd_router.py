@@ -1,12 +1,19 @@
 """The PD router's own logic (reference/pd/router.py): the answer it builds from the two
-servers' and the policies that pick a server; and a PD role's patches across a hot switch."""
+servers' and the policies that pick a server; a PD role's patches across a hot switch; and the
+router's own HTTP surface, which takes `/flush_cache` by POST only as the servers do."""
 
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+
+import pytest
+import requests
 
 from dsv4bisect.reference.pd.router import _merged, _Workers, bootstrap_host, new_room
 from dsv4bisect.reference.switch import HotSwitch
+from tests.reference.test_server import free_port, stop, wait_healthy
 
 
 def test_input_logprobs_of_the_prefill_server_come_first() -> None:
@@ -47,3 +54,27 @@ def test_a_pd_roles_own_patches_survive_a_hot_switch() -> None:
     switch.overlay = "mma-decode:merge-no-rescale,!mhc-bf16"
     got = switch.with_overlay({"mhc-bf16": "bf16", "triton-indexer": "bf16"})
     assert got == {"mma-decode": "merge-no-rescale", "triton-indexer": "bf16"}
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_the_router_takes_flush_cache_by_post_only() -> None:
+    """A real `dsv4bisect router` (its servers need not be up for this): a GET, which a web page
+    can send without an Origin, is refused before the router asks its servers."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsv4bisect", "router", "--pd-disaggregation",
+         "--prefill", f"http://127.0.0.1:{free_port()}", "none",
+         "--decode", f"http://127.0.0.1:{free_port()}", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, url, timeout=60)
+        for method in ("GET", "HEAD"):
+            r = requests.request(method, f"{url}/flush_cache", timeout=30)
+            assert r.status_code == 405 and r.headers["allow"] == "POST"
+        assert "takes POST only" in requests.get(f"{url}/flush_cache", timeout=30).text
+        posted = requests.post(f"{url}/flush_cache", timeout=60)  # passed on: no server is up
+        assert posted.status_code != 405
+    finally:
+        stop(proc)

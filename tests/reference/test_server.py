@@ -121,7 +121,7 @@ def test_info_endpoints(url: str) -> None:
         assert info["device"] and info["version"]
     flush = requests.post(f"{url}/flush_cache", timeout=10)
     assert flush.status_code == 200 and flush.text == "Cache flushed.\n"
-    assert requests.get(f"{url}/flush_cache", timeout=10).status_code == 200
+    assert requests.get(f"{url}/flush_cache", timeout=10).status_code == 405  # POST only: csrf.py
 
 
 # ---- /generate: teacher forcing ----------------------------------------------------------------
