@@ -194,15 +194,11 @@ def _finish(view: BisectView, question: Question | None, json_out: bool,
 
 def localise_line(view: BisectView) -> str | None:
     """The `dsv4bisect localise` command for this bisect's culprit, printed after it: the one
-    place the bisect asks the localise package for it (`dsv4bisect.localise.command`), None
-    where this install has no such command."""
-    from importlib import import_module
+    place the bisect asks for it (bisect/localise_input.py `localise_command`: None where
+    `localise` cannot take this bisect)."""
+    from dsv4bisect.bisect.localise_input import localise_command
 
-    try:
-        command = import_module("dsv4bisect.localise.command")
-    except ImportError:
-        return None
-    return str(command.shell(command.bisect_command(view.run_dir)))
+    return localise_command(view.run_dir)
 
 
 def _say_code_regression(q: Question) -> None:

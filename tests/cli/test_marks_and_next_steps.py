@@ -43,18 +43,25 @@ def test_the_microtests_marked_rows_carry_the_legend() -> None:
     assert FAULT_LEGEND not in render_markdown(MicrotestReport((plain,), {"layers": [2]}))
 
 
-def test_the_localise_line_is_asked_of_the_localise_package_in_one_place() -> None:
-    """`cli/bisect.py` `localise_line`: the command when `dsv4bisect.localise.command` is
-    installed, else nothing (never a command that does not exist)."""
-    import importlib.util
+KEPT = Path(__file__).resolve().parents[1] / "localise" / "data" / "bisect-scale-layout"
 
+
+def test_after_a_found_bisect_the_terminal_has_every_next_step(tmp_path: Path) -> None:
+    """A real bisect's directory (the kept scale-layout bisect, tests/localise/data): the
+    terminal lines carry every Reproduce line and the culprit alone, and the localise command
+    comes from the one place that asks for it."""
+    import shutil
+
+    from dsv4bisect.bisect.report import load_bisect
+    from dsv4bisect.bisect.report import terminal_lines as bisect_lines
     from dsv4bisect.cli.bisect import localise_line
 
-    class View:
-        run_dir = Path("/tmp/bisect-x")
-
-    line = localise_line(View())  # type: ignore[arg-type]
-    if importlib.util.find_spec("dsv4bisect.localise") is None:
-        assert line is None
-    else:
-        assert line == "dsv4bisect localise /tmp/bisect-x"
+    shutil.copytree(KEPT, tmp_path / "runs")
+    run_dir = next(p for p in (tmp_path / "runs").iterdir() if (p / "bisect.json").is_file())
+    view = load_bisect(run_dir)
+    text = [t for t, _ in bisect_lines(view)]
+    assert text[0].startswith("FOUND  culprit {fp8-wo-a-gemm (variant scale-layout)}")
+    assert sum(t.startswith("  step ") for t in text) == len(view.steps) > 0
+    (alone,) = [t for t in text if t.startswith("the culprit alone: ")]
+    assert "--set patches.fp8-wo-a-gemm.variant=scale-layout --only fp8-wo-a-gemm" in alone
+    assert localise_line(view) == f"dsv4bisect localise {run_dir}"
