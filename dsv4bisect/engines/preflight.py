@@ -416,7 +416,7 @@ def sglang_version(python: str) -> str | None:
 def check_entry_point(python: str) -> Finding:
     code, out = _py(python, "from importlib.metadata import entry_points as e; print([x.value "
                             "for x in e(group='sglang.srt.plugins') if x.name=='dsv4bisect'])")
-    if code == 0 and "dsv4bisect.plugin" in out:
+    if code == 0 and "'dsv4bisect.plugin.entry:main'" in out:  # not an older install's value
         return Finding("plugin entry point", "ok", f"{python}: {out}")
     return Finding("plugin entry point", "fail", f"{python}: not registered ({out[-200:]})",
                  "pip install /path/to/dsv4bisect (a checkout of the repository) with the "

@@ -12,7 +12,7 @@ import pytest
 
 from dsv4bisect import env as envvars
 from dsv4bisect.errors import PatchError
-from dsv4bisect.plugin import PluginRefused, main
+from dsv4bisect.plugin.entry import PluginRefused, main
 from dsv4bisect.plugin.context import current_process
 
 
