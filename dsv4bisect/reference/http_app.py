@@ -224,7 +224,9 @@ class HttpApp:
             return Reply(499)  # nobody to send it to
         from dsv4bisect.reference.event_stream import EventStream, stream_requested
 
-        streamed = stream_requested(route.handler, body)  # `"stream": true`: SSE events
+        # `"stream": true`: SSE events (SGLang's API only; the PD router answers it with a 400)
+        streamed = stream_requested(route.handler, body) if self.state.api_kind == "sglang" \
+            else None
         if streamed is not None:
             return EventStream(self, route.handler, streamed, request.method,
                                request.scope["path"])

@@ -19,7 +19,7 @@ class ServerState:
     def __init__(self, *, check_host: bool, checkpoint: str | None = None,
                  api_kind: str = "sglang") -> None:
         self.api: ServerApi | None = None  # set once the engine is loaded
-        self.api_kind = api_kind  # whose API the routes serve: sglang | vllm (vllm_api.py)
+        self.api_kind = api_kind  # whose API the routes serve: sglang | vllm (vllm_api.py) | sglang-router
         self.stopping = threading.Event()  # set first thing on a stop: cancels model work
         # bound to loopback, every client is on this machine and names it in `Host`; another
         # name there is a browser tricked by DNS rebinding (evil.example resolving to 127.0.0.1)
