@@ -214,18 +214,234 @@ def remedy_command(request: dict[str, Any], rest: str) -> str:
 
 
 def reproduce(view: BisectView, step: StepView) -> str:
-    """The command that asks one trial's question again."""
+    """The command that asks one trial's question again, made to exit as the trial was
+    counted (a drift WARN with `--warn-as fail` where it counted as a fail), or saying why it
+    cannot."""
+    line = _line_of(view, step.patches, step.seed_block, step.details)
+    if view.request.get("test_cmd"):
+        return line  # the command's own exit is the verdict
+    argv, _, note = line.partition("  # ")
+    word, why = run_word(step), None
+    if step.outcome == "skip":
+        why = "the trial could not be tested"
+    elif step.outcome == "between":
+        why = "counted as between the ends: `run` has no such verdict"
+    elif word == "WARN":
+        argv += f" --warn-as {step.outcome}"
+        why = f"WARN, counted as {step.outcome}: exits {0 if step.outcome == 'pass' else 1}"
+    elif word in (V.PASS, V.FAIL) and word.lower() != step.outcome:
+        why = (f"counted as {step.outcome} by the trial probe; `run` probes the whole tier and "
+               f"judged it {word}")
+    return argv + "".join(f"  # {t}" for t in (note, why) if t)
+
+
+def _line_of(view: BisectView, patches: dict[str, str], seed_block: int,
+             details: dict[str, Any] | None = None) -> str:
+    """The runner's own line for a configuration: the one its trial recorded, else built
+    as the runner builds it (bisect/trials/reproduce.py)."""
     cmd = view.request.get("test_cmd")
     if cmd:
         from dsv4bisect.bisect.trials.testcmd import TestCommandRunner
 
         try:
-            wire = TestCommandRunner(cmd).wire(step.patches)
+            wire = TestCommandRunner(cmd).wire(patches)
         except Dsv4BisectError:  # a registry that no longer knows a name
-            wire = ",".join(f"{n}:{v}" for n, v in step.patches.items())
+            wire = ",".join(f"{n}:{v}" for n, v in patches.items())
         return (f"DSV4BISECT_PATCHES={shlex.quote(wire)} "
-                f"DSV4BISECT_SEED_BLOCK={step.seed_block} {cmd}")
-    return str(step.details.get("command") or "-")
+                f"DSV4BISECT_SEED_BLOCK={seed_block} {cmd}")
+    if details and details.get("command"):
+        return str(details["command"])
+    return _built_line(view, patches, seed_block)
+
+
+def _built_line(view: BisectView, patches: dict[str, str], seed_block: int) -> str:
+    from dsv4bisect.bisect.question import patch_overrides
+    from dsv4bisect.bisect.trials.reproduce import trial_line
+    from dsv4bisect.config.resolve import resolve
+    from dsv4bisect.run.ends import probe_spec
+
+    req = view.request
+    profile, sets = str(req.get("profile") or ""), tuple(req.get("sets") or ())
+    try:
+        good = resolve(profile, patch_overrides(dict(view.spec.good), sets))
+        cand = resolve(profile, patch_overrides(patches, sets))
+    except Dsv4BisectError as exc:
+        return f"-  # configurations not resolved: {exc.message}"
+    return trial_line(profile, patches, sets, tier=probe_spec(good, req.get("tier")).tier,
+                      seed_block=seed_block, good_config=req.get("good_config"), good=good,
+                      candidate=cand).text()
+
+
+def culprit_lines(view: BisectView) -> list[str]:
+    """`run` lines of the good end with each culprit set alone (one for FOUND; one per culprit
+    for SEVERAL), made to exit 1 where the bisect counted it a fail."""
+    r = view.result
+    if r["status"] not in ("found", "several") or not r.get("culprits"):
+        return []
+    sets = ([frozenset(r["culprits"])] if r["status"] == "found"
+            else [frozenset({c}) for c in ranked_culprits(view)])
+    out = []
+    for alone in sets:
+        ran = [s for s in view.steps if frozenset(s.subset) == alone and s.outcome == "fail"]
+        if ran:
+            out.append(reproduce(view, ran[0]))
+            continue
+        line = _line_of(view, view.spec.patches_for(alone), 0)
+        if not view.request.get("test_cmd") and _on_drift(view):  # its WARN is the fail
+            argv, sep, note = line.partition("  # ")
+            line = f"{argv} --warn-as fail{sep}{note}"
+        out.append(line)
+    return out
+
+
+# -- one vocabulary from trial to headline (issue 41, item 4) -----------------------------------
+def run_word(step: StepView) -> str:
+    """The verdict `run` gives a trial's configuration (`verdict.as_run_says`)."""
+    return V.as_run_says(step.verdict, step.signature,
+                         (step.details.get("drift") or {}).get("status"))
+
+
+def counted_text(view: BisectView, step: StepView) -> str:
+    """What the search counted a trial as, and why where the verdict's word differs."""
+    word = run_word(step)
+    if step.outcome == "skip":
+        return "skip (not tested)"
+    if word != V.WARN:
+        return step.outcome
+    if step.verdict == V.WARN:  # a whole `run` judged it: the trial policy counted its WARN
+        return f"{step.outcome} (a WARN counts as {step.outcome}: {_warn_rule(view)})"
+    return {"fail": "fail (its drift is like the bad end's)",
+            "pass": "pass (its drift is like the good end's)",
+            "between": "between (its drift lies between the ends')"}.get(step.outcome,
+                                                                        step.outcome)
+
+
+def _warn_rule(view: BisectView) -> str:
+    policy = TrialPolicy.from_json(view.request)
+    if policy.warn_as.value != "auto":
+        return f"--warn-as {policy.warn_as.value}"
+    return ("--warn-as auto, the bad end only drifts" if _on_drift(view)
+            else "--warn-as auto, the bad end loses facts")
+
+
+def _bad_end(view: BisectView) -> StepView | None:
+    """The bad end's first measurement (every candidate switched)."""
+    every = set(view.spec.candidates)
+    return next((s for s in view.steps if set(s.subset) == every and s.verdict), None)
+
+
+def _on_drift(view: BisectView) -> bool:
+    """The bad end lost no facts: its drift is what the trials were told apart by."""
+    bad = _bad_end(view)
+    return bad is not None and bad.outcome == "fail" and run_word(bad) == V.WARN
+
+
+def _kl(step: StepView, where: str | None = None) -> float | None:
+    """A trial's mean KL: in view `where` (None: the view that triggered its own verdict)."""
+    drift = step.details.get("drift") or {}
+    kl = (drift.get("kl_by_view") or {}).get(where) if where is not None \
+        and drift.get("where") != where else drift.get("kl_mean")
+    return float(kl) if isinstance(kl, (int, float)) else None
+
+
+def decided_on_drift(view: BisectView) -> str | None:
+    """What decided the bisect, in its own words, where it was the drift."""
+    bad = _bad_end(view)
+    if bad is None or not _on_drift(view):
+        return None
+    d, kl = bad.details.get("drift") or {}, _kl(bad)
+    where = f" at {d['where']}" if d.get("where") else ""
+    size = f", mean KL {kl:.3g}{where}" if kl is not None else ""
+    policy = TrialPolicy.from_json(view.request)
+    if policy.sequential:  # each trial's drift against the two ends' (probe/sequential.py)
+        return (f"bisected on drift relative to the two ends: the bad end loses no facts (its "
+                f"drift WARNs{size}); a trial counts as fail where its drift is like the bad "
+                "end's, pass where like the good end's")
+    return (f"bisected on drift: the bad end loses no facts (its drift WARNs{size}); a "
+            f"trial's drift WARN counts as fail ({_warn_rule(view)})")
+
+
+ALL_POSITIONS = "all positions"  # probe/null.py's view of every scored position
+
+
+def drift_shares(view: BisectView, where: str | None = ALL_POSITIONS
+                 ) -> dict[str, float | None]:
+    """Each culprit's share of the bad end's drift: the mean KL of its runs alone over the bad
+    end's, both in view `where` (all positions: the whole drift; None: the view that set the
+    bad end's verdict, as the sequential trial probe compares a trial with the ends); None
+    where a run kept no figure in that view."""
+    bad = _bad_end(view)
+    if bad is None:
+        return {name: None for name in view.result.get("culprits") or ()}
+    where = where or (bad.details.get("drift") or {}).get("where")
+    bad_kl = _kl(bad, where)
+    out: dict[str, float | None] = {}
+    for name in view.result.get("culprits") or ():
+        kls = [k for s in view.steps if s.subset == (name,) and (k := _kl(s, where)) is not None]
+        out[name] = sum(kls) / len(kls) / bad_kl if kls and bad_kl else None
+    return out
+
+
+def ranked_culprits(view: BisectView) -> list[str]:
+    """The culprits, the largest share of the bad end's whole drift first (by name
+    otherwise)."""
+    shares = drift_shares(view) if _on_drift(view) else {}
+    return sorted(view.result.get("culprits") or (),
+                  key=lambda n: (-(shares.get(n) or 0.0), n))
+
+
+def _shares_text(view: BisectView, name: str) -> str:
+    """` 96 % (92 % at answer positions)`: a culprit's share of the bad end's whole drift, and
+    in the view that set the bad end's verdict where that is another."""
+    whole = drift_shares(view).get(name)
+    bad = _bad_end(view)
+    where = (bad.details.get("drift") or {}).get("where") if bad is not None else None
+    there = drift_shares(view, None).get(name) if where != ALL_POSITIONS else None
+    out = f" {_share(whole)}" if whole is not None else ""
+    return out + (f" ({_share(there)} at {where})" if there is not None and where else "")
+
+
+def culprit_label(view: BisectView, name: str) -> str:
+    """A culprit as FOUND names it: with its variant where a variant is what differs
+    (`mma-decode (variant swa-ring-stale)`), a setting with its two values."""
+    from dsv4bisect.bisect.setting_candidates import is_setting
+    from dsv4bisect.patching.registry import builtin_patches
+
+    good, bad = dict(view.spec.good).get(name), dict(view.spec.bad).get(name)
+    if bad is None:
+        return name
+    if is_setting(name):
+        return f"{name} ({good} → {bad})"
+    patch = builtin_patches().get(name)
+    default = patch.default_variant if patch is not None else None
+    return f"{name} (variant {bad})" if good is not None or bad != default else name
+
+
+def headline(view: BisectView) -> str:
+    """The result's sentence: culprits with their variants; several culprits on drift ranked
+    by their share of the bad end's drift."""
+    r = view.result
+    if r["status"] == "found" and r.get("culprits"):
+        names = ", ".join(culprit_label(view, n) for n in sorted(r["culprits"]))
+        return f"culprit {{{names}}} (posterior {r['posterior']:.3f}), each member needed"
+    if r["status"] == "several" and r.get("culprits"):
+        on_drift = _on_drift(view)
+        names = ", ".join(culprit_label(view, n) + (_shares_text(view, n) if on_drift else "")
+                          for n in ranked_culprits(view))
+        how = (", ranked by their share of the bad end's drift (mean KL over all positions)"
+               if on_drift and any(v is not None for v in drift_shares(view).values()) else "")
+        return (f"several culprits, each failing on its own{how}: {names} (the good end "
+                "passed every time it was measured)")
+    return str(r["message"])
+
+
+def _share(x: float) -> str:
+    return f"{100 * x:.0f} %" if x >= 0.1 else f"{100 * x:.2g} %"
+
+
+SEVERAL_NOTE = ("the hypotheses are single culprit sets (a configuration fails iff it holds "
+                "all of one set): several culprits each failing alone lie outside them, which "
+                "is why `unexplained` leads; the culprits were named by their runs alone")
 
 
 def _report_json(view: BisectView) -> dict[str, Any]:
@@ -233,12 +449,16 @@ def _report_json(view: BisectView) -> dict[str, Any]:
         "schema": REPORT_SCHEMA, "run_id": view.run_id, "run_dir": str(view.run_dir),
         "status": view.result["status"], "culprits": view.result.get("culprits"),
         "posterior": view.result.get("posterior"), "message": view.result.get("message"),
+        "headline": headline(view), "decided_on_drift": decided_on_drift(view),
+        "culprit_shares": drift_shares(view) if _on_drift(view) else None,
+        "culprit_lines": culprit_lines(view),
         "top": view.result.get("top"), "checks": view.result.get("checks"),
         "remedy": view.result.get("remedy"), "confirmation": view.result.get("confirmation"),
         "request": view.request, "settings": view.spec.to_json(), "ledger": view.ledger,
         "bound": bound(view),
         "trials": [{"step": s.step, "subset": list(s.subset), "patches": s.patches,
                     "seed_block": s.seed_block, "verdict": s.verdict, "outcome": s.outcome,
+                    "run_verdict": run_word(s), "counted_as": counted_text(view, s),
                     "signature": s.signature, "source": s.source, "attempts": s.attempts,
                     "duration_s": s.duration_s, "scores": _scores(s.details),
                     "baseline_cached": s.details.get("baseline_cached"),
@@ -289,9 +509,7 @@ def _patch_text(patches: dict[str, str]) -> str:
 
 def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
     r, b = view.result, bound(view)
-    head = (f"culprit {_set(r['culprits'])} (posterior {r['posterior']:.3f})"
-            if r["status"] == "found" else r["message"])
-    lines = [f"# dsv4bisect bisect: {r['status']} — {head}", ""]
+    lines = [f"# dsv4bisect bisect: {r['status']} — {headline(view)}", ""]
     req = view.request
     runner = (f"test command `{req['test_cmd']}`" if req.get("test_cmd") else
               f"engine + probe, tier {req.get('tier') or 'profile default'}")
@@ -306,7 +524,12 @@ def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
                f"{noise.false_fail:.3g}, false pass {noise.false_pass:.3g}; trial policy: "
                f"{TrialPolicy.from_json(req).describe()}"),
               f"- run `{view.run_id}`, ledger `{view.ledger}`", "", "## Result", "",
-              r["message"], "", "| hypothesis | posterior |", "| --- | --- |"]
+              headline(view), ""]
+    drift = decided_on_drift(view)
+    lines += [f"{drift[0].upper()}{drift[1:]}.", ""] if drift else []
+    if r["status"] == "several":
+        lines += [f"{SEVERAL_NOTE[0].upper()}{SEVERAL_NOTE[1:]}:", ""]
+    lines += ["| hypothesis | posterior |", "| --- | --- |"]
     lines += [f"| {t['hypothesis']} | {t['posterior']:.4f} |" for t in r["top"]]
     if r.get("checks"):
         lines += ["", "| check | configuration | expect | log10 ratio | fresh | trials | ok |",
@@ -321,14 +544,14 @@ def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
     if view.result.get("confirmation"):
         lines += ["", confirmation_text(view.result["confirmation"], view.steps) + "."]
     lines += ["", "## Trials", "",
-              ("| step | switched to bad | seed block | verdict | outcome | signature | scores "
+              ("| step | switched to bad | seed block | verdict | counted as | signature | scores "
                "| requests | mode | duration | source |"),
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in view.steps:
         dur = f"{s.duration_s:.1f} s" if s.duration_s is not None else "-"
         cached = " (baseline cached)" if s.details.get("baseline_cached") else ""
-        lines.append(f"| {s.step} | {_set(s.subset)} | {s.seed_block} | {s.verdict or '-'} | "
-                     f"{s.outcome} | {s.signature or '-'} | {_score_text(s.details)} | "
+        lines.append(f"| {s.step} | {_set(s.subset)} | {s.seed_block} | {run_word(s)} | "
+                     f"{counted_text(view, s)} | {s.signature or '-'} | {_score_text(s.details)} | "
                      f"{s.details.get('requests', '-')} | {_mode(s.details)} | "
                      f"{dur} | {s.source}{cached}{_where(s.details)} |")
     lines += ["", "## Launches against the information bound", "",
@@ -338,8 +561,11 @@ def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
                f"per trial: information bound ≈ {b['trials_bound']} trials (the end checks "
                "and the confirmations come on top)."), ""]
     lines += _md_neighbours(neighbours(view))
-    lines += ["## Reproduce", ""]
+    lines += ["## Reproduce", "",
+              "Each trial as `dsv4bisect run` measures it, exiting as the bisect counted it "
+              "(verdict column: what `run` prints).", ""]
     lines += [f"- step {s.step}: `{reproduce(view, s)}`" for s in view.steps]
+    lines += [f"- the culprit alone: `{line}`" for line in culprit_lines(view)]
     lines += ["", plot_note or f"Posterior over trials: `{PLOT}`.",
               f"Re-render: `dsv4bisect report {view.run_dir}`.", ""]
     return "\n".join(lines)
@@ -430,8 +656,13 @@ def _md_neighbours(items: list[dict[str, Any]]) -> list[str]:
 
 def _terminal_lines(view: BisectView) -> list[Line]:
     r, b = view.result, bound(view)
-    lines: list[Line] = [(f"{r['status'].upper()}  {r['message']}",
+    lines: list[Line] = [(f"{r['status'].upper()}  {headline(view)}",
                           STYLES.get(r["status"], "bold red"))]
+    drift = decided_on_drift(view)
+    if drift:
+        lines.append((drift, None))
+    if r["status"] == "several":
+        lines.append((f"posterior: {SEVERAL_NOTE}", "dim"))
     for t in r["top"][:3]:
         lines.append((f"  {t['posterior']:.3f}  {t['hypothesis']}", None))
     if r.get("remedy"):
@@ -448,6 +679,10 @@ def _terminal_lines(view: BisectView) -> list[Line]:
     text = (f"trials: {b['steps']} used, {b['launches']} launched, {b['reused']} reused from "
             f"the ledger (bound ≈ {b['trials_bound']})")
     lines.append((text, "dim"))
+    lines.append(("reproduce (each trial as `dsv4bisect run` measures it, exiting as it was "
+                  "counted):", "bold"))
+    lines += [(f"  step {s.step}: {reproduce(view, s)}", None) for s in view.steps]
+    lines += [(f"the culprit alone: {line}", "bold") for line in culprit_lines(view)]
     lines.append((f"run dir: {view.run_dir}", "dim"))
     return lines
 
@@ -489,17 +724,26 @@ def render_posterior(view: BisectView, path: Path) -> Path | None:
 def posterior_figure(view: BisectView) -> Any:
     """The posterior plot as a matplotlib Figure (matplotlib must be importable)."""
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    xs = list(range(len(view.history)))  # 0: the prior
+    # the posterior after step N sits at N, as the terminal and the Trials table number them;
+    # the prior one to the left of the first step
+    xs = [-1, *(s.step for s in view.steps)][:len(view.history)]
     for name in view.history[0] if view.history else {}:
-        ax.plot(xs, [h[name] for h in view.history], marker="o", ms=3, label=name)
+        ax.plot(xs, [h[name] for h in view.history[:len(xs)]], marker="o", ms=3, label=name)
     ax.axhline(view.spec.confidence, ls="--", lw=0.8, color="grey",
                label=f"confidence {view.spec.confidence}")
-    ax.set(xlabel="trials (0: prior)", ylabel="posterior", ylim=(0, 1.02),
-           title=f"bisect {view.result['status']}: posterior of the top hypotheses")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are counted, never 0.5
+    status = view.result["status"]
+    title = (f"bisect several: {', '.join(ranked_culprits(view))}, each failing alone\n"
+             "posterior of the single-set hypotheses (they cannot hold several culprits)"
+             if status == "several" else
+             f"bisect {status}: posterior of the top hypotheses")
+    ax.set(xlabel="after step (numbered as the terminal and the Trials table number them)",
+           ylabel="posterior", ylim=(0, 1.02))
+    ax.set_title(title, fontsize=9)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are counted, never 0.5
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: "prior" if x == -1 else f"{x:g}"))
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
     fig.tight_layout()
     return fig

@@ -127,7 +127,7 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
         test_cmd=asked.test_cmd, test_cwd=os.getcwd() if asked.test_cmd is not None else None,
         ray_address=asked.ray_address or cfg.ray_address, node_resource=cfg.node_resource,
         nodes=_node_slots(asked.nodes, rounds, policy), left_out=question.left_out,
-        command=asked.command)
+        good_config=asked.good_config, command=asked.command)
     engine: EngineRunner | None = None
     runner: Runner
     if asked.test_cmd is None:

@@ -182,11 +182,23 @@ def _finish(view: BisectView, question: Question | None, json_out: bool,
     con = console()
     for text, style in report.terminal_lines(view):
         con.print(text, style=style, markup=False, highlight=False)
+    localise = localise_line(view) if status in ("found", "several") else None
+    if localise is not None:
+        con.print(f"which op: {localise}", style="bold", markup=False, highlight=False)
     if json_out:
         print((view.run_dir / "report.json").read_text(), end="")
     elif fmt is Format.md:
         stdout().file.write((view.run_dir / "report.md").read_text())
     raise typer.Exit(int(EXIT.get(status, ExitCode.FAIL)))
+
+
+def localise_line(view: BisectView) -> str | None:
+    """The `dsv4bisect localise` command for this bisect's culprit, printed after it: the one
+    place the bisect asks for it (bisect/localise_input.py `localise_command`: None where
+    `localise` cannot take this bisect)."""
+    from dsv4bisect.bisect.localise_input import localise_command
+
+    return localise_command(view.run_dir)
 
 
 def _say_code_regression(q: Question) -> None:

@@ -70,8 +70,11 @@ class BisectDisplay:
                     self.note(self._current[0] + " ...", None)
             elif isinstance(event, TrialFinished):
                 r = event.result
-                text = (f"{_trial(event)}: {r.verdict}"
-                        + (f" ({r.signature})" if r.signature else "")
+                word = V.as_run_says(r.verdict, r.signature,
+                                     (r.details.get("drift") or {}).get("status"))
+                like = " like the bad end" if word != r.verdict and r.verdict == V.FAIL else ""
+                text = (f"{_trial(event)}: {word}"
+                        + (f" ({r.signature}{like})" if r.signature else "")
                         + f" in {r.duration_s:.0f} s")
                 self._current, self._stage = None, ""
                 if self._live is None:

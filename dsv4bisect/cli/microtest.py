@@ -143,6 +143,11 @@ class _LiveTable:
 def _summary(report: MicrotestReport, md: Path, profile: str | None) -> None:
     con = console()
     con.print(_table(list(report.rows), f"microtest: {report.setup.get('checkpoint')}"))
+    from dsv4bisect.microtest.markdown import fault_legend
+
+    legend = fault_legend(report.rows)
+    if legend:
+        con.print(legend, style="dim", markup=False, highlight=False)
     verdict = "FAIL" if report.failed else "PASS"
     counted = [r for r in report.rows if not r.contrast]
     whose = f" of {profile}'s configuration" if profile else ""

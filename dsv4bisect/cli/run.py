@@ -57,6 +57,12 @@ def run(
         help="Draw the probe's requests from this seed block (default 0); a bisect's re-test "
              "of a configuration uses the next block, and its report's Reproduce line says "
              "which.")] = None,
+    good_config: Annotated[Optional[str], typer.Option(
+        "--good-config", metavar="A",
+        help="The good end: this configuration (a profile, a built-in name or a run "
+             "directory's candidate) as it is, instead of the profile with every patch off; "
+             "--set/--enable/--disable/--only then shape the candidate only. A bisect between "
+             "two configurations prints its Reproduce lines so.")] = None,
     json_out: Json = False,
     fmt: FormatOpt = None,
     out: Annotated[Path, typer.Option(
@@ -77,7 +83,8 @@ def run(
 ) -> None:
     """Launch the good end and the candidate, probe both, and judge the candidate.
 
-    The good end is the same profile with every patch off except the required ones. Exit codes:
+    The good end is the same profile with every patch off except the required ones (or
+    `--good-config`). Exit codes:
     0 PASS, 1 FAIL (facts lost, hard signatures, a crash), 4 WARN (drift only) with
     `--warn-as warn` (default: 0), 5 bad input, 125 cannot test, 130 interrupted. Inside `git
     bisect run`, pass `--exit-policy git-bisect`: a commit that cannot be tested (its profile
@@ -92,7 +99,7 @@ def run(
     request = RunRequest(profile=profile, overrides=ov, tier=tier, seed_block=seed_block,
                          runs_root=out, use_cache=not no_cache,
                          command=("dsv4bisect", *sys.argv[1:]), warn_exit=warn_exit.value,
-                         exit_policy=exit_policy.value)
+                         exit_policy=exit_policy.value, good_config=good_config)
     display = RunDisplay()
     try:
         with interrupts(), display:

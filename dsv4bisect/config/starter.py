@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dsv4bisect.patching.registry import builtin_patches
+from dsv4bisect.patchspec.spec import FAULT_LEGEND, FAULT_MARK
 
 if TYPE_CHECKING:
     from dsv4bisect.config.schema import Profile
@@ -79,14 +80,14 @@ def starter_profile(name: str, base: str | None, *, file: str | None = None,
 def _patches(inherited: Profile | None) -> str:
     text = "patches:                 # true/false, or {enabled: true, variant: NAME}\n"
     for patch in builtin_patches().values():
-        variants = "/".join(v.name + ("†" if v.fault else "") for v in patch.variants)
+        variants = "/".join(v.name + (FAULT_MARK if v.fault else "") for v in patch.variants)
         value = "false"
         toggle = inherited.patches.get(patch.name) if inherited is not None else None
         if toggle is not None and toggle.enabled:
             value = "true" if toggle.variant is None else \
                 f"{{enabled: true, variant: {toggle.variant}}}"
         text += f"  {patch.name}: {value}   # tier {patch.tier}; variants {variants}\n"
-    return text + "# † marks fault variants: they reproduce known failure modes on purpose.\n"
+    return text + f"# {FAULT_LEGEND}.\n"
 
 
 def _tail(inherited: Profile | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from dsv4bisect.microtest.results import MicrotestReport, Row, layer_ranges
+from dsv4bisect.patchspec.spec import FAULT_LEGEND, FAULT_MARK
 
 STATUS_MARK = {"ok": "ok", "FAIL": "**FAIL**", "info": "info", "fault": "fault (not counted)",
                "fault-ok": "fault, within (not counted)",
@@ -54,7 +55,13 @@ def render_markdown(report: MicrotestReport) -> str:
                      STATUS_MARK[r.status], note_text(r))
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines.append("")
-    return "\n".join(lines)
+    legend = fault_legend(report.rows)
+    return "\n".join([*lines, legend, ""] if legend else lines)
+
+
+def fault_legend(rows: tuple[Row, ...] | list[Row]) -> str | None:
+    """The fault mark's legend where a row's case carries the mark."""
+    return f"{FAULT_LEGEND}." if any(FAULT_MARK in r.case for r in rows) else None
 
 
 def note_text(r: Row) -> str:

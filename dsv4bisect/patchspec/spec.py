@@ -49,6 +49,11 @@ class Condition:
         return (self.variants is None or variant in self.variants) and bool(self.when(ctx))
 
 
+# The mark every output puts after a fault variant's name, and the legend printed beside it.
+FAULT_MARK = "†"
+FAULT_LEGEND = f"{FAULT_MARK} fault variant: reproduces a known failure mode on purpose"
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str

@@ -184,7 +184,8 @@ class DriftFigures:
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "where": self.where, "kl_mean": self.kl_mean,
-                "top1_agreement": self.top1_agreement}
+                "top1_agreement": self.top1_agreement,
+                "views": {w: list(v) for w, v in self.views.items()}}
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,16 @@ def exit_code_as(verdict: str, warn_exit: str = "pass") -> int:
     return int({"pass": ExitCode.OK, "warn": ExitCode.WARN, "fail": ExitCode.FAIL}[warn_exit])
 
 
+def as_run_says(verdict: str | None, signature: str | None, drift_status: str | None) -> str:
+    """What `dsv4bisect run` says of a configuration a bisect's trial judged `verdict`: a
+    trial its drift decided (`signature` drift, its drift warning or failing) is a WARN, as
+    drift alone never FAILs a run, whatever the trial probe called it (FAIL: like the bad
+    end). One word from a trial's line to its row and its pasted Reproduce line."""
+    if verdict == WARN or (signature == "drift" and drift_status in ("warn", "fail")):
+        return WARN
+    return verdict or "-"
+
+
 def _rates(sequential: dict[str, Any] | None) -> tuple[float, float] | None:
     if not sequential:
         return None

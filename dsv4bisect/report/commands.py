@@ -16,8 +16,9 @@ from dsv4bisect.report.run_view import RunView
 
 def reproduce_command(run: dict[str, Any]) -> str:
     """The `dsv4bisect run` command line that asks the same question again."""
+    good = ["--good-config", str(run["good_config"])] if run.get("good_config") else []
     argv = ["dsv4bisect", "run", str(run.get("profile")), "--tier", str(run.get("tier")),
-            *_override_args(run)]
+            *good, *_override_args(run)]
     block = (run.get("probe") or {}).get("seed_block")
     if block:
         argv += ["--seed-block", str(block)]
@@ -41,13 +42,20 @@ def _override_args(run: dict[str, Any]) -> list[str]:
 
 def bisect_command(view: RunView) -> str | None:
     """The `dsv4bisect bisect` that finds which of the candidate's patches did what this run
-    saw (a FAIL or a drift WARN), with the run's profile, overrides, tier and runs root; None
-    when there is nothing to bisect (a PASS, no verdict, fewer than two patches differ)."""
+    saw (a FAIL or a drift WARN), with the run's profile, overrides, tier and runs root (a run
+    judged against `--good-config A`: every difference between A and this run's candidate);
+    None when there is nothing to bisect (a PASS, no verdict, fewer than two patches differ)."""
     v, run = view.verdict, view.run
-    if v is None or v.verdict not in ("FAIL", "WARN") or len(differing_patches(run)) < 2:
+    if v is None or v.verdict not in ("FAIL", "WARN"):
         return None
-    argv = ["dsv4bisect", "bisect", str(run.get("profile")), "--tier", str(run.get("tier")),
-            *_override_args(run)]
+    if run.get("good_config"):  # settings are differences too: the bisect counts them
+        argv = ["dsv4bisect", "bisect", "--good-config", str(run["good_config"]),
+                "--bad-config", str(view.run_dir), "--tier", str(run.get("tier"))]
+    elif len(differing_patches(run)) < 2:
+        return None
+    else:
+        argv = ["dsv4bisect", "bisect", str(run.get("profile")), "--tier",
+                str(run.get("tier")), *_override_args(run)]
     root = view.run_dir.parent
     if root != Path("runs"):
         argv += ["--out", str(root)]

@@ -13,6 +13,7 @@ from typing import Any
 
 from dsv4bisect.base.bounded import json_object, load_json
 from dsv4bisect.errors import ConfigError
+from dsv4bisect.patchspec.spec import FAULT_LEGEND, FAULT_MARK
 from dsv4bisect.probe.conditions import family_conditions, throughput_lines
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.redact import redact, redact_text, secrets_in
@@ -109,7 +110,7 @@ def _patches(arm: dict[str, Any]) -> str:
     out = []
     for name, variant in (arm.get("patch_set") or {}).items():
         item = patch_label(name, variant)
-        item += (" †" if name in faults else "") + (" (inert)" if name in inert else "")
+        item += (f" {FAULT_MARK}" if name in faults else "") + (" (inert)" if name in inert else "")
         out.append(item)
     return ", ".join(out) or "none"
 
@@ -140,6 +141,8 @@ def _terminal_lines(view: RunView) -> list[Line]:
         a = arms.get(arm) or {}
         cached = " (cached baseline)" if a.get("cached") else ""
         lines.append((f"  {arm:<9} {_patches(a)}  [{a.get('fingerprint')}]{cached}", None))
+    if any((arms.get(a) or {}).get("faults") for a in ARMS):  # the mark's legend, beside it
+        lines.append((f"  {FAULT_LEGEND}", "dim"))
     if v is not None:
         lines += _terminal_verdict(v)
     elif run.get("error"):
@@ -256,7 +259,7 @@ def _md_configs(view: RunView) -> str:
     elif view.status == "done":
         out.append("The baseline was measured in this run; the candidate ran on its own engine.")
     if any((arms.get(a) or {}).get("faults") for a in ARMS):
-        out.append("† fault variant (reproduces a known failure mode).")
+        out.append(f"{FAULT_LEGEND}.")
     if any((arms.get(a) or {}).get("inert") for a in ARMS):
         out.append("(inert): cannot change anything on this engine (see `dsv4bisect patches "
                    "show NAME`).")

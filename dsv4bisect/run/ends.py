@@ -6,6 +6,11 @@ a PD pair's per-role patches removed. The
 user's `--set` overrides apply to both ends, except `patches.*` keys: those choose the
 candidate's patches (`--set patches.P.variant=V` enables P), and the good end keeps a required
 patch at its default variant. `--enable/--disable/--only` shape the candidate only.
+
+`run --good-config REF` names the good end instead (a profile, a built-in name, or a run
+directory: the configuration its candidate ran), taken as it is: every override shapes the
+candidate only. A bisect between two configurations prints its trials' Reproduce lines so
+(bisect/trials/reproduce.py).
 """
 
 from __future__ import annotations
@@ -26,11 +31,18 @@ class Ends:
     good_overrides: Overrides
 
 
-def resolve_ends(profile: str, overrides: Overrides) -> Ends:
-    """Both configurations; one that cannot start is a `ConfigError` (exit 5), never launched."""
+def resolve_ends(profile: str, overrides: Overrides, good_config: str | None = None) -> Ends:
+    """Both configurations; one that cannot start is a `ConfigError` (exit 5), never launched.
+    `good_config`: the good end as given (`run --good-config`), else the profile's."""
     candidate = resolve(profile, overrides)
-    good_ov = good_overrides(candidate, overrides)
-    good = resolve(profile, good_ov)
+    if good_config is not None:
+        from dsv4bisect.engines.load_any import load_config
+
+        good_ov = Overrides()
+        good = load_config(good_config)
+    else:
+        good_ov = good_overrides(candidate, overrides)
+        good = resolve(profile, good_ov)
     for name, cfg in (("candidate", candidate), ("good end", good)):
         if cfg.cannot_start:
             raise ConfigError(f"the {name} configuration cannot start: {cfg.cannot_start}",

@@ -13,6 +13,7 @@ exist already), so a run the full disk stopped says `error`, not `running`. Sche
     command           argv as typed (or as the caller passed it)
     profile, tier     the profile reference and the probe tier used
     overrides         {sets, enable, disable, only} of the candidate; good_overrides of the good end
+    good_config       the good end as given with `--good-config` (null: the profile's)
     use_cache         false with --no-cache
     versions          {dsv4bisect, python, platform, probe_version, engine (the candidate's)}
     probe             {tier, spec_hash, seed_block, families, lengths}
@@ -93,7 +94,8 @@ class RunRecord:
     @classmethod
     def begin(cls, run_dir: Path, *, command: list[str], profile: str, overrides: Overrides,
               good_overrides: Overrides, use_cache: bool, spec: ProbeSpec,
-              good: EngineConfig, candidate: EngineConfig) -> RunRecord:
+              good: EngineConfig, candidate: EngineConfig,
+              good_config: str | None = None) -> RunRecord:
         hidden = secrets_in([command, _overrides(overrides), _overrides(good_overrides)])
         doc = {
             "schema": RUN_SCHEMA, "status": "running", "driver": identity(),
@@ -103,6 +105,7 @@ class RunRecord:
             "command": redact(command, hidden), "profile": profile,
             "tier": spec.tier, "overrides": redact(_overrides(overrides), hidden),
             "good_overrides": redact(_overrides(good_overrides), hidden), "use_cache": use_cache,
+            "good_config": good_config,
             "versions": {"dsv4bisect": dsv4bisect.__version__, "python": sys.version.split()[0],
                          "platform": platform.platform(), "probe_version": PROBE_VERSION,
                          "engine": candidate.identity.get("engine_version")},

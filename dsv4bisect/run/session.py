@@ -45,6 +45,7 @@ class RunRequest:
     # a drift WARN's code (probe.verdict.exit_code_as) and the exit policy (errors.policy_exit)
     warn_exit: str = "pass"  # --warn-as; run.json keeps it as `warn_as`
     exit_policy: str = "default"
+    good_config: str | None = None  # the good end as given (else the profile's: run/ends.py)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class RunOutcome:
 def run(request: RunRequest, on_event: EventSink = ignore) -> RunOutcome:
     """The whole loop; a `Verdict` for every outcome of the trial. Bad input raises (exit 5),
     Ctrl-C/SIGTERM raise KeyboardInterrupt after every engine is stopped (exit 130)."""
-    ends = resolve_ends(request.profile, request.overrides)
+    ends = resolve_ends(request.profile, request.overrides, request.good_config)
     spec = probe_spec(ends.candidate, request.tier)
     if request.seed_block is not None:
         spec = spec.replace(seed_block=request.seed_block)
@@ -74,7 +75,8 @@ def run(request: RunRequest, on_event: EventSink = ignore) -> RunOutcome:
     record = RunRecord.begin(
         run_dir, command=list(request.command), profile=request.profile,
         overrides=request.overrides, good_overrides=ends.good_overrides,
-        use_cache=request.use_cache, spec=spec, good=ends.good, candidate=ends.candidate)
+        use_cache=request.use_cache, spec=spec, good=ends.good, candidate=ends.candidate,
+        good_config=request.good_config)
     record.set("exit", {"warn_as": request.warn_exit, "policy": request.exit_policy})
     on_event(Notice(f"run directory: {run_dir}", run_dir=str(run_dir)))
     trial = Trial(ends, spec, run_dir, record, Supervisor(), on_event, api_key, request.use_cache)

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bisect.report.heatmap import accuracy_grid, heading, panel_rows, render_heatmap
+from dsv4bisect.report.heatmap import (
+    ROW_INCHES,
+    TITLE_LINE_INCHES,
+    accuracy_grid,
+    bucket_gates,
+    heading,
+    panel_rows,
+    render_heatmap,
+)
 
 
 def rows(correct_at: set[tuple[int, float]]) -> list[dict]:
@@ -78,6 +86,62 @@ def test_a_drift_fail_is_drawn(tmp_path: Path) -> None:
                          verdict=drift_verdict(True))
     assert png is not None
     height = int.from_bytes(png.read_bytes()[20:24], "big")  # IHDR height
-    assert height == round(3.2 * 3 * 110)  # drift, needle, copy: three rows of panels
+    # drift, needle, copy: three rows of panels, under the title's two lines
+    assert height == round((ROW_INCHES * 3 + TITLE_LINE_INCHES * 2) * 110)
     without = render_heatmap(same, same, tmp_path / "plain.png", title="t")
-    assert int.from_bytes(without.read_bytes()[20:24], "big") == round(3.2 * 2 * 110)
+    assert int.from_bytes(without.read_bytes()[20:24], "big") == round(
+        (ROW_INCHES * 2 + TITLE_LINE_INCHES) * 110)
+
+
+# -- issue 41, item 10: pictures that mislead ----------------------------------------------------
+def warn_verdict() -> dict:
+    """A drift WARN as the judge writes it: the A/A note first, the drift reason later, the
+    trigger in the answer positions (its gate 4.6e-07), a null model per bucket."""
+    buckets = {"0-255": {"n": 300, "kl_mean": 2e-4, "top1_agreement": 1.0},
+               "256-511": {"n": 300, "kl_mean": 3e-4, "top1_agreement": 1.0}}
+    null_views = {f"positions {k}": {"warn_kl": 5e-4, "warn_top1": 0.98} for k in buckets}
+    drift = {"status": "warn",
+             "trigger": {"status": "warn", "where": "answer positions", "kl_mean": 9e-7,
+                         "top1_agreement": 1.0},
+             "gates": {"warn_kl": 4.6e-07, "warn_top1": 0.99},
+             "candidate": {"n_positions": 600, "kl_mean": 2.5e-4, "top1_agreement": 1.0,
+                           "first_divergence": None, "by_position": buckets},
+             "null": {"views": {**null_views, "answer positions": {"warn_kl": 4.6e-07}}}}
+    return {"verdict": "WARN", "drift": drift, "families": {"needle": {"b": 0}},
+            "reasons": ["the A/A repeat covers 48 of 96 paired requests; the noise floor comes "
+                        "from those", "drift WARN (answer positions): mean KL 9e-07 nats"]}
+
+
+def test_the_heading_is_what_decided_not_a_side_note_and_never_cut() -> None:
+    assert heading("WARN: x", warn_verdict()) == ("WARN: x\ndecided by: drift WARN (answer "
+                                                  "positions): mean KL 9e-07 nats")
+    seeds = ", ".join(str(s) for s in range(40))
+    fail = {"verdict": "FAIL", "reasons": [f"hard signature truncated in seeds {seeds}"]}
+    text = heading("FAIL: x", fail)
+    assert text.replace("\n", " ").endswith(f"seeds {seeds}")  # the whole seed list
+
+
+def test_a_gate_of_another_view_is_not_drawn_over_the_buckets_bars(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    v = warn_verdict()
+    assert bucket_gates(v["drift"], "warn_kl") == {"0-255": 5e-4, "256-511": 5e-4}
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2), squeeze=False)
+    from dsv4bisect.report.heatmap import _drift_row
+
+    _drift_row(axes[0], v["drift"], decided=True)
+    kl_axis = axes[0][0]
+    drawn = [y for line in kl_axis.get_lines() for y in line.get_ydata()]
+    assert 4.6e-07 not in drawn and 5e-4 in drawn  # each bucket's own gate, not the answer's
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    from matplotlib.transforms import Bbox
+
+    for ax in axes[0][:2]:  # the legend overlaps no bar (as drawn: clipped to its axes)
+        legend = ax.get_legend().get_window_extent(renderer)
+        shown = [Bbox.intersection(bar.get_window_extent(renderer), ax.bbox)
+                 for bar in ax.patches]
+        assert all(b is not None for b in shown[:1])
+        assert not any(b is not None and b.overlaps(legend) for b in shown)
+    plt.close(fig)

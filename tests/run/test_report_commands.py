@@ -77,3 +77,19 @@ def test_after_a_fail_or_warn_the_terminal_names_the_bisect_to_run() -> None:
                               "nothing to bisect")
     assert next_step(_view("PASS", exit_how=None, code=0)) is None
     assert next_step(_view(None, exit_how=None, code=5)) is None
+
+
+def test_a_run_against_good_config_says_so_in_its_reproduce_and_next_lines() -> None:
+    """`run --good-config A` (a trial's Reproduce line between two configurations): its own
+    Reproduce line keeps the good end, and its next step bisects every difference between A and
+    this run's candidate (`--bad-config RUN_DIR`), settings included."""
+    from dsv4bisect.report.commands import reproduce_command
+
+    warn = _view("WARN", exit_how={"warn_as": "pass", "policy": "default"}, code=4,
+                 patches={"mhc-bf16": "bf16"}, run_dir="/tmp/elsewhere/20261206-x")
+    warn.run["good_config"] = "good.yaml"
+    assert reproduce_command(warn.run).startswith(
+        "dsv4bisect run reference-all --tier smoke --good-config good.yaml --set")
+    assert bisect_command(warn) == ("dsv4bisect bisect --good-config good.yaml --bad-config "
+                                    "/tmp/elsewhere/20261206-x --tier smoke --out "
+                                    "/tmp/elsewhere")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -23,16 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.question import base_sets, patch_overrides
+from dsv4bisect.bisect.trials.reproduce import ReproduceLine, trial_line
 from dsv4bisect.bisect.trials.runner import CRASH, TrialResult, TrialRunner
 from dsv4bisect.config.engine_config import EngineConfig
-from dsv4bisect.config.resolve import Overrides, resolve
+from dsv4bisect.config.resolve import resolve
 from dsv4bisect.engines.rundir import new_run_dir, save_config
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.run import session
 from dsv4bisect.run.arm import Supervisor
-from dsv4bisect.run.ends import Ends, good_overrides, probe_spec
+from dsv4bisect.run.ends import Ends, probe_spec
 from dsv4bisect.run.events import EventSink, ignore
 from dsv4bisect.run.record import RunRecord
 from dsv4bisect.run.trial import Trial
@@ -43,8 +43,9 @@ class EngineRunner(TrialRunner):
 
     def __init__(self, profile: str, good: Mapping[str, str], *, sets: Sequence[str] = (),
                  tier: str | None = None, use_cache: bool = True,
-                 on_event: EventSink = ignore) -> None:
+                 good_config: str | None = None, on_event: EventSink = ignore) -> None:
         self.profile, self.sets, self.tier = profile, base_sets(sets), tier
+        self.good_config = good_config  # the bisect's --good-config: its Reproduce lines' too
         self.use_cache, self.on_event = use_cache, on_event
         self._lock = threading.Lock()
         self._configs: dict[tuple[tuple[str, str], ...], EngineConfig] = {}
@@ -57,8 +58,6 @@ class EngineRunner(TrialRunner):
         self.good_overrides = patch_overrides(self.good, self.sets)
         self.spec = probe_spec(self.good_cfg, tier)
         self.api_key = session.api_key_of(self.good_cfg)
-        default_good = resolve(profile, good_overrides(self.good_cfg, Overrides(self.sets)))
-        self._run_has_good = default_good.fingerprint == self.good_cfg.fingerprint
 
     # -- the Runner protocol ------------------------------------------------------------------
     @property
@@ -85,8 +84,9 @@ class EngineRunner(TrialRunner):
         run_dir = new_run_dir(trial_dir, cfg.profile, cfg.fingerprint)
         save_config(run_dir / "baseline", self.good_cfg)
         save_config(run_dir / "candidate", cfg)
+        line = self.reproduce_line(patches, seed_block)
         record = RunRecord.begin(
-            run_dir, command=self.run_argv(patches, seed_block), profile=self.profile,
+            run_dir, command=list(line.argv), profile=self.profile,
             overrides=patch_overrides(patches, self.sets), good_overrides=self.good_overrides,
             use_cache=self.use_cache, spec=spec, good=self.good_cfg, candidate=cfg)
         supervisor = Supervisor()
@@ -100,8 +100,7 @@ class EngineRunner(TrialRunner):
             with self._lock:
                 self._active.discard(supervisor)
         verdict = session.finish(run_dir, record, trial, verdict)
-        return trial_result(verdict, trial, run_dir, time.perf_counter() - t0,
-                            self.reproduce(patches, seed_block))
+        return trial_result(verdict, trial, run_dir, time.perf_counter() - t0, line.text())
 
     # -- helpers ------------------------------------------------------------------------------
     def config(self, patches: Mapping[str, str]) -> EngineConfig:
@@ -148,23 +147,18 @@ class EngineRunner(TrialRunner):
         return []
 
     def run_argv(self, patches: Mapping[str, str], seed_block: int = 0) -> list[str]:
-        """`dsv4bisect run` for this patch set (against `run`'s own good end); the good end
-        itself is `--only none` (an empty `--only` is refused)."""
-        ov = patch_overrides(patches, self.sets)
-        argv = ["dsv4bisect", "run", self.profile, "--tier", self.spec.tier]
-        for item in ov.sets:  # in the order a run's report prints its own line (run_report)
-            argv += ["--set", item]
-        argv += ["--only", ",".join(ov.only or ()) or "none"]
-        if seed_block:
-            argv += ["--seed-block", str(seed_block)]
-        return argv
+        """`dsv4bisect run` for this patch set against the trial's own good end (the good end
+        itself is `--only none`: an empty `--only` is refused)."""
+        return list(self.reproduce_line(patches, seed_block).argv)
 
     def reproduce(self, patches: Mapping[str, str], seed_block: int = 0) -> str:
         """The `dsv4bisect run` command that asks the same question (notes where it cannot)."""
-        argv = self.run_argv(patches, seed_block)
-        note = ("  # judged against the bisect's --good end, which `run` cannot take"
-                if not self._run_has_good else "")
-        return shlex.join(argv) + note
+        return self.reproduce_line(patches, seed_block).text()
+
+    def reproduce_line(self, patches: Mapping[str, str], seed_block: int = 0) -> ReproduceLine:
+        return trial_line(self.profile, patches, self.sets, tier=self.spec.tier,
+                          seed_block=seed_block, good_config=self.good_config,
+                          good=self.good_cfg, candidate=self.config(patches))
 
 
 def signature_of(verdict: V.Verdict) -> str | None:
@@ -225,12 +219,27 @@ def result_details(verdict: V.Verdict, *, ends_cached: bool, run_dir: Path,
                      for f, r in verdict.families.items()},
         "drift": {"status": drift.get("status"), "where": trigger.get("where"),
                   "kl_mean": trigger.get("kl_mean"),
-                  "top1_agreement": trigger.get("top1_agreement")},
+                  "top1_agreement": trigger.get("top1_agreement"),
+                  "kl_by_view": view_kls(drift)},
         "aa": dict(verdict.aa),
         "baseline_cached": ends_cached,
         "run_dir": str(run_dir),
         "command": command,
     }
+
+
+def view_kls(drift: dict[str, Any]) -> dict[str, float]:
+    """The mean KL of every drift view (all positions, the answer positions, each position
+    bucket): a full verdict's `views`, a sequential trial's figures' (so that a report compares
+    two trials in one view: the bad end's)."""
+    trigger = drift.get("trigger") or {}
+    views = drift.get("views") or trigger.get("views") or {}
+    out = {}
+    for where, v in views.items():
+        kl = v.get("kl_mean") if isinstance(v, dict) else v[0] if v else None
+        if isinstance(kl, (int, float)):
+            out[str(where)] = float(kl)
+    return out
 
 
 def aa_verdict(base: ProbeRun, repeat: ProbeRun) -> V.Verdict:

@@ -92,9 +92,9 @@ class HotEngineRunner(EngineRunner):
                  tier: str | None = None, use_cache: bool = True, pool: int | None = None,
                  policy: TrialPolicy = HOT_POLICY,
                  error_rates: tuple[float, float] = TRIAL_ERROR_RATES,
-                 on_event: EventSink = ignore) -> None:
+                 good_config: str | None = None, on_event: EventSink = ignore) -> None:
         super().__init__(profile, good, sets=sets, tier=tier, use_cache=use_cache,
-                         on_event=on_event)
+                         good_config=good_config, on_event=on_event)
         self.bad = dict(bad)
         self.load_time = frozenset(load_time)
         self.policy, self.error_rates = policy, error_rates

@@ -44,6 +44,7 @@ class RunnerRequest:
     nodes: int | None = None
     ends: str | None = None
     left_out: tuple[tuple[str, str], ...] = ()  # for the report: (patch, why)
+    good_config: str | None = None  # --good-config as given: the trials' Reproduce lines name it
     command: tuple[str, ...] = ()  # the command line, for the report
 
     def to_json(self) -> dict[str, Any]:
@@ -73,6 +74,8 @@ def node_runner(request: RunnerRequest, on_event: EventSink = ignore) -> EngineR
         return HotEngineRunner(request.profile, request.good, request.bad,
                                load_time=request.load_time, sets=request.sets,
                                tier=request.tier, use_cache=request.use_cache,
-                               policy=request.policy, on_event=on_event)
+                               policy=request.policy, good_config=request.good_config,
+                               on_event=on_event)
     return EngineRunner(request.profile, request.good, sets=request.sets, tier=request.tier,
-                        use_cache=request.use_cache, on_event=on_event)
+                        use_cache=request.use_cache, good_config=request.good_config,
+                        on_event=on_event)
