@@ -271,6 +271,9 @@ PLAN.update({
                                  "--decode http://H:PORT --host H --port R --policy round_robin"):
         skip("a synopsis (H, PORT, P, R); tests/reference/test_pd_e2e.py starts the router "
              "between two embedded servers"),
+    ("docs/localise.md", "python -m dsv4bisect.localise.repro OUT/localise-.../first_divergence.pt"):
+        skip("OUT: a localise report directory (tests/localise/test_state_spec_repro.py runs the "
+             "repro module on one)"),
     ("docs/vllm.md", "pip install /path/to/dsv4bisect                  # into the same Python as "
                      "vLLM"):
         run("/path/to/dsv4bisect: the clone", sglang_install),
