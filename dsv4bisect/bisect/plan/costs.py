@@ -12,6 +12,7 @@ from typing import Any
 
 from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
 from dsv4bisect.bisect.search.pricing import StepCosts
+from dsv4bisect.probe.stats import wilson
 
 MIN_MEASURED = 3  # finished trials with a figure before the plan trusts their median
 
@@ -289,11 +290,22 @@ def sequential_from_probe(spec: Any, noise: Noise) -> Sequential | None:
     from dsv4bisect.bisect.plan.trial_plan_cache import planned_trial
 
     stated: Any = planned_trial(spec, noise.false_fail, noise.false_pass)
+    sims = int(stated.sims)
+    # the simulated bisect flips a trial at the rates the probe asks for, or at those its own
+    # simulation shows where they are higher
+    false_fail = max(stated.false_fail, stated.wrong_good)
+    false_pass = max(stated.false_pass, stated.wrong_bad)
+    bounds = [wilson(round(wrong * sims), sims)[1] for wrong in (stated.wrong_good,
+                                                                stated.wrong_bad)]
     return Sequential(
         like_good_fraction=float(stated.cost_fraction_good),
         like_bad_fraction=float(stated.cost_fraction_bad),
-        noise=Noise(stated.false_fail, stated.false_pass),
+        noise=Noise(false_fail, false_pass),
         source=(f"simulated by the sequential trial probe (probe/sequential_plan.py, "
-                f"{stated.sims} trials each way: a good end right 90 % of the time, a bad end "
-                f"losing 30 % of its answers; {stated.mean_requests_good:.0f} / "
-                f"{stated.mean_requests_bad:.0f} of {stated.full_requests} requests)"))
+                f"{sims} trials each way: a good end right 90 % of the time, a bad end "
+                f"losing {stated.loss_rate:.0%} of its right answers, the verdict table's "
+                f"smallest loss; {stated.mean_requests_good:.0f} / "
+                f"{stated.mean_requests_bad:.0f} of {stated.full_requests} requests; decided "
+                f"wrong {stated.wrong_good:.1%} / {stated.wrong_bad:.1%}, at most "
+                f"{bounds[0]:.1%} / {bounds[1]:.1%} (Wilson, 95 %); priced at the asked rates "
+                "or these, the higher)"))

@@ -25,6 +25,7 @@ from dsv4bisect.bisect.plan.simulate import (
     simulate,
 )
 from dsv4bisect.errors import BisectError
+from dsv4bisect.probe.stats import wilson
 
 NODE_COUNTS = (1, 2, 4)  # the columns `--plan --executor ray` always shows
 
@@ -46,6 +47,8 @@ class NodeFigures:
     mean_idle_slots: float  # node-rounds with no trial
     idle_share: float  # node time without work / node time (K × wall), over every run
     p_correct: float
+    p_correct_low: float = 0.0  # Wilson's 95 % lower bound on it over the runs
+    runs: int = 0  # simulated bisects behind the row
 
     def to_json(self) -> dict[str, float | int | bool]:  # wall_s: the mean, by its short name
         return {"nodes": self.nodes, "levers": self.levers, "sharded": self.sharded,
@@ -54,7 +57,8 @@ class NodeFigures:
                 "p90_wall_s": self.p90_wall_s, "mean_rounds": self.mean_rounds,
                 "mean_trials": self.mean_trials, "mean_launches": self.mean_launches,
                 "mean_idle_slots": self.mean_idle_slots, "idle_share": self.idle_share,
-                "p_correct": self.p_correct}
+                "p_correct": self.p_correct, "p_correct_low": self.p_correct_low,
+                "runs": self.runs}
 
 
 @dataclass(frozen=True)
@@ -172,4 +176,6 @@ def _figures(nodes: int, levers: bool, sharded: bool, size: int,
         mean_idle_slots=float(np.mean([sum(rd.idle_slots for rd in r.rounds) for r in runs])),
         idle_share=idle / node_time if node_time > 0 else 0.0,
         p_correct=sum(r.correct for r in runs) / len(runs),
+        p_correct_low=wilson(sum(r.correct for r in runs), len(runs))[0],
+        runs=len(runs),
     )
