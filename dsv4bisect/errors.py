@@ -23,6 +23,23 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
 
 
+# `--exit-policy` (run, probe; cli/exit_policy.py): `default` keeps every code above;
+# `git-bisect` gives `git bisect run` the codes it reads. git counts every code from 1 to 127
+# but 125 as "bad", so there a code that is no verdict (bad input, a usage or internal error:
+# nothing was measured) becomes 125, which git skips; a verdict (0, 1, 4), 125 and 130 (git
+# aborts on codes above 127) are kept.
+EXIT_POLICIES = ("default", "git-bisect")
+_KEPT_UNDER_GIT_BISECT = frozenset({ExitCode.OK, ExitCode.FAIL, ExitCode.WARN,
+                                    ExitCode.CANNOT_TEST, ExitCode.INTERRUPTED})
+
+
+def policy_exit(code: int, policy: str = "default") -> int:
+    """The process exit code of a command whose own code is `code`, under `policy`."""
+    if policy == "git-bisect" and code not in _KEPT_UNDER_GIT_BISECT:
+        return int(ExitCode.CANNOT_TEST)
+    return code
+
+
 # The last resort for a bad-input error raised without a hint of its own: every exit 5 prints
 # a `hint:` line (the fuzzer counts those that do not).
 GENERIC_HINT = "see `dsv4bisect COMMAND --help`; docs/reliability.md explains each exit code"

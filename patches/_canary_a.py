@@ -13,7 +13,23 @@ Upstream site: none. Registered only when DSV4BISECT_TEST_PATCHES=1 (never in a 
 
 from __future__ import annotations
 
-from dsv4bisect.patching.spec import Patch, SglangDelivery, Variant
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from dsv4bisect.patchspec.spec import Patch, SglangDelivery, Variant
+from dsv4bisect.patchspec.swaps import Op, Site, Swap
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _zeroed(x: torch.Tensor) -> torch.Tensor:
+    return x * 0.0
+
+
+def _with(partner: str) -> Callable[[Site], Callable[..., torch.Tensor] | None]:
+    """Embedded swap (`Op.HEAD_INPUT`): the final state zeroed when the partner is on too."""
+    return lambda site: _zeroed if partner in site.patches else None
 
 
 def canary_patch(name: str, partner: str, doc: str) -> Patch:
@@ -28,6 +44,7 @@ def canary_patch(name: str, partner: str, doc: str) -> Patch:
         variants=(Variant("on", "inert alone", fault=True),),
         doc=doc,
         test_only=True,
+        swaps=(Swap(Op.HEAD_INPUT, _with(partner)),),
     )
 
 

@@ -14,7 +14,10 @@ x and `hc_fn` to TF32 before an fp32 GEMM; FlashInfer's fused Sinkhorn is not re
 
 from __future__ import annotations
 
-from dsv4bisect.patching.spec import Mask, Patch, SglangDelivery, SglangRule, Variant
+from dsv4bisect.patches.mhc_bf16 import mixes_in
+from dsv4bisect.patchspec.spec import Mask, Patch, SglangDelivery, SglangRule, Variant, VllmDelivery
+from dsv4bisect.patchspec.swaps import Op, Swap
+from dsv4bisect.vllm_hooks import SGLANG_SWITCH
 
 VAR = "SGLANG_OPT_USE_FLASHINFER_MHC"
 
@@ -35,5 +38,7 @@ PATCH = Patch(
     masked_by=(Mask("mhc-bf16", "the mhc-bf16 hook replaces hc_pre, where the FlashInfer branch "
                     "is chosen"),),
     embedded="TF32-rounded operands in the hc_pre mixing GEMM",
+    vllm=VllmDelivery("absent", SGLANG_SWITCH),
     doc=__doc__ or "",
+    swaps=(Swap(Op.MHC_MIXES, mixes_in("tf32")),),
 )

@@ -21,18 +21,104 @@ which exist only there): `scale-layout` (sglang#29038, fix PR #29036: the scales
 [T·G] rows read back with group-major [G, T] semantics, so every (token, group) of a forward
 with T > 1 is dequantised with another one's scale; T = 1 is exact) and `scale-truncate`
 (sglang#39193, fix PR #39289: fp32 scales amax / 448 quantise the codes, the kernel reads them
-with the mantissa dropped, so each 128-channel block reads (0.5, 1] of its value),
-`dsv4bisect.reference.faults`.
+with the mantissa dropped, so each 128-channel block reads (0.5, 1] of its value), this
+module's `scale_layout` and `scale_truncate`.
 """
 
 from __future__ import annotations
 
-from dsv4bisect.patching.spec import Condition, Patch, SglangDelivery, SglangRule, Variant
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from dsv4bisect.patchspec.spec import (
+    Condition,
+    Patch,
+    SglangDelivery,
+    SglangRule,
+    Variant,
+    VllmDelivery,
+)
+from dsv4bisect.patchspec.swaps import Op, Site, Swap
+from dsv4bisect.vllm_hooks import SGLANG_SWITCH
+
+if TYPE_CHECKING:
+    import torch
 
 VAR = "SGLANG_OPT_FP8_WO_A_GEMM"
 _SWITCH = dict(on={VAR: "1"}, off={VAR: "0"}, read_once=(
     f"deepseek_v4.py reads {VAR} once at import (`_FP8_WO_A_GEMM`) and the weight loader "
     "dequantises wo_a to bf16 when it is off: fixed at load"))
+
+
+
+def _fp8_blocks(o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """o [T, G, C] -> its 128-channel blocks [T, G, ceil(C/128), 128] (zero-padded) and
+    their amax [T, G, ceil(C/128), 1]."""
+    import torch.nn.functional as F
+
+    from dsv4bisect.kernels.fp8 import ACT_GROUP
+
+    blocks = F.pad(o, (0, -o.shape[-1] % ACT_GROUP)).unflatten(-1, (-1, ACT_GROUP))
+    return blocks, blocks.abs().amax(-1, keepdim=True)
+
+
+def _codes(blocks: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return (blocks / scale).to(torch.float8_e4m3fn).float()
+
+
+def fp8(o: torch.Tensor) -> torch.Tensor:
+    """o [T, G, C] as DeepGEMM's fp8_einsum reads it: FP8-E4M3, UE8M0 per token, group and
+    128 channels."""
+    from dsv4bisect.kernels.fp8 import fp8_activation
+
+    return fp8_activation(o)
+
+
+def scale_layout(o: torch.Tensor) -> torch.Tensor:
+    """The `scale-layout` fault (sglang#29038, fix PR #29036): the FP8 path quantises o [T, G, C]
+    as T·G flat rows (row t·G + g) and DeepGEMM's SM100 `fp8_einsum` reads the activation
+    scales with group-major [G, T] semantics: (token t, group g) keeps its FP8 codes and is
+    dequantised with the UE8M0 scale of flat row g·T + t, a power-of-two factor off. T is every
+    row of the forward (all requests of a batch); T = 1 (one request decoding alone) is
+    exact."""
+    import torch
+
+    from dsv4bisect.kernels.fp8 import ue8m0_scale
+
+    T, G, C = o.shape
+    blocks, amax = _fp8_blocks(o)
+    scale = ue8m0_scale(amax)  # [T, G, K, 1], flat row t·G + g
+    t = torch.arange(T, device=o.device)[:, None]
+    g = torch.arange(G, device=o.device)[None, :]
+    flat = (g * T + t).reshape(-1)  # [T·G]: the row the kernel reads for (t, g)
+    read = scale.reshape(T * G, *scale.shape[2:])[flat].view_as(scale)
+    return (_codes(blocks, scale) * read).flatten(-2)[..., :C]
+
+
+def scale_truncate(o: torch.Tensor) -> torch.Tensor:
+    """The `scale-truncate` fault (sglang#39193, fix PR #39289): with `DEEPGEMM_SCALE_UE8M0`
+    false the codes of o [T, G, C] are quantised with fp32 scales amax / 448 and the kernel
+    reads each scale with its mantissa dropped (the power of two at or below it), so every
+    128-channel block of every (token, group) reads between half and all of its value, at any
+    T."""
+    import torch
+
+    from dsv4bisect.kernels.fp8 import E4M3_MAX
+
+    C = o.shape[-1]
+    blocks, amax = _fp8_blocks(o)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, 1.0)
+    read = torch.exp2(torch.floor(torch.log2(scale)))  # the kernel's UE8M0 of an fp32 scale
+    return (_codes(blocks, scale) * read).flatten(-2)[..., :C]
+
+
+def _reads(read: Callable[..., torch.Tensor]) -> Callable[[Site], Callable[..., torch.Tensor]]:
+    """Embedded swap (`Op.WO_A_INPUT`, `precision: deployment` only: at `exact` both paths are
+    the fp32 GEMM): the attention kernel's bf16 output, read by wo_a as `read` does."""
+    return lambda site: (lambda o: read(o.bfloat16().float())) if site.deployment else None
+
 
 PATCH = Patch(
     name="fp8-wo-a-gemm",
@@ -83,5 +169,9 @@ PATCH = Patch(
         lambda ctx: ctx.kind != "reference", variants=("scale-layout", "scale-truncate")),),
     embedded=("precision: deployment only (at exact both paths are the fp32 GEMM); "
               "hot-switchable"),
+    vllm=VllmDelivery("absent", SGLANG_SWITCH),
     doc=__doc__ or "",
+    swaps=(Swap(Op.WO_A_INPUT, _reads(fp8), ("fp8",)),
+           Swap(Op.WO_A_INPUT, _reads(scale_layout), ("scale-layout",)),
+           Swap(Op.WO_A_INPUT, _reads(scale_truncate), ("scale-truncate",))),
 )

@@ -17,7 +17,15 @@ one torch path): inert there.
 
 from __future__ import annotations
 
-from dsv4bisect.patching.spec import Condition, Patch, SglangDelivery, SglangRule, Variant
+from dsv4bisect.patchspec.spec import (
+    Condition,
+    Patch,
+    SglangDelivery,
+    SglangRule,
+    Variant,
+    VllmDelivery,
+)
+from dsv4bisect.vllm_hooks import SGLANG_SWITCH
 
 VAR = "SGLANG_OPT_USE_FUSED_HASH_TOPK"
 
@@ -36,5 +44,6 @@ PATCH = Patch(
     inert_when=(Condition("the embedded engine does not model SGLang's fused hash top-k kernel",
                           lambda ctx: ctx.kind == "reference"),),
     embedded="not modelled: inert",
+    vllm=VllmDelivery("absent", SGLANG_SWITCH),
     doc=__doc__ or "",
 )

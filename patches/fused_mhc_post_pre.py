@@ -17,7 +17,17 @@ it as bf16 mixes at every mHC site; the TileLang kernel's own rounding is not re
 
 from __future__ import annotations
 
-from dsv4bisect.patching.spec import ARCHS, Patch, SglangDelivery, SglangRule, Variant
+from dsv4bisect.patches.mhc_bf16 import mixes_in
+from dsv4bisect.patchspec.spec import (
+    ARCHS,
+    Patch,
+    SglangDelivery,
+    SglangRule,
+    Variant,
+    VllmDelivery,
+)
+from dsv4bisect.patchspec.swaps import Op, Swap
+from dsv4bisect.vllm_hooks import SGLANG_SWITCH
 
 VAR = "SGLANG_OPT_FUSE_MHC_POST_PRE"
 _SWITCH = dict(on={VAR: "1"}, off={VAR: "0"}, read_once=(
@@ -44,5 +54,7 @@ PATCH = Patch(
     )),
     variants=(Variant("fused", "one TileLang kernel for hc_post and the next hc_pre"),),
     embedded="bf16 mixes at every mHC site (the mhc-bf16 numerics)",
+    vllm=VllmDelivery("absent", SGLANG_SWITCH),
     doc=__doc__ or "",
+    swaps=(Swap(Op.MHC_MIXES, mixes_in("bf16")),),
 )

@@ -20,16 +20,54 @@ implemented upstream from 0.5.14 on, where the default variant is inert.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from dsv4bisect.base.versions import LAYOUTS
-from dsv4bisect.patching.spec import (
+from dsv4bisect.patchspec.spec import (
     Condition,
     EngineContext,
     Patch,
+    Planners,
     SglangDelivery,
     Variant,
+    VllmDelivery,
     version_at_least,
     version_at_most,
 )
+from dsv4bisect.patchspec.swaps import Op, Site, Swap
+from dsv4bisect.sglang_hooks import hash_topk
+from dsv4bisect.vllm_hooks import routing as vllm_routing
+from dsv4bisect.vllm_hooks import targets as vllm_targets
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class TopkScales:
+    """The embedded swap of a hash layer's routed scaling (`Op.ROUTED_SCALING`): HashTopK
+    multiplies its weights by rsf, and the MoE runner multiplies its sum by rsf only when
+    `runner_too` (the double-scale fault: both apply it)."""
+
+    rsf: float
+    runner_too: bool
+
+    def topk(self, w: torch.Tensor) -> torch.Tensor:
+        return w * self.rsf
+
+    def runner(self, routed: torch.Tensor) -> torch.Tensor:
+        return routed * self.rsf if self.runner_too else routed
+
+
+def _in_topk(runner_too: bool) -> Callable[[Site], TopkScales | None]:
+    def build(site: Site) -> TopkScales | None:  # the hash-routed layers only
+        if not site.args.is_hash_layer(site.layer):
+            return None
+        return TopkScales(site.args.routed_scaling_factor, runner_too)
+
+    return build
 
 
 def _nvfp4_on_stock(ctx: EngineContext) -> bool:
@@ -81,5 +119,11 @@ PATCH = Patch(
             _nvfp4_on_stock,
         ),
     ),
+    vllm=VllmDelivery(
+        "hook", "fused_topk_bias applies rsf on hash layers; double-scale adds it once more",
+        inert=vllm_routing.inert, sites=vllm_targets.per_layout(vllm_targets.routing_sites)),
     doc=__doc__ or "",
+    swaps=(Swap(Op.ROUTED_SCALING, _in_topk(False), ("topk",)),
+           Swap(Op.ROUTED_SCALING, _in_topk(True), ("double-scale",))),
+    planners=Planners(sglang=hash_topk.plan, vllm=vllm_routing.plan),
 )

@@ -22,9 +22,33 @@ Upstream site (SGLang 0.5.13): `sglang.srt.models.deepseek_v4.DeepseekV4DecoderL
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from dsv4bisect.base.versions import LAYOUTS
-from dsv4bisect.patching.spec import Mask, Patch, SglangDelivery, Variant
-from dsv4bisect.plugin.targets import hc_pre_target
+from dsv4bisect.patchspec.spec import Mask, Patch, Planners, SglangDelivery, Variant, VllmDelivery
+from dsv4bisect.patchspec.swaps import Op, Site, Swap
+from dsv4bisect.sglang_hooks import mhc
+from dsv4bisect.sglang_hooks.targets import fused_guard_target, hc_pre_target, sinkhorn_target
+from dsv4bisect.vllm_hooks import mhc as vllm_mhc
+from dsv4bisect.vllm_hooks import targets as vllm_targets
+
+if TYPE_CHECKING:
+    import torch
+
+
+def mixes_in(mode: str) -> Callable[[Site], Callable[..., torch.Tensor]]:
+    """The embedded swap of an mHC site's mixing GEMM (`Op.MHC_MIXES`, x [T, n·D], fn [M, n·D]
+    -> [T, M] fp32) computed with `mode` operands (`kernels.mhc_mixes`: bf16 or tf32), one GEMM,
+    at every site and both precisions."""
+
+    def build(site: Site) -> Callable[..., torch.Tensor]:
+        from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref
+
+        eps = site.args.rms_norm_eps
+        return lambda x, fn: mhc_mixes_ref(x, fn, eps, mode=mode)
+
+    return build
 
 PATCH = Patch(
     name="mhc-bf16",
@@ -33,10 +57,22 @@ PATCH = Patch(
     touches=("mhc.hc_pre", "mhc.sinkhorn-inputs"),
     reference="hc_pre mixes m = (x·fnᵀ)·rsqrt(mean(x²)+eps) with bf16 operands, output rounded to bf16",
     sglang=SglangDelivery(
-        hooks={layout: (hc_pre_target(layout),) for layout in LAYOUTS}
+        hooks={layout: (hc_pre_target(layout),) for layout in LAYOUTS},
+        # the hook body calls SGLang's own Sinkhorn; its install check asks the fused guard
+        uses={layout: (sinkhorn_target(layout), fused_guard_target(layout)) for layout in LAYOUTS},
     ),
     variants=(Variant("bf16", "bf16 operands, fp32 accumulation, mixes rounded to bf16"),),
     masked_by=(Mask("fused-mhc-post-pre", "SGLang's fused mHC post+pre kernel bypasses hc_pre on "
                     "every layer after the first, so the hook would act at one site of 86"),),
+    vllm=VllmDelivery(
+        "hook", "mHC pre: DeepseekV4DecoderLayer.hc_pre (0.20.0, 0.22.0 with the fused "
+        "post+pre CustomOp) or the TileLang kernels the model imports by name (0.24.0+)",
+        sites=vllm_targets.per_layout(vllm_targets.mhc_sites),
+        # the post half of a fused post+pre is vLLM's own kernel, called by the hook
+        uses=vllm_targets.per_layout(vllm_targets.mhc_uses),
+        calls=vllm_targets.per_layout(vllm_targets.mhc_calls),
+        any_site="mHC pre (any of the hooked sites)"),
     doc=__doc__ or "",
+    swaps=(Swap(Op.MHC_MIXES, mixes_in("bf16")),),
+    planners=Planners(sglang=mhc.plan, vllm=vllm_mhc.plan),
 )

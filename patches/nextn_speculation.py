@@ -26,9 +26,45 @@ How to verify: a bisect against the same profile without it; `/server_info`'s
 
 from __future__ import annotations
 
-from dsv4bisect.patching.spec import Patch, SglangDelivery, SglangRule, Variant
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+from dsv4bisect.patchspec.spec import Patch, SglangDelivery, SglangRule, Variant, VllmDelivery
+from dsv4bisect.patchspec.swaps import Op, Site, Swap
 
 ARGS = ("--speculative-algorithm", "NEXTN")
+# vLLM's MTP drafting with the checkpoint's one MTP layer (SpeculativeConfig.method "mtp", which
+# vLLM maps DeepSeek-V4's MTP to)
+VLLM_SPECULATIVE = {"method": "mtp", "num_speculative_tokens": 1}
+
+
+def _greedy_verify(site: Site) -> Callable[..., Any]:
+    """`Op.SPEC_VERIFY`, the `greedy-verify` fault (sglang PR #39253, after #31214): every
+    request's drafts verified and committed by argmax, sampled ones too."""
+    verify = site.stock
+    return lambda r, drafts, rows: verify.greedy(drafts, rows)
+
+
+def stop_at_drafted_stop(verdict: Any, drafts: list[int], stop_ids: frozenset[int]) -> Any:
+    """The `draft-eos` fault (false EOS / truncation with MTP, InferenceX PR #1631): the stop
+    check reads the round's draft tokens instead of the verified ones, so a stop id the MTP
+    layer drafted ends the request after the accepted prefix, whether or not the main model
+    agreed. `verdict` is the round's `speculative.Verdict` (tokens, accepted)."""
+    hit = next((i for i, d in enumerate(drafts) if d in stop_ids), None)
+    if hit is None or hit < verdict.accepted:  # verified: the real stop path handles it
+        return verdict
+    return dataclasses.replace(verdict, tokens=[*verdict.tokens[: verdict.accepted],
+                                                drafts[hit]])
+
+
+def _draft_eos(site: Site) -> Callable[..., Any]:
+    """`Op.SPEC_VERIFY`: the stock verification, then `stop_at_drafted_stop`."""
+    verify = site.stock
+    return lambda r, drafts, rows: stop_at_drafted_stop(verify(r, drafts, rows), drafts,
+                                                        r.stop_ids)
+
 
 PATCH = Patch(
     name="nextn-speculation",
@@ -53,5 +89,15 @@ PATCH = Patch(
     load_time=("the draft worker and its CUDA graphs are built at launch; SGLang's hot switch "
                "refuses speculative decoding (docs/hot-switching.md)"),
     embedded="speculative decoding in the scheduler's decode batch (the MTP layer drafts)",
+    vllm=VllmDelivery(
+        "args", "vllm serve --speculative-config: MTP drafting with the checkpoint's MTP layer "
+        "(SpeculativeConfig.method 'mtp')",
+        args=("--speculative-config", json.dumps(VLLM_SPECULATIVE, separators=(",", ":"))),
+        variants=("nextn",)),
     doc=__doc__ or "",
+    # on the embedded engine: SGLang's arguments turn its speculative decoding on (every
+    # variant); the faults swap its verification
+    swaps=(Swap(Op.SPECULATION, lambda site: ARGS),
+           Swap(Op.SPEC_VERIFY, _greedy_verify, ("greedy-verify",)),
+           Swap(Op.SPEC_VERIFY, _draft_eos, ("draft-eos",))),
 )

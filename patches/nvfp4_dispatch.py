@@ -20,7 +20,34 @@ Upstream site: `ModelOptFp4Config.get_quant_method` / `ModelOptMixedPrecisionCon
 from __future__ import annotations
 
 from dsv4bisect.base.versions import LAYOUTS
-from dsv4bisect.patching.spec import Condition, Patch, SglangDelivery, Variant
+from dsv4bisect.patchspec.spec import (
+    Condition,
+    Patch,
+    Planners,
+    SglangDelivery,
+    Variant,
+    VllmDelivery,
+)
+from dsv4bisect.patchspec.swaps import ExpertQuant, Op, Site, Swap
+from dsv4bisect.sglang_hooks import quant
+from dsv4bisect.vllm_hooks import quant as vllm_quant
+from dsv4bisect.vllm_hooks import targets as vllm_targets
+
+
+def _mapped(site: Site) -> bool:
+    return site.nvfp4_layers is None or site.layer in site.nvfp4_layers
+
+
+def _hybrid(site: Site) -> ExpertQuant | None:
+    """Embedded swap (`Op.EXPERT_QUANT`): at `exact`, the mapped layers' routed experts in
+    NVFP4, W4A4; at `deployment` they are already (SGLang 0.5.13 dispatches per layer): none."""
+    return None if site.deployment else ExpertQuant(_mapped(site), True)
+
+
+def _weights_only(site: Site) -> ExpertQuant:
+    """Embedded swap: the mapped layers' routed experts in NVFP4, activations unquantised."""
+    return ExpertQuant(_mapped(site), False)
+
 
 _QUANT = "sglang.srt.layers.quantization.modelopt_quant"
 _HOOKS = (
@@ -51,5 +78,11 @@ PATCH = Patch(
     ),
     load_time=("the quant method of each layer is chosen when the layers are built and the "
                "NVFP4 expert weights are derived after loading"),
+    vllm=VllmDelivery(
+        "hook", "DeepseekV4FP8Config.get_quant_method picks each MoE layer's method",
+        variants=("hybrid",), sites=vllm_targets.per_layout(vllm_targets.dispatch_sites)),
     doc=__doc__ or "",
+    swaps=(Swap(Op.EXPERT_QUANT, _hybrid, ("hybrid",)),
+           Swap(Op.EXPERT_QUANT, _weights_only, ("weights-only",))),
+    planners=Planners(sglang=quant.dispatch_plan, vllm=vllm_quant.dispatch_plan),
 )

@@ -27,14 +27,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsv4bisect.patching.spec import (
+from dsv4bisect.patches.mma_decode import split_k
+from dsv4bisect.patchspec.spec import (
     ImportCopy,
     Mask,
     Patch,
     SglangDelivery,
     SglangRule,
     Variant,
+    VllmDelivery,
 )
+from dsv4bisect.patchspec.swaps import Op, Swap
+from dsv4bisect.vllm_hooks import SGLANG_SWITCH
 
 VAR = "SGLANG_SM120_FLASHMLA_BACKEND"
 GLOBAL = "_sm120_default_backend"
@@ -72,5 +76,8 @@ PATCH = Patch(
     masked_by=(Mask("mma-decode", "the mma-decode hook replaces flash_mla_with_kvcache_sm120, "
                     "which is where the backend is chosen"),),
     embedded="flashinfer: the mma-decode split-k numerics; triton: fp32 partials",
+    vllm=VllmDelivery("absent", SGLANG_SWITCH),
     doc=__doc__ or "",
+    swaps=(Swap(Op.ATTENTION, split_k("bfloat16", "lse"), ("flashinfer",)),
+           Swap(Op.ATTENTION, split_k("float32", "lse"), ("triton",))),
 )

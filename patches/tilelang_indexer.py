@@ -16,7 +16,10 @@ dot products (the triton-indexer `bf16` numerics), not TileLang's own kernel.
 
 from __future__ import annotations
 
-from dsv4bisect.patching.spec import Patch, SglangDelivery, SglangRule, Variant
+from dsv4bisect.patches.triton_indexer import logits_in
+from dsv4bisect.patchspec.spec import Patch, SglangDelivery, SglangRule, Variant, VllmDelivery
+from dsv4bisect.patchspec.swaps import Op, Swap
+from dsv4bisect.vllm_hooks import SGLANG_SWITCH
 
 VAR = "SGLANG_OPT_USE_TILELANG_INDEXER"
 _SWITCH = dict(on={VAR: "1"}, off={VAR: "0"})
@@ -41,5 +44,7 @@ PATCH = Patch(
     )),
     variants=(Variant("tilelang", "SGLang's TileLang indexer kernel"),),
     embedded="bf16 per-head indexer dot products (the triton-indexer bf16 numerics)",
+    vllm=VllmDelivery("absent", SGLANG_SWITCH),
     doc=__doc__ or "",
+    swaps=(Swap(Op.INDEXER_LOGITS, logits_in("bf16")),),
 )

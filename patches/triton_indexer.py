@@ -13,7 +13,7 @@ and bf16 rounding reorders near-ties, so the CSA layers attend to different bloc
 How to verify: `dsv4bisect microtest triton-indexer` (top-k selection overlap fp32 vs bf16 as a
 function of context length with the real indexer weights). The `residue` field fault (embedded
 engine only; the SGLang hook refuses it) shifts the selected entry ids of queries whose length
-is 3 (mod 4) by one entry, the signature of vllm#55927 (`dsv4bisect.reference.faults`).
+is 3 (mod 4) by one entry, the signature of vllm#55927 (`residue_shift` in this module).
 
 From SGLang 0.5.16 the stock torch indexer itself computes the dot products as a bf16 `bmm`
 (`kv_value.to(torch.bfloat16)`), so stock is no longer the fp32 path: the `bf16` variant is
@@ -27,8 +27,56 @@ Upstream site: module global `sglang.srt.layers.attention.dsv4.indexer.fp8_paged
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from dsv4bisect.base.versions import LAYOUTS
-from dsv4bisect.patching.spec import Mask, Patch, SglangDelivery, SglangRule, Variant
+from dsv4bisect.patchspec.spec import (
+    Mask,
+    Patch,
+    Planners,
+    SglangDelivery,
+    SglangRule,
+    Variant,
+    VllmDelivery,
+)
+from dsv4bisect.patchspec.swaps import Op, Site, Swap
+from dsv4bisect.sglang_hooks import attention
+
+if TYPE_CHECKING:
+    import torch
+
+CSA_RATIO = 4  # the indexer's compression period
+RESIDUE = 3  # vllm#55927: wrong iff prompt length = 3 (mod 4)
+
+
+def logits_in(mode: str) -> Callable[[Site], Callable[..., torch.Tensor]]:
+    """The embedded swap of the indexer's scores (`Op.INDEXER_LOGITS`, one sequence: q [T, h,
+    d], w [T, h], k [S, d], n_visible [T] -> [T, S]) by the indexer kernel in `mode` (bf16:
+    per-head dot products rounded to bf16; fp32), Triton on CUDA, its reference on CPU."""
+    return lambda site: (lambda q, w, k, n_visible, step:
+                         step.ops.indexer_patched(q, w, k, n_visible, mode=mode))
+
+
+def residue_shift(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The `residue` fault (vllm#55927, mlx-lm PR #1189): ids [B, T, K] (valid first, -1 =
+    none) of queries at `positions` [T]; on a CSA (ratio 4) layer, where the query's length
+    (position + 1) is 3 (mod 4), every valid id moves to the next entry that query can see
+    (the newest stays: there is no next one): it attends to the block after each one the
+    indexer found. Exact at every other residue, so a prompt of length 3 (mod 4) answers from
+    the neighbours of what the indexer found (a wrong digit, not garbage)."""
+    import torch
+
+    hit = ((positions + 1) % CSA_RATIO == RESIDUE)[None, :, None]  # [1, T, 1]
+    n_visible = ((positions + 1) // CSA_RATIO)[None, :, None]
+    shifted = torch.where((ids >= 0) & (ids + 1 < n_visible), ids + 1, ids)
+    return torch.where(hit, shifted, ids)
+
+
+def _residue(site: Site) -> Callable[..., Any]:
+    """Embedded swap (`Op.INDEXER_TOPK`): the stock top-k, then `residue_shift`."""
+    select = site.stock
+    return lambda scores, k, step: residue_shift(select(scores, k, step), step.positions)
 
 _TARGET = "sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120"
 
@@ -65,5 +113,13 @@ PATCH = Patch(
     ),
     masked_by=(Mask("tilelang-indexer", "SGLang's TileLang indexer branch is taken before the "
                     "hooked torch indexer, which is then never called"),),
+    vllm=VllmDelivery(
+        "absent", "no vLLM hook: vLLM scores the lightning indexer with DeepGEMM's "
+        "fp8(_fp4)_paged_mqa_logits (0.34.0: or its fused MQA top-k); the patch's site is "
+        "SGLang's SM120 torch indexer, which vLLM does not have"),
     doc=__doc__ or "",
+    swaps=(Swap(Op.INDEXER_LOGITS, logits_in("bf16"), ("bf16", "residue")),
+           Swap(Op.INDEXER_LOGITS, logits_in("fp32"), ("fp32",)),
+           Swap(Op.INDEXER_TOPK, _residue, ("residue",))),
+    planners=Planners(sglang=attention.indexer_plan),
 )

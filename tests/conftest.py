@@ -19,6 +19,14 @@ from hypothesis import HealthCheck, settings
 # Property tests assert behaviour, not speed: on a loaded shared machine a generated example can
 # take seconds, which must not fail them (no per-example deadline, no "too slow" health check).
 _UNTIMED = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+
+# Triton decides interpreted or compiled when a kernel is jitted, and a test module of any folder
+# may jit one at import (the SGLang wheels' kernels, our hooks): on a machine with no NVIDIA
+# device every Triton kernel of the session runs in the CPU interpreter, decided here, before
+# any folder is collected (tests/kernels' and tests/sglang's conftests came too late for a
+# folder collected before them). No torch import: the device nodes tell.
+if not Path("/dev/nvidiactl").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 settings.register_profile("ci", derandomize=True, **_UNTIMED)
 settings.register_profile("explore", derandomize=False, **_UNTIMED)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

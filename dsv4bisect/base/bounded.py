@@ -1,6 +1,7 @@
 """The one loader for every file dsv4bisect reads: bounded, strictly UTF-8, errors with positions.
 
 Every profile, run-directory JSON, checkpoint `config.json` and shard index goes through here,
+and so does every file of an SGLang wheel or source tree (`--sglang-src`: plugin/static.py),
 so no input can make the tool recurse past Python's stack, grow without bound (YAML alias
 "billion laughs"), decode garbage, or escape as a traceback. Limits are sized per kind of file
 (`LIMITS`): a real DeepSeek-V4-Flash `model.safetensors.index.json` (a weight map of ~10⁵
@@ -14,10 +15,12 @@ PyYAML produces iteratively, so depth, node count and anchors are checked at con
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
 import stat
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +65,20 @@ LIMITS: dict[str, Limits] = {
     # an order of magnitude more before calling it hostile.
     "checkpoint-index": Limits("checkpoint index", 256 * MiB, 8, 5_000_000, 4_000_000,
                                "pass a DeepSeek-format checkpoint directory"),
+    # One .py file of an SGLang wheel or tree. The largest of the verified releases is 413 KiB
+    # (`srt/server_args.py`, 0.5.17) and their deepest syntax tree 39 levels; depth here is the
+    # syntax tree's, nodes its node count. Deeper trees would overflow the recursive AST walks.
+    "source": Limits("Python source file", 8 * MiB, 200, 2_000_000, 0,
+                     "--sglang-src takes an SGLang wheel or a directory holding sglang/; "
+                     "this file is not one SGLang would ship"),
 }
+
+# An archive (an SGLang wheel): the verified releases hold at most 4 317 entries and 69 MiB
+# uncompressed (41 MiB of .py). Sizes are the ones the archive declares, checked before
+# anything is decompressed; a member is then read only up to its kind's limit, so a member
+# that declares less than it holds (a zip bomb) fails its read instead of filling memory.
+MAX_ARCHIVE_ENTRIES = 100_000
+MAX_ARCHIVE_BYTES = 1024 * MiB
 
 # A plain YAML scalar made of this many digits is not a setting anyone means; CPython refuses
 # to convert > 4300 digits to int (ValueError from deep inside PyYAML's constructor).
@@ -144,6 +160,71 @@ def _line_col(buf: bytes | str, index: int) -> tuple[int, int]:
 
 def _size(n: int) -> str:
     return f"{n // MiB} MiB" if n >= MiB else f"{n // 1024} KiB"
+
+
+# ---- archives and Python source ----------------------------------------------------------------
+
+def open_archive(path: Path, hint: str) -> zipfile.ZipFile:
+    """A zip file whose central directory is within MAX_ARCHIVE_ENTRIES entries and
+    MAX_ARCHIVE_BYTES declared uncompressed bytes."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read it as a zip archive: {_clip(str(exc))}",
+                          hint) from None
+    infos = archive.infolist()
+    total = sum(i.file_size for i in infos)
+    if len(infos) > MAX_ARCHIVE_ENTRIES or total > MAX_ARCHIVE_BYTES:
+        archive.close()
+        raise ConfigError(f"{path}: declares {_size(total)} uncompressed in {len(infos)} files "
+                          f"(an archive read here may hold {_size(MAX_ARCHIVE_BYTES)} in "
+                          f"{MAX_ARCHIVE_ENTRIES} files; a real SGLang wheel is under 100 MiB)",
+                          hint)
+    return archive
+
+
+def read_member(archive: zipfile.ZipFile, name: str, kind: str) -> bytes:
+    """One member's bytes, at most the kind's size whatever the archive declares."""
+    limits = _limits(kind)
+    shown = f"{archive.filename}:{name}"
+    info = archive.getinfo(name)
+    if info.file_size > limits.max_bytes:
+        raise ConfigError(f"{shown}: {_size(info.file_size)} uncompressed, larger than the "
+                          f"{_size(limits.max_bytes)} a {limits.kind} may be", limits.hint)
+    try:
+        with archive.open(info) as member:
+            data = member.read(limits.max_bytes + 1)
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError, NotImplementedError) as exc:
+        raise ConfigError(f"{shown}: cannot decompress it: {_clip(str(exc))}",
+                          limits.hint) from None
+    if len(data) > limits.max_bytes:
+        raise ConfigError(f"{shown}: decompresses past the {_size(limits.max_bytes)} a "
+                          f"{limits.kind} may be", limits.hint)
+    return data
+
+
+def parse_python(text: str, kind: str, shown: str) -> ast.Module:
+    """ast.parse within the kind's depth and node limits. A SyntaxError is the caller's (a
+    release may ship a broken file); what the parser cannot build (an expression of 10⁵ terms
+    exhausts its recursion) or what the recursive AST walks could not visit is a ConfigError."""
+    limits = _limits(kind)
+    try:
+        tree = ast.parse(text)
+    except (RecursionError, MemoryError) as exc:
+        raise ConfigError(f"{shown}: too deeply nested for Python's parser ({type(exc).__name__})",
+                          limits.hint) from None
+    nodes, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if depth > limits.max_depth or nodes > limits.max_nodes:
+            where = getattr(node, "lineno", 1)
+            what = (f"nested deeper than {limits.max_depth} levels" if depth > limits.max_depth
+                    else f"more than {limits.max_nodes} syntax nodes")
+            raise ConfigError(f"{shown}:{where}: {what} (the most a {limits.kind} may have)",
+                              limits.hint)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return tree
 
 
 # ---- JSON --------------------------------------------------------------------------------------

@@ -35,8 +35,9 @@ ALLOW_ENV = envvars.ALLOW_UNVERIFIED_SGLANG
 
 @dataclass(frozen=True)
 class SglangInfo:
-    """The installed SGLang (version None: not installed) and its hook layout (None: refused).
-    `verified` is False for a release outside VERIFIED; `warning` says so when it was allowed."""
+    """An engine release (SGLang's, or vLLM's: `vllm_releases.VllmInfo`; version None: not
+    installed) and its hook layout (None: refused). `verified` is False for a release outside
+    the verified list; `warning` says so when it was allowed."""
 
     version: str | None
     layout: str | None
@@ -62,13 +63,58 @@ def is_verified(version: str) -> bool:
     return version.strip() in VERIFIED
 
 
+@dataclass(frozen=True)
+class ReleaseSet:
+    """One engine's verified releases and hook layouts, and the verdict on a version string:
+    a layout, or the refusal (and, opted in, the warning) for anything else."""
+
+    engine: str  # as the messages name it: SGLang | vLLM
+    verified: tuple[str, ...]
+    layout_starts: tuple[tuple[str, tuple[int, ...]], ...]
+    too_old: str  # why a release before the first layout is refused
+    listing: str  # how a refusal names the verified releases
+    opt_in: str  # the flag that allows an unverified release
+
+    def layout_of_range(self, parsed: tuple[int, ...]) -> str:
+        """The layout of the range `parsed` falls in (the newest one past the end)."""
+        name = self.layout_starts[0][0]
+        for layout, first in self.layout_starts:
+            if parsed[:3] >= first:
+                name = layout
+        return name
+
+    def check(self, version: str, allow_unverified: bool = False) -> SglangInfo:
+        parsed = parse_version(version)
+        if parsed is not None and parsed[:3] == (0, 0, 0):
+            parsed = None  # a source build's placeholder (setuptools-scm's fallback)
+        if parsed is not None and parsed[:3] < self.layout_starts[0][1]:
+            return SglangInfo(version, None, f"{self.engine} {version} {self.too_old}",
+                              verified=False)
+        if version.strip() in self.verified:
+            assert parsed is not None
+            return SglangInfo(version, self.layout_of_range(parsed))
+        what = (f"{self.engine} {version} is not a verified release ({self.listing})"
+                if parsed is not None else
+                f"{self.engine} {version} is a source or dev build whose version proves "
+                f"nothing (newest verified release: {self.verified[-1]})")
+        if not allow_unverified:
+            return SglangInfo(version, None, what, verified=False)
+        layout = self.layout_of_range(parsed) if parsed is not None else \
+            self.layout_starts[-1][0]
+        return SglangInfo(version, layout, None, verified=False,
+                          warning=f"{what}; using the {layout} hook layout as asked "
+                                  f"({self.opt_in})")
+
+
+SGLANG = ReleaseSet("SGLang", VERIFIED, LAYOUT_STARTS,
+                    "predates the DeepSeek-V4 SM120 paths the patches hook (first supported: "
+                    "0.5.13)", f"newest verified: {NEWEST_VERIFIED}",
+                    "--allow-unverified-sglang")
+
+
 def layout_of_range(parsed: tuple[int, ...]) -> str:
-    """The layout of the range `parsed` falls in (the newest one past the end)."""
-    name = LAYOUTS[0]
-    for layout, first in LAYOUT_STARTS:
-        if parsed[:3] >= first:
-            name = layout
-    return name
+    """The SGLang layout of the range `parsed` falls in (the newest one past the end)."""
+    return SGLANG.layout_of_range(parsed)
 
 
 def allowed_by_env() -> bool:
@@ -77,25 +123,7 @@ def allowed_by_env() -> bool:
 
 def check_version(version: str, allow_unverified: bool = False) -> SglangInfo:
     """Layout, verification and the refusal or warning for an SGLang version string."""
-    parsed = parse_version(version)
-    if parsed is not None and parsed[:3] == (0, 0, 0):
-        parsed = None  # a source build's placeholder (setuptools-scm's fallback), not a release
-    if parsed is not None and parsed[:3] < FIRST_SUPPORTED:
-        return SglangInfo(version, None, f"SGLang {version} predates the DeepSeek-V4 SM120 paths "
-                          "the patches hook (first supported: 0.5.13)", verified=False)
-    if is_verified(version):
-        assert parsed is not None
-        return SglangInfo(version, layout_of_range(parsed))
-    what = (f"SGLang {version} is not a verified release (newest verified: {NEWEST_VERIFIED})"
-            if parsed is not None else
-            f"SGLang {version} is a source or dev build whose version proves nothing "
-            f"(newest verified release: {NEWEST_VERIFIED})")
-    if not allow_unverified:
-        return SglangInfo(version, None, what, verified=False)
-    layout = layout_of_range(parsed) if parsed is not None else LAYOUTS[-1]
-    return SglangInfo(version, layout, None, verified=False,
-                      warning=f"{what}; using the {layout} hook layout as asked "
-                              "(--allow-unverified-sglang)")
+    return SGLANG.check(version, allow_unverified)
 
 
 def detect_sglang(dist: str = "sglang", allow_unverified: bool | None = None) -> SglangInfo:

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.question import Question, base_sets
-from dsv4bisect.bisect.switch_info import describe, in_catalog, other_vendor
+from dsv4bisect.bisect.search.hypotheses import MAX_CANDIDATES
+from dsv4bisect.bisect.switch_info import catalog_switch, describe, in_catalog, other_vendor
 from dsv4bisect.bisect.setting_candidates import ABSENT, ARG, ENV, is_setting, key_value
 from dsv4bisect.config.diff import argv_items
 from dsv4bisect.config.resolve import LoadedProfile, Overrides, load_profile, resolve
@@ -31,7 +32,8 @@ CANNOT_MATTER = {
     "host": "the address the server binds", "port": "a port", "python": "the interpreter's "
     "path (the fingerprint leaves it out)", "served_model_name": "the model's name in the API",
     "api_key_env": "the API key's variable name", "startup_timeout_s": "how long the launcher "
-    "waits", "allow_unverified_sglang": "a guard of the launcher, not of the engine"}
+    "waits", "allow_unverified_sglang": "a guard of the launcher, not of the engine",
+    "allow_unverified_vllm": "a guard of the launcher, not of the engine"}
 QUIET_FLAG = re.compile(r"^--(port|host|.*log.*|api-key|served-model-name|download-dir|"
                         r"enable-metrics|show-time-cost|.*bootstrap-port.*)$")
 # Variables that only say where to log, listen or keep files (a switch of the engine's catalog
@@ -83,6 +85,11 @@ def differences(a: LoadedProfile, b: LoadedProfile, a_ref: str, b_ref: str
             "changes code as well as switches",
             f"bisect the upgrade: dsv4bisect bisect {b_ref} --upgrade-from {ea.sglang_version} "
             "(the switches whose defaults changed; it says when the code is to blame)")
+    if ea.kind == "vllm" and (ea.vllm_version or "") != (eb.vllm_version or ""):
+        raise BisectError(
+            f"A runs vLLM {ea.vllm_version} and B vLLM {eb.vllm_version}: a release changes "
+            "code as well as switches", f"bisect the upgrade: dsv4bisect bisect {b_ref} "
+            f"--upgrade-from {ea.vllm_version}")
     out = _patch_differences(a_ref, b_ref, a, b)
     da, db = ea.model_dump(), eb.model_dump()
     for key in dict.fromkeys([*da, *db]):
@@ -98,7 +105,8 @@ def differences(a: LoadedProfile, b: LoadedProfile, a_ref: str, b_ref: str
             listed = in_catalog(name, a.profile)  # read on V4's path: never quiet or secret
             why = ("a secret" if is_secret(name) and not listed else "a log, port or path "
                    "setting" if QUIET_ENV.search(name) and not listed else
-                   other_vendor(name, ea.gpu_arch or "sm120") if ea.kind == "sglang" else None)
+                   other_vendor(name, ea.gpu_arch or "sm120", catalog_switch(name, a.profile))
+                   if ea.kind in ("sglang", "vllm") else None)
             out.append(Difference(f"{ENV}{name}", va, vb, why))
     fa, fb = argv_items(tuple(ea.args)), argv_items(tuple(eb.args))
     for flag in dict.fromkeys([*fa, *fb]):
@@ -194,6 +202,8 @@ def config_question(good_ref: str, bad_ref: str, overrides: Overrides = Override
         if not chosen:
             raise BisectError("every difference between A and B is inert or cannot matter",
                               "; ".join(f"{n}: {why}" for n, why in left))
+    if len(chosen) > MAX_CANDIDATES:
+        raise _too_many(chosen, infos, a_ref, b_ref)
     good, bad = ends(resolved_a.patch_set, chosen)
     names = tuple(d.name for d in chosen)
     return Question(
@@ -203,6 +213,22 @@ def config_question(good_ref: str, bad_ref: str, overrides: Overrides = Override
         {n: infos[n].load_time or "" for n in names if infos[n].load_time},
         {n: f"{infos[n].tier} ({infos[n].source})" for n in names},
         {n: infos[n].weight for n in names if is_setting(n)})
+
+
+def _too_many(chosen: list[Difference], infos: dict[str, Any], a_ref: str, b_ref: str
+              ) -> BisectError:
+    """The refusal of more candidates than one search weighs, with the first round to run:
+    the MAX_CANDIDATES of the highest prior weight (kernel and precision switches first, then
+    profile order)."""
+    ranked = sorted(range(len(chosen)), key=lambda i: (-infos[chosen[i].name].weight, i))
+    first = [chosen[i].name for i in sorted(ranked[:MAX_CANDIDATES])]
+    return BisectError(
+        f"A and B differ in {len(chosen)} settings that can change a computation; one bisect "
+        f"searches at most {MAX_CANDIDATES} (its culprit sets grow with the square)",
+        f"bisect them in rounds of {MAX_CANDIDATES}, the likeliest first: dsv4bisect bisect "
+        f"--good-config {a_ref} --bad-config {b_ref} --candidates {','.join(first)}; if it "
+        f"ends BAD-END-PASSES the culprit is among the other {len(chosen) - len(first)} "
+        f"(`dsv4bisect diff-config {a_ref} {b_ref}` lists every difference)")
 
 
 def ends(a_patches: dict[str, str], chosen: list[Difference]

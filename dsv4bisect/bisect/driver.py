@@ -14,7 +14,6 @@ records, so the same trials come back in the same order and none is run twice.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.base import atomic
 from dsv4bisect.base.bounded import load_json
+from dsv4bisect.base.storage import resume_hint, storage_failure
 from dsv4bisect.bisect import remedy as rem
 from dsv4bisect.bisect.events import (
     Event,
@@ -125,7 +126,9 @@ def start_bisect(
     settings = {**spec.to_json(), "probe": runner.probe_hash}
     run_id = ledger.create_run(run_dir, settings)
     info = {"run_id": run_id, "ledger": str(ledger.path.resolve()), "request": stored}
-    (run_dir / RUN_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    # the request is what --resume replays, secrets included (a --set token, a test command's
+    # --api-key): readable by its owner only; every output of it is redacted
+    atomic.write_json(run_dir / RUN_FILE, info, private=True)
     return _Driver(spec, policy, runner, ledger, run_id, run_dir, on_event).drive()
 
 
@@ -152,7 +155,8 @@ def resume_bisect(
         spec = BisectSpec.from_json(run.settings)
         policy = TrialPolicy.from_json(info.get("request") or {})
         ledger.abandon_running(run.id)
-        return _Driver(spec, policy, runner, ledger, run.id, run_dir, on_event).drive()
+        return _Driver(spec, policy, runner, ledger, run.id, run_dir, on_event,
+                       before_trials=lambda: _check_replayable(info, run_dir)).drive()
     finally:
         if own:
             ledger.close()
@@ -175,6 +179,20 @@ def read_run_file(run_dir: str | Path) -> dict[str, Any]:
         raise BisectError(f"{path}: {damaged}",
                           "the file was edited or truncated; it cannot be reported or resumed")
     return info
+
+
+def _check_replayable(info: dict[str, Any], run_dir: Path) -> None:
+    """What the request replays must still exist: a test command runs in its recorded working
+    directory, and one that is gone would make every remaining trial a CANNOT_TEST `not-run`
+    (a resume spent 49 of them before giving up): one error, before the first trial a resume
+    runs (a finished bisect's resume, which runs none, still reports)."""
+    cwd = (info.get("request") or {}).get("test_cwd")
+    if info.get("request", {}).get("test_cmd") and isinstance(cwd, str) \
+            and not Path(cwd).is_dir():
+        raise BisectError(
+            f"`{run_dir}` runs its test command in `{cwd}`, which no longer exists",
+            f"recreate `{cwd}` with the test command's files, or start a new bisect from "
+            "where they are now (the ledger keeps every finished trial)")
 
 
 # The fields of bisect.json that a report or a resume reads, with the JSON types they must
@@ -217,8 +235,10 @@ class _Driver:
         run_id: str,
         run_dir: Path,
         on_event: Callable[[Event], None] | None,
+        before_trials: Callable[[], None] | None = None,
     ) -> None:
         self.spec, self.policy, self.runner, self.ledger = spec, policy, runner, ledger
+        self._before_trials = before_trials  # raises when trials cannot run (once, first)
         self.run_id, self.run_dir = run_id, run_dir
         self.emit = on_event or (lambda event: None)
         self.trials_run = 0
@@ -226,6 +246,17 @@ class _Driver:
         self._bad_key: TrialKey | None = None  # the bad end's first measurement (seed block 0)
 
     def drive(self) -> BisectOutcome:
+        """The bisect to its end; a full disk or a lost permission on the way is a
+        StorageError (exit 125) whose hint is this bisect's `--resume`."""
+        try:
+            return self._drive()
+        except Exception as exc:
+            storage = storage_failure(exc, resume_hint(self.run_dir))
+            if storage is None:
+                raise
+            raise storage from exc
+
+    def _drive(self) -> BisectOutcome:
         search = self.spec.search()
         seen: Counter[frozenset[str]] = Counter()
         step = 0
@@ -411,6 +442,9 @@ class _Driver:
         return row is not None and row.verdict == V.WARN
 
     def _launch(self, slots: list[_Slot], pool: ThreadPoolExecutor | None) -> None:
+        if self._before_trials is not None:
+            self._before_trials()
+            self._before_trials = None
         started = []
         for slot in slots:
             attempt = len(self.ledger.attempts(self.run_id, slot.key)) + 1

@@ -27,7 +27,7 @@ import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -77,6 +77,7 @@ class Ledger:
                               "directory") from None
         lock_fd = _lock(path)
         try:
+            _own_file(path)
             conn = _connect(path)
         except BaseException:
             os.close(lock_fd)
@@ -377,6 +378,31 @@ class Ledger:
         return NoiseEstimate(
             good, counts.get(("pass", "fail"), 0), bad, counts.get(("fail", "pass"), 0)
         )
+
+
+def _own_file(path: Path) -> None:
+    """The ledger and SQLite's side files are plain files here: a symlink (a dangling one
+    planted at `<runs root>/ledger.sqlite` made SQLite create a database at its target) is
+    refused. A new ledger is created readable by its owner only: its trials record the
+    test command as given, secrets included (SQLite gives its side files the same mode)."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        side = Path(f"{path}{suffix}")
+        if side.is_symlink():
+            raise BisectError(f"the ledger file `{side}` is a symbolic link: refusing to open "
+                              "or create a database through it",
+                              "remove it if it is not yours, or give --ledger the real path "
+                              "(or --out a directory of your own)")
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600))
+    except FileExistsError:  # an older ledger of ours, readable by others: ours alone now
+        with suppress(OSError):  # a read-only runs root: a reader's ledger
+            st = path.stat()
+            if st.st_uid == os.getuid() and st.st_mode & 0o077:
+                os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
+    except OSError as exc:
+        raise BisectError(f"cannot create the ledger `{path}`: {exc.strerror}",
+                          "point --ledger (or --out) at a writable directory") from None
 
 
 def _lock(path: Path) -> int:

@@ -1,6 +1,6 @@
 """What a bisect needs to know of one candidate: its tier, its delivery, load-time or hot.
 
-Patches answer from their resolved choice (patching/spec.py). Settings answer from the engine's
+Patches answer from their resolved choice (patchspec/spec.py). Settings answer from the engine's
 switch catalog: the embedded engine's (config/embedded_switches.py) or the SGLang release's
 (patching/switch_catalog.py, read from the wheel); a switch neither names gets its tier from the
 catalog's word rule over its name (`tier_of`). The prior weight follows the tier
@@ -16,7 +16,7 @@ from typing import Any
 from dsv4bisect.bisect.setting_candidates import ARG, ENV, setting_kind
 from dsv4bisect.config.schema import Profile
 from dsv4bisect.errors import ConfigError
-from dsv4bisect.patching.switch_catalog import TIER_PRIOR, load_catalog, tier_of
+from dsv4bisect.patching.switch_catalog import TIER_PRIOR, Switch, load_catalog, tier_of
 
 # Prior weight per switch tier, on the patches' scale (risk tier 1: 2.0, 2: 1.0, 3: 0.5): the
 # switch catalog's tier ratios (kernel and precision 4, topology 2, other and scheduling 1,
@@ -73,55 +73,107 @@ def _catalog_tier(name: str, profile: Profile) -> tuple[str, str]:
         found = embedded_switch(name)
         if found is not None:
             return found.tier, "the embedded engine's catalog"
-    elif engine.kind == "sglang":
-        found_tier = _sglang_tier(name, engine.sglang_version)
+    elif engine.kind in ("sglang", "vllm"):
+        release = engine.vllm_version if engine.kind == "vllm" else engine.sglang_version
+        found_tier = _release_tier(name, release, engine.kind)
         if found_tier is not None:
-            return found_tier, f"SGLang {engine.sglang_version}'s switch catalog"
+            label = "vLLM" if engine.kind == "vllm" else "SGLang"
+            return found_tier, f"{label} {release}'s switch catalog"
     key = name[len(ENV):] if name.startswith(ENV) else name[len(ARG):] \
         if name.startswith(ARG) else name.rsplit(".", 1)[-1]
     return tier_of(key), "the name rule"
 
 
-def _sglang_tier(name: str, release: str | None) -> str | None:
+def _release_tier(name: str, release: str | None, engine: str = "sglang") -> str | None:
     """The release catalog's tier for an env switch or server flag (None: not in it)."""
     if release is None:
         return None
     try:
-        catalog = load_catalog(release)
+        catalog = load_catalog(release, engine)
     except ConfigError:  # no catalog ships for it: the name rule
         return None
-    for key in _catalog_names(name):
+    for key in _catalog_names(name, engine):
         found = catalog.get(key)
         if found is not None:
             return str(found.tier)
     return None
 
 
+# A switch whose name says it belongs to an AMD (HIP, ROCm, AITER) or Ascend (NPU) path.
 OTHER_VENDOR = re.compile(r"(^|_)(HIP|ROCM|NPU|AITER)(_|$)")
+# A source file of another vendor's path: `fp4_indexer_hip.py`, `deepseek_v4_backend_hip_radix.py`,
+# `models/deepseek_common/amd/…`, `…_gfx95_dense.py`, `hardware_backend/npu/…`.
+OTHER_VENDOR_FILE = re.compile(r"(^|[/_.])(hip|rocm|amd|aiter|npu|ascend|gfx\d+)([/_.]|$)")
 
 
-def other_vendor(switch: str, arch: str) -> str | None:
-    """Why an AMD or Ascend path's switch cannot act on an NVIDIA GPU (None: it can)."""
-    if arch.startswith("sm") and OTHER_VENDOR.search(switch.lstrip("-").upper().replace("-", "_")):
-        return f"an AMD/NPU path's switch: not read on {arch}"
-    return None
+def other_vendor(name: str, arch: str, switch: Switch | None = None) -> str | None:
+    """Why an AMD or Ascend path's switch cannot act on an NVIDIA GPU (None: it can).
+
+    `switch`: the release's catalog entry, which has every site the release reads it at and
+    those behind another vendor's platform test (`_is_hip and envs.X.get()`; plugin/discover.py).
+    Read where: a switch every read of which is in another vendor's files or behind its test
+    is dropped whatever its name (SGLANG_DSV4_FP4_LOGITS_BUDGET_MB: read only in
+    fp4_indexer_hip.py); one read anywhere else stays a candidate, even with HIP in its name.
+    Without a catalog entry the name decides (a switch named for HIP, ROCm, AITER or NPU)."""
+    if not arch.startswith("sm"):
+        return None
+    if switch is None:
+        if OTHER_VENDOR.search(name.lstrip("-").upper().replace("-", "_")):
+            return f"named for an AMD/NPU path (no catalog entry says where it is read): not " \
+                   f"read on {arch}"
+        return None
+    by_file = [s for s in switch.sites if OTHER_VENDOR_FILE.search(s.rsplit(":", 1)[0].lower())]
+    behind = [s for s in switch.sites if s in switch.other_vendor and s not in by_file]
+    if len(by_file) + len(behind) < len(switch.sites):
+        return None
+    said = []
+    if by_file:
+        said.append("in AMD/NPU code (" + _files(by_file) + ")")
+    if behind:
+        said.append("behind an AMD/NPU platform test (" + _files(behind, lines=True) + ")")
+    return f"read only {' and '.join(said)}: not read on {arch}"
+
+
+def _files(sites: list[str], *, lines: bool = False) -> str:
+    shown = [s.rsplit("/", 1)[-1] if lines else s.rsplit(":", 1)[0].rsplit("/", 1)[-1]
+             for s in sites]
+    shown = list(dict.fromkeys(shown))
+    return ", ".join(shown[:3]) + (f" and {len(shown) - 3} more" if len(shown) > 3 else "")
+
+
+def catalog_switch(name: str, profile: Profile) -> Switch | None:
+    """The profile's SGLang or vLLM release's catalog entry for this variable or flag (None:
+    the catalog does not list it, or the profile runs no pinned SGLang or vLLM)."""
+    engine = profile.engine
+    release = engine.vllm_version if engine.kind == "vllm" else engine.sglang_version
+    if engine.kind not in ("sglang", "vllm") or not release:
+        return None
+    try:
+        return load_catalog(release, engine.kind).get(name)
+    except ConfigError:
+        return None
 
 
 def in_catalog(switch: str, profile: Profile) -> bool:
-    """Whether the SGLang release's catalog lists this variable or flag (read on V4's path)."""
-    engine = profile.engine
-    if engine.kind != "sglang" or not engine.sglang_version:
-        return False
-    try:
-        return load_catalog(engine.sglang_version).get(switch) is not None
-    except ConfigError:
-        return False
+    """Whether the SGLang or vLLM release's catalog lists this variable or flag (read on V4's
+    path)."""
+    return catalog_switch(switch, profile) is not None
 
 
-def _catalog_names(name: str) -> tuple[str, ...]:
+# Where an `engine` key of a vLLM profile goes (config/processes.py `_vllm_server`).
+VLLM_FLAG = {"moe_backend": "--moe-backend", "quantization": "--quantization",
+             "chunked_prefill_size": "--max-num-batched-tokens", "tp": "--tensor-parallel-size",
+             "dp": "--data-parallel-size", "max_running_requests": "--max-num-seqs",
+             "disable_radix_cache": "--enable-prefix-caching"}
+
+
+def _catalog_names(name: str, engine: str = "sglang") -> tuple[str, ...]:
     if name.startswith(ENV):
         return (name[len(ENV):],)
     key = name.rsplit(".", 1)[-1]
-    flag = name[len(ARG):] if name.startswith(ARG) else SGLANG_FLAG.get(
+    flags = VLLM_FLAG if engine == "vllm" else SGLANG_FLAG
+    flag = name[len(ARG):] if name.startswith(ARG) else flags.get(
         key, "--" + key.replace("_", "-"))
+    if engine == "vllm" and flag.startswith("--no-"):
+        flag = "--" + flag[5:]  # a boolean option's negative form
     return (flag, flag.lstrip("-"), flag.lstrip("-").replace("-", "_"))

@@ -14,6 +14,7 @@ When the good end already fails, the release's code, not its switch defaults, lo
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -24,7 +25,7 @@ from dsv4bisect.bisect.switch_info import other_vendor
 from dsv4bisect.config.diff import argv_items
 from dsv4bisect.config.resolve import Overrides, load_profile, resolve_loaded
 from dsv4bisect.config.schema import BisectSettings
-from dsv4bisect.errors import BisectError
+from dsv4bisect.errors import BisectError, ConfigError
 
 OFF_TEXT = ("", "0", "false", "no", "off", "none")
 
@@ -53,16 +54,18 @@ def upgrade_differences(profile: str, old: str, overrides: Overrides = Overrides
 
     loaded = load_profile(profile, overrides)
     engine = loaded.profile.engine
-    if engine.kind != "sglang" or not engine.sglang_version:
-        raise BisectError("--upgrade-from bisects an SGLang upgrade; this profile runs no "
-                          "pinned SGLang release", "pin engine.sglang_version (the new "
-                          "release) in an SGLang profile")
-    new, arch = engine.sglang_version, engine.gpu_arch or "sm120"
+    pinned = engine.vllm_version if engine.kind == "vllm" else engine.sglang_version
+    if engine.kind not in ("sglang", "vllm") or not pinned:
+        raise BisectError("--upgrade-from bisects an SGLang or vLLM upgrade; this profile runs "
+                          "no pinned release", "pin engine.sglang_version (engine.vllm_version)"
+                          " to the new release in an SGLang (vLLM) profile")
+    new, arch = pinned, engine.gpu_arch or ("sm120" if engine.kind == "sglang" else "sm100")
+    field = "vllm_version" if engine.kind == "vllm" else "sglang_version"
     if _key(old) >= _key(new):
         raise BisectError(f"--upgrade-from {old}: the profile runs {new}, not a newer release",
                           "give the release the deployment came from (older than the "
-                          "profile's engine.sglang_version)")
-    cat_old, cat_new = load_catalog(old), load_catalog(new)
+                          f"profile's engine.{field})")
+    cat_old, cat_new = load_catalog(old, engine.kind), load_catalog(new, engine.kind)
     cfg = resolve_loaded(loaded)
     stated_env = {k for p in cfg.processes for k, _ in p.env}
     stated_args = {f for p in cfg.processes for f in argv_items(p.argv)}
@@ -70,8 +73,11 @@ def upgrade_differences(profile: str, old: str, overrides: Overrides = Overrides
     for switch in cat_new.switches:
         before = cat_old.get(switch.name)
         d_new = switch.default_for(arch)
-        if before is not None:
+        if before is None and switch.replaces:  # renamed (vLLM): the old value, translated
+            before, d_old = _renamed(switch.name, cat_old)
+        elif before is not None:
             d_old = before.default_for(arch)
+        if before is not None:
             if d_old == d_new:
                 continue
         elif _on(d_new):
@@ -86,18 +92,28 @@ def upgrade_differences(profile: str, old: str, overrides: Overrides = Overrides
         env = switch.kind == "env"
         name = (ENV if env else ARG) + switch.name
         why = None
-        if other_vendor(switch.name, arch):
-            why = other_vendor(switch.name, arch)
+        if other_vendor(switch.name, arch, switch):
+            why = other_vendor(switch.name, arch, switch)
         elif (switch.name in stated_env) if env else (switch.name in stated_args):
             why = "the profile sets it: its value did not change with the release"
         elif d_old is None:
             why = (f"{old} leaves it unset and {new} reads unset as {d_new!r}: the old "
                    "behaviour has no value to write")
-        elif not env and isinstance(d_old, bool) and not d_old:
+        elif d_new is None and engine.kind == "vllm":
+            why = (f"{new} leaves it unset (None: its code picks the behaviour), so the new "
+                   "default is no value to set back from")
+        elif not env and isinstance(d_old, bool) and not d_old and engine.kind != "vllm":
             why = (f"a flag {old} had off and {new} has on: the command line cannot turn a "
                    "store-true flag off")
-        good = ("" if d_old is True else ABSENT) if not env and isinstance(d_old, bool) \
-            else _text(d_old)
+        if not env and isinstance(d_old, bool) and engine.kind == "vllm" and "." not in name:
+            # vLLM's boolean options come in pairs (BooleanOptionalAction): --x / --no-x
+            name = ARG + (switch.name if d_old else "--no-" + switch.name[2:])
+            good = ""
+        elif not env and engine.kind == "vllm" and "." in name:
+            good = json.dumps(d_old)  # a key of a JSON option: --attention-config.key VALUE
+        else:
+            good = ("" if d_old is True else ABSENT) if not env and isinstance(d_old, bool) \
+                else _text(d_old)
         out.append(Difference(name, good, ABSENT, why))
     return new, arch, out
 
@@ -133,16 +149,39 @@ def upgrade_question(profile: str, old: str, overrides: Overrides = Overrides(),
         {n: infos[n].weight for n in names}, upgrade=(old, new))
 
 
-def code_bisect_hint(profile: str, old: str, new: str) -> str:
+def _renamed(name: str, cat_old: Any) -> tuple[Any, Any]:
+    """A renamed setting in the old catalog, and its old default in the new name's terms
+    (vLLM: use_fp4_indexer_cache False -> indexer_kv_dtype "auto")."""
+    from dsv4bisect.plugin.vllm.discover import RENAMES
+
+    old_name, values = RENAMES.get(name, ("", {}))
+    before = cat_old.get(old_name) if old_name else None
+    if before is None:
+        return None, None
+    value = before.default_for(None)
+    return before, values.get(str(value), value)
+
+
+def code_bisect_hint(profile: str, old: str, new: str, kind: str | None = None) -> str:
     """How to bisect the commits between two release tags when switch defaults are cleared:
     every commit's server is probed against one baseline of the old release (a `run` of the
-    profile compares two arms of the same code, so it cannot see a code regression)."""
-    return (f"bisect SGLang's commits v{old}..v{new}: keep a baseline of {old} (`dsv4bisect "
-            f"run {profile} --set engine.sglang_version={old}` on an SGLang {old} install leaves "
-            f"RUN/baseline), then in an SGLang clone `git bisect start v{new} v{old}` and `git "
-            "bisect run SCRIPT`, where SCRIPT installs the checkout (pip install -e python), "
-            "starts the server as the profile does and runs `dsv4bisect probe URL --baseline "
-            "RUN/baseline` (exit 0 good, 1 bad, 125 skip)")
+    profile compares two arms of the same code, so it cannot see a code regression). `kind`:
+    the profile's engine kind (read from it when not given)."""
+    if kind is None:
+        try:
+            kind = load_profile(profile).profile.engine.kind
+        except ConfigError:  # a profile this process cannot read: SGLang's wording
+            kind = "sglang"
+    name, install = ("vLLM", "pip install -e .") if kind == "vllm" else \
+        ("SGLang", "pip install -e python")
+    return (f"bisect {name}'s commits v{old}..v{new}: keep a baseline of {old} (`dsv4bisect "
+            f"run {profile} --set engine.{kind}_version={old}` on a {name} {old} install leaves "
+            "a run directory RUN: its good end's probe, A/A repeat and null model), then in a "
+            f"{name} clone `git bisect start v{new} v{old}` and `git bisect run SCRIPT`, where "
+            f"SCRIPT installs the checkout ({install}), starts the server with RUN's good-end "
+            "arguments and environment (RUN/baseline/config.json) and runs `dsv4bisect probe URL "
+            "--baseline RUN --exit-policy git-bisect` (exit 0 good, drift alone included; 1 bad; "
+            "125 skip: a commit that cannot be tested)")
 
 
 def _key(release: str) -> tuple[int, ...]:

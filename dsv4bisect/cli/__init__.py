@@ -8,6 +8,7 @@ imports no torch (a test holds this).
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 import typer
 
@@ -15,8 +16,9 @@ from dsv4bisect.errors import Dsv4BisectError, ExitCode
 
 # command -> its module under dsv4bisect.cli, in the order `--help` lists them
 COMMANDS = {"patches": "patches", "profile": "profile", "diff-config": "diff", "run": "run",
-            "bisect": "bisect", "probe": "probe", "report": "report", "microtest": "microtest",
-            "doctor": "doctor", "switches": "switches", "serve": "serve"}
+            "bisect": "bisect", "localise": "localise", "probe": "probe", "report": "report",
+            "microtest": "microtest", "doctor": "doctor", "switches": "switches", "serve": "serve",
+            "router": "router"}
 
 
 def build_app(commands: list[str] | None = None) -> typer.Typer:
@@ -62,25 +64,41 @@ def _app_for(argv: list[str]) -> typer.Typer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
+    """Console-script entry point: run the command, then exit with its code as `--exit-policy`
+    says (`cli/exit_policy.py`; the default keeps every code)."""
+    from dsv4bisect.cli import exit_policy
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    code = _run(args)
+    policy = exit_policy.requested(args)
+    said = exit_policy.note(policy, code)
+    if said is not None:
+        print(said, file=sys.stderr)
+    sys.exit(exit_policy.exit_code(policy, code))
+
+
+def _run(args: list[str]) -> int:
+    """The command's own exit code. A `Dsv4BisectError` is printed as `error:` + `hint:` and
+    exits with its code; Ctrl-C exits 130; anything else is a bug (traceback, 70)."""
     from dsv4bisect.ui.console import error
 
     try:
         # standalone_mode=False: click returns a command's exit code instead of exiting, and
         # lets our own errors through to be printed as `error:` + `hint:`.
-        args = sys.argv[1:] if argv is None else list(argv)
         code = _app_for(args)(args=args, standalone_mode=False)
     except Dsv4BisectError as exc:
         from dsv4bisect.redact import redact_text
 
         error(redact_text(exc.message, ()), exc.hint)  # `--set X_TOKEN=v` may be in it
-        sys.exit(int(exc.exit_code))
+        return int(exc.exit_code)
     except KeyboardInterrupt:
         error("interrupted")
-        sys.exit(int(ExitCode.INTERRUPTED))
-    except SystemExit:
+        return int(ExitCode.INTERRUPTED)
+    except SystemExit as exc:
         if _reader_left():
             _quiet_exit()
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
         raise
     except BrokenPipeError:
         _quiet_exit()
@@ -90,13 +108,13 @@ def main(argv: list[str] | None = None) -> None:
         storage = storage_failure(exc)
         if storage is not None:  # a full disk or a lost permission mid-run: infrastructure
             error(storage.message, storage.hint)
-            sys.exit(int(storage.exit_code))
-        _handle_other(exc)
+            return int(storage.exit_code)
+        return _handle_other(exc)
     try:
         sys.stdout.flush()
     except BrokenPipeError:
         _quiet_exit()
-    sys.exit(code if isinstance(code, int) else 0)
+    return code if isinstance(code, int) else 0
 
 
 def _reader_left() -> bool:
@@ -105,7 +123,7 @@ def _reader_left() -> bool:
     return type(sys.stdout).__name__ == "PacifyFlushWrapper"
 
 
-def _quiet_exit() -> None:
+def _quiet_exit() -> NoReturn:
     """The reader of stdout took what it wanted and closed the pipe (`| head -2`): that is not
     an error, so exit 0 like a complete print (the run directory keeps every result), and send
     what is still buffered to /dev/null so the interpreter's last flush does not fail."""
@@ -119,17 +137,17 @@ def _quiet_exit() -> None:
     sys.exit(0)
 
 
-def _handle_other(exc: Exception) -> None:
+def _handle_other(exc: Exception) -> int:
     # Click's usage errors (Typer vendors Click in recent releases, so match by shape).
     show = getattr(exc, "show", None)
     if callable(show) and isinstance(getattr(exc, "exit_code", None), int):
         show()
-        sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+        return int(exc.exit_code)  # type: ignore[attr-defined]
     if type(exc).__name__ == "Abort":
-        sys.exit(int(ExitCode.INTERRUPTED))
+        return int(ExitCode.INTERRUPTED)
     import traceback
 
     traceback.print_exception(exc)
     print("internal error: this is a dsv4bisect bug; please report it with the traceback above",
           file=sys.stderr)
-    sys.exit(int(ExitCode.INTERNAL))
+    return int(ExitCode.INTERNAL)

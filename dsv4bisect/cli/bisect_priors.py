@@ -46,7 +46,7 @@ def checkpoint_here(q: Question) -> tuple[str | None, str, str]:
             return None, f"the embedded engine's checkpoint is not readable here: {e.message}", \
                 engine.moe_backend
         return name, "", engine.moe_backend
-    if engine.kind == "sglang":
+    if engine.kind in ("sglang", "vllm"):
         if not engine.model:
             return None, "the profile names no model directory", engine.moe_backend
         path = Path(engine.model).expanduser()

@@ -15,6 +15,8 @@ from dsv4bisect.errors import ConfigError, ExitCode
 from dsv4bisect.ui.console import stdout
 
 if TYPE_CHECKING:
+    from dsv4bisect.config.engine_config import EngineConfig
+    from dsv4bisect.config.resolve import LoadedProfile
     from dsv4bisect.engines.preflight import Finding
 
 
@@ -24,7 +26,8 @@ def register(app: typer.Typer) -> None:
 
 def doctor(
     profile: Annotated[Optional[str], typer.Argument(
-        help="Profile (file or built-in name); default: every built-in patch, no ports.")] = None,
+        help="Profile (file or built-in name); default: what `run` runs (reference-all), or "
+             "with --sglang-src every built-in patch's SGLang targets.")] = None,
     sglang_src: Annotated[Optional[str], typer.Option(
         "--sglang-src", metavar="PATH",
         help="Check hook targets statically in this SGLang source tree or wheel file.")] = None,
@@ -33,13 +36,21 @@ def doctor(
     allow_unverified: Annotated[bool, typer.Option(
         "--allow-unverified-sglang",
         help="Warn instead of failing on an SGLang release dsv4bisect has not verified.")] = False,
+    vllm_src: Annotated[Optional[str], typer.Option(
+        "--vllm-src", metavar="PATH",
+        help="kind: vllm: read the release's facts from this vLLM wheel or source tree.")] = None,
+    allow_unverified_vllm: Annotated[bool, typer.Option(
+        "--allow-unverified-vllm",
+        help="kind: vllm: warn instead of failing on an unverified vLLM release.")] = False,
     json_out: Json = False,
     enable: Enable = None, disable: Disable = None, only: Only = None, sets: Set = None,
 ) -> None:
     """Check SGLang, the plugin, every hook target, GPUs, forced env flags and ports.
 
     For an embedded-engine profile (`kind: reference`) it checks that engine instead: its
-    Python runs, torch imports there, the checkpoint loads; no SGLang or GPU rows.
+    Python runs, torch imports there, the checkpoint loads; no SGLang or GPU rows. With no
+    profile it checks what `dsv4bisect run` would run (reference-all, the embedded engine);
+    with --sglang-src and no profile, every built-in patch's hook targets in that tree.
 
     The SGLang row says whether the release is one dsv4bisect verified (0.5.13 to 0.5.23); an
     unverified one (newer, or a dev build) is checked statically and then refused with one
@@ -50,6 +61,10 @@ def doctor(
     from dsv4bisect.patching.registry import builtin_patches
 
     patches, host, ports, engine_py = list(builtin_patches()), "127.0.0.1", [], None
+    if profile is None and sglang_src is None:  # what `run` and `bisect` take by default
+        from dsv4bisect.config.resolve import DEFAULT_PROFILE
+
+        profile = DEFAULT_PROFILE
     if profile is not None:
         from dsv4bisect.config.resolve import load_profile, resolve_loaded
 
@@ -60,6 +75,10 @@ def doctor(
         host, ports = cfg.host, d.fixed_ports(cfg)
         if any(p.gets_patches for p in cfg.processes):  # `{python}` as the launcher runs it
             engine_py = d.engine_python(cfg)
+        if cfg.kind == "vllm":
+            _vllm(loaded, cfg, python or engine_py or sys.executable, vllm_src,
+                  allow_unverified_vllm, json_out)
+            return
         if cfg.kind == "reference":
             ref = loaded.profile.engine.reference
             rows = d.embedded_checks(_which(python or engine_py or sys.executable),
@@ -71,8 +90,9 @@ def doctor(
                 raise typer.Exit(int(ExitCode.FAIL))
             return
     elif enable or disable or only or sets:
-        raise ConfigError("--enable/--disable/--only/--set need a PROFILE",
-                          "e.g. dsv4bisect doctor dsv4-flash-tp8 --enable mma-decode")
+        raise ConfigError("--enable/--disable/--only/--set with --sglang-src need a PROFILE",
+                          "e.g. dsv4bisect doctor dsv4-flash-tp8 --sglang-src PATH "
+                          "--enable mma-decode")
     exe = _which(python or engine_py or sys.executable)
     try:
         src = d.source_tree(sglang_src)
@@ -88,11 +108,11 @@ def doctor(
     if src is None:
         rows.append(d.check_entry_point(exe))
     if layout is not None:
-        declared = {n: dict(p.sglang.hooks) for n, p in builtin_patches().items()}
-        rows += d.target_checks(d.all_targets(patches, layout, declared), layout, src, exe)
+        rows += d.target_checks(d.all_targets(patches, layout, builtin_patches()), layout, src,
+                                exe)
         readable = src or (d.installed_source(exe) if version else None)
         if readable is not None:
-            rows += d.contract_checks(patches, layout, readable)
+            rows += d.contract_checks(patches, layout, readable, builtin_patches())
         rows.append(d.forced_flags_check(readable, version))
     found, why = d.gpus()
     rows += d.gpu_checks(found, why, patches)
@@ -104,6 +124,33 @@ def doctor(
     _render(rows, json_out)
     if info is not None and not info.verified and info.layout is None:
         print(f"error: {info.reason}", file=sys.stderr)  # the one-line refusal
+    if any(r.failed for r in rows):
+        raise typer.Exit(int(ExitCode.FAIL))
+
+
+def _vllm(loaded: LoadedProfile, cfg: EngineConfig, python: str, src: Optional[str],
+          allow: bool, json_out: bool) -> None:
+    """A `kind: vllm` profile: vLLM, the plugin, the argv, every hook target (docs/vllm.md)."""
+    from dsv4bisect.base.vllm_releases import refusal_hint
+    from dsv4bisect.engines import preflight as d
+    from dsv4bisect.engines.vllm_checks import doctor as vllm_doctor
+    from dsv4bisect.engines.vllm_checks import gpu_rows
+
+    engine = loaded.profile.engine
+    try:
+        rows, info = vllm_doctor(cfg, _which(python), engine.vllm_version,
+                                 allow or engine.allow_unverified_vllm, src)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc), "--vllm-src takes a vLLM wheel or a directory holding vllm/")
+    found, why = d.gpus()
+    rows += gpu_rows(found, why, [p.name for p in cfg.patches if p.builtin and p.delivered])
+    rows += d.port_checks(cfg.host, d.fixed_ports(cfg))
+    if src is None:
+        rows += [r for r in d.doctor_rows(loaded, cfg, python)
+                 if r.check in ("preflight: model", "preflight: GPUs")]
+    _render(rows, json_out)
+    if info is not None and info.layout is None:
+        print(f"error: {info.reason}\nhint: {refusal_hint(info)}", file=sys.stderr)
     if any(r.failed for r in rows):
         raise typer.Exit(int(ExitCode.FAIL))
 

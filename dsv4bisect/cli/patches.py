@@ -13,7 +13,16 @@ from dsv4bisect.errors import ConfigError
 from dsv4bisect.patching.registry import builtin_patches, get_patch
 from dsv4bisect.ui.console import stdout
 
-patches_app = typer.Typer(help="List the patches and show what each one does.", no_args_is_help=True)
+patches_app = typer.Typer(help="List the patches and show what each one does (alone: "
+                               "`patches list`).", invoke_without_command=True)
+
+
+@patches_app.callback()
+def _alone(ctx: typer.Context) -> None:
+    """`dsv4bisect patches` with no subcommand lists them, as `patches list` does (it used to
+    print usage and exit 2)."""
+    if ctx.invoked_subcommand is None:
+        list_patches()
 
 
 def register(app: typer.Typer) -> None:
@@ -73,6 +82,21 @@ def list_patches(
                                if row[what])
         table.add_row(row["name"], str(row["tier"]), third, summary)
     stdout().print(table)
+    _print_setting_faults()
+
+
+def _print_setting_faults() -> None:
+    """The field faults a setting selects, not a patch (engine.pd.transfer_fault)."""
+    from dsv4bisect.patching.transfer_faults import SETTING, TRANSFER_FAULTS
+
+    table = Table(title=f"faults of a setting: --set {SETTING}=NAME (kind: reference with pd)",
+                  title_justify="left")
+    for column in ("fault", "acts on", "field", "summary"):
+        table.add_column(column)
+    for f in TRANSFER_FAULTS:
+        table.add_row(f.name, f"{f.backend} backend" if f.backend else "every backend",
+                      f.citation, f.summary)
+    stdout().print(table)
 
 
 @patches_app.command("matrix")
@@ -115,7 +139,14 @@ def matrix(markdown: Annotated[Optional[bool], typer.Option(
 
 @patches_app.command("show")
 def show_patch(name: Annotated[str, typer.Argument(help="Patch name.")], json_out: Json = False) -> None:
-    """Show one patch: what it speeds up, its numerical risk, how to verify it, where it acts."""
+    """Show one patch: what it speeds up, its numerical risk, how to verify it, where it acts.
+
+    `engine.pd.transfer_fault` shows the faults of the PD transfer setting."""
+    from dsv4bisect.patching.transfer_faults import SETTING
+
+    if name == SETTING:
+        _show_setting_faults(json_out)
+        return
     patch = get_patch(name)
     if json_out:
         print(json.dumps({
@@ -139,4 +170,22 @@ def show_patch(name: Annotated[str, typer.Argument(help="Patch name.")], json_ou
     lines += [f"sglang {layout}: {', '.join(hooks)}" for layout, hooks in patch.sglang.hooks.items()]
     lines += [f"inert when: {c.reason}" for c in patch.inert_when]
     lines += [f"required when: {c.reason}" for c in patch.required_when]
+    print("\n".join(lines))
+
+
+def _show_setting_faults(json_out: bool) -> None:
+    from dsv4bisect.patching.transfer_faults import SETTING, TRANSFER_FAULTS
+
+    if json_out:
+        print(json.dumps({"setting": SETTING, "faults": [
+            {"name": f.name, "summary": f.summary, "backend": f.backend,
+             "citation": f.citation, "showed": f.showed} for f in TRANSFER_FAULTS]}, indent=2))
+        return
+    lines = [f"{SETTING} — field faults of the embedded engine's PD transfer "
+             "(kind: reference with engine.pd; docs/reference-engine.md, 'PD disaggregation')",
+             "", "faults:"]
+    for f in TRANSFER_FAULTS:
+        where = f"the {f.backend} backend only" if f.backend else "every backend"
+        lines += [f"  {f.name} (FAULT, {where}): {f.summary}",
+                  f"    field: {f.citation} — {f.showed}"]
     print("\n".join(lines))

@@ -10,11 +10,12 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from dsv4bisect.cli.exit_policy import ExitPolicy, ExitPolicyOpt, WarnAsOpt, WarnExit
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.conditions import family_conditions, throughput_lines
 from dsv4bisect.probe.runner import ProbeProgress
 from dsv4bisect.probe.session import ProbeSession, probe_against, resolve_baseline, write_verdict
-from dsv4bisect.probe.verdict import Verdict
+from dsv4bisect.probe.verdict import Verdict, exit_code_as
 from dsv4bisect.report.heatmap import PLOTS_SKIPPED, render_heatmap
 from dsv4bisect.ui.console import console
 from dsv4bisect.base.unique_dir import make_unique_dir
@@ -32,12 +33,19 @@ def probe(
     url: Annotated[str, typer.Argument(help="The candidate server, e.g. http://127.0.0.1:30000.")],
     baseline: Annotated[str, typer.Option(
         "--baseline", metavar="URL|RUN_DIR",
-        help="The good configuration: a running server, or a directory from an earlier probe.")],
+        help="The good configuration: a running server, a run directory of `dsv4bisect run` "
+             "(its baseline, A/A repeat and null model), or a directory from an earlier "
+             "probe.")],
     tier: Annotated[Optional[str], typer.Option(
         help="ci, smoke (default), standard or deep; see docs/probe.md for each tier's power.")
     ] = None,
     families: Annotated[Optional[str], typer.Option(
         metavar="F,G", help="Only these families: needle, copy, vartrack, drift.")] = None,
+    warmup_requests: Annotated[Optional[int], typer.Option(
+        min=0, max=65536, metavar="N",
+        help="The polluting phase: N requests of other conversations on each server before "
+        "the measured ones (default: the tier's; standard and deep 256, docs/probe.md).")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the verdict JSON on stdout.")
                         ] = False,
     api_key_env: Annotated[Optional[str], typer.Option(
@@ -46,11 +54,14 @@ def probe(
         metavar="DIR",
         help="Where to write the runs and verdict (default runs/probe-<UTC time>-<random>).")
     ] = None,
+    warn_exit: WarnAsOpt = WarnExit.passed,
+    exit_policy: ExitPolicyOpt = ExitPolicy.default,  # cli.main applies it to every exit
 ) -> None:
     """Probe a running server against a baseline and judge it.
 
-    Exit codes work with `git bisect run`: 0 PASS, 1 FAIL, 125 CANNOT_TEST; also 4 WARN (drift
-    only) and 5 bad input.
+    Exit codes work with `git bisect run`: 0 PASS, 1 FAIL, 125 CANNOT_TEST; a drift-only WARN
+    exits 0 (4 with --warn-as warn, 1 with --warn-as fail); 5 bad input, which
+    --exit-policy git-bisect turns into 125 (skip).
     """
     fams = None if families is None else tuple(f.strip() for f in families.split(",") if f.strip())
     api_key = None
@@ -59,7 +70,7 @@ def probe(
         if not api_key:
             raise ConfigError(f"environment variable `{api_key_env}` is not set",
                               f"export {api_key_env}=<key>, or drop --api-key-env")
-    source = resolve_baseline(baseline, tier, fams)
+    source = resolve_baseline(baseline, tier, fams, warmup_requests)
     out_dir = out or make_unique_dir(Path("runs"), "probe")
     with _StageProgress() as progress:
         session = probe_against(url, source, out_dir, api_key=api_key,
@@ -68,7 +79,7 @@ def probe(
     _summary(verdict, session)
     if json_out:
         print(json.dumps(verdict.to_dict(), indent=2))
-    raise typer.Exit(verdict.exit_code)
+    raise typer.Exit(exit_code_as(verdict.verdict, warn_exit.value))
 
 
 def _with_heatmap(session: ProbeSession) -> Verdict:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -19,6 +18,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from dsv4bisect.cli.exit_policy import ExitPolicy, ExitPolicyOpt, WarnAsOpt, WarnExit
 from dsv4bisect.cli.options import (
     Disable,
     Enable,
@@ -39,14 +39,6 @@ from dsv4bisect.run.session import run as run_session
 from dsv4bisect.run.signals import interrupts
 from dsv4bisect.ui.console import console, stdout
 from dsv4bisect.ui.progress import ready_detail, stage_label
-
-
-class WarnExit(str, Enum):
-    """How `run` exits on a drift WARN (docs/run.md, "Exit codes")."""
-
-    passed = "pass"
-    warn = "warn"
-    fail = "fail"
 
 
 def register(app: typer.Typer) -> None:
@@ -77,11 +69,8 @@ def run(
     disable: Disable = None,
     only: Only = None,
     sets: Set = None,
-    warn_exit: Annotated[WarnExit, typer.Option(
-        "--warn-as",
-        help="The exit code of a drift WARN: pass (0, default: `git bisect run` lands on the "
-             "commit that loses facts), warn (4) or fail (1). docs/run.md.")
-    ] = WarnExit.passed,
+    warn_exit: WarnAsOpt = WarnExit.passed,  # the exit code of a WARN, not the bisect's rule
+    exit_policy: ExitPolicyOpt = ExitPolicy.default,  # cli.main applies it to every exit
     skip_preflight: Annotated[bool, typer.Option(
         "--skip-preflight", help="Launch without checking the engine's Python, SGLang, the "
                                  "model, GPUs and ports first (docs/run.md).")] = False,
@@ -90,7 +79,9 @@ def run(
 
     The good end is the same profile with every patch off except the required ones. Exit codes:
     0 PASS, 1 FAIL (facts lost, hard signatures, a crash), 4 WARN (drift only) with
-    `--warn-as warn` (default: 0), 5 bad input, 125 cannot test, 130 interrupted.
+    `--warn-as warn` (default: 0), 5 bad input, 125 cannot test, 130 interrupted. Inside `git
+    bisect run`, pass `--exit-policy git-bisect`: a commit that cannot be tested (its profile
+    does not validate, a file is missing) then exits 125 and is skipped, not blamed.
     """
     one_output(json_out, fmt)
     ov = overrides(enable, disable, only, sets)
@@ -100,7 +91,8 @@ def run(
         require(profile, ov)
     request = RunRequest(profile=profile, overrides=ov, tier=tier, seed_block=seed_block,
                          runs_root=out, use_cache=not no_cache,
-                         command=("dsv4bisect", *sys.argv[1:]))
+                         command=("dsv4bisect", *sys.argv[1:]), warn_exit=warn_exit.value,
+                         exit_policy=exit_policy.value)
     display = RunDisplay()
     try:
         with interrupts(), display:

@@ -1,4 +1,4 @@
-"""`dsv4bisect serve`: the embedded reference engine behind SGLang's HTTP API subset."""
+"""`dsv4bisect serve`: the embedded reference engine behind SGLang's (or vLLM's) HTTP API subset."""
 
 from __future__ import annotations
 
@@ -15,10 +15,26 @@ class Precision(str, Enum):
     exact = "exact"
 
 
+class ApiKind(str, Enum):
+    sglang = "sglang"
+    vllm = "vllm"
+
+
 class Device(str, Enum):
     auto = "auto"
     cpu = "cpu"
     cuda = "cuda"
+
+
+class DisaggregationMode(str, Enum):
+    null = "null"
+    prefill = "prefill"
+    decode = "decode"
+
+
+class TransferBackend(str, Enum):
+    mooncake = "mooncake"
+    nixl = "nixl"
 
 
 def register(app: typer.Typer) -> None:
@@ -56,6 +72,9 @@ def serve(
     disable_radix_cache: Annotated[bool, typer.Option(
         "--disable-radix-cache", help="Prefill every request from scratch (SGLang's name).")
     ] = False,
+    prefix_cache_budget_mib: Annotated[int, typer.Option(
+        min=1, metavar="MIB", help="Memory the prefix cache may keep, in MiB (every snapshot "
+        "tensor counted; least recently used dropped beyond it).")] = 1024,
     speculative_algorithm: Annotated[str | None, typer.Option(
         metavar="NEXTN", help="Speculative decoding with the checkpoint's MTP layer as the "
         "draft (SGLang's name; NEXTN or EAGLE). Alone: 3 steps, top-k 1, 4 draft tokens.")
@@ -66,6 +85,19 @@ def serve(
         help="Draft branches per step; only 1 (a chain) is built (SGLang's name).")] = None,
     speculative_num_draft_tokens: Annotated[int | None, typer.Option(
         help="Tokens verified per round: steps + 1 for a chain (SGLang's name).")] = None,
+    api: Annotated[ApiKind, typer.Option(
+        help="The HTTP API served: SGLang's subset, or vLLM's (docs/vllm.md).")
+    ] = ApiKind.sglang,
+    disaggregation_mode: Annotated[DisaggregationMode, typer.Option(
+        help="PD disaggregation (SGLang's name): `prefill` computes prompts and sends their "
+        "state, `decode` receives it and decodes; requests come through `dsv4bisect router`.")
+    ] = DisaggregationMode.null,
+    disaggregation_bootstrap_port: Annotated[int, typer.Option(
+        min=0, max=65535, help="A prefill server's bootstrap port, where decode servers fetch "
+        "state (SGLang's name and default; 0: any free port).")] = 8998,
+    disaggregation_transfer_backend: Annotated[TransferBackend, typer.Option(
+        help="How the state moves (SGLang's names; both over TCP here).")
+    ] = TransferBackend.mooncake,
 ) -> None:
     """Serve the embedded DeepSeek-V4 reference engine on SGLang's HTTP API subset.
 
@@ -84,12 +116,13 @@ def serve(
         from dsv4bisect.reference.server import serve as run_server
         from dsv4bisect.reference.serving import ServeOptions
         from dsv4bisect.reference.spec_settings import SpecSettings
+        from dsv4bisect.patching.transfer_faults import fault_from_env
 
         patches = parse_patch_set(os.environ.get(ENV_VAR, ""), builtin_patches())
         directory = checkpoint_dir(checkpoint)
         speculative = SpecSettings.resolve(speculative_algorithm, speculative_num_steps,
                                            speculative_eagle_topk, speculative_num_draft_tokens)
-        _log_requests_to_stderr()
+        log_requests_to_stderr()
         opts = ServeOptions(
             host=host, port=port, checkpoint=None if directory is None else str(directory),
             device=device.value, chunk_size=chunk_size, moe_backend=moe_backend,
@@ -97,7 +130,12 @@ def serve(
             max_model_len=max_model_len, served_model_name=served_model_name, patches=patches,
             model_path=checkpoint,
             header_timeout=header_timeout, max_running_requests=max_running_requests,
-            disable_radix_cache=disable_radix_cache, speculative=speculative,
+            disable_radix_cache=disable_radix_cache, speculative=speculative, api=api.value,
+            prefix_cache_budget_bytes=prefix_cache_budget_mib << 20,
+            disaggregation_mode=disaggregation_mode.value,
+            disaggregation_bootstrap_port=disaggregation_bootstrap_port,
+            disaggregation_transfer_backend=disaggregation_transfer_backend.value,
+            transfer_fault=fault_from_env() if disaggregation_mode.value != "null" else None,
         )
         run_server(opts, _print_ready, signals)
     finally:
@@ -121,16 +159,23 @@ def _print_ready(url: str, info: dict[str, Any]) -> None:
 
     patches = info.get("patches") or {}
     listing = ", ".join(f"{k}:{v}" for k, v in patches.items()) or "none"
+    mode = info.get("disaggregation_mode") or "null"
+    pd = "" if mode == "null" else (
+        f", {mode} server, transfer {info.get('disaggregation_transfer_backend')}"
+        + (f", bootstrap port {info['disaggregation_bootstrap_port']}"
+           if mode == "prefill" else "")
+        + (f", transfer fault {info['disaggregation_transfer_fault']}"
+           if info.get("disaggregation_transfer_fault") else ""))
     console().print(
         f"ready: dsv4bisect reference engine on {url} (model {info.get('served_model_name')}, "
         f"device {info.get('device')}, max_model_len {info.get('max_model_len')}, "
-        f"patches {listing})",
+        f"patches {listing}{pd})",
         markup=False, highlight=False,
     )
     console().file.flush()
 
 
-def _log_requests_to_stderr() -> None:
+def log_requests_to_stderr() -> None:
     """One plain line per request on stderr, unless the app already configured logging."""
     if logging.getLogger().handlers:
         return

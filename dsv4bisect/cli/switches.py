@@ -1,9 +1,11 @@
-"""`dsv4bisect switches [PROFILE] [--sglang-src WHEEL|DIR] [--json]`: the switches an SGLang
-release reads on DeepSeek-V4's path (docs/sglang.md, "Switch discovery")."""
+"""`dsv4bisect switches [PROFILE] [--sglang-src WHEEL|DIR] [--engine vllm] [--json]`: the switches
+an SGLang (docs/sglang.md, "Switch discovery") or vLLM (docs/vllm.md, "Switches") release reads
+on DeepSeek-V4's path."""
 
 from __future__ import annotations
 
 import json
+from enum import Enum
 from typing import Annotated, Any
 
 import typer
@@ -20,31 +22,51 @@ def register(app: typer.Typer) -> None:
     app.command("switches")(switches)
 
 
+class EngineKind(str, Enum):
+    sglang = "sglang"
+    vllm = "vllm"
+
+
 def switches(
     profile: Annotated[str | None, typer.Argument(
-        help="Profile (file or built-in name): its SGLang release and GPU architecture; "
+        help="Profile (file or built-in name): its engine, release and GPU architecture; "
              f"default: SGLang {NEWEST_VERIFIED} on sm120.")] = None,
     sglang_src: Annotated[str | None, typer.Option(
         "--sglang-src", metavar="WHEEL|DIR",
         help="Read the switches from this SGLang wheel or source tree (any release) instead "
              "of the data shipped for the verified ones.")] = None,
+    engine: Annotated[EngineKind | None, typer.Option(
+        help="Whose switches without a profile: sglang (default) or vllm.")] = None,
+    release: Annotated[str | None, typer.Option(
+        metavar="X.Y.Z", help="The release (default: the newest verified of the engine).")
+    ] = None,
+    vllm_src: Annotated[str | None, typer.Option(
+        "--vllm-src", metavar="WHEEL|DIR",
+        help="Read vLLM's switches from this wheel or source tree (any release).")] = None,
     json_out: Json = False,
 ) -> None:
-    """List the env switches and server arguments SGLang reads on DeepSeek-V4's path.
+    """List the env switches and server arguments SGLang (or vLLM) reads on DeepSeek-V4's path.
 
     Each with its type, default (per GPU architecture where the release makes it so), where
     it is read, when (import, construction, call), whether the plugin switches it in a running
     engine (hot: read per call and carried by a patch's switch), what it gates and its tier. Found statically (AST, no import); the data for the
     verified releases ships with dsv4bisect. Exit 0, 5 on bad input.
     """
-    release, arch = NEWEST_VERIFIED, "sm120"
-    if profile is not None and sglang_src is None and _kind(profile) == "reference":
+    kind = _kind(profile) if profile is not None else (engine.value if engine else "sglang")
+    if vllm_src is not None or kind == "vllm":
+        from dsv4bisect.cli.switches_vllm import show_vllm
+
+        show_vllm(profile, release, vllm_src, json_out)
+        return
+    if profile is not None and sglang_src is None and kind == "reference":
         from dsv4bisect.cli.switches_embedded import show_embedded
 
         show_embedded(json_out)  # the embedded engine's, read from its launcher
         return
+    arch = "sm120"
     if profile is not None:
         release, arch = _release_of(profile)
+    release = release or NEWEST_VERIFIED
     if sglang_src is not None:
         catalog = _discover(sglang_src)
     else:

@@ -78,6 +78,13 @@ class EngineConfig:
     def process(self, role: str) -> ProcessSpec:
         return next(p for p in self.processes if p.role == role)
 
+    def port_names(self) -> set[str]:
+        """Every `{port:NAME}` the processes name: their roles', and ports that are not a
+        process's own (a PD prefill server's `{port:bootstrap}`)."""
+        return {m.group(1)[len("port:"):] for p in self.processes
+                for text in (*p.argv, *(v for _, v in p.env))
+                for m in TOKEN.finditer(text) if m.group(1).startswith("port:")}
+
     def materialize(self, ports: dict[str, int], python: str) -> list[ProcessSpec]:
         """Processes with every token substituted (ports by role, the interpreter, paths)."""
         values = {f"port:{role}": str(port) for role, port in ports.items()}

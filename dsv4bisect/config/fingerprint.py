@@ -68,10 +68,16 @@ CLI_ONLY = frozenset({"plugin/static.py"})
 
 @cache
 def code_hash() -> str:
-    """The patch, kernel and plugin code an engine runs, and the foundation it imports (release
-    data, the switch-file protocol): a change to any of it is a new experiment (the CLI-only
-    plugin checks are left out)."""
-    files = [f for f in _sources("patches", "kernels", "plugin", "base") if f[0] not in CLI_ONLY]
+    """The patch, kernel and plugin code an engine runs (the patches' declarations and hook
+    bodies, the installer; test-only patch modules from outside the package when the
+    environment registers them), and the foundation it imports (release data, the switch-file
+    protocol): a change to any of it is a new experiment (the CLI-only plugin checks are left
+    out)."""
+    from dsv4bisect.patching.registry import extra_module_files
+
+    files = [f for f in _sources("patches", "kernels", "plugin", "sglang_hooks", "vllm_hooks",
+                                 "patchspec", "base") if f[0] not in CLI_ONLY]
+    files += [(f"test-patches/{p.name}", p) for p in extra_module_files()]
     return _hash_files(files) if files else "none"
 
 
@@ -91,6 +97,13 @@ def reference_engine_version() -> str:
 def installed_sglang_version() -> str | None:
     try:
         return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def installed_vllm_version() -> str | None:
+    try:
+        return importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
         return None
 

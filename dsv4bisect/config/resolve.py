@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect import env as envvars
+from dsv4bisect.base import vllm_releases
 from dsv4bisect.base.versions import ALLOW_ENV, parse_version
 from dsv4bisect.config import fingerprint as fp
 from dsv4bisect.config.checkpoints import EMBEDDED_CHECKPOINT
@@ -29,8 +30,13 @@ from dsv4bisect.config.validate import error_at, validate
 from dsv4bisect.config.worktree import SourceChange, WorktreePlan, materialize, plan_worktree
 from dsv4bisect.errors import ConfigError, PatchError
 from dsv4bisect.patching.registry import builtin_patches, unknown_patch_hint
-from dsv4bisect.patching.spec import EngineContext, Patch
 from dsv4bisect.patching.wire import format_patch_set
+from dsv4bisect.patchspec.spec import EngineContext, Patch
+
+
+# What `run`, `bisect` and `doctor` take when no profile is given: the six patches on the
+# embedded engine (profiles/reference-all.yaml), judged against `reference`.
+DEFAULT_PROFILE = "reference-all"
 
 
 @dataclass(frozen=True)
@@ -71,8 +77,10 @@ def resolve_loaded(loaded: LoadedProfile, *, materialize_worktree: bool = False)
     engine = profile.engine
     ctx = engine_context(profile)
     available = _available_patches(profile, ctx)
-    enabled = _apply_masks(tuple(_with_variant(p, profile, ctx) for p in available
-                                 if p.name in profile.patches and profile.patches[p.name].enabled))
+    enabled = tuple(_with_variant(p, profile, ctx) for p in available
+                    if p.name in profile.patches and profile.patches[p.name].enabled)
+    if ctx.kind != "vllm":  # the masks describe SGLang's code paths (and the embedded engine's)
+        enabled = _apply_masks(enabled)
     _check_switch_env(profile, ctx, layered)
     on = {p.name for p in enabled}
     missing = [p for p in available if p.required and p.name not in on]
@@ -82,7 +90,14 @@ def resolve_loaded(loaded: LoadedProfile, *, materialize_worktree: bool = False)
     if plan is not None and materialize_worktree:
         materialize(plan)
     delivery = _delivery(profile, ctx, enabled, plan)
-    entry, processes = build_processes(engine, delivery)
+    roles = _role_deliveries(profile, ctx, available, plan)
+    for role, role_on in (roles or {}).items():
+        missing_here = [p for p in available if p.required and p.name not in role_on[1]]
+        cannot_start = cannot_start or "; ".join(
+            f"`{p.name}` is off on the {role} server but {p.required}" for p in missing_here
+        ) or None
+    entry, processes = build_processes(engine, delivery,
+                                       {r: d for r, (d, _) in (roles or {}).items()})
     config = EngineConfig(
         profile=profile.name, kind=engine.kind, host=engine.host, entry_role=entry,
         processes=processes, patches=enabled, available=available, model=engine.model,
@@ -100,19 +115,24 @@ def engine_context(profile: Profile) -> EngineContext:
     engine = profile.engine
     version_text = (fp.installed_sglang_version() or engine.sglang_version
                     if engine.kind == "sglang" else None)
+    vllm_text = (fp.installed_vllm_version() or engine.vllm_version
+                 if engine.kind == "vllm" else None)
     return EngineContext(
         kind=engine.kind,
         moe_backend=engine.moe_backend,
         sglang_version=parse_version(version_text) if version_text else None,
         expert_quant=engine.expert_quant,
         # the seed deployment's GPUs when a profile does not say (docs/sglang.md)
-        gpu_arch=(engine.gpu_arch or "sm120") if engine.kind == "sglang" else None,
+        gpu_arch=(engine.gpu_arch or "sm120") if engine.kind == "sglang" else engine.gpu_arch,
+        vllm_version=parse_version(vllm_text) if vllm_text else None,
     )
 
 
 def delivery_of(patch: Patch, ctx: EngineContext, variant: str) -> tuple[str, bool, str | None]:
     """(how "on" reaches this engine, whether it is sent to the engine at all, why not when
     no rule covers a switch-only patch on this release)."""
+    if ctx.kind == "vllm":
+        return patch.vllm.reaches(patch.name, variant, ctx)
     if ctx.kind != "sglang":
         return ("reference" if ctx.kind == "reference" else ctx.kind), True, None
     rule = patch.sglang.rule(ctx.sglang_version, ctx.gpu_arch)
@@ -148,6 +168,8 @@ def _choice(patch: Patch, ctx: EngineContext, variant: str, fault: bool) -> Patc
     inert = patch.inert_reason(ctx, variant) or no_rule
     if ctx.kind == "reference" and inert is not None and not patch.reference_modelled:
         delivered = False  # the embedded engine has nothing to switch
+    if ctx.kind == "vllm" and inert is not None:
+        delivered = False  # a hook on a path vLLM does not take would never be called
     return PatchChoice(name=patch.name, variant=variant, fault=fault, builtin=True,
                        tier=patch.tier, summary=patch.summary, inert=inert,
                        required=patch.required_reason(ctx), delivered=delivered, delivery=how,
@@ -216,6 +238,10 @@ def _check_switch_env(profile: Profile, ctx: EngineContext, layered: Layered) ->
         return
     setters = [(("engine", "env"), profile.engine.env)] + [
         (("custom_patches", n, "env"), c.env) for n, c in profile.custom_patches.items()]
+    pd = profile.engine.pd
+    if pd is not None:  # a PD role's env may not drive a switch either: its patches do
+        setters += [(("engine", "pd", role, "env"), spec.env)
+                    for role, spec in (("prefill", pd.prefill), ("decode", pd.decode))]
     for name, patch in builtin_patches().items():
         rule = patch.sglang.rule(ctx.sglang_version, ctx.gpu_arch)
         if rule is None:
@@ -235,12 +261,16 @@ def _delivery(profile: Profile, ctx: EngineContext, enabled: tuple[PatchChoice, 
     env: dict[str, str] = _switch_env(ctx, enabled)
     if profile.engine.kind == "sglang" and profile.engine.allow_unverified_sglang:
         env[ALLOW_ENV] = "1"
+    if profile.engine.kind == "vllm" and profile.engine.allow_unverified_vllm:
+        env[vllm_releases.ALLOW_ENV] = "1"
     args: list[str] = []
     for choice in enabled:
         if choice.builtin:
             if profile.engine.kind == "sglang" and choice.delivered:
                 env.update(builtins[choice.name].sglang.env)
                 args += builtins[choice.name].sglang.args
+            elif profile.engine.kind == "vllm" and choice.delivered:
+                args += builtins[choice.name].vllm.args
         else:
             custom = profile.custom_patches[choice.name]
             env.update(custom.env)
@@ -248,12 +278,50 @@ def _delivery(profile: Profile, ctx: EngineContext, enabled: tuple[PatchChoice, 
     # server-argument patches reach SGLang by their arguments alone (the plugin has nothing to
     # install for them); the embedded engine reads every patch from the wire
     plugin = [c for c in enabled if c.builtin and c.delivered and not (
-        profile.engine.kind == "sglang" and (c.delivery or "").startswith("args"))]
+        profile.engine.kind in ("sglang", "vllm") and (c.delivery or "").startswith("args"))]
     wire = format_patch_set({c.name: c.variant for c in plugin}, builtins)
     pythonpath = None
     if plan is not None:
         pythonpath = "{worktree}/" + str(plan.pythonpath.relative_to(plan.path))
     return PatchDelivery(wire, env, tuple(args), pythonpath)
+
+
+def _role_deliveries(profile: Profile, ctx: EngineContext, available: tuple[PatchChoice, ...],
+                     plan: WorktreePlan | None
+                     ) -> dict[str, tuple[PatchDelivery, set[str]]] | None:
+    """Each PD role's delivery and patch names: the profile's patches with the role's own
+    toggles (`engine.pd.<role>.patches`) applied, masks decided on the role's set. A role with
+    toggles also gets them as DSV4BISECT_ROLE_PATCHES, which a hot switch keeps applying
+    (`name[:variant]` on, `!name` off)."""
+    pd = profile.engine.pd
+    if pd is None:
+        return None
+    out: dict[str, tuple[PatchDelivery, set[str]]] = {}
+    builtins = builtin_patches()
+    for role, spec in (("prefill", pd.prefill), ("decode", pd.decode)):
+        on = {p.name: p for p in available
+              if p.name in profile.patches and profile.patches[p.name].enabled}
+        on = {n: _with_variant(c, profile, ctx) for n, c in on.items()}
+        overlay = []
+        for name, toggle in spec.patches.items():
+            if not toggle.enabled:
+                on.pop(name, None)
+                overlay.append(f"!{name}")
+                continue
+            choice = next(c for c in available if c.name == name)
+            if choice.builtin:
+                variant = builtins[name].variant(toggle.variant)
+                assert variant is not None  # checked by _check_patch_names
+                choice = _choice(builtins[name], ctx, variant.name, variant.fault)
+                overlay.append(name if variant.name == builtins[name].default_variant
+                               else f"{name}:{variant.name}")
+            on[name] = choice
+        ordered = _apply_masks(tuple(on[c.name] for c in available if c.name in on))
+        delivery = _delivery(profile, ctx, ordered, plan)
+        if overlay:
+            delivery.env[envvars.ROLE_PATCHES] = ",".join(overlay)
+        out[role] = (delivery, set(on))
+    return out
 
 
 def _worktree_plan(profile: Profile, layered: Layered,
@@ -279,6 +347,9 @@ def _identity(profile: Profile, config: EngineConfig, plan: WorktreePlan | None)
     elif engine.kind == "sglang":
         model = fp.model_identity(engine.model)
         version = {"sglang": fp.installed_sglang_version() or engine.sglang_version or "unknown"}
+    elif engine.kind == "vllm":
+        model = fp.model_identity(engine.model)
+        version = {"vllm": fp.installed_vllm_version() or engine.vllm_version or "unknown"}
     else:
         model, version = {"model": engine.model}, {"command": "unversioned"}
     return {
@@ -410,16 +481,24 @@ def _new_sections(data: dict[str, Any], dotted: str) -> list[tuple[str, ...]]:
 
 
 def _expand_bool_toggles(layered: Layered) -> None:
-    """`P: true` becomes `P: {enabled: true}` so that --set patches.P.variant=V can apply."""
-    patches = layered.data.get("patches")
-    if not isinstance(patches, dict):
-        return
-    for name, value in patches.items():
-        if isinstance(value, bool):
-            patches[name] = {"enabled": value}
-            mark = layered.provenance.get(("patches", name))
-            if mark is not None:
-                layered.provenance[("patches", name, "enabled")] = mark
+    """`P: true` becomes `P: {enabled: true}` so that --set patches.P.variant=V can apply (the
+    profile's patches and a PD role's own)."""
+    engine = layered.data.get("engine")
+    pd = engine.get("pd") if isinstance(engine, dict) else None
+    where = [("patches",)] + [("engine", "pd", role, "patches") for role in ("prefill", "decode")
+                              if isinstance(pd, dict) and isinstance(pd.get(role), dict)]
+    for path in where:
+        node: Any = layered.data
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue
+        for name, value in node.items():
+            if isinstance(value, bool):
+                node[name] = {"enabled": value}
+                mark = layered.provenance.get((*path, name))
+                if mark is not None:
+                    layered.provenance[(*path, name, "enabled")] = mark
 
 
 def _known_names(layered: Layered) -> list[str]:
@@ -445,18 +524,24 @@ def _check_patch_names(profile: Profile, layered: Layered) -> None:
             raise error_at(layered, ("custom_patches", name),
                            "a custom patch cannot reuse a built-in patch's name", "rename it")
     known = dict.fromkeys([*builtins, *profile.custom_patches])
-    for name, toggle in profile.patches.items():
-        if name not in known:
-            raise error_at(layered, ("patches", name), f"unknown patch `{name}`",
-                           unknown_patch_hint(name, known))
-        if toggle.variant is None:
-            continue
-        if name not in builtins:
-            raise error_at(layered, ("patches", name, "variant"),
-                           "custom patches have no variants", "remove `variant`")
-        patch = builtins[name]
-        if patch.variant(toggle.variant) is None:
-            names = [v.name for v in patch.variants]
-            raise error_at(layered, ("patches", name, "variant"),
-                           f"patch `{name}` has no variant `{toggle.variant}`",
-                           f"variants of {name}: {', '.join(names)}")
+    toggles: list[tuple[tuple[str, ...], dict[str, Any]]] = [(("patches",), profile.patches)]
+    pd = profile.engine.pd
+    if pd is not None:
+        toggles += [(("engine", "pd", role, "patches"), spec.patches)
+                    for role, spec in (("prefill", pd.prefill), ("decode", pd.decode))]
+    for where, patches in toggles:
+        for name, toggle in patches.items():
+            if name not in known:
+                raise error_at(layered, (*where, name), f"unknown patch `{name}`",
+                               unknown_patch_hint(name, known))
+            if toggle.variant is None:
+                continue
+            if name not in builtins:
+                raise error_at(layered, (*where, name, "variant"),
+                               "custom patches have no variants", "remove `variant`")
+            patch = builtins[name]
+            if patch.variant(toggle.variant) is None:
+                names = [v.name for v in patch.variants]
+                raise error_at(layered, (*where, name, "variant"),
+                               f"patch `{name}` has no variant `{toggle.variant}`",
+                               f"variants of {name}: {', '.join(names)}")

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from dsv4bisect.errors import ConfigError
+from dsv4bisect.patching.transfer_faults import check_fault
 from dsv4bisect.policy import DriftRule, Executor, WarnAs
 
 SCHEMA_VERSION = 1
@@ -69,18 +71,38 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class PDRole(Strict):
-    """One server of a prefill/decode pair."""
+class PatchToggle(Strict):
+    enabled: bool = True
+    variant: str | None = None
 
-    gpus: list[GpuIndex] = Field(min_length=1, max_length=MAX_GPUS)
+
+def _bool_toggles(value: Any) -> Any:
+    """`P: true` is `P: {enabled: true}` (profile patches and a PD role's own)."""
+    if isinstance(value, dict):
+        return {k: {"enabled": v} if isinstance(v, bool) else v for k, v in value.items()}
+    return value
+
+
+PatchToggles = Annotated[dict[str, PatchToggle], BeforeValidator(_bool_toggles)]
+
+
+class PDRole(Strict):
+    """One server of a prefill/decode pair. `patches`: this role's own, on top of the profile's
+    (`P: true` turns P on here only, `P: false` off here only): the two servers may run
+    different code, and a bisect can name a patch of one role (docs/profiles.md, "PD")."""
+
+    gpus: list[GpuIndex] | None = Field(None, min_length=1, max_length=MAX_GPUS)  # sglang only
     tp: Ranks | None = None  # default: one rank per GPU
     port: Port = "auto"
     args: Args = []
     env: EnvMap = {}
+    patches: PatchToggles = {}
 
 
 class PrefillRole(PDRole):
-    bootstrap_port: Annotated[int, Field(ge=1, le=65535)] = 8998
+    # the router's second argument after --prefill URL; `auto`: a free port at launch (the
+    # embedded engine on a machine that runs several trials at once)
+    bootstrap_port: Port = 8998
 
 
 class Router(Strict):
@@ -91,12 +113,23 @@ class Router(Strict):
 
 
 class PD(Strict):
-    """Prefill/decode disaggregation on one node: two SGLang servers and the router."""
+    """Prefill/decode disaggregation on one node: two SGLang servers and the router (kind:
+    sglang only; vLLM's disaggregation is not modelled: docs/vllm.md)."""
 
     prefill: PrefillRole
     decode: PDRole
     router: Router = Router()
     transfer_backend: str | None = None  # mooncake (SGLang's default) | nixl | mori
+    # kind: reference only: a field fault of the transfer path (patching/transfer_faults.py)
+    transfer_fault: str | None = None
+
+    @field_validator("transfer_fault")
+    @classmethod
+    def _known_fault(cls, value: str | None) -> str | None:
+        try:
+            return check_fault(value)
+        except ConfigError as exc:
+            raise ValueError(f"{exc.message} ({exc.hint})") from None
 
 
 class ReferenceSettings(Strict):
@@ -115,14 +148,36 @@ class CommandSettings(Strict):
     ready_path: str = "/health"
 
 
+REFERENCE_BACKENDS = ("mooncake", "nixl")  # the embedded engine's transfer backends
+
+
+def _check_pd(kind: str, pd: PD) -> None:
+    if kind == "sglang":
+        for role, spec in (("prefill", pd.prefill), ("decode", pd.decode)):
+            if spec.gpus is None:
+                raise ValueError(f"pd.{role}.gpus: an SGLang server of the pair needs its GPUs")
+        if pd.transfer_fault is not None:
+            raise ValueError("pd.transfer_fault is a fault of the embedded engine's transfer "
+                             "(kind: reference); a real deployment has its release's bugs")
+        return
+    if pd.transfer_backend not in (None, *REFERENCE_BACKENDS):
+        raise ValueError(f"pd.transfer_backend: the embedded engine transfers with "
+                         f"{' or '.join(REFERENCE_BACKENDS)}, not {pd.transfer_backend}")
+
+
 class Engine(Strict):
-    kind: Literal["reference", "sglang", "command"]
+    kind: Literal["reference", "sglang", "vllm", "command"]
     model: str | None = None  # SGLang --model-path
     served_model_name: str | None = None
     api_key_env: str | None = None  # name of the env var holding the API key, never the key
     sglang_version: str | None = None  # the deployment's SGLang, for patch conditions
     gpu_arch: Literal["sm120", "sm100", "sm90"] | None = None  # the GPUs (default: sm120)
     allow_unverified_sglang: bool = False  # run on an SGLang release no one verified
+    vllm_version: str | None = None  # kind: vllm: the deployment's vLLM (docs/vllm.md)
+    allow_unverified_vllm: bool = False  # run on a vLLM release no one verified
+    # kind: reference only: the HTTP API the embedded engine serves (`serve --api`): SGLang's
+    # (default) or vLLM's subset, so a probe or bisect runs over vLLM's API end to end here
+    api: Literal["sglang", "vllm"] | None = None
     expert_quant: Literal["nvfp4", "mxfp4", "fp8", "bf16"] | None = None
     python: str | None = None  # interpreter for engine processes (default: this one / python3)
     host: str = "127.0.0.1"
@@ -151,8 +206,14 @@ class Engine(Strict):
 
     @model_validator(mode="after")
     def _kind_sections(self) -> Engine:
-        if self.kind != "sglang" and self.pd is not None:
-            raise ValueError("`pd` is only valid with kind: sglang")
+        if self.kind == "vllm" and self.pd is not None:
+            raise ValueError("`pd` is SGLang's prefill/decode pair; the vllm kind does not "
+                             "start vLLM's disaggregation (--kv-transfer-config and a proxy): "
+                             "run that deployment as kind: command")
+        if self.kind == "command" and self.pd is not None:
+            raise ValueError("`pd` is only valid with kind: sglang or reference")
+        if self.pd is not None:
+            _check_pd(self.kind, self.pd)
         if self.kind != "reference" and self.reference is not None:
             raise ValueError("`reference` is only valid with kind: reference")
         if self.kind != "reference" and self.precision is not None:
@@ -164,12 +225,18 @@ class Engine(Strict):
             raise ValueError("`command` is only valid with kind: command")
         if self.kind == "sglang" and not self.model:
             raise ValueError("kind: sglang needs `model` (the --model-path)")
+        if self.kind == "vllm" and not self.model:
+            raise ValueError("kind: vllm needs `model` (what `vllm serve` serves)")
+        if self.kind != "reference" and self.api is not None:
+            raise ValueError("`api` is only valid with kind: reference (a real engine serves "
+                             "its own API: kind sglang or vllm says which)")
+        if self.kind != "vllm" and (self.vllm_version or self.allow_unverified_vllm):
+            raise ValueError("`vllm_version` / `allow_unverified_vllm` are only valid with "
+                             "kind: vllm")
+        if self.kind == "vllm" and self.dp > 1 and self.tp % self.dp:
+            raise ValueError(f"kind: vllm takes dp as SGLang's DP attention inside the tp GPUs: "
+                             f"tp ({self.tp}) must be a multiple of dp ({self.dp})")
         return self
-
-
-class PatchToggle(Strict):
-    enabled: bool = True
-    variant: str | None = None
 
 
 class SourcePatch(Strict):
@@ -219,6 +286,10 @@ class ProbeSettings(Strict):
     # (docs/probe.md "Conditions"). None: the tier's own, [1].
     concurrency: list[Annotated[int, Field(ge=1, le=MAX_REQUESTS)]] | None = Field(
         None, min_length=1, max_length=8)
+    # The polluting phase: this many requests of other conversations on the same server before
+    # the measured ones (docs/probe.md "Requests that come late"). None: the tier's (standard
+    # and deep 256, ci and smoke 0).
+    warmup_requests: Annotated[int, Field(ge=0, le=MAX_REQUESTS)] | None = None
 
     @field_validator("concurrency")
     @classmethod
@@ -264,6 +335,4 @@ class Profile(Strict):
     @field_validator("patches", mode="before")
     @classmethod
     def _bool_toggles(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: {"enabled": v} if isinstance(v, bool) else v for k, v in value.items()}
-        return value
+        return _bool_toggles(value)

@@ -52,7 +52,10 @@ probe:
 bisect:
   confidence: {confidence}
   parallel: {parallel}
-  warn_as: {warn_as}            # WARN (drift only) counts as FAIL in a search unless `pass`
+  # How a trial whose only finding is drift (a WARN) counts: auto = like the bad end when the
+  # bad end itself only drifts (the bisect is then on drift), like the good end when the bad
+  # end loses facts (its answers decide); fail / pass = always like the bad / the good end.
+  warn_as: {warn_as}
 """
 
 
@@ -97,7 +100,8 @@ def _tail(inherited: Profile | None) -> str:
 
 
 def _model(inherited: Profile | None) -> str:
-    if inherited is None or inherited.engine.kind != "sglang":
+    if inherited is None or inherited.engine.kind not in ("sglang", "vllm"):
         return ""
+    what = "vllm serve's model" if inherited.engine.kind == "vllm" else "--model-path"
     return (f"engine:\n  model: {inherited.engine.model or '/path/to/DeepSeek-V4'}"
-            "   # --model-path: the checkpoint directory on this node\n")
+            f"   # {what}: the checkpoint directory on this node\n")

@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,6 +136,8 @@ class Launch:
                               "enable the required patch, or pick another good end")
         self._check_fixed_ports()
         ports = {p.role: p.port or free_port(self.cfg.host) for p in self.cfg.processes}
+        for name in self.cfg.port_names() - ports.keys():  # e.g. a PD bootstrap port
+            ports[name] = free_port(self.cfg.host)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.receipts_dir.mkdir(parents=True, exist_ok=True)
         self._record = GroupRecord(self.run_dir)
@@ -153,8 +155,8 @@ class Launch:
         log_path = self.run_dir / "logs" / f"{spec.role}.log"
         # recorded before the spawn: a kill -9 from here on leaves a record naming the child
         launch = self._record.spawning(spec.role) if self._record is not None else None
-        environ = {**os.environ, **dict(spec.env), envvars.ROLE: spec.role,
-                   envvars.RECEIPTS: str(self.receipts_dir.resolve()),
+        environ = {**os.environ, **safe_path(spec.argv), **dict(spec.env),
+                   envvars.ROLE: spec.role, envvars.RECEIPTS: str(self.receipts_dir.resolve()),
                    "PYTHONUNBUFFERED": "1", **({envvars.LAUNCH: launch} if launch else {})}
         try:
             with open(log_path, "ab") as log:
@@ -306,6 +308,15 @@ class Launch:
     def _event(self, role: str, state: str, line: str) -> None:
         if self.on_event is not None:
             self.on_event(role, state, line)
+
+
+def safe_path(argv: Sequence[str]) -> dict[str, str]:
+    """The environment a `python -m dsv4bisect …` process needs so that it runs the installed
+    package: `-m` puts the working directory first on sys.path, where a `dsv4bisect/` folder (a
+    checkout, a copy) would shadow it, and the engine would run code the fingerprint does not
+    describe. PYTHONSAFEPATH (Python 3.11) leaves the directory out; a profile's env can still
+    set it otherwise."""
+    return {"PYTHONSAFEPATH": "1"} if tuple(argv[1:3]) == ("-m", "dsv4bisect") else {}
 
 
 def _answers(url: str) -> bool:

@@ -64,8 +64,9 @@ from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import LoadedProfile, Overrides, load_profile, resolve_loaded
 from dsv4bisect.engines import ports as portcheck
 from dsv4bisect.errors import ConfigError, Dsv4BisectError, EngineError
+from dsv4bisect.patchspec.spec import Patch
 from dsv4bisect.plugin.static import SourceTree, call_keywords, result_index, sm120_forced_flags
-from dsv4bisect.plugin.targets import CONTRACT_TARGET, SIGNATURES, call_contracts, uses
+from dsv4bisect.sglang_hooks.targets import CONTRACT_TARGET, SIGNATURES
 
 DSV4_ARCHITECTURES = ("DeepseekV4ForCausalLM",)
 MIN_FREE = 0.90  # of each named GPU's memory
@@ -146,6 +147,14 @@ def preflight(loaded: LoadedProfile, cfg: EngineConfig,
     """Every check for this configuration, in order; a check that depends on a failed one is
     skipped. `python` replaces the profile's engine interpreter (doctor --python)."""
     out: list[Finding] = []
+    if cfg.kind == "vllm":
+        from dsv4bisect.engines.vllm_checks import preflight_rows
+
+        engine = loaded.profile.engine
+        out += preflight_rows(cfg, python or engine_python(cfg), engine.vllm_version,
+                              engine.allow_unverified_vllm)
+        out.append(model_check(cfg.model, engine.expert_quant))
+        out.append(gpu_check(named_gpus(cfg)))
     if cfg.kind == "sglang":
         engine = loaded.profile.engine
         out += sglang_checks(python or engine_python(cfg), engine.sglang_version,
@@ -363,8 +372,9 @@ def fixed_ports(cfg: EngineConfig) -> list[tuple[str, int]]:
     for p in cfg.processes:  # the PD bootstrap port is an argument, not a process port
         argv = list(p.argv)
         if "--disaggregation-bootstrap-port" in argv:
-            out.append((f"{p.role} bootstrap",
-                        int(argv[argv.index("--disaggregation-bootstrap-port") + 1])))
+            value = argv[argv.index("--disaggregation-bootstrap-port") + 1]
+            if value.isdigit():  # else `{port:bootstrap}`: chosen free at launch
+                out.append((f"{p.role} bootstrap", int(value)))
     return out
 
 
@@ -451,12 +461,13 @@ def _runtime_check(targets: list[str], layout: str, python: str) -> dict[str, st
     return json.loads(out.splitlines()[-1])
 
 
-def contract_checks(patches: Iterable[str], layout: str, src: SourceTree) -> list[Finding]:
+def contract_checks(patches: Iterable[str], layout: str, src: SourceTree,
+                    known: Mapping[str, Patch]) -> list[Finding]:
+    """The calls in this layout's SGLang source the patches' hooks rely on
+    (`PATCH.sglang.calls`)."""
     rows = []
-    for patch, contracts in call_contracts(layout).items():
-        if patch not in patches:
-            continue
-        for c in contracts:
+    for patch in patches:
+        for c in known[patch].sglang.calls.get(layout, ()):
             calls = src.calls(c.module, c.callee, within=c.within)
             bad = [] if calls else ["no call site"]
             for call in calls:
@@ -518,13 +529,11 @@ def port_checks(host: str, ports: Iterable[tuple[str, int]]) -> list[Finding]:
     return rows
 
 
-Declared = Mapping[str, Mapping[str, tuple[str, ...]]]  # patch -> layout -> hook targets
-
-
 def all_targets(patches: Iterable[str], layout: str,
-                declared: Declared) -> dict[str, tuple[str, ...]]:
+                known: Mapping[str, Patch]) -> dict[str, tuple[str, ...]]:
     """patch -> its hook targets and the symbols its hook bodies call, on this layout."""
-    out = {p: tuple(declared[p].get(layout, ())) + uses(p, layout) for p in patches}
+    out = {p: tuple(known[p].sglang.hooks.get(layout, ())) + known[p].sglang.uses.get(layout, ())
+           for p in patches}
     out = {p: ts for p, ts in out.items() if ts}
     out["(contract check)"] = (CONTRACT_TARGET,)
     return out
@@ -646,7 +655,7 @@ def embedded_checks(python: str, checkpoint: str, device: str = "auto") -> list[
 
 # -- doctor shows the preflight ----------------------------------------------------------------
 
-DOCTOR_CHECKS = ("engine Python", "SGLang", "model", "GPUs")  # the rest are doctor's own rows
+DOCTOR_CHECKS = ("engine Python", "SGLang", "vLLM", "model", "GPUs")  # the rest: doctor's own rows
 
 
 def doctor_rows(loaded: LoadedProfile, cfg: EngineConfig, python: str | None = None

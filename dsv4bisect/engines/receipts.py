@@ -66,7 +66,7 @@ def check_receipts(cfg: EngineConfig, receipts_dir: Path,
     requested = {p.name: p.variant for p in cfg.patches if p.builtin and p.delivered}
     specs = list(processes if processes is not None else cfg.processes)
     hot = any(SWITCH_DIR in s.env_dict() for s in specs)  # launched for hot switching
-    if cfg.kind != "sglang" or not (requested or hot):
+    if cfg.kind not in ("sglang", "vllm") or not (requested or hot):
         return ReceiptReport(0, {})
     records = read_receipts(Path(receipts_dir), since)
     by_role: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -82,7 +82,7 @@ def check_receipts(cfg: EngineConfig, receipts_dir: Path,
                 switchable = {HOT_RECEIPT, *(p.partition(":")[0] for p in
                                              spec.env_dict().get(HOT, "").split(",") if p)}
                 recs = [r for r in recs if r["patch"] not in switchable - set(requested)]
-            problems += _check_role(spec, requested, recs, states)
+            problems += _check_role(spec, requested, recs, states, cfg.kind)
     if problems:
         raise PatchError("requested patches did not take effect:\n  " + "\n  ".join(problems),
                          "read the receipts in " + str(receipts_dir) + " and the engine logs; "
@@ -109,7 +109,7 @@ def _check_hot(spec: ProcessSpec, recs: list[dict[str, Any]]) -> list[str]:
 
 
 def _check_role(spec: ProcessSpec, requested: dict[str, str], recs: list[dict[str, Any]],
-                states: dict[str, dict[str, str]]) -> list[str]:
+                states: dict[str, dict[str, str]], kind: str = "sglang") -> list[str]:
     problems = []
     role = spec.role
     unexpected = sorted({r["patch"] for r in recs} - set(requested) - {CONTRACT})
@@ -135,9 +135,11 @@ def _check_role(spec: ProcessSpec, requested: dict[str, str], recs: list[dict[st
                                     f"{'; '.join(r.get('notes', [])) or 'none'})")
         ranks = {_rank(r) for r in mine}
         if len(ranks) < spec.schedulers:
+            where = ("worker processes", "allowed by VLLM_PLUGINS") if kind == "vllm" else \
+                ("scheduler processes", "named in SGLANG_PLUGINS")
             problems.append(f"{patch}: receipts from {len(ranks)} of {spec.schedulers} "
-                            f"{role} scheduler processes"
+                            f"{role} {where[0]}"
                             + (f" (have {', '.join(sorted(ranks))})" if ranks else "")
                             + " — is the dsv4bisect plugin installed in the engine's Python "
-                            "and named in SGLANG_PLUGINS?")
+                            f"and {where[1]}?")
     return problems

@@ -91,7 +91,10 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def save_config(arm_dir: Path, cfg: EngineConfig) -> None:
-    write_json(arm_dir / CONFIG_FILE, cfg.to_json(redact=False))
+    """The arm's config unredacted (what a rerun and `diff-config RUN_DIR` rebuild from):
+    readable by its owner only."""
+    atomic.write_json(arm_dir / CONFIG_FILE, cfg.to_json(redact=False), default=str,
+                      private=True)
 
 
 def load_run_config(path: Path, arm: str = "candidate") -> EngineConfig:

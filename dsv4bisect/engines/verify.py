@@ -11,7 +11,10 @@ from typing import Any
 import requests
 
 from dsv4bisect.config.engine_config import EngineConfig
+from dsv4bisect.env import PATCHES
 from dsv4bisect.errors import EngineError, PatchError
+from dsv4bisect.patching.registry import builtin_patches
+from dsv4bisect.patching.wire import parse_patch_set
 
 
 def server_info(url: str) -> dict[str, Any]:
@@ -30,15 +33,27 @@ def server_info(url: str) -> dict[str, Any]:
 
 
 def verify_reference_patches(cfg: EngineConfig, info: dict[str, Any]) -> None:
-    """The embedded engine must report exactly the requested built-in patches and variants."""
-    requested = {p.name: p.variant for p in cfg.patches if p.builtin}
-    active = info.get("patches")
+    """The embedded engine must report exactly the requested built-in patches and variants.
+    A PD pair (its router's `/server_info` lists each server's): each server exactly the patch
+    set its process was sent (the profile's with the role's own, DSV4BISECT_PATCHES)."""
+    if isinstance(info.get("prefill"), list) and isinstance(info.get("decode"), list):
+        for role in ("prefill", "decode"):
+            sent = parse_patch_set(cfg.process(role).env_dict().get(PATCHES, ""),
+                                   builtin_patches())
+            for server in info[role]:
+                _same_patches(sent, server, f"the {role} server")
+        return
+    _same_patches({p.name: p.variant for p in cfg.patches if p.builtin}, info, "the engine")
+
+
+def _same_patches(requested: dict[str, str], info: Any, who: str) -> None:
+    active = info.get("patches") if isinstance(info, dict) else None
     if not isinstance(active, dict):
-        raise PatchError("the engine's /server_info reports no `patches`",
+        raise PatchError(f"{who}'s /server_info reports no `patches`",
                          "is this the dsv4bisect embedded engine?")
     if active != requested:
         raise PatchError(
             f"requested patches did not take effect: requested {requested or 'none'}, "
-            f"engine reports {active or 'none'}",
+            f"{who} reports {active or 'none'}",
             "a patch that does not take effect would make the trial a silent pass",
         )

@@ -151,7 +151,7 @@ def capture_activations(model: torch.nn.Module, tokens: torch.Tensor) -> dict[st
             out[f"layers.{i}.attn.in"] = inputs[0].detach().float().cpu().contiguous()
             h = out[f"layers.{i}.hc_attn.in"].to(o.device)  # the same math as Block.forward
             _, post, comb = hc_pre(h, blk.hc_attn_fn, blk.hc_attn_scale, blk.hc_attn_base,
-                                   blk.a, model.numerics.mhc_mode)
+                                   blk.a, blk.hc_attn_mixes)
             h_ffn = hc_post(o, h, post, comb)
             out[f"layers.{i}.hc_ffn.in"] = h_ffn.detach().float().cpu().contiguous()
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from dsv4bisect.base.versions import VERIFIED, layout_of_range, parse_version
 from dsv4bisect.patching.registry import builtin_patches
-from dsv4bisect.patching.spec import ARCHS, EngineContext, Patch
+from dsv4bisect.patchspec.spec import ARCHS, EngineContext, Patch
 
 # The seed deployment's runner and checkpoint: the conditions that read them (trtllm-clamp under
 # `triton`, hash-topk-scaling's NVFP4 requirement) are evaluated for these.

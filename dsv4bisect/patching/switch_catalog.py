@@ -7,7 +7,13 @@ no wheel. This module only reads and validates that data and classifies a switch
 no torch, no wheel. The JSON is
 
     {"release": "0.5.23", "switches": [{"name", "kind", "type", "default", "read", "hot",
-                                        "gates", "where", "tier"}]}
+                                        "gates", "where", "tier", "also", "other_vendor"}]}
+
+`where` is the first read site, `also` every other one (`file:line`; written only when there
+are others): together, every place the release reads the switch; `other_vendor` lists those of
+them whose read happens, or matters, only on an AMD or Ascend GPU (behind `_is_hip`,
+`is_npu()`, …). Together they say whose GPU path a switch acts on (bisect/switch_info.py
+`other_vendor`).
 
 `default` is the declared value, or an object `{"default": v, "sm120": v2, ...}` where the
 release's source makes it depend on the GPU architecture (a platform-computed default, or a
@@ -33,7 +39,7 @@ Read = Literal["import", "construction", "call"]
 Tier = Literal["kernel", "precision", "topology", "scheduling", "logging", "other"]
 TIERS: tuple[str, ...] = ("kernel", "precision", "topology", "scheduling", "logging", "other")
 READS: tuple[str, ...] = ("import", "construction", "call")  # earliest first
-OPTIONAL = ("forced", "copies")  # written only when not empty
+OPTIONAL = ("forced", "copies", "also", "other_vendor", "replaces")  # written only when not empty
 DATA_PACKAGE = "dsv4bisect.patching"
 DATA_DIR = "switch_data"
 
@@ -56,6 +62,18 @@ class Switch(BaseModel):
     # `module.global`s the release copies it into at import and reads at every call: a hot
     # switch assigns them again (plugin/hot.py, `ImportCopy`)
     copies: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()  # the other read sites ("sglang/....py:LINE"), after `where`
+    # the sites whose read happens, or matters, only on an AMD or Ascend GPU: behind `_is_hip`,
+    # `is_npu()`, `_use_aiter`, … (`_is_hip and envs.X.get()`), or after `_is_cuda or`
+    other_vendor: tuple[str, ...] = ()
+    # names this setting had in earlier releases (vLLM: `--attention-config.indexer_kv_dtype`
+    # replaces `--attention-config.use_fp4_indexer_cache`, docs/vllm.md)
+    replaces: tuple[str, ...] = ()
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        """Every place the release reads it: `where`, then `also`."""
+        return (self.where, *self.also)
 
     def default_for(self, arch: str | None) -> Any:
         """The default on `arch` (sm120 | sm100 | sm90 | hip | npu), or the plain default."""
@@ -72,17 +90,18 @@ class SwitchCatalog(BaseModel):
 
     release: str
     switches: tuple[Switch, ...]
+    engine: str = "sglang"  # sglang | vllm (not written for SGLang: its files predate it)
 
     def by_name(self, name: str) -> Switch:
         """The switch called `name` (`--kv-cache-dtype` and `kv_cache_dtype` both work for an
         argument); a ConfigError naming the closest one when the release has none."""
         key = name if name.isupper() else arg_name(name)
         for switch in self.switches:
-            if switch.name == key:
+            if switch.name in (key, name):  # vLLM's dotted keys keep their underscores
                 return switch
         hint = did_you_mean(key, self.names()) or "`dsv4bisect switches --json` lists them"
-        raise ConfigError(f"SGLang {self.release} reads no switch `{name}` on DeepSeek-V4's path",
-                          hint)
+        raise ConfigError(f"{ENGINE_NAMES[self.engine]} {self.release} reads no switch `{name}` "
+                          "on DeepSeek-V4's path", hint)
 
     def get(self, name: str) -> Switch | None:
         try:
@@ -97,8 +116,9 @@ class SwitchCatalog(BaseModel):
         return sum(1 for s in self.switches if kind is None or s.kind == kind)
 
     def to_json(self) -> dict[str, Any]:
-        return {"release": self.release,
-                "switches": [_switch_json(s) for s in self.switches]}
+        head = {"release": self.release} if self.engine == "sglang" else \
+            {"engine": self.engine, "release": self.release}
+        return {**head, "switches": [_switch_json(s) for s in self.switches]}
 
 
 def _switch_json(switch: Switch) -> dict[str, Any]:
@@ -112,7 +132,8 @@ def _switch_json(switch: Switch) -> dict[str, Any]:
 def dumps(catalog: SwitchCatalog) -> str:
     """The shipped file's text: one switch per line, so a regenerated file diffs by switch."""
     rows = ",\n".join(json.dumps(row, sort_keys=False) for row in catalog.to_json()["switches"])
-    return f'{{"release": {json.dumps(catalog.release)}, "switches": [\n{rows}\n]}}\n'
+    engine = "" if catalog.engine == "sglang" else f'"engine": {json.dumps(catalog.engine)}, '
+    return f'{{{engine}"release": {json.dumps(catalog.release)}, "switches": [\n{rows}\n]}}\n'
 
 
 def arg_name(field: str) -> str:
@@ -130,11 +151,14 @@ def parse_catalog(data: Mapping[str, Any], origin: str) -> SwitchCatalog:
                           "regenerate it: python tests/benchmarks/gen_switch_catalog.py") from exc
 
 
-def shipped_releases() -> list[str]:
-    """The releases whose catalog ships with dsv4bisect, oldest first."""
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
+
+
+def shipped_releases(engine: str = "sglang") -> list[str]:
+    """The releases whose catalog ships with dsv4bisect for `engine`, oldest first."""
     folder = resources.files(DATA_PACKAGE) / DATA_DIR
     names = [p.name for p in folder.iterdir() if p.name.endswith(".json")]
-    found = [n[len("sglang-"):-len(".json")] for n in names if n.startswith("sglang-")]
+    found = [n[len(engine) + 1:-len(".json")] for n in names if n.startswith(f"{engine}-")]
     return sorted(found, key=_version_key)
 
 
@@ -143,15 +167,15 @@ def _version_key(release: str) -> tuple[int, ...]:
 
 
 @cache
-def load_catalog(release: str) -> SwitchCatalog:
-    """The shipped catalog of `release`; ConfigError (exit 5) when none ships for it."""
-    path = resources.files(DATA_PACKAGE) / DATA_DIR / f"sglang-{release}.json"
+def load_catalog(release: str, engine: str = "sglang") -> SwitchCatalog:
+    """The shipped catalog of `engine`'s `release`; ConfigError (exit 5) when none ships."""
+    path = resources.files(DATA_PACKAGE) / DATA_DIR / f"{engine}-{release}.json"
     if not path.is_file():
-        shipped = shipped_releases()
+        shipped = shipped_releases(engine)
         raise ConfigError(
-            f"no switch catalog ships for SGLang {release} (shipped: "
-            f"{', '.join(shipped) or 'none'})",
-            "read it from the release itself: dsv4bisect switches --sglang-src WHEEL|DIR")
+            f"no switch catalog ships for {ENGINE_NAMES.get(engine, engine)} {release} "
+            f"(shipped: {', '.join(shipped) or 'none'})",
+            f"read it from the release itself: dsv4bisect switches --{engine}-src WHEEL|DIR")
     return parse_catalog(json.loads(path.read_text(encoding="utf-8")), f"{DATA_DIR}/{path.name}")
 
 

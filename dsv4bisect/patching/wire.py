@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from dsv4bisect.errors import PatchError, did_you_mean
 from dsv4bisect.patching.registry import unknown_patch_hint
-from dsv4bisect.patching.spec import Patch
+from dsv4bisect.patchspec.spec import Patch
 
 ENV_VAR = "DSV4BISECT_PATCHES"
 

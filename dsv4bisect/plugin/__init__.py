@@ -60,17 +60,16 @@ def run(wire: str, process: object, hot: str = "",
     patches = parse_patch_set(wire, known)  # PatchError on unknown names: SGLang logs it
     directory = os.environ.get(envvars.RECEIPTS)
     writer = ReceiptWriter(Path(directory) if directory else None, process)  # type: ignore[arg-type]
-    declared = {name: dict(p.sglang.hooks) for name, p in known.items()}
     info = detect_sglang()  # an unverified release is refused unless opted in
     if info.warning:
         logger.warning("dsv4bisect: %s", info.warning)
     if switch_dir is None:
-        receipts = install_patches(patches, info, writer, declared)
+        receipts = install_patches(patches, info, writer, known)
     else:
         from dsv4bisect.plugin.hot import install_hot
 
         receipts, _state = install_hot(patches, parse_patch_set(hot, known), info, writer,
-                                       declared, switch_dir)
+                                       known, switch_dir)
     bad = [r for r in receipts if r.state not in OK_STATES]
     for r in receipts:
         logger.info("dsv4bisect: %s:%s %s%s", r.patch, r.variant, r.state,

@@ -75,6 +75,44 @@ class EnvDecl:
     where: str
 
 
+# Platform tests in SGLang's source (`_is_hip = is_hip()`, `get_platform().is_npu()`,
+# `_is_gfx95_supported`, `_use_aiter`): a read that only happens, or only matters, where one of
+# the other vendors' tests is true is behind it (`_behind_other_vendor`).
+OTHER_VENDOR_TEST = re.compile(r"^_?(is_hip|is_npu|use_aiter|is_gfx\w*)$")
+CUDA_TEST = re.compile(r"^_?is_cuda$")
+BEHIND = ("vendor", "")  # a stack entry: the read below sits behind another vendor's test
+
+
+def _test_name(node: ast.expr) -> str:
+    """`_is_hip`, `is_hip()`, `get_platform().is_hip()` -> their last name (else "")."""
+    if isinstance(node, ast.Call) and not node.args:
+        node = node.func
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _behind_other_vendor(op: ast.BoolOp, index: int) -> bool:
+    """Whether operand `index` of `op` is read, or matters, only off NVIDIA: an `and` with
+    another vendor's test (`_is_hip and envs.X.get()`, `envs.X.get() and _is_hip`: False on
+    CUDA whatever X is), or an `or` after the CUDA test (`_is_cuda or envs.X.get()`: not
+    evaluated on CUDA)."""
+    names = [_test_name(v) for v in op.values]
+    if isinstance(op.op, ast.And):
+        return any(OTHER_VENDOR_TEST.match(n) for i, n in enumerate(names) if i != index)
+    return any(CUDA_TEST.match(n) for n in names[:index])
+
+
+def _branch_behind_other_vendor(test: ast.expr) -> tuple[bool, bool]:
+    """(body, orelse) of `if test:` that run only off NVIDIA."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return any(OTHER_VENDOR_TEST.match(_test_name(v)) for v in test.values), False
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return False, bool(OTHER_VENDOR_TEST.match(_test_name(test.operand)))
+    name = _test_name(test)
+    return bool(OTHER_VENDOR_TEST.match(name)), bool(CUDA_TEST.match(name))
+
+
 @dataclass(frozen=True)
 class Site:
     name: str
@@ -86,6 +124,7 @@ class Site:
     type: str | None = None  # the reader call's type (no environ declaration)
     default: object = None
     copy: str | None = None  # `module.global` the value is copied into at import, read per call
+    other_vendor: bool = False  # behind an AMD/NPU platform test (`_behind_other_vendor`)
 
 
 @dataclass
@@ -158,7 +197,7 @@ def _parse(src: SourceTree, rel: str) -> ast.Module | None:
     if text is None:
         return None
     try:
-        return ast.parse(text)
+        return src.parse(rel, text)
     except SyntaxError:
         return None  # a file the release ships broken is not read on any path
 
@@ -233,7 +272,7 @@ class _ModuleScan:
                     mode, copy = "call", f"{self.module}.{stack[0][1]}"
             guarded = any(V4_MARK.search(s[1]) for s in stack)
             yield Site(name, f"{self.rel}:{line}", _qualname(stack), mode, guarded,
-                       self.resolution, typ, default, copy)
+                       self.resolution, typ, default, copy, BEHIND in stack)
 
     def _visit(self, node: ast.AST, stack: tuple) -> None:
         for child in ast.iter_child_nodes(node):
@@ -248,12 +287,17 @@ class _ModuleScan:
                 self._see(child, stack)  # a module global copied at import: it is the gate
                 self._visit(child, (("global", child.targets[0].id),))
             elif isinstance(child, ast.If):
-                self._see(child.test, stack)
-                self._visit(child.test, stack)
+                self._visit(ast.Expression(body=child.test), stack)  # the test as a child
+                body, orelse = _branch_behind_other_vendor(child.test)
+                inner = (*stack, ("if", ast.unparse(child.test)), *((BEHIND,) if body else ()))
                 for stmt in child.body:
-                    self._visit_stmt(stmt, (*stack, ("if", ast.unparse(child.test))))
+                    self._visit_stmt(stmt, inner)
                 for stmt in child.orelse:
-                    self._visit_stmt(stmt, stack)
+                    self._visit_stmt(stmt, (*stack, BEHIND) if orelse else stack)
+            elif isinstance(child, ast.BoolOp):
+                for i, value in enumerate(child.values):
+                    inner = (*stack, BEHIND) if _behind_other_vendor(child, i) else stack
+                    self._visit(ast.Expression(body=value), inner)  # a nested `or` as a child
             else:
                 self._see(child, stack)
                 self._visit(child, stack)
@@ -419,7 +463,9 @@ def _env_switch(name: str, sites: list[Site], decl: EnvDecl | None, writes: Writ
                   gates=gates,
                   where=first.where, tier=tier_of(name),
                   forced=tuple(sorted(writes.forced.get(name, ()))),
-                  copies=tuple(sorted({s.copy for s in model if s.copy})))
+                  copies=tuple(sorted({s.copy for s in model if s.copy})),
+                  also=tuple(dict.fromkeys(s.where for s in sites[1:] if s.where != first.where)),
+                  other_vendor=tuple(dict.fromkeys(s.where for s in sites if s.other_vendor)))
 
 
 def _per_arch(default: object, name: str, writes: Writes) -> object:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 
 from dsv4bisect import env as envvars
-from dsv4bisect.plugin.spec import Plan
+from dsv4bisect.patchspec.plan import Plan
 
 
 def asked() -> dict[str, str]:

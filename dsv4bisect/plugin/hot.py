@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.base.versions import SglangInfo
-from dsv4bisect.patching.spec import ARCHS, EngineContext, Patch, SglangRule
+from dsv4bisect.patchspec.plan import HookSpec, Plan, Recorder, first_call
+from dsv4bisect.patchspec.spec import ARCHS, EngineContext, Patch, SglangRule
 from dsv4bisect.plugin.receipts import OK_STATES, ProcessInfo, Receipt, ReceiptWriter
-from dsv4bisect.plugin.spec import HookSpec, Plan, Recorder, first_call
-from dsv4bisect.plugin.targets import Signature
+from dsv4bisect.sglang_hooks.targets import Signature
 
 logger = logging.getLogger("dsv4bisect.plugin")
 
@@ -165,13 +165,14 @@ def gate(patch: str, target: str, by_variant: Mapping[str, HookSpec], active: di
     return HookSpec(target, "around", around, on_path=any(s.on_path for s in table.values()))
 
 
-def gated_plan(name: str, variants: list[str], layout: str, rec: Recorder,
+def gated_plan(patch: Patch, variants: list[str], layout: str, rec: Recorder,
                state: SwitchState) -> Plan:
     """The patch's plans for each variant, merged into one gate per target. `variants[0]` is
     the variant being installed (its refusal refuses the patch, as without hot mode)."""
     from dsv4bisect.plugin.install import planner
 
-    plans = {v: planner(name)(v, layout, rec) for v in variants}
+    name = patch.name
+    plans = {v: planner(patch)(v, layout, rec) for v in variants}
     by_target: dict[str, dict[str, HookSpec]] = {}
     notes, checks = list(plans[variants[0]].notes), []
     for v, plan in plans.items():
@@ -195,14 +196,13 @@ def gated_plan(name: str, variants: list[str], layout: str, rec: Recorder,
 
 
 def install_hot(launch: Mapping[str, str], hot: Mapping[str, str], info: SglangInfo,
-                writer: ReceiptWriter, declared: Mapping[str, Mapping[str, tuple[str, ...]]],
+                writer: ReceiptWriter, known: Mapping[str, Patch],
                 directory: Path) -> tuple[list[Receipt], SwitchState]:
-    """Install launch ∪ hot with gates and the flush_cache switch; receipts for the launch set
-    (as without hot mode) plus one for the switch itself."""
-    from dsv4bisect.patching.registry import builtin_patches
+    """Install launch ∪ hot (patches of `known`, the registry) with gates and the flush_cache
+    switch; receipts for the launch set (as without hot mode) plus one for the switch
+    itself."""
     from dsv4bisect.plugin.install import install_patches, planner
 
-    known = builtin_patches()
     version = info.version_tuple
     state = SwitchState(info.version or "", writer.process, directory, dict(launch))
     wanted: dict[str, list[str]] = {n: [v] for n, v in launch.items()}
@@ -222,16 +222,16 @@ def install_hot(launch: Mapping[str, str], hot: Mapping[str, str], info: SglangI
         if switch or load_time_reason(known[name], version):  # as without hot mode
             if name in state.env_rules:  # flipped live: every variant is an env value
                 state.hot[name] = {p.name: None for p in known[name].variants}
-            return planner(name, switch)(variant, layout, rec)
+            return planner(known[name], switch)(variant, layout, rec)
         order = [variant] + [v for v in wanted[name] if v != variant]
-        return gated_plan(name, order, layout, rec, state)
+        return gated_plan(known[name], order, layout, rec, state)
 
-    receipts = install_patches(launch, info, writer, declared, plan_for)
+    receipts = install_patches(launch, info, writer, known, plan_for)
     # hot-only candidates (a load-time one is never installed: a request for it is refused)
     extra = {n: wanted[n][0] for n in wanted
              if n not in launch and not load_time_reason(known[n], version)}
     if extra:  # installed the same way, their receipts kept in memory
-        for r in install_patches(extra, info, ReceiptWriter(None, writer.process), declared,
+        for r in install_patches(extra, info, ReceiptWriter(None, writer.process), known,
                                  plan_for, contract=False):
             if r.state not in OK_STATES:
                 state.hot[r.patch] = {v: f"{r.state} at launch: {r.reason}"

@@ -11,25 +11,17 @@ layout is unknown, whose target is missing or changed, or whose hooks fail is `r
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from dsv4bisect.base.versions import SglangInfo
+from dsv4bisect.patchspec.plan import HookSpec, Plan, Planner, Recorder
+from dsv4bisect.patchspec.spec import Patch
 from dsv4bisect.plugin.receipts import Receipt, ReceiptWriter
-from dsv4bisect.plugin.spec import HookSpec, Plan, Recorder
-from dsv4bisect.plugin.targets import CONTRACT_TARGET, SIGNATURES, uses
+from dsv4bisect.sglang_hooks.targets import CONTRACT_TARGET, SIGNATURES, Signature
 
-PLANNERS: dict[str, tuple[str, str]] = {  # patch -> (module, function)
-    "mhc-bf16": ("hooks_mhc", "plan"),
-    "hash-topk-scaling": ("hooks_hash", "plan"),
-    "mma-decode": ("hooks_attention", "decode_plan"),
-    "triton-indexer": ("hooks_attention", "indexer_plan"),
-    "nvfp4-dispatch": ("hooks_quant", "dispatch_plan"),
-    "trtllm-clamp": ("hooks_quant", "clamp_plan"),
-}
 CONTRACT = "routed-scaling-contract"
 
 
@@ -46,24 +38,21 @@ class _Rec:
         self.writer.update_detail(self.patch, key, value)
 
 
-def planner(patch: str, switch: frozenset[str] = frozenset()) -> Callable[[str, str, Recorder],
-                                                                          Plan]:
-    if patch not in PLANNERS:  # an upstream switch: check the value SGLang kept
-        from dsv4bisect.plugin.hooks_switch import planner as switch_planner
+def planner(patch: Patch, switch: frozenset[str] = frozenset()) -> Planner:
+    """The patch's own SGLang planner, or (an upstream switch) the check of the value SGLang
+    kept for the switch's variables."""
+    if patch.planners.sglang is not None:
+        return patch.planners.sglang
+    from dsv4bisect.plugin.hooks_switch import planner as switch_planner
 
-        return switch_planner(switch)
-    module, fn = PLANNERS[patch]
-    return getattr(importlib.import_module(f"dsv4bisect.plugin.{module}"), fn)
+    return switch_planner(switch)
 
 
-def switch_variables(patch: str, version: tuple[int, ...] | None) -> frozenset[str]:
-    """The env vars of a built-in upstream-switch patch on this release (any GPU)."""
-    from dsv4bisect.patching.registry import builtin_patches
-
-    p = builtin_patches().get(patch)
-    if p is None or version is None:
+def switch_variables(patch: Patch, version: tuple[int, ...] | None) -> frozenset[str]:
+    """The env vars of an upstream-switch patch on this release (any GPU)."""
+    if version is None:
         return frozenset()
-    return frozenset().union(*(r.variables for r in p.sglang.rules
+    return frozenset().union(*(r.variables for r in patch.sglang.rules
                                if r.how == "env" and r.covers(version, None)))
 
 
@@ -71,28 +60,31 @@ PlanFor = Callable[[str, str, frozenset[str], Recorder], Plan]
 
 
 def install_patches(patches: Mapping[str, str], info: SglangInfo, writer: ReceiptWriter,
-                    declared: Mapping[str, Mapping[str, tuple[str, ...]]],
-                    plan_for: PlanFor | None = None, contract: bool = True) -> list[Receipt]:
-    """Install each patch (name -> variant); `declared` is each patch's `sglang.hooks`.
-    `plan_for(name, variant, switch, recorder)` replaces the patch's own planner (hot mode:
+                    known: Mapping[str, Patch], plan_for: PlanFor | None = None,
+                    contract: bool = True) -> list[Receipt]:
+    """Install each patch (name -> variant) of `known` (the registry). `plan_for(name,
+    variant, switch, recorder)` replaces the patch's own planner (hot mode:
     `dsv4bisect.plugin.hot` plans gated hooks); `contract` installs the contract observer."""
     receipts = []
     for name, variant in patches.items():
-        targets = list(declared.get(name, {}).get(info.layout or "", ()))
+        patch = known[name]
+        targets = list(patch.sglang.hooks.get(info.layout or "", ()))
         base = dict(patch=name, variant=variant, process=writer.process,
                     sglang_version=info.version, layout=info.layout, targets=targets)
         # an upstream switch's variables on this release (hook patches have a planner)
-        switch = frozenset() if name in PLANNERS else switch_variables(name, info.version_tuple)
+        hooked = patch.planners.sglang is not None
+        switch = frozenset() if hooked else switch_variables(patch, info.version_tuple)
         if info.layout is None:
             rec = Receipt(**base, state="refused", reason=info.reason or "unknown SGLang layout")
-        elif name not in PLANNERS and not switch:
+        elif not hooked and not switch:
             rec = Receipt(**base, state="refused", reason=f"no SGLang delivery for patch {name} "
                           f"on SGLang {info.version}")
         else:
             recorder = _Rec(writer, name)
             plan = (plan_for(name, variant, switch, recorder) if plan_for is not None
-                    else planner(name, switch)(variant, info.layout, recorder))
-            rec = _install_one(base, plan, info.layout, writer)
+                    else planner(patch, switch)(variant, info.layout, recorder))
+            rec = _install_one(base, plan, info.layout, writer,
+                               patch.sglang.uses.get(info.layout, ()))
         writer.write(rec)
         receipts.append(rec)
     if contract and patches and info.layout is not None:
@@ -100,8 +92,8 @@ def install_patches(patches: Mapping[str, str], info: SglangInfo, writer: Receip
     return receipts
 
 
-def _install_one(base: dict[str, Any], plan: Plan, layout: str,
-                 writer: ReceiptWriter) -> Receipt:
+def _install_one(base: dict[str, Any], plan: Plan, layout: str, writer: ReceiptWriter,
+                 uses: tuple[str, ...]) -> Receipt:
     notes = list(plan.notes)
     if plan.action != "install":
         state = "inert" if plan.action == "inert" else "refused"
@@ -110,8 +102,7 @@ def _install_one(base: dict[str, Any], plan: Plan, layout: str,
     if stray:
         return Receipt(**base, state="refused", notes=notes,
                        reason=f"hook targets not declared by the patch: {', '.join(stray)}")
-    problem = check_targets([h.target for h in plan.hooks] + list(uses(base["patch"], layout)),
-                            layout)
+    problem = check_targets([h.target for h in plan.hooks] + list(uses), layout)
     if problem is None and plan.check is not None:
         problem = plan.check()
     if problem is not None:
@@ -129,9 +120,11 @@ def _install_one(base: dict[str, Any], plan: Plan, layout: str,
     return rec
 
 
-def check_targets(targets: list[str], layout: str) -> str | None:
-    """Resolve each target and compare its signature with the layout's table."""
-    table = SIGNATURES[layout]
+def check_targets(targets: list[str], layout: str,
+                  table: Mapping[str, Signature] | None = None) -> str | None:
+    """Resolve each target and compare its signature with the layout's table (`table`:
+    another engine's, e.g. vLLM's `vllm_hooks/targets.SIGNATURES[layout]`)."""
+    table = SIGNATURES[layout] if table is None else table
     for target in targets:
         sig = table.get(target)
         if sig is None:
@@ -185,7 +178,7 @@ def apply_hooks(hooks: tuple[HookSpec, ...]) -> list[dict[str, Any]]:
 def install_contract(info: SglangInfo, writer: ReceiptWriter,
                      patches: Mapping[str, str]) -> Receipt:
     """The routed-scaling contract observer (AFTER DeepseekV2MoE.__init__), one receipt."""
-    from dsv4bisect.plugin import contract
+    from dsv4bisect.sglang_hooks import contract
 
     layout = info.layout or ""
     rec = Receipt(patch=CONTRACT, variant="observe", process=writer.process,
@@ -202,7 +195,7 @@ def install_contract(info: SglangInfo, writer: ReceiptWriter,
     def after_init(result: Any, self: Any, *args: Any, **kwargs: Any) -> None:
         log.called(CONTRACT_TARGET)
         is_hash = type(getattr(self, "topk", None)).__name__ == "HashTopK"
-        # the double-scale fault adds one application in HashTopK (hooks_hash.extra_factor)
+        # the double-scale fault adds one application in HashTopK (hash_topk.extra_factor)
         extra = int(is_hash and variant == "double-scale")
         log.log("layers", contract.layer_row(self, extra))
 

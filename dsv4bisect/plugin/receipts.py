@@ -31,7 +31,7 @@ class ProcessInfo:
 
     pid: int
     role: str  # DSV4BISECT_ROLE: server | prefill | decode (unknown when unset)
-    kind: str  # scheduler | other
+    kind: str  # scheduler (SGLang) | worker (vLLM) | other
     tp_rank: int | None = None
     dp_rank: int | None = None
     pp_rank: int | None = None
@@ -42,7 +42,8 @@ class ProcessInfo:
     @property
     def tag(self) -> str:
         ranks = f"tp{self.tp_rank}-dp{self.dp_rank or 0}-pp{self.pp_rank or 0}"
-        return f"{self.role}-{ranks if self.kind == 'scheduler' else 'proc'}-pid{self.pid}"
+        ranked = self.kind in ("scheduler", "worker")
+        return f"{self.role}-{ranks if ranked else 'proc'}-pid{self.pid}"
 
 
 @dataclass
@@ -62,6 +63,9 @@ class Receipt:
     detail: dict[str, Any] = field(default_factory=dict)  # per-layer logs (dispatch, contract)
     schema: int = SCHEMA
     written_at: float = 0.0
+    engine: str = "sglang"  # the engine kind whose plugin wrote it: sglang | vllm
+    vllm_version: str | None = None  # vLLM's receipts: the release (sglang_version is None)
+    rebound: list[str] = field(default_factory=list)  # vLLM: modules whose copy was rebound
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

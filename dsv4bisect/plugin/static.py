@@ -4,15 +4,25 @@ Works on a source tree (a directory holding `sglang/`, e.g. a checkout's `python
 unpacked wheel) or directly on a wheel file, without importing SGLang (its imports need CUDA
 libraries this machine may not have). Used by `dsv4bisect doctor --sglang-src` and the
 wheel-based tests. Imports no torch.
+
+Every file is read through base/bounded.py (kind `source`): a wheel's declared sizes and entry
+count are checked when it is opened, a member is decompressed only up to the per-file limit, a
+file must be UTF-8, and a syntax tree deeper than the recursive walks here can follow is
+refused; each is a ConfigError (exit 5) naming the file, never a traceback or a gigabyte.
 """
 
 from __future__ import annotations
 
 import ast
-import zipfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+
+from dsv4bisect.base import bounded
+from dsv4bisect.errors import ConfigError
+
+SOURCE = "source"  # base/bounded.py's limits for one file
+MAX_TREE_FILES = bounded.MAX_ARCHIVE_ENTRIES  # .py files of a directory tree
 
 
 @dataclass(frozen=True)
@@ -41,11 +51,14 @@ class Resolved:
 class SourceTree:
     """Python source of a package tree: a directory or a wheel (zip) file."""
 
+    PACKAGE = "sglang"  # whose version files `version()` reads (VllmTree: vllm)
+
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         if not self.root.exists():
             raise FileNotFoundError(f"{self.root} does not exist")
-        self._zip = zipfile.ZipFile(self.root) if self.root.is_file() else None
+        self._zip = (bounded.open_archive(self.root, bounded.LIMITS[SOURCE].hint)
+                     if self.root.is_file() else None)
         self._cache: dict[str, ast.Module | None] = {}
 
     def __repr__(self) -> str:
@@ -57,11 +70,19 @@ class SourceTree:
 
     def _read(self, rel: str) -> str | None:
         if self._zip is not None:
-            return self._zip.read(rel).decode("utf-8") if rel in self._names else None
+            if rel not in self._names:
+                return None
+            return bounded.decode(bounded.read_member(self._zip, rel, SOURCE),
+                                  f"{self.root}:{rel}")
         base = self.root / "sglang"
         path = (self.root / rel) if base.is_dir() or not (self.root / "python").is_dir() \
             else self.root / "python" / rel
-        return path.read_text(encoding="utf-8") if path.is_file() else None
+        return bounded.read_text(path, SOURCE) if path.is_file() else None
+
+    def parse(self, rel: str, text: str) -> ast.Module:
+        """The syntax tree of one file's text (SyntaxError: the file is broken; a tree too
+        deep or too large to walk: ConfigError)."""
+        return bounded.parse_python(text, SOURCE, f"{self.root}:{rel}")
 
     def text(self, rel: str) -> str | None:
         """The text of one file of the tree (`sglang/...`), None when absent."""
@@ -81,8 +102,9 @@ class SourceTree:
 
     def tree(self, module: str) -> ast.Module | None:
         if module not in self._cache:
-            src = self.source(module)
-            self._cache[module] = None if src is None else ast.parse(src)
+            rel = self.module_file(module)
+            src = None if rel is None else self._read(rel)
+            self._cache[module] = None if src is None or rel is None else self.parse(rel, src)
         return self._cache[module]
 
     def version(self) -> str | None:
@@ -92,10 +114,11 @@ class SourceTree:
         if self._zip is not None:
             meta = next((n for n in self._names if n.endswith(".dist-info/METADATA")), None)
             if meta:
-                for line in self._zip.read(meta).decode("utf-8", "replace").splitlines():
+                data = bounded.read_member(self._zip, meta, SOURCE)
+                for line in data.decode("utf-8", "replace").splitlines():
                     if line.startswith("Version:"):
                         return line.split(":", 1)[1].strip()
-        for module in ("sglang._version", "sglang.version"):
+        for module in (f"{self.PACKAGE}._version", f"{self.PACKAGE}.version"):
             try:
                 tree = self.tree(module)
             except (SyntaxError, ValueError, UnicodeDecodeError):
@@ -141,7 +164,14 @@ class SourceTree:
         if self._zip is not None:
             return sorted(n for n in self._names if n.endswith(".py"))
         base = self.root / "python" if (self.root / "python" / "sglang").is_dir() else self.root
-        return sorted(str(p.relative_to(base)) for p in (base / "sglang").rglob("*.py"))
+        found = []
+        for path in (base / "sglang").rglob("*.py"):
+            found.append(str(path.relative_to(base)))
+            if len(found) > MAX_TREE_FILES:
+                raise ConfigError(f"{base / 'sglang'}: more than {MAX_TREE_FILES} .py files "
+                                  "(an SGLang release has about 3 000)",
+                                  bounded.LIMITS[SOURCE].hint)
+        return sorted(found)
 
     def find_definitions(self, name: str, limit: int = 3) -> list[str]:
         """Dotted paths of top-level or class-level defs/classes called `name` (a text search
@@ -155,7 +185,7 @@ class SourceTree:
             if needle_def not in text and needle_cls not in text:
                 continue
             module = rel[:-3].replace("/", ".").removesuffix(".__init__")
-            for node in ast.parse(text).body:
+            for node in self.parse(rel, text).body:
                 if getattr(node, "name", None) == name:
                     out.append(f"{module}.{name}")
                 elif isinstance(node, ast.ClassDef):

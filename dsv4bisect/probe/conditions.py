@@ -21,7 +21,8 @@ def _order(item: tuple[str, int]) -> tuple[int, str]:
 
 def throughput_lines(throughput: dict[str, Any] | None) -> list[str]:
     """How each configuration decoded where one speculated, then one line per configuration and
-    level: requests/s and tokens/s, with what ran there."""
+    level: requests/s and tokens/s, the streamed answers' time to first token and inter-token
+    latency, with what ran there."""
     out = []
     decoding = (throughput or {}).get("decoding") or {}
     if any(d != "greedy" for d in decoding.values()):  # say so only where speculation ran
@@ -31,6 +32,18 @@ def throughput_lines(throughput: dict[str, Any] | None) -> list[str]:
         for level in sorted(levels, key=int):
             f = levels[level]
             out.append(f"{who} at concurrency {level}: {f['requests_per_s']:.3g} requests/s, "
-                       f"{f['tokens_per_s']:,.0f} tokens/s ({f['requests']} requests, "
-                       f"{'/'.join(f.get('arms') or [])}, {f['wall_s']:.1f} s)")
+                       f"{f['tokens_per_s']:,.0f} tokens/s{_latency(f)} ({f['requests']} "
+                       f"requests, {'/'.join(f.get('arms') or [])}, {f['wall_s']:.1f} s)")
     return out
+
+
+def _latency(figures: dict[str, Any]) -> str:
+    """`, TTFT 412 ms, ITL 38.1 ms`: the streamed answers' mean time to first token and mean
+    inter-token latency (absent for a run made before the probe streamed)."""
+    ttft, itl = figures.get("ttft_s_mean"), figures.get("itl_s_mean")
+    out = f", TTFT {_duration(ttft)}" if ttft is not None else ""
+    return out + (f", ITL {_duration(itl)}" if itl is not None else "")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"

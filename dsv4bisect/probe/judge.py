@@ -278,7 +278,12 @@ def decide(base: ProbeRun, rep: ProbeRun | None, cand: ProbeRun) -> V.Verdict:
     pairs = _pairs(base, rep, cand, reasons)
     probe = {"tier": base.spec.tier, "spec_hash": base.spec.spec_hash(),
              "seed_block": base.spec.seed_block,
-             "probe_version": base.spec.to_dict()["probe_version"]}
+             "probe_version": base.spec.to_dict()["probe_version"],
+             "warmup_requests": base.spec.warmup_requests}
+    if base.spec.warmup_requests:  # requests that come late (probe/warmup.py)
+        reasons.append(f"each server answered a polluting phase of "
+                       f"{base.spec.warmup_requests} requests of other conversations before "
+                       "the measured ones (probe.warmup_requests)")
     aa = _aa(pairs, rep)
     serving = {"conditions": conditions(base, cand), "throughput": throughput(base, cand)}
     if rep is None:

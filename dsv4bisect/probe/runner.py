@@ -17,12 +17,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from dsv4bisect.errors import ConfigError, ProbeError
-from dsv4bisect.probe.client import ProbeClient, ProbeHTTPError, ServerInfo
+from dsv4bisect.probe.client import ProbeClient, ProbeHTTPError, ServerInfo, map_on_clones
 from dsv4bisect.probe.drift import NON_FINITE, DriftRecord, NonFiniteScores, compare
 from dsv4bisect.probe.grid import DEFAULT_RATIOS, DEFAULT_WINDOW, Case, build_cases, periods
 from dsv4bisect.probe.judge import decide
 from dsv4bisect.probe.layout import calibrate
 from dsv4bisect.probe.null import CONCURRENT_ARM, RECHUNK_ARM
+from dsv4bisect.probe.stream import latency_figures
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.scoring import score
 from dsv4bisect.probe.shards import Shard, merge, shard_cases
@@ -30,6 +31,7 @@ from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.probe.tasks import Task, submission_order, tasks_of
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.probe.vocab import PROBE_VOCAB
+from dsv4bisect.probe.warmup import pollute
 
 
 class DriftUnsupported(Exception):
@@ -112,7 +114,9 @@ def chat_row(client: ProbeClient, spec: ProbeSpec, case: Case, arm: str,
         client.flush_cache()
     think = arm == "think"
     budget = spec.thinking_max_tokens if think else case.max_tokens
-    res = client.chat(messages, max_tokens=budget, thinking=think)
+    # streamed, as users ask; the embedded engine's vLLM API subset answers unstreamed
+    # (docs/vllm.md), so a vLLM server is asked plainly and its lines carry no TTFT/ITL
+    res = client.chat(messages, max_tokens=budget, thinking=think, stream=not client.vllm())
     if res.prompt_tokens != case.prompt_tokens:
         raise ProbeError(
             f"case {case.case_id}: the server counts {res.prompt_tokens} prompt tokens, the "
@@ -124,7 +128,12 @@ def chat_row(client: ProbeClient, spec: ProbeSpec, case: Case, arm: str,
             "correct": s.correct, "exact": s.exact, "first_wrong_char": s.first_wrong_char,
             "edit_distance": s.edit_distance, "signatures": list(s.signatures),
             "finish_reason": res.finish_reason, "completion_tokens": res.completion_tokens,
-            "cached_tokens": res.cached_tokens, "latency_s": round(res.latency_s, 4)}
+            "cached_tokens": res.cached_tokens, "latency_s": round(res.latency_s, 4),
+            "ttft_s": _rounded(res.ttft_s), "itl_s": _rounded(res.itl_s), "itl_n": res.itl_n}
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 5)
 
 
 def _row_head(case: Case, arm: str, concurrency: int = 1) -> dict[str, Any]:
@@ -210,6 +219,7 @@ def collect(url: str, spec: ProbeSpec, *, reference_run: ProbeRun | None = None,
         else:
             cases = _build(client, spec, server, notes, on_progress)
         t_build = time.perf_counter() - t0
+        warm = warmup_phase(client, spec, server, notes)
         mine = None if shard is None else shard_cases(spec, cases, shard)
         rows, drift, throughput = _run_cases(client, spec, cases, reference_run, notes,
                                              on_progress, mine)
@@ -217,9 +227,21 @@ def collect(url: str, spec: ProbeSpec, *, reference_run: ProbeRun | None = None,
     finally:
         client.close()
     timing = {"build_s": round(t_build, 3), "total_s": round(time.perf_counter() - t0, 3)}
+    if warm["requests"]:
+        timing |= {"warmup_requests": warm["requests"], "warmup_s": warm["seconds"]}
     return ProbeRun(spec, url, {**_server_dict(server), "started_at": started}, tuple(cases),
                     tuple(rows), tuple(drift), tuple(notes), timing, throughput=throughput,
                     null=tuple(null), shard=None if shard is None else shard.to_dict())
+
+
+def warmup_phase(client: ProbeClient, spec: ProbeSpec, server: ServerInfo,
+                 notes: list[str]) -> dict[str, float]:
+    """The polluting phase before the measured requests (probe/warmup.py), noted in the run."""
+    warm = pollute(client, spec, server)
+    if warm["requests"]:
+        notes.append(f"polluting phase: {warm['requests']:.0f} requests of other conversations "
+                     f"on the same server before the measured ones ({warm['seconds']:.0f} s)")
+    return warm
 
 
 def null_arms(client: ProbeClient, spec: ProbeSpec, drift: list[DriftRecord],
@@ -234,25 +256,12 @@ def null_arms(client: ProbeClient, spec: ProbeSpec, drift: list[DriftRecord],
         return []
     level = min(len(drift), max(16, *spec.concurrency))  # a server under load batches them
     out: list[tuple[str, DriftRecord]] = []
-    local, lock = threading.local(), threading.Lock()
-    clones: list[ProbeClient] = []
-
-    def rescore(k: int) -> DriftRecord:
-        if not hasattr(local, "client"):  # one connection per worker thread
-            local.client = client.clone(timeout_s=spec.timeout_s * level)
-            with lock:
-                clones.append(local.client)
-        return _rescore(local.client, spec, drift[k])
-
     try:
         client.flush_cache()  # once: what is cached then comes from the batch mates themselves
         order = submission_order(spec, max(level, 2), len(drift))
-        try:
-            with ThreadPoolExecutor(max_workers=level, thread_name_prefix="probe-null") as pool:
-                got = dict(zip(order, pool.map(rescore, order)))
-        finally:
-            for c in clones:
-                c.close()
+        got = dict(zip(order, map_on_clones(
+            client, lambda c, k: _rescore(c, spec, drift[k]), order, level,
+            spec.timeout_s * level, "probe-null")))
         out += [(CONCURRENT_ARM, got[k]) for k in range(len(drift))]
         for rec, quarter in ((rec, q) for rec in drift for q in (1, 2, 3)):
             split = rec.start + (len(rec.input_ids) - rec.start) * quarter // 4
@@ -487,7 +496,7 @@ def _level_figures(rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     wall = max(wall_s, 1e-9)
     return {"requests": len(rows), "tokens": tokens, "wall_s": round(wall_s, 3),
             "requests_per_s": round(len(rows) / wall, 4), "tokens_per_s": round(tokens / wall, 1),
-            "arms": sorted({r["arm"] for r in rows})}
+            "arms": sorted({r["arm"] for r in rows}), **latency_figures(rows)}
 
 
 def judge(baseline: ProbeRun, baseline_repeat: ProbeRun | None, candidate: ProbeRun) -> Verdict:

@@ -26,7 +26,13 @@ from dsv4bisect.probe.client import ProbeClient
 from dsv4bisect.probe.drift import non_finite_cases
 from dsv4bisect.probe.judge import drift_check
 from dsv4bisect.probe.run import ProbeRun
-from dsv4bisect.probe.runner import DriftUnsupported, chat_row, drift_row, group_rows
+from dsv4bisect.probe.runner import (
+    DriftUnsupported,
+    chat_row,
+    drift_row,
+    group_rows,
+    warmup_phase,
+)
 from dsv4bisect.probe.sequential import (
     DEFAULT_BATCH,
     Decision,
@@ -141,6 +147,8 @@ def run_sequential(url: str | Sequence[str], base: ProbeRun, bad: ProbeRun,
             raise ConfigError(f"the trial's shards serve different models "
                               f"({sorted({s.model for s in servers})})",
                               "launch every shard of a trial in the same configuration")
+        for c, s in zip(clients, servers):  # every shard's server gets its polluting phase
+            warmup_phase(c, spec, s, notes)
         ref = base.drift_by_case()
         drift_cases = [c for c in base.cases if c.family == "drift" and c.case_id in ref]
         try:

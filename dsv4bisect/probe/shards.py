@@ -29,6 +29,7 @@ from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.grid import Case
 from dsv4bisect.probe.run import ProbeRun, RowKey, row_key
 from dsv4bisect.probe.spec import ProbeSpec
+from dsv4bisect.probe.stream import combine_latency
 
 T = TypeVar("T")
 _HINT = "probe every shard of one configuration with one spec, shard count and seed block"
@@ -172,14 +173,17 @@ def _throughput(runs: Sequence[ProbeRun]) -> dict[str, Any]:
                       "requests_per_s": round(requests / max(wall, 1e-9), 4),
                       "tokens_per_s": round(tokens / max(wall, 1e-9), 1),
                       "arms": sorted({a for p in parts for a in p.get("arms", [])}),
-                      "shards": len(parts)}
+                      "shards": len(parts),
+                      **combine_latency((p["ttft_s_mean"], int(p["ttft_n"]), p.get("itl_s_mean"),
+                                         int(p.get("itl_n") or 0))
+                                        for p in parts if p.get("ttft_n"))}
     return out
 
 
 def same_content(a: ProbeRun, b: ProbeRun) -> list[str]:
     """What differs between two runs of the same probe, timing fields aside (latency, wall,
     throughput, start time, url, shard record): empty when equal."""
-    timing = {"latency_s"}
+    timing = {"latency_s", "ttft_s", "itl_s", "itl_n"}  # when the tokens came, not what
     diffs = []
     if a.spec != b.spec:
         diffs.append("spec")

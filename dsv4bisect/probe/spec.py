@@ -25,6 +25,10 @@ FAMILIES = (*ACCURACY_FAMILIES, "drift")
 ARMS = ("cold", "warm", "hit")
 ARM_PLANS = ("every", "staggered")
 MAX_CONCURRENCY = 1 << 16
+MAX_WARMUP = 1 << 16
+# the polluting phase of the long tiers (probe/warmup.py): the field's onset (vllm#52448: none
+# of the first 256 requests wrong) and SGLang's DeepSeek-V4 decode pool (256 running requests)
+LATE_REQUESTS = 256
 TIER_NAMES = ("ci", "smoke", "standard", "deep")
 
 
@@ -64,6 +68,10 @@ class ProbeSpec:
     thinking_max_tokens: int = 1024
     timeout_s: float = 120.0  # per request
     retries: int = 2  # on connection errors and 5xx, with exponential backoff
+    # The polluting phase (probe/warmup.py): this many requests of other conversations on the
+    # same server before the measured ones, so that state bugs that start late (a pool's slots
+    # all used once) are provoked
+    warmup_requests: int = 0
     notes: str = field(default="", compare=False)  # free text, not part of the hash
 
     def __post_init__(self) -> None:
@@ -82,6 +90,8 @@ class ProbeSpec:
             data.pop("arm_plan")
         if not data["hit_families"]:
             data.pop("hit_families")
+        if not data["warmup_requests"]:
+            data.pop("warmup_requests")
         data["probe_version"] = PROBE_VERSION
         return data
 
@@ -182,6 +192,8 @@ def _validate(spec: ProbeSpec) -> None:
         (spec.arm_plan in ARM_PLANS, f"arm_plan must be one of {', '.join(ARM_PLANS)}"),
         (set(spec.hit_families) <= set(ACCURACY_FAMILIES),
          f"hit_families must be among {', '.join(ACCURACY_FAMILIES)}"),
+        (0 <= spec.warmup_requests <= MAX_WARMUP,
+         f"warmup_requests must be in 0..{MAX_WARMUP}"),
     ]
     for ok, message in checks:
         if not ok:
@@ -204,20 +216,22 @@ _TIERS: dict[str, ProbeSpec] = {
                        max_tokens=64, timeout_s=60.0, arms=("cold", "warm", "hit"),
                        arm_plan="staggered", concurrency=(1, 16),
                        hit_families=("needle", "vartrack")),
-    # A real deployment, ~1k requests per level; arms as in smoke.
+    # A real deployment, ~1k requests per level; arms as in smoke; the polluting phase first.
     "standard": ProbeSpec(tier="standard", families=("needle", "copy", "vartrack", "drift"),
                           lengths=(4096, 16384, 32768, 65536),
                           depths=(0.02, 0.1, 0.25, 0.5, 0.75, 0.9), turns=(8, 32),
                           cases_per_cell=7, drift_cases=4, drift_top_k=20, drift_window=2048,
                           copy_chars=(32, 64), timeout_s=600.0, arms=("cold", "warm"),
-                          arm_plan="staggered", concurrency=(1, 16)),
+                          arm_plan="staggered", concurrency=(1, 16),
+                          warmup_requests=LATE_REQUESTS),
     # Everything: long lengths, warm arm, thinking arm, more jitter.
     "deep": ProbeSpec(tier="deep", families=("needle", "copy", "vartrack", "drift"),
                       lengths=(8192, 16384, 32768, 65536, 131072),
                       depths=(0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98), turns=(1, 8, 32, 128),
                       cases_per_cell=8, jitter=8, distractors=8, queries=2, copy_chars=(32, 64),
                       hops=4, drift_cases=8, drift_top_k=20, drift_window=2048,
-                      arms=("cold", "warm"), thinking=True, timeout_s=900.0),
+                      arms=("cold", "warm"), thinking=True, timeout_s=900.0,
+                      warmup_requests=LATE_REQUESTS),
 }
 
 

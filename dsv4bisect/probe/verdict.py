@@ -6,7 +6,7 @@ JSON (`Verdict.to_dict()`, schema `dsv4bisect.verdict/1`; docs/probe.md document
                    cap, inside a bisect only: docs/probe.md)
     exit_code      0 | 1 | 4 | 125 (git bisect run: good, bad, -, skip); BETWEEN 1
     reasons        human sentences, most important first
-    probe          {tier, spec_hash, seed_block, probe_version}
+    probe          {tier, spec_hash, seed_block, probe_version, warmup_requests}
     families.<f>   {n, baseline_accuracy, candidate_accuracy, repeat_accuracy, baseline_right,
                     b, c, p_value, evidence}
     overall        {n, b, c, p_value, alpha, families}
@@ -21,7 +21,10 @@ JSON (`Verdict.to_dict()`, schema `dsv4bisect.verdict/1`; docs/probe.md document
     evidence       {baseline, baseline_repeat, candidate, heatmap}: paths or null
     conditions.<f> {arms, concurrency, requests: {"arm@level": n}}: what each family ran under
     throughput     {baseline, candidate}: per level {requests, tokens, wall_s, requests_per_s,
-                    tokens_per_s, arms}; decoding {baseline, candidate}: `greedy`, or `greedy,
+                    tokens_per_s, arms, ttft_s_mean, ttft_n, itl_s_mean, itl_n (the streamed
+                    answers' mean time to first token and inter-token latency: probe/stream.py;
+                    absent in a run made before the probe streamed)}; decoding {baseline,
+                    candidate}: `greedy`, or `greedy,
                     speculative NEXTN (...)` where the server speculated (judge.decoding)
 """
 

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsv4bisect.reference.chat import ChatFormatError, apply_chat_template, normalize_messages
-from dsv4bisect.reference.generation import Generator, GenOutput, GenSpec, finite
+from dsv4bisect.reference.generation import Bootstrap, Generator, GenOutput, GenSpec, finite
 from dsv4bisect.reference.request_body import ApiError, Body, check_sampling, is_int_list
 from dsv4bisect.reference.tokenizer import ByteTokenizer
 
+# `stream` is served by reference/stream_api.py (the HTTP layer routes `stream: true` there)
 CHAT_UNSUPPORTED = ("min_p", "n", "presence_penalty", "frequency_penalty",
-                    "repetition_penalty", "min_tokens", "stream", "logit_bias", "regex", "ebnf",
+                    "repetition_penalty", "min_tokens", "logit_bias", "regex", "ebnf",
                     "stop_regex", "custom_logit_processor", "tools", "response_format", "lora_path")
 COMPLETION_UNSUPPORTED = (*CHAT_UNSUPPORTED, "best_of", "json_schema", "suffix")
 SAMPLING_PARAMS = ("max_new_tokens", "temperature", "stop", "stop_token_ids", "ignore_eos",
@@ -42,12 +43,53 @@ def new_id(prefix: str = "") -> str:
     return prefix + uuid.uuid4().hex
 
 
-def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ChatRequest:
+    """A checked chat body: its prompt ids, the generation, top log-probs (None: none asked)."""
+
+    body: Body
+    prompt: tuple[int, ...]
+    spec: GenSpec
+    top: int | None
+    model: str
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A checked completions body: each prompt's text (for `echo`) and generation."""
+
+    body: Body
+    prompts: list[tuple[str, GenSpec]]
+    echo: bool
+    logprobs: int | None  # top log-probs per token; None: none asked
+    model: str
+
+
+def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     """OpenAI usage; `prompt_tokens_details.cached_tokens` as SGLang reports it with
     --enable-cache-report (always on here: the prefix cache is part of what is tested)."""
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
             "completion_tokens": completion, "prompt_tokens_details": {"cached_tokens": cached},
             "reasoning_tokens": 0}
+
+
+def bootstrap_of(body: Body, index: int = 0) -> Bootstrap | None:
+    """SGLang's `bootstrap_host`, `bootstrap_port`, `bootstrap_room`, which its router adds to
+    a request for PD servers (one list entry per prompt of a batch); None when absent."""
+    fields = [body.data.get(k) for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room")]
+    if all(f is None for f in fields):
+        return None
+    if all(isinstance(f, list) for f in fields):
+        if not all(index < len(f) for f in fields):
+            raise ApiError("the bootstrap_* lists must have one entry per prompt")
+        fields = [f[index] for f in fields]
+    host, port, room = fields
+    if not (isinstance(host, str) and host and isinstance(port, int) and not isinstance(
+            port, bool) and 0 <= port <= 65535 and isinstance(room, int)
+            and not isinstance(room, bool) and room >= 0):
+        raise ApiError("bootstrap_host must be a host name, bootstrap_port a port and "
+                       "bootstrap_room a non-negative integer (all three, or none)")
+    return Bootstrap(host, port, room)
 
 
 def _check_thinking(body: Body) -> None:
@@ -127,7 +169,14 @@ class Api:
     # ---- OpenAI chat and completions -------------------------------------------------------
 
     def chat(self, data: object) -> dict[str, Any]:
+        req = self.chat_request(data)
+        return self.chat_response(req, self.gen.run(req.spec))
+
+    def chat_request(self, data: object) -> ChatRequest:
+        """A chat body checked and turned into the generation it asks for (the streamed and
+        the unstreamed answer share it)."""
         body = Body(data)
+        body.get_bool("stream", False)  # a boolean (reference/stream_api.py streams `true`)
         check_sampling(body, CHAT_UNSUPPORTED)
         prompt = self._chat_prompt(body)
         if "input_ids" in body:  # SGLang: pre-tokenized prompt bypasses the template
@@ -137,26 +186,30 @@ class Api:
             requested = body.get_int("max_tokens", None, minimum=1)
         logprobs = body.get_bool("logprobs", False)
         top = body.get_int("top_logprobs", 0, minimum=0) if logprobs else 0
-        out = self.gen.run(GenSpec(
-            prompt, self._max_new(len(prompt), requested), **self._stops(body),
-            **body.sampling("seed"), return_logprob=logprobs, top_logprobs_num=top,
-        ))
+        spec = GenSpec(prompt, self._max_new(len(prompt), requested), **self._stops(body),
+                       **body.sampling("seed"), return_logprob=logprobs, top_logprobs_num=top,
+                       bootstrap=bootstrap_of(body))
+        return ChatRequest(body, prompt, spec, top if logprobs else None,
+                           body.get_str("model", self.cfg.served_model_name) or "")
+
+    def chat_response(self, req: ChatRequest, out: GenOutput) -> dict[str, Any]:
+        body = req.body
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": out.text or None,
                         "reasoning_content": None, "tool_calls": None},
-            "logprobs": self._chat_logprobs(out, top) if logprobs else None,
+            "logprobs": self.chat_logprobs(out, req.top) if req.top is not None else None,
             "finish_reason": out.finish_reason["type"],
             "matched_stop": out.finish_reason.get("matched"),
         }
         if body.get_bool("return_prompt_token_ids", False):
-            choice["prompt_token_ids"] = list(prompt)
+            choice["prompt_token_ids"] = list(req.prompt)
         if body.get_bool("return_token_ids", False):
             choice["token_ids"] = out.output_ids
         return {
             "id": new_id("chatcmpl-"), "object": "chat.completion", "created": int(time.time()),
-            "model": body.get_str("model", self.cfg.served_model_name), "choices": [choice],
-            "usage": _usage(len(prompt), len(out.output_ids), out.cached_tokens),
+            "model": req.model, "choices": [choice],
+            "usage": usage(len(req.prompt), len(out.output_ids), out.cached_tokens),
             "metadata": {"weight_version": WEIGHT_VERSION},
         }
 
@@ -164,9 +217,11 @@ class Api:
         return {"token": self.tok.token_text(token_id),
                 "bytes": list(self.tok.token_bytes(token_id)), "logprob": finite(logprob)}
 
-    def _chat_logprobs(self, out: GenOutput, top: int) -> dict[str, Any]:
+    def chat_logprobs(self, out: GenOutput, top: int, first: int = 0) -> dict[str, Any]:
+        """OpenAI chat log-probs of the output tokens from `first` on."""
         content = []
-        for token_id, lp, alts in zip(out.output_ids, out.output_logprobs, out.output_top):
+        for token_id, lp, alts in zip(out.output_ids[first:], out.output_logprobs[first:],
+                                      out.output_top[first:]):
             entry = self._top_entry(token_id, 0.0) | {"logprob": lp}
             entry["top_logprobs"] = [self._top_entry(t, x) for t, x in alts[:top]]
             content.append(entry)
@@ -193,31 +248,45 @@ class Api:
         return out
 
     def completions(self, data: object) -> dict[str, Any]:
+        req = self.completion_request(data)
+        choices, n_prompt, n_out, n_cached = [], 0, 0, 0
+        for index, (text, spec) in enumerate(req.prompts):
+            out = self.gen.run(spec)
+            choices.append(self.completion_choice(req, index, text, out))
+            n_prompt, n_out = n_prompt + len(spec.input_ids), n_out + len(out.output_ids)
+            n_cached += out.cached_tokens
+        return {
+            "id": new_id("cmpl-"), "object": "text_completion", "created": int(time.time()),
+            "model": req.model, "choices": choices,
+            "usage": usage(n_prompt, n_out, n_cached), "metadata": {"weight_version": WEIGHT_VERSION},
+        }
+
+    def completion_request(self, data: object) -> CompletionRequest:
+        """A completions body checked: each prompt's text and generation."""
         body = Body(data)
+        body.get_bool("stream", False)  # a boolean (reference/stream_api.py streams `true`)
         check_sampling(body, COMPLETION_UNSUPPORTED)
         echo = body.get_bool("echo", False)
         logprobs = body.get_int("logprobs", None, minimum=0)
         requested = body.get_int("max_tokens", 16, minimum=1)
-        choices, n_prompt, n_out, n_cached = [], 0, 0, 0
-        for index, (ids, text) in enumerate(self._completion_prompts(body)):
-            out = self.gen.run(GenSpec(
-                ids, self._max_new(len(ids), requested), **self._stops(body),
-                **body.sampling("seed"), return_logprob=logprobs is not None, top_logprobs_num=logprobs or 0,
-                logprob_start_len=0 if echo and logprobs is not None else -1,
-            ))
-            choices.append({
-                "index": index, "text": (text if echo else "") + out.text,
-                "logprobs": None if logprobs is None else self._legacy_logprobs(out, echo,
-                                                                                logprobs),
-                "finish_reason": out.finish_reason["type"],
-                "matched_stop": out.finish_reason.get("matched"),
-            })
-            n_prompt, n_out = n_prompt + len(ids), n_out + len(out.output_ids)
-            n_cached += out.cached_tokens
+        prompts = [(text, GenSpec(
+            ids, self._max_new(len(ids), requested), **self._stops(body),
+            **body.sampling("seed"), return_logprob=logprobs is not None,
+            top_logprobs_num=logprobs or 0,
+            logprob_start_len=0 if echo and logprobs is not None else -1,
+            bootstrap=bootstrap_of(body, index),
+        )) for index, (ids, text) in enumerate(self._completion_prompts(body))]
+        return CompletionRequest(body, prompts, echo, logprobs,
+                                 body.get_str("model", self.cfg.served_model_name) or "")
+
+    def completion_choice(self, req: CompletionRequest, index: int, text: str,
+                          out: GenOutput) -> dict[str, Any]:
         return {
-            "id": new_id("cmpl-"), "object": "text_completion", "created": int(time.time()),
-            "model": body.get_str("model", self.cfg.served_model_name), "choices": choices,
-            "usage": _usage(n_prompt, n_out, n_cached), "metadata": {"weight_version": WEIGHT_VERSION},
+            "index": index, "text": (text if req.echo else "") + out.text,
+            "logprobs": None if req.logprobs is None else self._legacy_logprobs(
+                out, req.echo, req.logprobs),
+            "finish_reason": out.finish_reason.get("type"),  # None: a streamed snapshot
+            "matched_stop": out.finish_reason.get("matched"),
         }
 
     def _legacy_logprobs(self, out: GenOutput, echo: bool, top: int) -> dict[str, Any]:

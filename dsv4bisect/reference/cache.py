@@ -12,10 +12,16 @@ A fresh cache fed the whole prompt in one chunk is the full recompute.
 written in place once stored here (the model replaces them), except the append-only entry rows,
 which a fork shares copy-on-write. So a snapshot costs no copy when taken, and a request resumed
 from it copies the entries it shares only when it appends its first new entry.
+
+What a state holds is counted by storage (`tensors()`, `held_bytes`): a tensor keeps its whole
+storage alive, so a view into a batch's activations would cost the batch. The model stores only
+tensors of their own (the pending rows, the window and the MTP streams are copies, never views
+of a forward's [B, T, ...] activations), and an entry buffer counts its capacity, not its rows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -37,9 +43,8 @@ class Rows:
         other._shared = self._shared
         return other
 
-    @property
-    def nbytes(self) -> int:
-        return self.n * self._buf.shape[1] * self._buf.element_size()
+    def tensors(self) -> Iterator[torch.Tensor]:
+        yield self._buf  # the whole buffer, capacity included: it is what stays allocated
 
     def append(self, rows: torch.Tensor) -> None:
         need = self.n + rows.shape[0]
@@ -85,10 +90,9 @@ class CompressorState:
     def fork(self) -> CompressorState:
         return replace(self, entries=self.entries.fork())
 
-    @property
-    def nbytes(self) -> int:
-        tensors = (self.pending_kv, self.pending_score, self.prev_kv, self.prev_score)
-        return self.entries.nbytes + sum(_nbytes(t) for t in tensors)
+    def tensors(self) -> Iterator[torch.Tensor]:
+        yield from self.entries.tensors()
+        yield from _present((self.pending_kv, self.pending_score, self.prev_kv, self.prev_score))
 
 
 @dataclass
@@ -105,10 +109,11 @@ class LayerCache:
                           None if self.comp is None else self.comp.fork(),
                           None if self.index is None else self.index.fork())
 
-    @property
-    def nbytes(self) -> int:
-        states = (self.comp, self.index)
-        return _nbytes(self.window) + sum(s.nbytes for s in states if s is not None)
+    def tensors(self) -> Iterator[torch.Tensor]:
+        yield self.window
+        for state in (self.comp, self.index):
+            if state is not None:
+                yield from state.tensors()
 
 
 @dataclass
@@ -127,9 +132,9 @@ class MTPState:
     def fork(self) -> MTPState:
         return MTPState(self.layer.fork(), self.rows, self.h)
 
-    @property
-    def nbytes(self) -> int:
-        return self.layer.nbytes + _nbytes(self.h)
+    def tensors(self) -> Iterator[torch.Tensor]:
+        yield from self.layer.tensors()
+        yield from _present((self.h,))
 
 
 @dataclass
@@ -146,11 +151,29 @@ class ModelCache:
         return ModelCache([layer.fork() for layer in self.layers], self.n_tokens,
                           None if self.mtp is None else self.mtp.fork())
 
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor the state holds (a storage may come more than once: forks share)."""
+        for layer in self.layers:
+            yield from layer.tensors()
+        if self.mtp is not None:
+            yield from self.mtp.tensors()
+
     @property
     def nbytes(self) -> int:
-        return sum(layer.nbytes for layer in self.layers) + (
-            0 if self.mtp is None else self.mtp.nbytes)
+        """The bytes this state keeps allocated: each storage it references, whole, once."""
+        return sum(held_storages(self.tensors()).values())
 
 
-def _nbytes(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.numel() * t.element_size()
+def storage_key(t: torch.Tensor) -> tuple[str, int]:
+    """What identifies the allocation behind `t` (views of one buffer share it)."""
+    st = t.untyped_storage()
+    return (str(st.device), st.data_ptr())
+
+
+def held_storages(tensors: Iterable[torch.Tensor]) -> dict[tuple[str, int], int]:
+    """storage key -> the storage's bytes: what keeping these tensors keeps allocated."""
+    return {storage_key(t): t.untyped_storage().nbytes() for t in tensors}
+
+
+def _present(ts: Iterable[torch.Tensor | None]) -> Iterator[torch.Tensor]:
+    return (t for t in ts if t is not None)

@@ -293,7 +293,9 @@ PRESETS: Mapping[str, ModelArgs] = MappingProxyType({"tiny": _TINY, "flash": Mod
 
 @dataclass(frozen=True)
 class Numerics:
-    """The op swaps of a patch set (name -> variant) plus the profile's MoE runner backend.
+    """A patch set (name -> variant, in registry order) plus the profile's MoE runner backend,
+    precision and NVFP4 map: what `Transformer.configure` builds the model's swappable places
+    from (`reference/swappable.py`; each patch's swaps are in its own module).
 
     `precision` is `exact` (fp32; NVFP4 only through `nvfp4-dispatch`) or `deployment` (the
     seed deployment's formats, `reference/precision.py`; the routed experts are NVFP4 as the
@@ -356,117 +358,6 @@ class Numerics:
     @property
     def deployment(self) -> bool:
         return self.precision == "deployment"
-
-    # ---- per-op views ---------------------------------------------------------------------------
-    @property
-    def mhc_mode(self) -> str:
-        """The hc_pre mixing GEMM: fp32, bf16 (mhc-bf16, or SGLang's fused post+pre kernel as
-        modelled) or tf32 (SGLang's FlashInfer mHC as modelled)."""
-        if "mhc-bf16" in self.patches or "fused-mhc-post-pre" in self.patches:
-            return "bf16"
-        return "tf32" if "flashinfer-mhc" in self.patches else "fp32"
-
-    @property
-    def hash_scaling(self) -> str:
-        """`off` (runner scales), `topk` (HashTopK scales) or `double-scale` (both, fault)."""
-        return self.patches.get("hash-topk-scaling", "off")
-
-    @property
-    def attention(self) -> tuple[int | None, str, str]:
-        """(split, partial dtype name, merge) for `sparse_attention`."""
-        variant = self.patches.get("mma-decode")
-        if variant is None:  # SGLang's own SM120 backend, as modelled (patches/sm120_...)
-            backend = self.patches.get("sm120-flashmla-backend")
-            variant = {"flashinfer": "split-k", "triton": "split-k-fp32"}.get(backend or "")
-        if variant is None:
-            return None, "float32", "lse"
-        if variant == "split-k-fp32":
-            return ATTN_SPLIT, "float32", "lse"
-        if variant == "merge-no-rescale":
-            return ATTN_SPLIT, "bfloat16", "no-rescale"
-        return ATTN_SPLIT, "bfloat16", "lse"
-
-    @property
-    def indexer_mode(self) -> str | None:
-        """None when the patch is off (torch reference), else the Triton kernel's mode."""
-        if "triton-indexer" in self.patches:
-            variant = self.patches["triton-indexer"]
-            return "bf16" if variant == "residue" else variant  # the fault runs the bf16 kernel
-        return "bf16" if "tilelang-indexer" in self.patches else None
-
-    @property
-    def indexer_residue(self) -> bool:
-        """The `triton-indexer:residue` field fault (reference/faults.py)."""
-        return self.patches.get("triton-indexer") == "residue"
-
-    @property
-    def kv_fault(self) -> str | None:
-        """`batch-kv-slot` or `decode-rope-fp8` (mma-decode field faults, reference/faults.py);
-        both act on the FP8 KV pages, so only at `deployment`."""
-        variant = self.patches.get("mma-decode")
-        live = self.deployment and variant in ("batch-kv-slot", "decode-rope-fp8")
-        return variant if live else None
-
-    @property
-    def compress_rope_base(self) -> bool:
-        """The `mma-decode:compress-rope-base` field fault (reference/faults.py): compressed KV
-        entries rotated with the main layers' RoPE base (both precisions)."""
-        return self.patches.get("mma-decode") == "compress-rope-base"
-
-    @property
-    def swa_ring_stale(self) -> bool:
-        """The `mma-decode:swa-ring-stale` field fault (reference/faults.py): on a prefix-cache
-        hit the window rows come from the request slot's ring (both precisions)."""
-        return self.patches.get("mma-decode") == "swa-ring-stale"
-
-    @property
-    def wo_a_input(self) -> str:
-        """How the attention's `wo_a` GEMM reads its input (the attention output [T, G, H·D/G]):
-        `fp32` at `exact`; at `deployment` `bf16` with `fp8-wo-a-gemm` off (SGLang dequantises
-        the FP8 weight to bf16 at load and runs a bf16 einsum), else the patch's variant: `fp8`
-        (FP8 activations, UE8M0 per token, group and 128 channels) or one of its field faults
-        `scale-layout` / `scale-truncate` (reference/faults.py)."""
-        if not self.deployment:
-            return "fp32"
-        return self.patches.get("fp8-wo-a-gemm", "bf16")
-
-    @property
-    def nvfp4(self) -> str | None:
-        return self.patches.get("nvfp4-dispatch")
-
-    def nvfp4_on(self, layer: int) -> bool:
-        """Whether layer `layer`'s routed experts are NVFP4 (MTP layers are FP8: the caller
-        excludes them)."""
-        mapped = self.nvfp4_layers is None or layer in self.nvfp4_layers
-        return mapped and (self.deployment or self.nvfp4 is not None)
-
-    def expert_act_quant(self, layer: int) -> bool:
-        """Whether NVFP4 routed experts of `layer` also quantise their GEMM inputs (W4A4).
-
-        At `deployment` the MoE runner decides (Marlin W4A16, the others W4A4) and
-        `nvfp4-dispatch` `hybrid` changes nothing: SGLang 0.5.13, the release this engine
-        models, already dispatches NVFP4/FP8 per layer, so the hook only records the map. Its
-        `weights-only` variant runs the NVFP4 layers on the W4A16 activation path. At `exact`,
-        `hybrid` is W4A4 and `weights-only` W4A16 on fake-quantised weights (as before)."""
-        if not self.nvfp4_on(layer):
-            return False
-        if self.deployment:
-            return self.nvfp4 != "weights-only" and self.moe_backend not in NVFP4_W4A16_BACKENDS
-        return self.nvfp4 == "hybrid"
-
-    def routed_clamp(self, layer: int) -> str:
-        """How layer `layer`'s routed experts clamp SwiGLU: `limit`, `none` or `limit*alpha`."""
-        if not self.nvfp4_on(layer):
-            return "limit"
-        if self.moe_backend in TRTLLM_BACKENDS:
-            variant = self.patches.get("trtllm-clamp")
-            return "none" if variant is None else "limit" if variant == "alpha" else "limit*alpha"
-        return "none" if self.moe_backend in NVFP4_UNCLAMPED_BACKENDS else "limit"
-
-    @property
-    def canary_pair(self) -> bool:
-        """The test-only interacting pair (DSV4BISECT_TEST_PATCHES=1): both on breaks the model."""
-        return "canary-a" in self.patches and "canary-b" in self.patches
 
     def describe(self) -> dict[str, Any]:
         return {

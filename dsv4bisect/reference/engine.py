@@ -62,11 +62,13 @@ class TokenScore:
 
 @cache
 def engine_code_version() -> str:
-    """Hash of the sources that decide the engine's numerics (reference/*.py, kernels/*.py)."""
-    from dsv4bisect import kernels
+    """Hash of the sources that decide the engine's numerics (reference/*.py, kernels/*.py,
+    and patches/*.py, whose swaps the model runs)."""
+    from dsv4bisect import kernels, patches
 
     digest = hashlib.sha256()
-    for folder in (Path(__file__).parent, Path(kernels.__file__).parent):
+    for folder in (Path(__file__).parent, Path(kernels.__file__).parent,
+                   Path(patches.__file__).parent):
         for file in sorted(folder.glob("*.py")):
             digest.update(f"{folder.name}/{file.name}\0".encode())
             digest.update(file.read_bytes())

@@ -6,15 +6,21 @@ blocking work handed to threads. What a local engine adds around the endpoint lo
 (`native_api.ServerApi`, request-JSON to reply-JSON):
 
 - Browsers: a foreign `Origin` (or, bound to loopback, a foreign `Host`) is 403 on every route, a
-  JSON route's body must be declared JSON (415), so a web page cannot drive the engine.
+  JSON route's body must be declared JSON (415), and a state-changing route takes POST only
+  (`csrf.py`: 405 for a GET, which a page can send without an Origin), so a web page cannot
+  drive the engine.
 - Size and load: a body over MAX_BODY_BYTES is 413 (by `Content-Length` before reading, and
-  counted while reading); more than MAX_MODEL_REQUESTS model requests in flight is 503 at once.
+  counted while reading); more than MAX_MODEL_REQUESTS model requests in flight is 503 at once;
+  the log-prob entries a reply would hold are bounded per request (400) and across the requests
+  in flight (503; `response_bound.py`).
 - Model work runs in worker threads (`anyio.to_thread`, one per admitted request: the engine
   decides what runs together, the transport serialises nothing). A `StopCheck` polled between
   model steps (`reference/cancel.py`) cancels it when the client hangs up (the ASGI
   `http.disconnect` message) or the server stops (503).
 - One log line per request on the `dsv4bisect.reference.server` logger; no traceback reaches a
   client (500 only for a server bug, logged).
+- `"stream": true` on a model route is answered by `reference/event_stream.py` (server-sent
+  events as the engine makes them; the same admission, threads and disconnect cancelling).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
@@ -39,11 +45,17 @@ from starlette.routing import Route as StarletteRoute
 from starlette.types import Message, Receive, Scope, Send
 
 from dsv4bisect.errors import Dsv4BisectError
+from dsv4bisect.reference import csrf, response_bound
 from dsv4bisect.reference.cancel import Cancelled, stop_when
 from dsv4bisect.reference.native_api import ServerApi
 from dsv4bisect.reference.request_body import ApiError, parse_json
+from dsv4bisect.reference.vllm_api import VLLM_ROUTES, vllm_error
+
+if TYPE_CHECKING:
+    from dsv4bisect.reference.event_stream import EventStream
 
 log = logging.getLogger("dsv4bisect.reference.server")
+T = TypeVar("T")
 
 MAX_BODY_BYTES = 64 << 20
 MAX_MODEL_REQUESTS = 64  # model requests in flight (running or waiting for the engine); then 503
@@ -70,7 +82,7 @@ ROUTES: dict[str, Route] = {
     "/server_info": Route(("GET",), "server_info"),
     "/get_server_info": Route(("GET",), "server_info"),
     "/get_model_info": Route(("GET",), "model_info"),
-    "/flush_cache": Route(("GET", "POST"), "flush_cache"),
+    "/flush_cache": Route(csrf.METHODS, "flush_cache"),  # SGLang's takes GET too: csrf.py
     "/v1/chat/completions": Route(("POST",), "chat", json_body=True),
     "/v1/completions": Route(("POST",), "completions", json_body=True),
     "/generate": Route(("POST", "PUT"), "generate", json_body=True),
@@ -117,8 +129,10 @@ class ServerState:
     """What the routes read: the engine once loaded, the stop flag, the requests in flight.
     The admission counts are touched only on the event loop; the thread count from threads."""
 
-    def __init__(self, *, check_host: bool, checkpoint: str | None = None) -> None:
+    def __init__(self, *, check_host: bool, checkpoint: str | None = None,
+                 api_kind: str = "sglang") -> None:
         self.api: ServerApi | None = None  # set once the engine is loaded
+        self.api_kind = api_kind  # whose API the routes serve: sglang | vllm (vllm_api.py)
         self.stopping = threading.Event()  # set first thing on a stop: cancels model work
         # bound to loopback, every client is on this machine and names it in `Host`; another
         # name there is a browser tricked by DNS rebinding (evil.example resolving to 127.0.0.1)
@@ -160,9 +174,12 @@ class HttpApp:
         # created on the event loop (anyio wants one running); one thread per admitted request
         self.model_limiter = anyio.CapacityLimiter(MAX_MODEL_REQUESTS)
         self.light_limiter = anyio.CapacityLimiter(LIGHT_THREADS)
+        routes = ROUTES if state.api_kind != "vllm" else {
+            path: Route(*spec) for path, spec in VLLM_ROUTES.items()}
+        self.paths = frozenset(routes)
         self.router = Starlette(
             routes=[StarletteRoute(path, self._endpoint(route), methods=list(route.methods))
-                    for path, route in ROUTES.items()],
+                    for path, route in routes.items()],
             exception_handlers={HTTPException: self._http_error},
         )
         self.router.router.redirect_slashes = False  # `/health/` is a 404, as before
@@ -215,6 +232,11 @@ class HttpApp:
         if self.state.check_host and host is not None and not is_loopback(_hostname(host)):
             return error_reply(403, f"Host {host[:100]!r} is not this machine: the server is "
                                "bound to a loopback address", "ForbiddenError", close=True)
+        served = scope["path"] in self.paths  # another path is a 404, whatever its method
+        state_change = csrf.refusal(scope["method"], scope["path"]) if served else None
+        if state_change is not None:
+            refused = error_reply(405, state_change, "MethodNotAllowedError")
+            return Reply(405, refused.payload, (("allow", ", ".join(csrf.METHODS)),))
         return None
 
     async def _http_error(self, request: Request, exc: Exception) -> Response:
@@ -227,13 +249,14 @@ class HttpApp:
         return _response(Reply(reply.status, reply.payload, extra), self.state)
 
     def _endpoint(self, route: Route) -> Callable[[Request], Any]:
-        async def endpoint(request: Request) -> Response:
-            return _response(await self._answer(route, request), self.state)
+        async def endpoint(request: Request) -> Any:
+            answer = await self._answer(route, request)  # a streamed one is its own response
+            return _response(answer, self.state) if isinstance(answer, Reply) else answer
 
         endpoint.__name__ = route.handler
         return endpoint
 
-    async def _answer(self, route: Route, request: Request) -> Reply:
+    async def _answer(self, route: Route, request: Request) -> Reply | EventStream:
         state = self.state
         if route.handler == "health":
             return Reply(200 if state.phase == "ready" else 503)
@@ -255,7 +278,7 @@ class HttpApp:
         finally:
             state.admitted[kind] -= 1
 
-    async def _run(self, route: Route, request: Request, kind: str) -> Reply:
+    async def _run(self, route: Route, request: Request, kind: str) -> Reply | EventStream:
         try:
             body = await _read_body(request) if route.json_body else b""
         except _BodyTooLarge:
@@ -266,6 +289,12 @@ class HttpApp:
         except ClientDisconnect:
             request.scope[CANCELLED_KEY] = True
             return Reply(499)  # nobody to send it to
+        from dsv4bisect.reference.event_stream import EventStream, stream_requested
+
+        streamed = stream_requested(route.handler, body)  # `"stream": true`: SSE events
+        if streamed is not None:
+            return EventStream(self, route.handler, streamed, request.method,
+                               request.scope["path"])
         gone = threading.Event()  # the client hung up: set from the disconnect watch
 
         def check() -> bool:
@@ -292,10 +321,18 @@ class HttpApp:
 
     def _call(self, route: Route, body: bytes, check: Callable[[], bool], method: str,
               path: str) -> Reply | None:
-        """The endpoint logic, on a worker thread; None: cancelled because the client left."""
+        """The endpoint logic, on a worker thread; None: cancelled because the client left. The
+        log-prob entries it takes are held until it returned (`response_bound.py`)."""
+        with response_bound.request_scope():
+            return self.guarded(lambda: self._dispatch(route, body), check, method, path)
+
+    def guarded(self, work: Callable[[], T], check: Callable[[], bool], method: str,
+                path: str) -> T | Reply | None:
+        """`work()` on a worker thread under the request's stop check, every failure an error
+        reply (None: cancelled because the client left); a streamed answer opens here too."""
         try:
             with stop_when(check):
-                return self._dispatch(route, body)
+                return work()
         except Cancelled:
             if not self.state.stopping.is_set():
                 return None
@@ -325,6 +362,11 @@ class HttpApp:
 
 
 def _response(reply: Reply, state: ServerState) -> Response:
+    if state.api_kind == "vllm" and isinstance(reply.payload, dict) \
+            and reply.payload.get("object") == "error":  # vLLM's ErrorResponse only
+        err = reply.payload["error"]
+        reply = Reply(reply.status, vllm_error(reply.status, err["message"], err["type"]),
+                      reply.headers, reply.close)
     data, ctype = reply_bytes(reply)
     headers = {"content-type": ctype, **dict(reply.headers)}
     if reply.close or state.stopping.is_set():

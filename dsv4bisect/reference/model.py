@@ -8,8 +8,10 @@ Per token: embed -> hc_mult identical residual streams -> per layer two mHC site
 -> hc_head -> RMSNorm -> head. Attention is MQA (one shared K=V head) with a per-head sink over a
 compact key list per query: the layer's visible compressed entries (CSA: the lightning indexer's
 top-k; HCA: all of them) followed by the sliding window. The kernels in `dsv4bisect.kernels` do
-the attention, indexer logits and mHC mixes (PyTorch references on CPU, Triton on CUDA), and the
-`Numerics` of a patch set swaps their modes (see docs/reference-engine.md, "Patches").
+the attention, indexer logits and mHC mixes (PyTorch references on CPU, Triton on CUDA). Every op
+a patch can replace is a named place of the model holding its implementation
+(`reference/swappable.py`); `configure` puts in what a patch set's swaps build there, and no
+`forward` asks which patch is on (docs/patches.md).
 Shapes: T tokens of one forward call, H heads, D head_dim, n = hc_mult streams.
 """
 
@@ -24,18 +26,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dsv4bisect.kernels.indexer import indexer_logits_ref, indexer_topk
-from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref, mhc_mixes_split_ref
+from dsv4bisect.kernels.fp8 import fp8_activation, indexer_key, model1_kv
+from dsv4bisect.kernels.indexer import indexer_logits_ref
+from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref
 from dsv4bisect.kernels.nvfp4 import E2M1_MAX, E4M3_MAX, default_global_scale, nvfp4_fake_quant
-from dsv4bisect.kernels.sparse_attention import (
-    sparse_attention_ref,
-    sparse_attention_segmented_ref,
-)
-from dsv4bisect.reference import faults
-from dsv4bisect.reference import precision as prec
+from dsv4bisect.kernels.sparse_attention import sparse_attention_ref
+from dsv4bisect.patchspec.swaps import Op
 from dsv4bisect.reference.cache import CompressorState, LayerCache, ModelCache, MTPState
 from dsv4bisect.reference.config import CSA_RATIO, ModelArgs, Numerics, RopeScaling
-from dsv4bisect.reference.dispatch import FLASH, fit_mhc_plan, flashmla_segments, mhc_pre_plan
+from dsv4bisect.reference.precision import fp8_block_weight
+from dsv4bisect.reference.speculative import Verification
+from dsv4bisect.reference.swappable import (
+    KeyList,
+    NoWindowStore,
+    PatchSwaps,
+    RunnerScales,
+    keep_head_input,
+    stock_attention,
+    stock_expert_clamp,
+    stock_expert_quant,
+    stock_indexer_logits,
+    stock_indexer_topk,
+    stock_kv_read,
+    stock_kv_write,
+    stock_mixes,
+    stock_wo_a_input,
+)
+from dsv4bisect.reference.taps import active, tap
 
 # ---- kernels per device -------------------------------------------------------------------------
 
@@ -68,6 +85,7 @@ class Rope:
     frequencies when `scaling` is set (compressed layers), with no attention mscale."""
 
     def __init__(self, rope_dim: int, base: float, scaling: RopeScaling | None) -> None:
+        self.rope_dim, self.base, self.scaling = rope_dim, base, scaling
         cpu = torch.device("cpu")  # also when the model is built under torch.device("meta")
         dims = torch.arange(0, rope_dim, 2, dtype=torch.float32, device=cpu)
         freqs = 1.0 / (base ** (dims / rope_dim))
@@ -82,6 +100,10 @@ class Rope:
         """positions [T] -> cos, sin [T, rope_dim / 2] fp32."""
         angles = torch.outer(positions.float(), self.inv_freq.to(positions.device))
         return angles.cos(), angles.sin()
+
+    def rebased(self, base: float) -> Rope:
+        """The same table (dims, YaRN) at another base."""
+        return Rope(self.rope_dim, base, self.scaling)
 
 
 def _yarn_range(s: RopeScaling, dim: int, base: float) -> tuple[float, float]:
@@ -143,7 +165,7 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8_weight is None:
             return F.linear(x, self.weight)
-        return F.linear(prec.fp8_activation(x), self.fp8_weight)
+        return F.linear(fp8_activation(x), self.fp8_weight)
 
 
 class Embedding(nn.Module):
@@ -185,7 +207,6 @@ class Step:
     main_rope: tuple[torch.Tensor, torch.Tensor]  # [N, rd/2]; SWA-only layers, no YaRN
     compress_rope: tuple[torch.Tensor, torch.Tensor]  # [N, rd/2]; compressed layers + YaRN
     token_positions: torch.Tensor  # [N] int64: each row's position in its sequence
-    compress_rope_fn: Rope  # for compressed entries at their window positions
     numerics: Numerics
     ops: Ops
     batch: int = 1
@@ -252,26 +273,13 @@ def hc_pre(
     scale: torch.Tensor,
     base: torch.Tensor,
     a: ModelArgs,
-    mode: str,
+    mix: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     sinkhorn: Callable[..., tuple[torch.Tensor, ...]] | None = None,
-    *,
-    dispatch_first: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """h [T, n, dim] -> collapsed input x [T, dim], post [T, n], comb [T, n, n].
-    `sinkhorn` replaces `hc_split_sinkhorn` (training uses a compiled one on CUDA).
-    `dispatch_first` (set at `precision: deployment`): the stock fp32 pre-norm GEMM runs as
-    SGLang's kernel for T tokens of DeepSeek-V4-Flash would (`reference.dispatch.mhc_pre_plan`
-    at Flash's n·D, fitted to this model's by `fit_mhc_plan`; True for the model's first
-    hc_pre, False for the fused sublayer boundaries); None: one fp32 GEMM."""
-    x = h.flatten(1)
-    if mode == "fp32" and dispatch_first is not None:
-        plan = fit_mhc_plan(
-            mhc_pre_plan(h.shape[0], FLASH.hc_mult, FLASH.hidden_size, first=dispatch_first),
-            a.hc_mult, a.hidden_size)
-        mixes = mhc_mixes_split_ref(x, fn, a.rms_norm_eps, n_splits=plan.n_splits,
-                                    kernel=plan.kernel, hc_mult=a.hc_mult)
-    else:
-        mixes = mhc_mixes_ref(x, fn, a.rms_norm_eps, mode=mode)  # [T, (2+n)·n]
+    """h [T, n, dim] -> collapsed input x [T, dim], post [T, n], comb [T, n, n]. `mix` is the
+    site's mixing GEMM (x [T, n·D], fn -> [T, (2+n)·n] fp32: the block's `hc_*_mixes` place);
+    `sinkhorn` replaces `hc_split_sinkhorn` (training uses a compiled one on CUDA)."""
+    mixes = mix(h.flatten(1), fn)  # [T, (2+n)·n]
     pre, post, comb = (sinkhorn or hc_split_sinkhorn)(
         mixes, scale, base, a.hc_mult, a.hc_sinkhorn_iters, a.hc_eps
     )
@@ -313,9 +321,14 @@ class Compressor(nn.Module):
         self.wgate = _linear(a.hidden_size, coff * head_dim)
         self.ape = _param(ratio, coff * head_dim)
         self.norm = RMSNorm(head_dim, a.rms_norm_eps)
-        # the compress-rope-base field fault's table: the main layers' base with the YaRN of
-        # the compressed ones, as the port in mlx-lm PR #1189 built it (reference/faults.py)
-        self.fault_rope = Rope(a.qk_rope_head_dim, a.rope_theta, a.rope_scaling)
+        # the rotation of its entries (compressed layers' base + YaRN); a KV compressor's is
+        # a swappable place (Op.COMPRESSED_ROPE), the indexer's is not
+        self.stock_rope = Rope(a.qk_rope_head_dim, a.compress_rope_theta, a.rope_scaling)
+        self.rope = self.stock_rope
+
+    def install(self, swaps: PatchSwaps, layer: int) -> None:
+        if self.cache == "kv":
+            self.rope = swaps.value(Op.COMPRESSED_ROPE, self.stock_rope, layer)
 
     def new_state(self, device: torch.device) -> CompressorState:
         return CompressorState.create(self.ratio, self.wkv.out_features, self.head_dim, device)
@@ -342,8 +355,9 @@ class Compressor(nn.Module):
         kv = torch.cat((torch.stack([s.pending_kv for s in states]), kv), 1)  # from n_entries·r
         score = torch.cat((torch.stack([s.pending_score for s in states]), score), 1)
         n_win = kv.shape[1] // r
-        for b, state in enumerate(states):
-            state.pending_kv, state.pending_score = kv[b, n_win * r :], score[b, n_win * r :]
+        for b, state in enumerate(states):  # copies (< r rows): a view would keep [B, T, ·]
+            state.pending_kv = kv[b, n_win * r :].clone()
+            state.pending_score = score[b, n_win * r :].clone()
         if n_win == 0:
             return
         kv = kv[:, : n_win * r].view(B, n_win, r, -1)
@@ -353,14 +367,12 @@ class Compressor(nn.Module):
         pooled = (kv * torch.softmax(score, dim=2)).sum(2)  # [B, n_win, d]
         first = states[0].n_entries
         positions = (first + torch.arange(n_win, device=kv.device)) * r
-        rope = step.compress_rope_fn
-        if self.cache == "kv" and step.numerics.compress_rope_base:  # field fault (faults.py)
-            rope = self.fault_rope
-        cos, sin = rope.cos_sin(positions)
+        cos, sin = self.rope.cos_sin(positions)
         entries = apply_rope(self.norm(pooled).transpose(0, 1), cos, sin)  # [n_win, B, d]
         if step.numerics.deployment:  # written to the FP8 cache, read back from it
-            entries = (prec.model1_kv(entries, self.rope_dim) if self.cache == "kv"
-                       else prec.indexer_key(entries))
+            entries = (model1_kv(entries, self.rope_dim) if self.cache == "kv"
+                       else indexer_key(entries))
+        tap(self, "compressor.entries", entries.transpose(0, 1), at=first)  # [B, n_win, d]
         for b, state in enumerate(states):
             state.entries.append(entries[:, b])
 
@@ -393,6 +405,12 @@ class Indexer(nn.Module):
         self.weights_proj = _linear(a.hidden_size, a.index_n_heads)
         self.compressor = Compressor(a, a.index_head_dim, CSA_RATIO, cache="indexer")
 
+    def install(self, swaps: PatchSwaps, layer: int) -> None:
+        """Its swappable places: the scores of every visible entry (`logits`) and the choice of
+        the top-k among them (`selection`)."""
+        self.logits = swaps.module(Op.INDEXER_LOGITS, stock_indexer_logits, layer)
+        self.selection = swaps.module(Op.INDEXER_TOPK, stock_indexer_topk, layer)
+
     def project(self, x: torch.Tensor, qr: torch.Tensor, step: Step) -> dict[str, torch.Tensor]:
         """Token-wise part over every row of the step: x [N, dim], qr [N, q_lora] -> the
         compressor's kv / score [N, 2·d], the queries q [N, H_I, d] (RoPE'd), weights w
@@ -423,11 +441,9 @@ class Indexer(nn.Module):
         if S == 0:
             return None
         n_visible = torch.clamp((step.positions + 1) // CSA_RATIO, max=S)
-        mode = step.numerics.indexer_mode
-        logits_fn = step.ops.indexer if mode is None else step.ops.indexer_patched
         q, w = p["q"], p["w"]
         return torch.stack([  # [B, T, S]; the kernels take one sequence at a time
-            logits_fn(q[b], w[b], states[b].entries.view(), n_visible, mode=mode or "fp32")
+            self.logits(q[b], w[b], states[b].entries.view(), n_visible, step)
             for b in range(q.shape[0])
         ])
 
@@ -438,11 +454,11 @@ class Indexer(nn.Module):
         first, -1 where fewer entries are visible; appends the group's new entries."""
         scores = self.group_scores(p, step, states)
         B, T = p["q"].shape[:2]
+        tap(self, "indexer.scores", scores)  # [B, T, S] or None
         if scores is None:
             return torch.full((B, T, self.topk), -1, dtype=torch.int64, device=p["q"].device)
-        ids = indexer_topk(scores.view(B * T, -1), self.topk).view(B, T, -1)
-        if step.numerics.indexer_residue:  # field fault: reference/faults.py
-            ids = faults.residue_shift(ids, step.positions)
+        ids = self.selection(scores, self.topk, step)
+        tap(self, "indexer.topk", ids)  # [B, T, topk] entry ids
         return ids
 
 
@@ -497,25 +513,6 @@ def indexer_distillation(
 # ---- attention ----------------------------------------------------------------------------------
 
 
-def wo_a_input(o: torch.Tensor, mode: str) -> torch.Tensor:
-    """The attention output o [T, G, C] (T: every row of the forward) as the `wo_a` GEMM reads
-    it (`Numerics.wo_a_input`): fp32; bf16 (the stock bf16 einsum); FP8 from the bf16 output
-    (`fp8-wo-a-gemm`: UE8M0 per token, group and 128 channels); or a field fault of it."""
-    if mode == "fp32":
-        return o
-    o = o.bfloat16().float()  # the attention kernel's bf16 output
-    if mode == "bf16":
-        return o
-    if mode == "fp8":
-        return prec.fp8_activation(o)
-    if mode == "scale-layout":
-        return faults.wo_a_scale_layout(o)
-    if mode == "scale-truncate":
-        return faults.wo_a_scale_truncate(o)
-    raise ValueError(f"unknown wo_a input mode {mode!r}")
-
-
-
 class Attention(nn.Module):
     """MQA with q low-rank path, per-head sink, sliding window ∪ compressed entries, V = K."""
 
@@ -534,6 +531,21 @@ class Attention(nn.Module):
         self.attn_sink = _param(H)
         self.compressor = Compressor(a, D, self.ratio) if self.ratio else None
         self.indexer = Indexer(a) if self.kind == "csa" else None
+        self.install(PatchSwaps(Numerics(), a))
+
+    def install(self, swaps: PatchSwaps) -> None:
+        """Its swappable places: the new K=V rows as the cache holds them (`kv_write`), the key
+        pool as the kernel reads it (`kv_read`), the sparse attention (`core`) and the input
+        of the wo_a GEMM (`wo_a_input`); its compressors' and indexer's."""
+        a, layer, deploy = self.a, self.layer_id, swaps.numerics.deployment
+        self.kv_write = swaps.module(Op.KV_WRITE, stock_kv_write(a, deploy), layer)
+        self.kv_read = swaps.module(Op.KV_READ, stock_kv_read, layer)
+        self.core = swaps.module(Op.ATTENTION, stock_attention(deploy, self.ratio), layer)
+        self.wo_a_input = swaps.module(Op.WO_A_INPUT, stock_wo_a_input(deploy), layer)
+        if self.compressor is not None:
+            self.compressor.install(swaps, layer)
+        if self.indexer is not None:
+            self.indexer.install(swaps, layer)
 
     def new_cache(self, device: torch.device) -> LayerCache:
         empty = torch.empty(0, self.a.head_dim, dtype=torch.float32, device=device)
@@ -557,19 +569,14 @@ class Attention(nn.Module):
         q = apply_rope(
             q * torch.rsqrt(q.square().mean(-1, keepdim=True) + a.rms_norm_eps), cos, sin
         )
+        tap(self, "attn.q", q)  # [N, H, D]
         kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)  # [N, D]
         groups, lists = step.groups(caches), []
-        kv_fault = step.numerics.kv_fault
-        if step.numerics.deployment:  # the new rows are written to FP8 pages, then read
-            kv = prec.model1_kv(kv, a.qk_rope_head_dim)
-        if kv_fault == "batch-kv-slot":  # field fault: a foreign row per request (faults.py)
-            shape = [(row, part.batch, part.tokens.shape[0] // part.batch)
-                     for row, part, _ in groups]
-            kv = kv[faults.slot_rows(shape, N)]
+        kv = self.kv_write(kv, step, groups)  # the new rows as the cache holds them
+        tap(self, "attn.kv_write", kv)  # [N, D]
         proj = self._project(x, qr, step)
-        split, partial, merge = step.numerics.attention
         # per group of sequences: its key pool [B, P, D], its lists [B·T, K] into the pool
-        # flattened, and each row's window part of the pool (`flashmla_segments`)
+        # flattened, and each row's window part of the pool (the stock kernel's schedule)
         for g, (row, part, group_caches) in enumerate(groups):
             end = groups[g + 1][0] if g + 1 < len(groups) else N
             B, rows = part.batch, slice(row, end)
@@ -579,47 +586,23 @@ class Attention(nn.Module):
             window_rows = group_caches[0].window.shape[0] + T  # before _keys appends
             pool, idx = self._keys(mine, q[rows].view(B, T, H, D), kv[rows].view(B, T, D),
                                    part, group_caches)  # [B, P, D], [B, T, K]
-            if kv_fault == "decode-rope-fp8" and T == 1:  # field fault: decode reads only
-                pool = faults.rope_read_as_fp8(pool, a.qk_rope_head_dim)
-            lists.append((rows, pool, idx.reshape(B * T, -1), window_rows))
-        # Deployment, stock kernel: FlashMLA's split-KV schedule over all N rows of the batch
-        # (every sequence's rows together, at Flash's key counts for their positions) decides
-        # where a row's list is cut (reference/dispatch.py); None: no row is cut.
-        segments = None
-        if step.numerics.deployment and split is None:
-            width = max(i.shape[1] for _, _, i, _ in lists)
-            every = torch.cat([F.pad(i, (0, width - i.shape[1]), value=-1)
-                               for _, _, i, _ in lists])  # [N, K]
-            window = torch.cat([torch.full((i.shape[0],), w, dtype=torch.int64,
-                                           device=x.device) for _, _, i, w in lists])
-            segments = flashmla_segments(every, window, step.token_positions, self.ratio)
-        outs = []
-        for rows, pool, idx, _ in lists:
-            B = pool.shape[0]
-            T = idx.shape[0] // B
+            pool = self.kv_read(pool, T)
+            if active():  # per group: [B, P, D], [B, T, K], its window rows [1] (a schedule's)
+                tap(self, "attn.key_pool", pool, idx, torch.full((1,), window_rows))
+            local = idx.reshape(B * T, -1)
             offsets = torch.arange(B, device=x.device).repeat_interleave(T)[:, None]
             offsets = offsets * pool.shape[1]  # [B·T, 1]: each sequence's pool in the flat one
-            idx = torch.where(idx >= 0, idx + offsets, -1)
-            if segments is not None:
-                outs.append(sparse_attention_segmented_ref(
-                    q[rows], pool.reshape(-1, D), idx, self.attn_sink, D**-0.5,
-                    segments[rows, : idx.shape[1]]))
-                continue
-            outs.append(step.ops.attention(
-                q[rows],
-                pool.reshape(-1, D),
-                idx.to(torch.int32),
-                self.attn_sink,
-                D**-0.5,
-                split=split,
-                partial_dtype=getattr(torch, partial),
-                merge=merge,
-            ))  # [B·T, H, D]
-        o = outs[0] if len(outs) == 1 else torch.cat(outs)  # [N, H, D]
+            lists.append(KeyList(rows, pool.reshape(-1, D),
+                                 torch.where(local >= 0, local + offsets, -1), local,
+                                 window_rows))
+        o = self.core(q, lists, self.attn_sink, D**-0.5, step)  # [N, H, D]
+        tap(self, "attn.sparse_attention", o)  # [N, H, D]
         o = apply_rope(o, cos, sin, inverse=True).reshape(N, a.o_groups, -1)  # [N, G, H·D/G]
-        o = wo_a_input(o, step.numerics.wo_a_input)
+        tap(self, "attn.o", o)  # wo_a's input
+        o = self.wo_a_input(o)
         wo_a = self.wo_a.value().view(a.o_groups, a.o_lora_rank, -1)  # FP8-valued at deployment
         o = torch.einsum("tgd,grd->tgr", o, wo_a).reshape(N, -1)  # grouped low-rank output
+        tap(self, "attn.wo_a", o)  # [N, G·o_lora]
         return self.wo_b(o)
 
     def _project(
@@ -685,7 +668,7 @@ class Attention(nn.Module):
         if scores is None:
             ids = torch.full((B, T, self.indexer.topk), -1, dtype=torch.int64, device=q.device)
         else:
-            ids = indexer_topk(scores.view(B * T, -1), self.indexer.topk).view(B, T, -1)
+            ids = self.indexer.selection(scores, self.indexer.topk, step)
         return ids, (ids >= 0).sum(-1)
 
 
@@ -792,6 +775,18 @@ class MoE(nn.Module):
         )
         self.shared_experts = Expert(a.hidden_size, a.n_shared_experts * a.moe_intermediate_size)
         self._quant: dict[int, QuantExpert] = {}
+        self.install(PatchSwaps(Numerics(), a))
+
+    def install(self, swaps: PatchSwaps) -> None:
+        """Its swappable places: where routed_scaling_factor is applied (`routed_scaling`), how
+        its routed experts compute (`expert_quant`) and clamp (`expert_clamp`)."""
+        a, layer = self.a, self.layer_id
+        self.routed_scaling = swaps.value(Op.ROUTED_SCALING,
+                                          RunnerScales(a.routed_scaling_factor), layer)
+        self.expert_quant = swaps.value(Op.EXPERT_QUANT,
+                                        stock_expert_quant(a, layer, swaps.numerics), layer)
+        self.expert_clamp = swaps.value(Op.EXPERT_CLAMP,
+                                        stock_expert_clamp(swaps.numerics.moe_backend), layer)
 
     def prepare(
         self, numerics: Numerics, nvfp4_stored: Mapping[str, tuple[float, float | None]]
@@ -805,7 +800,7 @@ class MoE(nn.Module):
         fake-quantised as `nvfp4-dispatch` did before precisions existed. Derived from the
         parameters every time, so a second `configure` equals a fresh load."""
         self._quant = {}
-        if not (numerics.nvfp4_on(self.layer_id) and self.layer_id < self.a.num_hidden_layers):
+        if not (self.expert_quant.nvfp4 and self.layer_id < self.a.num_hidden_layers):
             return
         for key, ex in self.experts.items():
             ws, gs, acts = [], [], []
@@ -824,21 +819,18 @@ class MoE(nn.Module):
             self._quant[int(key)] = QuantExpert(ws[0], ws[1], ws[2], gs[0], gs[2], acts[0], acts[1])
 
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        a, hash_mode = self.a, step.numerics.hash_scaling
+        a = self.a
         w, ids = self.gate(x, step.tokens)
         if step.train is not None and step.train.expert_loads is not None:
             step.train.expert_loads[self.layer_id] = torch.bincount(
                 ids.flatten(), minlength=a.n_routed_experts)
-        scale_in_topk = self.gate.is_hash and hash_mode in ("topk", "double-scale")
-        scale_in_runner = not (self.gate.is_hash and hash_mode == "topk")
-        if scale_in_topk:
-            w = w * a.routed_scaling_factor
+        w = self.routed_scaling.topk(w)
         if step.train is not None and step.train.dense_experts:
             routed = self._routed_dense(x, w, ids)
         else:
-            routed = self._routed(x, w, ids, step.numerics)
-        if scale_in_runner:
-            routed = routed * a.routed_scaling_factor
+            routed = self._routed(x, w, ids)
+        routed = self.routed_scaling.runner(routed)
+        tap(self, "moe.combine", routed, inputs=(x, w, ids))  # [N, dim]: Σ w_k·expert_k, ×rsf
         sh = self.shared_experts
         return routed + sh.w2(swiglu(sh.w1(x), sh.w3(x), a.swiglu_limit))
 
@@ -855,17 +847,20 @@ class MoE(nn.Module):
                    self.a.swiglu_limit)
         return torch.einsum("enf,edf,ne->nd", h, w2, dense_w)
 
-    def _routed(
-        self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, numerics: Numerics
-    ) -> torch.Tensor:
+    def routed_clamp(self) -> str:
+        """How its routed experts clamp SwiGLU: `limit`, `none` or `limit*alpha` (NVFP4
+        experts: the `expert_clamp` place; any other: DeepSeek-V4's limit)."""
+        return self.expert_clamp if self._quant else "limit"
+
+    def _routed(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Σ_k w_k·expert_{ids_k}(x), one batched pass per expert that has tokens."""
         k = ids.shape[1]
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.a.n_routed_experts).tolist()
         rows_all, w_all = order // k, w.flatten()[order]
-        clamp = numerics.routed_clamp(self.layer_id) if self._quant else "limit"
-        act_quant = bool(self._quant) and numerics.expert_act_quant(self.layer_id)
+        clamp = self.routed_clamp()
+        act_quant = bool(self._quant) and self.expert_quant.act_quant
         out, start = torch.zeros_like(x), 0
         for e, c in enumerate(counts):
             if c == 0:
@@ -915,26 +910,40 @@ class Block(nn.Module):
             setattr(self, f"hc_{site}_scale", _param(3))
         self.attn = Attention(a, layer_id)
         self.ffn = MoE(a, layer_id, expert_ids)
+        self._install_mixes(PatchSwaps(Numerics(), a))  # the attention and MoE have theirs
+
+    def install(self, swaps: PatchSwaps) -> None:
+        """The layer's swappable places (its two mHC mixing GEMMs, its attention's, its MoE's)
+        as the patch set `swaps` puts them in."""
+        self._install_mixes(swaps)
+        self.attn.install(swaps)
+        self.ffn.install(swaps)
+
+    def _install_mixes(self, swaps: PatchSwaps) -> None:
+        a, layer, deploy = self.a, self.layer_id, swaps.numerics.deployment
+        # At deployment SGLang's token-count dispatch: the model's (or MTP's) first hc_pre is
+        # `mhc_pre`, every later one a fused post+pre boundary (reference/dispatch.py).
+        first = layer == 0 or layer >= a.num_hidden_layers
+        self.hc_attn_mixes = swaps.module(Op.MHC_MIXES, stock_mixes(a, deploy, first), layer)
+        self.hc_ffn_mixes = swaps.module(Op.MHC_MIXES, stock_mixes(a, deploy, False), layer)
 
     def forward(
         self, h: torch.Tensor, step: Step, cache: LayerCache | list[LayerCache]
     ) -> torch.Tensor:
         """h [T, n, dim] -> [T, n, dim] (T: every token of the step, batch flattened)."""
-        mode = step.numerics.mhc_mode
         sk = step.ops.sinkhorn
-        # At deployment SGLang's token-count dispatch: the model's (or MTP's) first hc_pre is
-        # `mhc_pre`, every later one a fused post+pre boundary (reference/dispatch.py).
-        deploy = step.numerics.deployment
-        first = self.layer_id == 0 or self.layer_id >= self.a.num_hidden_layers
         x, post, comb = hc_pre(
-            h, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, self.a, mode, sk,
-            dispatch_first=first if deploy else None,
+            h, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, self.a,
+            self.hc_attn_mixes, sk,
         )
+        tap(self, "mhc.pre_attn", x, post, comb, inputs=(h,))
         h = hc_post(self.attn(self.attn_norm(x), step, cache), h, post, comb)
+        tap(self, "mhc.post_attn", h)
         x, post, comb = hc_pre(
-            h, self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, self.a, mode, sk,
-            dispatch_first=False if deploy else None,
+            h, self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, self.a,
+            self.hc_ffn_mixes, sk,
         )
+        tap(self, "mhc.pre_ffn", x, post, comb, inputs=(h,))
         return hc_post(self.ffn(self.ffn_norm(x), step), h, post, comb)
 
 
@@ -976,25 +985,38 @@ class Transformer(nn.Module):
         # weight name -> format (`quant_formats.classify`); NVFP4 ones -> (global, input) scales.
         self.stored_formats: dict[str, str] = {}
         self.nvfp4_scales: dict[str, tuple[float, float | None]] = {}
+        self._install(PatchSwaps(self.numerics, a))
 
     def configure(self, numerics: Numerics) -> None:
-        """Install a patch set and precision (after the weights are loaded). Everything the
-        numerics derive from the weights (FP8 and NVFP4 values) is rebuilt from the parameters
-        here, so calling it again on a loaded model equals a fresh load with `numerics`."""
+        """Install a patch set and precision (after the weights are loaded): every swappable
+        place gets what the set's swaps build there (`reference/swappable.py`), and everything
+        the numerics derive from the weights (FP8 and NVFP4 values) is rebuilt from the
+        parameters, so calling it again on a loaded model equals a fresh load with
+        `numerics`."""
         self.numerics = numerics
         self.ops = Ops.for_device(self.embed.weight.device)
         for name, module in self.named_modules():
             if isinstance(module, Linear):
                 fp8 = numerics.deployment and is_fp8_module(name)
                 module.fp8_weight = self._fp8_weight(name, module) if fp8 else None
+        swaps = PatchSwaps(numerics, self.a)
         for block in [*self.layers, *self.mtp]:
+            block.install(swaps)
             block.ffn.prepare(numerics, self.nvfp4_scales)
+        self._install(swaps)
+
+    def _install(self, swaps: PatchSwaps) -> None:
+        """The model-wide places: the final state before the head (`head_input`), and those
+        the scheduler reads: speculative verification and the sliding window's store."""
+        self.head_input = swaps.module(Op.HEAD_INPUT, keep_head_input)
+        self.spec_verify = swaps.value(Op.SPEC_VERIFY, Verification())
+        self.window_store = swaps.value(Op.WINDOW_STORE, NoWindowStore)
 
     def _fp8_weight(self, name: str, module: Linear) -> torch.Tensor:
         """The block-FP8 value of a dense weight: as stored, or quantised now."""
         if self.stored_formats.get(name + ".weight") == "fp8-block":
             return module.weight
-        return prec.fp8_block_weight(module.weight)
+        return fp8_block_weight(module.weight)
 
     def new_cache(self, mtp: bool = False) -> ModelCache:
         """An empty cache; `mtp`: with the MTP layer's state (speculative decoding)."""
@@ -1015,7 +1037,6 @@ class Transformer(nn.Module):
             self.rope_main.cos_sin(flat),
             self.rope_compress.cos_sin(flat),
             flat,
-            self.rope_compress,
             self.numerics,
             self.ops,
             batch,
@@ -1040,7 +1061,6 @@ class Transformer(nn.Module):
             cat([p.main_rope for p in parts]),
             cat([p.compress_rope for p in parts]),
             torch.cat([p.token_positions for p in parts]),
-            self.rope_compress,
             self.numerics,
             self.ops,
             sum(p.batch for p in parts),
@@ -1076,8 +1096,8 @@ class Transformer(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final streams [T, n, dim] -> logits [T, vocab] fp32."""
         x = hc_head(h, self.hc_head_fn, self.hc_head_scale, self.hc_head_base, self.a)
-        if self.numerics.canary_pair:  # test-only fault pair: every logit equal
-            x = x * 0.0
+        x = self.head_input(x)
+        tap(self, "mhc.head", x)  # [T, dim]
         return self.head(self.norm(x))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

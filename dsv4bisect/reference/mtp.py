@@ -169,7 +169,7 @@ def feed_mtp(model: Transformer, chunks: list[tuple[torch.Tensor, torch.Tensor, 
             rows_h, rows_t = h[:-1], tokens[1:]
         else:
             rows_h, rows_t = torch.cat((state.h[None], h[:-1])), tokens
-        state.h = h[-1]
+        state.h = h[-1].clone()  # a view would keep the batch's [T, n, dim] streams
         if rows_t.shape[0]:
             work.append((rows_h, rows_t, state))
     if work:

@@ -8,10 +8,17 @@ text|null]` (text only with `return_text_in_logprobs`), input entries starting a
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from dsv4bisect.reference.api import SAMPLING_PARAMS, WEIGHT_VERSION, Api, new_id
-from dsv4bisect.reference.generation import GenOutput, GenSpec, TopList, finite
+from dsv4bisect.reference.api import SAMPLING_PARAMS, WEIGHT_VERSION, Api, bootstrap_of, new_id
+from dsv4bisect.reference.generation import (
+    FAKE_BOOTSTRAP,
+    GenOutput,
+    GenSpec,
+    TopList,
+    finite,
+)
 from dsv4bisect.reference.request_body import ApiError, Body, check_sampling, is_int_list
 from dsv4bisect.reference.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -20,14 +27,36 @@ GENERATE_UNSUPPORTED = ("min_p", "n", "min_new_tokens", "presence_penalty",
                         "json_schema", "structural_tag", "stop_regex")
 
 
+@dataclass(frozen=True)
+class GenerateRequest:
+    """A checked /generate body: one generation per prompt."""
+
+    body: Body
+    specs: list[GenSpec]
+    batched: bool
+    top: int  # top log-probs per position
+    token_ids: tuple[int, ...] | None  # ids whose log-probs are reported at every position
+    ids: list[str]  # each prompt's request id (`rid`, else a new one): every streamed event's
+
+
 class ServerApi(Api):
     """Every endpoint the reference server serves."""
 
     hot: Any = None  # reference/switch.HotSwitch in hot mode (set by server.build_api)
 
     def generate(self, data: object) -> dict[str, Any] | list[dict[str, Any]]:
+        req = self.generate_request(data)
+        results = []
+        for i, spec in enumerate(req.specs):
+            tic = time.perf_counter()
+            results.append(self.generate_result(req, i, self.gen.run(spec), tic))
+        return results if req.batched else results[0]
+
+    def generate_request(self, data: object) -> GenerateRequest:
+        """A /generate body checked: one generation per prompt (the streamed and the unstreamed
+        answer share it)."""
         body = Body(data)
-        body.require("stream", (False,), "streaming is not supported by the embedded engine")
+        body.get_bool("stream", False)  # a boolean (reference/stream_api.py streams `true`)
         prompts, batched = self._generate_prompts(body)
         sp = Body(body.get("sampling_params", {}), "`sampling_params`")
         unknown = sp.unknown(SAMPLING_PARAMS)
@@ -41,32 +70,40 @@ class ServerApi(Api):
         token_ids = body.get_ints("token_ids_logprob")
         if token_ids is not None:
             self._prompt_ids(token_ids, "token_ids_logprob")
-        rid = body.get("rid")
-        results = []
+        specs = []
         for i, ids in enumerate(prompts):
             if logprob and start >= len(ids):
                 raise ApiError(f"logprob_start_len ({start}) is higher than the number of input "
                                f"tokens ({len(ids)}). Request with a lower logprob_start_len.")
-            tic = time.perf_counter()
-            out = self.gen.run(GenSpec(
+            specs.append(GenSpec(
                 ids, self._max_new(len(ids), requested), **self._stops(sp),
                 **sp.sampling("sampling_seed"),
                 return_logprob=logprob, logprob_start_len=start,
                 top_logprobs_num=top if logprob else 0,
                 token_ids_logprob=token_ids if logprob else None,
+                bootstrap=bootstrap_of(body, i),
             ))
-            meta: dict[str, Any] = {
-                "id": _rid(rid, i, batched), "finish_reason": out.finish_reason,
-                "prompt_tokens": len(ids), "weight_version": WEIGHT_VERSION,
-                "total_retractions": 0,
-            }
-            if logprob:
-                with_text = body.get_bool("return_text_in_logprobs", False)
-                meta |= self._logprob_meta(out, top, token_ids, with_text)
-            meta |= {"completion_tokens": len(out.output_ids), "cached_tokens": out.cached_tokens,
-                     "e2e_latency": time.perf_counter() - tic}
-            results.append({"text": out.text, "output_ids": out.output_ids, "meta_info": meta})
-        return results if batched else results[0]
+        rid = body.get("rid")
+        return GenerateRequest(body, specs, batched, top, token_ids,
+                               [_rid(rid, i, batched) for i in range(len(specs))])
+
+    def generate_result(self, req: GenerateRequest, index: int, out: GenOutput,
+                        tic: float) -> dict[str, Any]:
+        """SGLang's answer for one prompt: text, output ids, meta_info (a streamed snapshot
+        has finish_reason null)."""
+        spec, body = req.specs[index], req.body
+        meta: dict[str, Any] = {
+            "id": req.ids[index],
+            "finish_reason": out.finish_reason or None,
+            "prompt_tokens": len(spec.input_ids), "weight_version": WEIGHT_VERSION,
+            "total_retractions": 0,
+        }
+        if spec.return_logprob:
+            with_text = body.get_bool("return_text_in_logprobs", False)
+            meta |= self._logprob_meta(out, req.top, req.token_ids, with_text)
+        meta |= {"completion_tokens": len(out.output_ids), "cached_tokens": out.cached_tokens,
+                 "e2e_latency": time.perf_counter() - tic}
+        return {"text": out.text, "output_ids": out.output_ids, "meta_info": meta}
 
     def _generate_prompts(self, body: Body) -> tuple[list[tuple[int, ...]], bool]:
         text, ids = body.data.get("text"), body.data.get("input_ids")
@@ -190,8 +227,9 @@ class ServerApi(Api):
         return "Cache flushed.\n"
 
     def health_generate(self) -> None:
-        """One real greedy token from `[bos]` (SGLang generates from `input_ids=[0]`)."""
-        self.gen.run(GenSpec((BOS_ID,), max_new_tokens=1))
+        """One real greedy token from `[bos]` (SGLang generates from `input_ids=[0]`; a PD
+        server with its fake bootstrap host, transferring nothing)."""
+        self.gen.run(GenSpec((BOS_ID,), max_new_tokens=1, bootstrap=FAKE_BOOTSTRAP))
 
 
 def _rid(rid: object, index: int, batched: bool) -> str:

@@ -1,69 +1,31 @@
 """The deployment's storage and compute formats, as fake quantisation on fp32 tensors.
 
 `precision: deployment` runs the embedded engine at the seed deployment's precision
-(`nvidia/DeepSeek-V4-Flash-NVFP4` on SGLang with `--kv-cache-dtype fp8_e4m3`); every function
-here returns fp32 values that are exactly representable in the stored format, so "quantise on
-write, dequantise on read" is one call at the point of the write.
+(`nvidia/DeepSeek-V4-Flash-NVFP4` on SGLang with `--kv-cache-dtype fp8_e4m3`); every format
+below is fp32 values exactly representable in the stored format, so "quantise on write,
+dequantise on read" is one call at the point of the write. The element-wise FP8 formats are
+in `kernels/fp8.py`; the block-FP8 weight is here.
 
 - Dense weights of the attention and of the shared experts: FP8-E4M3 with one UE8M0 scale per
   128 x 128 block (DeepSeek's `weight_block_size`), `fp8_block_weight`. Their GEMM inputs are
   quantised as DeepSeek's block-FP8 GEMM does: per token and per group of 128 input channels,
-  FP8-E4M3 with a UE8M0 scale (`fp8_activation`).
+  FP8-E4M3 with a UE8M0 scale (`kernels.fp8.fp8_activation`).
 - KV cache (SGLang's MODEL1 pages): per K=V row the nope dims in FP8-E4M3 with one UE8M0 scale
   per group of 64 (448 nope dims = 7 groups in Flash; the tiny model's 48 = one group of 48),
-  the rope dims in bf16 (`model1_kv`). Compressed entries live in the same pages.
+  the rope dims in bf16 (`kernels.fp8.model1_kv`). Compressed entries live in the same pages.
 - Indexer keys (SGLang's paged FP8 indexer cache): FP8-E4M3 per key with one fp32 scale
-  amax / 448 (`indexer_key`, as `kernels.indexer.pack_indexer_pages`).
+  amax / 448 (`kernels.fp8.indexer_key`, as `kernels.indexer.pack_indexer_pages`).
 - Routed experts: NVFP4 (`kernels.nvfp4`), see `reference.model.MoE.prepare`.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from dsv4bisect.reference.quant_formats import fp8_block_dequantize, quantize_fp8_block
-
-E4M3_MAX = 448.0
-ACT_GROUP = 128  # DeepSeek's activation quantisation group (1 x 128, per token)
-KV_GROUP = 64  # MODEL1: one UE8M0 scale per 64 nope dims
-
-
-def _ue8m0_scale(amax: torch.Tensor) -> torch.Tensor:
-    """The power of two at or above amax / 448 (1 where amax is 0: the group stays 0)."""
-    return torch.where(amax > 0, torch.exp2(torch.ceil(torch.log2(amax / E4M3_MAX))), 1.0)
-
-
-def _fp8_groups(x: torch.Tensor, group: int) -> torch.Tensor:
-    """x [..., C] -> FP8-E4M3 with a UE8M0 scale per `group` consecutive channels of the last
-    dim (the last group may be shorter), back to fp32."""
-    c = x.shape[-1]
-    pad = -c % group
-    g = F.pad(x, (0, pad)).unflatten(-1, (-1, group))  # [..., ceil(C/group), group]
-    scale = _ue8m0_scale(g.abs().amax(-1, keepdim=True))
-    q = (g / scale).to(torch.float8_e4m3fn).float() * scale
-    return q.flatten(-2)[..., :c]
 
 
 def fp8_block_weight(w: torch.Tensor) -> torch.Tensor:
     """fp32 [R, C] -> its FP8 block-scaled value (UE8M0 per 128 x 128 block), as stored."""
     q, s = quantize_fp8_block(w, "ue8m0")
     return fp8_block_dequantize(q, s.float())
-
-
-def fp8_activation(x: torch.Tensor) -> torch.Tensor:
-    """GEMM input [..., C]: FP8-E4M3 per token and per 128 channels, UE8M0 scales."""
-    return _fp8_groups(x, ACT_GROUP)
-
-
-def model1_kv(kv: torch.Tensor, rope_dim: int) -> torch.Tensor:
-    """K=V rows [..., D] as MODEL1 pages hold them: nope dims FP8 (UE8M0 per 64), rope bf16."""
-    nope, rope = kv[..., :-rope_dim], kv[..., -rope_dim:]
-    return torch.cat((_fp8_groups(nope, KV_GROUP), rope.bfloat16().float()), -1)
-
-
-def indexer_key(k: torch.Tensor) -> torch.Tensor:
-    """Indexer keys [..., d] as the paged FP8 cache holds them: E4M3, fp32 scale amax / 448."""
-    amax = k.abs().amax(-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, 1.0)
-    return (k / scale).to(torch.float8_e4m3fn).float() * scale

@@ -19,9 +19,14 @@ so a request whose whole prompt is a snapshot with logits (`match(..., whole=Tru
 its end and takes its first token from those logits: no token is computed, and the answer is the
 one the request that left the snapshot got, bit for bit.
 
-Bounded by `budget_bytes` (the snapshots' tensor bytes; entries shared between snapshots counted
-once per snapshot, an upper bound); beyond it the least recently used snapshots are dropped, and
-nodes left with neither snapshot nor children are pruned. Thread-safe (one lock).
+Bounded by `budget_bytes`: `nbytes` is every allocation the snapshots keep alive — each tensor's
+whole storage (an entry buffer's capacity, not its rows), the window, the compressors' and the
+indexer's pending and previous-window rows, the MTP state, the kept logits — each storage counted
+once however many snapshots share it (`cache.held_storages`, reference-counted here). Beyond the
+budget the least recently used snapshots are dropped, and nodes left with neither snapshot nor
+children are pruned; a dropped or flushed snapshot is referenced nowhere else, so its memory goes
+back (`reference/heap.py` returns the freed pages to the system after a flush). A snapshot larger
+than the whole budget is not kept. Thread-safe (one lock).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dsv4bisect.reference.cache import ModelCache
+from dsv4bisect.reference import heap
+from dsv4bisect.reference.cache import ModelCache, held_storages
 
 DEFAULT_BUDGET_BYTES = 1 << 30  # 1 GiB of snapshots (the tiny/small models' states are ~KiB-MiB)
 
@@ -45,7 +51,7 @@ class _Node:
     children: dict[int, _Node] = field(default_factory=dict)  # first token -> child
     snapshot: ModelCache | None = None
     logits: torch.Tensor | None = None  # [V] after the snapshot's last token (a prompt's end)
-    nbytes: int = 0
+    held: dict[tuple[str, int], int] = field(default_factory=dict)  # storage -> bytes
     last_used: int = 0
 
 
@@ -65,7 +71,8 @@ class PrefixCache:
         self._clock = itertools.count(1)
         self._root = _Node((), None)
         self._snapshots: set[_Node] = set()
-        self.nbytes = 0
+        self._refs: dict[tuple[str, int], int] = {}  # storage -> snapshots holding it
+        self.nbytes = 0  # the bytes of the storages in _refs
 
     def __len__(self) -> int:
         return len(self._snapshots)
@@ -99,24 +106,32 @@ class PrefixCache:
         if cache.n_tokens != len(ids) or not ids:
             raise ValueError(f"a cache of {cache.n_tokens} tokens keyed by {len(ids)} ids")
         snap = cache.fork()
-        size = snap.nbytes + (0 if logits is None else logits.numel() * logits.element_size())
-        if size > self.budget:
+        held = held_storages([*snap.tensors(), *([] if logits is None else [logits])])
+        if sum(held.values()) > self.budget:
             return
         with self._lock:
             node = self._node_for(tuple(ids))
             if node.snapshot is not None:
-                self.nbytes -= node.nbytes
+                self._release(node)
             else:
                 self._snapshots.add(node)
-            node.snapshot, node.logits, node.nbytes = snap, logits, size
+            node.snapshot, node.logits, node.held = snap, logits, held
             node.last_used = next(self._clock)
-            self.nbytes += size
+            for key, size in held.items():
+                self._refs[key] = self._refs.get(key, 0) + 1
+                self.nbytes += size if self._refs[key] == 1 else 0
+            evicted = self.nbytes > self.budget
             while self.nbytes > self.budget:
                 self._drop(min(self._snapshots, key=lambda n: n.last_used))
+        if evicted:
+            heap.give_back()
 
     def flush(self) -> None:
         with self._lock:
-            self._root, self._snapshots, self.nbytes = _Node((), None), set(), 0
+            for node in self._snapshots:  # now: the tree's parent links wait for the collector
+                node.snapshot, node.logits, node.held = None, None, {}
+            self._root, self._snapshots, self._refs, self.nbytes = _Node((), None), set(), {}, 0
+        heap.give_back()
 
     def _node_for(self, ids: tuple[int, ...]) -> _Node:
         """The node whose path is exactly `ids`, splitting an edge or adding a leaf."""
@@ -137,10 +152,18 @@ class PrefixCache:
             node, depth = child, depth + common
         return node
 
+    def _release(self, node: _Node) -> None:
+        """Stop counting the storages only this node's snapshot held."""
+        for key, size in node.held.items():
+            self._refs[key] -= 1
+            if self._refs[key] == 0:
+                del self._refs[key]
+                self.nbytes -= size
+        node.snapshot, node.logits, node.held = None, None, {}
+
     def _drop(self, node: _Node) -> None:
         self._snapshots.discard(node)
-        self.nbytes -= node.nbytes
-        node.snapshot, node.logits, node.nbytes = None, None, 0
+        self._release(node)
         while node.parent is not None and node.snapshot is None and not node.children:
             del node.parent.children[node.key[0]]
             node = node.parent

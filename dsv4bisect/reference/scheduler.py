@@ -38,30 +38,24 @@ import atexit
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
 import torch
 
-from dsv4bisect.reference import faults
+from dsv4bisect.reference import heap
 from dsv4bisect.reference.cache import ModelCache
 from dsv4bisect.reference.cancel import Cancelled
 from dsv4bisect.reference.engine import TokenScore, single_thread, top_alternatives
 from dsv4bisect.reference.mtp import feed_mtp
 from dsv4bisect.reference.prefix_cache import PrefixCache
-from dsv4bisect.reference.sampling import GREEDY, Sampling, draw
+from dsv4bisect.reference.request import Request
+from dsv4bisect.reference.sampling import draw
 from dsv4bisect.reference.spec_decode import spec_decode
 from dsv4bisect.reference.spec_settings import SpecSettings
-from dsv4bisect.reference.speculative import (
-    SPEC_FAULTS,
-    Verdict,
-    spec_metrics,
-    stop_at_drafted_stop,
-    verify,
-)
+from dsv4bisect.reference.speculative import Verdict, spec_metrics
 
 log = logging.getLogger(__name__)
 
@@ -70,61 +64,11 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_RUNNING_REQUESTS = 256
 
 
-@dataclass(eq=False)
-class Request:
-    """One prompt's work. `score_from`: the first position i whose log p(ids[i] | ids[:i]) is
-    wanted (None: none). Filled in by the scheduler; `done` is set when it has left."""
-
-    ids: tuple[int, ...]
-    max_new_tokens: int
-    stop_ids: frozenset[int]
-    top_k: int = 0
-    score_from: int | None = None
-    sampling: Sampling = GREEDY  # how output tokens are chosen (sampling.py)
-    cache: ModelCache | None = None
-    filled: int = 0  # prompt tokens in the cache
-    cached_tokens: int = 0  # of which the prefix cache gave
-    scores: list[TokenScore] = field(default_factory=list)
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    tops: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" | "length"
-    error: BaseException | None = None
-    cancelled: bool = False  # set by the waiting caller; the request leaves at the next step
-    rng: torch.Generator | None = None  # its draws (set at admission when it samples)
-    resume_logits: torch.Tensor | None = None  # [V]: a whole-prompt hit's first-token logits
-    slot: int | None = None  # its request slot, only under the swa-ring-stale field fault
-    done: threading.Event = field(default_factory=threading.Event)
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens == 0 and self.score_from is None:
-            raise ValueError("a request with no new tokens and no scores has no model work")
-        if self.score_from is not None and not 1 <= self.score_from < len(self.ids):
-            raise ValueError(f"score_from {self.score_from} outside 1..{len(self.ids) - 1}")
-
-    @property
-    def target(self) -> int:
-        """Prompt tokens to run: all of them when generating; scoring alone needs all but the
-        last (the last token predicts nothing that is asked for)."""
-        return len(self.ids) - (self.max_new_tokens == 0)
-
-    @property
-    def remaining(self) -> int:
-        return self.target - self.filled
-
-    @property
-    def match_limit(self) -> int:
-        """The longest cached prefix it may take: one token at least is computed, and a scored
-        position's predicting row is computed too."""
-        limit = self.target - 1
-        return limit if self.score_from is None else min(limit, self.score_from - 1)
-
-
 class Scheduler:
     def __init__(
         self, engine: Any, *, chunk_size: int | None = None,
         max_running_requests: int | None = None, prefix_cache: PrefixCache | None = None,
-        background: bool = True, spec: SpecSettings | None = None, spec_fault: str | None = None,
+        background: bool = True, spec: SpecSettings | None = None,
     ) -> None:
         self.engine, self.model = engine, engine.model
         self.chunk_size = chunk_size or engine.chunk_size
@@ -135,10 +79,9 @@ class Scheduler:
         if spec is not None and not len(self.model.mtp):
             raise ValueError("speculative decoding needs a model loaded with its MTP layer")
         self.spec = spec  # None: one token per decode step
-        if spec_fault not in (None, *SPEC_FAULTS):
-            raise ValueError(f"unknown speculation fault {spec_fault!r}")
-        self.spec_fault = spec_fault  # a field bug of speculative verification (speculative.py)
-        self._rings: faults.SwaRings | None = None  # the swa-ring-stale field fault's rings
+        # where the sliding window's rows live, one store per kind the model's patch sets
+        # have asked for (`Op.WINDOW_STORE`; a hot switch may change the kind, not the store)
+        self._window_stores: dict[Any, Any] = {}
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._chunked: Request | None = None
@@ -191,6 +134,8 @@ class Scheduler:
                 "waiting_requests": len(self._waiting),
                 "prefix_cache_entries": 0 if self.prefix_cache is None else len(self.prefix_cache),
                 "prefix_cache_bytes": 0 if self.prefix_cache is None else self.prefix_cache.nbytes,
+                "prefix_cache_budget_bytes": (0 if self.prefix_cache is None
+                                              else self.prefix_cache.budget),
             }
 
     @contextmanager
@@ -229,6 +174,8 @@ class Scheduler:
             while True:
                 with self._cond:
                     batch = self._next_batch()
+                    if batch is None:  # idle: the steps' activations are all freed
+                        heap.give_back()
                     while batch is None and not self._stopped:
                         self._cond.wait()
                         batch = self._next_batch()
@@ -298,6 +245,8 @@ class Scheduler:
         """Give the request its cache: a fork of the longest cached prefix, or a fresh one."""
         if not req.sampling.greedy:
             req.rng = req.sampling.generator(self.engine.device)
+        if req.cache is not None:  # a PD decode server's request: its state came by transfer
+            return
         match = None
         whole = req.score_from is None and req.max_new_tokens > 0  # may resume at the end
         if self.prefix_cache is not None and (req.match_limit > 0 or whole):
@@ -309,12 +258,10 @@ class Scheduler:
             self.totals["prefix_cache_hit_tokens"] += match.tokens
         else:
             req.cache = self.model.new_cache(mtp=self.spec is not None)
-        if self.model.numerics.swa_ring_stale:  # field fault: the window lives per slot
-            if self._rings is None:
-                self._rings = faults.SwaRings(self.max_running, self.model.a.sliding_window)
-            req.slot = self._rings.alloc()
-            if req.cached_tokens:
-                self._rings.restore(req.slot, req.cache)
+        kind = self.model.window_store
+        if kind not in self._window_stores:
+            self._window_stores[kind] = kind(self.max_running, self.model.a.sliding_window)
+        req.window = self._window_stores[kind].admit(req.cache, bool(req.cached_tokens))
 
     def _leave(self, req: Request, error: BaseException | None) -> None:
         """Under the lock: take the request out of every queue and wake its caller."""
@@ -324,13 +271,15 @@ class Scheduler:
             self._running.remove(req)
         if self._chunked is req:
             self._chunked = None
-        if req.slot is not None and self._rings is not None:
-            self._rings.release(req.slot, req.cache)
-            req.slot = None
+        if req.window is not None:
+            req.window.release(req.cache)
+            req.window = None
         if error is None:
             self.totals["finished_requests"] += 1
             self.totals["generated_tokens"] += len(req.output_ids)
-        req.error, req.cache = error, None
+        req.error = error
+        if not req.keep_cache:
+            req.cache = None
         req.done.set()
 
     def _fail_all(self, error: BaseException) -> None:
@@ -344,11 +293,13 @@ class Scheduler:
     # ---- steps (model work, outside the queue lock) --------------------------------------------
     def _prefill(self, work: list[tuple[Request, int]]) -> list[Request]:
         """One extend batch. Returns the requests it finished. A whole-prompt hit (0 tokens)
-        takes its first token from the logits its snapshot kept; the rest run one forward."""
+        takes its first token from the logits its snapshot kept; a PD decode server's request
+        arrives with its first token (the prefill server's) and only joins the running batch;
+        the rest run one forward."""
         self._note_batch(len(work))
         resumed = [r for r, n in work if n == 0]
         work = [(r, n) for r, n in work if n > 0]
-        done = [r for r in resumed if self.emit(r, r.resume_logits)]
+        done = [r for r in resumed if not r.output_ids and self.emit(r, r.resume_logits)]
         return done + (self._extend(work) if work else [])
 
     def _extend(self, work: list[tuple[Request, int]]) -> list[Request]:
@@ -441,16 +392,10 @@ class Scheduler:
             t["spec_emitted_tokens"] += verdict.accepted + 1
 
     def choose_verdict(self, r: Request, drafts: list[int], rows: torch.Tensor) -> Verdict:
-        """Verify one request's drafts against its verify rows' logits [1 + k, V]: greedy, or
-        by rejection sampling from the request's sampling distribution."""
-        if r.sampling.greedy or self.spec_fault == "greedy-verify":
-            verdict = verify(drafts, lambda i: int(torch.argmax(rows[i])))
-        else:
-            probs = r.sampling.probs(rows)
-            verdict = verify(drafts, lambda i: draw(probs[i], r.rng), probs, r.rng)
-        if self.spec_fault == "draft-eos":
-            verdict = stop_at_drafted_stop(verdict, drafts, r.stop_ids)
-        return verdict
+        """Verify one request's drafts against its verify rows' logits [1 + k, V]: the
+        model's verification (`Op.SPEC_VERIFY`: greedy, or by rejection sampling from the
+        request's sampling distribution, unless a patch swapped it)."""
+        return self.model.spec_verify(r, drafts, rows)
 
     def emit(self, r: Request, logits: torch.Tensor, token: int | None = None) -> bool:
         """Append `token` (None: the request's choice from logits [V]: greedy, ties -> lowest
@@ -459,19 +404,36 @@ class Scheduler:
         if token is None:
             token = (int(torch.argmax(logits)) if r.sampling.greedy
                      else draw(r.sampling.probs(logits), r.rng))
+        if not self._append(r, token, float(lp[token]),
+                            top_alternatives(logits[None], lp[None], r.top_k)[0]):
+            return False
+        if len(r.output_ids) > 1:  # the state after the prompt and all but the last token
+            self._remember(r.ids + tuple(r.output_ids[:-1]), r.cache)
+        return True
+
+    def start(self, r: Request, token: int, logprob: float,
+              top: list[tuple[int, float]]) -> bool:
+        """A PD decode server's request (its cache is the transferred prompt state, `filled` its
+        prompt): record the first token the prefill server chose; True when that token ended
+        it, else it is to be submitted and joins the decode batch."""
+        return self._append(r, token, logprob, top)
+
+    def _append(self, r: Request, token: int, logprob: float,
+                top: list[tuple[int, float]]) -> bool:
+        """Record one output token; True when it ends the request (stop id or length)."""
         with self._cond:
             self.totals["output_tokens"] += 1
         r.output_ids.append(token)
-        r.logprobs.append(float(lp[token]))
-        r.tops.append(top_alternatives(logits[None], lp[None], r.top_k)[0])
+        r.logprobs.append(logprob)
+        r.tops.append(top)
+        if r.on_token is not None:  # a streamed answer
+            r.on_token()
         if token in r.stop_ids:
             r.finish_reason = "stop"
         elif len(r.output_ids) == r.max_new_tokens:
             r.finish_reason = "length"
         else:
             return False
-        if len(r.output_ids) > 1:  # the state after the prompt and all but the last token
-            self._remember(r.ids + tuple(r.output_ids[:-1]), r.cache)
         return True
 
     def _remember(self, ids: tuple[int, ...], cache: ModelCache | None,

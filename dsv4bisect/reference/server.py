@@ -78,10 +78,12 @@ class _Uvicorn(uvicorn.Server):
 class ReferenceServer:
     """The listening socket, the engine load and uvicorn, and how they stop."""
 
-    def __init__(self, opts: ServeOptions) -> None:
-        self.opts = opts
+    def __init__(self, opts: ServeOptions,
+                 loader: Callable[..., Any] = build_api) -> None:
+        self.opts, self.loader_fn = opts, loader
         self.listener = _listen(opts.host, opts.port)
-        self.state = ServerState(check_host=is_loopback(opts.host), checkpoint=opts.checkpoint)
+        self.state = ServerState(check_host=is_loopback(opts.host), checkpoint=opts.checkpoint,
+                                 api_kind=opts.api)
         self.load_error: BaseException | None = None
         self.loader: threading.Thread | None = None
         self.stop_requested_at: float | None = None
@@ -157,7 +159,7 @@ class ReferenceServer:
     def _load(self) -> None:
         """On the engine-load thread: build the engine (imports torch; seconds to minutes)."""
         try:
-            self._api = build_api(self.opts, port=self.port)
+            self._api = self.loader_fn(self.opts, port=self.port)
         except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread
             self.load_error = exc
         loop, loaded = self._loop, self._loaded
@@ -169,16 +171,19 @@ class ReferenceServer:
 
 
 def serve(opts: ServeOptions, on_ready: Callable[[str, dict[str, Any]], None],
-          stop_signal: StopSignal | None = None) -> None:
+          stop_signal: StopSignal | None = None,
+          loader: Callable[..., Any] = build_api) -> None:
     """Bind, load the engine, call `on_ready(url, server_info)`, serve until SIGTERM/SIGINT.
 
     `stop_signal`: one installed earlier (the CLI installs it before its imports, so a signal
     sent right after start-up is not lost); by default installed here, from the main thread.
+    `loader(opts, port=)`: what answers the routes (the engine's API; the PD router's,
+    reference/pd/router.py).
     """
     signals = stop_signal or StopSignal.install()
     try:
         _raise_fd_limit()
-        server = ReferenceServer(opts)
+        server = ReferenceServer(opts, loader)
         signals.on_stop(server.request_stop)
         server.run(on_ready)
         if server.stop_requested_at is None:

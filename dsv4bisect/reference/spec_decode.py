@@ -21,36 +21,27 @@ from typing import Any, Protocol
 
 import torch
 
-from dsv4bisect.reference.cache import ModelCache
 from dsv4bisect.reference.mtp import feed_mtp, mtp_ragged
+from dsv4bisect.reference.request import Request
+from dsv4bisect.reference.spec_settings import SpecSettings
 from dsv4bisect.reference.speculative import Verdict, commit_rows
 
 
-class Request(Protocol):
-    """What this step reads and moves of a scheduler's request (scheduler.Request)."""
+class Rounds(Protocol):
+    """What a speculative decode step needs from the scheduler that runs it."""
 
-    output_ids: list[int]
-    max_new_tokens: int
-    stop_ids: frozenset[int]
-    cache: ModelCache | None
+    model: Any  # the Transformer, with its MTP layer
+    engine: Any  # its ReferenceEngine (`device`)
+    spec: SpecSettings
 
-
-class Scheduler(Protocol):
-    """What this step asks of the scheduler that calls it (scheduler.Scheduler); a protocol,
-    so the step does not import the scheduler back."""
-
-    model: Any
-    engine: Any
-    spec: Any  # SpecSettings: num_steps drafts a round
-
-    def choose_verdict(self, r: Any, drafts: list[int], rows: torch.Tensor) -> Verdict: ...
+    def choose_verdict(self, r: Request, drafts: list[int], rows: torch.Tensor) -> Verdict: ...
 
     def note_round(self, proposed: int, verdict: Verdict) -> None: ...
 
-    def emit(self, r: Any, logits: torch.Tensor, token: int | None = None) -> bool: ...
+    def emit(self, r: Request, logits: torch.Tensor, token: int | None = None) -> bool: ...
 
 
-def spec_decode(sched: Scheduler, reqs: list[Request]) -> list[Request]:
+def spec_decode(sched: Rounds, reqs: list[Request]) -> list[Request]:
     """One speculative decode step over `reqs`; returns those that finished."""
     model, device, steps = sched.model, sched.engine.device, sched.spec.num_steps
     last = [r.output_ids[-1] for r in reqs]
@@ -83,7 +74,7 @@ def spec_decode(sched: Scheduler, reqs: list[Request]) -> list[Request]:
     return done
 
 
-def _draft(sched: Scheduler, reqs: list[Request], last: list[int],
+def _draft(sched: Rounds, reqs: list[Request], last: list[int],
            counts: list[int]) -> list[list[int]]:
     """Each request's chain of `counts[i]` MTP drafts (argmax), all requests batched per step."""
     device = sched.engine.device

@@ -18,7 +18,6 @@ from typing import Any
 from dsv4bisect.errors import ConfigError
 
 ALGORITHMS = ("NEXTN", "EAGLE")  # NEXTN aliases EAGLE on SGLang; both draft with the MTP layer
-SPEC_PATCH, SPEC_DEFAULT_VARIANT = "nextn-speculation", "nextn"  # the patch that turns it on
 DEFAULT_STEPS, DEFAULT_TOPK, DEFAULT_DRAFT_TOKENS = 3, 1, 4  # SGLang's auto choice for DeepSeek
 
 
@@ -73,9 +72,29 @@ class SpecSettings:
         drafts = steps + 1
         return cls(algo, steps, topk, drafts)
 
+    @classmethod
+    def from_args(cls, argv: tuple[str, ...]) -> SpecSettings | None:
+        """Resolve SGLang's `--speculative-*` server arguments given as an argv (a patch's
+        `Op.SPECULATION`), as `resolve` does the CLI's. Raises SpecError."""
+        values: dict[str, str] = {}
+        it = iter(argv)
+        for flag in it:
+            name = flag.removeprefix("--").replace("-", "_")
+            if name not in _ARG_NAMES:
+                raise SpecError(f"`{flag}` is not a speculative decoding argument",
+                                f"use {', '.join(f'--{n}' for n in _ARG_NAMES)}")
+            values[name.removeprefix("speculative_")] = next(it, "")
+        ints = {k: int(v) for k, v in values.items() if k != "algorithm"}
+        return cls.resolve(values.get("algorithm"), ints.get("num_steps"),
+                           ints.get("eagle_topk"), ints.get("num_draft_tokens"))
+
     def server_args(self) -> dict[str, Any]:
         """As SGLang's `/server_info` names them."""
         return {"speculative_algorithm": self.algorithm,
                 "speculative_num_steps": self.num_steps,
                 "speculative_eagle_topk": self.eagle_topk,
                 "speculative_num_draft_tokens": self.num_draft_tokens}
+
+
+_ARG_NAMES = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+              "speculative_num_draft_tokens")

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from dsv4bisect.reference.cache import ModelCache
+from dsv4bisect.reference.sampling import draw
 
 # ---- verification -------------------------------------------------------------------------------
 
@@ -71,19 +72,20 @@ def verify(drafts: list[int], choose: Any, probs: torch.Tensor | None = None,
     return Verdict(out, len(drafts))
 
 
-# ---- field bugs of verification (the `nextn-speculation` patch's fault variants) ----------------
+class Verification:
+    """Speculative verification as SGLang's EAGLE verify does it (`Op.SPEC_VERIFY`, stock): a
+    greedy request's drafts against the main model's argmax, a sampled one's by rejection
+    sampling from its own distribution. Called with the request, its drafts and its verify
+    rows' logits [1 + k, V]."""
 
-SPEC_FAULTS = ("greedy-verify", "draft-eos")
+    def __call__(self, r: Any, drafts: list[int], rows: torch.Tensor) -> Verdict:
+        if r.sampling.greedy:
+            return self.greedy(drafts, rows)
+        probs = r.sampling.probs(rows)
+        return verify(drafts, lambda i: draw(probs[i], r.rng), probs, r.rng)
 
-
-def stop_at_drafted_stop(verdict: Verdict, drafts: list[int], stop_ids: frozenset[int]) -> Verdict:
-    """Fault `draft-eos` (false EOS / truncation with MTP, InferenceX PR #1631): the stop check
-    reads the round's draft tokens instead of the verified ones, so a stop id the MTP layer
-    drafted ends the request after the accepted prefix, whether or not the main model agreed."""
-    hit = next((i for i, d in enumerate(drafts) if d in stop_ids), None)
-    if hit is None or hit < verdict.accepted:  # verified: the real stop path handles it
-        return verdict
-    return Verdict([*verdict.tokens[: verdict.accepted], drafts[hit]], verdict.accepted)
+    def greedy(self, drafts: list[int], rows: torch.Tensor) -> Verdict:
+        return verify(drafts, lambda i: int(torch.argmax(rows[i])))
 
 
 # ---- the cache commit ---------------------------------------------------------------------------

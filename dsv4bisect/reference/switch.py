@@ -23,8 +23,8 @@ from dsv4bisect import env as envvars
 from dsv4bisect.base.switching import read_request, write_receipt
 from dsv4bisect.errors import Dsv4BisectError
 from dsv4bisect.patching.registry import builtin_patches
-from dsv4bisect.patching.spec import EngineContext
 from dsv4bisect.patching.wire import format_patch_set, parse_patch_set
+from dsv4bisect.patchspec.spec import EngineContext
 
 log = logging.getLogger(__name__)
 CONTEXT = EngineContext(kind="reference")
@@ -45,7 +45,23 @@ class HotSwitch:
             return None
         hot = parse_patch_set(os.environ.get(envvars.HOT, ""), builtin_patches())
         role = os.environ.get(envvars.ROLE, "server")
-        return cls(engine, generator, info, Path(where), hot, role)
+        switch = cls(engine, generator, info, Path(where), hot, role)
+        switch.overlay = os.environ.get(envvars.ROLE_PATCHES, "")
+        return switch
+
+    overlay = ""  # a PD role's own patches (DSV4BISECT_ROLE_PATCHES): kept across switches
+
+    def with_overlay(self, patches: Mapping[str, str]) -> dict[str, str]:
+        """The requested set with this role's own toggles applied (`name[:variant]` on,
+        `!name` off): the switch request names the profile's patches, the role keeps its own."""
+        out = dict(patches)
+        known = builtin_patches()
+        for item in (i.strip() for i in self.overlay.split(",") if i.strip()):
+            if item.startswith("!"):
+                out.pop(item[1:], None)
+            else:
+                out.update(parse_patch_set(item, known))
+        return {n: out[n] for n in known if n in out}
 
     def refusal(self, patches: Mapping[str, str]) -> str | None:
         """Why this patch set cannot be switched to in this engine (None: it can)."""
@@ -68,7 +84,7 @@ class HotSwitch:
             return
         known = builtin_patches()
         try:
-            patches = parse_patch_set(request.patches, known)
+            patches = self.with_overlay(parse_patch_set(request.patches, known))
             why = self.refusal(patches)
             if why is None:
                 with self.generator.drained():  # waits for the running batch, holds new

@@ -8,7 +8,6 @@ of the three from the same files.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,13 @@ from dsv4bisect.probe.conditions import family_conditions, throughput_lines
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.redact import redact, redact_text, secrets_in
 from dsv4bisect.report import shapes
+from dsv4bisect.report.commands import (
+    bisect_command,
+    exit_words,
+    next_step,
+    patch_label,
+    reproduce_command,
+)
 
 Line = tuple[str, "str | None"]  # text, style name (None: plain)
 STYLES = {"PASS": "bold green", "FAIL": "bold red", "WARN": "bold yellow",
@@ -117,35 +123,10 @@ def _patches(arm: dict[str, Any]) -> str:
     faults, inert = set(arm.get("faults") or ()), set(arm.get("inert") or ())
     out = []
     for name, variant in (arm.get("patch_set") or {}).items():
-        item = name if variant == _default_variant(name) else f"{name}:{variant}"
+        item = patch_label(name, variant)
         item += (" †" if name in faults else "") + (" (inert)" if name in inert else "")
         out.append(item)
     return ", ".join(out) or "none"
-
-
-def _default_variant(name: str) -> str | None:
-    from dsv4bisect.patching.registry import builtin_patches
-
-    patch = builtin_patches().get(name)
-    return patch.default_variant if patch else None
-
-
-def reproduce_command(run: dict[str, Any]) -> str:
-    """The `dsv4bisect run` command line that asks the same question again."""
-    argv = ["dsv4bisect", "run", str(run.get("profile")), "--tier", str(run.get("tier"))]
-    ov = run.get("overrides") or {}
-    for s in ov.get("sets") or ():
-        argv += ["--set", s]
-    for name in ov.get("enable") or ():
-        argv += ["--enable", name]
-    for name in ov.get("disable") or ():
-        argv += ["--disable", name]
-    if ov.get("only") is not None:  # `none`: every patch off (an empty --only is refused)
-        argv += ["--only", ",".join(ov["only"]) or "none"]
-    block = (run.get("probe") or {}).get("seed_block")
-    if block:
-        argv += ["--seed-block", str(block)]
-    return shlex.join(argv)
 
 
 def _headline(view: RunView) -> str:
@@ -179,6 +160,9 @@ def _terminal_lines(view: RunView) -> list[Line]:
     elif run.get("error"):
         lines.append((f"  error: {run['error'].get('message')}", "red"))
     lines.append((f"run dir: {view.run_dir}", "dim"))
+    step = next_step(view)
+    if step is not None:
+        lines.append((step, "bold"))
     return lines
 
 
@@ -230,7 +214,6 @@ def _render_markdown(view: RunView) -> str:
 def _md_head(view: RunView) -> str:
     run, probe = view.run, view.run.get("probe") or {}
     versions = run.get("versions") or {}
-    code = view.verdict.exit_code if view.verdict else run.get("exit_code")
     wall = run.get("wall_s")
     return "\n".join([
         f"# dsv4bisect run: {_headline(view)}",
@@ -238,7 +221,7 @@ def _md_head(view: RunView) -> str:
         (f"- profile `{run.get('profile')}`, tier `{probe.get('tier')}` (spec "
          f"`{probe.get('spec_hash')}`, seed block {probe.get('seed_block')}, families "
          f"{', '.join(probe.get('families') or [])})"),
-        f"- exit code {code}; status `{view.status}`; started {run.get('started_at')}, "
+        f"- {exit_words(view)}; status `{view.status}`; started {run.get('started_at')}, "
         f"finished {run.get('finished_at')}"
         + (f", wall time {wall:.1f} s" if isinstance(wall, (int, float)) else ""),
         (f"- dsv4bisect {versions.get('dsv4bisect')}, probe version "
@@ -461,4 +444,9 @@ def _md_files(view: RunView) -> str:
 
 
 def _md_reproduce(view: RunView) -> str:
-    return f"## Reproduce\n\n```\n{reproduce_command(view.run)}\n```"
+    text = f"## Reproduce\n\n```\n{reproduce_command(view.run)}\n```"
+    command = bisect_command(view)
+    if command is not None:
+        text += (f"\n\n## Next step\n\nWhich of the candidate's patches did it "
+                 f"(docs/bisect.md):\n\n```\n{command}\n```")
+    return text

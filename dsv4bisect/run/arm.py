@@ -247,7 +247,7 @@ def verify_patches(cfg: EngineConfig, launch: Launch) -> None:
     """Every requested patch took effect, or the trial is an error (never a silent pass)."""
     if cfg.kind == "reference":
         verify_reference_patches(cfg, server_info(launch.url))
-    elif cfg.kind == "sglang":
+    elif cfg.kind in ("sglang", "vllm"):  # the plugin's receipts, per scheduler / worker
         _check_sglang_receipts(cfg, launch)
     # kind `command`: an opaque server; what it does with DSV4BISECT_PATCHES is its own business.
 

@@ -1,7 +1,8 @@
 """The two ends of a run: the candidate configuration, its good end, and the probe spec.
 
 The good end is the same profile with every patch off except the required ones (and any the
-profile's `bisect.good` names): `Overrides(sets=<the user's --set>, only=<those names>)`. The
+profile's `bisect.good` names): `Overrides(sets=<the user's --set>, only=<those names>)`, and
+a PD pair's per-role patches removed. The
 user's `--set` overrides apply to both ends, except `patches.*` keys: those choose the
 candidate's patches (`--set patches.P.variant=V` enables P), and the good end keeps a required
 patch at its default variant. `--enable/--disable/--only` shape the candidate only.
@@ -42,7 +43,10 @@ def good_overrides(candidate: EngineConfig, user: Overrides) -> Overrides:
     names = [p.name for p in candidate.available if p.required]
     names += [n for n in (candidate.bisect.get("good") or []) if n not in names]
     sets = tuple(s for s in user.sets if not s.strip().startswith("patches."))
-    return Overrides(sets=sets, only=tuple(names))
+    # a PD pair's own patches per role (engine.pd.<role>.patches) are patches too: off
+    roles = tuple(f"engine.pd.{p.role}.patches" for p in candidate.processes
+                  if p.role in ("prefill", "decode"))
+    return Overrides(sets=sets, only=tuple(names), unset=roles)
 
 
 def probe_spec(cfg: EngineConfig, tier: str | None = None) -> ProbeSpec:
@@ -59,7 +63,8 @@ def probe_spec(cfg: EngineConfig, tier: str | None = None) -> ProbeSpec:
     changes: dict[str, Any] = {}
     for key, field in (("families", "families"), ("lengths", "lengths"), ("depths", "depths"),
                        ("seed", "seed"), ("thinking", "thinking"),
-                       ("request_timeout_s", "timeout_s")):
+                       ("request_timeout_s", "timeout_s"),
+                       ("warmup_requests", "warmup_requests")):
         if key in given and given[key] is not None:
             value = given[key]
             changes[field] = tuple(value) if isinstance(value, list) else value

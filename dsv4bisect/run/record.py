@@ -1,7 +1,11 @@
 """`run.json`: what was asked, with which versions, when, how long each stage took, how it ended.
 
 Written when the run starts (`status: running`) and rewritten atomically as it ends (`done`,
-`interrupted` or `error`), so a killed run still says what it was. Schema `dsv4bisect.run/1`:
+`interrupted` or `error`), so a killed run still says what it was. Each write keeps RESERVE
+bytes of blanks after the document: when the disk is full, no new file can be made for the
+atomic rewrite, and the record's end is written over the file in place instead (its blocks
+exist already), so a run the full disk stopped says `error`, not `running`. Schema
+`dsv4bisect.run/1`:
 
     status            running | done | interrupted | error | abandoned (its process was killed:
                       found so by a later run on the same runs root, `reconcile_abandoned`)
@@ -20,6 +24,9 @@ Written when the run starts (`status: running`) and rewritten atomically as it e
                       candidate), report_s}
     started_at, finished_at, wall_s
     verdict, exit_code, error {message, hint} (on error), notes[]
+                      (exit_code: the verdict's own code, or the error's; not the process's)
+    exit              {warn_as, policy}: how the command maps that to the process exit
+                      (`--warn-as`, `--exit-policy`); absent in a bisect trial's run
     arms.<arm>.verified  false when the answering server could not be checked to be the one
                       launched (a host that is not this machine); its baseline is not cached
     abandoned_at      when a later run found it `running` with its driver gone
@@ -27,6 +34,8 @@ Written when the run starts (`status: running`) and rewritten atomically as it e
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import platform
 import sys
@@ -43,13 +52,14 @@ from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import Overrides
 from dsv4bisect.engines import procfs
 from dsv4bisect.engines.groups import identity
-from dsv4bisect.engines.rundir import write_json
+from dsv4bisect.base import atomic
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.spec import PROBE_VERSION, ProbeSpec
 from dsv4bisect.redact import redact, secrets_in
 
 RUN_SCHEMA = "dsv4bisect.run/1"
 RUN_FILE = "run.json"
+RESERVE = 8 * 1024  # blanks after the document: room for the end of a run on a full disk
 
 
 def _now() -> str:
@@ -141,7 +151,35 @@ class RunRecord:
 
     def save(self) -> None:
         with self.lock:
-            write_json(self.path, self.doc)
+            write_record(self.path, self.doc)
+
+
+def write_record(path: Path, doc: dict[str, Any]) -> None:
+    """`doc` to `path` atomically, RESERVE blanks after it; on a full disk (no room for the
+    new file), over the old file in place when the document fits in it."""
+    text = json.dumps(doc, indent=2, default=str) + "\n"
+    try:
+        atomic.write_text(path, text + " " * RESERVE)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not _overwrite(path, text):
+            raise
+
+
+def _overwrite(path: Path, text: str) -> bool:
+    """`text` over the file's first bytes, blanks after it to the old end; False when the
+    file is too small (or gone). Not atomic: only for the disk-full case, where nothing is."""
+    data = text.encode()
+    try:
+        with open(path, "r+b") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < len(data):
+                return False
+            f.write(data + b" " * (size - len(data)))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        return False
+    return True
 
 
 # run.json of a `run`, and of each trial of a bisect, under a runs root.
@@ -177,7 +215,7 @@ def reconcile_abandoned(root: Path) -> list[Path]:
                 f"abandoned: the process that ran it (PID {driver.get('pid')}) is gone (killed?);"
                 " found by a later dsv4bisect on this runs root, which stopped its engines")
             try:
-                write_json(path, doc)
+                write_record(path, doc)
             except OSError:
                 continue
             changed.append(path.parent)

@@ -11,13 +11,14 @@ The loop (docs/run.md):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv4bisect.config.engine_config import EngineConfig
-from dsv4bisect.config.resolve import Overrides
+from dsv4bisect.config.resolve import DEFAULT_PROFILE, Overrides
 from dsv4bisect.engines.rundir import ensure_runs_root, new_run_dir, save_config
 from dsv4bisect.errors import ConfigError, Dsv4BisectError, ExitCode
 from dsv4bisect.probe.session import write_verdict
@@ -31,9 +32,6 @@ from dsv4bisect.run.signals import shielded
 from dsv4bisect.run.trial import Trial
 from dsv4bisect.base.storage import storage_failure
 
-DEFAULT_PROFILE = "reference-all"
-
-
 @dataclass(frozen=True)
 class RunRequest:
     profile: str = DEFAULT_PROFILE
@@ -43,6 +41,10 @@ class RunRequest:
     runs_root: Path = Path("runs")
     use_cache: bool = True
     command: tuple[str, ...] = ()  # argv as typed, for run.json
+    # how the command exits (run.json `exit`, so report.md says the exit the process had):
+    # a drift WARN's code (probe.verdict.exit_code_as) and the exit policy (errors.policy_exit)
+    warn_exit: str = "pass"  # --warn-as; run.json keeps it as `warn_as`
+    exit_policy: str = "default"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ def run(request: RunRequest, on_event: EventSink = ignore) -> RunOutcome:
         run_dir, command=list(request.command), profile=request.profile,
         overrides=request.overrides, good_overrides=ends.good_overrides,
         use_cache=request.use_cache, spec=spec, good=ends.good, candidate=ends.candidate)
+    record.set("exit", {"warn_as": request.warn_exit, "policy": request.exit_policy})
     on_event(Notice(f"run directory: {run_dir}", run_dir=str(run_dir)))
     trial = Trial(ends, spec, run_dir, record, Supervisor(), on_event, api_key, request.use_cache)
     return RunOutcome(run_dir, finish(run_dir, record, trial, judge_trial(trial, record)))
@@ -125,7 +128,21 @@ def api_key_of(cfg: EngineConfig) -> str | None:
 
 
 def finish(run_dir: Path, record: RunRecord, trial: Trial, verdict: Verdict) -> Verdict:
-    """Heatmap, verdict.json (with its evidence paths), run.json, report.md."""
+    """Heatmap, verdict.json (with its evidence paths), run.json, report.md. A full disk on
+    the way ends the record `error` (its reserve takes it) and is a StorageError (exit 125)."""
+    try:
+        return _finish(run_dir, record, trial, verdict)
+    except Exception as exc:
+        storage = storage_failure(exc)
+        if storage is None:
+            raise
+        with contextlib.suppress(OSError):
+            record.finish("error", exit_code=int(storage.exit_code),
+                          error=(storage.message, storage.hint))
+        raise storage from exc
+
+
+def _finish(run_dir: Path, record: RunRecord, trial: Trial, verdict: Verdict) -> Verdict:
     from dsv4bisect.report.heatmap import PLOTS_SKIPPED, render_heatmap
     from dsv4bisect.report.run_report import load_run, render_markdown
 

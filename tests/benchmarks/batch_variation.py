@@ -1,7 +1,8 @@
 """How far re-chunking or re-batching the same request moves the embedded engine's logits.
 
     python tests/benchmarks/batch_variation.py --transcripts RUN_DIR/baseline/drift.jsonl \
-        [--precisions deployment,exact] [--by-rule | --only-by-rule] [--json OUT.json]
+        [--precisions deployment,exact] [--by-rule | --only-by-rule] [--device cpu|cuda]
+        [--json OUT.json]
 
 Teacher-forced, on the drift transcripts of a `dsv4bisect run` (its baseline's `drift.jsonl`,
 as `precision_drift.py`), shipped checkpoint, no patch. Full-vocabulary mean KL and top-1
@@ -19,6 +20,10 @@ At `precision: deployment` the engine takes the kernel decisions SGLang 0.5.23 t
 batch of DeepSeek-V4-Flash on an H200 (`reference/dispatch.py`: the mHC pre-norm split-K and
 kernel, FlashMLA's split-KV schedule, evaluated at Flash's shapes with the batch's real token
 counts and positions); at `exact` every op is one fp32 kernel whatever the batch.
+
+`--device cuda` runs the model on the GPU (its Triton kernels, cuBLAS choosing the GEMMs by
+shape, beside the dispatch rules); the log-probs are compared on the CPU in fp32 either way.
+The JSON records the device's name.
 
 With `--by-rule` (deployment only) the batch-mates row again with one rule acting alone: the mHC
 pre-norm rule with no FlashMLA cut, and FlashMLA's schedule with the TF32 pre-norm GEMM held at
@@ -51,6 +56,11 @@ BATCH_TOKENS = 256
 DECODED = 64
 
 
+def _host(x: torch.Tensor) -> torch.Tensor:
+    """Log-probs to the CPU in fp32, where every comparison is made."""
+    return x.float().cpu()
+
+
 def chunked(model: Transformer, seqs: list[torch.Tensor], chunk: int) -> list[torch.Tensor]:
     """Log-probs [T, vocab] of each sequence, prefilled `chunk` tokens per forward."""
     out = []
@@ -58,7 +68,7 @@ def chunked(model: Transformer, seqs: list[torch.Tensor], chunk: int) -> list[to
         for s in seqs:
             cache = model.new_cache()
             hs = [model.forward_hidden(s[i:i + chunk], cache) for i in range(0, len(s), chunk)]
-            out.append(torch.log_softmax(model.logits(torch.cat(hs)), -1))
+            out.append(_host(torch.log_softmax(model.logits(torch.cat(hs)), -1)))
     return out
 
 
@@ -74,9 +84,9 @@ def decoded_tail(model: Transformer, seqs: list[torch.Tensor]
             for i in range(0, cut, BASE_CHUNK):
                 model.forward_hidden(s[i:min(i + BASE_CHUNK, cut)], cache)
             hs = [model.forward_hidden(s[i:i + 1], cache) for i in range(cut, len(s))]
-            decoded.append(torch.log_softmax(model.logits(torch.cat(hs)), -1))
+            decoded.append(_host(torch.log_softmax(model.logits(torch.cat(hs)), -1)))
             prefilled.append(full[cut:])
-            toks.append(s[cut:])
+            toks.append(s[cut:].cpu())
     return prefilled, decoded, toks
 
 
@@ -87,10 +97,10 @@ def alone_and_batched(model: Transformer, seqs: list[torch.Tensor]
     alone, batched = [], []
     with torch.inference_mode():
         for i, h in enumerate(heads):
-            alone.append(torch.log_softmax(model.forward_batch(h[None])[0], -1))
+            alone.append(_host(torch.log_softmax(model.forward_batch(h[None])[0], -1)))
             mates = [heads[j] for j in range(len(heads)) if j != i]
             batch = torch.stack([h, *mates])
-            batched.append(torch.log_softmax(model.forward_batch(batch)[0], -1))
+            batched.append(_host(torch.log_softmax(model.forward_batch(batch)[0], -1)))
     return alone, batched
 
 
@@ -121,7 +131,7 @@ def by_rule(model: Transformer, seqs: list[torch.Tensor]
             for name, fn in saved.items():
                 setattr(model_module, name, fn)
         rows.append((f"first {BATCH_TOKENS} tokens among 3 batch mates: {label}", alone, batched,
-                     [s[:BATCH_TOKENS] for s in seqs]))
+                     [s[:BATCH_TOKENS].cpu() for s in seqs]))
     return rows
 
 
@@ -129,11 +139,12 @@ def server_changes(model: Transformer, seqs: list[torch.Tensor]
                    ) -> list[tuple[str, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]]:
     """The rows of changes a server makes on its own (module docstring)."""
     base = chunked(model, seqs, BASE_CHUNK)
-    rows = [("same configuration again", base, chunked(model, seqs, BASE_CHUNK), seqs)]
-    rows += [(f"prefill chunked at {c}", base, chunked(model, seqs, c), seqs) for c in CHUNKS]
+    host = [s.cpu() for s in seqs]
+    rows = [("same configuration again", base, chunked(model, seqs, BASE_CHUNK), host)]
+    rows += [(f"prefill chunked at {c}", base, chunked(model, seqs, c), host) for c in CHUNKS]
     alone, batched = alone_and_batched(model, seqs)
     rows.append((f"first {BATCH_TOKENS} tokens among 3 batch mates", alone, batched,
-                 [s[:BATCH_TOKENS] for s in seqs]))
+                 [s[:BATCH_TOKENS] for s in host]))
     rows.append((f"last {DECODED} tokens decoded one per forward", *decoded_tail(model, seqs)))
     return rows
 
@@ -145,9 +156,13 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--by-rule", action="store_true", help="the batch row per rule (deployment)")
     ap.add_argument("--only-by-rule", action="store_true", help="only those rows")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
     torch.set_num_threads(1)
-    seqs = [torch.tensor(json.loads(line)["input_ids"])
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("error: --device cuda but torch sees no GPU\nhint: run it on a GPU machine")
+    device_name = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
+    seqs = [torch.tensor(json.loads(line)["input_ids"], device=a.device)
             for line in a.transcripts.read_text().splitlines() if line.strip()]
     if len(seqs) < 2 or min(len(s) for s in seqs) < BATCH_TOKENS:
         sys.exit(f"error: need at least 2 transcripts of {BATCH_TOKENS}+ tokens\n"
@@ -156,14 +171,15 @@ def main() -> None:
     print("| precision | change | mean KL | p99 KL | top-1 | positions |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for precision in a.precisions.split(","):
-        model = ReferenceEngine.load(EMBEDDED_CHECKPOINT, precision=precision, device="cpu",
+        model = ReferenceEngine.load(EMBEDDED_CHECKPOINT, precision=precision, device=a.device,
                                      threads=1).model
         start = time.monotonic()
         rows = [] if a.only_by_rule else server_changes(model, seqs)
         if (a.by_rule or a.only_by_rule) and precision == "deployment":
             rows += by_rule(model, seqs)
         for label, ref, other, toks in rows:
-            r = {"precision": precision, "change": label, **drift(ref, other, toks)}
+            r = {"precision": precision, "change": label, "device": device_name,
+                 **drift(ref, other, toks)}
             results.append(r)
             print(f"| {precision} | {label} | {r['kl_mean']:.3g} | {r['kl_p99']:.3g} | "
                   f"{r['top1']:.2%} | {r['positions']} |", flush=True)

@@ -3,8 +3,17 @@
 #   bash tests/benchmarks/gpu_session.sh kernels   # kernel tests + benchmark (~9 min)
 #   bash tests/benchmarks/gpu_session.sh engine    # the embedded engine's GPU tests + bench
 #   bash tests/benchmarks/gpu_session.sh sglang    # SGLang hook check (needs .whl/ with the wheels), microtest
+#   bash tests/benchmarks/gpu_session.sh verdicts [verdict_table.py ARGS...]
+#       # the verdict table's rows on this GPU at precision deployment (needs .whl/ with
+#       # pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, uvicorn
+#       # and starlette for Python 3.12; see docs/performance.md), the engine's own variation
+#       # (batch_variation.py --device cuda) beside them; every result to $OUT/verdicts.tgz
+#   bash tests/benchmarks/gpu_session.sh vllm      # vLLM hooks vs vLLM's torch code (needs .whl/vllm:
+#                                                  #   python tests/vllm/gpu_vllm_check.py --make-slices .whl/vllm)
 # The GPU box has torch and triton but no pydantic and no network: the package is imported from
-# the checkout (kernels/, patches/, profiles/ linked under dsv4bisect/), nothing is installed.
+# the checkout (kernels/, patches/, profiles/ linked under dsv4bisect/), nothing is installed
+# except the carried wheels, into /tmp/site. DSV4BISECT_COMMIT names the commit measured (the
+# copy there has no .git).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -23,5 +32,36 @@ case "${1:-}" in
     timeout 300 python3 tests/sglang/gpu_hooks_check.py --wheels .whl --out "$OUT" 2>&1 | tail -n 40
     MICROTEST_GPU_OUT=$OUT timeout 150 python3 -m pytest tests/microtest/test_gpu_microtest.py -m gpu -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/microtest_gpu.log" | tail -n 5
     ;;
-  *) echo "usage: $0 kernels|engine|sglang" >&2; exit 2 ;;
+  verdicts)
+    shift
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl || exit 5
+    export PYTHONPATH=$PWD:/tmp/site
+    VT=/tmp/verdicts
+    mkdir -p "$VT"
+    if [ "${BATCH_VARIATION:-1}" = 1 ]; then
+      timeout "${BATCH_VARIATION_S:-420}" python3 tests/benchmarks/batch_variation.py --device cuda \
+        --precisions deployment --transcripts docs/results/2026-12-01-cpu-deployment/drift-transcripts.jsonl \
+        --json "$VT/batch-variation-cuda.json" > "$VT/batch-variation-cuda.md" 2>&1 &
+    fi
+    # the kept JSON, every run's and bisect's verdict, report and logs (not probe rows: large),
+    # packed every minute too, so a call the lease cuts short still brings back what finished
+    pack() { tar czf "$OUT/verdicts.tgz.part" -C "$VT" --exclude='*.jsonl' --exclude='*.png' \
+               --exclude='*.sqlite*' . && mv "$OUT/verdicts.tgz.part" "$OUT/verdicts.tgz"; }
+    (while sleep 60; do pack; done) &
+    packer=$!
+    # JOBS: rows at once. Each row's two engines are CUDA contexts of their own, and one GPU
+    # time-slices between contexts: 7 rows (14 engines) on an H200 took 2 s per request at the
+    # median and 12 s at p90, and no row finished in 470 s (2026-12-06). Keep it small.
+    timeout "${VERDICTS_S:-500}" python3 tests/benchmarks/verdict_table.py --device cuda \
+      --precision deployment --jobs "${JOBS:-2}" --out "$VT" "$@" 2>&1 | tail -n 40
+    kill "$packer" 2>/dev/null
+    wait
+    pack
+    ls -la "$OUT"
+    ;;
+  vllm)
+    timeout 300 python3 tests/vllm/gpu_vllm_check.py --slices .whl/vllm --device cuda --out "$OUT" 2>&1 | tail -n 75
+    ;;
+  *) echo "usage: $0 kernels|engine|sglang|verdicts|vllm" >&2; exit 2 ;;
 esac

@@ -3,8 +3,10 @@ its remote tokenizer, compared with the teacher-forced scores of `/generate`.
 
     python tests/benchmarks/lm_eval_loglikelihood.py [--checkpoint embedded] [--port 30417]
 
-Needs lm-eval importable (it is not a dependency of the project: `pip install lm_eval`, or its
-wheel unpacked on PYTHONPATH with tqdm, tenacity and aiohttp beside it). Starts `serve` at
+Needs lm-eval with its API client importable (not a dependency of the project): `pip install
+'lm-eval[api]'` (the `api` extra brings aiohttp, tenacity, tqdm, requests and tiktoken, which
+`LocalCompletionsAPI` imports; a bare `pip install lm_eval` lacks them), or its wheel unpacked
+on PYTHONPATH with those beside it. Starts `serve` at
 `--precision exact`, asks lm-eval's `LocalCompletionsAPI(tokenizer_backend="remote",
 tokenized_requests=True, custom_prefix_token_id=0)` for three log-likelihoods (one with an
 empty context), prints each beside the teacher-forced sum, stops the server, and exits 1 if any
@@ -31,8 +33,12 @@ def main() -> None:
     ap.add_argument("--checkpoint", default="embedded")
     ap.add_argument("--port", type=int, default=30417)
     args = ap.parse_args()
-    from lm_eval.api.instance import Instance
-    from lm_eval.models.openai_completions import LocalCompletionsAPI
+    try:
+        from lm_eval.api.instance import Instance
+        from lm_eval.models.openai_completions import LocalCompletionsAPI
+    except ImportError as exc:  # lm_eval without its `api` extra: aiohttp, tenacity, tqdm
+        sys.exit(f"error: {exc}\nhint: pip install 'lm-eval[api]' (the api extra is what "
+                 "LocalCompletionsAPI imports)")
 
     base = f"http://127.0.0.1:{args.port}"
     server = subprocess.Popen([sys.executable, "-m", "dsv4bisect", "serve", "--port",

@@ -2,9 +2,12 @@
 patch, every harmless change and every fault, at both precisions.
 
     python tests/benchmarks/verdict_table.py [--precision deployment exact] [--rows LABEL ...]
-        [--tier smoke] [--device auto] [--bisect] [--out docs/results/DIR] [--from DIR ...]
+        [--tier smoke] [--device auto|cpu|cuda] [--jobs N] [--bisect | --bisect-rows LABEL ...]
+        [--commit SHA] [--out docs/results/DIR] [--from DIR ...]
 
 Per row and precision:
+- the default run: `dsv4bisect run --json` (the profile `reference-all`, every patch of it on,
+  against every patch off);
 - a patch or a fault: `dsv4bisect run reference --only P [--set patches.P.variant=V] --json`
   (the good end is the same profile with every patch off);
 - a harmless change the deployment makes to itself (prefill re-chunked at 512 / 77, no batch
@@ -15,9 +18,17 @@ Per row and precision:
 Columns: drift (as a multiple of the null model when the verdict reports one, else the mean KL
 over the drift transcripts), answers lost of those paired, where they were lost (per arm@level,
 the families' counts), the verdict, the bisect's culprits, its trials and whether one round
-did (the bad end without the culprits passes), and the folder each result is kept in. `--out`
-keeps every JSON; `--from DIR ...` rebuilds the table from kept JSON without running anything
-(the first folder holding a result wins; a row with no JSON is printed as "not measured").
+did (the bad end without the culprits passes), the device it ran on and the folder each result
+is kept in. `--out` keeps every JSON, each with the device's name (`torch.cuda.get_device_name()`
+on a GPU), the commit measured (`--commit`, else `$DSV4BISECT_COMMIT`, else `git rev-parse HEAD`)
+and the wall time; `--from DIR ...` rebuilds the table from kept JSON without running anything
+(per device, the first folder holding a result wins, so `--from GPU_DIR CPU_DIR` prints both
+devices' rows side by side; a row with no JSON is printed as "not measured"; results kept before
+the device was recorded were all measured on the 2-core CPU and say `cpu (unrecorded)`).
+
+`--device` sets every engine's device (the profiles' own is `auto`: CUDA when present); `--jobs
+N` measures N rows at once (each row's engines are their own processes, so rows do not share a
+batch: on a GPU machine with spare cores this only saves wall time).
 """
 
 from __future__ import annotations
@@ -25,12 +36,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @dataclass(frozen=True)
 class Row:
     label: str
-    kind: str  # patch | fault | harmless
+    kind: str  # default | patch | fault | harmless
     patch: str | None = None
     variant: str | None = None
     serve: tuple[str, ...] = ()  # harmless: the changed server's extra flags
@@ -52,6 +66,7 @@ class Row:
 
 
 ROWS: tuple[Row, ...] = (
+    Row("default run", "default"),
     Row("mhc-bf16", "patch", "mhc-bf16"),
     Row("hash-topk-scaling", "patch", "hash-topk-scaling"),
     Row("mma-decode", "patch", "mma-decode"),
@@ -79,11 +94,45 @@ ROWS: tuple[Row, ...] = (
 )
 
 
-def _cli(args: list[str], out: Path | None) -> tuple[int, dict[str, Any] | None]:
+@dataclass(frozen=True)
+class Where:
+    """What every kept result records about where it was measured."""
+    device: str  # auto | cpu | cuda: what the engines were told
+    commit: str
+
+    @property
+    def device_name(self) -> str:
+        return _device_name(self.device)
+
+
+@cache
+def _device_name(device: str) -> str:
+    """The name of the device the engines run on (`auto`: CUDA when present, as the profiles)."""
+    if device != "cpu":
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return torch.cuda.get_device_name()
+        except ImportError:
+            pass
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def _commit(given: str | None) -> str:
+    if given or os.environ.get("DSV4BISECT_COMMIT"):
+        return given or os.environ["DSV4BISECT_COMMIT"]
+    proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                          check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else "unknown"
+
+
+def _cli(args: list[str], out: Path | None, where: Where) -> tuple[int, dict[str, Any] | None]:
     """`python -m dsv4bisect ARGS --json`, niced; the JSON it prints (None if none)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": _pythonpath()}
     cmd = ["nice", "-n", "10", sys.executable, "-m", "dsv4bisect", *args, "--json"]
     print("$", " ".join(cmd[3:]), file=sys.stderr, flush=True)
+    start = time.monotonic()
     proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True)
     try:
         doc = json.loads(proc.stdout) if proc.stdout.strip() else None
@@ -92,8 +141,15 @@ def _cli(args: list[str], out: Path | None) -> tuple[int, dict[str, Any] | None]
     if out is not None:
         out.write_text(json.dumps({"command": ["dsv4bisect", *args, "--json"],
                                    "rc": proc.returncode, "result": doc,
+                                   "device": where.device_name, "commit": where.commit,
+                                   "wall_s": round(time.monotonic() - start, 1),
                                    "stderr_tail": proc.stderr[-2000:]}, indent=1))
     return proc.returncode, doc
+
+
+def _pythonpath() -> str:
+    """The checkout first, then whatever the caller had (a GPU box's carried wheels)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def _free_port() -> int:
@@ -105,7 +161,7 @@ def _free_port() -> int:
 def _serve(flags: tuple[str, ...], precision: str,
            device: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": _pythonpath()}
     proc = subprocess.Popen(
         ["nice", "-n", "10", sys.executable, "-m", "dsv4bisect", "serve", "--port", str(port),
          "--checkpoint", "embedded", "--device", device, "--precision", precision, *flags],
@@ -123,35 +179,43 @@ def _serve(flags: tuple[str, ...], precision: str,
     raise RuntimeError(f"serve {' '.join(flags)} did not become ready")
 
 
-def measure(row: Row, precision: str, tier: str, out: Path, bisect: bool,
-            device: str = "auto") -> None:
+def measure(row: Row, precision: str, tier: str, out: Path, what: str, where: Where) -> None:
+    """One result of `row` at `precision`: its `run` (or probe) or, `what="bisect"`, its
+    default bisect."""
     exact = ["--set", "engine.precision=exact"] if precision == "exact" else []
+    device = [] if where.device == "auto" else ["--set", f"engine.reference.device={where.device}"]
     tag = f"{row.key}.{precision}"
-    if row.kind == "harmless":
-        servers = [_serve((), precision, device), _serve(row.serve, precision, device)]
+    sets = ["--set", f"patches.{row.patch}.variant={row.variant}"] if row.variant else []
+    if what == "bisect":  # a real patch's bisect is reference-all's own
+        _cli(["bisect", "reference-all", *sets, *exact, *device, "--out", str(out / "runs")],
+             out / f"{tag}.bisect.json", where)
+    elif row.kind == "harmless":
+        servers = [_serve((), precision, where.device), _serve(row.serve, precision, where.device)]
         try:
             _cli(["probe", servers[1][1], "--baseline", servers[0][1], "--tier", tier,
-                  "--out", str(out / f"{tag}.probe")], out / f"{tag}.run.json")
+                  "--out", str(out / f"{tag}.probe")], out / f"{tag}.run.json", where)
         finally:
             for proc, _ in servers:
                 proc.terminate()
                 proc.wait(timeout=60)
-        return
-    sets = ["--set", f"patches.{row.patch}.variant={row.variant}"] if row.variant else []
-    _cli(["run", "reference", "--only", row.patch, *sets, *exact, "--tier", tier,
-          "--out", str(out / "runs")], out / f"{tag}.run.json")
-    if bisect and row.kind == "fault":  # a real patch's bisect is reference-all's own
-        _cli(["bisect", "reference-all", *sets, *exact, "--out", str(out / "runs")],
-             out / f"{tag}.bisect.json")
+    elif row.kind == "default":
+        _cli(["run", *exact, *device, "--tier", tier, "--out", str(out / "runs")],
+             out / f"{tag}.run.json", where)
+    else:
+        _cli(["run", "reference", "--only", row.patch, *sets, *exact, *device, "--tier", tier,
+              "--out", str(out / "runs")], out / f"{tag}.run.json", where)
 
 
-def _load(dirs: list[Path], name: str) -> tuple[dict[str, Any] | None, str]:
-    """The kept result `name` from the first of `dirs` that has it, and that folder's name."""
+def _kept(dirs: list[Path], name: str) -> dict[str, tuple[dict[str, Any] | None, str]]:
+    """Per device: the kept result `name` from the first of `dirs` that has it on that device,
+    and that folder's name."""
+    found: dict[str, tuple[dict[str, Any] | None, str]] = {}
     for d in dirs:
         if (d / name).exists():
+            doc = json.loads((d / name).read_text())
             where = d.name if d.parent.name == "results" else f"{d.parent.name}/{d.name}"
-            return json.loads((d / name).read_text()).get("result"), where
-    return None, ""
+            found.setdefault(doc.get("device") or "cpu (unrecorded)", (doc.get("result"), where))
+    return found
 
 
 def _drift(v: dict[str, Any]) -> str:
@@ -199,23 +263,29 @@ def _seen(v: dict[str, Any]) -> str:
 
 
 def table(dirs: list[Path], precisions: list[str], rows: tuple[Row, ...]) -> str:
-    """One line per row and precision, from the first of `dirs` holding each result (the
-    last columns name the folders the run and the bisect came from)."""
-    lines = ["| change | kind | precision | drift | answers lost | lost where | `run` "
+    """One line per row, precision and device, from the first of `dirs` holding each result on
+    that device (the last columns name the folders the run and the bisect came from)."""
+    lines = ["| change | kind | precision | device | drift | answers lost | lost where | `run` "
              "| default `bisect` names | kept in |",
-             "| --- | --- | --- | ---: | ---: | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | ---: | ---: | --- | --- | --- | --- |"]
     for row in rows:
         for precision in precisions:
-            v, at = _load(dirs, f"{row.key}.{precision}.run.json")
-            if v is None:
-                lines.append(f"| {row.label} | {row.kind} | {precision} | not measured "
+            runs = _kept(dirs, f"{row.key}.{precision}.run.json")
+            if not runs:
+                lines.append(f"| {row.label} | {row.kind} | {precision} | | not measured "
                              "| | | | | |")
                 continue
-            b, b_at = _load(dirs, f"{row.key}.{precision}.bisect.json")
-            bis = "-" if row.kind == "harmless" else _bisect(b)
-            kept = at if b_at in ("", at) else f"{at}; bisect {b_at}"
-            lines.append(f"| {row.label} | {row.kind} | {precision} | {_drift(v)} | {_lost(v)} "
-                         f"| {_seen(v)} | {v.get('verdict')} | {bis} | {kept} |")
+            bisects = _kept(dirs, f"{row.key}.{precision}.bisect.json")
+            for device, (v, at) in runs.items():
+                b, b_at = bisects.get(device, (None, ""))
+                bis = "-" if row.kind in ("harmless", "default") else _bisect(b)
+                kept = at if b_at in ("", at) else f"{at}; bisect {b_at}"
+                if v is None:
+                    lines.append(f"| {row.label} | {row.kind} | {precision} | {device} | no "
+                                 f"result (see its JSON) | | | | {bis} | {kept} |")
+                    continue
+                lines.append(f"| {row.label} | {row.kind} | {precision} | {device} | {_drift(v)} "
+                             f"| {_lost(v)} | {_seen(v)} | {v.get('verdict')} | {bis} | {kept} |")
     return "\n".join(lines)
 
 
@@ -226,19 +296,30 @@ def main() -> None:
     ap.add_argument("--rows", nargs="+", help="only these row labels")
     ap.add_argument("--tier", default="smoke")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                    help="the harmless rows' servers (the profiles' own is auto)")
-    ap.add_argument("--bisect", action="store_true", help="also bisect (slow)")
+                    help="every engine's device (the profiles' own is auto)")
+    ap.add_argument("--jobs", type=int, default=1, help="rows measured at once")
+    ap.add_argument("--bisect", action="store_true", help="also bisect every fault (slow)")
+    ap.add_argument("--bisect-rows", nargs="+", default=(), help="bisect only these faults")
+    ap.add_argument("--commit", help="the commit measured (default: $DSV4BISECT_COMMIT, git)")
     ap.add_argument("--out", type=Path, default=Path("runs/verdict-table"))
     ap.add_argument("--from", dest="from_dirs", type=Path, nargs="+",
                     help="only print the table from JSON kept in these directories (the first "
-                         "that holds a result wins)")
+                         "that holds a result wins, per device)")
     a = ap.parse_args()
+    labels = {r.label for r in ROWS}
+    unknown = [x for x in [*(a.rows or ()), *a.bisect_rows] if x not in labels]
+    if unknown:
+        sys.exit(f"error: unknown row {unknown[0]!r}\nhint: rows are {sorted(labels)}")
     rows = tuple(r for r in ROWS if not a.rows or r.label in a.rows)
     if a.from_dirs is None:
         a.out.mkdir(parents=True, exist_ok=True)
-        for row in rows:
-            for precision in a.precision:
-                measure(row, precision, a.tier, a.out, a.bisect, a.device)
+        where = Where(a.device, _commit(a.commit))
+        jobs = [(row, precision, "run") for row in rows for precision in a.precision]
+        # the bisects first: they are the long ones (longest first keeps the pool busy)
+        jobs[:0] = [(row, precision, "bisect") for row in rows for precision in a.precision
+                    if row.kind == "fault" and (a.bisect or row.label in a.bisect_rows)]
+        with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+            list(pool.map(lambda j: measure(j[0], j[1], a.tier, a.out, j[2], where), jobs))
     print(table(a.from_dirs or [a.out], a.precision, rows))
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape
+from dsv4bisect.bisect.plan.costs import SGLANG_PROBE_S_PER_TOKEN, plan_costs, probe_shape
 from dsv4bisect.bisect.plan.simulate import oracle_outcome
 from dsv4bisect.bisect.plan.whole_plan import Setup, plan_bisect
 from dsv4bisect.bisect.search.design import Noise, RoundDesign
@@ -137,7 +137,8 @@ def test_costs_round_trip_through_the_spec_and_a_version_1_spec_still_reads():
 
 def test_each_assumed_cost_says_so_and_a_given_or_measured_one_wins():
     # One condition (cold at concurrency 1): the prompt tokens the 1200 s default was set for.
-    one = probe_shape(tier_spec("standard").replace(arms=("cold",), concurrency=(1,)))
+    one = probe_shape(tier_spec("standard").replace(arms=("cold",), concurrency=(1,),
+                                                    warmup_requests=0))
     assert one.prompt_tokens == 30_408_704
     assert plan_costs("sglang", one, given={}).costs.probe_s == pytest.approx(1200.0)
     # The tier's two conditions (cold at 1, warm at 16) ask every accuracy case twice, drift once.
@@ -147,7 +148,10 @@ def test_each_assumed_cost_says_so_and_a_given_or_measured_one_wins():
     assumed = plan_costs("sglang", shape, given={}, load_time=("a",))
     sources = {line.name: line.source for line in assumed.lines}
     assert sources["launch"].startswith("assumed (dsv4bisect default for SGLang")
-    assert assumed.costs.probe_s == pytest.approx(2381.25) and assumed.costs.pool == 1
+    # the tier's polluting phase first: 256 requests at its shortest length, 4096 tokens
+    polluting = 256 * 4096 * SGLANG_PROBE_S_PER_TOKEN
+    assert assumed.costs.probe_s == pytest.approx(2381.25 + polluting)
+    assert assumed.costs.pool == 1
     details = [{"mode": "hot", "switch_s": s, "launch_s": 0} for s in (40, 50, 70)]
     measured = plan_costs("sglang", shape, given={"launch": 480.0}, details=details)
     lines = {line.name: line for line in measured.lines}

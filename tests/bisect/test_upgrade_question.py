@@ -70,3 +70,40 @@ def test_every_switch_is_priced_as_a_launch_as_the_runner_runs_it() -> None:
     per_call = [n for n in q.candidates if catalog.by_name(n.split(":", 1)[1]).read == "call"]
     assert per_call  # the question has switches read per call
     assert set(q.candidates) <= set(q.load_time)
+
+
+def test_another_vendors_switch_is_dropped_by_where_it_is_read() -> None:
+    """Issue 41, item 9: the filter matched names only, so SGLANG_DSV4_FP4_LOGITS_BUDGET_MB
+    (read only in fp4_indexer_hip.py) stayed a candidate on sm120 at 600 s a launch. Every site
+    the catalog lists decides now, and the left-out line says where it is read."""
+    _, arch, diffs = upgrade_differences("dsv4-flash-tp8-latest", "0.5.21")
+    why = {d.name: d.left_out for d in diffs}
+    assert arch == "sm120"
+    assert why["env:SGLANG_DSV4_FP4_LOGITS_BUDGET_MB"] == (
+        "read only in AMD/NPU code (fp4_indexer_hip.py): not read on sm120")
+    assert why["env:SGLANG_HACK_FLASHMLA_BACKEND"] == (  # `is_hip() and envs.X.get() == ...`
+        "read only behind an AMD/NPU platform test (unified_kv_gate.py:15): not read on sm120")
+    q = upgrade_question("dsv4-flash-tp8-latest", "0.5.21")
+    assert "env:SGLANG_DSV4_FP4_LOGITS_BUDGET_MB" not in q.candidates
+    assert dict(q.left_out)["env:SGLANG_DSV4_FP4_LOGITS_BUDGET_MB"].startswith("read only in")
+
+
+def test_a_switch_read_on_the_nvidia_path_stays_whatever_its_name() -> None:
+    from dsv4bisect.bisect.switch_info import other_vendor
+    from dsv4bisect.patching.switch_catalog import Switch
+
+    def switch(name: str, *sites: str, behind: tuple[str, ...] = ()) -> Switch:
+        return Switch(name=name, kind="env", type="bool", default=False, read="call",
+                      hot=False, gates="f", where=sites[0], tier="kernel", also=sites[1:],
+                      other_vendor=behind)
+
+    shared = "sglang/srt/models/deepseek_v4.py:10"
+    hip_file = "sglang/srt/models/deepseek_common/amd/deepseek_v4_hip.py:5"
+    assert other_vendor("SGLANG_HIP_X", "sm120", switch("SGLANG_HIP_X", shared)) is None
+    assert other_vendor("SGLANG_X", "sm120", switch("SGLANG_X", hip_file, shared)) is None
+    assert other_vendor("SGLANG_X", "sm120", switch("SGLANG_X", hip_file, shared,
+                                                    behind=(shared,))) == (
+        "read only in AMD/NPU code (deepseek_v4_hip.py) and behind an AMD/NPU platform test "
+        "(deepseek_v4.py:10): not read on sm120")
+    assert other_vendor("SGLANG_X", "hip", switch("SGLANG_X", hip_file)) is None  # on AMD
+    assert other_vendor("SGLANG_ROCM_Y", "sm120") is not None  # no catalog entry: the name

@@ -90,8 +90,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     return int(exc.value.code or 0), out.out, out.err
 
 
-@pytest.mark.parametrize("mistake", [("patches", "list", "--only", "mma-decode"),
-                                     ("doctor", "--enable", "mma-decode")])
+@pytest.mark.parametrize("mistake", [("patches", "list", "--only", "mma-decode")])
 def test_the_command_a_hint_suggests_is_accepted(mistake: tuple[str, ...], capsys) -> None:
     """A hint's `e.g. dsv4bisect ...` runs: not a usage error (2) nor bad input (5). (doctor on
     an SGLang profile exits 1 here, where SGLang is not installed: a finding, not a refusal.)"""
@@ -102,3 +101,11 @@ def test_the_command_a_hint_suggests_is_accepted(mistake: tuple[str, ...], capsy
     assert argv[0] == "dsv4bisect"
     code, _, err = _cli(capsys, *argv[1:])
     assert code in (0, 1), err
+
+
+def test_doctor_takes_the_overrides_on_the_profile_run_would_run(capsys) -> None:
+    """Issue 41, item 8: `doctor --enable P` with no profile was bad input (it checked SGLang);
+    it now checks what `run --enable P` would run, reference-all on the embedded engine."""
+    code, out, err = _cli(capsys, "doctor", "--enable", "mma-decode", "--json")
+    assert code == 0, err
+    assert "SGLang" not in out and "checkpoint embedded" in out

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from dsv4bisect.config.resolve import Overrides, resolve
-from dsv4bisect.engines.launcher import EngineCrashed, Launch, PortTaken, free_port
+from dsv4bisect.engines.launcher import EngineCrashed, Launch, PortTaken, free_port, safe_path
 from dsv4bisect.engines.ports import port_holder
 from dsv4bisect.engines.verify import server_info, verify_reference_patches
 from dsv4bisect.errors import EngineError, ExitCode, PatchError
@@ -140,6 +140,29 @@ def test_crash_at_start_is_a_crash_with_the_log_tail(tmp_path: Path) -> None:
     with pytest.raises(EngineCrashed) as info:
         Launch(cfg, tmp_path / "run").__enter__()
     assert info.value.returncode == 3 and "cuda init failed" in info.value.log_tail
+
+
+def test_an_engine_run_as_python_m_dsv4bisect_runs_the_installed_package_not_a_folder_in_cwd(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `python -m` puts the working directory first on sys.path: a user who launches from a
+    # directory holding a `dsv4bisect/` folder would otherwise serve that folder's code
+    shadow = tmp_path / "cwd" / "dsv4bisect"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("")
+    (shadow / "__main__.py").write_text("import sys; print('the shadow ran'); sys.exit(7)\n")
+    monkeypatch.chdir(shadow.parent)
+    argv = [sys.executable, "-m", "dsv4bisect", "no-such-command"]
+    cfg = resolve(_command_profile(tmp_path, argv))
+    with pytest.raises(EngineCrashed) as info:
+        Launch(cfg, tmp_path / "run").__enter__()
+    assert "the shadow ran" not in info.value.log_tail
+    assert info.value.returncode == 2 and "No such command" in info.value.log_tail
+
+
+def test_only_a_dsv4bisect_process_gets_the_safe_path() -> None:
+    assert safe_path(["/usr/bin/python3", "-m", "dsv4bisect", "serve"]) == {"PYTHONSAFEPATH": "1"}
+    assert safe_path(["python3", "-m", "sglang.launch_server", "--tp", "8"]) == {}
+    assert safe_path(["./server"]) == {}
 
 
 def test_a_secret_flag_an_engine_prints_never_reaches_its_log_or_the_error(tmp_path: Path) -> None:

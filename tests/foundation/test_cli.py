@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +14,15 @@ BROKEN = Path(__file__).parents[1] / "data" / "broken"
 
 
 def test_import_of_cli_loads_no_torch() -> None:
-    # `app` builds every command (main imports only the one it runs)
+    # `app` builds every command (main imports only the one it runs); loading the registry
+    # imports every patch module (their swaps and hooks import torch only when they run)
     code = ("import sys, dsv4bisect.config.resolve; from dsv4bisect.cli import app; "
+            "from dsv4bisect.patching.registry import builtin_patches; builtin_patches(); "
             "heavy = [m for m in ('torch', 'triton', 'sglang', 'numpy', 'uvicorn', 'starlette')"
             " if m in sys.modules]; "
             "print(heavy)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "DSV4BISECT_TEST_PATCHES": "1"})
     assert out.stdout.strip() == "[]"
 
 

@@ -80,6 +80,6 @@ def test_the_cli_only_plugin_checks_are_not_part_of_the_experiment() -> None:
     fingerprint (and throw away every cached baseline)."""
     from dsv4bisect.config import fingerprint as fp
 
-    hashed = {name for name, _ in fp._sources("plugin")}
+    hashed = {name for name, _ in fp._sources("plugin", "sglang_hooks")}
     assert fp.CLI_ONLY <= hashed  # the names are real files
-    assert "plugin/install.py" in hashed and "plugin/hooks_mhc.py" in hashed
+    assert "plugin/install.py" in hashed and "sglang_hooks/mhc.py" in hashed

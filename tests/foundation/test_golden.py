@@ -18,7 +18,7 @@ from dsv4bisect.config.resolve import resolve
 GOLDEN = Path(__file__).parents[1] / "golden"
 PROFILES = ["dsv4-flash-tp8", "dsv4-flash-tp8-all", "dsv4-flash-pd8", "dsv4-flash-pd8-all",
             "dsv4-flash-tp8-latest", "dsv4-flash-tp8-latest-all",
-            "reference", "reference-all"]
+            "reference", "reference-all", "reference-pd"]
 
 
 def _snapshot(name: str) -> dict:

@@ -12,9 +12,9 @@ from dsv4bisect.config.resolve import Overrides, load_profile, resolve
 from dsv4bisect.errors import ConfigError, ExitCode, PatchError
 
 BROKEN = Path(__file__).parents[1] / "data" / "broken"
-SHIPPED = ["reference", "reference-all", "dsv4-flash-tp8", "dsv4-flash-tp8-all",
+SHIPPED = ["reference", "reference-all", "reference-pd", "dsv4-flash-tp8", "dsv4-flash-tp8-all",
            "dsv4-flash-pd8", "dsv4-flash-pd8-all", "dsv4-flash-tp8-latest",
-           "dsv4-flash-tp8-latest-all"]
+           "dsv4-flash-tp8-latest-all", "dsv4-flash-vllm-tp8", "dsv4-flash-vllm-tp8-latest-all"]
 
 
 def _expectation(path: Path) -> tuple[str, str]:

@@ -9,7 +9,7 @@ from dsv4bisect.base.versions import VERIFIED, parse_version
 from dsv4bisect.config.resolve import Overrides, resolve
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.patching.registry import builtin_patches
-from dsv4bisect.patching.spec import ARCHS
+from dsv4bisect.patchspec.spec import ARCHS
 
 SWITCHES = "DSV4BISECT_SWITCHES"
 

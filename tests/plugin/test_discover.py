@@ -150,3 +150,43 @@ def test_arguments(catalog) -> None:
     assert catalog.by_name("--moe-runner-backend").default == {"default": "auto",
                                                               "sm120": "marlin"}
     assert catalog.by_name("--tp-size").default == 1
+
+
+VENDOR_TREE = {"sglang/srt/models/deepseek_v4.py": '''
+_is_hip = is_hip()
+_is_cuda = is_cuda()
+_AND = envs.SGLANG_GUARD_AND.get() and _is_hip
+
+def forward(alt):
+    if get_platform().is_npu():
+        return envs.SGLANG_GUARD_IF.get()
+    if _is_cuda:
+        pass
+    else:
+        x = envs.SGLANG_GUARD_ELSE.get()
+    y = alt is not None and (_is_cuda or envs.SGLANG_GUARD_OR.get())
+    z = envs.SGLANG_PLAIN.get() or _is_hip
+    if not _is_hip:
+        w = envs.SGLANG_NOT_HIP.get()
+    if _is_hip and envs.SGLANG_BOTH.get():
+        pass
+    return envs.SGLANG_BOTH.get()
+'''}
+
+
+def test_reads_behind_another_vendors_platform_test(tmp_path: Path) -> None:
+    """Issue 41, item 9: where a switch is read says whose GPU it acts on. A read in an `and`
+    with `_is_hip` / `is_npu()`, in an `if` body under one, or after `_is_cuda or` never
+    matters on NVIDIA; the catalog lists such sites under `other_vendor`."""
+    for rel, text in VENDOR_TREE.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    catalog = discover(SourceTree(tmp_path), "9.9.9", deliverable=frozenset())
+    behind = {s.name: s.other_vendor for s in catalog.switches if s.kind == "env"}
+    for name in ("SGLANG_GUARD_AND", "SGLANG_GUARD_IF", "SGLANG_GUARD_ELSE", "SGLANG_GUARD_OR"):
+        assert behind[name] == catalog.by_name(name).sites, name  # its one read is behind
+    assert behind["SGLANG_PLAIN"] == () and behind["SGLANG_NOT_HIP"] == ()
+    both = catalog.by_name("SGLANG_BOTH")  # one read behind `_is_hip and`, one plain
+    v4 = "sglang/srt/models/deepseek_v4.py"
+    assert set(both.sites) == {f"{v4}:17", f"{v4}:19"}
+    assert both.other_vendor == (f"{v4}:17",)

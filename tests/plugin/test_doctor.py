@@ -56,10 +56,23 @@ def test_a_busy_port_fails_with_a_fix(wheel13, tmp_path):
 
 
 def test_without_sglang_here_it_says_what_to_install():
-    res = run()
+    res = run("dsv4-flash-tp8")
     rows = json.loads(res.stdout)
     assert rows[0]["name"] == "SGLang" and rows[0]["status"] == "fail"
     assert "install SGLang" in rows[0]["fix"] and res.exit_code == 1
+
+
+def test_with_no_profile_it_checks_what_run_would_run():
+    """Issue 41, item 8: `doctor` alone checked SGLang and failed on a laptop, where `run` and
+    `bisect` default to reference-all on the embedded engine: it now checks that."""
+    alone, default = run(), run("reference-all")
+    assert alone.exit_code == 0, alone.stdout
+    rows = json.loads(alone.stdout)
+    assert [r["name"] for r in rows] == [r["name"] for r in json.loads(default.stdout)]
+    assert [r["name"] for r in rows] == ["engine Python", "torch", "checkpoint embedded"]
+    assert "SGLang" not in alone.stdout
+    with_override = run("--only", "mma-decode")  # the overrides apply to that profile too
+    assert with_override.exit_code == 0, with_override.stdout
 
 
 def test_bad_source_path_is_bad_input(tmp_path):

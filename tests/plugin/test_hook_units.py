@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dsv4bisect.plugin import contract
-from dsv4bisect.plugin.hooks_quant import (
+from dsv4bisect.sglang_hooks import contract
+from dsv4bisect.sglang_hooks.quant import (
     _limit_to_runner,
     _raw_limit_0514,
     clamp_plan,

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from dsv4bisect.patching.registry import builtin_patches
+from dsv4bisect.patchspec.plan import HookSpec
 from dsv4bisect.plugin.graphs import GraphError, recapture_entry, refresh_graphs
 from dsv4bisect.plugin.hot import SwitchState, env_rule, gate, load_time_reason, refusals
 from dsv4bisect.plugin.receipts import ProcessInfo
-from dsv4bisect.plugin.spec import HookSpec
 
 PROC = ProcessInfo(pid=1, role="server", kind="scheduler", tp_rank=0)
 
@@ -155,7 +155,7 @@ def test_a_busy_scheduler_refuses_and_applies_once_idle(tmp_path):
 
 
 def test_an_import_time_copy_is_declared_only_on_a_per_call_switch():
-    from dsv4bisect.patching.spec import ImportCopy, SglangRule
+    from dsv4bisect.patchspec.spec import ImportCopy, SglangRule
 
     copy = ImportCopy("m", "_g", "V")
     with pytest.raises(ValueError, match="per-call env switch"):
@@ -168,7 +168,7 @@ def test_an_import_time_copy_is_declared_only_on_a_per_call_switch():
 def test_a_copy_that_cannot_be_reassigned_refuses_the_switch():
     """Without the module (or its global) the env would change but the dispatch would not:
     the patch is then marked not switchable instead of half-switched."""
-    from dsv4bisect.patching.spec import ImportCopy, SglangRule
+    from dsv4bisect.patchspec.spec import ImportCopy, SglangRule
     from dsv4bisect.plugin.hot import check_copies
 
     gone = SglangRule((0, 5, 15), None, "env", "e", on={"V": "1"},

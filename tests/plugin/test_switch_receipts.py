@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from dsv4bisect.base.versions import check_version
+from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.plugin.install import install_patches
 from dsv4bisect.plugin.receipts import ProcessInfo, ReceiptWriter
 
@@ -24,7 +25,8 @@ def _no_sglang_left():
 
 
 def install(tmp_path, patches):
-    return install_patches(patches, check_version("0.5.23"), ReceiptWriter(tmp_path, PROC), {})
+    return install_patches(patches, check_version("0.5.23"), ReceiptWriter(tmp_path, PROC),
+                           builtin_patches())
 
 
 def test_a_switch_that_sglang_kept_is_installed_and_expects_no_call(tmp_path, monkeypatch):
@@ -50,5 +52,5 @@ def test_a_switch_launched_outside_dsv4bisect_is_refused(tmp_path, monkeypatch):
 def test_a_switch_the_release_does_not_have_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("DSV4BISECT_SWITCHES", "SGLANG_OPT_USE_FLASHINFER_MHC=1")
     recs = install_patches({"flashinfer-mhc": "tf32"}, check_version("0.5.14"),
-                           ReceiptWriter(tmp_path, PROC), {})
+                           ReceiptWriter(tmp_path, PROC), builtin_patches())
     assert recs[0].state == "refused" and "0.5.14" in recs[0].reason

@@ -16,6 +16,7 @@ from dsv4bisect.base.versions import (
     detect_sglang,
     parse_version,
 )
+from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.plugin.install import install_patches
 from dsv4bisect.plugin.receipts import ProcessInfo, ReceiptWriter
 
@@ -72,7 +73,8 @@ def test_the_plugin_refuses_an_unverified_sglang_in_its_receipts(tmp_path, monke
     """No hook is installed on a release no one read: every requested patch is refused."""
     writer = ReceiptWriter(tmp_path, ProcessInfo(pid=1, role="server", kind="scheduler",
                                                  tp_rank=0, dp_rank=0, pp_rank=0))
-    receipts = install_patches({"mhc-bf16": "bf16"}, check_version("0.5.24"), writer, {})
+    receipts = install_patches({"mhc-bf16": "bf16"}, check_version("0.5.24"), writer,
+                               builtin_patches())
     assert [(r.patch, r.state) for r in receipts] == [("mhc-bf16", "refused")]
     assert NEWEST_VERIFIED in receipts[0].reason
 

@@ -100,3 +100,57 @@ def test_real_cli_exit_codes(cli, tmp_path: Path) -> None:
     down = cli("probe", "http://127.0.0.1:9", "--baseline", str(saved_baseline(tmp_path)),
                "--out", str(tmp_path / "o"))
     assert down.returncode == 125 and "cannot connect" in down.stderr
+
+
+# -- issue 41, item 2: a `run` directory is a baseline, with its A/A repeat ------------------------
+
+def run_directory(path: Path) -> Path:
+    """A `dsv4bisect run` directory as `probe` reads it: run.json of the run, the good end's
+    probe run in baseline/ and its A/A repeat in baseline-repeat/."""
+    saved_baseline(path)
+    base = ProbeRun.load(path / "baseline")
+    base.save(path / "baseline-repeat")
+    (path / "run.json").write_text('{"schema": "dsv4bisect.run/1", "status": "done"}')
+    return path
+
+
+def test_a_run_directory_is_a_baseline_with_its_aa_repeat(tmp_path: Path) -> None:
+    from dsv4bisect.probe.session import resolve_baseline
+
+    run = run_directory(tmp_path / "run")
+    for given in (run, run / "baseline"):  # the run, or its baseline folder: both keep the A/A
+        source = resolve_baseline(str(given), None, None)
+        assert source.run is not None and source.repeat is not None, given
+        assert source.run.path == str(run / "baseline")
+        assert source.repeat.path == str(run / "baseline-repeat")
+    (tmp_path / "lone").mkdir()
+    ProbeRun.load(run / "baseline").save(tmp_path / "lone" / "only")
+    assert resolve_baseline(str(tmp_path / "lone" / "only"), None, None).repeat is None
+
+
+def test_a_run_that_never_measured_its_baseline_is_refused_by_name(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "baseline").mkdir(parents=True)
+    (run / "run.json").write_text('{"schema": "dsv4bisect.run/1", "status": "error"}')
+    result = invoke("http://127.0.0.1:9", "--baseline", str(run))
+    assert isinstance(result.exception, ConfigError)
+    assert "no measured baseline" in result.exception.message
+    assert "dsv4bisect report" in (result.exception.hint or "")
+
+
+def test_the_upgrade_hints_probe_command_runs_as_printed(cli, tmp_path: Path) -> None:
+    """The command inside `git bisect run` that `bisect --upgrade-from` prints: its options
+    exist, it takes the run directory, and an engine that does not answer is a skip (125)."""
+    import shlex
+
+    from dsv4bisect.bisect.upgrade import code_bisect_hint
+
+    hint = code_bisect_hint("dsv4-flash-tp8-latest", "0.5.21", "0.5.23")
+    line = hint.split("`dsv4bisect probe ")[1].split("`")[0]
+    argv = ["probe", *shlex.split(line)]
+    assert argv[1:4] == ["URL", "--baseline", "RUN"] and "--exit-policy" in argv
+    run = run_directory(tmp_path / "run")
+    argv = [{"URL": "http://127.0.0.1:9", "RUN": str(run)}.get(a, a) for a in argv]
+    down = cli(*argv, "--out", tmp_path / "o")
+    assert down.returncode == 125 and "cannot connect" in down.stderr
+    assert "--warn-as" in invoke("--help").stdout

@@ -141,11 +141,20 @@ def test_cli_against_a_saved_baseline(baseline: tuple[ProbeRun, ProbeRun], fault
                                       tmp_path: Path) -> None:
     base_dir = Path(baseline[0].path).parent  # holds baseline/ and baseline-repeat/
     result = CliRunner().invoke(_cli(), ["probe", fault_url, "--baseline", str(base_dir),
-                                         "--json", "--out", str(tmp_path / "out")])
+                                         "--json", "--out", str(tmp_path / "out"),
+                                         "--warn-as", "warn"])
     assert result.exit_code in (1, 4), result.output
     data = json.loads(result.stdout)
     assert data["verdict"] in ("FAIL", "WARN") and data["exit_code"] == result.exit_code
     assert data["evidence"]["baseline"] == baseline[0].path
+    # the baseline folder alone brings its A/A repeat; a drift WARN exits 0 by default (as
+    # `run`: `git bisect run` counts 4 as bad), verdict.json keeps its code
+    again = CliRunner().invoke(_cli(), ["probe", fault_url, "--baseline", baseline[0].path,
+                                        "--json", "--out", str(tmp_path / "again")])
+    data2 = json.loads(again.stdout)
+    assert data2["evidence"]["baseline_repeat"] == baseline[1].path
+    assert again.exit_code == {"FAIL": 1, "WARN": 0}[data2["verdict"]], again.output
+    assert data2["exit_code"] == {"FAIL": 1, "WARN": 4}[data2["verdict"]]
     assert data["evidence"]["candidate"] == str(tmp_path / "out" / "candidate")
     saved = json.loads((tmp_path / "out" / "verdict.json").read_text())
     assert saved["verdict"] == data["verdict"]

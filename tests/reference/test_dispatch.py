@@ -9,7 +9,7 @@ import torch
 
 from dsv4bisect.kernels.mhc_mixes import mhc_mixes_ref, mhc_mixes_split_ref
 from dsv4bisect.kernels.sparse_attention import sparse_attention_ref, sparse_attention_segmented_ref
-from dsv4bisect.reference import model as model_module
+from dsv4bisect.reference import swappable as swappable_module
 from dsv4bisect.reference.config import CSA_RATIO, ModelArgs, Numerics
 from dsv4bisect.reference.dispatch import (
     FLASH,
@@ -25,6 +25,7 @@ from dsv4bisect.reference.dispatch import (
     mhc_pre_plan,
 )
 from dsv4bisect.reference.model import Transformer, hc_pre
+from dsv4bisect.reference.swappable import stock_mixes
 
 FLASH_K = 4 * 4096  # DeepSeek-V4-Flash: hc_mult · hidden_size
 TINY_K = 4 * 256
@@ -113,11 +114,12 @@ def test_hc_pre_at_deployment_gives_a_token_another_mix_at_33_tokens_than_at_32(
     a: ModelArgs = model.a
     blk = model.layers[1]
     h = torch.randn(33, a.hc_mult, a.hidden_size, generator=torch.Generator().manual_seed(1))
-    args = (blk.hc_ffn_fn, blk.hc_ffn_scale, blk.hc_ffn_base, a, "fp32")
-    small = hc_pre(h[:32], *args, dispatch_first=False)
-    large = hc_pre(h, *args, dispatch_first=False)
+    args = (blk.hc_ffn_fn, blk.hc_ffn_scale, blk.hc_ffn_base, a)
+    deployed, exact = stock_mixes(a, True, False), stock_mixes(a, False, False)
+    small = hc_pre(h[:32], *args, deployed)
+    large = hc_pre(h, *args, deployed)
     assert not torch.equal(small[0], large[0][:32])
-    exact_small, exact_large = hc_pre(h[:32], *args), hc_pre(h, *args)
+    exact_small, exact_large = hc_pre(h[:32], *args, exact), hc_pre(h, *args, exact)
     for s, big in zip(exact_small, exact_large, strict=True):
         torch.testing.assert_close(s, big[:32], rtol=1e-6, atol=1e-6)
 
@@ -225,7 +227,7 @@ def test_decode_at_deployment_cuts_long_lists_and_exact_does_not(model: Transfor
     g = torch.Generator().manual_seed(4)
     tokens = torch.randint(2, model.a.vocab_size, (601,), generator=g)
     seen: list[bool] = []
-    real = model_module.flashmla_segments
+    real = swappable_module.flashmla_segments
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -233,7 +235,7 @@ def test_decode_at_deployment_cuts_long_lists_and_exact_does_not(model: Transfor
         return out
 
     try:
-        model_module.flashmla_segments = spy
+        swappable_module.flashmla_segments = spy
         for precision in ("deployment", "exact"):
             model.configure(Numerics(precision=precision))
             with torch.inference_mode():
@@ -243,7 +245,7 @@ def test_decode_at_deployment_cuts_long_lists_and_exact_does_not(model: Transfor
                 model.forward_hidden(tokens[600:], cache)
             assert any(seen) if precision == "deployment" else seen == []
     finally:
-        model_module.flashmla_segments = real
+        swappable_module.flashmla_segments = real
         model.configure(Numerics())
 
 

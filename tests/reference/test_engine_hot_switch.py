@@ -33,7 +33,7 @@ def _transcript(engine: ReferenceEngine) -> tuple[list[float], list[int]]:
     ({}, {"mhc-bf16": "bf16", "mma-decode": "split-k"}),
     ({"mhc-bf16": "bf16", "triton-indexer": "bf16"}, {"hash-topk-scaling": "double-scale"}),
     ({"nvfp4-dispatch": "hybrid"}, {"nvfp4-dispatch": "hybrid", "mma-decode": "split-k"}),
-    # the wo_a input is chosen per forward (Numerics.wo_a_input): off -> fp8 -> a fault of it
+    # a switch puts another implementation in the wo_a_input place: off -> fp8 -> a fault of it
     ({}, {"fp8-wo-a-gemm": "fp8"}),
     ({"fp8-wo-a-gemm": "fp8"}, {"fp8-wo-a-gemm": "scale-layout", "mhc-bf16": "bf16"}),
 ])

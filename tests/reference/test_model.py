@@ -234,7 +234,10 @@ def test_future_tokens_do_not_change_past_logits(model) -> None:
     a, b = tokens(200, seed=1), tokens(200, seed=1).clone()
     b[150:] = tokens(50, seed=9)
     la, lb = model(a), model(b)
-    assert torch.equal(la[:150], lb[:150])
+    # The past equals up to fp32 round-off, not bit for bit: a token's routed-expert GEMM has
+    # the tokens routed with it as rows, and some CPUs' kernels (MKL on AVX-512) block the sum
+    # by the row count. A leak of the future would move the past far beyond this.
+    torch.testing.assert_close(la[:150], lb[:150], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(la[150:], lb[150:])
 
 
@@ -256,7 +259,7 @@ def test_chunked_prefill_and_decode_match_full_recompute(model, chunk: int) -> N
         parts.append(model.logits(model.forward_hidden(ids[t : t + 1], cache)))
     torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-4)
     for got, want in zip(compressed_states(cache), compressed_states(full_cache), strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # fp32 re-association
     assert cache.n_tokens == 300 and all(lc.window.shape[0] == 15 for lc in cache.layers)
 
 

@@ -115,9 +115,10 @@ def test_nvfp4_dispatch_map_restricts_the_layers(model) -> None:
         assert 0.01 < e_w < e_wa < 0.3
 
 
-def test_clamp_rules_per_backend_and_variant() -> None:
-    def rule(patches: dict[str, str], backend: str, layer: int = 3) -> str:
-        return Numerics.from_patches(patches, backend).routed_clamp(layer)
+def test_clamp_rules_per_backend_and_variant(model) -> None:
+    def rule(patches: dict[str, str], backend: str, layer: int = 3, **kw) -> str:
+        model.configure(Numerics.from_patches(patches, backend, **kw))
+        return model.layers[layer].ffn.routed_clamp()
 
     assert rule({}, "triton") == "limit"  # not NVFP4: always clamped
     assert rule({"nvfp4-dispatch": "hybrid"}, "triton") == "none"  # cutlass_moe_fp4
@@ -132,8 +133,7 @@ def test_clamp_rules_per_backend_and_variant() -> None:
         == "limit*alpha"
     )
     assert rule({"nvfp4-dispatch": "hybrid", "trtllm-clamp": "ignore-alpha"}, "triton") == "none"
-    n = Numerics.from_patches({"nvfp4-dispatch": "hybrid"}, "triton", nvfp4_layers=frozenset({2}))
-    assert n.routed_clamp(3) == "limit"
+    assert rule({"nvfp4-dispatch": "hybrid"}, "triton", nvfp4_layers=frozenset({2})) == "limit"
 
 
 def test_trtllm_clamp_is_bit_identical_to_off_under_triton(model) -> None:
@@ -252,20 +252,28 @@ def test_triton_indexer_bf16_keeps_most_selections_and_flips_some(model) -> None
 
 
 def test_mhc_bf16_rounds_every_layer_site_and_not_hc_head(model, monkeypatch) -> None:
-    calls: list[tuple[torch.Tensor, torch.Tensor, str]] = []
+    head: list[str] = []
 
-    def record(x, fn, eps, *, mode="fp32"):
-        calls.append((x, fn, mode))
+    def record(x, fn, eps, *, mode="fp32"):  # the model's own call: hc_head
+        head.append(mode)
         return mhc_mixes_ref(x, fn, eps, mode=mode)
 
     monkeypatch.setattr(model_module, "mhc_mixes_ref", record)
+    sites: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+    model.configure(Numerics.from_patches({"mhc-bf16": "bf16"}))
+    hooks = [m.register_forward_hook(lambda mod, inp, out: sites.append((mod.source, *inp)))
+             for name, m in model.named_modules()
+             if name.startswith("layers.") and name.endswith(("hc_attn_mixes", "hc_ffn_mixes"))]
     tokens = ids(300, seed=6)
-    patched = logits(model, {"mhc-bf16": "bf16"}, tokens)
-    sites = [c for c in calls if c[1].shape[0] == 24]
-    head = [c for c in calls if c[1].shape[0] == 4]
-    assert len(sites) == 2 * TINY.num_hidden_layers and len(head) == 1
-    assert all(mode == "bf16" for _, _, mode in sites) and head[0][2] == "fp32"
-    for x, fn, _ in sites:  # bf16 operands and output: 2^-8 per rounding, summed over 1024 terms
+    try:
+        with torch.inference_mode():
+            patched = model(tokens)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(sites) == 2 * TINY.num_hidden_layers and head == ["fp32"]
+    assert all(source == "mhc-bf16:bf16" for source, _, _ in sites)
+    for _, x, fn in sites:  # bf16 operands and output: 2^-8 per rounding, summed over 1024 terms
         e = rel(mhc_mixes_ref(x, fn, 1e-6, mode="bf16"), mhc_mixes_ref(x, fn, 1e-6))
         assert 1e-3 < e < 1e-2
     monkeypatch.undo()

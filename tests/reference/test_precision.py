@@ -12,6 +12,7 @@ import torch
 
 from dsv4bisect.config.checkpoints import EMBEDDED_CHECKPOINT
 from dsv4bisect.errors import ConfigError
+from dsv4bisect.patchspec.swaps import ExpertQuant
 from dsv4bisect.reference.checkpoint import CheckpointReader, load_model
 from dsv4bisect.reference.config import Numerics
 from dsv4bisect.reference.engine import ReferenceEngine
@@ -31,18 +32,37 @@ def _chunked_logits(model: Transformer, tokens: torch.Tensor, chunk: int) -> tor
         return model.logits(torch.cat(hs))
 
 
-@pytest.mark.parametrize("name", ["all-off", "bf16-patches", "nvfp4-hybrid"])
-def test_exact_precision_gives_the_logits_recorded_before_precisions_existed(name: str) -> None:
-    """Recorded with the fp32 engine before `precision` was added (random tiny model, seed 0,
-    900 tokens in chunks of 256, three patch sets). Bit-identical on the recording machine;
-    the tolerance only absorbs another CPU's BLAS kernels."""
+def _recorded(name: str) -> tuple[torch.Tensor, dict[str, list[float]]]:
     pins = json.loads(PINS.read_text())
     rec = pins["sets"][name]
     engine = ReferenceEngine.load(None, patches=rec["patches"], precision="exact", device="cpu",
                                   threads=1)
-    logits = _chunked_logits(engine.model, torch.tensor(pins["tokens"]), pins["chunk_size"])
-    for pos, want in rec["logits"].items():
-        torch.testing.assert_close(logits[int(pos)], torch.tensor(want), rtol=1e-6, atol=1e-5)
+    return _chunked_logits(engine.model, torch.tensor(pins["tokens"]),
+                           pins["chunk_size"]), rec["logits"]
+
+
+def _same_arithmetic_as_the_recording() -> bool:
+    """Does this CPU's fp32 arithmetic reproduce the all-off set bit for bit? The same model
+    on another CPU's BLAS kernels re-associates the fp32 sums (measured 2026-12-06 on an
+    AVX-512/AMX Xeon against the recording: 1.3e-5 at most on logits of magnitude ~2)."""
+    logits, want = _recorded("all-off")
+    return all(torch.equal(logits[int(pos)], torch.tensor(w)) for pos, w in want.items())
+
+
+@pytest.mark.parametrize("name", ["all-off", "bf16-patches", "nvfp4-hybrid"])
+def test_exact_precision_gives_the_logits_recorded_before_precisions_existed(name: str) -> None:
+    """Recorded with the fp32 engine before `precision` was added (random tiny model, seed 0,
+    900 tokens in chunks of 256, three patch sets). Bit-identical on the recording machine.
+    The fp32 set is held on any CPU at fp32's re-association round-off (relative 1e-5); the sets
+    that round to bf16 or NVFP4 turn that round-off into flipped roundings that 900 tokens
+    amplify (measured on an AVX-512/AMX Xeon: 1.5e-3 for bf16-patches, 0.23 for nvfp4-hybrid),
+    so they are held only where the fp32 set reproduces bit for bit."""
+    if name != "all-off" and not _same_arithmetic_as_the_recording():
+        pytest.skip("this CPU's fp32 kernels re-associate differently from the recording "
+                    "machine's; a rounding set's pins hold only on that arithmetic")
+    logits, want = _recorded(name)
+    for pos, w in want.items():
+        torch.testing.assert_close(logits[int(pos)], torch.tensor(w), rtol=1e-5, atol=1e-5)
 
 
 def test_configure_again_equals_a_fresh_load_with_that_precision_and_patch_set() -> None:
@@ -120,11 +140,16 @@ def test_nvfp4_dispatch_is_inert_at_deployment_and_weights_only_takes_the_w4a16_
         out[variant] = _chunked_logits(engine.model, tokens, 2048)
     assert torch.equal(out[None], out["hybrid"])
     assert not torch.equal(out[None], out["weights-only"])
-    n = Numerics.from_patches({}, "marlin", precision="deployment")
-    assert n.nvfp4_on(3) and not n.expert_act_quant(3) and n.routed_clamp(3) == "limit"
-    t = Numerics.from_patches({}, "triton", precision="deployment")
-    assert t.expert_act_quant(3) and t.routed_clamp(3) == "none"
-    assert not Numerics.from_patches({}, "triton").nvfp4_on(3)  # exact: only with the patch
+    model = engine.model
+
+    def layer3(backend: str, precision: str) -> tuple[ExpertQuant, str]:
+        model.configure(Numerics.from_patches({}, backend, precision=precision))
+        moe = model.layers[3].ffn
+        return moe.expert_quant, moe.routed_clamp()
+
+    assert layer3("marlin", "deployment") == (ExpertQuant(True, False), "limit")
+    assert layer3("triton", "deployment") == (ExpertQuant(True, True), "none")
+    assert not layer3("triton", "exact")[0].nvfp4  # exact: only with the patch
 
 
 def test_an_unknown_precision_is_a_config_error_and_info_reports_the_precision() -> None:

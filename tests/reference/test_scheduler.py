@@ -13,7 +13,8 @@ from dsv4bisect.reference.cancel import Cancelled
 from dsv4bisect.reference.engine import ReferenceEngine
 from dsv4bisect.reference.generation import Generator, GenSpec
 from dsv4bisect.reference.prefix_cache import PrefixCache
-from dsv4bisect.reference.scheduler import Request, Scheduler
+from dsv4bisect.reference.request import Request
+from dsv4bisect.reference.scheduler import Scheduler
 from dsv4bisect.reference.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.timeout(300)

@@ -121,7 +121,7 @@ def test_info_endpoints(url: str) -> None:
         assert info["device"] and info["version"]
     flush = requests.post(f"{url}/flush_cache", timeout=10)
     assert flush.status_code == 200 and flush.text == "Cache flushed.\n"
-    assert requests.get(f"{url}/flush_cache", timeout=10).status_code == 200
+    assert requests.get(f"{url}/flush_cache", timeout=10).status_code == 405  # POST only: csrf.py
 
 
 # ---- /generate: teacher forcing ----------------------------------------------------------------
@@ -358,7 +358,10 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": "5"}),
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": MAX_MODEL_LEN}),
     ("/v1/chat/completions", {"messages": CHAT, "n": 2}),
-    ("/v1/chat/completions", {"messages": CHAT, "stream": True}),
+    ("/v1/chat/completions", {"messages": CHAT, "stream": "yes"}),
+    ("/v1/chat/completions", {"messages": CHAT, "stream": True, "n": 2}),  # before any event
+    ("/v1/completions", {"prompt": "a", "stream": True, "best_of": 2}),
+    ("/generate", {"input_ids": [0, 20], "stream": True, "sampling_params": {"n": 2}}),
     ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}),
     ("/v1/completions", {"prompt": ""}),
     ("/v1/completions", {"prompt": [0, 9999]}),

@@ -13,8 +13,9 @@ from dsv4bisect.reference.checkpoint import random_model
 from dsv4bisect.reference.config import ModelArgs, Numerics
 from dsv4bisect.reference.engine import ReferenceEngine
 from dsv4bisect.reference.prefix_cache import PrefixCache
+from dsv4bisect.reference.request import Request
 from dsv4bisect.reference.sampling import Sampling
-from dsv4bisect.reference.scheduler import Request, Scheduler
+from dsv4bisect.reference.scheduler import Scheduler
 from dsv4bisect.reference.spec_settings import SpecSettings
 from dsv4bisect.reference.speculative import commit_rows, spec_metrics, verify
 
@@ -238,13 +239,13 @@ def test_the_patch_turns_speculation_on_with_its_fault_and_is_never_switched_hot
     from dsv4bisect.reference.serving import ServeOptions, speculation
     from dsv4bisect.reference.switch import HotSwitch
 
-    assert speculation(ServeOptions()) == (None, None)
-    assert speculation(ServeOptions(patches={"nextn-speculation": "nextn"})) == (
-        SpecSettings(), None)
-    assert speculation(ServeOptions(patches={"nextn-speculation": "draft-eos"})) == (
-        SpecSettings(), "draft-eos")
+    assert speculation(ServeOptions()) is None
+    for variant in ("nextn", "draft-eos", "greedy-verify"):  # SGLang's NEXTN default
+        assert speculation(ServeOptions(patches={"nextn-speculation": variant})) == SpecSettings()
     two = SpecSettings.resolve("NEXTN", 2)
-    assert speculation(ServeOptions(speculative=two)) == (two, None)
+    assert speculation(ServeOptions(speculative=two)) == two
+    assert speculation(ServeOptions(speculative=two,
+                                    patches={"nextn-speculation": "nextn"})) == two
     engine = SimpleNamespace(numerics=SimpleNamespace(patches={}))
     hot = HotSwitch(engine, None, {}, tmp_path, {"nextn-speculation": "nextn"}, "server")
     assert "nextn-speculation cannot change in a running engine" in hot.refusal(
@@ -252,7 +253,8 @@ def test_the_patch_turns_speculation_on_with_its_fault_and_is_never_switched_hot
 
 
 def test_draft_eos_ends_the_request_at_a_drafted_stop_id_the_main_model_did_not_pick() -> None:
-    from dsv4bisect.reference.speculative import Verdict, stop_at_drafted_stop
+    from dsv4bisect.patches.nextn_speculation import stop_at_drafted_stop
+    from dsv4bisect.reference.speculative import Verdict
 
     eos = frozenset({1})
     right = Verdict([5, 6, 9], 2)  # drafts 5, 6 accepted, 9 the main model's own token
@@ -269,7 +271,10 @@ def test_a_scheduler_with_the_draft_eos_fault_truncates_where_the_mtp_layer_draf
     prompts = _prompts(10, 22, 35)
     stops = frozenset(range(3, 250, 2))  # half the vocabulary: some drafted, few chosen
     want, _ = _run(engine, prompts, 24, None, stop=stops)
-    sched = Scheduler(engine, background=False, spec=spec, spec_fault="draft-eos")
+    faulty = ReferenceEngine.load(None, patches={"nextn-speculation": "draft-eos"},
+                                  precision="exact", device="cpu", mtp=True)
+    assert faulty.model.spec_verify is not engine.model.spec_verify
+    sched = Scheduler(faulty, background=False, spec=spec)
     reqs = [Request(p, 24, stops) for p in prompts]
     for r in reqs:
         sched.submit(r)

@@ -94,6 +94,12 @@ def test_double_scale_fault_warns_on_drift_alone(tmp_path: Path, cache: Path) ->
     assert doc["arms"]["candidate"]["patch_set"] == {"hash-topk-scaling": "double-scale"}
     assert doc["arms"]["candidate"]["faults"] == ["hash-topk-scaling"]
     assert doc["arms"]["baseline"]["patch_set"] == {}
+    # issue 41: report.md says the exit the process had, and the terminal the next step
+    md = (only_run_dir(runs) / "report.md").read_text()
+    assert ("- exit 0 (a drift WARN under `--warn-as pass`; verdict.json keeps the verdict's "
+            "code 4)") in md
+    assert ("next: the candidate differs from its good end only in "
+            "hash-topk-scaling:double-scale") in r.stderr
 
 
 def test_split_k_merge_fault_warns_at_long_context(tmp_path: Path, cache: Path) -> None:
@@ -105,6 +111,7 @@ def test_split_k_merge_fault_warns_at_long_context(tmp_path: Path, cache: Path) 
             "--set", "probe.families=[drift]", "--set", "probe.lengths=[2048]",
             "--warn-as", "warn", cache=cache)
     assert r.returncode == 4, r.stderr  # a WARN's own exit code when asked for
+    assert "\n- exit 4; status `done`" in (only_run_dir(runs) / "report.md").read_text()
     v = load_json(r.stdout)
     assert v["verdict"] == "WARN" and v["drift"]["status"] == "warn"
     far = {k: view["status"] for k, view in v["drift"]["views"].items()

@@ -32,15 +32,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-import gpu_paths  # noqa: E402, F401  (sys.path and the package's layout)
-
 import importlib  # noqa: E402
 
+import gpu_paths  # noqa: E402, F401  (sys.path and the package's layout)
 import torch  # noqa: E402
 from hookenv import install  # noqa: E402
-
-from dsv4bisect.plugin.targets import mla_module  # noqa: E402
 from sglang_tree import SglangTree, decoder_layer  # noqa: E402
+
+from dsv4bisect.sglang_hooks.targets import mla_module  # noqa: E402
 
 ROWS: list[dict] = []
 DEV = "cuda"

@@ -92,7 +92,7 @@ def check(version: str, wheel: Path, out_dir: Path) -> None:
         us_stock = _us(call)
         receipts, state = install_hot(
             {}, {"mhc-bf16": "bf16"}, check_version(version), ReceiptWriter(None, PROC),
-            {n: dict(p.sglang.hooks) for n, p in builtin_patches().items()}, out_dir)
+            builtin_patches(), out_dir)
         states = {r.patch: r.state for r in receipts}
         row("install_hot: flush_cache switch installed", states.get("hot-switch") == "installed",
             receipts=states)

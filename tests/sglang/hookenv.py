@@ -16,8 +16,7 @@ def install(version: str, patches: dict[str, str], directory: Path | None = None
             process: ProcessInfo = PROC) -> tuple[list[Receipt], ReceiptWriter]:
     """Run the real installer (real HookRegistry from the wheel) for `patches`."""
     writer = ReceiptWriter(directory, process)
-    declared = {n: dict(p.sglang.hooks) for n, p in builtin_patches().items()}
-    receipts = install_patches(patches, check_version(version), writer, declared)
+    receipts = install_patches(patches, check_version(version), writer, builtin_patches())
     return receipts, writer
 
 

@@ -99,7 +99,7 @@ def main(wheel: str, rank: int, last: int, out: Path, sm120: bool = False) -> No
             stock_y = v4.DeepseekV4DecoderLayer.hc_pre(layer, *hc)[0]  # SGLang's own paths
             stock_w = topk(*route).topk_weights
         else:  # SGLang's SM120 decode, imported against the launch env
-            from dsv4bisect.plugin.targets import mla_module
+            from dsv4bisect.sglang_hooks.targets import mla_module
 
             mla = import_with_environ(tree, mla_module(tree.layout), environ)
             kw = paged_decode_case(B=2, H=8, n_swa=64, n_extra=32)

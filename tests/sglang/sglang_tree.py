@@ -158,7 +158,7 @@ class SglangTree:
 
     def _build(self) -> None:
         from dsv4bisect.base.versions import check_version
-        from dsv4bisect.plugin.targets import fused_guard_target, mla_module, sinkhorn_target
+        from dsv4bisect.sglang_hooks.targets import fused_guard_target, mla_module, sinkhorn_target
 
         self.layout = check_version(self.version or "", allow_unverified=True).layout or ""
         self.whole("sglang.srt.plugins.hook_registry")
@@ -222,7 +222,7 @@ class SglangTree:
         self._exec(name, code, {"FP8_DTYPE": torch.float8_e4m3fn})
 
     def _deepseek_v4(self, guard: str) -> None:
-        from dsv4bisect.plugin.targets import hc_pre_target
+        from dsv4bisect.sglang_hooks.targets import hc_pre_target
 
         name = "sglang.srt.models.deepseek_v4"
         src = self.src.source(name) or ""

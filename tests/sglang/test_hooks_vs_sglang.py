@@ -4,7 +4,7 @@ Each test builds a synthetic `sglang` from the downloaded wheel (tests/sglang/sg
 keeps SGLang's original function, installs the patch through the real installer and SGLang's
 real HookRegistry, and compares: SGLang itself is the reference. The releases are
 `wheels.HOOK_VERSIONS` (0.5.13, 0.5.14, 0.5.16 — the kernels/ops move — and the newest), each
-with its own module paths (`dsv4bisect.plugin.targets`).
+with its own module paths (`dsv4bisect.sglang_hooks.targets`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from hookenv import by_patch, install
 from sglang_tree import SglangTree, decoder_layer, make_hash_topk, paged_decode_case
 
-from dsv4bisect.plugin.targets import mla_module, sinkhorn_target
+from dsv4bisect.sglang_hooks.targets import mla_module, sinkhorn_target
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -51,7 +51,7 @@ def _hc_inputs(T: int, D: int = 256, n: int = 4, seed: int = 0):
 def test_mhc_bf16_hook_keeps_the_contract_and_only_rounds_the_gemm(tree):
     import sglang.srt.models.deepseek_v4 as v4
 
-    from dsv4bisect.plugin.hooks_mhc import hc_pre as hook_hc_pre
+    from dsv4bisect.sglang_hooks.mhc import hc_pre as hook_hc_pre
 
     cls = v4.DeepseekV4DecoderLayer
     layer = decoder_layer(cls)

@@ -246,7 +246,7 @@ def test_sm120_backend_is_compared_at_every_call_of_the_decode_entry(tree):
     if version < (0, 5, 15):
         pytest.skip("SGLANG_SM120_FLASHMLA_BACKEND first appears in 0.5.15")
     from dsv4bisect.base.versions import check_version
-    from dsv4bisect.plugin.targets import mla_module
+    from dsv4bisect.sglang_hooks.targets import mla_module
 
     layout = check_version(tree.version() or "", allow_unverified=True).layout or ""
     mod = tree.tree(mla_module(layout))

@@ -15,14 +15,7 @@ import pytest
 from dsv4bisect.base.versions import LAYOUTS, check_version, parse_version
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.plugin.static import SourceTree, call_keywords, result_index, sm120_forced_flags
-from dsv4bisect.plugin.targets import (
-    CONTRACT_TARGET,
-    SIGNATURES,
-    call_contracts,
-    hc_pre_target,
-    mla_module,
-    uses,
-)
+from dsv4bisect.sglang_hooks.targets import CONTRACT_TARGET, SIGNATURES, hc_pre_target, mla_module
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +41,7 @@ def test_every_declared_target_and_call_exists_with_its_signature(tree):
         targets = patch.sglang.hooks.get(layout, ())
         assert targets or not any(patch.sglang.hooks.values()), \
             f"{patch.name} declares no hooks for layout {layout}"
-        for target in (*targets, *uses(patch.name, layout), CONTRACT_TARGET):
+        for target in (*targets, *patch.sglang.uses.get(layout, ()), CONTRACT_TARGET):
             sig = table[target]  # every declared target has an expected signature
             if sig.external:
                 continue
@@ -64,16 +57,16 @@ def test_every_declared_target_and_call_exists_with_its_signature(tree):
 def test_signature_table_has_no_stale_entries(tree):
     layout = layout_of(tree)
     declared = {t for p in builtin_patches().values() for t in p.sglang.hooks.get(layout, ())}
-    called = {t for p in builtin_patches() for t in uses(p, layout)}
+    called = {t for p in builtin_patches().values() for t in p.sglang.uses.get(layout, ())}
     assert set(SIGNATURES[layout]) == declared | called | {CONTRACT_TARGET}
 
 
 def test_call_contracts_hold(tree):
     layout = layout_of(tree)
-    for patch, contracts in call_contracts(layout).items():
-        for c in contracts:
+    for patch in builtin_patches().values():
+        for c in patch.sglang.calls.get(layout, ()):
             calls = tree.calls(c.module, c.callee, within=c.within)
-            assert calls, f"{patch}: no call of {c.callee} in {c.module}.{c.within}"
+            assert calls, f"{patch.name}: no call of {c.callee} in {c.module}.{c.within}"
             fn_tree = tree.tree(c.module)
             for call in calls:
                 kw = set(call_keywords(call))
@@ -104,7 +97,7 @@ def test_decode_entry_is_imported_where_it_is_called(tree):
     """mma-decode replaces a module attribute: the backend imports it at call time, from the
     module the layout hooks."""
     layout = layout_of(tree)
-    contract = call_contracts(layout)["mma-decode"][0]
+    contract = builtin_patches()["mma-decode"].sglang.calls[layout][0]
     fwd = tree.resolve(f"{contract.module}.{contract.within}")
     imports = [n for n in ast.walk(fwd.node) if isinstance(n, ast.ImportFrom)
                and any(a.name == "flash_mla_with_kvcache_sm120" for a in n.names)]

@@ -13,7 +13,6 @@ import pytest
 from dsv4bisect.base.versions import VERIFIED, parse_version
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.patching.registry import builtin_patches
-from dsv4bisect.patching.spec import ARCHS
 from dsv4bisect.patching.switch_catalog import (
     TIERS,
     Switch,
@@ -23,12 +22,13 @@ from dsv4bisect.patching.switch_catalog import (
     shipped_releases,
     tier_of,
 )
+from dsv4bisect.patchspec.spec import ARCHS
 from dsv4bisect.plugin.discover import discover, env_declarations
 from dsv4bisect.plugin.hot import deliverable_env
 from dsv4bisect.plugin.static import SourceTree
 
 SCHEMA = {"name", "kind", "type", "default", "read", "hot", "gates", "where", "tier"}
-OPTIONAL = {"forced", "copies"}
+OPTIONAL = {"forced", "copies", "also", "other_vendor"}
 # Per release: (env switches, server arguments), regenerated with the data
 # (python tests/benchmarks/gen_switch_catalog.py) and checked by a reader of the diff.
 COUNTS = {
@@ -96,6 +96,9 @@ def test_shipped_catalog_schema_counts_and_no_unrelated_switch(release: str) -> 
         assert row["tier"] in TIERS
         assert re.fullmatch(r"sglang/\S+\.py:\d+", row["where"]), row["where"]
         assert not row["hot"] or row["read"] == "call"
+        for site in (*row.get("also", ()), *row.get("other_vendor", ())):  # every read site
+            assert re.fullmatch(r"sglang/\S+\.py:\d+", site), site
+        assert set(row.get("other_vendor", ())) <= {row["where"], *row.get("also", ())}
     assert (catalog.count("env"), catalog.count("arg")) == COUNTS[release]
     per_call = {s.name for s in catalog.switches if s.kind == "env" and s.read == "call"}
     hot = {s.name for s in catalog.switches if s.hot}

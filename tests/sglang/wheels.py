@@ -5,19 +5,19 @@ One wheel per verified release (`dsv4bisect.base.versions.VERIFIED`), downloaded
 default ~/.cache/dsv4bisect/sglang-wheels), all missing ones at once in parallel; a wheel already
 there is reused. Only the files the checks need are read from each zip. A test may skip only
 when the package index cannot be reached at all: once the index has answered (a wheel came, or
-pip said a version does not exist), a missing wheel fails the test instead.
+pip said a version does not exist), a missing wheel fails the test instead (tests/wheel_cache.py).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from functools import cache
 from pathlib import Path
 
-from dsv4bisect.base.versions import VERIFIED
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: wheel_cache.py
+
+from wheel_cache import WheelCache  # noqa: E402
+
+from dsv4bisect.base.versions import VERIFIED  # noqa: E402
 
 VERSIONS = VERIFIED
 # The releases whose pure-torch SGLang code the hooks are compared with (tests/sglang/
@@ -25,68 +25,7 @@ VERSIONS = VERIFIED
 # and the newest.
 HOOK_VERSIONS = ("0.5.13", "0.5.14", "0.5.16", VERIFIED[-1])
 ENV = "DSV4BISECT_SGLANG_WHEELS"
-READ: set[str] = set()  # versions whose wheel a test opened (printed at the end of the run)
-_ANSWERED = ("No matching distribution", "Could not find a version")  # the index did answer
-
-
-def wheel_dir() -> Path:
-    root = os.environ.get(ENV)
-    return Path(root).expanduser() if root else Path.home() / ".cache/dsv4bisect/sglang-wheels"
-
-
-def find_wheel(version: str, directory: Path | None = None) -> Path | None:
-    d = directory or wheel_dir()
-    found = sorted(d.glob(f"sglang-{version}-*.whl")) if d.is_dir() else []
-    return found[0] if found else None
-
-
-def _download(version: str) -> tuple[Path | None, str]:
-    have = find_wheel(version)
-    if have is not None:
-        return have, ""
-    d = wheel_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--python-version", "3.11", "--dest", str(d), "--quiet", f"sglang=={version}"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"pip download sglang=={version} failed: {exc}"
-    have = find_wheel(version)
-    if proc.returncode != 0 or have is None:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return None, f"pip download sglang=={version} failed: {' | '.join(tail)}"
-    return have, ""
-
-
-@cache
-def fetch_all() -> dict[str, tuple[Path | None, str]]:
-    """Every verified release's wheel (downloaded in parallel where missing)."""
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        return dict(zip(VERSIONS, pool.map(_download, VERSIONS)))
-
-
-def index_answered() -> bool:
-    got = fetch_all().values()
-    return any(p is not None for p, _ in got) or any(a in why for _, why in got for a in _ANSWERED)
-
-
-def fetch_wheel(version: str) -> tuple[Path | None, str]:
-    """(wheel path, "") or (None, why it could not be downloaded)."""
-    if version in VERSIONS:
-        return fetch_all()[version]
-    return _download(version)
-
-
-def wheel_of(version: str) -> Path:
-    """The wheel; skip when the index is unreachable, fail when it answered but this is missing."""
-    import pytest
-
-    path, why = fetch_wheel(version)
-    if path is None:
-        if index_answered():
-            pytest.fail(f"the sglang {version} wheel is missing although the index answered: "
-                        f"{why}")
-        pytest.skip(f"cannot reach the package index for the sglang {version} wheel: {why}")
-    READ.add(version)
-    return path
+CACHE = WheelCache("sglang", VERSIONS, ENV, ".cache/dsv4bisect/sglang-wheels")
+READ = CACHE.read  # versions whose wheel a test opened (printed at the end of the run)
+wheel_dir, find_wheel, fetch_all = CACHE.wheel_dir, CACHE.find_wheel, CACHE.fetch_all
+index_answered, fetch_wheel, wheel_of = CACHE.index_answered, CACHE.fetch_wheel, CACHE.wheel_of

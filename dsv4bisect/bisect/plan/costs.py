@@ -32,6 +32,11 @@ REFERENCE_SWITCH_S = 1.0  # in-process, eager on CPU: no graphs to capture
 # Seconds of a full probe per tier: the embedded engine's, and the least any engine takes (the
 # tier's requests decode and are scheduled whatever their prompt length).
 TIER_PROBE_S = {"ci": 20.0, "smoke": 60.0, "standard": 1200.0, "deep": 3600.0}
+# One polluting request on the embedded engine (probe/warmup.py: a conversation at the tier's
+# shortest length, its short answer): 0.8-1.6 s measured at load ~10 on the shared 2-core CPU,
+# 16 in flight (tests/benchmarks/pd_transfer.py --warmup; docs/performance.md, "PD
+# disaggregation")
+REFERENCE_WARMUP_S_PER_REQUEST = 1.0
 TEST_CMD_S = 60.0
 # The sequential trial probe's expected share of the full probe until it states its own
 # (`probe.sequential.plan_trial`): like a bad end losing 30 % of answers at most a tenth (the
@@ -75,6 +80,8 @@ class ProbeShape:
     # `prompt_tokens`
     computed_tokens: int = 0
     by_condition: tuple[tuple[str, int], ...] = ()  # ("cold@1", computed tokens), "drift"
+    warmup_requests: int = 0  # the polluting phase before every probe of a server
+    warmup_tokens: int = 0  # its prompt tokens (not in prompt_tokens), every one computed
 
     @property
     def computed(self) -> int:
@@ -136,6 +143,13 @@ def plan_costs(
                      f"{shape.computed / 1e3:.0f} k computed prompt tokens take "
                      f"{shape.computed * per_token:.0f} s of prefill; the "
                      "tier's fixed minimum counts its requests' decode and scheduling")
+    if shape.warmup_requests:  # every probe of a server pays its polluting phase first
+        warm_s = (shape.warmup_requests * REFERENCE_WARMUP_S_PER_REQUEST if engine == "reference"
+                  else shape.warmup_tokens * per_token)
+        probe_default += warm_s
+        probe_why += (f"; with the polluting phase of {shape.warmup_requests} requests "
+                      f"({shape.warmup_tokens / 1e3:.0f} k prompt tokens, all computed, "
+                      f"~{warm_s:.0f} s) before the measured ones")
     launch = _pick("launch", given.get("launch"), _measured(details, "launch_s"),
                    launch_default, f"dsv4bisect default for {kind}", lines)
     switch = _pick("hot switch", given.get("switch"), _measured(details, "switch_s", "hot"),
@@ -281,8 +295,11 @@ def probe_shape(spec: Any) -> ProbeShape:
     note = (f"the {spec.tier} tier repeats the whole probe (run/baseline.py)" if whole else
             f"the {spec.tier} tier repeats the drift cases and the lengths {sorted(short)} "
             "(run/baseline.py), by computed tokens")
+    # the polluting phase (probe/warmup.py) at the shortest length, priced apart (plan_costs):
+    # each conversation one request, nothing of it cached
     return ProbeShape(spec.tier, nominal, 1.0 if whole else repeated / total, note,
-                      drift / total, computed, tuple(sorted(by_condition.items())))
+                      drift / total, computed, tuple(sorted(by_condition.items())),
+                      spec.warmup_requests, spec.warmup_requests * min(spec.lengths))
 
 
 def sequential_from_probe(spec: Any, noise: Noise) -> Sequential | None:

@@ -9,6 +9,11 @@ what no culprit set explains:
   reproduce, or it does not come from the candidates).
 - `unexplained`: the ends differ (∅ passes, the full set fails) but the configurations in between
   behave like a coin flip: a culprit set larger than `max_order`, or a non-monotone interaction.
+
+The space is dense ([H, n] membership, H = Σ_k C(n, k)), and every proposal weighs each culprit
+set, so its size is bounded: MAX_CULPRIT_SETS, the sets of 64 candidates up to pairs. Beyond, the
+space is refused before anything is allocated (3000 candidates asked for 101 GiB; 600 took
+2.7 GB and minutes a proposal): narrow the candidates (docs/bisect.md, "Many differences").
 """
 
 from __future__ import annotations
@@ -27,8 +32,31 @@ BAD_END_PASSES = "bad-end-passes"
 UNEXPLAINED = "unexplained"
 CATCH_ALLS = (GOOD_END_FAILS, BAD_END_PASSES, UNEXPLAINED)
 
-# Risk tier (patching.spec.Patch.tier) -> prior weight of a patch; 1 = most likely culprit.
+# Risk tier (patchspec.spec.Patch.tier) -> prior weight of a patch; 1 = most likely culprit.
 TIER_WEIGHT: Mapping[int, float] = {1: 2.0, 2: 1.0, 3: 0.5}
+
+MAX_CANDIDATES = 64  # at the default max_order 2
+MAX_CULPRIT_SETS = MAX_CANDIDATES + math.comb(MAX_CANDIDATES, 2)  # 2080
+
+
+def culprit_sets(n: int, max_order: int) -> int:
+    """How many culprit sets n candidates have up to max_order (the rows of the space)."""
+    return sum(math.comb(n, k) for k in range(1, max_order + 1))
+
+
+def check_size(n: int, max_order: int) -> None:
+    """BisectError when the space would hold more than MAX_CULPRIT_SETS culprit sets."""
+    sets = culprit_sets(n, max_order)
+    if sets > MAX_CULPRIT_SETS:
+        largest = 1
+        while culprit_sets(largest + 1, max_order) <= MAX_CULPRIT_SETS:
+            largest += 1
+        raise BisectError(
+            f"{n} candidates make {sets} culprit sets up to order {max_order}; one search "
+            f"weighs at most {MAX_CULPRIT_SETS} (at most {largest} candidates at this order)",
+            f"bisect at most {largest} candidates at a time (--candidates NAME,...); when the "
+            "culprit is not among them the bisect ends BAD-END-PASSES, and the rest are next")
+
 
 DEFAULT_ORDER_MASS: Mapping[int, tuple[float, ...]] = {
     1: (1.0,),
@@ -84,6 +112,7 @@ class HypothesisSpace:
         self.index = {name: i for i, name in enumerate(self.candidates)}
         self.max_order = max_order
         n = len(self.candidates)
+        check_size(n, max_order)
         orders = [k for k in range(1, max_order + 1) if k <= n]
         combos = [c for k in orders for c in itertools.combinations(range(n), k)]
         self.members = np.zeros((len(combos), n), dtype=np.uint8)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.hypotheses import check_size
 from dsv4bisect.errors import BisectError
 
 
@@ -30,6 +31,7 @@ def validate_settings(
         raise BisectError(f"parallel is {parallel}", "use at least 1")
     if not 1 <= max_order <= 3:
         raise BisectError(f"max_order {max_order} is not 1, 2 or 3", "use 1, 2 or 3")
+    check_size(len(candidates), max_order)
     if not 0 < design_discount <= 1:
         raise BisectError(f"design_discount {design_discount} is outside (0, 1]",
                           "use a number above 0 and at most 1")

@@ -28,8 +28,8 @@ from typing import Any
 
 from dsv4bisect.bisect.trials.runner import TrialResult, TrialRunner
 from dsv4bisect.errors import BisectError
-from dsv4bisect.patching.spec import Patch
 from dsv4bisect.patching.wire import ENV_VAR, format_patch_set
+from dsv4bisect.patchspec.spec import Patch
 from dsv4bisect.probe import verdict as V
 
 CANNOT_TEST_EXIT = 125
