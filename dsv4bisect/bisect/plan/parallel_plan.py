@@ -105,16 +105,20 @@ def plan_nodes(setup: Setup, nodes: Sequence[int] = NODE_COUNTS, *, trials: int 
             if k == 1:  # one node has no other to share a probe with
                 rows.append(replace(plain, sharded=True))
                 continue
-            # sharded: the ends alone or together (bisect/rounds.py), then K trials a round,
-            # or K/2 or one (--nodes K --parallel N), whichever is priced lower
-            rows.append(min((_row(cfg, k, size, on, priced, True, culprits, seeds, ends)
-                             for size in sorted({k, (k + 1) // 2, 1}, reverse=True)
-                             for ends in SCHEDULES),
-                            key=lambda r: r.mean_wall_s))
+            rows.append(sharded_row(cfg, k, on, priced, culprits, seeds))
     chosen = {r.nodes: r.ends or ALONE for r in rows if r.levers and r.sharded}
     floors = tuple((k, float(np.mean([floor_run(setup, k, c, chosen[k]) for c in culprits])))
                    for k in nodes)
     return NodePlan(trials, levers, tuple(rows), floors)
+
+
+def sharded_row(cfg: Setup, nodes: int, levers: bool, priced: bool,
+                culprits: Sequence[frozenset[str]], seeds: Sequence[int]) -> NodeFigures:
+    """The sharded row of `nodes` nodes: the ends alone or together (bisect/rounds.py), then K
+    trials a round, or K/2 or one (--nodes K --parallel N), whichever is priced lower."""
+    return min((_row(cfg, nodes, size, levers, priced, True, culprits, seeds, ends)
+                for size in sorted({nodes, (nodes + 1) // 2, 1}, reverse=True)
+                for ends in SCHEDULES), key=lambda r: r.mean_wall_s)
 
 
 def choose_ends(setup: Setup, nodes: int, round_size: int, *, trials: int, of: int,
