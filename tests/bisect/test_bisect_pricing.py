@@ -183,7 +183,9 @@ def test_the_probe_is_priced_by_the_tokens_the_engine_computes():
     measured = plan_costs("sglang", shape, given={}, details=details)
     lines = {c.name: c for c in measured.lines}
     assert lines["probe rate"].value == pytest.approx(2e6 / 50)
-    assert measured.costs.probe_s == pytest.approx(shape.computed / (2e6 / 50))
+    # the polluting phase's conversations too, each one request, every token computed
+    assert measured.costs.probe_s == pytest.approx(
+        (shape.computed + shape.warmup_tokens) / (2e6 / 50))
     assert "at the measured rate" in lines["full probe (standard tier)"].source
 
 
