@@ -307,7 +307,7 @@ def localise_embedded(q: Any, ends: Any, good: EmbeddedSettings, bad: EmbeddedSe
                       progress: Progress) -> Any:
     """The embedded engine's answer to `q` as a LocaliseResult; files written into `out`."""
     from dsv4bisect.localise import report
-    from dsv4bisect.localise.driver import case_infos, end_info, spec_divergence
+    from dsv4bisect.localise.question import case_infos, end_info, spec_divergence
     from dsv4bisect.localise.result import LocaliseResult
     from dsv4bisect.probe.spec import tier_spec
 

@@ -87,7 +87,7 @@ def localise_sglang(q: Any, ends: Any, progress: Any) -> tuple[Any, Path]:
     from dsv4bisect.engines.launcher import Launch
     from dsv4bisect.engines.preflight import engine_python, installed_source
     from dsv4bisect.localise import report
-    from dsv4bisect.localise.driver import case_infos, pick_cases
+    from dsv4bisect.localise.question import case_infos, pick_cases
     from dsv4bisect.localise.judge import localise, null_comparisons
     from dsv4bisect.localise.result import EndInfo, LocaliseResult
     from dsv4bisect.localise.sglang_dumps import load_capture, release_loader

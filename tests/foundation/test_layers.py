@@ -195,7 +195,8 @@ def test_every_bisect_module_has_a_layer_inside_the_bisect():
 
 # torch, triton and sglang: where docs/architecture.md says they are imported
 HEAVY = ("torch", "triton", "sglang")
-HEAVY_PACKAGES = ("reference", "kernels", "microtest", "plugin", "sglang_hooks", "vllm_hooks")
+HEAVY_PACKAGES = ("reference", "kernels", "microtest", "localise", "plugin", "sglang_hooks",
+                  "vllm_hooks")
 HEAVY_LAZILY = ("cli/bisect_priors.py",)  # inside a function: the device of the microtest
 HEAVY_LAZILY_ROWS = ("patches",)  # a patch's swap bodies: loading the registry imports none
 
