@@ -17,7 +17,7 @@ from dsv4bisect.ui.console import stdout
 if TYPE_CHECKING:
     from dsv4bisect.config.engine_config import EngineConfig
     from dsv4bisect.config.resolve import LoadedProfile
-    from dsv4bisect.engines.preflight import Finding
+    from dsv4bisect.engines.finding import Finding
 
 
 def register(app: typer.Typer) -> None:

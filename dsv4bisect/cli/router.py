@@ -32,7 +32,7 @@ def router(ctx: typer.Context) -> None:
 
         args = router_args.parse(list(ctx.args))
         log_requests_to_stderr()
-        opts = ServeOptions(host=args.host, port=args.port)
+        opts = ServeOptions(host=args.host, port=args.port, api="sglang-router")
         serve(opts, _ready(args), signals, loader=build_router(args))
     finally:
         signals.close()

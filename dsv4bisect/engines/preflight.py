@@ -45,7 +45,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,14 +63,14 @@ from dsv4bisect.config.checkpoints import CONFIG_NAME, load_checkpoint_config
 from dsv4bisect.config.engine_config import EngineConfig
 from dsv4bisect.config.resolve import LoadedProfile, Overrides, load_profile, resolve_loaded
 from dsv4bisect.engines import ports as portcheck
-from dsv4bisect.errors import ConfigError, Dsv4BisectError, EngineError
+from dsv4bisect.engines.finding import Finding
+from dsv4bisect.errors import ConfigError
 from dsv4bisect.patchspec.spec import Patch
 from dsv4bisect.plugin.static import SourceTree, call_keywords, result_index, sm120_forced_flags
 from dsv4bisect.sglang_hooks.targets import CONTRACT_TARGET, SIGNATURES
 
 DSV4_ARCHITECTURES = ("DeepseekV4ForCausalLM",)
 MIN_FREE = 0.90  # of each named GPU's memory
-SKIP_HINT = "or pass --skip-preflight if you know better"
 PY_TIMEOUT_S = 120.0  # `import sglang` on a cold node
 SMI_TIMEOUT_S = 30.0
 GPU_QUERY = ("--query-gpu=index,uuid,memory.used,memory.total", "--format=csv,noheader,nounits")
@@ -93,27 +93,6 @@ if out["sglang"] is not None:
         out["import_error"] = (type(e).__name__ + ": " + str(e)).splitlines()[0][:300]
 print(json.dumps(out))
 """
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One check. `status`: ok | warn | fail | skip (warn: doctor's rows only). A failure is transient (exit 125) when someone
-    else holds what we need (a port, a GPU); otherwise it is a setup to fix (exit 5)."""
-
-    check: str
-    status: str
-    detail: str
-    hint: str = ""
-    transient: bool = False
-
-    @property
-    def failed(self) -> bool:
-        return self.status == "fail"
-
-    def error(self) -> Dsv4BisectError:
-        hint = f"{self.hint} ({SKIP_HINT})" if self.hint else SKIP_HINT
-        cls = EngineError if self.transient else ConfigError
-        return cls(f"preflight: {self.detail}", hint)
 
 
 def _ok(check: str, detail: str) -> Finding:
@@ -416,7 +395,7 @@ def sglang_version(python: str) -> str | None:
 def check_entry_point(python: str) -> Finding:
     code, out = _py(python, "from importlib.metadata import entry_points as e; print([x.value "
                             "for x in e(group='sglang.srt.plugins') if x.name=='dsv4bisect'])")
-    if code == 0 and "dsv4bisect.plugin" in out:
+    if code == 0 and "'dsv4bisect.plugin.entry:main'" in out:  # not an older install's value
         return Finding("plugin entry point", "ok", f"{python}: {out}")
     return Finding("plugin entry point", "fail", f"{python}: not registered ({out[-200:]})",
                  "pip install /path/to/dsv4bisect (a checkout of the repository) with the "

@@ -28,7 +28,7 @@ from typing import Any
 
 from dsv4bisect.base import vllm_releases as vr
 from dsv4bisect.config.engine_config import EngineConfig
-from dsv4bisect.engines.preflight import Finding
+from dsv4bisect.engines.finding import Finding
 from dsv4bisect.plugin.vllm import declared as decl
 from dsv4bisect.plugin.vllm.argcheck import check_argv
 from dsv4bisect.vllm_hooks import targets as tg

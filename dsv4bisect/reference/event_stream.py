@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
 import anyio.from_thread
@@ -27,22 +27,34 @@ from starlette.types import Receive, Scope, Send
 from dsv4bisect.errors import Dsv4BisectError
 from dsv4bisect.reference import response_bound
 from dsv4bisect.reference.cancel import Cancelled
+from dsv4bisect.reference.http_reply import CANCELLED_KEY, Reply, as_response, watch_disconnect
 from dsv4bisect.reference.request_body import ApiError
 from dsv4bisect.reference.stream_api import DONE, event, open_stream
 
 if TYPE_CHECKING:
-    from dsv4bisect.reference.http_app import HttpApp, Reply
+    from dsv4bisect.reference.http_state import ServerState
 
 log = logging.getLogger("dsv4bisect.reference.server")
+T = TypeVar("T")
 
 OPENED, END = object(), object()  # the worker's markers: the request was accepted; no more
 HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
+class StreamingApp(Protocol):
+    """What a stream uses of `http_app.HttpApp` (which imports this module: not by name)."""
+
+    state: ServerState
+    model_limiter: anyio.CapacityLimiter
+
+    def guarded(self, work: Callable[[], T], check: Callable[[], bool], method: str,
+                path: str) -> T | Reply | None: ...
+
+
 class EventStream:
     """The response to a request with `"stream": true` on a route that streams."""
 
-    def __init__(self, app: HttpApp, handler: str, data: object, method: str, path: str
+    def __init__(self, app: StreamingApp, handler: str, data: object, method: str, path: str
                  ) -> None:
         self.app, self.handler, self.data = app, handler, data
         self.method, self.path = method, path
@@ -52,21 +64,19 @@ class EventStream:
         return self.app.state.stopping.is_set() or self.gone.is_set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from dsv4bisect.reference.http_app import CANCELLED_KEY, Reply, _response
-
         state = self.app.state
         state.admitted["model"] += 1
         into, out = anyio.create_memory_object_stream[Any](math.inf)
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self._run_worker, into)
-                tasks.start_soon(_watch, receive, self.gone)
+                tasks.start_soon(watch_disconnect, receive, self.gone)
                 first = await out.receive()
                 if first is not OPENED:  # refused (a JSON error), or the client already left
                     reply = first if isinstance(first, Reply) else Reply(499)
                     if reply.status == 499:
                         scope[CANCELLED_KEY] = True
-                    await _response(reply, state)(scope, receive, send)
+                    await as_response(reply, state)(scope, receive, send)
                 else:
                     await send({"type": "http.response.start", "status": 200,
                                 "headers": HEADERS})
@@ -130,12 +140,6 @@ def _error_event(status: int, message: str, err_type: str) -> str:
     return event({"object": "error", "message": message, "type": err_type, "param": None,
                   "code": status, "error": {"message": message, "type": err_type,
                                             "code": status}})
-
-
-async def _watch(receive: Receive, gone: threading.Event) -> None:
-    from dsv4bisect.reference.http_app import _watch_disconnect
-
-    await _watch_disconnect(receive, gone)
 
 
 def stream_requested(handler: str, body: bytes) -> object | None:

@@ -26,12 +26,10 @@ blocking work handed to threads. What a local engine adds around the endpoint lo
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -47,9 +45,17 @@ from starlette.types import Message, Receive, Scope, Send
 from dsv4bisect.errors import Dsv4BisectError
 from dsv4bisect.reference import csrf, response_bound
 from dsv4bisect.reference.cancel import Cancelled, stop_when
+from dsv4bisect.reference.http_reply import (
+    CANCELLED_KEY,
+    Reply,
+    as_response,
+    error_reply,
+    watch_disconnect,
+)
+from dsv4bisect.reference.http_state import ServerState
 from dsv4bisect.reference.native_api import ServerApi
 from dsv4bisect.reference.request_body import ApiError, parse_json
-from dsv4bisect.reference.vllm_api import VLLM_ROUTES, vllm_error
+from dsv4bisect.reference.vllm_api import VLLM_ROUTES
 
 if TYPE_CHECKING:
     from dsv4bisect.reference.event_stream import EventStream
@@ -65,7 +71,6 @@ BODY_TIMEOUT_S = 60.0  # from the end of the head to the end of the body (64 MiB
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 # routes whose handler runs the model: the MAX_MODEL_REQUESTS bound, cancelled on disconnect
 MODEL_HANDLERS = frozenset({"chat", "completions", "generate", "health_generate"})
-CANCELLED_KEY = "dsv4bisect.cancelled"  # scope key: the client left, its generation was cancelled
 
 
 @dataclass(frozen=True)
@@ -92,78 +97,6 @@ ROUTES: dict[str, Route] = {
     "/v1/detokenize": Route(("POST",), "detokenize", json_body=True),
     "/tokenizer_info": Route(("GET",), "tokenizer_info"),
 }
-
-
-@dataclass(frozen=True)
-class Reply:
-    status: int
-    payload: Any = None  # JSON value, str (text/plain) or None (empty body)
-    headers: tuple[tuple[str, str], ...] = ()
-    close: bool = False  # Connection: close (the request's body may be unread)
-
-
-def error_reply(status: int, message: str, err_type: str, *, close: bool = False) -> Reply:
-    """SGLang's flat ErrorResponse, plus the `error` envelope its `/generate` and newer
-    OpenAI routes use, so clients of either shape find the message."""
-    return Reply(status, {"object": "error", "message": message, "type": err_type, "param": None,
-                          "code": status,
-                          "error": {"message": message, "type": err_type, "code": status}},
-                 close=close)
-
-
-def reply_bytes(reply: Reply) -> tuple[bytes, str]:
-    """The body and its Content-Type."""
-    if reply.payload is None:
-        return b"", "text/plain; charset=utf-8"
-    if isinstance(reply.payload, str):
-        return reply.payload.encode(), "text/plain; charset=utf-8"
-    text = json.dumps(reply.payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    try:
-        return text.encode(), "application/json"
-    except UnicodeEncodeError:  # a lone surrogate got through: escape it, stay JSON
-        return json.dumps(reply.payload, allow_nan=False, separators=(",", ":")).encode(), \
-            "application/json"
-
-
-class ServerState:
-    """What the routes read: the engine once loaded, the stop flag, the requests in flight.
-    The admission counts are touched only on the event loop; the thread count from threads."""
-
-    def __init__(self, *, check_host: bool, checkpoint: str | None = None,
-                 api_kind: str = "sglang") -> None:
-        self.api: ServerApi | None = None  # set once the engine is loaded
-        self.api_kind = api_kind  # whose API the routes serve: sglang | vllm (vllm_api.py)
-        self.stopping = threading.Event()  # set first thing on a stop: cancels model work
-        # bound to loopback, every client is on this machine and names it in `Host`; another
-        # name there is a browser tricked by DNS rebinding (evil.example resolving to 127.0.0.1)
-        self.check_host = check_host
-        self.checkpoint = checkpoint
-        self.admitted = {"model": 0, "light": 0}
-        self._threads = 0  # request threads inside the endpoint logic
-        self._threads_changed = threading.Condition()
-
-    @property
-    def phase(self) -> str:
-        if self.stopping.is_set():
-            return "stopping"
-        return "starting" if self.api is None else "ready"
-
-    @contextmanager
-    def in_thread(self) -> Iterator[None]:
-        with self._threads_changed:
-            self._threads += 1
-        try:
-            yield
-        finally:
-            with self._threads_changed:
-                self._threads -= 1
-                self._threads_changed.notify_all()
-
-    def wait_threads(self, deadline: float) -> bool:
-        """Whether every request thread left the endpoint logic before `deadline` (monotonic)."""
-        with self._threads_changed:
-            return self._threads_changed.wait_for(
-                lambda: self._threads == 0, max(0.0, deadline - time.monotonic()))
 
 
 class HttpApp:
@@ -197,7 +130,7 @@ class HttpApp:
 
         refusal = self._refusal(scope)
         if refusal is not None:
-            await _response(refusal, self.state)(scope, receive, send_logged)
+            await as_response(refusal, self.state)(scope, receive, send_logged)
         else:
             await self.router(scope, receive, send_logged)
         ms = (time.perf_counter() - tic) * 1e3
@@ -246,12 +179,12 @@ class HttpApp:
                                                                            "BadRequestError")
         reply = error_reply(exc.status_code, exc.detail, err_type)
         extra = tuple((exc.headers or {}).items())
-        return _response(Reply(reply.status, reply.payload, extra), self.state)
+        return as_response(Reply(reply.status, reply.payload, extra), self.state)
 
     def _endpoint(self, route: Route) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Any:
             answer = await self._answer(route, request)  # a streamed one is its own response
-            return _response(answer, self.state) if isinstance(answer, Reply) else answer
+            return as_response(answer, self.state) if isinstance(answer, Reply) else answer
 
         endpoint.__name__ = route.handler
         return endpoint
@@ -291,7 +224,9 @@ class HttpApp:
             return Reply(499)  # nobody to send it to
         from dsv4bisect.reference.event_stream import EventStream, stream_requested
 
-        streamed = stream_requested(route.handler, body)  # `"stream": true`: SSE events
+        # `"stream": true`: SSE events (SGLang's API only; the PD router answers it with a 400)
+        streamed = stream_requested(route.handler, body) if self.state.api_kind == "sglang" \
+            else None
         if streamed is not None:
             return EventStream(self, route.handler, streamed, request.method,
                                request.scope["path"])
@@ -306,7 +241,7 @@ class HttpApp:
 
         limiter = self.model_limiter if kind == "model" else self.light_limiter
         async with anyio.create_task_group() as watch:
-            watch.start_soon(_watch_disconnect, request.receive, gone)
+            watch.start_soon(watch_disconnect, request.receive, gone)
             try:
                 # abandon_on_cancel: a stop that outlasts its grace period does not wait for a
                 # thread stuck in the engine (the process exits around it)
@@ -361,19 +296,6 @@ class HttpApp:
         return Reply(200, handler(parse_json(body)))
 
 
-def _response(reply: Reply, state: ServerState) -> Response:
-    if state.api_kind == "vllm" and isinstance(reply.payload, dict) \
-            and reply.payload.get("object") == "error":  # vLLM's ErrorResponse only
-        err = reply.payload["error"]
-        reply = Reply(reply.status, vllm_error(reply.status, err["message"], err["type"]),
-                      reply.headers, reply.close)
-    data, ctype = reply_bytes(reply)
-    headers = {"content-type": ctype, **dict(reply.headers)}
-    if reply.close or state.stopping.is_set():
-        headers["connection"] = "close"
-    return Response(data, status_code=reply.status, headers=headers)
-
-
 def _too_large() -> Reply:
     # close: the unread rest of the body would be read as the next request
     return error_reply(413, f"request body over {MAX_BODY_BYTES} bytes", "PayloadTooLargeError",
@@ -395,16 +317,6 @@ async def _read_body(request: Request) -> bytes:
                 raise _BodyTooLarge
             chunks.append(chunk)
     return b"".join(chunks)
-
-
-async def _watch_disconnect(receive: Receive, gone: threading.Event) -> None:
-    """With the body read, the next ASGI message is `http.disconnect`: the client hung up (or
-    the reply went out; the watch is cancelled before that)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            gone.set()
-            return
 
 
 def _health_generate(api: ServerApi) -> Reply:

@@ -50,7 +50,8 @@ class ServeOptions:
     # SGLang's --speculative-* arguments, resolved (None: no speculative decoding); the MTP
     # layer beside the checkpoint drafts (reference/spec_decode.py)
     speculative: SpecSettings | None = None
-    api: str = "sglang"  # the HTTP API served: sglang | vllm (reference/vllm_api.py)
+    api: str = "sglang"  # the HTTP API served: sglang | vllm (reference/vllm_api.py) | sglang-router
+    # (pd/router.py: SGLang's routes, answered unstreamed: a streamed request is a 400)
     # SGLang's --disaggregation-* arguments (reference/pd/): null (one server), prefill or
     # decode; the prefill server's bootstrap port; the transfer backend (mooncake | nixl)
     disaggregation_mode: str = "null"

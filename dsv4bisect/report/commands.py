@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dsv4bisect.errors import policy_exit
 from dsv4bisect.probe.verdict import exit_code_as
+from dsv4bisect.report.run_view import RunView
 
-if TYPE_CHECKING:
-    from dsv4bisect.report.run_report import RunView
 
 def reproduce_command(run: dict[str, Any]) -> str:
     """The `dsv4bisect run` command line that asks the same question again."""

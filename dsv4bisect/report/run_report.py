@@ -8,7 +8,6 @@ of the three from the same files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,26 +24,12 @@ from dsv4bisect.report.commands import (
     patch_label,
     reproduce_command,
 )
+from dsv4bisect.report.run_view import RunView
 
 Line = tuple[str, "str | None"]  # text, style name (None: plain)
 STYLES = {"PASS": "bold green", "FAIL": "bold red", "WARN": "bold yellow",
           "CANNOT_TEST": "bold magenta"}
 ARMS = ("baseline", "candidate")
-
-
-@dataclass(frozen=True)
-class RunView:
-    """Everything a report shows, as read from a run directory."""
-
-    run_dir: Path
-    run: dict[str, Any]
-    verdict: Verdict | None  # None while running, or when interrupted before a verdict
-    configs: dict[str, dict[str, Any]]  # arm -> config.json (what was resolved)
-    secrets: frozenset[str] = frozenset()  # found in the unredacted files: hidden in every output
-
-    @property
-    def status(self) -> str:
-        return str(self.run.get("status", "unknown"))
 
 
 def load_run(run_dir: str | Path) -> RunView:

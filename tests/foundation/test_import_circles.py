@@ -12,8 +12,6 @@ import ast
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 TREES = ((ROOT / "dsv4bisect", "dsv4bisect"), (ROOT / "patches", "dsv4bisect.patches"),
          (ROOT / "kernels", "dsv4bisect.kernels"))
@@ -21,21 +19,6 @@ TREES = ((ROOT / "dsv4bisect", "dsv4bisect"), (ROOT / "patches", "dsv4bisect.pat
 # patching.registry → a patch → plugin.targets → plugin/__init__ → patching.registry was
 # broken by issue 38's fourth part, each patch one unit).
 REGISTRY = "dsv4bisect.patching.registry"
-# Circles that came with the vLLM engine (issue 44), PD (issue 45) and the newcomer work
-# (issue 41), found when the trial wing merged them: a package whose __init__ is an entry point
-# importing its own modules, and three pairs of modules importing each other. Each is to be
-# broken; a new circle fails the first test below.
-KNOWN = (
-    ["dsv4bisect.plugin", "dsv4bisect.plugin.context", "dsv4bisect.plugin.hot",
-     "dsv4bisect.plugin.install"],
-    ["dsv4bisect.plugin.vllm", "dsv4bisect.plugin.vllm.hooks_attention",
-     "dsv4bisect.plugin.vllm.hooks_mhc", "dsv4bisect.plugin.vllm.hooks_quant",
-     "dsv4bisect.plugin.vllm.hooks_routing", "dsv4bisect.plugin.vllm.install",
-     "dsv4bisect.plugin.vllm.planners"],
-    ["dsv4bisect.report.commands", "dsv4bisect.report.run_report"],
-    ["dsv4bisect.engines.preflight", "dsv4bisect.engines.vllm_checks"],
-    ["dsv4bisect.reference.event_stream", "dsv4bisect.reference.http_app"],
-)
 
 
 def _modules() -> dict[str, Path]:
@@ -139,15 +122,9 @@ def test_the_scan_sees_a_circle():
 
 
 def test_no_import_circle_between_product_modules():
-    circles = [c for c in _circles(_graph()) if c not in KNOWN]
+    circles = _circles(_graph())
     assert not circles, circles
 
 
 def test_no_circle_through_the_patch_registry():
     assert not [c for c in _circles(_graph()) if REGISTRY in c]
-
-
-@pytest.mark.xfail(strict=True, reason="the circles KNOWN lists (issues 41, 44, 45) are still "
-                   "there; drop this mark and KNOWN when they are broken")
-def test_the_known_circles_are_broken():
-    assert not [c for c in _circles(_graph()) if c in KNOWN]

@@ -12,7 +12,7 @@ import pytest
 
 from dsv4bisect import env as envvars
 from dsv4bisect.errors import PatchError
-from dsv4bisect.plugin import PluginRefused, main
+from dsv4bisect.plugin.entry import PluginRefused, main
 from dsv4bisect.plugin.context import current_process
 
 
@@ -75,7 +75,7 @@ def test_dp_attention_rank_is_derived_from_tp_rank():
 
 
 def test_plugin_imports_without_torch():
-    code = ("import sys; import dsv4bisect.plugin, dsv4bisect.plugin.install, "
+    code = ("import sys; import dsv4bisect.plugin.entry, dsv4bisect.plugin.install, "
             "dsv4bisect.plugin.static, dsv4bisect.engines.receipts; "
             "print(sorted(m for m in sys.modules "
             "if m.split('.')[0] in ('torch', 'sglang', 'triton')))")

@@ -58,9 +58,8 @@ def test_a_pd_roles_own_patches_survive_a_hot_switch() -> None:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(120)
-def test_the_router_takes_flush_cache_by_post_only() -> None:
-    """A real `dsv4bisect router` (its servers need not be up for this): a GET, which a web page
-    can send without an Origin, is refused before the router asks its servers."""
+def _router() -> tuple[subprocess.Popen[str], str]:
+    """A real `dsv4bisect router` whose servers are not up (nothing here needs them)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "dsv4bisect", "router", "--pd-disaggregation",
@@ -70,11 +69,36 @@ def test_the_router_takes_flush_cache_by_post_only() -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url, timeout=60)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, url
+
+
+def test_the_router_takes_flush_cache_by_post_only() -> None:
+    """A GET, which a web page can send without an Origin, is refused before the router asks
+    its servers."""
+    proc, url = _router()
+    try:
         for method in ("GET", "HEAD"):
             r = requests.request(method, f"{url}/flush_cache", timeout=30)
             assert r.status_code == 405 and r.headers["allow"] == "POST"
         assert "takes POST only" in requests.get(f"{url}/flush_cache", timeout=30).text
         posted = requests.post(f"{url}/flush_cache", timeout=60)  # passed on: no server is up
         assert posted.status_code != 405
+    finally:
+        stop(proc)
+
+
+def test_the_router_refuses_a_streamed_chat_with_a_400() -> None:
+    """sglang-router's PD mode is answered unstreamed here: a streamed request is a 400 (the
+    probe then asks plainly), never the streaming path of a single server, which the router's
+    API does not have (it was a 500)."""
+    proc, url = _router()
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        r = requests.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 400, r.text
+        assert "streaming is not supported by the embedded PD router" in r.text
     finally:
         stop(proc)

@@ -42,7 +42,7 @@ from dsv4bisect.base.switching import read_request
 
 def run_scheduler_process(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank,
                           dp_rank, pipe_writer):  # SGLang's signature: the plugin reads it
-    from dsv4bisect.plugin import PluginRefused, main
+    from dsv4bisect.plugin.entry import PluginRefused, main
 
     try:
         main()

@@ -227,7 +227,7 @@ class RouterApi:
         if not isinstance(data, dict):
             raise ApiError("request must be a JSON object")
         if data.get("stream"):
-            raise ApiError("streaming is not supported by the embedded engine")
+            raise ApiError("streaming is not supported by the embedded PD router")
         return data
 
     def _post(self, url: str, body: dict[str, Any]) -> tuple[int, Any]:
