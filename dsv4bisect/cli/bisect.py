@@ -272,7 +272,8 @@ def plan_line(p: WholePlan, candidates: tuple[str, ...]) -> str:
 def _figures(f: Any) -> dict[str, Any]:
     return {"mean_wall_s": f.mean_wall_s, "p90_wall_s": f.p90_wall_s,
             "mean_trials": f.mean_trials, "mean_launches": f.mean_launches,
-            "p_correct": f.p_correct, "phase_s": dict(f.phase_s)}
+            "p_correct": f.p_correct, "p_correct_low": f.p_correct_low,
+            "phase_s": dict(f.phase_s)}
 
 
 def plan_json(prep: Prepared, p: WholePlan, nodes: NodePlan | None) -> dict[str, Any]:
@@ -296,7 +297,8 @@ def plan_json(prep: Prepared, p: WholePlan, nodes: NodePlan | None) -> dict[str,
                         "false_pass": costs.trial_noise.false_pass},
         "mean_launches": f.mean_launches, "mean_trials": f.mean_trials,
         "mean_wall_s": f.mean_wall_s, "p90_wall_s": f.p90_wall_s,
-        "p_correct": f.p_correct, "phase_s": dict(f.phase_s),
+        "p_correct": f.p_correct, "p_correct_low": f.p_correct_low,
+        "phase_s": dict(f.phase_s),
         "with_levers": _figures(f),
         "without_levers": _figures(p.without_levers) if p.without_levers else None,
         "levers": levers, "costs": [line.to_json() for line in costs.lines],

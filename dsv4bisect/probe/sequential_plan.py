@@ -36,6 +36,13 @@ from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.probe.verdict import BETWEEN, FAIL, PASS
 
 REQUEST_OVERHEAD_TOKENS = 4096
+# What a bisect's plan prices its trials at (bisect/plan/costs.py): the smallest loss of facts in
+# the verdict table, about 14 % of the answers the good end gets right (issue 42), so that the
+# trial probe's size and errors hold for every fault the table has, not only for a 30 % loss;
+# 400 simulated trials each way, so that none wrong states an error rate under 1 % (Wilson's
+# 95 % upper bound: 0.0095).
+SMALLEST_LOSS = 0.14
+PLAN_SIMS = 400
 
 
 @dataclass(frozen=True)
@@ -189,6 +196,9 @@ class TrialProbePlan:
     between_bad: float
     sims: int
     request_overhead_tokens: int
+    loss_rate: float = 0.3  # the bad end's (and a like-bad trial's) loss simulated
+    wrong_good: float = 0.0  # share of like-good trials decided like bad (FAIL)
+    wrong_bad: float = 0.0  # share of like-bad trials decided like good (PASS)
 
 
 def plan_trial(spec: ProbeSpec, false_fail: float, false_pass: float, loss_rate: float = 0.3,
@@ -233,4 +243,4 @@ def plan_trial(spec: ProbeSpec, false_fail: float, false_pass: float, loss_rate:
         out["bad"].mean_cost / full, false_fail, false_pass,
         sum(w.cases for w in world) + len(drift), out["good"].between,
         out["bad"].between,
-        sims, request_overhead_tokens)
+        sims, request_overhead_tokens, loss_rate, out["good"].wrong, out["bad"].wrong)

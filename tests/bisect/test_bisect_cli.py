@@ -222,8 +222,10 @@ def test_plan_of_an_sglang_profile_prices_launches_switches_and_probes(cli, tmp_
     sources = {c["name"]: c["source"] for c in p["costs"]}
     assert sources["launch"] == "assumed (dsv4bisect default for SGLang)"
     assert sources["hot switch"].startswith("assumed (dsv4bisect default for SGLang: drain")
-    # cold at 1 and warm at 32 for every case: twice the prompt tokens of one pass
-    assert "60.3 M prompt tokens" in sources["full probe (standard tier)"]
+    # cold at 1 and warm at 32 for every case (the warm replay computes every turn once), the
+    # thinking arm on the needle cases, drift once: every prompt token computed
+    assert "70.3 M computed prompt tokens" in sources["full probe (standard tier)"]
+    assert "warm@32 29.9 M" in sources["full probe (standard tier)"]
     # sm120-flashmla-backend is hot: its import-time global is re-assigned (SglangRule.copies)
     assert p["load_time"] == ["fp8-wo-a-gemm", "fused-mhc-post-pre"]
     assert p["hot"] and p["levers"]["hot"]["available"] and p["phase_s"]["confirmation"] > 0

@@ -160,6 +160,35 @@ def test_each_assumed_cost_says_so_and_a_given_or_measured_one_wins():
     assert probe_shape(tier_spec("smoke")).aa_share < 0.5  # the smoke tier's repeat subset
 
 
+def test_the_probe_is_priced_by_the_tokens_the_engine_computes():
+    # the standard tier's warm arm replays turn by turn: every turn computed once, so the
+    # arm costs its whole prompt, as cold does (probe/computed.py; measured on the embedded
+    # engine: tests/probe/test_computed_tokens_e2e.py)
+    shape = probe_shape(tier_spec("standard"))
+    conditions = dict(shape.by_condition)
+    assert conditions["warm@16"] == conditions["cold@1"] == 29_933_568
+    assert shape.computed == shape.prompt_tokens
+    # the smoke tier's hit arm, after its cold request at level 1: one token per send
+    smoke = probe_shape(tier_spec("smoke"))
+    hits = dict(smoke.by_condition)["hit@1"]
+    assert hits == 2 * 24  # needle and vartrack, 4 lengths x 3 depths x 1 turn count
+    assert smoke.computed == smoke.prompt_tokens - dict(smoke.by_condition)["cold@1"] * 2 // 3 \
+        + hits
+    line = {c.name: c for c in plan_costs("sglang", shape, given={}).lines}
+    assert "computed prompt tokens at 25.3 k computed tokens/s" in line[
+        "full probe (standard tier)"].source
+    assert "warm@16 29.9 M" in line["full probe (standard tier)"].source
+    # a bisect on SGLang prices its probe at the rate its own trials' rows measured
+    details = [{"mode": "hot", "computed_tokens": 2e6, "probe_s": s} for s in (40, 50, 100)]
+    measured = plan_costs("sglang", shape, given={}, details=details)
+    lines = {c.name: c for c in measured.lines}
+    assert lines["probe rate"].value == pytest.approx(2e6 / 50)
+    # the polluting phase's conversations too, each one request, every token computed
+    assert measured.costs.probe_s == pytest.approx(
+        (shape.computed + shape.warmup_tokens) / (2e6 / 50))
+    assert "at the measured rate" in lines["full probe (standard tier)"].source
+
+
 # -- the priced design -------------------------------------------------------------------------
 def setup(**kw) -> Setup:
     w = tier_weights({"a": 1, "b": 1, "c": 2, "d": 2, "e": 3, "f": 2})

@@ -102,10 +102,12 @@ def test_the_trial_plan_comes_back_from_the_cache_to_the_bit() -> None:
     from dsv4bisect.probe.spec import tier_spec
 
     spec = tier_spec("smoke")
-    direct = plan_trial(spec, 0.05, 0.05)
-    assert planned_trial(spec, 0.05, 0.05) == direct  # simulated, then stored
+    asked = {"loss_rate": 0.14, "sims": 40}
+    direct = plan_trial(spec, 0.05, 0.05, **asked)
+    assert planned_trial(spec, 0.05, 0.05, **asked) == direct  # simulated, then stored
     (entry,) = (priors_cache.cache_root().parent / "trial-plans").iterdir()
-    assert planned_trial(spec, 0.05, 0.05) == direct  # read back
+    assert planned_trial(spec, 0.05, 0.05, **asked) == direct  # read back
     entry.write_text("[1, 2")  # damaged: simulated again
-    assert planned_trial(spec, 0.05, 0.05) == direct
-    assert planned_trial(spec, 0.1, 0.05) != direct
+    assert planned_trial(spec, 0.05, 0.05, **asked) == direct
+    assert planned_trial(spec, 0.1, 0.05, **asked) != direct
+    assert planned_trial(spec, 0.05, 0.05, loss_rate=0.3, sims=40) != direct

@@ -12,12 +12,14 @@ from typing import Any
 
 from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
 from dsv4bisect.bisect.search.pricing import StepCosts
+from dsv4bisect.probe.stats import wilson
 
 MIN_MEASURED = 3  # finished trials with a figure before the plan trusts their median
 
-# The standard tier's 30.4 M prompt tokens in 1200 s (the dsv4bisect default since the first
-# plan): 25.3 k prompt tokens/s on one 8-GPU node. A request's cost is taken as proportional to
-# its prompt tokens (prefill-bound: answers are at most a few hundred tokens).
+# The standard tier's cold arm, 30.4 M prompt tokens all computed, in 1200 s (the dsv4bisect
+# default since the first plan): 25.3 k computed prompt tokens/s on one 8-GPU node. A request
+# costs the prompt tokens the prefix cache leaves to compute (probe/computed.py; prefill-bound:
+# answers are at most a few hundred tokens).
 SGLANG_PROBE_S_PER_TOKEN = 1200.0 / 30_408_704
 SGLANG_LAUNCH_S = 600.0
 # drain (~0 s: no request is in flight between trials) + the switch at a barrier on every rank
@@ -49,7 +51,7 @@ POOL = {"sglang": 1, "reference": 2}  # engines kept up at once: one node; two o
 class CostLine:
     name: str
     value: float
-    unit: str  # "s", "share" or "engines"
+    unit: str  # "s", "share", "engines" or "tokens/s"
     source: str
 
     def to_json(self) -> dict[str, Any]:
@@ -73,9 +75,17 @@ class ProbeShape:
     prompt_tokens: int
     aa_share: float
     aa_note: str
-    drift_share: float = 0.0  # the drift transcripts' share of the prompt tokens
+    drift_share: float = 0.0  # the drift transcripts' share of the computed tokens
+    # what a prefix cache leaves SGLang to compute (probe/computed.py); 0: taken as
+    # `prompt_tokens`
+    computed_tokens: int = 0
+    by_condition: tuple[tuple[str, int], ...] = ()  # ("cold@1", computed tokens), "drift"
     warmup_requests: int = 0  # the polluting phase before every probe of a server
-    warmup_tokens: int = 0  # its prompt tokens (not in prompt_tokens)
+    warmup_tokens: int = 0  # its prompt tokens (not in prompt_tokens), every one computed
+
+    @property
+    def computed(self) -> int:
+        return self.computed_tokens or self.prompt_tokens
 
 
 @dataclass(frozen=True)
@@ -111,27 +121,35 @@ def plan_costs(
     switch_default = SGLANG_SWITCH_S if engine != "reference" else REFERENCE_SWITCH_S
     assert shape is not None
     floor = TIER_PROBE_S.get(shape.tier, 600.0)
+    rate = _measured_rate(details) if engine != "reference" else None
+    if rate is not None:
+        lines.append(CostLine("probe rate", rate[0], "tokens/s",
+                              f"measured: median of {rate[1]} trials in the ledger, the "
+                              "computed prompt tokens of their rows over their probe seconds"))
+    per_token = 1 / rate[0] if rate is not None else SGLANG_PROBE_S_PER_TOKEN
+    rate_why = ("at the measured rate" if rate is not None else
+                f"at {1 / SGLANG_PROBE_S_PER_TOKEN / 1e3:.1f} k computed tokens/s")
+    computed = _computed_note(shape)
     if engine == "reference":
         probe_default = floor
         probe_why = f"dsv4bisect default for the {shape.tier} tier on {kind}"
-    elif shape.prompt_tokens * SGLANG_PROBE_S_PER_TOKEN >= floor:
-        probe_default = shape.prompt_tokens * SGLANG_PROBE_S_PER_TOKEN
-        probe_why = (f"dsv4bisect default for SGLang: {shape.prompt_tokens / 1e6:.1f} M prompt "
-                     f"tokens at {1 / SGLANG_PROBE_S_PER_TOKEN / 1e3:.1f} k tokens/s, cost "
-                     "proportional to prompt tokens")
+    elif shape.computed * per_token >= floor:
+        probe_default = shape.computed * per_token
+        probe_why = (f"dsv4bisect default for SGLang: {shape.computed / 1e6:.1f} M computed "
+                     f"prompt tokens {rate_why}; {computed}")
     else:  # a small tier: per-request overheads (decode, scheduling) dominate its prefill
         probe_default = floor
         probe_why = (f"dsv4bisect default for the {shape.tier} tier on SGLang: "
-                     f"{shape.prompt_tokens / 1e3:.0f} k prompt tokens take "
-                     f"{shape.prompt_tokens * SGLANG_PROBE_S_PER_TOKEN:.0f} s of prefill; the "
+                     f"{shape.computed / 1e3:.0f} k computed prompt tokens take "
+                     f"{shape.computed * per_token:.0f} s of prefill; the "
                      "tier's fixed minimum counts its requests' decode and scheduling")
     if shape.warmup_requests:  # every probe of a server pays its polluting phase first
         warm_s = (shape.warmup_requests * REFERENCE_WARMUP_S_PER_REQUEST if engine == "reference"
-                  else shape.warmup_tokens * SGLANG_PROBE_S_PER_TOKEN)
+                  else shape.warmup_tokens * per_token)
         probe_default += warm_s
         probe_why += (f"; with the polluting phase of {shape.warmup_requests} requests "
-                      f"({shape.warmup_tokens / 1e3:.0f} k prompt tokens, ~{warm_s:.0f} s) "
-                      "before the measured ones")
+                      f"({shape.warmup_tokens / 1e3:.0f} k prompt tokens, all computed, "
+                      f"~{warm_s:.0f} s) before the measured ones")
     launch = _pick("launch", given.get("launch"), _measured(details, "launch_s"),
                    launch_default, f"dsv4bisect default for {kind}", lines)
     switch = _pick("hot switch", given.get("switch"), _measured(details, "switch_s", "hot"),
@@ -142,7 +160,7 @@ def plan_costs(
                   _measured(details, "probe_s", "fresh"), probe_default, probe_why, lines)
     lines.append(CostLine("A/A repeat", shape.aa_share, "share", shape.aa_note))
     lines.append(CostLine("drift scoring", shape.drift_share, "share",
-                          "the drift cases' share of the probe's prompt tokens: the part of a "
+                          "the drift cases' share of the probe's computed tokens: the part of a "
                           "candidate's probe that needs the good end's run (probe/ahead.py)"))
     if sequential is None:
         seq = Sequential(LIKE_GOOD_FRACTION, LIKE_BAD_FRACTION, noise,
@@ -208,6 +226,29 @@ def _measured(details: Sequence[Mapping[str, Any]], key: str,
     return _median(values)
 
 
+def _measured_rate(details: Sequence[Mapping[str, Any]]) -> tuple[float, int] | None:
+    """Computed prompt tokens per probe second, the median over the trials that report both
+    (the rows of their probes: `probe.computed.run_computed`)."""
+    rates = []
+    for d in details:
+        tokens, seconds = d.get("computed_tokens"), d.get("probe_s")
+        if isinstance(tokens, (int, float)) and isinstance(seconds, (int, float)) \
+                and tokens > 0 and seconds > 0:
+            rates.append(tokens / seconds)
+    return _median(rates)
+
+
+def _computed_note(shape: ProbeShape) -> str:
+    """Where the computed tokens come from, per condition (the source line of the probe)."""
+    if not shape.by_condition:
+        return "every prompt token computed"
+    parts = ", ".join(f"{key} {tokens / 1e6:.1f} M" for key, tokens in shape.by_condition)
+    return (f"{parts} of {shape.prompt_tokens / 1e6:.1f} M nominal; cold = every prompt "
+            "token, warm = every turn once (the replay computes each new turn), hit = the "
+            "token SGLang recomputes per send; measured on the embedded engine "
+            "(prefill_tokens_computed, rows' cached_tokens: probe/computed.py)")
+
+
 def _median(values: Sequence[float]) -> tuple[float, int] | None:
     if len(values) < MIN_MEASURED:
         return None
@@ -215,35 +256,50 @@ def _median(values: Sequence[float]) -> tuple[float, int] | None:
 
 
 def probe_shape(spec: Any) -> ProbeShape:
-    """The prompt tokens of a probe spec's full probe (nominal lengths × cases, per condition:
-    arm × concurrency level; drift once) and the A/A repeat's share of them (run/baseline.py:
-    the tier's repeat subset)."""
+    """The tokens of a probe spec's full probe: nominal prompt tokens (lengths × cases, per
+    condition: arm × concurrency level; drift once) and what a prefix cache leaves SGLang to
+    compute of them (probe/computed.py, per arm and level), and the A/A repeat's and the drift
+    cases' shares of the computed tokens (run/baseline.py: the tier's repeat subset)."""
+    from dsv4bisect.probe.computed import request_computed
     from dsv4bisect.probe.grid import cells
     from dsv4bisect.run.baseline import REPEAT_SHORTEST_LENGTHS
 
     grid = cells(spec)
-    conditions = max(len(spec.conditions()), 1)
-
-    def weight(family: str) -> int:
-        return 1 if family == "drift" else conditions
-
-    tokens = sum(cell.length * n * weight(cell.family) for cell, n in grid)
-    drift = sum(cell.length * n for cell, n in grid if cell.family == "drift") / max(tokens, 1)
-    # the polluting phase (probe/warmup.py) at the shortest length, priced apart (plan_costs)
-    late = {"warmup_requests": spec.warmup_requests,
-            "warmup_tokens": spec.warmup_requests * min(spec.lengths)}
+    # (arm, level) per accuracy request: the conditions, then the thinking arm (needle, level 1)
+    conditions = [(arm, level) for arm, level in spec.conditions()]
+    if spec.thinking:
+        conditions.append(("think", 1))
+    by_condition: dict[str, int] = {}
+    nominal = computed = drift = repeated = 0
     keep = REPEAT_SHORTEST_LENGTHS.get(spec.tier)
     lengths = sorted({cell.length for cell, _ in grid if cell.family != "drift"})
-    if keep is None or len(lengths) <= keep:
-        return ProbeShape(spec.tier, tokens, 1.0,
-                          f"the {spec.tier} tier repeats the whole probe (run/baseline.py)",
-                          drift, **late)
-    short = set(lengths[:keep])
-    repeated = sum(cell.length * n * weight(cell.family) for cell, n in grid
-                          if cell.family == "drift" or cell.length in short)
-    return ProbeShape(spec.tier, tokens, repeated / max(tokens, 1),
-                      f"the {spec.tier} tier repeats the drift cases and the lengths "
-                      f"{sorted(short)} (run/baseline.py), by prompt tokens", drift, **late)
+    whole = keep is None or len(lengths) <= keep
+    short = set(lengths if whole else lengths[:keep])
+    for cell, n in grid:
+        if cell.family == "drift":  # scored once, every token
+            asked = [("drift", 0, cell.length)]
+        else:
+            asked = [(arm, level, request_computed(arm, cell.length,
+                                                   after_cold="cold" in spec.arms_at(level)))
+                     for arm, level in conditions
+                     if spec.arm_takes(arm, cell.family) and (arm != "think"
+                                                              or cell.family == "needle")]
+        for arm, level, tokens in asked:
+            key = "drift" if arm == "drift" else f"{arm}@{level}"
+            by_condition[key] = by_condition.get(key, 0) + tokens * n
+            nominal += cell.length * n
+            computed += tokens * n
+            drift += tokens * n if arm == "drift" else 0
+            repeated += tokens * n if arm == "drift" or cell.length in short else 0
+    total = max(computed, 1)
+    note = (f"the {spec.tier} tier repeats the whole probe (run/baseline.py)" if whole else
+            f"the {spec.tier} tier repeats the drift cases and the lengths {sorted(short)} "
+            "(run/baseline.py), by computed tokens")
+    # the polluting phase (probe/warmup.py) at the shortest length, priced apart (plan_costs):
+    # each conversation one request, nothing of it cached
+    return ProbeShape(spec.tier, nominal, 1.0 if whole else repeated / total, note,
+                      drift / total, computed, tuple(sorted(by_condition.items())),
+                      spec.warmup_requests, spec.warmup_requests * min(spec.lengths))
 
 
 def sequential_from_probe(spec: Any, noise: Noise) -> Sequential | None:
@@ -251,11 +307,22 @@ def sequential_from_probe(spec: Any, noise: Noise) -> Sequential | None:
     from dsv4bisect.bisect.plan.trial_plan_cache import planned_trial
 
     stated: Any = planned_trial(spec, noise.false_fail, noise.false_pass)
+    sims = int(stated.sims)
+    # the simulated bisect flips a trial at the rates the probe asks for, or at those its own
+    # simulation shows where they are higher
+    false_fail = max(stated.false_fail, stated.wrong_good)
+    false_pass = max(stated.false_pass, stated.wrong_bad)
+    bounds = [wilson(round(wrong * sims), sims)[1] for wrong in (stated.wrong_good,
+                                                                stated.wrong_bad)]
     return Sequential(
         like_good_fraction=float(stated.cost_fraction_good),
         like_bad_fraction=float(stated.cost_fraction_bad),
-        noise=Noise(stated.false_fail, stated.false_pass),
+        noise=Noise(false_fail, false_pass),
         source=(f"simulated by the sequential trial probe (probe/sequential_plan.py, "
-                f"{stated.sims} trials each way: a good end right 90 % of the time, a bad end "
-                f"losing 30 % of its answers; {stated.mean_requests_good:.0f} / "
-                f"{stated.mean_requests_bad:.0f} of {stated.full_requests} requests)"))
+                f"{sims} trials each way: a good end right 90 % of the time, a bad end "
+                f"losing {stated.loss_rate:.0%} of its right answers, the verdict table's "
+                f"smallest loss; {stated.mean_requests_good:.0f} / "
+                f"{stated.mean_requests_bad:.0f} of {stated.full_requests} requests; decided "
+                f"wrong {stated.wrong_good:.1%} / {stated.wrong_bad:.1%}, at most "
+                f"{bounds[0]:.1%} / {bounds[1]:.1%} (Wilson, 95 %); priced at the asked rates "
+                "or these, the higher)"))

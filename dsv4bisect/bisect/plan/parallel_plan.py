@@ -25,6 +25,7 @@ from dsv4bisect.bisect.plan.simulate import (
     simulate,
 )
 from dsv4bisect.errors import BisectError
+from dsv4bisect.probe.stats import wilson
 
 NODE_COUNTS = (1, 2, 4)  # the columns `--plan --executor ray` always shows
 
@@ -46,6 +47,8 @@ class NodeFigures:
     mean_idle_slots: float  # node-rounds with no trial
     idle_share: float  # node time without work / node time (K × wall), over every run
     p_correct: float
+    p_correct_low: float = 0.0  # Wilson's 95 % lower bound on it over the runs
+    runs: int = 0  # simulated bisects behind the row
 
     def to_json(self) -> dict[str, float | int | bool]:  # wall_s: the mean, by its short name
         return {"nodes": self.nodes, "levers": self.levers, "sharded": self.sharded,
@@ -54,7 +57,8 @@ class NodeFigures:
                 "p90_wall_s": self.p90_wall_s, "mean_rounds": self.mean_rounds,
                 "mean_trials": self.mean_trials, "mean_launches": self.mean_launches,
                 "mean_idle_slots": self.mean_idle_slots, "idle_share": self.idle_share,
-                "p_correct": self.p_correct}
+                "p_correct": self.p_correct, "p_correct_low": self.p_correct_low,
+                "runs": self.runs}
 
 
 @dataclass(frozen=True)
@@ -101,16 +105,20 @@ def plan_nodes(setup: Setup, nodes: Sequence[int] = NODE_COUNTS, *, trials: int 
             if k == 1:  # one node has no other to share a probe with
                 rows.append(replace(plain, sharded=True))
                 continue
-            # sharded: the ends alone or together (bisect/rounds.py), then K trials a round,
-            # or K/2 or one (--nodes K --parallel N), whichever is priced lower
-            rows.append(min((_row(cfg, k, size, on, priced, True, culprits, seeds, ends)
-                             for size in sorted({k, (k + 1) // 2, 1}, reverse=True)
-                             for ends in SCHEDULES),
-                            key=lambda r: r.mean_wall_s))
+            rows.append(sharded_row(cfg, k, on, priced, culprits, seeds))
     chosen = {r.nodes: r.ends or ALONE for r in rows if r.levers and r.sharded}
     floors = tuple((k, float(np.mean([floor_run(setup, k, c, chosen[k]) for c in culprits])))
                    for k in nodes)
     return NodePlan(trials, levers, tuple(rows), floors)
+
+
+def sharded_row(cfg: Setup, nodes: int, levers: bool, priced: bool,
+                culprits: Sequence[frozenset[str]], seeds: Sequence[int]) -> NodeFigures:
+    """The sharded row of `nodes` nodes: the ends alone or together (bisect/rounds.py), then K
+    trials a round, or K/2 or one (--nodes K --parallel N), whichever is priced lower."""
+    return min((_row(cfg, nodes, size, levers, priced, True, culprits, seeds, ends)
+                for size in sorted({nodes, (nodes + 1) // 2, 1}, reverse=True)
+                for ends in SCHEDULES), key=lambda r: r.mean_wall_s)
 
 
 def choose_ends(setup: Setup, nodes: int, round_size: int, *, trials: int, of: int,
@@ -172,4 +180,6 @@ def _figures(nodes: int, levers: bool, sharded: bool, size: int,
         mean_idle_slots=float(np.mean([sum(rd.idle_slots for rd in r.rounds) for r in runs])),
         idle_share=idle / node_time if node_time > 0 else 0.0,
         p_correct=sum(r.correct for r in runs) / len(runs),
+        p_correct_low=wilson(sum(r.correct for r in runs), len(runs))[0],
+        runs=len(runs),
     )

@@ -31,6 +31,7 @@ from dsv4bisect.bisect.plan.simulate import (  # noqa: F401 - Setup, LEVERS: thi
     simulate,
 )
 from dsv4bisect.errors import BisectError
+from dsv4bisect.probe.stats import wilson
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class Figures:
     mean_launches: float  # engine launches (every trial without hot switching)
     p_correct: float
     phase_s: Mapping[str, float]  # mean seconds per phase (PHASES)
+    p_correct_low: float = 0.0  # Wilson's 95 % lower bound on it over the runs
+
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ def _figures(runs: list[NodeRun]) -> Figures:
         mean_launches=float(np.mean([r.launches for r in runs])),
         p_correct=sum(r.correct for r in runs) / len(runs),
         phase_s={p: float(np.mean([r.phase_s[p] for r in runs])) for p in PHASES},
+        p_correct_low=wilson(sum(r.correct for r in runs), len(runs))[0],
     )
 
 

@@ -63,10 +63,14 @@ class StepCosts:
     # the drift scoring's share of a candidate's full probe: the part that needs the good end's
     # run (probe/ahead.py); the rest can run before it exists (bisect/rounds.py, TOGETHER)
     drift_fraction: float = 0.0
+    # the ends' probes (and the good end's A/A repeat) as a share of the full probe: 1, the
+    # full tier, is what the driver runs; below 1 only in what-if plans of ends that stop once
+    # their question is answered (tests/benchmarks/plan_what_if.py, docs/performance.md)
+    end_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("launch_s", "switch_s", "probe_s", "aa_fraction", "like_good_fraction",
-                     "like_bad_fraction", "drift_fraction"):
+                     "like_bad_fraction", "drift_fraction", "end_fraction"):
             value = getattr(self, name)
             if not value >= 0 or value == float("inf"):
                 raise ValueError(f"{name} is {value}")
@@ -83,7 +87,8 @@ class StepCosts:
                 "like_good_fraction": self.like_good_fraction,
                 "like_bad_fraction": self.like_bad_fraction, "hot": self.hot, "pool": self.pool,
                 "load_time": sorted(self.load_time), "paired": self.paired,
-                "drift_fraction": self.drift_fraction}
+                "drift_fraction": self.drift_fraction,
+                **({"end_fraction": self.end_fraction} if self.end_fraction != 1.0 else {})}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepCosts:
@@ -167,8 +172,9 @@ class CostTracker:
         self.seen[subset] += 1
         seconds = 0.0
         if self.costs.paired and block not in self.baselines:
-            seconds += self._engine(frozenset()) + self.costs.probe_s * (
-                1 + self.costs.aa_fraction) / (1 if subset else shards)
+            good = self.costs.probe_s * self.costs.end_fraction
+            seconds += self._engine(frozenset()) + good * (1 + self.costs.aa_fraction) / (
+                1 if subset else shards)
             self.baselines.add(block)
         # a paired good end's trial is its block's baseline (measured now or before); its
         # verdict is the A/A's
@@ -203,8 +209,8 @@ class CostTracker:
         return self.costs.launch_s
 
     def _probe(self, subset: frozenset[str], like_bad: float) -> float:
-        if is_end(subset, self.everything):  # full size
-            return self.costs.probe_s
+        if is_end(subset, self.everything):  # full size (or a what-if plan's share)
+            return self.costs.probe_s * self.costs.end_fraction
         return self.costs.probe_s * self._fraction(like_bad)
 
     def _fraction(self, like_bad: float) -> float:

@@ -19,6 +19,7 @@ from dsv4bisect.bisect.trials.engine_pool import EnginePool, HotEngine
 from dsv4bisect.errors import Dsv4BisectError
 from dsv4bisect.policy import TrialPolicy
 from dsv4bisect.probe import verdict as V
+from dsv4bisect.probe.computed import run_computed
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.run.events import EventSink, Notice
@@ -31,12 +32,14 @@ Probed = tuple[V.Verdict, "ProbeRun | None", "int | None"]  # verdict, its run, 
 @dataclass
 class TrialContext:
     """One trial's own state: the spec a verdict that stops it records (its seed block), the
-    seconds it spent launching, switching and probing, the engine it probed in and the ends it
-    measured (`b<block>/<end>`)."""
+    seconds it spent launching, switching and probing and the prompt tokens its probes computed
+    (`probe.computed.run_computed`: what --plan prices a probe second at), the engine it probed
+    in and the ends it measured (`b<block>/<end>`)."""
 
     spec: ProbeSpec
     costs: dict[str, float] = field(
-        default_factory=lambda: {"launch_s": 0.0, "switch_s": 0.0, "probe_s": 0.0})
+        default_factory=lambda: {"launch_s": 0.0, "switch_s": 0.0, "probe_s": 0.0,
+                                 "computed_tokens": 0.0})
     probed_in: HotEngine | None = None
     measured: list[str] = field(default_factory=list)
     replicas: tuple[str, ...] = ()  # urls of other nodes' engines in `patches`
@@ -86,6 +89,7 @@ class TrialProbes:
             eng.arm, ctx.spec, reference, self.api_key, progress,
             lambda: self.switch(ctx, eng, patches), replicas), good_end=good_end)
         ctx.sharded = ctx.sharded or bool(replicas)
+        ctx.costs["computed_tokens"] += run_computed(run.rows)
         return run
 
     def sequential(self, ctx: TrialContext, eng: HotEngine, patches: Mapping[str, str],
@@ -115,7 +119,9 @@ class TrialProbes:
                                          "this node alone", "warn"))  # the same requests
             return on([url])
 
-        return self.timed(ctx, eng, patches, lambda: eng.arm.probe(work), good_end=False)
+        out = self.timed(ctx, eng, patches, lambda: eng.arm.probe(work), good_end=False)
+        ctx.costs["computed_tokens"] += run_computed(out.run.rows)
+        return out
 
     def start_ahead(self, ctx: TrialContext, eng: HotEngine, patches: Mapping[str, str]
                     ) -> list[ProbeRun]:
@@ -131,7 +137,9 @@ class TrialProbes:
                                              api_key=self.api_key, model=model)
             return [collect_ahead(url, ctx.spec, api_key=self.api_key, model=model)]
 
-        return self.timed(ctx, eng, patches, lambda: eng.arm.probe(work), good_end=False)
+        out = self.timed(ctx, eng, patches, lambda: eng.arm.probe(work), good_end=False)
+        ctx.costs["computed_tokens"] += sum(run_computed(run.rows) for run in out)
+        return out
 
     def finish_ahead(self, ctx: TrialContext, eng: HotEngine, patches: Mapping[str, str],
                      base: ProbeRun, started: Ahead | None) -> ProbeRun | None:
@@ -160,4 +168,6 @@ class TrialProbes:
             self.on_event(Notice(f"{exc.message}: the candidate probes them again", "warn"))
             return None
         ctx.sharded = ctx.sharded or len(runs) > 1
+        drift = (row for row in run.rows if row.get("arm") == "drift")  # the rest ran ahead
+        ctx.costs["computed_tokens"] += run_computed(drift)
         return run
