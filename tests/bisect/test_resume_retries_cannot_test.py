@@ -4,7 +4,7 @@ A `--test-cmd` bisect (tests/bisect/fake_check.py, a real process per trial) who
 the culprit on cannot test (exit 125, as when the engine they need was killed) ends without the
 culprit; its resume, with the check able to test again, re-tries those trials instead of
 replaying their SKIPs, and names the culprit. Crashes of a candidate stay replayed: a crash is
-the configuration's own outcome (tests/bisect/test_bisect_driver.py)."""
+the configuration's own outcome; a good end that only crashed is re-tried (it is no answer)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,10 @@ from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.search import Status
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.bisect.trials.testcmd import TestCommandRunner
+from dsv4bisect.bisect.trials.runner import CRASH, TrialResult
 from dsv4bisect.patching.registry import builtin_patches
+from dsv4bisect.probe import verdict as V
+from tests.bisect.test_bisect_driver import OracleRunner, _supersets, spec
 
 CHECK = Path(__file__).with_name("fake_check.py")
 CANDIDATES = ("mhc-bf16", "hash-topk-scaling", "mma-decode", "triton-indexer")
@@ -51,3 +54,22 @@ def test_a_resume_retries_the_trials_that_could_not_test(tmp_path: Path,
     replay = resume_bisect(tmp_path / "run", runner)  # a finished resume replays what it found
     assert replay.trials_run == 0 and replay.result.culprits == {CULPRIT}
 
+
+
+def test_a_resume_replays_a_candidates_crashes_and_retries_the_good_ends(tmp_path: Path) -> None:
+    crash = TrialResult(V.CANNOT_TEST, signature=CRASH, duration_s=1.0)
+    with Ledger.open(tmp_path / "ledger.sqlite") as ledger:
+        first = OracleRunner({"none of them"})
+        first.verdicts = {s: [crash, crash] for s in _supersets({"g"})}
+        found = start_bisect(spec(), first, ledger, tmp_path / "crash")
+        assert found.result.culprits == {"g"}
+        again = OracleRunner({"none of them"})  # it would not crash now: never asked
+        replay = resume_bisect(tmp_path / "crash", again, ledger=ledger)
+        assert replay.result.culprits == {"g"} and again.calls == []
+    with Ledger.open(tmp_path / "other.sqlite") as ledger:  # no trial of the first to reuse
+        dead = OracleRunner({"a"})
+        dead.verdicts = {frozenset(): [crash, crash]}
+        assert start_bisect(spec(), dead, ledger, tmp_path / "good").result.status \
+            is Status.UNTESTABLE
+        retried = resume_bisect(tmp_path / "good", OracleRunner({"a"}), ledger=ledger)
+        assert retried.result.culprits == {"a"}
