@@ -8,7 +8,6 @@ pool says why (`take_relaunches`, a trial's details `relaunched`), and a fresh l
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -22,31 +21,15 @@ from dsv4bisect.config.resolve import resolve
 from dsv4bisect.engines import launcher
 from dsv4bisect.run.arm import Supervisor
 from dsv4bisect.run.events import Notice
+from tests.engines.test_external_kill import SERVER, _profile
 
-# Default signal handlers: each of these ends the server (Python's own SIGINT handler is not
-# in play; SIGTERM and SIGHUP end a process by default).
-SERVER = ("import http.server, sys\n"
-          "class H(http.server.BaseHTTPRequestHandler):\n"
-          "    def do_GET(self):\n"
-          "        self.send_response(200); self.end_headers()\n"
-          "    def log_message(self, *a): pass\n"
-          "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
 KEY = "lambda-empty"
-
-
-def _profile(tmp_path: Path) -> str:
-    path = tmp_path / "cmd.yaml"
-    argv = "".join(f"\n      - {json.dumps(a)}" for a in [sys.executable, "-c", SERVER,
-                                                          "{port}"])
-    path.write_text(f"schema_version: 1\nname: cmd\nengine:\n  kind: command\n"
-                    f"  startup_timeout_s: 120\n  command:\n    ready_path: /health\n"
-                    f"    argv:{argv}\n")
-    return path.as_posix()
 
 
 @pytest.fixture
 def pool(tmp_path: Path) -> Iterator[tuple[EnginePool, list[object]]]:
-    cfg = resolve(_profile(tmp_path))
+    # A bare HTTP server with default handlers: SIGKILL, SIGTERM and SIGHUP each end it.
+    cfg = resolve(_profile(tmp_path, [sys.executable, "-c", SERVER, "{port}"]))
     events: list[object] = []
     p = EnginePool(2, config=lambda patches: cfg, api_key=None, supervisor=Supervisor(),
                    on_event=events.append)
