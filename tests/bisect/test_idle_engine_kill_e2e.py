@@ -2,8 +2,8 @@
 relaunched: the bisect names the same culprit as an undisturbed one (issue 40, item 1).
 
 The bisect is the CLI in its own process, as a user runs it (the single-culprit question of
-tests/bisect/test_bisect_e2e.py). Between two rounds (its ledger holds decided steps and no
-running trial) the bisect is paused with SIGSTOP, its engine killed with SIGKILL, and the bisect
+tests/bisect/test_bisect_e2e.py). Between two rounds (a search step just decided, no trial
+running) the bisect is paused with SIGSTOP, its engine killed with SIGKILL, and the bisect
 continued: the next trial that needs the engine finds it gone, relaunches it, and the report
 counts the relaunch and says why."""
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -25,35 +25,34 @@ from tests.bisect.test_bisect_e2e import SINGLE, alive, bisect, engine_pids, env
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3000)]
 
 
-def _steps(runs: Path) -> int:
-    try:
-        with sqlite3.connect(f"file:{runs / 'ledger.sqlite'}?mode=ro", uri=True) as conn:
-            return int(conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0])
-    except sqlite3.OperationalError:  # not created yet
-        return 0
+STEP = re.compile(r"^step (\d+): .* -> ")  # the display's line once a search step is decided
 
 
-def _kill_engine_between_rounds(proc: subprocess.Popen[str], runs: Path, after: int) -> int:
-    """Once `after` steps are decided, at the first moment no trial runs: pause the bisect,
-    SIGKILL its engine (the process it launched), continue it. Returns the engine's pid."""
-    deadline = time.monotonic() + 900
-    while True:
-        assert proc.poll() is None, "the bisect ended before its engine could be killed"
-        assert time.monotonic() < deadline, "no idle moment between rounds"
-        if _steps(runs) >= after and not any(r["status"] == "running"
-                                             for r in ledger_rows(runs)):
-            os.kill(proc.pid, signal.SIGSTOP)
-            run_dir = next(runs.glob("*-bisect-*"))
-            engines = [p for p in engine_pids(run_dir)
-                       if Path(f"/proc/{p}/stat").read_text().split()[3] == str(proc.pid)]
-            if engines and not any(r["status"] == "running" for r in ledger_rows(runs)):
-                os.kill(engines[0], signal.SIGKILL)
-                while alive(engines[0]):  # a zombie until the bisect reaps it
-                    time.sleep(0.05)
-                os.kill(proc.pid, signal.SIGCONT)
-                return engines[0]
-            os.kill(proc.pid, signal.SIGCONT)  # a trial had started: the next boundary
-        time.sleep(0.02)
+def _kill_engine_between_rounds(proc: subprocess.Popen[str], runs: Path, after: int
+                                ) -> tuple[int, list[str]]:
+    """At the first search step >= `after` decided with no trial running (the display prints
+    the step's line right after the ledger records it, before the next round is proposed):
+    pause the bisect, SIGKILL its engine (the process it launched), continue it. Returns the
+    engine's pid and the stderr lines read so far."""
+    assert proc.stderr is not None
+    seen: list[str] = []
+    for line in proc.stderr:
+        seen.append(line)
+        m = STEP.match(line.strip())
+        if not m or int(m.group(1)) < after:
+            continue
+        os.kill(proc.pid, signal.SIGSTOP)
+        run_dir = next(runs.glob("*-bisect-*"))
+        engines = [p for p in engine_pids(run_dir)
+                   if Path(f"/proc/{p}/stat").read_text().split()[3] == str(proc.pid)]
+        if engines and not any(r["status"] == "running" for r in ledger_rows(runs)):
+            os.kill(engines[0], signal.SIGKILL)
+            while alive(engines[0]):  # a zombie until the bisect reaps it
+                time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGCONT)
+            return engines[0], seen
+        os.kill(proc.pid, signal.SIGCONT)  # the next trial had started: the next step
+    raise AssertionError("no idle moment between rounds:\n" + "".join(seen))
 
 
 def test_an_engine_killed_idle_mid_bisect_is_relaunched_and_the_culprit_stands(
@@ -70,8 +69,9 @@ def test_an_engine_killed_idle_mid_bisect_is_relaunched_and_the_culprit_stands(
                              "--out", str(runs)], env=env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        killed = _kill_engine_between_rounds(proc, runs, after=2)
-        out, err = proc.communicate(timeout=1800)
+        killed, before = _kill_engine_between_rounds(proc, runs, after=1)
+        out, rest = proc.communicate(timeout=1800)
+        err = "".join(before) + rest
     finally:
         if proc.poll() is None:
             proc.kill()
