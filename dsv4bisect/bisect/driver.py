@@ -9,7 +9,8 @@ CANNOT_TEST is retried once, then SKIP (routed around); two crashes of a configu
 FAIL with signature "crash" (at the good end they are SKIP: the good end must be testable).
 After a `found` result the remedy check (remedy.py) runs the bad end without the culprits.
 A resume replays the ledger into a fresh search; the search is deterministic given its
-records, so the same trials come back in the same order and none is run twice.
+records, so the same trials come back in the same order and none is run twice (but a
+configuration that only failed to test, which it tries again: `_decide`).
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ def resume_bisect(
         spec = BisectSpec.from_json(run.settings)
         policy = TrialPolicy.from_json(info.get("request") or {})
         ledger.abandon_running(run.id)
+        ledger.clear_steps(run.id)
         return _Driver(spec, policy, runner, ledger, run.id, run_dir, on_event,
                        before_trials=lambda: _check_replayable(info, run_dir)).drive()
     finally:
@@ -408,14 +410,19 @@ class _Driver:
             self._launch(todo, pool)
 
     def _decide(self, slot: _Slot) -> _Decision | None:
-        """The outcome of a slot from the ledger, or None when a trial must run."""
+        """The outcome of a slot from the ledger, or None when a trial must run. Two attempts
+        of this invocation that did not test are a SKIP; an earlier invocation's count only
+        where they are crashes of a candidate (the configuration's own outcome): a resume
+        never replays a conclusion reached only through CANNOT_TEST (an engine killed idle, a
+        full disk: nothing was measured), it tries again (docs/reliability.md, issue 40)."""
         done = self.ledger.definitive(slot.key)
         if done is not None:
             reused = done.id not in self.launched
             rates = done.details.get("error_rates")
             noise = Noise(*rates) if rates else None
             return _Decision(self._outcome(done.verdict), done.signature, done.id, reused, noise)
-        attempts = self.ledger.attempts(self.run_id, slot.key)
+        attempts = [a for a in self.ledger.attempts(self.run_id, slot.key)
+                    if a.id in self.launched or (slot.subset and a.signature == CRASH)]
         if len(attempts) < 2:
             return None
         last = attempts[-1]

@@ -245,6 +245,12 @@ class Ledger:
             )
             return cur.rowcount
 
+    def clear_steps(self, run_id: str) -> None:
+        """On resume: the search's records are written again as the driver replays them (a
+        re-tried CANNOT_TEST may lead the search elsewhere: no record of the old path stays)."""
+        with self._tx() as c:
+            c.execute("DELETE FROM steps WHERE run_id = ?", (run_id,))
+
     def definitive(self, key: TrialKey) -> TrialRow | None:
         """The finished PASS/FAIL/WARN/BETWEEN trial for this key, from any bisect."""
         row = self._conn.execute(

@@ -13,6 +13,7 @@ import json
 import math
 import shlex
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ class BisectView:
     launches: int  # trial attempts this bisect started
     history: tuple[dict[str, float], ...]  # the final top five's posterior: prior, each step
     ledger: str
+    relaunches: tuple[str, ...] = ()  # why each engine kept up between trials was relaunched
 
 
 def load_bisect(run_dir: str | Path) -> BisectView:
@@ -97,8 +99,10 @@ def load_bisect(run_dir: str | Path) -> BisectView:
             trial.verdict if trial else None, source, len(launched),
             trial.duration_s if trial else None, dict(trial.details) if trial else {},
             s.trial_id or None))
+    relaunched = [r.details.get("relaunched") for r in rows]
     return BisectView(root, run.id, dict(info.get("request") or {}), spec, run.status, result,
-                      tuple(views), len(rows), history, str(info["ledger"]))
+                      tuple(views), len(rows), history, str(info["ledger"]),
+                      tuple(str(w) for ws in relaunched if isinstance(ws, list) for w in ws))
 
 
 def _all(search: Any) -> list[tuple[Any, float]]:
@@ -117,6 +121,7 @@ def bound(view: BisectView) -> dict[str, Any]:
     return {"hypotheses": sets, "bits": round(bits, 2), "capacity": round(cap, 3),
             "trials_bound": round(bits / cap, 1) if cap > 0 else None,
             "steps": len(view.steps), "launches": view.launches,
+            "relaunches": len(view.relaunches),
             "reused": sum(s.source == "ledger" for s in view.steps)}
 
 
@@ -456,6 +461,7 @@ def _report_json(view: BisectView) -> dict[str, Any]:
         "remedy": view.result.get("remedy"), "confirmation": view.result.get("confirmation"),
         "request": view.request, "settings": view.spec.to_json(), "ledger": view.ledger,
         "bound": bound(view),
+        "relaunches": {"count": len(view.relaunches), "why": list(view.relaunches)},
         "trials": [{"step": s.step, "subset": list(s.subset), "patches": s.patches,
                     "seed_block": s.seed_block, "verdict": s.verdict, "outcome": s.outcome,
                     "run_verdict": run_word(s), "counted_as": counted_text(view, s),
@@ -560,6 +566,7 @@ def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
                f"log2 = {b['bits']} bits; at this noise the probe carries {b['capacity']} bits "
                f"per trial: information bound ≈ {b['trials_bound']} trials (the end checks "
                "and the confirmations come on top)."), ""]
+    lines += [relaunch_text(view), ""] if view.relaunches else []
     lines += _md_neighbours(neighbours(view))
     lines += ["## Reproduce", "",
               "Each trial as `dsv4bisect run` measures it, exiting as the bisect counted it "
@@ -601,6 +608,15 @@ def _where(details: dict[str, Any]) -> str:
     return f"; on {node.get('name', '?')}, {clock(node.get('started'))}-" \
            f"{clock(node.get('finished'))} UTC" + (f", probe sharded{shared}" if shared else "") \
         + started
+
+
+def relaunch_text(view: BisectView) -> str:
+    """The engines kept up between trials that were found gone or unhealthy and relaunched
+    (bisect/trials/engine_pool.py `get`), each reason once with its count."""
+    counts = Counter(view.relaunches)
+    why = "; ".join(f"{w} (×{n})" if n > 1 else w for w, n in counts.items())
+    return (f"{len(view.relaunches)} engine(s) kept up between trials were found unable to "
+            f"serve and relaunched: {why}")
 
 
 def _mode(details: dict[str, Any]) -> str:
@@ -683,6 +699,8 @@ def _terminal_lines(view: BisectView) -> list[Line]:
                   "counted):", "bold"))
     lines += [(f"  step {s.step}: {reproduce(view, s)}", None) for s in view.steps]
     lines += [(f"the culprit alone: {line}", "bold") for line in culprit_lines(view)]
+    if view.relaunches:
+        lines.append((relaunch_text(view), "yellow"))
     lines.append((f"run dir: {view.run_dir}", "dim"))
     return lines
 

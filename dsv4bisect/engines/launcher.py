@@ -41,6 +41,8 @@ from dsv4bisect.errors import EngineError
 
 GRACE_S = 10.0
 POLL_S = 0.25
+HEALTH_TIMEOUT_S = 30.0  # an idle engine's ready path (SGLang's: one token generated)
+EXIT_WAIT_S = 3.0  # after a failed request: how long a dying engine gets to be seen as exited
 EventFn = Callable[[str, str, str], None]  # (role, state, last log line)
 
 
@@ -198,6 +200,33 @@ class Launch:
             if pending:
                 time.sleep(POLL_S)
 
+    def health(self) -> str | None:
+        """Why this launch cannot serve now, or None: a process exited (killed from outside,
+        crashed, or ended cleanly), or one does not answer its ready path. Checked before an
+        engine kept up between trials serves again (bisect/trials/engine_pool.py)."""
+        ended = self.exited(0.0)
+        for p in self.procs:
+            if ended is None and not _answers(p.url + p.spec.ready_path, HEALTH_TIMEOUT_S):
+                # one still exiting refuses the connection before poll() sees its end
+                ended = self.exited(EXIT_WAIT_S)
+                if ended is None:
+                    return (f"engine process `{p.spec.role}` is alive but did not answer GET "
+                            f"{p.spec.ready_path} (within {HEALTH_TIMEOUT_S:.0f} s)")
+        return ended.message.splitlines()[0] if ended is not None else None
+
+    def exited(self, wait_s: float) -> EngineError | None:
+        """Why a process of this launch ended (`check_alive`'s error), waiting up to `wait_s`
+        for a dying one; None while every process is alive."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self.check_alive()
+            except EngineError as exc:
+                return exc
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
+
     def _check_owner(self, proc: Running) -> None:
         """The sockets listening on `proc`'s port belong to this launch, or `PortTaken`."""
         if self.verified is False:
@@ -319,9 +348,9 @@ def safe_path(argv: Sequence[str]) -> dict[str, str]:
     return {"PYTHONSAFEPATH": "1"} if tuple(argv[1:3]) == ("-m", "dsv4bisect") else {}
 
 
-def _answers(url: str) -> bool:
+def _answers(url: str, timeout: float = 5) -> bool:
     try:
-        return requests.get(url, timeout=5).status_code == 200
+        return requests.get(url, timeout=timeout).status_code == 200
     except requests.RequestException:
         return False
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from dsv4bisect.config.engine_config import EngineConfig
-from dsv4bisect.engines.launcher import EngineCrashed, Launch, PortTaken
+from dsv4bisect.engines.launcher import EXIT_WAIT_S, EngineCrashed, Launch, PortTaken
 from dsv4bisect.engines.receipts import check_receipts
 from dsv4bisect.engines.verify import server_info, verify_reference_patches
 from dsv4bisect.errors import EngineError, ProbeError
@@ -31,7 +31,6 @@ from dsv4bisect.run.signals import check_interrupt
 
 T = TypeVar("T")
 MAX_CRASHES = 2  # a crash is retried once; the second one is the arm's outcome
-EXIT_WAIT_S = 3.0  # after a failed request: how long a dying engine gets to be seen as exited
 
 
 class Cancelled(Exception):
@@ -212,15 +211,10 @@ class EngineArm:
     def _exited(self) -> EngineCrashed | None:
         """The crash, if a process of this arm exited (waiting briefly for a dying one)."""
         assert self.launch is not None
-        deadline = time.monotonic() + EXIT_WAIT_S
-        while True:
-            try:
-                self.launch.check_alive()
-            except EngineCrashed as exc:
-                return exc
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.1)
+        exc = self.launch.exited(EXIT_WAIT_S)
+        if exc is None or isinstance(exc, EngineCrashed):
+            return exc
+        raise exc  # ended, but not a crash (killed from outside, a port taken)
 
     def _crashed(self, phase: str, exc: EngineCrashed) -> None:
         if self.supervisor.cancelled:

@@ -10,7 +10,9 @@ it can be switched later). A switch (base/switching.py): a request naming the ne
 and the patch set, `/flush_cache` on every process that runs engine code, a receipt from every
 process naming the generation, and on the embedded engine the server's own report of its patch
 set, all before any probe request. What goes wrong with an engine becomes the trial's verdict by
-run/trial.py's `guard`, for an engine that outlives the trial (`EnginePool.guard`).
+run/trial.py's `guard`, for an engine that outlives the trial (`EnginePool.guard`). An engine
+found gone or unhealthy when a trial comes back to it (killed while idle, by any signal; or hung)
+is dropped and relaunched, counted with its reason (`get`; docs/reliability.md, issue 40).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from dsv4bisect.patching.wire import format_patch_set
 from dsv4bisect.probe.client import ProbeClient
 from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.run.arm import EngineArm, Supervisor
-from dsv4bisect.run.events import EventSink
+from dsv4bisect.run.events import EventSink, Notice
 from dsv4bisect.run.trial import guard
 
 T = TypeVar("T")
@@ -71,6 +73,7 @@ class EnginePool:
         self.config, self.api_key = config, api_key
         self.supervisor, self.on_event = supervisor, on_event
         self.launches = 0  # engines launched (a crash relaunch counts once more)
+        self._relaunches: list[str] = []  # why kept-up engines were dropped, not yet reported
 
     @property
     def up(self) -> tuple[str, ...]:
@@ -78,8 +81,28 @@ class EnginePool:
         return tuple(self.slots.up)
 
     def get(self, key: str) -> HotEngine | None:
-        """The engine of `key` if it is up (now the most recently used)."""
-        return self.engines[key] if self.slots.use(key) else None
+        """The engine of `key` if it is up and healthy (now the most recently used). One that
+        is gone or fails its health check while kept up (killed idle, crashed, hung) leaves
+        the pool, and the relaunch is counted with its reason (`take_relaunches`): the caller
+        launches a fresh one, whose trial is then a fresh launch's. It is never the verdict of
+        the trial that finds it: that trial measured nothing in it."""
+        if not self.slots.use(key):
+            return None
+        eng = self.engines[key]
+        why = eng.arm.launch.health() if eng.arm.launch is not None else None
+        if why is None:  # (no launch: the arm launches on `ready()`)
+            return eng
+        self.drop(eng)
+        self._relaunches.append(why)
+        self.on_event(Notice(f"the engine kept up for the next trial cannot serve ({why}): "
+                             "relaunching it", "warn"))
+        return None
+
+    def take_relaunches(self) -> list[str]:
+        """Why each engine found dead or unhealthy since the last call was relaunched (a trial
+        reports them in its details, `relaunched`)."""
+        out, self._relaunches = self._relaunches, []
+        return out
 
     def add(self, key: str, eng: HotEngine) -> None:
         self.slots.add(key)

@@ -265,6 +265,7 @@ class HotEngineRunner(EngineRunner):
                        ends_from=dict(sorted(self._ends.block(ctx.spec.seed_block)
                                              .came_from.items())),
                        shards=1 + len(ctx.replicas) if ctx.sharded else 1,
+                       relaunched=self._pool.take_relaunches(),
                        **{k: round(v, 3) for k, v in ctx.costs.items()})
         return TrialResult(verdict=verdict.verdict, signature=signature_of(verdict),
                            duration_s=time.perf_counter() - t0, details=details,
