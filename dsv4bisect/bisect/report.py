@@ -267,6 +267,8 @@ def _built_line(view: BisectView, patches: dict[str, str], seed_block: int) -> s
 
     req = view.request
     profile, sets = str(req.get("profile") or ""), tuple(req.get("sets") or ())
+    if not profile:  # a bisect driven without a profile (the library, a test): no `run` line
+        return "-  # no profile in the bisect's request: no `run` line to print"
     try:
         good = resolve(profile, patch_overrides(dict(view.spec.good), sets))
         cand = resolve(profile, patch_overrides(patches, sets))
