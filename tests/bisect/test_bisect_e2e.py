@@ -103,7 +103,7 @@ def test_engine_bisect_names_the_fault_variant(cli, tmp_path: Path) -> None:
     assert sum(not t["baseline_cached"] for t in trials) == len(blocks)
     run_dir = Path(report["run_dir"])
     assert (run_dir / "report.md").read_text().startswith(
-        "# dsv4bisect bisect: found — culprit {hash-topk-scaling}")
+        "# dsv4bisect bisect: found — culprit {hash-topk-scaling (variant double-scale)}")
     assert not engine_pids(run_dir)
 
 

@@ -12,6 +12,8 @@ Every one of the 13 verified releases (0.5.13 … 0.5.23) ships the dumper.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,18 @@ from dsv4bisect.localise.sglang_contract import (
     read_contract,
 )
 from dsv4bisect.plugin.static import SourceTree
+
+
+@pytest.fixture(autouse=True)
+def _no_sglang_left_behind() -> Iterator[None]:
+    """A release's dumper imports `sglang...` lazily; with `tests/` on sys.path (pytest puts a
+    rootdir conftest's folder there) that finds `tests/sglang/` as a namespace package and
+    leaves `sglang` in sys.modules, which the synthetic-SGLang tests then refuse to build on."""
+    before = set(sys.modules)
+    yield
+    for name in [m for m in sys.modules if m not in before
+                 and (m == "sglang" or m.startswith("sglang."))]:
+        del sys.modules[name]
 
 
 def test_every_verified_release_has_the_dumper_localise_drives(wheel: Path) -> None:
