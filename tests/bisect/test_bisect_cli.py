@@ -109,6 +109,7 @@ def _bisect(cli, tmp_path: Path, culprits: str, *extra: str) -> tuple[dict, Path
     return report, Path(report["run_dir"])
 
 
+@pytest.mark.slow  # plans of the standard tier: ~1 min of simulation on 2 cores (issue 42's 400 runs)
 def test_plan_costs_a_trial_by_the_ledger_once_trials_were_measured(cli, tmp_path: Path) -> None:
     log = tmp_path / "calls.log"
     cmd = check_cmd(log, "mma-decode")
@@ -214,6 +215,7 @@ def test_a_deterministic_test_cmd_bisect_of_reference_all_is_short_with_default_
     assert sum(counts.values()) / 5 <= 6, counts
 
 
+@pytest.mark.slow  # plans of the standard tier: ~1 min of simulation on 2 cores (issue 42's 400 runs)
 def test_plan_of_an_sglang_profile_prices_launches_switches_and_probes(cli, tmp_path: Path) -> None:
     r = cli("bisect", "dsv4-flash-tp8-latest-all", "--plan", "--json", "--out", tmp_path / "runs",
             cwd=tmp_path)

@@ -5,6 +5,8 @@ process (`sys.modules["ray"] = None`), so this holds on a machine that has Ray t
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -43,6 +45,7 @@ def test_only_the_ray_executor_imports_ray() -> None:
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # plans of the standard tier: ~1 min of simulation on 2 cores (issue 42's 400 runs)
 def test_plan_for_ray_nodes_prints_the_node_table_without_ray(cli, tmp_path: Path) -> None:
     """`--plan --executor ray --parallel 3` needs no Ray: the single-node plan as without the
     executor, then rows for 1, 2, 3 and 4 nodes, with and without the levers, each with and

@@ -53,6 +53,7 @@ def test_bisect_plan_prints_the_priors(cli, tmp_path: Path) -> None:
     assert "plan: 5 candidates" in r.stderr and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow  # plans of the standard tier: ~1 min of simulation on 2 cores (issue 42's 400 runs)
 def test_priors_are_off_where_they_cannot_or_should_not_run(cli, tmp_path: Path) -> None:
     off = cli("bisect", "reference-all", "--plan", "--no-microtest-priors", cwd=tmp_path)
     assert off.returncode == 0 and "microtest priors: off (--no-microtest-priors)" in off.stderr

@@ -134,6 +134,7 @@ def test_page_markers_are_the_documented_ones() -> None:
     assert "pip install dsv4bisect" not in PAGE.read_text()  # no PyPI claim
 
 
+@pytest.mark.slow  # plans of the standard tier: ~1 min of simulation on 2 cores (issue 42's 400 runs)
 def test_walkthrough_commands_run_here(tmp_path: Path, record_property: Any) -> None:
     outputs: dict[str, list[str]] = {}
     ran: list[tuple[str, str]] = []

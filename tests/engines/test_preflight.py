@@ -269,6 +269,7 @@ def test_skip_preflight_leaves_it_to_the_launcher(cli, tmp_path: Path) -> None:
     assert "error: preflight" not in proc.stderr and "(before launch)" in proc.stderr
 
 
+@pytest.mark.slow  # plans of the standard tier: ~1 min of simulation on 2 cores (issue 42's 400 runs)
 def test_bisect_runs_the_preflight_but_not_for_plan(cli, tmp_path: Path,
                                                     good: dict[str, Path]) -> None:
     prof = str(_profile(tmp_path, good["python"], tmp_path / "nope"))

@@ -116,6 +116,7 @@ def test_the_opt_in_for_an_unverified_release_reaches_the_engine():
     assert "DSV4BISECT_ALLOW_UNVERIFIED_SGLANG" not in env_of("dsv4-flash-tp8-latest")
 
 
+@pytest.mark.slow  # plans of the standard tier: ~1 min of simulation on 2 cores (issue 42's 400 runs)
 def test_the_plan_lists_each_candidate_with_its_delivery():
     from typer.testing import CliRunner
 
