@@ -5,13 +5,13 @@ process (`sys.modules["ray"] = None`), so this holds on a machine that has Ray t
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 NO_RAY = ("import runpy, sys; sys.modules['ray'] = None; "
           "runpy.run_module('dsv4bisect', run_name='__main__')")
