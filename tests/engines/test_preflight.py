@@ -101,7 +101,9 @@ def _cli(cli, *args: str, path: str = NO_SMI_PATH, cwd: Path | None = None
     # for any Python started there (as it would for an engine launched from there).
     cwd = cwd or Path(os.environ.get("TMPDIR", "/tmp"))
     t0 = time.monotonic()
-    proc = cli(*args, cwd=cwd, timeout=60,
+    # a hang guard, not a speed bound: a bisect's question and plan line come before its
+    # preflight, a minute of simulation on a loaded 2-core machine
+    proc = cli(*args, cwd=cwd, timeout=600,
                env={"PATH": path, "DSV4BISECT_ALLOW_UNVERIFIED_SGLANG": None})
     return proc, time.monotonic() - t0
 
