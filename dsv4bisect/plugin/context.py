@@ -23,13 +23,19 @@ def _as_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def scheduler_frame(start: FrameType | None = None) -> FrameType | None:
-    frame = start if start is not None else sys._getframe(1)
+def frame_of(function: str, local: str, frame: FrameType | None) -> FrameType | None:
+    """The first frame, from `frame` outwards, of `function` with `local` among its locals
+    (the engine's process entry, which our plugin runs inside: SGLang's or vLLM's)."""
     while frame is not None:
-        if frame.f_code.co_name == SCHEDULER_FUNCTION and "tp_rank" in frame.f_locals:
+        if frame.f_code.co_name == function and local in frame.f_locals:
             return frame
         frame = frame.f_back
     return None
+
+
+def scheduler_frame(start: FrameType | None = None) -> FrameType | None:
+    return frame_of(SCHEDULER_FUNCTION, "tp_rank",
+                    start if start is not None else sys._getframe(1))
 
 
 def current_process(start: FrameType | None = None) -> ProcessInfo:

@@ -17,19 +17,15 @@ from types import FrameType
 from typing import Any
 
 from dsv4bisect import env as envvars
-from dsv4bisect.plugin.context import _as_int
+from dsv4bisect.plugin.context import _as_int, frame_of
 from dsv4bisect.plugin.receipts import ProcessInfo
 
 WORKER_FUNCTION = "init_worker"
 
 
 def worker_frame(start: FrameType | None = None) -> FrameType | None:
-    frame = start if start is not None else sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == WORKER_FUNCTION and "all_kwargs" in frame.f_locals:
-            return frame
-        frame = frame.f_back
-    return None
+    return frame_of(WORKER_FUNCTION, "all_kwargs",
+                    start if start is not None else sys._getframe(1))
 
 
 def worker_info(wrapper: Any, all_kwargs: Any) -> ProcessInfo:
