@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.localise.test_localise_cli import FAULTS
+
 DATA = Path(__file__).parent / "data" / "bisect-scale-layout"
 
 
@@ -73,15 +75,22 @@ def test_the_kept_bisect_localises_to_wo_a(bisect_dir: Path, cli, tmp_path: Path
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_a_real_bisect_then_localise(cli, tmp_path: Path) -> None:
-    proc = cli("bisect", "reference-all", "--set", "patches.fp8-wo-a-gemm.variant=scale-layout",
+@pytest.mark.parametrize(("patch", "variant", "module", "op", "kind"), FAULTS,
+                         ids=[f[1] for f in FAULTS])
+def test_a_real_bisect_then_localise(cli, tmp_path: Path, patch: str, variant: str,
+                                     module: str, op: str, kind: str) -> None:
+    """Each fault that FAILs in the verdict table, bisected by default (`reference-all` with the
+    fault's variant), then `localise BISECT_DIR`: the same op as `localise reference --only`
+    names (test_localise_cli.py), from the bisect's own ends, culprit and lost cases."""
+    proc = cli("bisect", "reference-all", "--set", f"patches.{patch}.variant={variant}",
                "--out", tmp_path, "--json", timeout=5400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run_dir = Path(json.loads(proc.stdout)["run_dir"])
-    proc = cli("localise", run_dir, "--json", "--out", tmp_path / "out", timeout=1800)
+    found = json.loads(proc.stdout)
+    assert patch in found["culprits"], found["culprits"]
+    proc = cli("localise", found["run_dir"], "--json", "--out", tmp_path / "out", timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first = json.loads(proc.stdout)["first_divergence"]
-    assert (first["module"], first["op"]) == ("layers.0.attn", "attn.wo_a")
+    assert (first["module"], first["op"], first["kind"]) == (module, op, kind)
 
 
 def test_a_found_bisect_gives_the_localise_command_and_others_none(bisect_dir: Path,
