@@ -1,0 +1,51 @@
+"""The ends' two looks: when the bad end's first, smaller probe already answers the bisect's
+question (pure; docs/bisect.md, "Ends that stop when their question is answered").
+
+A bisect asks of its ends one thing: is the bad end bad, and how (facts lost, hard signatures,
+drift)? Each seed block's ends are first probed at look 1: the tier's every drift transcript and
+`LOOK1_SHARE` of its accuracy cases (a seeded draw stratified over family and length, the same
+for both ends, so every answer pairs), the good end's baseline and A/A repeat, then the bad end.
+The bad end's look-1 verdict settles the ends when its evidence is one of:
+
+* hard signatures (in >= 2 seeds on cases right in both A/A runs), a non-finite output, a
+  crash: no threshold on a count decides these, a look more does not change them;
+* a loss of facts at half the probe's error rate: the overall exact McNemar p <= ALPHA_OVERALL/2,
+  or a cell failing at Holm p <= ALPHA_CELL/2 (the other half is left to the full look, so the
+  two looks together false-FAIL at most the probe's own rate plus half of it: docs/bisect.md);
+* drift beyond the null's gate (a WARN) where the bisect counts a WARN like the bad end: every
+  drift transcript and the null's requests are in look 1 already, the full tier adds none.
+
+Otherwise (a PASS, a WARN the bisect counts like the good end, a FAIL whose accuracy evidence is
+between the two rates) both ends are probed again at the full tier (look 2), judged by the probe's
+own rule as before: a bad end that passes says BAD-END-PASSES only on the whole evidence.
+The trials of a block then replay the cases of the look that settled it.
+"""
+
+from __future__ import annotations
+
+from dsv4bisect.probe import verdict as V
+
+LOOK1_SHARE = 0.25  # of each (family, length) stratum's accuracy cases; drift transcripts whole
+LOOK1_ALPHA_OVERALL = V.ALPHA_OVERALL / 2
+LOOK1_ALPHA_CELL = V.ALPHA_CELL / 2
+
+
+def settles(bad: V.Verdict, *, warn_fails: bool) -> str | None:
+    """Why the bad end's look-1 verdict `bad` settles the ends (`signatures`, `accuracy`,
+    `drift`, `other`: a FAIL no count decides), or None: both ends go on to the full tier.
+    `warn_fails`: the bisect counts a drift WARN like the bad end (`TrialPolicy.warn_fails`)."""
+    if bad.verdict == V.WARN:
+        return "drift" if warn_fails and bad.drift.get("status") == "warn" else None
+    if bad.verdict != V.FAIL:
+        return None
+    if bad.signatures.get("hard_fail"):
+        return "signatures"
+    overall_p = bad.overall.get("p_value")
+    by_accuracy = overall_p is not None and overall_p < V.ALPHA_OVERALL
+    failed_cells = [c for c in bad.cells if c.failed]
+    if ((by_accuracy and overall_p <= LOOK1_ALPHA_OVERALL)
+            or any(c.p_holm <= LOOK1_ALPHA_CELL for c in failed_cells)):
+        return "accuracy"
+    if not by_accuracy and not failed_cells:
+        return "other"  # a crash, a non-finite output: the FAIL is not a count's
+    return None
