@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,12 @@ MAX_WARMUP = 1 << 16
 # of the first 256 requests wrong) and SGLang's DeepSeek-V4 decode pool (256 running requests)
 LATE_REQUESTS = 256
 TIER_NAMES = ("ci", "smoke", "standard", "deep")
+
+
+def cases_kept(n: int, share: float) -> int:
+    """How many of a (family, length) stratum's `n` accuracy cases a probe at `case_share`
+    `share` keeps: at least one of a non-empty stratum, all at share 1."""
+    return n if share >= 1.0 else min(n, max(1, math.ceil(share * n)))
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,9 @@ class ProbeSpec:
     # same server before the measured ones, so that state bugs that start late (a pool's slots
     # all used once) are provoked
     warmup_requests: int = 0
+    # A look of a bisect's ends (bisect/end_looks.py): this share of each (family, length)
+    # stratum's accuracy cases (`cases_kept`), every drift transcript. 1: the whole tier.
+    case_share: float = 1.0
     notes: str = field(default="", compare=False)  # free text, not part of the hash
 
     def __post_init__(self) -> None:
@@ -92,6 +102,8 @@ class ProbeSpec:
             data.pop("hit_families")
         if not data["warmup_requests"]:
             data.pop("warmup_requests")
+        if data["case_share"] == 1.0:
+            data.pop("case_share")
         data["probe_version"] = PROBE_VERSION
         return data
 
@@ -194,6 +206,7 @@ def _validate(spec: ProbeSpec) -> None:
          f"hit_families must be among {', '.join(ACCURACY_FAMILIES)}"),
         (0 <= spec.warmup_requests <= MAX_WARMUP,
          f"warmup_requests must be in 0..{MAX_WARMUP}"),
+        (0.0 < spec.case_share <= 1.0, "case_share must be in (0, 1]"),
     ]
     for ok, message in checks:
         if not ok:
