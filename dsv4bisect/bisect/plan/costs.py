@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dsv4bisect.bisect.end_looks import LOOK1_ALPHA_OVERALL, LOOK1_SHARE
@@ -176,6 +176,12 @@ def plan_costs(
                          "it)")
     else:
         seq = sequential
+    world, looks = _looks(shape, look1, lines)
+    share = looks.get("look1_fraction", 1.0)
+    if sequential is not None and share < 1:  # stated on look 1's grid: a share of its probe
+        seq = replace(seq, like_good_fraction=seq.like_good_fraction * share,
+                      like_bad_fraction=seq.like_bad_fraction * share,
+                      source=f"{seq.source}; times {share:.3f}, look 1's share of the full probe")
     lines.append(CostLine("trial probe, like the good end", seq.like_good_fraction, "share",
                           seq.source))
     lines.append(CostLine("trial probe, like the bad end", seq.like_bad_fraction, "share",
@@ -183,7 +189,6 @@ def plan_costs(
     pool = POOL.get(engine, 1)
     lines.append(CostLine("engines kept up", pool, "engines",
                           f"dsv4bisect policy for {kind}" + (": one node" if pool == 1 else "")))
-    world, looks = _looks(shape, look1, lines)
     costs = StepCosts(launch_s=launch, switch_s=switch, probe_s=probe,
                       aa_fraction=shape.aa_share, sequential=hot,
                       like_good_fraction=seq.like_good_fraction,
