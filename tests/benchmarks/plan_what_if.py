@@ -52,13 +52,18 @@ def main() -> None:
     ap.add_argument("--confidence", type=float, help="the search's stopping confidence")
     ap.add_argument("--trial-rates", type=float, nargs=2, metavar=("FF", "FP"),
                     help="the trial probe's asked error rates (default: the hot runner's)")
+    ap.add_argument("--launch", type=float, help="seconds a launch (default: the plan's)")
+    ap.add_argument("--pool", type=int,
+                    help="engines kept on a node (default: the plan's; 2: one asleep beside it)")
     args = ap.parse_args()
     request = BisectRequest(profile=args.profile, parallel=4, executor=Executor.RAY,
                             plan_only=True)
     prep = prepare(ask(request), request)
     assert prep.engine is not None, "an engine bisect"
     plan = replace(prep.setup(), confirm=False)  # the Ray executor cannot launch fresh
-    if args.runs == NODE_PLAN_RUNS:  # the plan's own rows back at LOOK1_SHARE
+    asked = args.confidence or args.trial_rates or args.launch is not None or args.pool
+    if args.runs == NODE_PLAN_RUNS and LOOK1_SHARE in args.shares and not asked:
+        # the plan's own rows back at LOOK1_SHARE
         own = plan_nodes(plan, (1, 4), trials=args.runs, of=PLAN_RUNS)
     trial = Noise(*(args.trial_rates or TRIAL_ERROR_RATES))
     culprits, seeds = common_draws(plan, max(args.runs, PLAN_RUNS), 0)
@@ -67,7 +72,9 @@ def main() -> None:
     print(f"{args.profile}: launch {c.launch_s:.0f} s, switch {c.switch_s:.0f} s, full probe "
           f"{c.probe_s:.0f} s, {args.runs} simulated bisects per row; trial probe asked at "
           f"{trial.false_fail:g} / {trial.false_pass:g}"
-          + (f"; search confidence {args.confidence:g}" if args.confidence else ""))
+          + (f"; search confidence {args.confidence:g}" if args.confidence else "")
+          + (f"; launch {args.launch:g} s" if args.launch is not None else "")
+          + (f"; {args.pool} engines a node" if args.pool else ""))
     print(f"{'share':>6}  {'look 1':>6}  {'P(look2)':>8}  {'1 node':>7}  {'p90':>6}  "
           f"{'P(ok)':>6}  {'low':>6}  {'launches':>8}  {'ends':>6}  {'trials':>6}  "
           f"{'4 nodes':>7}  {'p90':>6}  {'floor 1':>7}  {'floor 4':>7}")
@@ -75,12 +82,15 @@ def main() -> None:
         cfg = at_share(plan, prep.engine.spec, share, prep.question.load_time, trial)
         if args.confidence:
             cfg = replace(cfg, confidence=args.confidence)
+        if args.launch is not None or args.pool:
+            cfg = replace(cfg, costs=replace(
+                cfg.costs, launch_s=cfg.costs.launch_s if args.launch is None else args.launch,
+                pool=args.pool or cfg.costs.pool))
         one = node_row(cfg, 1, 1, True, True, False, culprits, seeds)
         four = sharded_row(cfg, 4, True, True, culprits, seeds)
-        floors = [float(np.mean([floor_run(cfg, k, x, four.ends or "alone" if k > 1
+        floors = [float(np.mean([floor_run(cfg, k, x, (four.ends or "alone") if k > 1
                                            else "alone") for x in culprits])) for k in (1, 4)]
-        if (share == LOOK1_SHARE and args.runs == NODE_PLAN_RUNS and not args.confidence
-                and not args.trial_rates):
+        if share == LOOK1_SHARE and args.runs == NODE_PLAN_RUNS and not asked:
             assert abs(one.mean_wall_s - own.row(1, True).mean_wall_s) < 1e-6, one
             assert abs(four.mean_wall_s - own.row(4, True, True).mean_wall_s) < 1e-6, four
         phases = _phases(cfg, culprits, seeds)

@@ -158,3 +158,28 @@ def test_looks_are_the_hot_sequential_runners_and_need_their_world():
         _setup(LOOKS, None)
     assert StepCosts.from_json(LOOKS.to_json()) == LOOKS
     assert "look1_fraction" not in FULL.to_json()  # full ends keep their JSON
+
+
+@pytest.mark.slow  # the standard tier's trial plan on look 1's grid and 100 bisects a row: ~1 min
+def test_the_plan_of_an_sglang_profile_prices_its_ends_by_the_two_looks(cli, tmp_path):
+    import json
+
+    from dsv4bisect.bisect.plan.parallel_plan import plan_nodes
+
+    r = cli("bisect", "dsv4-flash-tp8-all", "--plan", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = {c["name"]: c for c in json.loads(r.stdout)["costs"]}
+    assert lines["ends, look 1"]["value"] == pytest.approx(0.266, abs=0.001)
+    assert "17.9 M of 70.3 M computed prompt tokens" in lines["ends, look 1"]["source"]
+    assert lines["ends, look 2"]["value"] == 0  # 588 paired answers settle a 14 % loss
+    trial = lines["trial probe, like the bad end"]
+    assert "on the cases of the ends' look 1" in trial["source"] and trial["value"] < 0.05
+    # the same bisect with its ends at the full tier
+    from dsv4bisect.bisect.session import ask
+    from dsv4bisect.bisect.setup import BisectRequest, prepare
+
+    request = BisectRequest(profile="dsv4-flash-tp8-all", plan_only=True)
+    setup = prepare(ask(request), request).setup()
+    full = replace(setup, costs=setup.costs.full_ends(), look1=None)
+    looks, whole = (plan_nodes(s, (1,), trials=100).row(1, True) for s in (setup, full))
+    assert looks.mean_wall_s < whole.mean_wall_s - 2000

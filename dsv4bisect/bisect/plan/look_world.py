@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dsv4bisect.bisect.end_looks import settles
@@ -36,12 +35,12 @@ def look_cells(spec: ProbeSpec) -> list[tuple[Cell, int]]:
     for k, (cell, n) in enumerate(tier):
         if cell.family != "drift":
             strata[(cell.family, cell.length)] += [(k, i) for i in range(n)]
-    kept: Mapping[int, int] = defaultdict(int)
+    kept: defaultdict[int, int] = defaultdict(int)  # cases kept per tier cell
     for (family, length), cases in strata.items():
         order = list(cases)
         random.Random(f"{spec.seed}:{spec.seed_block}:{family}:{length}").shuffle(order)
         for k, _ in order[:cases_kept(len(order), spec.case_share)]:
-            kept[k] += 1  # type: ignore[index]
+            kept[k] += 1
     return [(cell, n if cell.family == "drift" else kept[k])
             for k, (cell, n) in enumerate(tier) if cell.family == "drift" or kept[k]]
 
@@ -52,10 +51,11 @@ def look_trial(spec: ProbeSpec, false_fail: float, false_pass: float, loss_rate:
     summary, with each stratum at the cases the look keeps."""
     from dsv4bisect.probe import sequential_plan as sp
 
+    grid = look_cells(spec)
     world = [sp.SimCell(c.key, c.family, c.length, n, good_accuracy, arm, level)
              for arm, level in spec.conditions()
-             for c, n in look_cells(spec) if c.family != "drift" and spec.arm_takes(arm, c.family)]
-    drift = [c.length for c, n in look_cells(spec) if c.family == "drift" for _ in range(n)]
+             for c, n in grid if c.family != "drift" and spec.arm_takes(arm, c.family)]
+    drift = [c.length for c, n in grid if c.family == "drift" for _ in range(n)]
     overhead = sp.REQUEST_OVERHEAD_TOKENS
 
     def cost(d: object) -> float:
