@@ -13,6 +13,7 @@ simulation's cells hold the counts it gives.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import defaultdict
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.grid import Cell, cells
 from dsv4bisect.probe.sequential_plan import SMALLEST_LOSS
 from dsv4bisect.probe.spec import ProbeSpec, cases_kept
-from dsv4bisect.probe.stats import binom_sf, mcnemar_one_sided
+from dsv4bisect.probe.stats import mcnemar_one_sided
 
 
 def look_cells(spec: ProbeSpec) -> list[tuple[Cell, int]]:
@@ -106,7 +107,11 @@ class LookOne:
         least = next((b for b in range(self.pairs + 1) if _settled(b, self.pairs)), None)
         if least is None:
             return 1.0
-        return 1.0 - binom_sf(least, self.pairs, self.good_accuracy * self.loss_rate)
+        q, n = self.good_accuracy * self.loss_rate, self.pairs
+        # the lower tail summed term by term: 1 - binom_sf would round a 1e-25 chance to 0
+        return min(1.0, sum(math.exp(math.lgamma(n + 1) - math.lgamma(b + 1)
+                                     - math.lgamma(n - b + 1) + b * math.log(q)
+                                     + (n - b) * math.log1p(-q)) for b in range(least)))
 
 
 def _settled(lost: int, pairs: int) -> bool:
