@@ -65,7 +65,10 @@ def test_look_one_prices_its_share_of_the_computed_tokens_the_polluting_phase_wh
         (look.computed + look.warmup_tokens) / (full.computed + full.warmup_tokens))
     assert c.look1_aa_fraction == pytest.approx(look.aa_share * c.look1_fraction)
     assert costs.look1 == LookOne(look.accuracy_requests)
-    assert {"ends, look 1", "ends, look 2"} <= {line.name for line in costs.lines}
+    named = {line.name: line.value for line in costs.lines}
+    assert named["ends, look 1"] == c.look1_fraction
+    assert named["ends, look 1, A/A repeat"] == c.look1_aa_fraction
+    assert named["ends, look 2"] == c.look2_chance
 
 
 def test_where_look_one_keeps_every_case_the_ends_are_priced_as_the_full_tier():

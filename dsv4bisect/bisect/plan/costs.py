@@ -220,8 +220,9 @@ def _looks(full: ProbeShape, look: ProbeShape | None, lines: list[CostLine]
         f"dsv4bisect design (bisect/end_looks.py): each seed block's ends first at "
         f"{look.case_share:g} of each (family, length) stratum's accuracy cases, every drift "
         f"transcript and the polluting phase: {look.computed / 1e6:.1f} M of "
-        f"{full.computed / 1e6:.1f} M computed prompt tokens; its A/A repeat "
-        f"{look.aa_share:.2f} of it ({look.aa_note})"))
+        f"{full.computed / 1e6:.1f} M computed prompt tokens"))
+    lines.append(CostLine("ends, look 1, A/A repeat", look.aa_share * fraction, "share",
+                          f"{look.aa_share:.2f} of look 1's probe: {look.aa_note}"))
     lines.append(CostLine(
         "ends, look 2", chance, "share",
         f"simulated world: P(the bad end's look 1 does not settle) on its "
