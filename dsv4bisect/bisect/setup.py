@@ -243,5 +243,5 @@ def _costs(runner: EngineRunner | None, q: Question, noise: Noise,
     look = look1_spec(runner.spec) if hot else None
     return plan_costs(engine, probe_shape(runner.spec), given=given, details=details,
                       load_time=tuple(q.load_time), hot=hot, noise=noise,
-                      sequential=sequential_from_probe(look, trial) if look else None,
-                      look1=probe_shape(look) if look else None)
+                      sequential=sequential_from_probe(look or runner.spec, trial) if hot
+                      else None, look1=probe_shape(look) if look else None)
