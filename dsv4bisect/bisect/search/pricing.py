@@ -15,6 +15,10 @@ The policy priced here is the one the driver follows:
   probe), and that trial's verdict is the A/A verdict; the bad end at full size; every other
   configuration with the sequential trial probe, whose expected length is `like_good_fraction`
   or `like_bad_fraction` of the full probe for a trial that behaves like the good or the bad end.
+  With the ends' two looks (`looks`, bisect/end_looks.py) a block's ends are first probed at
+  `look1_fraction` (the A/A repeat `look1_aa_fraction`), and both again at full size in their
+  engines where the bad end's look 1 does not settle (`charge(..., look2=True)`; a quote takes
+  `look2_chance` of it).
 * **Seed blocks.** The n-th trial of a configuration uses seed block n. A full-size paired
   probe judges it against the good end's baseline *of that block*: the first trial in a new
   block measures that baseline first (the good end's engine, full probe + A/A), so a re-test is
