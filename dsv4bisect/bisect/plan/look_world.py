@@ -5,9 +5,9 @@ A look at `case_share` below 1 keeps `cases_kept(n, share)` of each (family, len
 n accuracy cases and every drift transcript; a block settled at that look has its trials replay
 its cases, so the trial probe the plan prices must be simulated on that grid, not the tier's.
 `look_cells` is that grid for the plan: the tier's cells with each stratum's kept cases spread
-over its cells by a shuffle seeded by (spec seed, seed block, family, length), as the case
-builder draws them. Every cell of a stratum has the same nominal length, so the computed tokens
-of a look (costs.probe_shape) do not depend on which cells the shuffle picks; the trial
+over its cells by a shuffle seeded by (spec seed, seed block, family, length), the case
+builder's rule. Every cell of a stratum has the same nominal length, so the computed tokens of
+a look (costs.probe_shape) do not depend on which cells the shuffle picks; only the trial
 simulation's cells hold the counts it gives.
 """
 
