@@ -186,3 +186,14 @@ def test_the_plan_of_an_sglang_profile_prices_its_ends_by_the_two_looks(cli, tmp
     full = replace(setup, costs=setup.costs.full_ends(), look1=None)
     looks, whole = (plan_nodes(s, (1,), trials=100).row(1, True) for s in (setup, full))
     assert looks.mean_wall_s < whole.mean_wall_s - 2000
+
+
+def test_the_trial_plan_of_a_look_is_simulated_on_its_grid_and_cached():
+    from dsv4bisect.bisect.plan.trial_plan_cache import planned_trial
+
+    look = look1_spec(tier_spec("smoke"))
+    direct = look_trial(look, 0.01, 0.01, 0.14, 20)
+    assert planned_trial(look, 0.01, 0.01, loss_rate=0.14, sims=20) == direct  # simulated
+    assert planned_trial(look, 0.01, 0.01, loss_rate=0.14, sims=20) == direct  # read back
+    assert direct.full_requests < plan_trial(tier_spec("smoke"), 0.01, 0.01, loss_rate=0.14,
+                                             sims=20).full_requests
