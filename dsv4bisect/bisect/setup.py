@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.ledger import Ledger, NoiseEstimate
-from dsv4bisect.bisect.plan.costs import PlanCosts, plan_costs, probe_shape, sequential_from_probe
+from dsv4bisect.bisect.plan.costs import (
+    PlanCosts,
+    look1_spec,
+    plan_costs,
+    probe_shape,
+    sequential_from_probe,
+)
 from dsv4bisect.bisect.plan.simulate import Setup
 from dsv4bisect.bisect.plan.whole_plan import WholePlan, plan_bisect
 from dsv4bisect.bisect.question import Question
@@ -110,7 +116,8 @@ class Prepared:
         s = self.spec
         return Setup(s.candidates, s.noise, s.trial_noise or s.noise, s.costs or StepCosts(),
                      s.confidence, s.max_order, s.max_trials, dict(s.weights),
-                     tier_priors(self.question), s.confirm)
+                     tier_priors(self.question), s.confirm,
+                     self.costs.look1 if s.costs is not None and s.costs.looks else None)
 
     def plan(self, trials: int, compare: bool) -> WholePlan:
         return plan_bisect(self.setup(), trials=trials, compare=compare)
@@ -231,6 +238,10 @@ def _costs(runner: EngineRunner | None, q: Question, noise: Noise,
         return plan_costs(None, None, given=given, durations=durations)
     engine = "reference" if runner.good_cfg.kind == "reference" else "sglang"
     trial = Noise(*TRIAL_ERROR_RATES)  # what the hot runner asks of its sequential trials
+    # the hot runner probes each block's ends in two looks, its trials replaying look 1's
+    # cases where it settled (bisect/end_looks.py); the fresh-launch runner probes full ends
+    look = look1_spec(runner.spec) if hot else None
     return plan_costs(engine, probe_shape(runner.spec), given=given, details=details,
                       load_time=tuple(q.load_time), hot=hot, noise=noise,
-                      sequential=sequential_from_probe(runner.spec, trial) if hot else None)
+                      sequential=sequential_from_probe(look or runner.spec, trial) if hot
+                      else None, look1=probe_shape(look) if look else None)

@@ -6,12 +6,13 @@ Reads the plan's own costs (`dsv4bisect bisect PROFILE --plan --json`) and, for 
 set of the flat prior the plan draws from (half the mass on singles, half on pairs, every
 candidate alike), prices with the same `pricing.CostTracker` the trials a bisect must run even
 when it is told the answer and no probe ever errs: the two ends (full probe, the good end's A/A
-repeat), the culprit set in a launch of its own (the fresh confirmation), for a pair each member
-alone passing ("C minus x passes", in an engine that is up or in the remedy's load-time state
-where it can be), and the remedy check (the bad end without the culprits) where its engine is
-up or last. No search trial is counted: a real bisect adds the trials that find the culprits
-(log2 of the 21 culprit sets at the trial probe's channel capacity) and its noise repeats.
-Prints the floor per culprit set and its mean over the prior (docs/bisect.md quotes it).
+repeat; at look 1 where the plan prices the ends' two looks), the culprit set in a launch of its
+own (the fresh confirmation), for a pair each member alone passing ("C minus x passes", in an
+engine that is up or in the remedy's load-time state where it can be), and the remedy check (the
+bad end without the culprits) where its engine is up or last. No search trial is counted: a real
+bisect adds the trials that find the culprits (log2 of the 21 culprit sets at the trial probe's
+channel capacity) and its noise repeats. Prints the floor per culprit set and its mean over the
+prior (docs/bisect.md quotes it).
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ def plan_costs(profile: str) -> tuple[tuple[str, ...], StepCosts]:
         aa_fraction=lines["A/A repeat"], sequential=True,
         like_good_fraction=lines["trial probe, like the good end"],
         like_bad_fraction=lines["trial probe, like the bad end"], hot=plan["hot"],
-        pool=int(lines["engines kept up"]), load_time=frozenset(plan["load_time"]), paired=True)
+        pool=int(lines["engines kept up"]), load_time=frozenset(plan["load_time"]), paired=True,
+        # the ends' two looks where the plan prices them (bisect/end_looks.py)
+        **({"look1_fraction": lines["ends, look 1"],
+            "look1_aa_fraction": lines["ends, look 1, A/A repeat"],
+            "look2_chance": lines["ends, look 2"]} if "ends, look 1" in lines else {}))
 
 
 def floor_s(candidates: tuple[str, ...], costs: StepCosts, culprits: frozenset[str]) -> float:

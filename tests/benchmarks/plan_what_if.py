@@ -1,88 +1,115 @@
-"""Where a bisect's time goes once the ends stop early: the plan's own simulation with the ends'
-probes (and the good end's A/A repeat) at a share of the full tier. What-if only: the driver
-runs full-size ends today (issue 42, item 2, is not built); this prices what building it would
-buy, and the floor under the other costs (launches, switches, trials) that no end can move.
+"""Where a bisect's time goes with the ends' two looks at other shares: the plan's own
+simulation, look 1 at each `case_share` (bisect/end_looks.py; LOOK1_SHARE is what the bisect
+runs), its computed tokens, its world's chance of a look 2 and the trial probe simulated on its
+grid, as `--plan` prices them (bisect/plan/costs.py, look_world.py). Share 1 is the full tier
+(one look). Also the floor under the other costs (launches, switches, trials) that no look
+moves, and, with --confidence or --trial-rates, what the search's stopping confidence or the
+trial probe's asked error rates do to P(correct).
 
     python tests/benchmarks/plan_what_if.py dsv4-flash-tp8-latest-all [--runs 400]
-        [--shares 1 0.25 0.1 0.05 0]
+        [--shares 1 0.5 0.25 0.1] [--confidence 0.99] [--trial-rates 0.005 0.005]
 
-Reads the plan's costs (`dsv4bisect bisect PROFILE --plan --json --executor ray --parallel 4`,
-so the same costs and trial noise), rebuilds the simulated bisect (`Setup`, the tier prior
-weights: the SGLang profiles' microtest priors are off here) and, per share, simulates the one-node row and
-the best four-node sharded row on the plan's culprit sets and outcome streams
-(`parallel_plan.plan_nodes`'s), and the floor (`floor_run`: the ends and one trial of the
-culprits). Share 1 must give the plan's own rows back (checked).
+Builds the bisect as `dsv4bisect bisect PROFILE --plan --executor ray --parallel 4` does
+(bisect/setup.py `prepare`: the SGLang defaults, no ledger) and, per share, simulates the
+one-node row and the best four-node sharded row on the plan's culprit sets and outcome streams
+(`parallel_plan.plan_nodes`'s), and the floor (`floor_run`: the ends at look 1 and one trial of
+the culprits). At LOOK1_SHARE the rows are the plan's own (checked against `plan_nodes`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import numpy as np
 
-from dsv4bisect.bisect.plan.parallel_plan import floor_run, sharded_row
+from dsv4bisect.bisect.end_looks import LOOK1_SHARE
+from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape, sequential_from_probe
 from dsv4bisect.bisect.plan.parallel_plan import _row as node_row
+from dsv4bisect.bisect.plan.parallel_plan import floor_run, plan_nodes, sharded_row
 from dsv4bisect.bisect.plan.simulate import Setup, common_draws
-from dsv4bisect.bisect.question import resolve_question
 from dsv4bisect.bisect.search.design import Noise
-from dsv4bisect.bisect.search.pricing import StepCosts
-from dsv4bisect.bisect.setup import tier_priors
-from dsv4bisect.config.resolve import Overrides
+from dsv4bisect.bisect.session import NODE_PLAN_RUNS, PLAN_RUNS, ask
+from dsv4bisect.bisect.setup import BisectRequest, prepare
+from dsv4bisect.policy import Executor
+from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
 
 
-def plan_setup(profile: str) -> tuple[Setup, dict]:
-    out = subprocess.run([sys.executable, "-m", "dsv4bisect", "bisect", profile, "--plan",
-                          "--json", "--executor", "ray", "--parallel", "4"], check=True,
-                         capture_output=True, text=True).stdout
-    plan = json.loads(out)
-    lines = {line["name"].split(" (")[0]: line["value"] for line in plan["costs"]}
-    costs = StepCosts(
-        launch_s=lines["launch"], switch_s=lines["hot switch"], probe_s=lines["full probe"],
-        aa_fraction=lines["A/A repeat"], sequential=True,
-        like_good_fraction=lines["trial probe, like the good end"],
-        like_bad_fraction=lines["trial probe, like the bad end"], hot=plan["hot"],
-        pool=int(lines["engines kept up"]), load_time=frozenset(plan["load_time"]),
-        paired=True, drift_fraction=lines["drift scoring"])
-    noise = Noise(plan["noise"]["false_fail"], plan["noise"]["false_pass"])
-    trial = Noise(plan["trial_noise"]["false_fail"], plan["trial_noise"]["false_pass"])
-    question = resolve_question(profile, Overrides())
-    weights = tier_priors(question)  # the prior weights the plan searches with (no microtest)
-    cfg = question.bisect
-    return Setup(tuple(plan["candidates"]), noise, trial, costs, cfg.confidence,
-                 max_trials=cfg.max_trials, weights=weights, base_weights=weights,
-                 confirm=False), plan
+def at_share(plan: Setup, spec, share: float, load_time, trial: Noise) -> Setup:
+    """The plan's bisect with look 1 at `share` of each stratum (1: full-tier ends)."""
+    look = spec.replace(case_share=share)
+    costs = plan_costs("sglang", probe_shape(spec), given={}, load_time=tuple(load_time),
+                       hot=True, noise=plan.noise, sequential=sequential_from_probe(look, trial),
+                       look1=probe_shape(look))
+    return replace(plan, costs=costs.costs, trial_noise=costs.trial_noise, look1=costs.look1)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("profile")
-    ap.add_argument("--runs", type=int, default=400)
-    ap.add_argument("--shares", type=float, nargs="+", default=[1.0, 0.25, 0.1, 0.05, 0.0])
+    ap.add_argument("--runs", type=int, default=NODE_PLAN_RUNS)
+    ap.add_argument("--shares", type=float, nargs="+", default=[1.0, 0.5, LOOK1_SHARE, 0.1])
+    ap.add_argument("--confidence", type=float, help="the search's stopping confidence")
+    ap.add_argument("--trial-rates", type=float, nargs=2, metavar=("FF", "FP"),
+                    help="the trial probe's asked error rates (default: the hot runner's)")
+    ap.add_argument("--launch", type=float, help="seconds a launch (default: the plan's)")
+    ap.add_argument("--pool", type=int,
+                    help="engines kept on a node (default: the plan's; 2: one asleep beside it)")
     args = ap.parse_args()
-    setup, plan = plan_setup(args.profile)
-    culprits, seeds = common_draws(setup, args.runs, 0)
-    rows = {(r["nodes"], r["sharded"]): r for r in plan["nodes"]["rows"] if r["levers"]}
-    print(f"{args.profile}: launch {setup.costs.launch_s:.0f} s, switch "
-          f"{setup.costs.switch_s:.0f} s, full probe {setup.costs.probe_s:.0f} s, "
-          f"{args.runs} simulated bisects per row")
-    print(f"{'ends':>6}  {'1 node':>7}  {'p90':>6}  {'P(ok)':>5}  {'launches':>8}  "
+    request = BisectRequest(profile=args.profile, parallel=4, executor=Executor.RAY,
+                            plan_only=True)
+    prep = prepare(ask(request), request)
+    assert prep.engine is not None, "an engine bisect"
+    plan = replace(prep.setup(), confirm=False)  # the Ray executor cannot launch fresh
+    asked = args.confidence or args.trial_rates or args.launch is not None or args.pool
+    if args.runs == NODE_PLAN_RUNS and LOOK1_SHARE in args.shares and not asked:
+        # the plan's own rows back at LOOK1_SHARE
+        own = plan_nodes(plan, (1, 4), trials=args.runs, of=PLAN_RUNS)
+    trial = Noise(*(args.trial_rates or TRIAL_ERROR_RATES))
+    culprits, seeds = common_draws(plan, max(args.runs, PLAN_RUNS), 0)
+    culprits, seeds = culprits[:args.runs], seeds[:args.runs]
+    c = plan.costs
+    print(f"{args.profile}: launch {c.launch_s:.0f} s, switch {c.switch_s:.0f} s, full probe "
+          f"{c.probe_s:.0f} s, {args.runs} simulated bisects per row; trial probe asked at "
+          f"{trial.false_fail:g} / {trial.false_pass:g}"
+          + (f"; search confidence {args.confidence:g}" if args.confidence else "")
+          + (f"; launch {args.launch:g} s" if args.launch is not None else "")
+          + (f"; {args.pool} engines a node" if args.pool else ""))
+    print(f"{'share':>6}  {'look 1':>6}  {'P(look2)':>8}  {'1 node':>7}  {'p90':>6}  "
+          f"{'P(ok)':>6}  {'low':>6}  {'launches':>8}  {'ends':>6}  {'trials':>6}  "
           f"{'4 nodes':>7}  {'p90':>6}  {'floor 1':>7}  {'floor 4':>7}")
     for share in args.shares:
-        cfg = replace(setup, costs=replace(setup.costs, end_fraction=share))
+        cfg = at_share(plan, prep.engine.spec, share, prep.question.load_time, trial)
+        if args.confidence:
+            cfg = replace(cfg, confidence=args.confidence)
+        if args.launch is not None or args.pool:
+            cfg = replace(cfg, costs=replace(
+                cfg.costs, launch_s=cfg.costs.launch_s if args.launch is None else args.launch,
+                pool=args.pool or cfg.costs.pool))
         one = node_row(cfg, 1, 1, True, True, False, culprits, seeds)
         four = sharded_row(cfg, 4, True, True, culprits, seeds)
-        floors = [float(np.mean([floor_run(cfg, k, c, "together" if k > 1 else "alone")
-                                 for c in culprits])) for k in (1, 4)]
-        if share == 1.0 and args.runs == plan["nodes"]["runs"]:  # the plan's own rows back
-            assert abs(one.mean_wall_s - rows[(1, False)]["mean_wall_s"]) < 1e-6, one
-            assert abs(four.mean_wall_s - rows[(4, True)]["mean_wall_s"]) < 1e-6, four
-        print(f"{share:>6.2f}  {one.mean_wall_s:>7.0f}  {one.p90_wall_s:>6.0f}  "
-              f"{one.p_correct:>5.3f}  {one.mean_launches:>8.2f}  {four.mean_wall_s:>7.0f}  "
+        floors = [float(np.mean([floor_run(cfg, k, x, (four.ends or "alone") if k > 1
+                                           else "alone") for x in culprits])) for k in (1, 4)]
+        if share == LOOK1_SHARE and args.runs == NODE_PLAN_RUNS and not asked:
+            assert abs(one.mean_wall_s - own.row(1, True).mean_wall_s) < 1e-6, one
+            assert abs(four.mean_wall_s - own.row(4, True, True).mean_wall_s) < 1e-6, four
+        phases = _phases(cfg, culprits, seeds)
+        print(f"{share:>6.2f}  {cfg.costs.look1_fraction:>6.3f}  {cfg.costs.look2_chance:>8.3g}  "
+              f"{one.mean_wall_s:>7.0f}  {one.p90_wall_s:>6.0f}  {one.p_correct:>6.4f}  "
+              f"{one.p_correct_low:>6.4f}  {one.mean_launches:>8.2f}  {phases['ends']:>6.0f}  "
+              f"{phases['trials'] + phases['remedy']:>6.0f}  {four.mean_wall_s:>7.0f}  "
               f"{four.p90_wall_s:>6.0f}  {floors[0]:>7.0f}  {floors[1]:>7.0f}", flush=True)
+
+
+def _phases(cfg: Setup, culprits, seeds) -> dict[str, float]:
+    """The one-node row's mean seconds per phase (the same simulated bisects)."""
+    import random
+
+    from dsv4bisect.bisect.plan.simulate import PHASES, search_memo, simulate
+
+    memo = search_memo(cfg, 1, True)
+    runs = [simulate(cfg, 1, c, random.Random(s), True, memo) for c, s in zip(culprits, seeds)]
+    return {p: float(np.mean([r.phase_s[p] for r in runs])) for p in PHASES}
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from dsv4bisect.bisect.end_looks import LOOK1_ALPHA_OVERALL, LOOK1_SHARE
+from dsv4bisect.bisect.plan.look_world import LookOne, look_cells
 from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
 from dsv4bisect.bisect.search.pricing import StepCosts
 from dsv4bisect.probe.stats import wilson
@@ -64,6 +66,7 @@ class PlanCosts:
     costs: StepCosts
     trial_noise: Noise
     lines: tuple[CostLine, ...]
+    look1: LookOne | None = None  # the simulated world's bad end at look 1 (two looks only)
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,8 @@ class ProbeShape:
     by_condition: tuple[tuple[str, int], ...] = ()  # ("cold@1", computed tokens), "drift"
     warmup_requests: int = 0  # the polluting phase before every probe of a server
     warmup_tokens: int = 0  # its prompt tokens (not in prompt_tokens), every one computed
+    accuracy_requests: int = 0  # paired accuracy answers (every condition; drift not)
+    case_share: float = 1.0  # the look it prices (spec.case_share)
 
     @property
     def computed(self) -> int:
@@ -109,10 +114,13 @@ def plan_costs(
     hot: bool = True,
     noise: Noise = DEFAULT_NOISE,
     sequential: Sequential | None = None,
+    look1: ProbeShape | None = None,
 ) -> PlanCosts:
     """The step costs of a bisect. `engine`: "sglang", "reference", or None for a --test-cmd;
     `given`: --launch-cost / --switch-cost / --probe-cost (None: not given); `details` and
-    `durations`: this probe's finished trials in the ledger."""
+    `durations`: this probe's finished trials in the ledger. `look1`: the ends' look-1 probe
+    (`probe_shape(look1_spec(spec))`) where the ends are probed in two looks; None, or a look
+    that keeps every case, prices full-tier ends."""
     if engine is None:
         return _test_cmd_costs(given, durations)
     lines: list[CostLine] = []
@@ -168,6 +176,12 @@ def plan_costs(
                          "it)")
     else:
         seq = sequential
+    world, looks = _looks(shape, look1, lines)
+    share = looks.get("look1_fraction", 1.0)
+    if sequential is not None and share < 1:  # stated on look 1's grid: a share of its probe
+        seq = replace(seq, like_good_fraction=seq.like_good_fraction * share,
+                      like_bad_fraction=seq.like_bad_fraction * share,
+                      source=f"{seq.source}; times {share:.3f}, look 1's share of the full probe")
     lines.append(CostLine("trial probe, like the good end", seq.like_good_fraction, "share",
                           seq.source))
     lines.append(CostLine("trial probe, like the bad end", seq.like_bad_fraction, "share",
@@ -180,8 +194,44 @@ def plan_costs(
                       like_good_fraction=seq.like_good_fraction,
                       like_bad_fraction=seq.like_bad_fraction, hot=hot, pool=pool,
                       load_time=frozenset(load_time), paired=True,
-                      drift_fraction=shape.drift_share)
-    return PlanCosts(costs, seq.noise if hot else noise, tuple(lines))
+                      drift_fraction=shape.drift_share, **looks)
+    return PlanCosts(costs, seq.noise if hot else noise, tuple(lines), world)
+
+
+def look1_spec(spec: Any) -> Any:
+    """The spec of the ends' look 1 (bisect/end_looks.py)."""
+    return spec.replace(case_share=LOOK1_SHARE)
+
+
+def _looks(full: ProbeShape, look: ProbeShape | None, lines: list[CostLine]
+           ) -> tuple[LookOne | None, dict[str, float]]:
+    """The ends' look 1 as shares of the full probe, and the world its draws come from; none
+    where it keeps every case (the full tier is then look 1, the only look). The polluting
+    phase and every drift transcript are whole in look 1; the shares are of computed tokens,
+    the polluting phase's included (what `plan_costs` prices a full probe by)."""
+    if look is None or look.computed >= full.computed:
+        return None, {}
+    whole = full.computed + full.warmup_tokens
+    fraction = (look.computed + look.warmup_tokens) / whole
+    world = LookOne(look.accuracy_requests)
+    chance = world.look2_chance
+    lines.append(CostLine(
+        "ends, look 1", fraction, "share",
+        f"dsv4bisect design (bisect/end_looks.py): each seed block's ends first at "
+        f"{look.case_share:g} of each (family, length) stratum's accuracy cases, every drift "
+        f"transcript and the polluting phase: {look.computed / 1e6:.1f} M of "
+        f"{full.computed / 1e6:.1f} M computed prompt tokens"))
+    lines.append(CostLine("ends, look 1, A/A repeat", look.aa_share * fraction, "share",
+                          f"{look.aa_share:.2f} of look 1's probe: {look.aa_note}"))
+    lines.append(CostLine(
+        "ends, look 2", chance, "share",
+        f"simulated world: P(the bad end's look 1 does not settle) on its "
+        f"{look.accuracy_requests} paired answers, the good end right on "
+        f"{world.good_accuracy:.0%}, the bad end losing {world.loss_rate:.0%} of them (the "
+        f"verdict table's smallest loss), settled at exact McNemar p <= {LOOK1_ALPHA_OVERALL:g}; "
+        "then both ends again at the full tier (the plan draws it per block)"))
+    return world, {"look1_fraction": fraction, "look1_aa_fraction": look.aa_share * fraction,
+                   "look2_chance": chance}
 
 
 def _test_cmd_costs(given: Mapping[str, float | None],
@@ -256,21 +306,21 @@ def _median(values: Sequence[float]) -> tuple[float, int] | None:
 
 
 def probe_shape(spec: Any) -> ProbeShape:
-    """The tokens of a probe spec's full probe: nominal prompt tokens (lengths × cases, per
-    condition: arm × concurrency level; drift once) and what a prefix cache leaves SGLang to
-    compute of them (probe/computed.py, per arm and level), and the A/A repeat's and the drift
-    cases' shares of the computed tokens (run/baseline.py: the tier's repeat subset)."""
+    """The tokens of a probe spec's probe (the whole tier, or the look `spec.case_share` keeps:
+    look_world.look_cells): nominal prompt tokens (lengths × cases, per condition: arm ×
+    concurrency level; drift once) and what a prefix cache leaves SGLang to compute of them
+    (probe/computed.py, per arm and level), and the A/A repeat's and the drift cases' shares of
+    the computed tokens (run/baseline.py: the tier's repeat subset)."""
     from dsv4bisect.probe.computed import request_computed
-    from dsv4bisect.probe.grid import cells
     from dsv4bisect.run.baseline import REPEAT_SHORTEST_LENGTHS
 
-    grid = cells(spec)
+    grid = look_cells(spec)  # the cases of the look `spec.case_share`: the tier's at 1
     # (arm, level) per accuracy request: the conditions, then the thinking arm (needle, level 1)
     conditions = [(arm, level) for arm, level in spec.conditions()]
     if spec.thinking:
         conditions.append(("think", 1))
     by_condition: dict[str, int] = {}
-    nominal = computed = drift = repeated = 0
+    nominal = computed = drift = repeated = answers = 0
     keep = REPEAT_SHORTEST_LENGTHS.get(spec.tier)
     lengths = sorted({cell.length for cell, _ in grid if cell.family != "drift"})
     whole = keep is None or len(lengths) <= keep
@@ -291,6 +341,7 @@ def probe_shape(spec: Any) -> ProbeShape:
             computed += tokens * n
             drift += tokens * n if arm == "drift" else 0
             repeated += tokens * n if arm == "drift" or cell.length in short else 0
+            answers += n if arm != "drift" else 0
     total = max(computed, 1)
     note = (f"the {spec.tier} tier repeats the whole probe (run/baseline.py)" if whole else
             f"the {spec.tier} tier repeats the drift cases and the lengths {sorted(short)} "
@@ -299,7 +350,8 @@ def probe_shape(spec: Any) -> ProbeShape:
     # each conversation one request, nothing of it cached
     return ProbeShape(spec.tier, nominal, 1.0 if whole else repeated / total, note,
                       drift / total, computed, tuple(sorted(by_condition.items())),
-                      spec.warmup_requests, spec.warmup_requests * min(spec.lengths))
+                      spec.warmup_requests, spec.warmup_requests * min(spec.lengths), answers,
+                      spec.case_share)
 
 
 def sequential_from_probe(spec: Any, noise: Noise) -> Sequential | None:
@@ -308,6 +360,8 @@ def sequential_from_probe(spec: Any, noise: Noise) -> Sequential | None:
 
     stated: Any = planned_trial(spec, noise.false_fail, noise.false_pass)
     sims = int(stated.sims)
+    look = (f", on the cases of the ends' look 1 ({spec.case_share:g} of each stratum: "
+            "look_world.py)" if spec.case_share < 1 else "")
     # the simulated bisect flips a trial at the rates the probe asks for, or at those its own
     # simulation shows where they are higher
     false_fail = max(stated.false_fail, stated.wrong_good)
@@ -318,8 +372,8 @@ def sequential_from_probe(spec: Any, noise: Noise) -> Sequential | None:
         like_good_fraction=float(stated.cost_fraction_good),
         like_bad_fraction=float(stated.cost_fraction_bad),
         noise=Noise(false_fail, false_pass),
-        source=(f"simulated by the sequential trial probe (probe/sequential_plan.py, "
-                f"{sims} trials each way: a good end right 90 % of the time, a bad end "
+        source=(f"simulated by the sequential trial probe (probe/sequential_plan.py"
+                f"{look}, {sims} trials each way: a good end right 90 % of the time, a bad end "
                 f"losing {stated.loss_rate:.0%} of its right answers, the verdict table's "
                 f"smallest loss; {stated.mean_requests_good:.0f} / "
                 f"{stated.mean_requests_bad:.0f} of {stated.full_requests} requests; decided "

@@ -30,6 +30,15 @@ What is modelled, and where the code does it:
   baseline. Only hot runners share their ends: with fresh launches (`--fresh-launches`, the
   rows without the levers) each node measures its own baselines, as its runner does (the
   node's baseline cache).
+* **The ends' two looks** (bisect/end_looks.py; `StepCosts.looks`): each seed block's good end
+  at look 1 (baseline and A/A repeat), then the bad end at look 1; the bad end's look-1
+  evidence is drawn in the simulated world (`Setup.look1`, look_world.LookOne: the verdict
+  table's smallest loss on look 1's paired answers, judged by `end_looks.settles`) on a stream
+  of its own; where it does not settle, both ends again at the full tier, charged to the bad
+  end's trial (`CostTracker.charge`, look2). The ends' outcomes keep the ends' error rates. The
+  trials replay the cases of the look that settled block 0: priced by the trial probe simulated
+  on look 1's grid (look_world.look_trial; its requests are set by its evidence, not the pool,
+  so a block settled at look 2 is priced the same).
 * **Seed blocks** are the driver's: the n-th trial of a subset in the bisect, whichever nodes
   ran the earlier ones.
 * **No fresh confirmation**: the Ray runner cannot launch fresh (driver._confirmation: the
@@ -68,14 +77,15 @@ from __future__ import annotations
 
 import random
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from dsv4bisect.bisect import remedy as rem
-from dsv4bisect.bisect.rounds import ALONE, ends_round, halves
+from dsv4bisect.bisect.plan.look_world import LookOne
 from dsv4bisect.bisect.plan.search_memo import MemoSearch, SearchMemo
+from dsv4bisect.bisect.rounds import ALONE, ends_round, halves
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
 from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts, is_end
@@ -100,6 +110,13 @@ class Setup:
     weights: Mapping[str, float] = field(default_factory=dict)  # with the microtest priors
     base_weights: Mapping[str, float] = field(default_factory=dict)  # without them
     confirm: bool = True  # the fresh confirmation after FOUND (hot mode only)
+    # the bad end's look 1 in the simulated world, drawn per seed block where the costs price
+    # the ends in two looks (`StepCosts.looks`)
+    look1: LookOne | None = None
+
+    def __post_init__(self) -> None:
+        if self.costs.looks and self.look1 is None:
+            raise ValueError("the ends are priced in two looks but look 1's world is not given")
 
     def search(self, *, priced: bool, parallel: int = 1) -> Search:
         """The search this bisect runs (`priced=False`: the unpriced design)."""
@@ -111,6 +128,8 @@ class Setup:
     def without(self, levers: Sequence[str]) -> Setup:
         """The same bisect with `levers` off."""
         out = self
+        if "hot" in levers or "sequential" in levers:  # only hot sequential runners look twice
+            out = replace(out, costs=out.costs.full_ends(), look1=None)
         if "hot" in levers:
             out = replace(out, costs=out.costs.fresh())
         if "sequential" in levers:
@@ -174,6 +193,7 @@ class NodeTrial:
     start_s: float = 0.0  # after the round's start
     shards: int = 1  # nodes its probe was split across
     launched: bool = False  # its node launched the trial's own engine (hot mode)
+    look: int = 0  # a bad end of two looks: the one that settled its block (1, 2); else 0
 
 
 @dataclass(frozen=True)
@@ -209,11 +229,14 @@ class NodePool:
     may run as shards of its probe on several nodes (**Sharding** in the module docstring)."""
 
     def __init__(self, costs: StepCosts, everything: frozenset[str], nodes: int,
-                 sharded: bool = False, ends: str = ALONE) -> None:
+                 sharded: bool = False, ends: str = ALONE,
+                 settles: Callable[[], bool] | None = None) -> None:
         if nodes < 1:
             raise ValueError(f"nodes is {nodes}")
         self.nodes, self.everything, self.sharded = nodes, everything, sharded
         self.ends = ends  # how a sharded round runs the ends (bisect/rounds.py)
+        # whether the next bad end's look 1 settles its block (None: always, the floor's)
+        self._settles = settles
         self._sequential = costs  # the costs once a node has run the bad end of block 0
         # Until then a node's non-end trials are full size against their own block's baseline.
         full = replace(costs, sequential=False)
@@ -345,14 +368,17 @@ class NodePool:
         end = is_end(subset, self.everything)
         block = self._seen[subset]
         self._seen[subset] += 1
+        look = 0  # the bad end's look 1 settles its block or not, one draw for every shard
+        if subset == self.everything and self._sequential.looks:
+            look = 1 if self._settles is None or self._settles() else 2
         out = []
         for node in group:
             tracker = self.trackers[node]
             sequential = tracker.costs.sequential and not end
             seconds = _shard(tracker, subset, fails, block, len(group),
-                             node == group[0] and not lent)
+                             node == group[0] and not lent, look == 2)
             out.append(NodeTrial(node, seconds, sequential, index, 0.0, len(group),
-                                 tracker.launched_last))
+                                 tracker.launched_last, look))
         if subset == self.everything and block == 0 and self._sequential.sequential:
             for node in group:  # their later trials: the sequential trial probe
                 self.trackers[node].costs = self._sequential
@@ -361,19 +387,20 @@ class NodePool:
 
 
 def _shard(tracker: CostTracker, subset: frozenset[str], like_bad: float | bool, block: int,
-           shards: int, primary: bool) -> float:
+           shards: int, primary: bool, look2: bool = False) -> float:
     """Charge one node's shard: its own engine (launch or switch) and 1/`shards` of the probe,
     at the driver's seed block `block` (the node's own count of this subset's trials would miss
     those run on other nodes). A baseline the trial measures on the way: the good end's trial
     shards it (it is its probe); any other trial's node (`primary`) measures it whole on its own
     engine while the replicas wait (HotEngineRunner: replicas serve the trial's configuration
-    only), so a replica's shard does not charge it."""
+    only), so a replica's shard does not charge it. `look2`: the bad end's look 1 did not
+    settle its block (each shard then probes its share of both ends again, full size)."""
     tracker.seen[subset] = block
     judged_in = 0 if tracker.costs.sequential and subset != tracker.everything else block
     lent = set() if primary or not subset else {judged_in} - tracker.baselines
     tracker.baselines |= lent
     try:
-        return tracker.charge(subset, like_bad, shards)
+        return tracker.charge(subset, like_bad, shards, look2)
     finally:
         tracker.baselines -= lent
 
@@ -420,7 +447,11 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
         raise ValueError("the search memo was made for another configuration")
     else:
         search = memo.search()
-    pool = NodePool(cfg.costs, everything, nodes, sharded, ends)
+    # the looks' draws have a stream of their own: the outcome stream stays the one of the
+    # same bisect with full-tier ends (common random numbers)
+    looks = random.Random(repr(rng.getstate()))
+    pool = NodePool(cfg.costs, everything, nodes, sharded, ends,
+                    (lambda: cfg.look1.settles(looks)) if cfg.look1 is not None else None)
     rounds: list[Round] = []
     phase = dict.fromkeys(PHASES, 0.0)
     fresh_fails: set[frozenset[str]] = set()  # failed in an engine launched for them (hot)

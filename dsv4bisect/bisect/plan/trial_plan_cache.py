@@ -24,6 +24,7 @@ def planned_trial(spec: object, false_fail: float, false_pass: float, *,
     """`plan_trial(spec, false_fail, false_pass, loss_rate=..., sims=...)` (default: the
     smallest loss of the verdict table, `PLAN_SIMS` trials each way), from the cache where it
     was simulated before."""
+    from dsv4bisect.bisect.plan.look_world import look_trial
     from dsv4bisect.probe.sequential_plan import (
         PLAN_SIMS,
         SMALLEST_LOSS,
@@ -44,8 +45,12 @@ def planned_trial(spec: object, false_fail: float, false_pass: float, *,
             return TrialProbePlan(**{name: data["plan"][name] for name in fields})
     except (OSError, ValueError, TypeError, KeyError, ConfigError):
         pass  # damaged: simulated again below
-    plan = plan_trial(spec, false_fail, false_pass,  # type: ignore[arg-type]
-                      loss_rate=loss, sims=runs)
+    if spec.case_share < 1.0:  # type: ignore[attr-defined]
+        # a look of the ends keeps part of each stratum (look_world.py): the trials replay it
+        plan = look_trial(spec, false_fail, false_pass, loss, runs)  # type: ignore[arg-type]
+    else:
+        plan = plan_trial(spec, false_fail, false_pass,  # type: ignore[arg-type]
+                          loss_rate=loss, sims=runs)
     try:
         write_json(path, {"schema": SCHEMA, "key": key, "plan": dataclasses.asdict(plan)})
     except OSError:

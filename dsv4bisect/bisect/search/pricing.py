@@ -15,6 +15,10 @@ The policy priced here is the one the driver follows:
   probe), and that trial's verdict is the A/A verdict; the bad end at full size; every other
   configuration with the sequential trial probe, whose expected length is `like_good_fraction`
   or `like_bad_fraction` of the full probe for a trial that behaves like the good or the bad end.
+  With the ends' two looks (`looks`, bisect/end_looks.py) a block's ends are first probed at
+  `look1_fraction` (the A/A repeat `look1_aa_fraction`), and both again at full size in their
+  engines where the bad end's look 1 does not settle (`charge(..., look2=True)`; a quote takes
+  `look2_chance` of it).
 * **Seed blocks.** The n-th trial of a configuration uses seed block n. A full-size paired
   probe judges it against the good end's baseline *of that block*: the first trial in a new
   block measures that baseline first (the good end's engine, full probe + A/A), so a re-test is
@@ -63,23 +67,33 @@ class StepCosts:
     # the drift scoring's share of a candidate's full probe: the part that needs the good end's
     # run (probe/ahead.py); the rest can run before it exists (bisect/rounds.py, TOGETHER)
     drift_fraction: float = 0.0
-    # the ends' probes (and the good end's A/A repeat) as a share of the full probe: 1, the
-    # full tier, is what the driver runs; below 1 only in what-if plans of ends that stop once
-    # their question is answered (tests/benchmarks/plan_what_if.py, docs/performance.md)
-    end_fraction: float = 1.0
+    # The ends' two looks (bisect/end_looks.py): each seed block's ends are probed first at
+    # look 1, `look1_fraction` of the full probe (the good end's A/A repeat there
+    # `look1_aa_fraction` of it); where the bad end's look 1 does not settle them, both ends
+    # again at the full tier. 1: look 1 keeps every case (or the ends are full): one look.
+    look1_fraction: float = 1.0
+    look1_aa_fraction: float = 0.0
+    look2_chance: float = 0.0  # P(look 1 does not settle), the quotes' expectation
 
     def __post_init__(self) -> None:
         for name in ("launch_s", "switch_s", "probe_s", "aa_fraction", "like_good_fraction",
-                     "like_bad_fraction", "drift_fraction", "end_fraction"):
+                     "like_bad_fraction", "drift_fraction", "look1_fraction",
+                     "look1_aa_fraction", "look2_chance"):
             value = getattr(self, name)
             if not value >= 0 or value == float("inf"):
                 raise ValueError(f"{name} is {value}")
         if self.pool < 1:
             raise ValueError(f"pool is {self.pool}")
+        if self.look2_chance > 1.0:
+            raise ValueError(f"look2_chance is {self.look2_chance}")
 
     def fresh(self) -> StepCosts:
         """The same costs with hot switching off (every trial a fresh launch)."""
         return replace(self, hot=False)
+
+    def full_ends(self) -> StepCosts:
+        """The same costs with the ends probed at the full tier, one look."""
+        return replace(self, look1_fraction=1.0, look1_aa_fraction=0.0, look2_chance=0.0)
 
     def to_json(self) -> dict[str, Any]:
         return {"launch_s": self.launch_s, "switch_s": self.switch_s, "probe_s": self.probe_s,
@@ -88,7 +102,14 @@ class StepCosts:
                 "like_bad_fraction": self.like_bad_fraction, "hot": self.hot, "pool": self.pool,
                 "load_time": sorted(self.load_time), "paired": self.paired,
                 "drift_fraction": self.drift_fraction,
-                **({"end_fraction": self.end_fraction} if self.end_fraction != 1.0 else {})}
+                **({"look1_fraction": self.look1_fraction,
+                    "look1_aa_fraction": self.look1_aa_fraction,
+                    "look2_chance": self.look2_chance} if self.looks else {})}
+
+    @property
+    def looks(self) -> bool:
+        """Whether the ends are probed in two looks (look 1 keeps less than the full tier)."""
+        return self.look1_fraction < 1.0
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepCosts:
@@ -159,30 +180,48 @@ class CostTracker:
         """Expected seconds of the next trial of `subset`, which truly fails with `p_fail`."""
         return self.copy().charge(subset, p_fail)
 
-    def charge(self, subset: frozenset[str], like_bad: float | bool, shards: int = 1) -> float:
+    def charge(self, subset: frozenset[str], like_bad: float | bool, shards: int = 1,
+               look2: bool | None = None) -> float:
         """Run the next trial of `subset` (like the bad end with probability / truth
         `like_bad`): advance the state, return its seconds (expected where a probability).
         `shards`: this node runs 1/shards of the trial's probe (a sharded probe on several
         nodes: the Ray executor); a baseline another trial measures on the way is its own
-        node's, whole (only the good end's trial shards its baseline: it is its probe)."""
+        node's, whole (only the good end's trial shards its baseline: it is its probe).
+        `look2`: the bad end's look 1 did not settle its block, so both ends are probed again
+        at the full tier (None: at `look2_chance`, the quotes' expectation; ignored where
+        `looks` is off or `subset` is not the bad end)."""
+        c = self.costs
         end = is_end(subset, self.everything)
         # a re-test draws the next seed block; a sequential trial's re-test draws other
         # requests against the first block's ends (HotEngineRunner), an end's needs its own
-        block = 0 if self.costs.sequential and not end else self.seen[subset]
+        block = 0 if c.sequential and not end else self.seen[subset]
         self.seen[subset] += 1
         seconds = 0.0
-        if self.costs.paired and block not in self.baselines:
-            good = self.costs.probe_s * self.costs.end_fraction
-            seconds += self._engine(frozenset()) + good * (1 + self.costs.aa_fraction) / (
-                1 if subset else shards)
+        if c.paired and block not in self.baselines:
+            good = c.probe_s * ((c.look1_fraction + c.look1_aa_fraction) if c.looks
+                                else 1 + c.aa_fraction)
+            seconds += self._engine(frozenset()) + good / (1 if subset else shards)
             self.baselines.add(block)
         # a paired good end's trial is its block's baseline (measured now or before); its
         # verdict is the A/A's
-        if subset or not self.costs.paired:
+        if subset or not c.paired:
             seconds += self._engine(self._state(subset)) + self._probe(
                 subset, float(like_bad)) / shards
+        if c.looks and subset == self.everything:
+            seconds += self._look2(look2, shards)
         self.spent_s += seconds
         return seconds
+
+    def _look2(self, drawn: bool | None, shards: int) -> float:
+        """Both ends again at the full tier after a look 1 that did not settle: the good end's
+        baseline and A/A repeat in its engine, then the bad end back in its own."""
+        c = self.costs
+        probes = c.probe_s * (2 + c.aa_fraction) / shards
+        if drawn is None:  # a quote: the engines as they are, at the chance
+            return c.look2_chance * (probes + 2 * c.switch_s)
+        if not drawn:
+            return 0.0
+        return self._engine(frozenset()) + self._engine(self._state(self.everything)) + probes
 
     def confirmation(self, like_bad: float | bool) -> float:
         """The fresh confirmation after FOUND (hot mode): one fresh launch of the good end plus
@@ -209,8 +248,8 @@ class CostTracker:
         return self.costs.launch_s
 
     def _probe(self, subset: frozenset[str], like_bad: float) -> float:
-        if is_end(subset, self.everything):  # full size (or a what-if plan's share)
-            return self.costs.probe_s * self.costs.end_fraction
+        if is_end(subset, self.everything):  # full size, or look 1's share
+            return self.costs.probe_s * self.costs.look1_fraction
         return self.costs.probe_s * self._fraction(like_bad)
 
     def _fraction(self, like_bad: float) -> float:

@@ -1,0 +1,123 @@
+"""The grid of a look of the ends, and the sequential trial probe simulated on it (pure, seeded;
+docs/bisect.md, "Ends that stop when their question is answered").
+
+A look at `case_share` below 1 keeps `cases_kept(n, share)` of each (family, length) stratum's
+n accuracy cases and every drift transcript; a block settled at that look has its trials replay
+its cases, so the trial probe the plan prices must be simulated on that grid, not the tier's.
+`look_cells` is that grid for the plan: the tier's cells with each stratum's kept cases spread
+over its cells by a shuffle seeded by (spec seed, seed block, family, length), the case
+builder's rule. Every cell of a stratum has the same nominal length, so the computed tokens of
+a look (costs.probe_shape) do not depend on which cells the shuffle picks; only the trial
+simulation's cells hold the counts it gives.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+
+from dsv4bisect.bisect.end_looks import settles
+from dsv4bisect.probe import verdict as V
+from dsv4bisect.probe.grid import Cell, cells
+from dsv4bisect.probe.sequential_plan import SMALLEST_LOSS
+from dsv4bisect.probe.spec import ProbeSpec, cases_kept
+from dsv4bisect.probe.stats import mcnemar_one_sided
+
+
+def look_cells(spec: ProbeSpec) -> list[tuple[Cell, int]]:
+    """Every (cell, cases kept in it) of the look `spec.case_share`, in the tier's request
+    order; drift cells whole. At share 1: `cells(spec)`."""
+    tier = cells(spec.replace(case_share=1.0))  # the whole tier's grid, whatever cells() keeps
+    if spec.case_share >= 1.0:
+        return tier
+    strata: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    for k, (cell, n) in enumerate(tier):
+        if cell.family != "drift":
+            strata[(cell.family, cell.length)] += [(k, i) for i in range(n)]
+    kept: defaultdict[int, int] = defaultdict(int)  # cases kept per tier cell
+    for (family, length), cases in strata.items():
+        order = list(cases)
+        random.Random(f"{spec.seed}:{spec.seed_block}:{family}:{length}").shuffle(order)
+        for k, _ in order[:cases_kept(len(order), spec.case_share)]:
+            kept[k] += 1
+    return [(cell, n if cell.family == "drift" else kept[k])
+            for k, (cell, n) in enumerate(tier) if cell.family == "drift" or kept[k]]
+
+
+def look_trial(spec: ProbeSpec, false_fail: float, false_pass: float, loss_rate: float,
+               sims: int, good_accuracy: float = 0.9, seed: int = 0) -> object:
+    """`sequential_plan.plan_trial` on the look's grid (`look_cells`): its world, cost model and
+    summary, with each stratum at the cases the look keeps."""
+    from dsv4bisect.probe import sequential_plan as sp
+
+    grid = look_cells(spec)
+    world = [sp.SimCell(c.key, c.family, c.length, n, good_accuracy, arm, level)
+             for arm, level in spec.conditions()
+             for c, n in grid if c.family != "drift" and spec.arm_takes(arm, c.family)]
+    drift = [c.length for c, n in grid if c.family == "drift" for _ in range(n)]
+    overhead = sp.REQUEST_OVERHEAD_TOKENS
+
+    def cost(d: object) -> float:
+        return d.prompt_tokens + d.requests * overhead  # type: ignore[attr-defined]
+
+    full = (sum((w.length + overhead) * w.cases for w in world) + sum(drift)
+            + len(drift) * overhead)
+    rng = random.Random(seed)
+    out = {}
+    for truth in ("good", "bad"):
+        decisions = [sp.simulate(world, sp.Scenario(loss_rate=loss_rate), truth,
+                                 false_fail=false_fail, false_pass=false_pass, rng=rng,
+                                 drift_requests=len(drift), drift_tokens=sum(drift))
+                     for _ in range(sims)]
+        out[truth] = sp.summarise(decisions, truth, cost)
+    good, bad = out["good"], out["bad"]
+    return sp.TrialProbePlan(
+        good.mean_requests, bad.mean_requests, good.mean_cost / full, bad.mean_cost / full,
+        false_fail, false_pass, sum(w.cases for w in world) + len(drift), good.between,
+        bad.between, sims, overhead, loss_rate, good.wrong, bad.wrong)
+
+
+@dataclass(frozen=True)
+class LookOne:
+    """The simulated world's bad end at look 1 (the plan's one simulated bisect draws it for
+    every seed block's bad end): `pairs` paired accuracy answers, the good end right on each
+    with `good_accuracy`, the bad end losing `loss_rate` of those (the verdict table's smallest
+    loss, as the trial probe is priced), a deterministic engine (no answer gained). Judged by
+    the probe's overall exact McNemar test and `end_looks.settles`. A bad end with hard
+    signatures, a crash or drift that counts settles at look 1 whatever its count, and a loss
+    confined to a cell may settle by its cell's Holm test: the world priced here, a loss spread
+    thin over every cell, is the one where look 2 is likeliest."""
+
+    pairs: int
+    good_accuracy: float = 0.9
+    loss_rate: float = SMALLEST_LOSS
+
+    def settles(self, rng: random.Random) -> bool:
+        """One bad end's look-1 evidence, drawn: whether it settles the block's ends."""
+        lost = sum(rng.random() < self.good_accuracy and rng.random() < self.loss_rate
+                   for _ in range(self.pairs))
+        return _settled(lost, self.pairs)
+
+    @property
+    def look2_chance(self) -> float:
+        """P(look 1 does not settle): the fewest answers lost that settle, and the binomial
+        chance of fewer."""
+        least = next((b for b in range(self.pairs + 1) if _settled(b, self.pairs)), None)
+        if least is None:
+            return 1.0
+        q, n = self.good_accuracy * self.loss_rate, self.pairs
+        # the lower tail summed term by term: 1 - binom_sf would round a 1e-25 chance to 0
+        return min(1.0, sum(math.exp(math.lgamma(n + 1) - math.lgamma(b + 1)
+                                     - math.lgamma(n - b + 1) + b * math.log(q)
+                                     + (n - b) * math.log1p(-q)) for b in range(least)))
+
+
+def _settled(lost: int, pairs: int) -> bool:
+    """The bad end's look-1 verdict on `lost` of `pairs` paired answers lost, none gained (the
+    judge's overall rule: probe/judge.py `_overall`), through `end_looks.settles`."""
+    p = mcnemar_one_sided(lost, 0)
+    verdict = V.Verdict(V.FAIL if p < V.ALPHA_OVERALL else V.PASS, (), {},
+                        overall={"n": pairs, "b": lost, "c": 0, "p_value": p})
+    return settles(verdict, warn_fails=True) is not None
