@@ -5,6 +5,7 @@ does, with the ends going through the driver's copy as files."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -13,12 +14,15 @@ import pytest
 from dsv4bisect.bisect.cluster import shared_ends as se
 from dsv4bisect.bisect.question import resolve_question
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.bisect.trials.hot_runner import HOT_POLICY as HOT
+from dsv4bisect.bisect.trials.hot_runner import HOT_POLICY
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.cli.options import overrides
 from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.run import ProbeRun
+
+# a Ray node's policy: the nodes share full ends (docs/cluster.md, "The ends travel")
+HOT = dataclasses.replace(HOT_POLICY, full_ends=True)
 
 NODE = "gpu-03 (10.0.0.3, node 5e6f7a8b)"
 N = re.escape(NODE)

@@ -47,8 +47,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dsv4bisect import env as envvars
+from dsv4bisect.bisect import end_looks
 from dsv4bisect.bisect.trials import ends_book
-from dsv4bisect.bisect.trials.ends_book import BlockEnds, EndsBook, end_name
+from dsv4bisect.bisect.trials.ends_book import (BlockEnds, EndsBook, end_name, read_settled,
+                                                 write_settled)
 from dsv4bisect.bisect.trials.engine_pool import EnginePool, HotEngine, new_dir, with_env
 from dsv4bisect.bisect.trials.engine_runner import (
     EngineRunner,
@@ -66,10 +68,12 @@ from dsv4bisect.errors import ConfigError, Dsv4BisectError
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.patching.wire import format_patch_set
 from dsv4bisect.policy import TrialPolicy
+from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.runner import judge
 from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
 from dsv4bisect.probe.session import write_verdict
+from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.run import baseline as cache
 from dsv4bisect.run.arm import Supervisor
 from dsv4bisect.run.events import EventSink, Notice, ignore
@@ -128,7 +132,19 @@ class HotEngineRunner(EngineRunner):
                  "error_rates": list(self.error_rates), **self.policy.judging_rules(),
                  "bad": self.config(self.bad).fingerprint if self.policy.drift_relative
                  else None}
+        if self.policy.end_looks:  # trials replay the cases of the look that settled the ends
+            rules["end_looks"] = [end_looks.LOOK1_SHARE, end_looks.LOOK1_ALPHA_OVERALL,
+                                  end_looks.LOOK1_ALPHA_CELL]
         return hashlib.sha256(json.dumps(rules, sort_keys=True).encode()).hexdigest()[:32]
+
+    def look_spec(self, block: int, look: int) -> ProbeSpec:
+        """The spec of `look` of seed block `block`'s ends (the full tier with full ends)."""
+        spec = self.spec.replace(seed_block=block)
+        return end_looks.look_spec(spec, look) if self.policy.end_looks else spec
+
+    def _look_dir(self, look: int) -> int | None:
+        """The look in an end's directory name (`end_name`): none with full ends."""
+        return look if self.policy.end_looks else None
 
     def base_of(self, patches: Mapping[str, str]) -> dict[str, str]:
         """The canonical base of `patches`' load-time state: its load-time part, the good end
@@ -170,7 +186,7 @@ class HotEngineRunner(EngineRunner):
         run. Returns the rows sent; 0 where it could not (an engine that cannot serve, a lost
         replica: the trial then probes from the start, as without it)."""
         with self._run_lock:
-            ctx = TrialContext(self.spec.replace(seed_block=seed_block),
+            ctx = TrialContext(self.look_spec(seed_block, self._ends.block(seed_block).look),
                                replicas=tuple(replicas), patches=dict(patches))
             key = (self.fingerprint(patches), seed_block)
             self._ends.keep_ahead(key, None)
@@ -220,7 +236,8 @@ class HotEngineRunner(EngineRunner):
                    bad: ProbeRun | None, *, good_fingerprint: str, source: str) -> list[str]:
         """Install ends of seed block `block` measured by `source` (another node of this
         bisect) for the next trials (`EndsBook.adopt`); returns the ends installed."""
-        return self._ends.adopt(block, base, repeat, bad, spec=self.spec,
+        looks = {look: self.look_spec(block, look) for look in (1, 2)}
+        return self._ends.adopt(block, base, repeat, bad, looks=looks,
                                 good=self.good_cfg.fingerprint,
                                 good_fingerprint=good_fingerprint, source=source)
 
@@ -265,7 +282,7 @@ class HotEngineRunner(EngineRunner):
                        ends_from=dict(sorted(self._ends.block(ctx.spec.seed_block)
                                              .came_from.items())),
                        shards=1 + len(ctx.replicas) if ctx.sharded else 1,
-                       relaunched=self._pool.take_relaunches(),
+                       relaunched=self._pool.take_relaunches(), **ctx.looks,
                        **{k: round(v, 3) for k, v in ctx.costs.items()})
         return TrialResult(verdict=verdict.verdict, signature=signature_of(verdict),
                            duration_s=time.perf_counter() - t0, details=details,
@@ -275,42 +292,66 @@ class HotEngineRunner(EngineRunner):
     # -- the ends ------------------------------------------------------------------------------
     def _ends_for(self, ctx: TrialContext, trial_dir: Path) -> tuple[BlockEnds, bool]:
         """The good end's baseline and A/A repeat for this seed block (measured now on the
-        engine of λ = ∅ if not cached: then `True`), and the bad end's run once measured."""
+        engine of λ = ∅ if not cached: then `True`), and the bad end's run once measured; the
+        trial's spec becomes the spec of the block's look (the settled one where a resumed
+        bisect's ends say so: `settled.json`)."""
         block = ctx.spec.seed_block
         ends = self._ends.block(block)
+        root = self.ends_dir(trial_dir)
+        settled = (read_settled(root, block) if self.policy.end_looks and not ends.known
+                   else None)
+        if settled is not None:
+            ends.look, ends.settled_by = settled
+        ctx.spec = self.look_spec(block, ends.look)
         if ends.known:
             return ends, False
-        ends_dir = self.ends_dir(trial_dir) / f"b{block}"
+        measured = self._good_end(ctx, ends, trial_dir, report_aa=True)
+        bad_dir = root / end_name(block, "bad", self._look_dir(ends.look))
+        if (ends.bad is None and (settled is not None or not self.policy.end_looks)
+                and (bad_dir / "run.json").exists()):
+            ends.bad = ProbeRun.load(bad_dir)
+        return ends, measured
+
+    def _good_end(self, ctx: TrialContext, ends: BlockEnds, trial_dir: Path, *,
+                  report_aa: bool) -> bool:
+        """The good end's baseline and A/A repeat at `ctx.spec` (the block's look), from the
+        cache or measured on the engine of λ = ∅ (then `True`). `report_aa`: its A/A verdict
+        is the next trial's to report; else (look 2, measured in the bad end's trial) it goes
+        in the trial's details only, not the good end's noise evidence."""
+        block, look = ctx.spec.seed_block, self._look_dir(ends.look)
+        ends_dir = self.ends_dir(trial_dir)
+        names = end_name(block, "baseline", look), end_name(block, "baseline-repeat", look)
         key = cache.BaselineKey.of(self.good_cfg.fingerprint, ctx.spec)
         hit, why = cache.lookup(key) if self.use_cache else (None, None)
         if why:
             self.on_event(Notice(why, "warn"))
         if hit is not None:
-            ends.baseline, ends.repeat = hit.install(ends_dir / "baseline",
-                                                     ends_dir / "baseline-repeat")
+            ends.baseline, ends.repeat = hit.install(ends_dir / names[0], ends_dir / names[1])
+            return False
+        eng = self._engine_for(ctx, self.good, trial_dir)
+        ctx.probed_in = eng
+        fresh = eng.fresh_in(self.good)  # not an engine launched in another set of λ = ∅
+        base = self._probes.collect(ctx, eng, self.good, None, "baseline",
+                                    good_end=True).save(ends_dir / names[0])
+        ref, _subset = cache.repeat_reference(base)
+        repeat = self._probes.collect(ctx, eng, self.good, ref, "A/A repeat",
+                                      good_end=True).save(ends_dir / names[1])
+        ends.baseline, ends.repeat = base, repeat
+        aa = aa_verdict(base, repeat).verdict
+        if report_aa:
+            ends.aa = (aa,)
         else:
-            eng = self._engine_for(ctx, self.good, trial_dir)
-            ctx.probed_in = eng
-            fresh = eng.fresh_in(self.good)  # not an engine launched in another set of λ = ∅
-            base = self._probes.collect(ctx, eng, self.good, None, "baseline",
-                                        good_end=True).save(ends_dir / "baseline")
-            ref, _subset = cache.repeat_reference(base)
-            repeat = self._probes.collect(ctx, eng, self.good, ref, "A/A repeat",
-                                          good_end=True).save(ends_dir / "baseline-repeat")
-            ends.baseline, ends.repeat = base, repeat
-            ends.aa = (aa_verdict(base, repeat).verdict,)
-            ctx.measured += [end_name(block, "baseline"), end_name(block, "baseline-repeat")]
-            if not fresh:  # a re-test's seed block, measured in a switched engine
-                self.on_event(Notice(f"baseline of seed block {block} measured in a hot-"
-                                     "switched engine: not cached", "warn"))
-            elif eng.arm.verified is True:
-                try:
-                    cache.store(key, ends_dir / "baseline", ends_dir / "baseline-repeat")
-                except OSError as exc:
-                    self.on_event(Notice(f"baseline not cached: {exc}", "warn"))
-        if ends.bad is None and (ends_dir / "bad" / "run.json").exists():
-            ends.bad = ProbeRun.load(ends_dir / "bad")
-        return ends, hit is None
+            ctx.looks["look2_aa"] = aa
+        ctx.measured += list(names)
+        if not fresh:  # a re-test's seed block, or a second look, in a switched engine
+            self.on_event(Notice(f"baseline of seed block {block} measured in a hot-"
+                                 "switched engine: not cached", "warn"))
+        elif eng.arm.verified is True:
+            try:
+                cache.store(key, ends_dir / names[0], ends_dir / names[1])
+            except OSError as exc:
+                self.on_event(Notice(f"baseline not cached: {exc}", "warn"))
+        return True
 
     # -- probing -------------------------------------------------------------------------------
     def _probe(self, ctx: TrialContext, patches: dict[str, str], ends: BlockEnds,
@@ -334,17 +375,56 @@ class HotEngineRunner(EngineRunner):
             saved = outcome.save(trial_dir / "candidate")
             return saved.as_verdict(), saved.run, saved.decision.requests
         started = self._ends.take_ahead((self.fingerprint(patches), draw))
+        label = ("good end (re-test)" if self.probing.is_good(patches) else
+                 "bad end" if self.probing.is_bad(patches) else "candidate")
         cand = (self._probes.finish_ahead(ctx, eng, patches, base, started)
-                or self._probes.collect(ctx, eng, patches, base, "good end (re-test)"
-                                        if self.probing.is_good(patches) else "candidate",
-                                        good_end=False)).save(trial_dir / "candidate")
-        if self.probing.is_bad(patches):
-            block = ctx.spec.seed_block
-            cand.save(self.ends_dir(trial_dir) / end_name(block, "bad"))
-            if ends.bad is None or not ends.adopted("bad"):
-                ends.bad = cand  # an adopted bad end stays: every node judges against it
-            ctx.measured.append(end_name(block, "bad"))
-        return judge(base, repeat, cand), cand, len(cand.rows)
+                or self._probes.collect(ctx, eng, patches, base, label, good_end=False))
+        verdict, requests = judge(base, repeat, cand), len(cand.rows)
+        if not self.probing.is_bad(patches):
+            return verdict, cand.save(trial_dir / "candidate"), requests
+        block = ctx.spec.seed_block
+        if self.policy.end_looks and bad is None:  # the block's ends are not settled yet
+            verdict, cand, requests = self._second_look(ctx, patches, ends, verdict, cand,
+                                                        trial_dir)
+            write_settled(self.ends_dir(trial_dir), block, ends.look, ends.settled_by)
+        if self.policy.end_looks:
+            ctx.looks.update(end_look=ends.look, settled_by=ends.settled_by)
+        cand = cand.save(trial_dir / "candidate")
+        name = end_name(block, "bad", self._look_dir(ends.look))
+        cand.save(self.ends_dir(trial_dir) / name)
+        if ends.bad is None or not ends.adopted("bad"):
+            ends.bad = cand  # an adopted bad end stays: every node judges against it
+        ctx.measured.append(name)
+        return verdict, cand, requests
+
+    def _second_look(self, ctx: TrialContext, patches: dict[str, str], ends: BlockEnds,
+                     verdict: V.Verdict, cand: ProbeRun, trial_dir: Path
+                     ) -> tuple[V.Verdict, ProbeRun, int]:
+        """Whether the bad end's look-1 `verdict` (of `cand`) settles the block's ends
+        (`end_looks.settles`: the block keeps look 1), else both ends probed again at the full
+        tier (look 2: the good end's pair from the cache or measured, then the bad end), whose
+        verdict is the trial's. Returns the verdict, the bad end's run and the requests the
+        trial sent (the look-2 good end's included)."""
+        block = ctx.spec.seed_block
+        requests = len(cand.rows)
+        why = end_looks.settles(verdict, warn_fails=self.policy.warn_fails(True))
+        full = self.look_spec(block, 2)
+        if why is not None or ctx.spec.spec_hash() == full.spec_hash():
+            ends.look, ends.settled_by = 1, why  # settled, or look 1 is the whole tier
+            return verdict, cand, requests
+        self.on_event(Notice(f"the bad end's first look ({requests} requests, "
+                             f"{verdict.verdict}) does not settle the ends: both ends are "
+                             "probed at the full tier"))
+        cand.save(trial_dir / "candidate-look1")
+        ctx.spec, ends.look = full, 2
+        if self._good_end(ctx, ends, trial_dir, report_aa=False):
+            requests += sum(len(r.rows) for r in (ends.baseline, ends.repeat) if r)
+        assert ends.baseline is not None
+        eng = self._engine_for(ctx, patches, trial_dir)
+        ctx.probed_in = eng
+        cand = self._probes.collect(ctx, eng, patches, ends.baseline, "bad end (full tier)",
+                                    good_end=False)
+        return judge(ends.baseline, ends.repeat, cand), cand, requests + len(cand.rows)
 
     # -- engines (the pool's, with this trial's costs) ----------------------------------------
     def _engine_for(self, ctx: TrialContext, patches: Mapping[str, str],
