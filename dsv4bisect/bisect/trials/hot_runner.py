@@ -409,8 +409,11 @@ class HotEngineRunner(EngineRunner):
         requests = len(cand.rows)
         why = end_looks.settles(verdict, warn_fails=self.policy.warn_fails(True))
         full = self.look_spec(block, 2)
+        if ends.look == 2:  # a retry of a bad end whose first try stopped in look 2
+            ends.settled_by = None
+            return verdict, cand, requests
         if why is not None or ctx.spec.spec_hash() == full.spec_hash():
-            ends.look, ends.settled_by = 1, why  # settled, or look 1 is the whole tier
+            ends.settled_by = why  # settled, or look 1 is the whole tier
             return verdict, cand, requests
         self.on_event(Notice(f"the bad end's first look ({requests} requests, "
                              f"{verdict.verdict}) does not settle the ends: both ends are "
