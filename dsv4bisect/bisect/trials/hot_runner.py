@@ -7,7 +7,7 @@ and its result says so (`fresh_launch`), which can stand as the fresh confirmati
 set (driver.py). Later trials of the same λ are switched in that engine by the protocol of
 base/switching.py (drain, request, `/flush_cache`, a receipt from every process naming the
 generation, verified before any probe request).
-The runner is three parts and the trial policy (dsv4bisect/policy.py) that rules them:
+The runner is four parts and the trial policy (dsv4bisect/policy.py) that rules them:
 - the engine pool with the switch protocol (trials/engine_pool.py): the engines kept up at once,
   `pool` of them (the embedded engine: 2; one SGLang node: 1; the least recently used stops
   first), launched, switched and guarded;
@@ -18,9 +18,13 @@ The runner is three parts and the trial policy (dsv4bisect/policy.py) that rules
   of the good end, before any switch, so they are a fresh launch's (and are cached as such; the
   baseline of a later seed block, measured in a switched engine, is not cached); the ∅ end
   check's verdict is then the A/A verdict (the repeat judged against the baseline); the bad end
-  is probed at full size; any other configuration gets the sequential trial probe
-  (probe/sequential_run.py) against the two ends once both are measured for the seed block,
-  else a full probe.
+  is probed at full size, or in two looks (`policy.end_looks`); any other configuration gets
+  the sequential trial probe (probe/sequential_run.py) against the two ends once both are
+  measured for the seed block, else a full probe;
+- the ends' probes (trials/end_probes.py): a seed block's good end from the cache or measured,
+  and where the policy probes the ends in two looks (bisect/end_looks.py), look 1 of both ends
+  first and look 2 (the full tier) only where the bad end's look 1 does not settle them; the
+  block's trials then use the spec of the look that settled it.
 What one trial did (its spec, costs, the engine it probed in, the ends it measured) is its
 `TrialContext`, never the runner's state; a probe collects by run/trial.py's `collect_on`.
 Ends measured on another machine of the same bisect (the Ray executor's other nodes) are
@@ -29,7 +33,8 @@ and good end, they serve as if measured here, so this runner measures no good en
 measured, and probes sequentially once any node ran the bad end. Their A/A verdict is the
 measuring node's (already reported by its trial): a ∅ end check of an adopted seed block has
 that verdict, launches nothing and reports no A/A verdict again. A trial's details name the ends
-it measured (`ends_measured`: `b<block>/<end>`, under `ends_dir`) and those it used from another
+it measured (`ends_measured`: `b<block>/<end>`, or `b<block>/look<k>/<end>` with looks, under
+`ends_dir`) and those it used from another
 node (`ends_from`: end -> node).
 A hot trial's ledger fingerprint is the fresh fingerprint of C plus the hot marker and the
 canonical base of λ(C) (the good end with λ's candidates at the bad end: `fingerprint`; the
@@ -49,8 +54,8 @@ from pathlib import Path
 from dsv4bisect import env as envvars
 from dsv4bisect.bisect import end_looks
 from dsv4bisect.bisect.trials import ends_book
-from dsv4bisect.bisect.trials.ends_book import (BlockEnds, EndsBook, end_name, read_settled,
-                                                 write_settled)
+from dsv4bisect.bisect.trials.end_probes import EndProbes
+from dsv4bisect.bisect.trials.ends_book import BlockEnds, EndsBook
 from dsv4bisect.bisect.trials.engine_pool import EnginePool, HotEngine, new_dir, with_env
 from dsv4bisect.bisect.trials.engine_runner import (
     EngineRunner,
@@ -68,13 +73,11 @@ from dsv4bisect.errors import ConfigError, Dsv4BisectError
 from dsv4bisect.patching.registry import builtin_patches
 from dsv4bisect.patching.wire import format_patch_set
 from dsv4bisect.policy import TrialPolicy
-from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.runner import judge
 from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
 from dsv4bisect.probe.session import write_verdict
 from dsv4bisect.probe.spec import ProbeSpec
-from dsv4bisect.run import baseline as cache
 from dsv4bisect.run.arm import Supervisor
 from dsv4bisect.run.events import EventSink, Notice, ignore
 from dsv4bisect.run.trial import Stop
@@ -114,6 +117,10 @@ class HotEngineRunner(EngineRunner):
         self._probes = TrialProbes(self._pool, api_key=self.api_key, policy=policy,
                                    error_rates=error_rates, on_event=on_event,
                                    fingerprint=self.fingerprint)
+        self._end_probes = EndProbes(self._ends, self._probes, spec=self.spec, policy=policy,
+                                     good=self.good, good_fingerprint=self.good_cfg.fingerprint,
+                                     use_cache=use_cache, engine_for=self._engine_for,
+                                     on_event=on_event)
         self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
 
     @property
@@ -139,12 +146,7 @@ class HotEngineRunner(EngineRunner):
 
     def look_spec(self, block: int, look: int) -> ProbeSpec:
         """The spec of `look` of seed block `block`'s ends (the full tier with full ends)."""
-        spec = self.spec.replace(seed_block=block)
-        return end_looks.look_spec(spec, look) if self.policy.end_looks else spec
-
-    def _look_dir(self, look: int) -> int | None:
-        """The look in an end's directory name (`end_name`): none with full ends."""
-        return look if self.policy.end_looks else None
+        return self._end_probes.look_spec(block, look)
 
     def base_of(self, patches: Mapping[str, str]) -> dict[str, str]:
         """The canonical base of `patches`' load-time state: its load-time part, the good end
@@ -257,7 +259,7 @@ class HotEngineRunner(EngineRunner):
         measured_base = False
         eng: HotEngine | None = None  # the confirmation's own engine
         try:
-            ends, measured_base = self._ends_for(ctx, trial_dir)
+            ends, measured_base = self._end_probes.ends_for(ctx, trial_dir)
             if fresh:  # the confirmation: exactly `patches`, no hot environment
                 eng = self._launch(ctx, "fresh", patches, cfg, trial_dir / "engine")
             verdict, cand, requests = self._probe(ctx, patches, ends, measured_base, eng,
@@ -290,69 +292,6 @@ class HotEngineRunner(EngineRunner):
                            error_rates=verdict.error_rates, requests=requests)
 
     # -- the ends ------------------------------------------------------------------------------
-    def _ends_for(self, ctx: TrialContext, trial_dir: Path) -> tuple[BlockEnds, bool]:
-        """The good end's baseline and A/A repeat for this seed block (measured now on the
-        engine of λ = ∅ if not cached: then `True`), and the bad end's run once measured; the
-        trial's spec becomes the spec of the block's look (the settled one where a resumed
-        bisect's ends say so: `settled.json`)."""
-        block = ctx.spec.seed_block
-        ends = self._ends.block(block)
-        root = self.ends_dir(trial_dir)
-        settled = (read_settled(root, block) if self.policy.end_looks and not ends.known
-                   else None)
-        if settled is not None:
-            ends.look, ends.settled_by = settled
-        ctx.spec = self.look_spec(block, ends.look)
-        if ends.known:
-            return ends, False
-        measured = self._good_end(ctx, ends, trial_dir, report_aa=True)
-        bad_dir = root / end_name(block, "bad", self._look_dir(ends.look))
-        if (ends.bad is None and (settled is not None or not self.policy.end_looks)
-                and (bad_dir / "run.json").exists()):
-            ends.bad = ProbeRun.load(bad_dir)
-        return ends, measured
-
-    def _good_end(self, ctx: TrialContext, ends: BlockEnds, trial_dir: Path, *,
-                  report_aa: bool) -> bool:
-        """The good end's baseline and A/A repeat at `ctx.spec` (the block's look), from the
-        cache or measured on the engine of λ = ∅ (then `True`). `report_aa`: its A/A verdict
-        is the next trial's to report; else (look 2, measured in the bad end's trial) it goes
-        in the trial's details only, not the good end's noise evidence."""
-        block, look = ctx.spec.seed_block, self._look_dir(ends.look)
-        ends_dir = self.ends_dir(trial_dir)
-        names = end_name(block, "baseline", look), end_name(block, "baseline-repeat", look)
-        key = cache.BaselineKey.of(self.good_cfg.fingerprint, ctx.spec)
-        hit, why = cache.lookup(key) if self.use_cache else (None, None)
-        if why:
-            self.on_event(Notice(why, "warn"))
-        if hit is not None:
-            ends.baseline, ends.repeat = hit.install(ends_dir / names[0], ends_dir / names[1])
-            return False
-        eng = self._engine_for(ctx, self.good, trial_dir)
-        ctx.probed_in = eng
-        fresh = eng.fresh_in(self.good)  # not an engine launched in another set of λ = ∅
-        base = self._probes.collect(ctx, eng, self.good, None, "baseline",
-                                    good_end=True).save(ends_dir / names[0])
-        ref, _subset = cache.repeat_reference(base)
-        repeat = self._probes.collect(ctx, eng, self.good, ref, "A/A repeat",
-                                      good_end=True).save(ends_dir / names[1])
-        ends.baseline, ends.repeat = base, repeat
-        aa = aa_verdict(base, repeat).verdict
-        if report_aa:
-            ends.aa = (aa,)
-        else:
-            ctx.looks["look2_aa"] = aa
-        ctx.measured += list(names)
-        if not fresh:  # a re-test's seed block, or a second look, in a switched engine
-            self.on_event(Notice(f"baseline of seed block {block} measured in a hot-"
-                                 "switched engine: not cached", "warn"))
-        elif eng.arm.verified is True:
-            try:
-                cache.store(key, ends_dir / names[0], ends_dir / names[1])
-            except OSError as exc:
-                self.on_event(Notice(f"baseline not cached: {exc}", "warn"))
-        return True
-
     # -- probing -------------------------------------------------------------------------------
     def _probe(self, ctx: TrialContext, patches: dict[str, str], ends: BlockEnds,
                measured_base: bool, fresh_eng: HotEngine | None, trial_dir: Path,
@@ -382,52 +321,7 @@ class HotEngineRunner(EngineRunner):
         verdict, requests = judge(base, repeat, cand), len(cand.rows)
         if not self.probing.is_bad(patches):
             return verdict, cand.save(trial_dir / "candidate"), requests
-        block = ctx.spec.seed_block
-        if self.policy.end_looks and bad is None:  # the block's ends are not settled yet
-            verdict, cand, requests = self._second_look(ctx, patches, ends, verdict, cand,
-                                                        trial_dir)
-            write_settled(self.ends_dir(trial_dir), block, ends.look, ends.settled_by)
-        if self.policy.end_looks:
-            ctx.looks.update(end_look=ends.look, settled_by=ends.settled_by)
-        cand = cand.save(trial_dir / "candidate")
-        name = end_name(block, "bad", self._look_dir(ends.look))
-        cand.save(self.ends_dir(trial_dir) / name)
-        if ends.bad is None or not ends.adopted("bad"):
-            ends.bad = cand  # an adopted bad end stays: every node judges against it
-        ctx.measured.append(name)
-        return verdict, cand, requests
-
-    def _second_look(self, ctx: TrialContext, patches: dict[str, str], ends: BlockEnds,
-                     verdict: V.Verdict, cand: ProbeRun, trial_dir: Path
-                     ) -> tuple[V.Verdict, ProbeRun, int]:
-        """Whether the bad end's look-1 `verdict` (of `cand`) settles the block's ends
-        (`end_looks.settles`: the block keeps look 1), else both ends probed again at the full
-        tier (look 2: the good end's pair from the cache or measured, then the bad end), whose
-        verdict is the trial's. Returns the verdict, the bad end's run and the requests the
-        trial sent (the look-2 good end's included)."""
-        block = ctx.spec.seed_block
-        requests = len(cand.rows)
-        why = end_looks.settles(verdict, warn_fails=self.policy.warn_fails(True))
-        full = self.look_spec(block, 2)
-        if ends.look == 2:  # a retry of a bad end whose first try stopped in look 2
-            ends.settled_by = None
-            return verdict, cand, requests
-        if why is not None or ctx.spec.spec_hash() == full.spec_hash():
-            ends.settled_by = why  # settled, or look 1 is the whole tier
-            return verdict, cand, requests
-        self.on_event(Notice(f"the bad end's first look ({requests} requests, "
-                             f"{verdict.verdict}) does not settle the ends: both ends are "
-                             "probed at the full tier"))
-        cand.save(trial_dir / "candidate-look1")
-        ctx.spec, ends.look = full, 2
-        if self._good_end(ctx, ends, trial_dir, report_aa=False):
-            requests += sum(len(r.rows) for r in (ends.baseline, ends.repeat) if r)
-        assert ends.baseline is not None
-        eng = self._engine_for(ctx, patches, trial_dir)
-        ctx.probed_in = eng
-        cand = self._probes.collect(ctx, eng, patches, ends.baseline, "bad end (full tier)",
-                                    good_end=False)
-        return judge(ends.baseline, ends.repeat, cand), cand, requests + len(cand.rows)
+        return self._end_probes.bad_end(ctx, patches, ends, verdict, cand, trial_dir)
 
     # -- engines (the pool's, with this trial's costs) ----------------------------------------
     def _engine_for(self, ctx: TrialContext, patches: Mapping[str, str],
