@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dsv4bisect.bisect import end_looks as L
+from dsv4bisect.bisect.trials.ends_book import read_settled, write_settled
+from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.grid import kept_case_ids
 from dsv4bisect.probe.spec import tier_spec
@@ -52,3 +54,14 @@ def test_look_1_is_a_share_of_the_tier_unless_it_keeps_every_case() -> None:
     ci = tier_spec("ci")  # one case per (family, length): look 1 is the whole tier
     assert L.single_look(ci) and L.look_spec(ci, 1) == ci
     assert L.look_spec(ci, 1).spec_hash() == ci.spec_hash()
+
+
+def test_the_settled_look_is_read_back_and_a_broken_record_is_refused(tmp_path) -> None:
+    assert read_settled(tmp_path, 0) is None  # not settled: its bad end's trial runs again
+    write_settled(tmp_path, 0, 1, "accuracy")
+    write_settled(tmp_path, 3, 2, None)
+    assert read_settled(tmp_path, 0) == (1, "accuracy")
+    assert read_settled(tmp_path, 3) == (2, None)
+    (tmp_path / "b3" / "settled.json").write_text('{"look": 7}')
+    with pytest.raises(ConfigError, match="names no look"):
+        read_settled(tmp_path, 3)
