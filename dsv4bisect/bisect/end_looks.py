@@ -24,8 +24,8 @@ The trials of a block then replay the cases of the look that settled it.
 from __future__ import annotations
 
 from dsv4bisect.probe import verdict as V
-from dsv4bisect.probe.grid import cells
-from dsv4bisect.probe.spec import ProbeSpec, cases_kept
+from dsv4bisect.probe.grid import cells, kept_case_ids
+from dsv4bisect.probe.spec import ProbeSpec
 
 LOOK1_SHARE = 0.25  # of each (family, length) stratum's accuracy cases; drift transcripts whole
 LOOK1_ALPHA_OVERALL = V.ALPHA_OVERALL / 2
@@ -43,11 +43,8 @@ def look_spec(spec: ProbeSpec, look: int) -> ProbeSpec:
 
 def single_look(spec: ProbeSpec) -> bool:
     """Whether look 1 of `spec` keeps every accuracy case (then it is the only look)."""
-    strata: dict[tuple[str, int], int] = {}
-    for cell, n in cells(spec):
-        if cell.family != "drift":
-            strata[(cell.family, cell.length)] = strata.get((cell.family, cell.length), 0) + n
-    return all(cases_kept(n, LOOK1_SHARE) == n for n in strata.values())
+    kept = kept_case_ids(spec.replace(case_share=LOOK1_SHARE))
+    return kept is None or len(kept) == sum(n for c, n in cells(spec) if c.family != "drift")
 
 
 def settles(bad: V.Verdict, *, warn_fails: bool) -> str | None:
