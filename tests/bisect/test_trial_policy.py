@@ -34,6 +34,8 @@ def test_every_enum_is_the_profiles_and_the_command_lines_words():
              ("warn_as", "drift", "executor")}
     for name, kind in (("warn_as", WarnAs), ("drift", DriftRule), ("executor", Executor)):
         assert shown[name].endswith("<" + "|".join(e.value for e in kind) + ">")
+    (full,) = [p for p in cmd.params if p.name == "full_ends"]
+    assert full.opts == ["--full-ends"] and "full_ends" in fields
 
 
 @pytest.mark.parametrize("asked, policy", [
