@@ -44,6 +44,9 @@ class TrialPolicy:
     `hot`: trials switch patches in engines kept up (else each is a fresh launch);
     `sequential`: a hot trial other than the ends gets the sequential trial probe;
     `shard`: the Ray executor lends a round's idle node slots to the ends' probes;
+    `full_ends`: the ends are probed at the full tier at once (else, where trials are hot and
+    sequential, in two looks: bisect/end_looks.py, docs/bisect.md "Ends that stop when their
+    question is answered");
     `warn_as`, `drift`, `executor`: the enums above. The default is a fresh-launch local
     bisect that counts a WARN by `auto` and judges drift by the run's gate."""
 
@@ -53,6 +56,7 @@ class TrialPolicy:
     sequential: bool = False
     shard: bool = False
     executor: Executor = Executor.LOCAL
+    full_ends: bool = False
 
     def __post_init__(self) -> None:
         for name, kind in (("warn_as", WarnAs), ("drift", DriftRule), ("executor", Executor)):
@@ -66,6 +70,11 @@ class TrialPolicy:
         if self.warn_as is WarnAs.AUTO:
             return bad_end_only_drifts
         return self.warn_as is WarnAs.FAIL
+
+    @property
+    def end_looks(self) -> bool:
+        """Whether the ends are probed in two looks: hot sequential trials, `full_ends` off."""
+        return self.hot and self.sequential and not self.full_ends
 
     @property
     def drift_relative(self) -> bool:
@@ -83,27 +92,31 @@ class TrialPolicy:
         parts = [f"WARN counts as {self.warn_as.value}", f"drift {self.drift.value}",
                  "hot" if self.hot else "fresh launches"]
         parts += ["sequential trials"] * self.sequential + ["sharded ends"] * self.shard
+        if self.sequential:
+            parts.append("ends in two looks" if self.end_looks else "full ends")
         return ", ".join([*parts, f"executor {self.executor.value}"])
 
     def to_json(self) -> dict[str, Any]:
         return {"warn_as": self.warn_as.value, "drift": self.drift.value, "hot": self.hot,
                 "sequential": self.sequential, "shard": self.shard,
-                "executor": self.executor.value}
+                "executor": self.executor.value, "full_ends": self.full_ends}
 
     @classmethod
     def from_json(cls, request: Mapping[str, Any]) -> TrialPolicy:
         """The policy of a run's request: its `policy` object, or the flat keys a request held
-        before there was one (then `sequential` is `hot`: every hot runner probed so)."""
+        before there was one (then `sequential` is `hot`: every hot runner probed so). A
+        request from before the ends' looks ran full ends: it resumes so (`full_ends`)."""
         doc = request.get("policy")
         if isinstance(doc, Mapping):
             return cls(WarnAs(doc["warn_as"]), DriftRule(doc["drift"]), bool(doc["hot"]),
-                       bool(doc["sequential"]), bool(doc["shard"]), Executor(doc["executor"]))
+                       bool(doc["sequential"]), bool(doc["shard"]), Executor(doc["executor"]),
+                       bool(doc.get("full_ends", True)))
         hot = bool(request.get("hot", False))
         executor = Executor(request.get("executor") or Executor.LOCAL)
         return cls(WarnAs(request.get("warn_as") or WarnAs.AUTO),
                    DriftRule(request.get("drift") or DriftRule.ABSOLUTE), hot, hot,
                    hot and executor is Executor.RAY and bool(request.get("shard", True)),
-                   executor)
+                   executor, full_ends=True)
 
 
 DEFAULT_POLICY = TrialPolicy()  # a fresh-launch local bisect, `--warn-as auto`, absolute drift

@@ -24,10 +24,27 @@ The trials of a block then replay the cases of the look that settled it.
 from __future__ import annotations
 
 from dsv4bisect.probe import verdict as V
+from dsv4bisect.probe.grid import cells, kept_case_ids
+from dsv4bisect.probe.spec import ProbeSpec
 
 LOOK1_SHARE = 0.25  # of each (family, length) stratum's accuracy cases; drift transcripts whole
 LOOK1_ALPHA_OVERALL = V.ALPHA_OVERALL / 2
 LOOK1_ALPHA_CELL = V.ALPHA_CELL / 2
+
+
+def look_spec(spec: ProbeSpec, look: int) -> ProbeSpec:
+    """The spec of `look` (1 or 2) of the ends of `spec` (the full tier at its seed block).
+    Where look 1 would keep every accuracy case anyway (one case per stratum: the ci tier),
+    it is the full tier itself, hash and all: there is then no second look."""
+    if look == 2 or single_look(spec):
+        return spec.replace(case_share=1.0)
+    return spec.replace(case_share=LOOK1_SHARE)
+
+
+def single_look(spec: ProbeSpec) -> bool:
+    """Whether look 1 of `spec` keeps every accuracy case (then it is the only look)."""
+    kept = kept_case_ids(spec.replace(case_share=LOOK1_SHARE))
+    return kept is None or len(kept) == sum(n for c, n in cells(spec) if c.family != "drift")
 
 
 def settles(bad: V.Verdict, *, warn_fails: bool) -> str | None:

@@ -473,7 +473,7 @@ def _report_json(view: BisectView) -> dict[str, Any]:
                     "mode": s.details.get("mode"), "fresh_launch": s.details.get("fresh_launch"),
                     "requests": s.details.get("requests"), "node": _node(s.details),
                     "trial_run_dir": s.details.get("run_dir"), "ledger_trial": s.trial_id,
-                    "reproduce": reproduce(view, s)} for s in view.steps],
+                    "reproduce": reproduce(view, s), **_look(s.details)} for s in view.steps],
         "neighbours": neighbours(view),
         "posterior_history": list(view.history),
     }
@@ -623,9 +623,23 @@ def relaunch_text(view: BisectView) -> str:
 
 def _mode(details: dict[str, Any]) -> str:
     """`hot`, `fresh`, or `hot, launched` for a hot runner's trial that launched its engine in
-    its own configuration (a fresh launch's measurement)."""
+    its own configuration (a fresh launch's measurement); a bad end's trial probed in looks
+    adds the look that settled its ends (`look 1: accuracy`, `look 2`)."""
     mode = details.get("mode", "fresh")
-    return "hot, launched" if mode == "hot" and details.get("fresh_launch") else mode
+    mode = "hot, launched" if mode == "hot" and details.get("fresh_launch") else mode
+    look = _look(details)
+    if look:
+        why = look["settled_by"]
+        mode += f", look {look['end_look']}" + (f": {why}" if why else "")
+    return mode
+
+
+def _look(details: dict[str, Any]) -> dict[str, Any]:
+    """A bad end's trial with looks: the look that settled its ends and why (docs/bisect.md,
+    "Ends that stop when their question is answered"); nothing for any other trial."""
+    if details.get("end_look") is None:
+        return {}
+    return {"end_look": details["end_look"], "settled_by": details.get("settled_by")}
 
 
 def confirmation_text(conf: dict[str, Any], steps: tuple[StepView, ...] = ()) -> str:

@@ -78,6 +78,7 @@ class BisectRequest:
     ray_address: str | None = None
     nodes: int | None = None
     shard: bool = True
+    full_ends: bool | None = None  # None: the profile's bisect.full_ends
     # what the command does
     plan_only: bool = False
     preflight: bool = True
@@ -173,9 +174,13 @@ def trial_policy(asked: BisectRequest, cfg: BisectSettings, rounds: int) -> Tria
         raise BisectError("--drift relative judges the sequential trial probe of a hot "
                           "bisect", "drop --fresh-launches, --parallel K > 1 (local) and "
                           "--test-cmd, or use --drift absolute")
+    # The ends in two looks where trials are hot and sequential (`TrialPolicy.end_looks`,
+    # bisect/end_looks.py) unless full ends are asked for; on Ray always full ends (its nodes
+    # share full ends only: docs/cluster.md, "The ends travel").
+    full_ends = bool(asked.full_ends if asked.full_ends is not None else cfg.full_ends)
     return TrialPolicy(warn_as=WarnAs(asked.warn_as or cfg.warn_as), drift=drift, hot=hot,
                        sequential=hot, shard=hot and asked.shard and executor is Executor.RAY,
-                       executor=executor)
+                       executor=executor, full_ends=full_ends or executor is Executor.RAY)
 
 
 def _node_slots(nodes: int | None, parallel: int, policy: TrialPolicy) -> int | None:

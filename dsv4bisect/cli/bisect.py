@@ -111,6 +111,9 @@ def bisect(
     fresh_launches: Annotated[bool, Opt("--fresh-launches", help="Launch every trial fresh "
                                         "and probe it at full size (no hot switching).")
                               ] = False,
+    full_ends: Annotated[bool, Opt("--full-ends", help="Probe the ends at the full tier at "
+                               "once, not in two looks that stop when the bad end's loss is "
+                               "established (docs/bisect.md).")] = False,
     no_confirm: Annotated[bool, Opt("--no-confirm", help="Skip the fresh-launch confirmation "
                                     "of a culprit found with hot switching.")] = False,
     no_cache: Annotated[bool, Opt("--no-cache", help="Measure baselines and the microtest "
@@ -153,7 +156,8 @@ def bisect(
         parallel=parallel, warn_as=warn_as, drift=drift, test_cmd=test_cmd,
         false_fail=false_fail, false_pass=false_pass,
         costs={"launch": launch_cost, "switch": switch_cost, "probe": probe_cost},
-        fresh_launches=fresh_launches, confirm=not no_confirm, use_cache=not no_cache,
+        fresh_launches=fresh_launches, full_ends=True if full_ends else None,
+        confirm=not no_confirm, use_cache=not no_cache,
         microtest_priors=microtest_priors, executor=executor, ray_address=ray_address,
         nodes=nodes, shard=not no_shard, plan_only=plan_only, preflight=not skip_preflight,
         resume=resume, runs_root=out, ledger_path=ledger_path,

@@ -311,6 +311,9 @@ class BisectSettings(Strict):
     # how a sequential trial's drift is judged: against the ends (relative; the default where a
     # trial is a hot sequential probe) or by the run's gate (absolute); bisect.md
     drift: _words(DriftRule) | None = None  # type: ignore[valid-type]
+    # probe the ends at the full tier at once, not in two looks (bisect.md, "Ends that stop
+    # when their question is answered"; the looks apply to hot sequential trials only)
+    full_ends: bool = False
     priors: dict[str, Annotated[float, Field(gt=0, le=1e6)]] | None = None
     # Where trials run (docs/cluster.md): this machine, or the nodes of a Ray cluster.
     executor: _words(Executor) = Executor.LOCAL.value  # type: ignore[valid-type]

@@ -11,6 +11,13 @@ Flash, 32 on the shipped tiny checkpoint); both come from the server's `/server_
 compression boundary and past the window (mlx-lm PR #1189, field-bugs notes). So each cell's cases step the target length one token at a time around a multiple
 of the block (the lcm of the periods): offsets 0, -1, -2, +1 cover every residue mod 4 and the last two and first
 two positions of a compression block; further offsets do the same around the middle of a block.
+
+A look of a bisect's ends (`ProbeSpec.case_share` below 1, bisect/end_looks.py) builds only part
+of the accuracy cases (`kept_case_ids`): per (family, length) stratum `cases_kept(n, share)` of
+its n cases, drawn by a shuffle seeded by (seed, seed block, family, length), and every drift
+transcript. A kept case is the full tier's case byte for byte (its seed and jitter offset do not
+depend on the share), so both ends of a look get the same cases and each look-1 case is a case of
+the full tier.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import Any
 
 from dsv4bisect.probe.formats import Content, copy_content, needle_content, vartrack_content
 from dsv4bisect.probe.layout import Calibration, Counter, Message, layout
-from dsv4bisect.probe.spec import ProbeSpec
+from dsv4bisect.probe.spec import ProbeSpec, cases_kept
 from dsv4bisect.probe.vocab import Vocabulary
 
 DEFAULT_RATIOS = (4, 128)  # DeepSeek-V4 Flash/Pro, when the server does not report its ratios
@@ -142,6 +149,27 @@ def cells(spec: ProbeSpec, lengths: Sequence[int] | None = None) -> list[tuple[C
     return out
 
 
+def kept_case_ids(spec: ProbeSpec) -> frozenset[str] | None:
+    """The accuracy case ids a look at `spec.case_share` keeps (None: every case, share 1),
+    over the spec's whole grid (a length the server cannot hold drops its stratum whole, the
+    draw of the others stays). Drift cases are never dropped and are not listed."""
+    if spec.case_share >= 1.0:
+        return None
+    strata: dict[tuple[str, int], list[str]] = {}
+    for cell, n in cells(spec):
+        if cell.family != "drift":
+            strata.setdefault((cell.family, cell.length), []).extend(
+                f"{cell.key}/{i}" for i in range(n))
+    kept: set[str] = set()
+    for (family, length), ids in strata.items():
+        key = f"share:{spec.seed}:{spec.seed_block}:{family}:{length}"
+        order = list(ids)
+        random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+                      ).shuffle(order)
+        kept.update(order[: cases_kept(len(ids), spec.case_share)])
+    return frozenset(kept)
+
+
 def _content(spec: ProbeSpec, vocab: Vocabulary, cell: Cell, rng: random.Random) -> Content:
     if cell.family in ("needle", "drift"):
         return needle_content(rng, vocab, cell.depth, distractors=spec.distractors,
@@ -155,24 +183,27 @@ def _content(spec: ProbeSpec, vocab: Vocabulary, cell: Cell, rng: random.Random)
 def build_cases(spec: ProbeSpec, vocab: Vocabulary, count: Counter, calib: Calibration,
                 ratios: Sequence[int], *, lengths: Sequence[int] | None = None,
                 on_case: Callable[[int, int], None] | None = None) -> list[Case]:
-    """All cases of `spec` (or of its cells at `lengths`), at exact lengths by `count`."""
+    """All cases of `spec` (or of its cells at `lengths`), at exact lengths by `count`; at a
+    `case_share` below 1 only the kept ones (`kept_case_ids`), in the same order."""
     offsets = jitter_offsets(ratios, spec.jitter)
     plan = cells(spec, lengths)
     rotation = {cell: k for k, (cell, _) in enumerate(cells(spec))}  # stable under `lengths`
-    total = sum(n for _, n in plan)
+    kept = kept_case_ids(spec)
+    chosen = [(cell, i) for cell, n in plan for i in range(n)
+              if kept is None or cell.family == "drift" or f"{cell.key}/{i}" in kept]
+    total = len(chosen)
     cases: list[Case] = []
-    for cell, n in plan:
-        for i in range(n):
-            seed = case_seed(spec, cell, i)
-            rng = random.Random(seed)
-            content = _content(spec, vocab, cell, rng)
-            target = base_length(cell.length, ratios) + offsets[(i + rotation[cell]) % len(offsets)]
-            lay = layout(content, turns=cell.turns, target=target, rng=rng, vocab=vocab,
-                         calib=calib, count=count)
-            budget = answer_budget(content.expected, calib.per_char, spec.max_tokens)
-            cases.append(Case(f"{cell.key}/{i}", cell, i, seed, target, lay.messages,
-                              lay.prompt_tokens, content.expected, content.values,
-                              lay.needle_depth, budget, {**content.meta, "pad": lay.pad}))
-            if on_case:
-                on_case(len(cases), total)
+    for cell, i in chosen:
+        seed = case_seed(spec, cell, i)
+        rng = random.Random(seed)
+        content = _content(spec, vocab, cell, rng)
+        target = base_length(cell.length, ratios) + offsets[(i + rotation[cell]) % len(offsets)]
+        lay = layout(content, turns=cell.turns, target=target, rng=rng, vocab=vocab,
+                     calib=calib, count=count)
+        budget = answer_budget(content.expected, calib.per_char, spec.max_tokens)
+        cases.append(Case(f"{cell.key}/{i}", cell, i, seed, target, lay.messages,
+                          lay.prompt_tokens, content.expected, content.values,
+                          lay.needle_depth, budget, {**content.meta, "pad": lay.pad}))
+        if on_case:
+            on_case(len(cases), total)
     return cases

@@ -37,7 +37,7 @@ def pollution_spec(spec: ProbeSpec) -> ProbeSpec:
     key = f"pollute:{spec.seed}:{spec.seed_block}".encode()
     seed = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") >> 1  # < 2**63
     return spec.replace(seed=seed, seed_block=0, families=families,
-                        lengths=(min(spec.lengths),), warmup_requests=0,
+                        lengths=(min(spec.lengths),), warmup_requests=0, case_share=1.0,
                         cases_per_cell=max(1, math.ceil(spec.warmup_requests / cells)))
 
 

@@ -7,6 +7,7 @@ trial on one node in every row but timing, judges the same, and measures no base
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,14 @@ import pytest
 from dsv4bisect.bisect.cluster import shared_ends as se
 from dsv4bisect.bisect.question import resolve_question
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.bisect.trials.hot_runner import HOT_POLICY as HOT
+from dsv4bisect.bisect.trials.hot_runner import HOT_POLICY
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.cli.options import overrides
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.shards import same_content
+
+# a Ray node's policy: the nodes share full ends (docs/cluster.md, "The ends travel")
+HOT = dataclasses.replace(HOT_POLICY, full_ends=True)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 

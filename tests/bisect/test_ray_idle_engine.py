@@ -10,6 +10,8 @@ Ray is mocked. Four embedded launches: slow (and Ray is an optional extra CI doe
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import os
 import signal
 import time
@@ -52,7 +54,7 @@ def test_a_ray_nodes_engine_killed_idle_is_relaunched_by_its_runner(tmp_path: Pa
     try:
         ray.init(address=c.address)
         req = RunnerRequest("reference-all", {}, ("engine.precision=exact",), "ci", False,
-                            bad=BAD, policy=HOT_POLICY)
+                            bad=BAD, policy=replace(HOT_POLICY, full_ends=True))  # Ray's
         local = node_runner(req)  # the driver's copy: the trials' fingerprints
         actor = ray.remote(TrialActor).options(num_cpus=0, max_restarts=0,
                                                max_concurrency=2).remote(req.to_json(), False)

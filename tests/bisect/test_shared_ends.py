@@ -5,6 +5,7 @@ does, with the ends going through the driver's copy as files."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -13,12 +14,15 @@ import pytest
 from dsv4bisect.bisect.cluster import shared_ends as se
 from dsv4bisect.bisect.question import resolve_question
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.bisect.trials.hot_runner import HOT_POLICY as HOT
+from dsv4bisect.bisect.trials.hot_runner import HOT_POLICY
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.cli.options import overrides
 from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.run import ProbeRun
+
+# a Ray node's policy: the nodes share full ends (docs/cluster.md, "The ends travel")
+HOT = dataclasses.replace(HOT_POLICY, full_ends=True)
 
 NODE = "gpu-03 (10.0.0.3, node 5e6f7a8b)"
 N = re.escape(NODE)
@@ -57,6 +61,36 @@ def test_adoption_checks_the_seed_block_the_probe_spec_and_the_good_end() -> Non
     # a bad end whose block has no good end yet waits for it
     assert runner.adopt_ends(2, None, None, _run(runner, 2), good_fingerprint=good,
                              source=NODE) == ["b2/bad"]
+
+
+def test_a_runner_with_looks_adopts_ends_of_either_look_and_a_bad_end_beside_its_own() -> None:
+    """EndsBook.adopt where the ends are probed in two looks (bisect/end_looks.py): each run is
+    checked against both looks' specs of its block; a bad end goes with the good end of its
+    look. (The Ray executor itself probes full ends: docs/cluster.md.)"""
+    runner = node_runner(RunnerRequest("reference-all", {}, (), "smoke", False,
+                                       policy=HOT_POLICY))
+    good = runner.good_cfg.fingerprint
+
+    def run(look: int, block: int = 0) -> ProbeRun:
+        return ProbeRun(runner.look_spec(block, look), "http://127.0.0.1:1", {}, (), ())
+
+    assert run(1).spec.spec_hash() != run(2).spec.spec_hash()
+    assert runner.adopt_ends(0, run(1), run(1), None, good_fingerprint=good,
+                             source=NODE) == ["b0/baseline", "b0/baseline-repeat"]
+    with pytest.raises(ConfigError, match="bad end of seed block 0 .* look 2, this runner's "
+                                          "good end of look 1"):
+        runner.adopt_ends(0, None, None, run(2), good_fingerprint=good, source=NODE)
+    assert runner.adopt_ends(0, None, None, run(1), good_fingerprint=good,
+                             source=NODE) == ["b0/bad"]
+    with pytest.raises(ConfigError, match="two looks"):
+        runner.adopt_ends(1, run(1, 1), run(2, 1), None, good_fingerprint=good, source=NODE)
+    half = ProbeRun(runner.look_spec(1, 2).replace(case_share=0.5), "http://127.0.0.1:1", {},
+                    (), ())
+    with pytest.raises(ConfigError, match="the bad of seed block 1 .* spec"):
+        runner.adopt_ends(1, None, None, half, good_fingerprint=good, source=NODE)
+    assert runner.adopt_ends(1, run(2, 1), run(2, 1), run(2, 1), good_fingerprint=good,
+                             source=NODE) == ["b1/baseline", "b1/baseline-repeat", "b1/bad"]
+    assert runner._ends.block(1).look == 2
 
 
 def test_the_drivers_copy_keeps_the_first_of_each_end_and_sends_what_a_node_lacks(

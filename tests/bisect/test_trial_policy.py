@@ -34,6 +34,8 @@ def test_every_enum_is_the_profiles_and_the_command_lines_words():
              ("warn_as", "drift", "executor")}
     for name, kind in (("warn_as", WarnAs), ("drift", DriftRule), ("executor", Executor)):
         assert shown[name].endswith("<" + "|".join(e.value for e in kind) + ">")
+    (full,) = [p for p in cmd.params if p.name == "full_ends"]
+    assert full.opts == ["--full-ends"] and "full_ends" in fields
 
 
 @pytest.mark.parametrize("asked, policy", [
@@ -43,23 +45,31 @@ def test_every_enum_is_the_profiles_and_the_command_lines_words():
     (BisectRequest(parallel=2), TrialPolicy(WarnAs.AUTO, DriftRule.ABSOLUTE)),
     (BisectRequest(test_cmd="true"), TrialPolicy(WarnAs.AUTO, DriftRule.ABSOLUTE)),
     # Ray: each node keeps its engines up; idle nodes shard the ends unless --no-shard
+    # (and probe full ends: the nodes share no looks)
     (BisectRequest(executor=Executor.RAY, parallel=4),
-     TrialPolicy(WarnAs.AUTO, DriftRule.RELATIVE, True, True, True, Executor.RAY)),
+     TrialPolicy(WarnAs.AUTO, DriftRule.RELATIVE, True, True, True, Executor.RAY, True)),
     (BisectRequest(executor=Executor.RAY, parallel=4, shard=False),
-     TrialPolicy(WarnAs.AUTO, DriftRule.RELATIVE, True, True, False, Executor.RAY)),
+     TrialPolicy(WarnAs.AUTO, DriftRule.RELATIVE, True, True, False, Executor.RAY, True)),
     (BisectRequest(warn_as=WarnAs.PASS, drift=DriftRule.ABSOLUTE),
      TrialPolicy(WarnAs.PASS, DriftRule.ABSOLUTE, True, True, False)),
+    # the ends in two looks unless --full-ends
+    (BisectRequest(full_ends=True),
+     TrialPolicy(WarnAs.AUTO, DriftRule.RELATIVE, True, True, False, full_ends=True)),
 ])
 def test_the_policy_is_resolved_from_the_command_line_over_the_profile(asked, policy):
     rounds = asked.parallel if asked.parallel is not None else PROFILE.parallel
     assert trial_policy(asked, PROFILE, rounds) == policy
+    assert policy.end_looks is (policy.hot and not policy.full_ends)
 
 
 def test_the_profile_decides_where_the_command_line_is_silent():
     profile = BisectSettings(warn_as="fail", drift="absolute", executor="ray")
     assert trial_policy(BisectRequest(), profile, 1) == TrialPolicy(
-        WarnAs.FAIL, DriftRule.ABSOLUTE, True, True, True, Executor.RAY)
+        WarnAs.FAIL, DriftRule.ABSOLUTE, True, True, True, Executor.RAY, True)
     assert trial_policy(BisectRequest(warn_as=WarnAs.AUTO), profile, 1).warn_as is WarnAs.AUTO
+    full = BisectSettings(full_ends=True)
+    assert trial_policy(BisectRequest(), full, 1).full_ends
+    assert trial_policy(BisectRequest(full_ends=False), full, 1).end_looks
 
 
 def test_relative_drift_needs_the_sequential_probe_of_a_hot_bisect():
@@ -70,11 +80,16 @@ def test_relative_drift_needs_the_sequential_probe_of_a_hot_bisect():
 def test_the_run_file_keeps_the_policy_and_reads_the_flat_keys_before_it():
     policy = TrialPolicy(WarnAs.FAIL, DriftRule.RELATIVE, True, True, True, Executor.RAY)
     assert TrialPolicy.from_json({"policy": policy.to_json()}) == policy
+    looks = TrialPolicy(hot=True, sequential=True)
+    assert TrialPolicy.from_json({"policy": looks.to_json()}).end_looks
     legacy = {"hot": True, "warn_as": "pass", "drift": "relative", "executor": "ray",
               "shard": True}
+    # a run file from before the ends' looks resumes with full ends, as it ran
     assert TrialPolicy.from_json(legacy) == TrialPolicy(WarnAs.PASS, DriftRule.RELATIVE, True,
-                                                        True, True, Executor.RAY)
-    assert TrialPolicy.from_json({}) == TrialPolicy()
+                                                        True, True, Executor.RAY, True)
+    assert TrialPolicy.from_json({}) == TrialPolicy(full_ends=True)
+    before = {k: v for k, v in looks.to_json().items() if k != "full_ends"}
+    assert not TrialPolicy.from_json({"policy": before}).end_looks
 
 
 @pytest.mark.parametrize("warn_as, only_drifts, fails", [

@@ -1,22 +1,31 @@
 """The hot runner's ends book: what a machine knows of the bisect's two ends, by seed block.
 
 Per seed block (`BlockEnds`): the good end's baseline and A/A repeat (measured together here, or
-adopted together from another node), the bad end's full-size run, which node each adopted end
-came from, and the A/A verdict measured here that no trial has reported yet. Beside them, the
+adopted together from another node), the bad end's run, which node each adopted end came from,
+and the A/A verdict measured here that no trial has reported yet. Where the ends are probed in
+two looks (bisect/end_looks.py), the block also knows which look its runs are of (`look`) and,
+once the bad end settled it, why (`settled_by`); its trials use that look's spec. A settled
+block writes `settled.json` beside its looks (`b<block>/settled.json`), so a resumed bisect
+finds the look whose ends to use. Beside them, the
 probes started ahead of the good end's run (probe/ahead.py): per (configuration, seed block),
 the accuracy parts sent and the seconds they took, kept for the trial that finishes them.
 
 Ends measured on another node of the same bisect are installed with `adopt` (what
 `HotEngineRunner.adopt_ends` calls; the files travel by cluster/shared_ends.py): checked against
-this runner's probe spec, seed block and good end, they serve as if measured here. The ends
-live as probe-run directories under `ends_dir(trial_dir)`, `b<block>/<end>`.
+this runner's probe spec (of either look), seed block and good end, they serve as if measured
+here. The ends live as probe-run directories under `ends_dir(trial_dir)`, `b<block>/<end>`
+(full ends) or `b<block>/look<k>/<end>` (two looks, each apart).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from dsv4bisect.base.atomic import write_json
+from dsv4bisect.base.bounded import load_json
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.spec import ProbeSpec
@@ -24,8 +33,30 @@ from dsv4bisect.probe.spec import ProbeSpec
 ENDS = ("baseline", "baseline-repeat", "bad")
 
 
-def end_name(block: int, end: str) -> str:
-    return f"b{block}/{end}"
+SETTLED = "settled.json"
+
+
+def end_name(block: int, end: str, look: int | None = None) -> str:
+    """`b<block>/<end>`, or `b<block>/look<look>/<end>` where the ends are probed in looks."""
+    return f"b{block}/{end}" if look is None else f"b{block}/look{look}/{end}"
+
+
+def write_settled(root: Path, block: int, look: int, settled_by: str | None) -> None:
+    """Record under `root` (`ends_dir`) which look settled seed block `block`'s ends."""
+    write_json(root / f"b{block}" / SETTLED, {"look": look, "settled_by": settled_by})
+
+
+def read_settled(root: Path, block: int) -> tuple[int, str | None] | None:
+    """The look that settled `block`'s ends and why (`write_settled`); None: not settled."""
+    path = root / f"b{block}" / SETTLED
+    if not path.is_file():
+        return None
+    doc: Any = load_json(path, "run")
+    look = doc.get("look") if isinstance(doc, dict) else None
+    if look not in (1, 2):
+        raise ConfigError(f"`{path}` names no look of the ends",
+                          f"delete `{path.parent}`: its ends are measured again")
+    return int(look), doc.get("settled_by")
 
 
 def ends_dir(trial_dir: Path) -> Path:
@@ -43,6 +74,8 @@ class BlockEnds:
     bad: ProbeRun | None = None
     came_from: dict[str, str] = field(default_factory=dict)  # adopted end (ENDS) -> its node
     aa: tuple[str, ...] = ()  # the A/A verdict measured here that no trial reported yet
+    look: int = 1  # the look the runs above are of (1 until the bad end asks for the full tier)
+    settled_by: str | None = None  # end_looks.settles' reason where look 1 settled the ends
 
     @property
     def known(self) -> bool:
@@ -85,12 +118,14 @@ class EndsBook:
         return self._ahead.pop(key, None)
 
     def adopt(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
-              bad: ProbeRun | None, *, spec: ProbeSpec, good: str, good_fingerprint: str,
-              source: str) -> list[str]:
+              bad: ProbeRun | None, *, looks: Mapping[int, ProbeSpec], good: str,
+              good_fingerprint: str, source: str) -> list[str]:
         """Install ends of seed block `block` measured by `source` (another node of this
         bisect); returns the ends installed (`b<block>/<end>`). Ends already here are kept (its
         own measurement, or an earlier adoption). The good end's baseline and A/A repeat come as
-        a pair. A run of another probe spec (`spec` at `block`), seed block or good end (`good`:
+        a pair. `looks`: the spec of each look of the block's ends (one entry with full ends);
+        an adopted run's spec names its look, and a bad end is installed with the good end's
+        pair of its own look. A run of another probe spec, seed block or good end (`good`:
         this runner's) is a ConfigError naming `source`."""
         if (base is None) != (repeat is None):
             raise ConfigError(f"the ends of seed block {block} from {source} hold the good "
@@ -100,20 +135,33 @@ class EndsBook:
             raise ConfigError(f"the ends of seed block {block} from {source} were measured on "
                               f"good end {good_fingerprint[:12]}, this runner's is {good[:12]}",
                               "every node must resolve the same good end as the driver")
-        want = spec.replace(seed_block=block).spec_hash()
+        want = {s.replace(seed_block=block).spec_hash(): look for look, s in looks.items()}
+        look_of: dict[str, int] = {}
         for end, run in (("baseline", base), ("baseline-repeat", repeat), ("bad", bad)):
-            if run is not None and (run.spec.seed_block, run.spec.spec_hash()) != (block, want):
+            if run is None:
+                continue
+            if run.spec.seed_block != block or run.spec.spec_hash() not in want:
                 raise ConfigError(f"the {end} of seed block {block} from {source} is a probe of "
                                   f"seed block {run.spec.seed_block}, spec {run.spec.spec_hash()}"
-                                  f" (this runner probes spec {want})",
+                                  f" (this runner probes spec {' or '.join(sorted(want))})",
                                   "every node must run the driver's dsv4bisect and probe tier")
+            look_of[end] = want[run.spec.spec_hash()]
+        if base is not None and look_of["baseline"] != look_of["baseline-repeat"]:
+            raise ConfigError(f"the good end of seed block {block} from {source} holds runs of "
+                              "two looks", "send the baseline and A/A repeat of one look")
         ends = self.block(block)
         installed: list[str] = []
         if not ends.known and base is not None:
             ends.baseline, ends.repeat = base, repeat
+            ends.look = look_of["baseline"]
             installed += ["baseline", "baseline-repeat"]
         if bad is not None and ends.bad is None:  # before the good end is known: waits here
+            if ends.known and look_of["bad"] != ends.look:
+                raise ConfigError(f"the bad end of seed block {block} from {source} is of look "
+                                  f"{look_of['bad']}, this runner's good end of look {ends.look}",
+                                  "send the good end's runs of the bad end's look with it")
             ends.bad = bad
+            ends.look = look_of["bad"]
             installed.append("bad")
         ends.came_from.update({end: source for end in installed})
         return [end_name(block, end) for end in installed]

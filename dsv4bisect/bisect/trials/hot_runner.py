@@ -7,7 +7,7 @@ and its result says so (`fresh_launch`), which can stand as the fresh confirmati
 set (driver.py). Later trials of the same λ are switched in that engine by the protocol of
 base/switching.py (drain, request, `/flush_cache`, a receipt from every process naming the
 generation, verified before any probe request).
-The runner is three parts and the trial policy (dsv4bisect/policy.py) that rules them:
+The runner is four parts and the trial policy (dsv4bisect/policy.py) that rules them:
 - the engine pool with the switch protocol (trials/engine_pool.py): the engines kept up at once,
   `pool` of them (the embedded engine: 2; one SGLang node: 1; the least recently used stops
   first), launched, switched and guarded;
@@ -18,9 +18,13 @@ The runner is three parts and the trial policy (dsv4bisect/policy.py) that rules
   of the good end, before any switch, so they are a fresh launch's (and are cached as such; the
   baseline of a later seed block, measured in a switched engine, is not cached); the ∅ end
   check's verdict is then the A/A verdict (the repeat judged against the baseline); the bad end
-  is probed at full size; any other configuration gets the sequential trial probe
-  (probe/sequential_run.py) against the two ends once both are measured for the seed block,
-  else a full probe.
+  is probed at full size, or in two looks (`policy.end_looks`); any other configuration gets
+  the sequential trial probe (probe/sequential_run.py) against the two ends once both are
+  measured for the seed block, else a full probe;
+- the ends' probes (trials/end_probes.py): a seed block's good end from the cache or measured,
+  and where the policy probes the ends in two looks (bisect/end_looks.py), look 1 of both ends
+  first and look 2 (the full tier) only where the bad end's look 1 does not settle them; the
+  block's trials then use the spec of the look that settled it.
 What one trial did (its spec, costs, the engine it probed in, the ends it measured) is its
 `TrialContext`, never the runner's state; a probe collects by run/trial.py's `collect_on`.
 Ends measured on another machine of the same bisect (the Ray executor's other nodes) are
@@ -29,7 +33,8 @@ and good end, they serve as if measured here, so this runner measures no good en
 measured, and probes sequentially once any node ran the bad end. Their A/A verdict is the
 measuring node's (already reported by its trial): a ∅ end check of an adopted seed block has
 that verdict, launches nothing and reports no A/A verdict again. A trial's details name the ends
-it measured (`ends_measured`: `b<block>/<end>`, under `ends_dir`) and those it used from another
+it measured (`ends_measured`: `b<block>/<end>`, or `b<block>/look<k>/<end>` with looks, under
+`ends_dir`) and those it used from another
 node (`ends_from`: end -> node).
 A hot trial's ledger fingerprint is the fresh fingerprint of C plus the hot marker and the
 canonical base of λ(C) (the good end with λ's candidates at the bad end: `fingerprint`; the
@@ -47,8 +52,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dsv4bisect import env as envvars
+from dsv4bisect.bisect import end_looks
 from dsv4bisect.bisect.trials import ends_book
-from dsv4bisect.bisect.trials.ends_book import BlockEnds, EndsBook, end_name
+from dsv4bisect.bisect.trials.end_probes import EndProbes
+from dsv4bisect.bisect.trials.ends_book import BlockEnds, EndsBook
 from dsv4bisect.bisect.trials.engine_pool import EnginePool, HotEngine, new_dir, with_env
 from dsv4bisect.bisect.trials.engine_runner import (
     EngineRunner,
@@ -70,7 +77,7 @@ from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.runner import judge
 from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
 from dsv4bisect.probe.session import write_verdict
-from dsv4bisect.run import baseline as cache
+from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.run.arm import Supervisor
 from dsv4bisect.run.events import EventSink, Notice, ignore
 from dsv4bisect.run.trial import Stop
@@ -110,6 +117,10 @@ class HotEngineRunner(EngineRunner):
         self._probes = TrialProbes(self._pool, api_key=self.api_key, policy=policy,
                                    error_rates=error_rates, on_event=on_event,
                                    fingerprint=self.fingerprint)
+        self._end_probes = EndProbes(self._ends, self._probes, spec=self.spec, policy=policy,
+                                     good=self.good, good_fingerprint=self.good_cfg.fingerprint,
+                                     use_cache=use_cache, engine_for=self._engine_for,
+                                     on_event=on_event)
         self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
 
     @property
@@ -128,7 +139,14 @@ class HotEngineRunner(EngineRunner):
                  "error_rates": list(self.error_rates), **self.policy.judging_rules(),
                  "bad": self.config(self.bad).fingerprint if self.policy.drift_relative
                  else None}
+        if self.policy.end_looks:  # trials replay the cases of the look that settled the ends
+            rules["end_looks"] = [end_looks.LOOK1_SHARE, end_looks.LOOK1_ALPHA_OVERALL,
+                                  end_looks.LOOK1_ALPHA_CELL]
         return hashlib.sha256(json.dumps(rules, sort_keys=True).encode()).hexdigest()[:32]
+
+    def look_spec(self, block: int, look: int) -> ProbeSpec:
+        """The spec of `look` of seed block `block`'s ends (the full tier with full ends)."""
+        return self._end_probes.look_spec(block, look)
 
     def base_of(self, patches: Mapping[str, str]) -> dict[str, str]:
         """The canonical base of `patches`' load-time state: its load-time part, the good end
@@ -170,7 +188,7 @@ class HotEngineRunner(EngineRunner):
         run. Returns the rows sent; 0 where it could not (an engine that cannot serve, a lost
         replica: the trial then probes from the start, as without it)."""
         with self._run_lock:
-            ctx = TrialContext(self.spec.replace(seed_block=seed_block),
+            ctx = TrialContext(self.look_spec(seed_block, self._ends.block(seed_block).look),
                                replicas=tuple(replicas), patches=dict(patches))
             key = (self.fingerprint(patches), seed_block)
             self._ends.keep_ahead(key, None)
@@ -220,7 +238,8 @@ class HotEngineRunner(EngineRunner):
                    bad: ProbeRun | None, *, good_fingerprint: str, source: str) -> list[str]:
         """Install ends of seed block `block` measured by `source` (another node of this
         bisect) for the next trials (`EndsBook.adopt`); returns the ends installed."""
-        return self._ends.adopt(block, base, repeat, bad, spec=self.spec,
+        looks = {look: self.look_spec(block, look) for look in (1, 2)}
+        return self._ends.adopt(block, base, repeat, bad, looks=looks,
                                 good=self.good_cfg.fingerprint,
                                 good_fingerprint=good_fingerprint, source=source)
 
@@ -240,7 +259,7 @@ class HotEngineRunner(EngineRunner):
         measured_base = False
         eng: HotEngine | None = None  # the confirmation's own engine
         try:
-            ends, measured_base = self._ends_for(ctx, trial_dir)
+            ends, measured_base = self._end_probes.ends_for(ctx, trial_dir)
             if fresh:  # the confirmation: exactly `patches`, no hot environment
                 eng = self._launch(ctx, "fresh", patches, cfg, trial_dir / "engine")
             verdict, cand, requests = self._probe(ctx, patches, ends, measured_base, eng,
@@ -265,7 +284,7 @@ class HotEngineRunner(EngineRunner):
                        ends_from=dict(sorted(self._ends.block(ctx.spec.seed_block)
                                              .came_from.items())),
                        shards=1 + len(ctx.replicas) if ctx.sharded else 1,
-                       relaunched=self._pool.take_relaunches(),
+                       relaunched=self._pool.take_relaunches(), **ctx.looks,
                        **{k: round(v, 3) for k, v in ctx.costs.items()})
         return TrialResult(verdict=verdict.verdict, signature=signature_of(verdict),
                            duration_s=time.perf_counter() - t0, details=details,
@@ -273,45 +292,6 @@ class HotEngineRunner(EngineRunner):
                            error_rates=verdict.error_rates, requests=requests)
 
     # -- the ends ------------------------------------------------------------------------------
-    def _ends_for(self, ctx: TrialContext, trial_dir: Path) -> tuple[BlockEnds, bool]:
-        """The good end's baseline and A/A repeat for this seed block (measured now on the
-        engine of λ = ∅ if not cached: then `True`), and the bad end's run once measured."""
-        block = ctx.spec.seed_block
-        ends = self._ends.block(block)
-        if ends.known:
-            return ends, False
-        ends_dir = self.ends_dir(trial_dir) / f"b{block}"
-        key = cache.BaselineKey.of(self.good_cfg.fingerprint, ctx.spec)
-        hit, why = cache.lookup(key) if self.use_cache else (None, None)
-        if why:
-            self.on_event(Notice(why, "warn"))
-        if hit is not None:
-            ends.baseline, ends.repeat = hit.install(ends_dir / "baseline",
-                                                     ends_dir / "baseline-repeat")
-        else:
-            eng = self._engine_for(ctx, self.good, trial_dir)
-            ctx.probed_in = eng
-            fresh = eng.fresh_in(self.good)  # not an engine launched in another set of λ = ∅
-            base = self._probes.collect(ctx, eng, self.good, None, "baseline",
-                                        good_end=True).save(ends_dir / "baseline")
-            ref, _subset = cache.repeat_reference(base)
-            repeat = self._probes.collect(ctx, eng, self.good, ref, "A/A repeat",
-                                          good_end=True).save(ends_dir / "baseline-repeat")
-            ends.baseline, ends.repeat = base, repeat
-            ends.aa = (aa_verdict(base, repeat).verdict,)
-            ctx.measured += [end_name(block, "baseline"), end_name(block, "baseline-repeat")]
-            if not fresh:  # a re-test's seed block, measured in a switched engine
-                self.on_event(Notice(f"baseline of seed block {block} measured in a hot-"
-                                     "switched engine: not cached", "warn"))
-            elif eng.arm.verified is True:
-                try:
-                    cache.store(key, ends_dir / "baseline", ends_dir / "baseline-repeat")
-                except OSError as exc:
-                    self.on_event(Notice(f"baseline not cached: {exc}", "warn"))
-        if ends.bad is None and (ends_dir / "bad" / "run.json").exists():
-            ends.bad = ProbeRun.load(ends_dir / "bad")
-        return ends, hit is None
-
     # -- probing -------------------------------------------------------------------------------
     def _probe(self, ctx: TrialContext, patches: dict[str, str], ends: BlockEnds,
                measured_base: bool, fresh_eng: HotEngine | None, trial_dir: Path,
@@ -334,17 +314,14 @@ class HotEngineRunner(EngineRunner):
             saved = outcome.save(trial_dir / "candidate")
             return saved.as_verdict(), saved.run, saved.decision.requests
         started = self._ends.take_ahead((self.fingerprint(patches), draw))
+        label = ("good end (re-test)" if self.probing.is_good(patches) else
+                 "bad end" if self.probing.is_bad(patches) else "candidate")
         cand = (self._probes.finish_ahead(ctx, eng, patches, base, started)
-                or self._probes.collect(ctx, eng, patches, base, "good end (re-test)"
-                                        if self.probing.is_good(patches) else "candidate",
-                                        good_end=False)).save(trial_dir / "candidate")
-        if self.probing.is_bad(patches):
-            block = ctx.spec.seed_block
-            cand.save(self.ends_dir(trial_dir) / end_name(block, "bad"))
-            if ends.bad is None or not ends.adopted("bad"):
-                ends.bad = cand  # an adopted bad end stays: every node judges against it
-            ctx.measured.append(end_name(block, "bad"))
-        return judge(base, repeat, cand), cand, len(cand.rows)
+                or self._probes.collect(ctx, eng, patches, base, label, good_end=False))
+        verdict, requests = judge(base, repeat, cand), len(cand.rows)
+        if not self.probing.is_bad(patches):
+            return verdict, cand.save(trial_dir / "candidate"), requests
+        return self._end_probes.bad_end(ctx, patches, ends, verdict, cand, trial_dir)
 
     # -- engines (the pool's, with this trial's costs) ----------------------------------------
     def _engine_for(self, ctx: TrialContext, patches: Mapping[str, str],

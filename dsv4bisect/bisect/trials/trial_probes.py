@@ -34,7 +34,8 @@ class TrialContext:
     """One trial's own state: the spec a verdict that stops it records (its seed block), the
     seconds it spent launching, switching and probing and the prompt tokens its probes computed
     (`probe.computed.run_computed`: what --plan prices a probe second at), the engine it probed
-    in and the ends it measured (`b<block>/<end>`)."""
+    in and the ends it measured (`b<block>/<end>`); `looks`: for a bad end's trial where the
+    ends are probed in looks, the look that settled them and why (its details)."""
 
     spec: ProbeSpec
     costs: dict[str, float] = field(
@@ -45,6 +46,7 @@ class TrialContext:
     replicas: tuple[str, ...] = ()  # urls of other nodes' engines in `patches`
     patches: dict[str, str] = field(default_factory=dict)  # the trial's configuration
     sharded: bool = False  # whether the probe really ran across them (else on this engine)
+    looks: dict[str, Any] = field(default_factory=dict)
 
 
 class TrialProbes:

@@ -1,0 +1,67 @@
+"""The rule by which the bad end's look-1 verdict settles a block's ends (bisect/end_looks.py
+`settles`) and the specs of the two looks (`look_spec`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4bisect.bisect import end_looks as L
+from dsv4bisect.bisect.trials.ends_book import read_settled, write_settled
+from dsv4bisect.errors import ConfigError
+from dsv4bisect.probe import verdict as V
+from dsv4bisect.probe.grid import kept_case_ids
+from dsv4bisect.probe.spec import tier_spec
+
+
+def _verdict(word: str, *, overall_p: float | None = None, cells: tuple[float, ...] = (),
+             hard: bool = False, drift: str = "pass") -> V.Verdict:
+    """A bad end's verdict as the probe's judge writes it: the overall McNemar p, each failed
+    cell's Holm p, hard signatures, the drift status."""
+    return V.Verdict(
+        word, ("by hand",), {}, overall={"p_value": overall_p},
+        cells=tuple(V.CellResult(f"needle/L256/d0.5/t2#{k}", "cold", 20, 8, 0, p, p, True)
+                    for k, p in enumerate(cells)),
+        signatures={"hard_fail": hard}, drift={"status": drift})
+
+
+@pytest.mark.parametrize("verdict, warn_fails, why", [
+    # facts lost at half the probe's error rate: settled
+    (_verdict(V.FAIL, overall_p=V.ALPHA_OVERALL / 2), False, "accuracy"),
+    (_verdict(V.FAIL, overall_p=0.2, cells=(V.ALPHA_CELL / 2,)), False, "accuracy"),
+    # a FAIL between the two rates: the full look decides
+    (_verdict(V.FAIL, overall_p=V.ALPHA_OVERALL * 0.8), False, None),
+    (_verdict(V.FAIL, overall_p=0.2, cells=(V.ALPHA_CELL * 0.8,)), False, None),
+    # hard signatures, or a FAIL no count decides (a crash, a non-finite output)
+    (_verdict(V.FAIL, overall_p=0.9, hard=True), False, "signatures"),
+    (_verdict(V.FAIL, overall_p=0.9), False, "other"),
+    (_verdict(V.FAIL), False, "other"),
+    # drift: settled only where a WARN counts like the bad end (every drift case is in look 1)
+    (_verdict(V.WARN, overall_p=0.9, drift="warn"), True, "drift"),
+    (_verdict(V.WARN, overall_p=0.9, drift="warn"), False, None),
+    # a PASS is said only on the whole evidence
+    (_verdict(V.PASS, overall_p=0.9), True, None),
+    (_verdict(V.CANNOT_TEST), True, None),
+])
+def test_settles(verdict: V.Verdict, warn_fails: bool, why: str | None) -> None:
+    assert L.settles(verdict, warn_fails=warn_fails) == why
+
+
+def test_look_1_is_a_share_of_the_tier_unless_it_keeps_every_case() -> None:
+    smoke = tier_spec("smoke", seed_block=2)
+    one, two = L.look_spec(smoke, 1), L.look_spec(smoke, 2)
+    assert two == smoke and one.case_share == L.LOOK1_SHARE and one.seed_block == 2
+    assert kept_case_ids(one) is not None and not L.single_look(smoke)
+    ci = tier_spec("ci")  # one case per (family, length): look 1 is the whole tier
+    assert L.single_look(ci) and L.look_spec(ci, 1) == ci
+    assert L.look_spec(ci, 1).spec_hash() == ci.spec_hash()
+
+
+def test_the_settled_look_is_read_back_and_a_broken_record_is_refused(tmp_path) -> None:
+    assert read_settled(tmp_path, 0) is None  # not settled: its bad end's trial runs again
+    write_settled(tmp_path, 0, 1, "accuracy")
+    write_settled(tmp_path, 3, 2, None)
+    assert read_settled(tmp_path, 0) == (1, "accuracy")
+    assert read_settled(tmp_path, 3) == (2, None)
+    (tmp_path / "b3" / "settled.json").write_text('{"look": 7}')
+    with pytest.raises(ConfigError, match="names no look"):
+        read_settled(tmp_path, 3)
