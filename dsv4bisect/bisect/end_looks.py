@@ -12,8 +12,12 @@ The bad end's look-1 verdict settles the ends when its evidence is one of:
 * a loss of facts at half the probe's error rate: the overall exact McNemar p <= ALPHA_OVERALL/2,
   or a cell failing at Holm p <= ALPHA_CELL/2 (the other half is left to the full look, so the
   two looks together false-FAIL at most the probe's own rate plus half of it: docs/bisect.md);
-* drift beyond the null's gate (a WARN) where the bisect counts a WARN like the bad end: every
-  drift transcript and the null's requests are in look 1 already, the full tier adds none.
+* drift beyond the null's gate (a WARN) with no answers net lost, where the bisect counts a
+  WARN like the bad end: every drift transcript and the null's requests are in look 1 already,
+  the full tier adds none. A WARN that lost more answers than it gained goes on to look 2: its
+  loss of facts is not yet established, but not absent either (on the smoke tier's look 1,
+  `swa-ring-stale` lost 4 of 36 and gained none, p = 0.06; at the full tier it FAILs on facts),
+  and a bisect on facts must not become a bisect on drift by a smaller look.
 
 Otherwise (a PASS, a WARN the bisect counts like the good end, a FAIL whose accuracy evidence is
 between the two rates) both ends are probed again at the full tier (look 2), judged by the probe's
@@ -52,7 +56,12 @@ def settles(bad: V.Verdict, *, warn_fails: bool) -> str | None:
     `drift`, `other`: a FAIL no count decides), or None: both ends go on to the full tier.
     `warn_fails`: the bisect counts a drift WARN like the bad end (`TrialPolicy.warn_fails`)."""
     if bad.verdict == V.WARN:
-        return "drift" if warn_fails and bad.drift.get("status") == "warn" else None
+        # a bad end that only drifts: but where look 1 already lost more answers than it
+        # gained, the loss of facts is not established yet, not absent — the full look decides
+        # whether this is a bisect on facts or on drift (`WarnAs.AUTO` reads the bad end)
+        lost, gained = bad.overall.get("b", 0) or 0, bad.overall.get("c", 0) or 0
+        only_drifts = bad.drift.get("status") == "warn" and lost <= gained
+        return "drift" if warn_fails and only_drifts else None
     if bad.verdict != V.FAIL:
         return None
     if bad.signatures.get("hard_fail"):

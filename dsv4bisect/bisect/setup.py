@@ -13,10 +13,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dsv4bisect.bisect.end_looks import look_spec
 from dsv4bisect.bisect.ledger import Ledger, NoiseEstimate
 from dsv4bisect.bisect.plan.costs import (
     PlanCosts,
-    look1_spec,
     plan_costs,
     probe_shape,
     sequential_from_probe,
@@ -144,7 +144,8 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
         runner = TestCommandRunner(asked.test_cmd, cwd=request.test_cwd)
     measured, durations, details = _history(runner, asked.ledger)
     noise, where = _noise(measured, asked.false_fail, asked.false_pass)
-    costs = _costs(engine, question, noise, details, durations, asked.costs, policy.hot)
+    costs = _costs(engine, question, noise, details, durations, asked.costs, policy.hot,
+                   policy.end_looks)
     spec = BisectSpec(
         candidates=question.candidates, good=question.good, bad=question.bad, noise=noise,
         confidence=asked.confidence if asked.confidence is not None else cfg.confidence,
@@ -236,16 +237,17 @@ def _noise(measured: NoiseEstimate | None, ff: float | None,
 
 def _costs(runner: EngineRunner | None, q: Question, noise: Noise,
            details: list[dict[str, Any]], durations: list[float],
-           given: dict[str, float | None], hot: bool) -> PlanCosts:
+           given: dict[str, float | None], hot: bool, looks: bool) -> PlanCosts:
     """Every cost the plan and the priced design use, each with its source (plan/costs.py):
     given; else measured in the ledger for this probe; else assumed per engine kind and tier."""
     if runner is None:  # a test command: nothing to assume about an engine
         return plan_costs(None, None, given=given, durations=durations)
     engine = "reference" if runner.good_cfg.kind == "reference" else "sglang"
     trial = Noise(*TRIAL_ERROR_RATES)  # what the hot runner asks of its sequential trials
-    # the hot runner probes each block's ends in two looks, its trials replaying look 1's
-    # cases where it settled (bisect/end_looks.py); the fresh-launch runner probes full ends
-    look = look1_spec(runner.spec) if hot else None
+    # where the policy has the ends in two looks (hot sequential trials, not `full_ends`, not
+    # Ray: `TrialPolicy.end_looks`), the trials replay look 1's cases where it settled
+    # (bisect/end_looks.py); elsewhere the ends are probed at the full tier
+    look = look_spec(runner.spec, 1) if looks else None
     return plan_costs(engine, probe_shape(runner.spec), given=given, details=details,
                       load_time=tuple(q.load_time), hot=hot, noise=noise,
                       sequential=sequential_from_probe(look or runner.spec, trial) if hot

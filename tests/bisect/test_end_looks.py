@@ -14,11 +14,12 @@ from dsv4bisect.probe.spec import tier_spec
 
 
 def _verdict(word: str, *, overall_p: float | None = None, cells: tuple[float, ...] = (),
-             hard: bool = False, drift: str = "pass") -> V.Verdict:
+             hard: bool = False, drift: str = "pass", lost: int = 0,
+             gained: int = 0) -> V.Verdict:
     """A bad end's verdict as the probe's judge writes it: the overall McNemar p, each failed
-    cell's Holm p, hard signatures, the drift status."""
+    cell's Holm p, hard signatures, the drift status, the answers lost and gained."""
     return V.Verdict(
-        word, ("by hand",), {}, overall={"p_value": overall_p},
+        word, ("by hand",), {}, overall={"p_value": overall_p, "b": lost, "c": gained},
         cells=tuple(V.CellResult(f"needle/L256/d0.5/t2#{k}", "cold", 20, 8, 0, p, p, True)
                     for k, p in enumerate(cells)),
         signatures={"hard_fail": hard}, drift={"status": drift})
@@ -38,6 +39,10 @@ def _verdict(word: str, *, overall_p: float | None = None, cells: tuple[float, .
     # drift: settled only where a WARN counts like the bad end (every drift case is in look 1)
     (_verdict(V.WARN, overall_p=0.9, drift="warn"), True, "drift"),
     (_verdict(V.WARN, overall_p=0.9, drift="warn"), False, None),
+    (_verdict(V.WARN, overall_p=0.5, drift="warn", lost=1, gained=1), True, "drift"),
+    # a WARN that already lost answers (swa-ring-stale on smoke's look 1: 4 lost, none gained,
+    # p = 0.06): not a bad end that only drifts yet, the full look decides
+    (_verdict(V.WARN, overall_p=0.0625, drift="warn", lost=4), True, None),
     # a PASS is said only on the whole evidence
     (_verdict(V.PASS, overall_p=0.9), True, None),
     (_verdict(V.CANNOT_TEST), True, None),

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from dsv4bisect.bisect.end_looks import LOOK1_SHARE
-from dsv4bisect.bisect.plan.costs import look1_spec, plan_costs, probe_shape
+from dsv4bisect.bisect.end_looks import LOOK1_SHARE, look_spec
+from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape
 from dsv4bisect.bisect.plan.look_world import LookOne, look_cells, look_trial
 from dsv4bisect.bisect.plan.simulate import Setup, common_draws, simulate
 from dsv4bisect.bisect.plan.whole_plan import plan_bisect
@@ -29,6 +29,11 @@ FULL = StepCosts(launch_s=600, switch_s=90, probe_s=2800, aa_fraction=0.18, sequ
 LOOKS = replace(FULL, look1_fraction=0.27, look1_aa_fraction=0.05, look2_chance=0.0)
 
 
+def _look1(spec):
+    """The ends' look 1 of `spec`, as the runner probes it."""
+    return look_spec(spec, 1)
+
+
 def _strata(grid):
     out: Counter[tuple[str, int]] = Counter()
     for cell, n in grid:
@@ -39,20 +44,20 @@ def _strata(grid):
 @pytest.mark.parametrize("tier", ["ci", "smoke", "standard", "deep"])
 def test_a_look_keeps_its_share_of_every_stratum_and_every_drift_transcript(tier):
     spec = tier_spec(tier)
-    whole, look = _strata(cells(spec)), _strata(look_cells(look1_spec(spec)))
+    whole, look = _strata(cells(spec)), _strata(look_cells(_look1(spec)))
     for (family, length), n in whole.items():
         kept = n if family == "drift" else cases_kept(n, LOOK1_SHARE)
         assert look[(family, length)] == kept
     assert look_cells(spec) == cells(spec)  # share 1: the tier
-    again = look_cells(look1_spec(spec))
-    assert again == look_cells(look1_spec(spec))  # seeded: the same draw every time
-    other = look_cells(look1_spec(spec).replace(seed_block=3))
+    again = look_cells(_look1(spec))
+    assert again == look_cells(_look1(spec))  # seeded: the same draw every time
+    other = look_cells(_look1(spec).replace(seed_block=3))
     assert _strata(other) == _strata(again)  # another block draws other cells, as many
 
 
 def test_look_one_prices_its_share_of_the_computed_tokens_the_polluting_phase_whole():
     spec = tier_spec("standard")
-    full, look = probe_shape(spec), probe_shape(look1_spec(spec))
+    full, look = probe_shape(spec), probe_shape(_look1(spec))
     drift = dict(full.by_condition)["drift"]
     assert dict(look.by_condition)["drift"] == drift  # every drift transcript
     accuracy = full.computed - drift
@@ -75,7 +80,7 @@ def test_where_look_one_keeps_every_case_the_ends_are_priced_as_the_full_tier():
     """The ci tier keeps its one case per stratum at look 1: there is no second look, and the
     plan is the full tier's to the bit."""
     spec = tier_spec("ci")
-    full, look = probe_shape(spec), probe_shape(look1_spec(spec))
+    full, look = probe_shape(spec), probe_shape(_look1(spec))
     assert (look.computed, look.accuracy_requests) == (full.computed, full.accuracy_requests)
     for engine in ("sglang", "reference"):
         with_looks = plan_costs(engine, full, given={}, look1=look)
@@ -83,7 +88,7 @@ def test_where_look_one_keeps_every_case_the_ends_are_priced_as_the_full_tier():
         assert not with_looks.costs.looks and with_looks.look1 is None
     # the trial probe on look 1's grid is the tier's
     asked = {"loss_rate": 0.14, "sims": 20}
-    assert look_trial(look1_spec(spec), 0.01, 0.01, 0.14, 20) == plan_trial(
+    assert look_trial(_look1(spec), 0.01, 0.01, 0.14, 20) == plan_trial(
         spec, 0.01, 0.01, **asked)
 
 
@@ -191,7 +196,7 @@ def test_the_plan_of_an_sglang_profile_prices_its_ends_by_the_two_looks(cli, tmp
 def test_the_trial_plan_of_a_look_is_simulated_on_its_grid_and_cached():
     from dsv4bisect.bisect.plan.trial_plan_cache import planned_trial
 
-    look = look1_spec(tier_spec("smoke"))
+    look = _look1(tier_spec("smoke"))
     direct = look_trial(look, 0.01, 0.01, 0.14, 20)
     assert planned_trial(look, 0.01, 0.01, loss_rate=0.14, sims=20) == direct  # simulated
     assert planned_trial(look, 0.01, 0.01, loss_rate=0.14, sims=20) == direct  # read back

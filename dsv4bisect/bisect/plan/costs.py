@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dsv4bisect.bisect.end_looks import LOOK1_ALPHA_OVERALL, LOOK1_SHARE
+from dsv4bisect.bisect.end_looks import LOOK1_ALPHA_OVERALL
 from dsv4bisect.bisect.plan.look_world import LookOne, look_cells
 from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
 from dsv4bisect.bisect.search.pricing import StepCosts
@@ -119,7 +119,7 @@ def plan_costs(
     """The step costs of a bisect. `engine`: "sglang", "reference", or None for a --test-cmd;
     `given`: --launch-cost / --switch-cost / --probe-cost (None: not given); `details` and
     `durations`: this probe's finished trials in the ledger. `look1`: the ends' look-1 probe
-    (`probe_shape(look1_spec(spec))`) where the ends are probed in two looks; None, or a look
+    (`probe_shape(look_spec(spec, 1))`, bisect/end_looks.py) where the ends are probed in two looks; None, or a look
     that keeps every case, prices full-tier ends."""
     if engine is None:
         return _test_cmd_costs(given, durations)
@@ -196,11 +196,6 @@ def plan_costs(
                       load_time=frozenset(load_time), paired=True,
                       drift_fraction=shape.drift_share, **looks)
     return PlanCosts(costs, seq.noise if hot else noise, tuple(lines), world)
-
-
-def look1_spec(spec: Any) -> Any:
-    """The spec of the ends' look 1 (bisect/end_looks.py)."""
-    return spec.replace(case_share=LOOK1_SHARE)
 
 
 def _looks(full: ProbeShape, look: ProbeShape | None, lines: list[CostLine]
