@@ -11,17 +11,16 @@ The bad end's look-1 verdict settles the ends when its evidence is one of:
   crash: no threshold on a count decides these, a look more does not change them;
 * a loss of facts at half the probe's error rate: the overall exact McNemar p <= ALPHA_OVERALL/2,
   or a cell failing at Holm p <= ALPHA_CELL/2 (the other half is left to the full look, so the
-  two looks together false-FAIL at most the probe's own rate plus half of it: docs/bisect.md);
-* drift beyond the null's gate (a WARN) with no answers net lost, where the bisect counts a
-  WARN like the bad end: every drift transcript and the null's requests are in look 1 already,
-  the full tier adds none. A WARN that lost more answers than it gained goes on to look 2: its
-  loss of facts is not yet established, but not absent either (on the smoke tier's look 1,
-  `swa-ring-stale` lost 4 of 36 and gained none, p = 0.06; at the full tier it FAILs on facts),
-  and a bisect on facts must not become a bisect on drift by a smaller look.
+  two looks together false-FAIL at most the probe's own rate plus half of it: docs/bisect.md).
 
-Otherwise (a PASS, a WARN the bisect counts like the good end, a FAIL whose accuracy evidence is
-between the two rates) both ends are probed again at the full tier (look 2), judged by the probe's
-own rule as before: a bad end that passes says BAD-END-PASSES only on the whole evidence.
+A WARN (drift, no loss of facts established) does not settle: that a bad end only drifts is a
+claim that it loses no fact, which needs the whole evidence as a PASS does. Drift and its null
+model are whole at look 1 already, but the facts are not (on the smoke tier's look 1,
+`draft-eos` drifted and showed none of its truncations; `swa-ring-stale` lost 4 of 36 answers,
+p = 0.06): a bisect on facts must not become a bisect on drift because look 1 was small.
+
+Otherwise (a PASS, a WARN, a FAIL whose accuracy evidence is between the two rates) both
+ends are probed again at the full tier (look 2), judged by the probe's own rule as before: a bad end that passes says BAD-END-PASSES only on the whole evidence.
 The trials of a block then replay the cases of the look that settled it.
 """
 
@@ -51,17 +50,14 @@ def single_look(spec: ProbeSpec) -> bool:
     return kept is None or len(kept) == sum(n for c, n in cells(spec) if c.family != "drift")
 
 
-def settles(bad: V.Verdict, *, warn_fails: bool) -> str | None:
+def settles(bad: V.Verdict) -> str | None:
     """Why the bad end's look-1 verdict `bad` settles the ends (`signatures`, `accuracy`,
-    `drift`, `other`: a FAIL no count decides), or None: both ends go on to the full tier.
-    `warn_fails`: the bisect counts a drift WARN like the bad end (`TrialPolicy.warn_fails`)."""
-    if bad.verdict == V.WARN:
-        # a bad end that only drifts: but where look 1 already lost more answers than it
-        # gained, the loss of facts is not established yet, not absent — the full look decides
-        # whether this is a bisect on facts or on drift (`WarnAs.AUTO` reads the bad end)
-        lost, gained = bad.overall.get("b", 0) or 0, bad.overall.get("c", 0) or 0
-        only_drifts = bad.drift.get("status") == "warn" and lost <= gained
-        return "drift" if warn_fails and only_drifts else None
+    `other`: a FAIL no count decides), or None: both ends go on to the full tier."""
+    # A WARN (drift, no fact lost at look 1) never settles: that the bad end *only* drifts is
+    # a claim that no fact is lost, which, like a PASS, needs the whole evidence. On the smoke
+    # tier's look 1 `draft-eos` drifted and showed none of its truncations (they are in the
+    # other two thirds of the cases); settled by drift, `auto` bisected it on drift and named
+    # the patches that drift most (mhc-bf16, mma-decode), not nextn-speculation.
     if bad.verdict != V.FAIL:
         return None
     if bad.signatures.get("hard_fail"):

@@ -1,9 +1,8 @@
 """The ends' two looks end to end on the embedded engine (docs/bisect.md, "Ends that stop when
-their question is answered"): a hot bisect on the smoke tier whose bad end shows hard
-signatures settles its ends at look 1 (fewer requests than the full tier's) and still names the
-culprit; one whose look 1 lost answers without establishing the loss, and one whose bad end
-passes at look 1, probe both ends again at the full tier (the latter before it says
-BAD-END-PASSES)."""
+their question is answered"): a hot bisect on the smoke tier whose bad end loses facts at
+look 1 settles its ends there (fewer requests than the full tier's) and still names the
+culprit; bad ends that only WARN at look 1 (drift, facts not established) and one that passes
+at look 1 probe both ends again at the full tier (the latter before it says BAD-END-PASSES)."""
 
 from __future__ import annotations
 
@@ -49,19 +48,19 @@ def _bad_end(trials: list[dict[str, Any]]) -> dict[str, Any]:
     return bad
 
 
-def test_a_bad_end_with_hard_signatures_settles_at_look_1(cli, tmp_path: Path) -> None:
+def test_a_bad_end_that_loses_facts_settles_at_look_1(cli, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     r = cli("bisect", "reference-all", "--tier", "smoke",
-            "--set", "patches.nextn-speculation.variant=draft-eos", "--json", "--out", runs,
+            "--set", "patches.fp8-wo-a-gemm.variant=scale-layout", "--json", "--out", runs,
             cwd=tmp_path, timeout=2900)
     assert r.returncode == 0, r.stderr[-4000:]
     report = json.loads(r.stdout)
-    assert report["status"] == "found" and report["culprits"] == ["nextn-speculation"], report
+    assert report["status"] == "found" and report["culprits"] == ["fp8-wo-a-gemm"], report
     bad = _bad_end(_trials(runs))
     smoke = tier_spec("smoke")
-    # the draft's EOS taken at once truncates answers: hard signatures, no count to wait for
     assert bad["verdict"] == "FAIL"
-    assert bad["details"]["end_look"] == 1 and bad["details"]["settled_by"] == "signatures"
+    assert bad["details"]["end_look"] == 1
+    assert bad["details"]["settled_by"] in ("accuracy", "signatures", "other")
     assert bad["details"]["requests"] == _requests(look_spec(smoke, 1)) < _requests(smoke)
     run_dir = Path(report["run_dir"])
     ends = run_dir / "ends" / "b0"
@@ -72,18 +71,23 @@ def test_a_bad_end_with_hard_signatures_settles_at_look_1(cli, tmp_path: Path) -
     assert saved["spec"]["case_share"] == LOOK1_SHARE
 
 
-def test_a_look_1_that_lost_answers_without_establishing_it_goes_to_the_full_tier(
-        cli, tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant, culprit", [
+    # look 1 lost 4 of 36 answers, none gained (p = 0.06), and drifted: not established
+    ("patches.mma-decode.variant=swa-ring-stale", "mma-decode"),
+    # look 1 drifted and showed none of the draft's truncations (they are in other cases)
+    ("patches.nextn-speculation.variant=draft-eos", "nextn-speculation"),
+])
+def test_a_look_1_that_only_warns_goes_to_the_full_tier_and_finds_the_fact_loser(
+        cli, tmp_path: Path, variant: str, culprit: str) -> None:
     runs = tmp_path / "runs"
-    r = cli("bisect", "reference-all", "--tier", "smoke",
-            "--set", "patches.mma-decode.variant=swa-ring-stale", "--json", "--out", runs,
-            cwd=tmp_path, timeout=2900)
+    r = cli("bisect", "reference-all", "--tier", "smoke", "--set", variant, "--json",
+            "--out", runs, cwd=tmp_path, timeout=2900)
     assert r.returncode == 0, r.stderr[-4000:]
     report = json.loads(r.stdout)
-    assert report["status"] == "found" and report["culprits"] == ["mma-decode"], report
+    assert report["status"] == "found" and report["culprits"] == [culprit], report
     bad = _bad_end(_trials(runs))
-    # smoke's look 1 (36 requests): 4 answers lost, none gained (p = 0.06) and drift x2e3 the
-    # null; not a bad end that only drifts yet, so the full tier decides: a FAIL on facts
+    # a WARN at look 1 is no proof that the bad end only drifts: the full tier decides, and
+    # there the bad end FAILs on facts (not a bisect on drift that names what drifts most)
     assert bad["details"]["end_look"] == 2 and bad["details"]["settled_by"] is None
     assert bad["verdict"] == "FAIL"
     assert json.loads((Path(report["run_dir"]) / "ends" / "b0" / "settled.json").read_text()

@@ -86,7 +86,7 @@ class LookOne:
     with `good_accuracy`, the bad end losing `loss_rate` of those (the verdict table's smallest
     loss, as the trial probe is priced), a deterministic engine (no answer gained). Judged by
     the probe's overall exact McNemar test and `end_looks.settles`. A bad end with hard
-    signatures, a crash or drift that counts settles at look 1 whatever its count, and a loss
+    signatures or a crash settles at look 1 whatever its count, and a loss
     confined to a cell may settle by its cell's Holm test: the world priced here, a loss spread
     thin over every cell, is the one where look 2 is likeliest."""
 
@@ -120,4 +120,4 @@ def _settled(lost: int, pairs: int) -> bool:
     p = mcnemar_one_sided(lost, 0)
     verdict = V.Verdict(V.FAIL if p < V.ALPHA_OVERALL else V.PASS, (), {},
                         overall={"n": pairs, "b": lost, "c": 0, "p_value": p})
-    return settles(verdict, warn_fails=True) is not None
+    return settles(verdict) is not None

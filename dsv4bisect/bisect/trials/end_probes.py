@@ -146,7 +146,7 @@ class EndProbes:
         trial sent (the look-2 good end's included)."""
         block = ctx.spec.seed_block
         requests = len(cand.rows)
-        why = end_looks.settles(verdict, warn_fails=self.policy.warn_fails(True))
+        why = end_looks.settles(verdict)
         full = self.look_spec(block, 2)
         if ends.look == 2:  # a retry of a bad end whose first try stopped in look 2
             ends.settled_by = None
