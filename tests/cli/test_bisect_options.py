@@ -1,6 +1,7 @@
 """`dsv4bisect bisect --help` keeps every option it had when the command became a thin front
 over bisect/session.py (issue 38): each option's flags, its metavar or choices, and its range
-or default, as recorded from the command before the change."""
+or default, as recorded from the command before the change; an option added since is added
+here with the issue that added it."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ RECORDED = [
     ("--switch-cost <float>", ""),
     ("--probe-cost <float>", ""),
     ("--fresh-launches", ""),
+    ("--full-ends", ""),  # added by issue 42 (the ends in one look at the full tier)
     ("--no-confirm", ""),
     ("--no-cache", ""),
     ("--nodes <int range>", "[1<=x<=64]"),
