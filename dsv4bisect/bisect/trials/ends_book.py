@@ -135,7 +135,11 @@ class EndsBook:
             raise ConfigError(f"the ends of seed block {block} from {source} were measured on "
                               f"good end {good_fingerprint[:12]}, this runner's is {good[:12]}",
                               "every node must resolve the same good end as the driver")
-        want = {s.replace(seed_block=block).spec_hash(): look for look, s in looks.items()}
+        # a spec that is both looks (full ends; a tier whose look 1 keeps every case) is look
+        # 1, as a block measured here starts: the first look of a hash names it
+        want: dict[str, int] = {}
+        for look, s in sorted(looks.items()):
+            want.setdefault(s.replace(seed_block=block).spec_hash(), look)
         look_of: dict[str, int] = {}
         for end, run in (("baseline", base), ("baseline-repeat", repeat), ("bad", bad)):
             if run is None:
