@@ -4,9 +4,8 @@ docs/bisect.md, "Ends that stop when their question is answered").
 A look at `case_share` below 1 keeps `cases_kept(n, share)` of each (family, length) stratum's
 n accuracy cases and every drift transcript; a block settled at that look has its trials replay
 its cases, so the trial probe the plan prices must be simulated on that grid, not the tier's.
-`look_cells` is that grid for the plan: the tier's cells with each stratum's kept cases spread
-over its cells by a shuffle seeded by (spec seed, seed block, family, length), the case
-builder's rule. Every cell of a stratum has the same nominal length, so the computed tokens of
+`look_cells` is that grid for the plan: the tier's cells with the cases the case builder keeps
+(`grid.kept_case_ids`). Every cell of a stratum has the same nominal length, so the computed tokens of
 a look (costs.probe_shape) do not depend on which cells the shuffle picks; only the trial
 simulation's cells hold the counts it gives.
 """
@@ -15,35 +14,27 @@ from __future__ import annotations
 
 import math
 import random
-from collections import defaultdict
 from dataclasses import dataclass
 
 from dsv4bisect.bisect.end_looks import settles
 from dsv4bisect.probe import verdict as V
-from dsv4bisect.probe.grid import Cell, cells
+from dsv4bisect.probe.grid import Cell, cells, kept_case_ids
 from dsv4bisect.probe.sequential_plan import SMALLEST_LOSS
-from dsv4bisect.probe.spec import ProbeSpec, cases_kept
+from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.probe.stats import mcnemar_one_sided
 
 
 def look_cells(spec: ProbeSpec) -> list[tuple[Cell, int]]:
     """Every (cell, cases kept in it) of the look `spec.case_share`, in the tier's request
-    order; drift cells whole. At share 1: `cells(spec)`."""
+    order; drift cells whole. The cases are the case builder's own (`grid.kept_case_ids`), so
+    the plan simulates the trials on the grid the runner probes. At share 1: `cells(spec)`."""
     tier = cells(spec.replace(case_share=1.0))  # the whole tier's grid, whatever cells() keeps
-    if spec.case_share >= 1.0:
+    kept = kept_case_ids(spec)
+    if kept is None:
         return tier
-    strata: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
-    for k, (cell, n) in enumerate(tier):
-        if cell.family != "drift":
-            strata[(cell.family, cell.length)] += [(k, i) for i in range(n)]
-    kept: defaultdict[int, int] = defaultdict(int)  # cases kept per tier cell
-    for (family, length), cases in strata.items():
-        order = list(cases)
-        random.Random(f"{spec.seed}:{spec.seed_block}:{family}:{length}").shuffle(order)
-        for k, _ in order[:cases_kept(len(order), spec.case_share)]:
-            kept[k] += 1
-    return [(cell, n if cell.family == "drift" else kept[k])
-            for k, (cell, n) in enumerate(tier) if cell.family == "drift" or kept[k]]
+    counts = [(cell, n if cell.family == "drift"
+               else sum(f"{cell.key}/{i}" in kept for i in range(n))) for cell, n in tier]
+    return [(cell, n) for cell, n in counts if n]
 
 
 def look_trial(spec: ProbeSpec, false_fail: float, false_pass: float, loss_rate: float,
