@@ -2,8 +2,9 @@
 simulates 800 trials of the probe spec (a minute or more of CPU on a large tier) before every
 `bisect` and `--plan`, and gives the same figures every time for the same spec, error rates and
 code. An entry is `$DSV4BISECT_CACHE/trial-plans/<key>.json`, the key a hash of the probe spec
-(its spec hash), the error rates, and the sources of the probe package; a damaged entry is
-ignored and simulated again. JSON keeps a float's exact value, so the figures are the same bits.
+(its spec hash), the error rates, and the sources of the probe package and of bisect/plan
+(where a look's trials are simulated: look_world.py); a damaged entry is ignored and simulated
+again. JSON keeps a float's exact value, so the figures are the same bits.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def planned_trial(spec: object, false_fail: float, false_pass: float, *,
     runs = PLAN_SIMS if sims is None else sims
     key = digest({"schema": SCHEMA, "spec": spec.spec_hash(),  # type: ignore[attr-defined]
                   "noise": [false_fail, false_pass], "loss": loss, "sims": runs,
-                  "code": source_hash("probe")}, length=24)
+                  "code": source_hash("probe", "bisect/plan")}, length=24)
     path = cache_dir() / "trial-plans" / f"{key}.json"
     fields = [f.name for f in dataclasses.fields(TrialProbePlan)]
     try:
