@@ -49,8 +49,12 @@ case "${1:-}" in
     fi
     # the kept JSON, every run's and bisect's verdict, report and logs (not probe rows: large),
     # packed every minute too, so a call the lease cuts short still brings back what finished
+    # and the baselines measured here, for the next call to carry in .cache/ (a fresh machine
+    # has none)
     pack() { tar czf "$OUT/verdicts.tgz.part" -C "$VT" --exclude='*.jsonl' --exclude='*.png' \
-               --exclude='*.sqlite*' . && mv "$OUT/verdicts.tgz.part" "$OUT/verdicts.tgz"; }
+               --exclude='*.sqlite*' . && mv "$OUT/verdicts.tgz.part" "$OUT/verdicts.tgz"
+             [ -d "$DSV4BISECT_CACHE/baselines" ] && tar czf "$OUT/baselines.tgz.part" \
+               -C "$DSV4BISECT_CACHE" baselines && mv "$OUT/baselines.tgz.part" "$OUT/baselines.tgz"; }
     (while sleep 60; do pack; done) &
     packer=$!
     # JOBS: rows at once. Each row's two engines are CUDA contexts of their own, and one GPU

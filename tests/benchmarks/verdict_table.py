@@ -11,8 +11,14 @@ Per row and precision:
 - a patch or a fault: `dsv4bisect run reference --only P [--set patches.P.variant=V] --json`
   (the good end is the same profile with every patch off);
 - a harmless change the deployment makes to itself (prefill re-chunked at 512 / 77, no batch
-  mates, no prefix-cache hit): two `dsv4bisect serve` of the same patch set (all off), the
-  default one and the changed one, judged by `dsv4bisect probe CHANGED --baseline DEFAULT`;
+  mates, no prefix-cache hit): `dsv4bisect run reference --good-config reference --set
+  engine.SETTING=V --json`, the changed server judged against the default one (the serving
+  settings are SGLang's server arguments, `serve --chunk-size` and its siblings). Until
+  2026-12-06 these rows launched two `dsv4bisect serve` and judged `probe CHANGED --baseline
+  DEFAULT`: the same comparison, but it measured the default server again in every row, where
+  `run` reads the baseline every row shares from its cache (every row's good end is `reference`
+  with no patch, one fingerprint), which on a GPU is the difference between fitting a lent
+  machine's call or not;
 - with `--bisect`, for faults: `dsv4bisect bisect reference-all [--set
   patches.P.variant=V] --json` (the slow part): the culprits it names, in how many rounds.
 Columns: drift (as a multiple of the null model when the verdict reports one, else the mean KL
@@ -37,11 +43,9 @@ import argparse
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
@@ -57,7 +61,7 @@ class Row:
     kind: str  # default | patch | fault | harmless
     patch: str | None = None
     variant: str | None = None
-    serve: tuple[str, ...] = ()  # harmless: the changed server's extra flags
+    sets: tuple[str, ...] = ()  # harmless: the changed serving setting (engine.KEY=VALUE)
     citation: str = ""
 
     @property
@@ -75,10 +79,10 @@ ROWS: tuple[Row, ...] = (
     Row("trtllm-clamp", "patch", "trtllm-clamp"),
     Row("nextn-speculation", "patch", "nextn-speculation"),
     Row("fp8-wo-a-gemm", "patch", "fp8-wo-a-gemm"),
-    Row("re-chunk 512", "harmless", serve=("--chunk-size", "512")),
-    Row("re-chunk 77", "harmless", serve=("--chunk-size", "77")),
-    Row("no batch mates", "harmless", serve=("--max-running-requests", "1")),
-    Row("no cache hit", "harmless", serve=("--disable-radix-cache",)),
+    Row("re-chunk 512", "harmless", sets=("engine.chunked_prefill_size=512",)),
+    Row("re-chunk 77", "harmless", sets=("engine.chunked_prefill_size=77",)),
+    Row("no batch mates", "harmless", sets=("engine.max_running_requests=1",)),
+    Row("no cache hit", "harmless", sets=("engine.disable_radix_cache=true",)),
     Row("mma-decode:merge-no-rescale", "fault", "mma-decode", "merge-no-rescale"),
     Row("hash-topk-scaling:double-scale", "fault", "hash-topk-scaling", "double-scale"),
     Row("triton-indexer:residue", "fault", "triton-indexer", "residue"),
@@ -152,31 +156,16 @@ def _pythonpath() -> str:
     return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(flags: tuple[str, ...], precision: str,
-           device: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": _pythonpath()}
-    proc = subprocess.Popen(
-        ["nice", "-n", "10", sys.executable, "-m", "dsv4bisect", "serve", "--port", str(port),
-         "--checkpoint", "embedded", "--device", device, "--precision", precision, *flags],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(f"{url}/v1/models", timeout=2).read()
-            return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"serve {' '.join(flags)} exited {proc.returncode}") from None
-            time.sleep(1)
-    proc.terminate()
-    raise RuntimeError(f"serve {' '.join(flags)} did not become ready")
+def _good_config(out: Path, precision: str, where: Where) -> Path:
+    """The harmless rows' good end: `reference` (every patch off) at this precision and device,
+    the same configuration, and fingerprint, as every other row's good end."""
+    engine = {"precision": precision}
+    if where.device != "auto":
+        engine["reference"] = {"device": where.device}
+    path = out / f"good-end.{precision}.{where.device}.yaml"
+    path.write_text(json.dumps({"schema_version": 1, "extends": "reference",
+                                "name": "reference", "engine": engine}) + "\n")
+    return path
 
 
 def measure(row: Row, precision: str, tier: str, out: Path, what: str, where: Where) -> None:
@@ -189,15 +178,11 @@ def measure(row: Row, precision: str, tier: str, out: Path, what: str, where: Wh
     if what == "bisect":  # a real patch's bisect is reference-all's own
         _cli(["bisect", "reference-all", *sets, *exact, *device, "--out", str(out / "runs")],
              out / f"{tag}.bisect.json", where)
-    elif row.kind == "harmless":
-        servers = [_serve((), precision, where.device), _serve(row.serve, precision, where.device)]
-        try:
-            _cli(["probe", servers[1][1], "--baseline", servers[0][1], "--tier", tier,
-                  "--out", str(out / f"{tag}.probe")], out / f"{tag}.run.json", where)
-        finally:
-            for proc, _ in servers:
-                proc.terminate()
-                proc.wait(timeout=60)
+    elif row.kind == "harmless":  # --good-config: the user's --set shape the candidate only
+        changed = [x for kv in (*row.sets, *exact[1::2], *device[1::2]) for x in ("--set", kv)]
+        _cli(["run", "reference", "--good-config", str(_good_config(out, precision, where)),
+              *changed, "--tier", tier, "--out", str(out / "runs")], out / f"{tag}.run.json",
+             where)
     elif row.kind == "default":
         _cli(["run", *exact, *device, "--tier", tier, "--out", str(out / "runs")],
              out / f"{tag}.run.json", where)
@@ -290,11 +275,11 @@ def table(dirs: list[Path], precisions: list[str], rows: tuple[Row, ...]) -> str
 
 
 def _measure_all(jobs: list[tuple[Row, str, str]], workers: int, one) -> None:
-    """Every job, `workers` at once. Every `run` row of one precision has the same good end (the
-    reference with no patch: one fingerprint), whose baseline `run` caches: the first such row
-    runs before the other `run` rows, so they read its baseline instead of all measuring it at
-    once. Bisects and harmless rows (their own two servers) start beside it."""
-    cached = [j for j in jobs if j[2] == "run" and j[0].kind != "harmless"]
+    """Every job, `workers` at once. Every row of one precision has the same good end (the
+    reference with no patch: one fingerprint), whose baseline `run` caches: the first row runs
+    before the others, so they read its baseline instead of all measuring it at once. Bisects
+    (they draw other seed blocks) start beside it."""
+    cached = [j for j in jobs if j[2] == "run"]
     seeds = {j[1]: j for j in reversed(cached)}  # the first run row of each precision
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         first = [pool.submit(one, j) for j in seeds.values()]
