@@ -274,13 +274,13 @@ def table(dirs: list[Path], precisions: list[str], rows: tuple[Row, ...]) -> str
     return "\n".join(lines)
 
 
-def _measure_all(jobs: list[tuple[Row, str, str]], workers: int, one) -> None:
+def _measure_all(jobs: list[tuple[Row, str, str]], workers: int, seed: bool, one) -> None:
     """Every job, `workers` at once. Every row of one precision has the same good end (the
     reference with no patch: one fingerprint), whose baseline `run` caches: the first row runs
     before the others, so they read its baseline instead of all measuring it at once. Bisects
     (they draw other seed blocks) start beside it."""
     cached = [j for j in jobs if j[2] == "run"]
-    seeds = {j[1]: j for j in reversed(cached)}  # the first run row of each precision
+    seeds = {j[1]: j for j in reversed(cached)} if seed else {}  # each precision's first
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         first = [pool.submit(one, j) for j in seeds.values()]
         rest = [pool.submit(one, j) for j in jobs if j not in cached]
@@ -302,6 +302,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="rows measured at once")
     ap.add_argument("--bisect", action="store_true", help="also bisect every fault (slow)")
     ap.add_argument("--bisect-rows", nargs="+", default=(), help="bisect only these faults")
+    ap.add_argument("--no-seed", action="store_true",
+                    help="the shared good end's baseline is already cached (carried in): start "
+                         "every row at once instead of the first alone")
     ap.add_argument("--commit", help="the commit measured (default: $DSV4BISECT_COMMIT, git)")
     ap.add_argument("--out", type=Path, default=Path("runs/verdict-table"))
     ap.add_argument("--from", dest="from_dirs", type=Path, nargs="+",
@@ -320,7 +323,7 @@ def main() -> None:
         # the bisects first: they are the long ones (longest first keeps the pool busy)
         jobs[:0] = [(row, precision, "bisect") for row in rows for precision in a.precision
                     if row.kind == "fault" and (a.bisect or row.label in a.bisect_rows)]
-        _measure_all(jobs, a.jobs, lambda j: measure(j[0], j[1], a.tier, a.out, j[2], where))
+        _measure_all(jobs, a.jobs, not a.no_seed, lambda j: measure(j[0], j[1], a.tier, a.out, j[2], where))
     print(table(a.from_dirs or [a.out], a.precision, rows))
 
 
