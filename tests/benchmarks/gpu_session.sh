@@ -7,7 +7,9 @@
 #       # the verdict table's rows on this GPU at precision deployment (needs .whl/ with
 #       # pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, uvicorn
 #       # and starlette for Python 3.12; see docs/performance.md), the engine's own variation
-#       # (batch_variation.py --device cuda) beside them; every result to $OUT/verdicts.tgz
+#       # (batch_variation.py --device cuda) beside them; every result to $OUT/verdicts.tgz and
+#       # the shared good end's baseline to $OUT/baselines.tgz: unpack that into
+#       # .cache/dsv4bisect/, carry .cache/dsv4bisect and pass --no-seed to a later call
 #   bash tests/benchmarks/gpu_session.sh vllm      # vLLM hooks vs vLLM's torch code (needs .whl/vllm:
 #                                                  #   python tests/vllm/gpu_vllm_check.py --make-slices .whl/vllm)
 # The GPU box has torch and triton but no pydantic and no network: the package is imported from
