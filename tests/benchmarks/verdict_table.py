@@ -278,7 +278,7 @@ def _measure_all(jobs: list[tuple[Row, str, str]], workers: int, seed: bool, one
     """Every job, `workers` at once. Every row of one precision has the same good end (the
     reference with no patch: one fingerprint), whose baseline `run` caches: the first row runs
     before the others, so they read its baseline instead of all measuring it at once. Bisects
-    (they draw other seed blocks) start beside it."""
+    start beside it."""
     cached = [j for j in jobs if j[2] == "run"]
     seeds = {j[1]: j for j in reversed(cached)} if seed else {}  # each precision's first
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
