@@ -173,6 +173,7 @@ def _wait_for_third_trial(proc: subprocess.Popen[str], runs: Path) -> Path:
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # a minute on a loaded 2-core machine: CI stays under 20 min
 def test_sigkill_mid_run_then_resume_repeats_no_finished_trial(cli, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     with open(tmp_path / "stderr.log", "w") as err:

@@ -127,6 +127,7 @@ def test_aa_passes_with_identical_requests(baseline: tuple[ProbeRun, ProbeRun]) 
         assert any("no evidence" in r and "drift decides" in r for r in v.reasons)
 
 
+@pytest.mark.slow  # a minute on a loaded 2-core machine: CI stays under 20 min
 def test_split_k_merge_fault_is_not_a_pass(baseline: tuple[ProbeRun, ProbeRun],
                                            fault_url: str) -> None:
     base, rep = baseline

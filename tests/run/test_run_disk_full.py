@@ -22,6 +22,7 @@ def tmpfs(mount_tmpfs: Callable[[str], Path]) -> Path:
     return mount_tmpfs("32m")
 
 
+@pytest.mark.slow  # a minute on a loaded 2-core machine: CI stays under 20 min
 def test_disk_full_mid_run_is_125_and_leaves_a_reconcilable_record(tmp_path: Path,
                                                                    tmpfs: Path) -> None:
     profile = fault_profile(tmp_path, "fills", "mma-decode", "--fill-disk-after", "2",

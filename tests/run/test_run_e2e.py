@@ -151,6 +151,7 @@ def test_a_patch_that_crashes_the_engine_at_start_fails_with_signature_crash(
     assert "## Crashes" in report and "simulated crash at start" in report
 
 
+@pytest.mark.slow  # a minute on a loaded 2-core machine: CI stays under 20 min
 def test_an_engine_that_dies_mid_probe_every_time_fails_with_signature_crash(
         tmp_path: Path, cache: Path) -> None:
     profile = fault_profile(tmp_path, "die-mid-probe", "mhc-bf16", "--die-after", "2")
@@ -162,6 +163,7 @@ def test_an_engine_that_dies_mid_probe_every_time_fails_with_signature_crash(
     assert "killed the engine after 2 probe requests" in v["reasons"][1]
 
 
+@pytest.mark.slow  # a minute on a loaded 2-core machine: CI stays under 20 min
 def test_a_free_port_lost_to_another_process_is_retried_on_a_new_port(tmp_path: Path,
                                                                       cache: Path) -> None:
     marker = tmp_path / "lost-once"
