@@ -176,12 +176,13 @@ def trial_policy(asked: BisectRequest, cfg: BisectSettings, rounds: int) -> Tria
                           "bisect", "drop --fresh-launches, --parallel K > 1 (local) and "
                           "--test-cmd, or use --drift absolute")
     # The ends in two looks where trials are hot and sequential (`TrialPolicy.end_looks`,
-    # bisect/end_looks.py) unless full ends are asked for; on Ray always full ends (its nodes
-    # share full ends only: docs/cluster.md, "The ends travel").
+    # bisect/end_looks.py) unless full ends are asked for, locally and on Ray alike (the nodes
+    # share each look's ends and the look that settled a block: docs/cluster.md, "The ends
+    # travel").
     full_ends = bool(asked.full_ends if asked.full_ends is not None else cfg.full_ends)
     return TrialPolicy(warn_as=WarnAs(asked.warn_as or cfg.warn_as), drift=drift, hot=hot,
                        sequential=hot, shard=hot and asked.shard and executor is Executor.RAY,
-                       executor=executor, full_ends=full_ends or executor is Executor.RAY)
+                       executor=executor, full_ends=full_ends)
 
 
 def _node_slots(nodes: int | None, parallel: int, policy: TrialPolicy) -> int | None:
@@ -244,8 +245,8 @@ def _costs(runner: EngineRunner | None, q: Question, noise: Noise,
         return plan_costs(None, None, given=given, durations=durations)
     engine = "reference" if runner.good_cfg.kind == "reference" else "sglang"
     trial = Noise(*TRIAL_ERROR_RATES)  # what the hot runner asks of its sequential trials
-    # where the policy has the ends in two looks (hot sequential trials, not `full_ends`, not
-    # Ray: `TrialPolicy.end_looks`), the trials replay look 1's cases where it settled
+    # where the policy has the ends in two looks (hot sequential trials, not `full_ends`:
+    # `TrialPolicy.end_looks`), the trials replay look 1's cases where it settled
     # (bisect/end_looks.py); elsewhere the ends are probed at the full tier
     look = look_spec(runner.spec, 1) if looks else None
     return plan_costs(engine, probe_shape(runner.spec), given=given, details=details,

@@ -21,7 +21,7 @@ from dsv4bisect.cli.options import overrides
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.shards import same_content
 
-# a Ray node's policy: the nodes share full ends (docs/cluster.md, "The ends travel")
+# full ends: this test is of the probe started ahead, not of the ends' looks
 HOT = dataclasses.replace(HOT_POLICY, full_ends=True)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]

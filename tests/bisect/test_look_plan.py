@@ -202,3 +202,55 @@ def test_the_trial_plan_of_a_look_is_simulated_on_its_grid_and_cached():
     assert planned_trial(look, 0.01, 0.01, loss_rate=0.14, sims=20) == direct  # read back
     assert direct.full_requests < plan_trial(tier_spec("smoke"), 0.01, 0.01, loss_rate=0.14,
                                              sims=20).full_requests
+
+
+def test_a_sharded_look_two_probes_the_good_end_whole_on_the_trials_node_after_look_one():
+    """On Ray (NodePool, sharded) a bad end whose look 1 does not settle probes look 2 as the
+    node runs it (HotEngineRunner with replicas): the good end's baseline and A/A repeat whole
+    on the trial's own node (its replicas serve the bad end's configuration only), then the bad
+    end's full tier split across the trial's nodes; beside the good end of its round
+    (TOGETHER) all of it after the look-1 verdict, which waits for the good end's run."""
+    from dsv4bisect.bisect.plan.simulate import NodePool
+    from dsv4bisect.bisect.rounds import ALONE, TOGETHER
+
+    c = LOOKS
+    for ends in (ALONE, TOGETHER):
+        never = NodePool(c, EVERYTHING, 4, sharded=True, ends=ends, settles=lambda: False)
+        settled = NodePool(c, EVERYTHING, 4, sharded=True, ends=ends, settles=lambda: True)
+        pair = [(frozenset(), False), (EVERYTHING, True)]
+        rounds = [pair] if ends == TOGETHER else [[p] for p in pair]
+        walls = [[pool.run_round(r) for r in rounds] for pool in (never, settled)]
+        shards = [t for t in walls[0][-1].trials if t.look == 2]
+        own, *replicas = sorted({t.node for t in shards}, key=lambda n: n != shards[0].node)
+        look2 = {t.node: t.look2_s for t in shards if t.look2_s}
+        # the own node: the good end's engine and the bad end's again (launches: "a" is
+        # load-time and one engine is up at once), the good end whole, its share of the bad end
+        shares = len({t.node for t in shards})
+        assert look2[own] == pytest.approx(2 * c.launch_s + c.probe_s * (1 + c.aa_fraction)
+                                           + c.probe_s / shares)
+        assert all(look2[n] == pytest.approx(c.probe_s / shares) for n in replicas)
+        if ends == TOGETHER:  # after the good end's trial: its look-1 verdict needs that run
+            good_done = max(t.start_s + t.seconds for t in walls[0][0].trials if t.trial == 0)
+            after = [t for t in shards if t.look2_s]
+            assert after and all(t.start_s >= good_done for t in after)
+        assert sum(r.wall_s for r in walls[0]) > sum(r.wall_s for r in walls[1]) + c.probe_s
+
+
+@pytest.mark.slow  # two plans of the standard tier on 1, 2 and 4 nodes: ~2-3 min on 2 cores
+def test_the_ray_node_plan_prices_the_ends_two_looks_below_full_ends(cli, tmp_path):
+    """`--plan --executor ray --parallel 4` runs the ends in two looks as locally, and its node
+    table prices them: every row with the levers is shorter than with `--full-ends`."""
+    import json
+
+    plan = ("bisect", "dsv4-flash-tp8-all", "--plan", "--executor", "ray", "--parallel", "4",
+            "--no-confirm", "--json")
+    looks, full = (json.loads(r.stdout) for r in (cli(*plan, cwd=tmp_path),
+                                                   cli(*plan, "--full-ends", cwd=tmp_path)))
+    assert "ends, look 1" in {c["name"] for c in looks["costs"]}
+    assert "ends, look 1" not in {c["name"] for c in full["costs"]}
+    rows = {kind: {(r["nodes"], r["sharded"]): r for r in doc["nodes"]["rows"] if r["levers"]}
+            for kind, doc in (("looks", looks), ("full", full))}
+    assert sorted(rows["looks"]) == sorted(rows["full"]) and len(rows["looks"]) >= 6
+    for key, row in rows["looks"].items():
+        assert row["mean_wall_s"] < rows["full"][key]["mean_wall_s"], key
+        assert row["p_correct"] >= 0.97, key

@@ -54,7 +54,7 @@ def test_a_ray_nodes_engine_killed_idle_is_relaunched_by_its_runner(tmp_path: Pa
     try:
         ray.init(address=c.address)
         req = RunnerRequest("reference-all", {}, ("engine.precision=exact",), "ci", False,
-                            bad=BAD, policy=replace(HOT_POLICY, full_ends=True))  # Ray's
+                            bad=BAD, policy=replace(HOT_POLICY, full_ends=True))  # --full-ends
         local = node_runner(req)  # the driver's copy: the trials' fingerprints
         actor = ray.remote(TrialActor).options(num_cpus=0, max_restarts=0,
                                                max_concurrency=2).remote(req.to_json(), False)

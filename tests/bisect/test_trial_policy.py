@@ -44,12 +44,14 @@ def test_every_enum_is_the_profiles_and_the_command_lines_words():
     (BisectRequest(fresh_launches=True), TrialPolicy(WarnAs.AUTO, DriftRule.ABSOLUTE)),
     (BisectRequest(parallel=2), TrialPolicy(WarnAs.AUTO, DriftRule.ABSOLUTE)),
     (BisectRequest(test_cmd="true"), TrialPolicy(WarnAs.AUTO, DriftRule.ABSOLUTE)),
-    # Ray: each node keeps its engines up; idle nodes shard the ends unless --no-shard
-    # (and probe full ends: the nodes share no looks)
+    # Ray: each node keeps its engines up; idle nodes shard the ends unless --no-shard; the
+    # ends in two looks as locally (the nodes share each look's ends and the settled look)
     (BisectRequest(executor=Executor.RAY, parallel=4),
-     TrialPolicy(WarnAs.AUTO, DriftRule.RELATIVE, True, True, True, Executor.RAY, True)),
+     TrialPolicy(WarnAs.AUTO, DriftRule.RELATIVE, True, True, True, Executor.RAY)),
     (BisectRequest(executor=Executor.RAY, parallel=4, shard=False),
-     TrialPolicy(WarnAs.AUTO, DriftRule.RELATIVE, True, True, False, Executor.RAY, True)),
+     TrialPolicy(WarnAs.AUTO, DriftRule.RELATIVE, True, True, False, Executor.RAY)),
+    (BisectRequest(executor=Executor.RAY, parallel=4, full_ends=True),
+     TrialPolicy(WarnAs.AUTO, DriftRule.RELATIVE, True, True, True, Executor.RAY, True)),
     (BisectRequest(warn_as=WarnAs.PASS, drift=DriftRule.ABSOLUTE),
      TrialPolicy(WarnAs.PASS, DriftRule.ABSOLUTE, True, True, False)),
     # the ends in two looks unless --full-ends
@@ -65,7 +67,7 @@ def test_the_policy_is_resolved_from_the_command_line_over_the_profile(asked, po
 def test_the_profile_decides_where_the_command_line_is_silent():
     profile = BisectSettings(warn_as="fail", drift="absolute", executor="ray")
     assert trial_policy(BisectRequest(), profile, 1) == TrialPolicy(
-        WarnAs.FAIL, DriftRule.ABSOLUTE, True, True, True, Executor.RAY, True)
+        WarnAs.FAIL, DriftRule.ABSOLUTE, True, True, True, Executor.RAY)
     assert trial_policy(BisectRequest(warn_as=WarnAs.AUTO), profile, 1).warn_as is WarnAs.AUTO
     full = BisectSettings(full_ends=True)
     assert trial_policy(BisectRequest(), full, 1).full_ends

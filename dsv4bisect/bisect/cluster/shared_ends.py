@@ -1,17 +1,24 @@
 """The ends of a bisect whose trials run on several nodes: measured once, used by every node.
 
 A hot runner measures a seed block's ends as its trials need them (bisect/trials/hot_runner.py): the
-good end's baseline and A/A repeat, and the bad end's full-size run, each a probe-run directory
-under its `ends/b<block>/{baseline,baseline-repeat,bad}`. On the Ray executor those ends travel
-as files (docs/cluster.md, "The ends travel"):
+good end's baseline and A/A repeat, and the bad end's run, each a probe-run directory under its
+`ends/`: `b<block>/{baseline,baseline-repeat,bad}` with full ends, `b<block>/look<k>/<end>`
+where the ends are probed in two looks (bisect/end_looks.py), with `b<block>/settled.json`, the
+look that settled the block, written by the trial that probed its bad end. On the Ray executor
+those ends travel as files (docs/cluster.md, "The ends travel"):
 
 * the node packs the ends its trial measured into one archive beside the trial's
-  (`pack_ends`: the probe-run files plus an index naming the good end and the node);
-* the driver keeps them in its run directory, `ends/b<block>/<end>/` with `ends/index.json`
-  (`DriverEnds.keep`; the first copy of an end that comes back is the one kept);
-* every later trial request carries the ends the driver has and that node does not
-  (`DriverEnds.pack`), and the node installs them in its runner before the trial
-  (`adopt`: `HotEngineRunner.adopt_ends`, which checks probe spec, seed block and good end).
+  (`pack_ends`: the probe-run files plus an index naming the good end, the node, and the
+  settled look of each block whose ends it sends);
+* the driver keeps them in its run directory, `ends/<name>/` with `ends/index.json`
+  (`DriverEnds.keep`; the first copy of an end, and of a block's settled look, that comes
+  back is the one kept);
+* every later trial request carries the ends the driver has and that node does not, of a
+  settled block only those of its settled look, with the settled looks (`DriverEnds.pack`),
+  and the node installs them in its runner before the trial (`adopt`:
+  `HotEngineRunner.adopt_ends`, which checks probe spec, look, seed block and good end, and
+  makes a settled block's trials use its settled look: no node probes look 1 again, or judges
+  against ends of the other look).
 
 No Ray here (bisect/cluster/ray_executor.py carries the bytes); only files, never probe objects, go
 through Ray's object store. A hot runner keeps the ends it knows in its ends book
@@ -27,14 +34,14 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dsv4bisect.base.atomic import write_json
 from dsv4bisect.base.bounded import load_json
 from dsv4bisect.bisect.cluster.archive import pack, unpack
-from dsv4bisect.bisect.trials.ends_book import end_name
+from dsv4bisect.bisect.trials.ends_book import Settled, end_name, read_settled
 from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.probe.run import ProbeRun
 
@@ -43,28 +50,44 @@ if TYPE_CHECKING:  # the runner that adopts (its `adopt_ends`: none for fresh la
 
 INDEX = "index.json"
 SCHEMA = "dsv4bisect.shared-ends/1"
-_NAME = re.compile(r"^b(\d+)/(baseline|baseline-repeat|bad)$")
+_NAME = re.compile(r"^b(\d+)/(?:look([12])/)?(baseline|baseline-repeat|bad)$")
 
 
-def parse_name(name: str) -> tuple[int, str]:
-    """`b<block>/<end>` as (block, end); anything else is a node's or an edit's fault."""
+class EndName(NamedTuple):
+    """An end's name on the wire: `b<block>/<end>`, or `b<block>/look<look>/<end>`."""
+
+    block: int
+    end: str
+    look: int | None
+
+
+def parse_name(name: str) -> EndName:
+    """An end's name (`end_name`) parsed; anything else is a node's or an edit's fault."""
     m = _NAME.match(name)
     if m is None:
-        raise BisectError(f"`{name}` is not an end of a seed block (b<block>/<end>)",
+        raise BisectError(f"`{name}` is not an end of a seed block (b<block>/<end> or "
+                          "b<block>/look<k>/<end>)",
                           "the nodes must run the same dsv4bisect as the driver")
-    return int(m.group(1)), m.group(2)
+    return EndName(int(m.group(1)), m.group(3), int(m.group(2)) if m.group(2) else None)
 
 
 @dataclass(frozen=True)
 class EndsIndex:
     """What an ends archive (or the driver's ends folder) holds: the good end it was measured
-    on, and each end with the node that measured it."""
+    on, each end with the node that measured it, and per seed block probed in two looks whose
+    bad end is measured, the look that settled it and why (`settled.json`)."""
 
     good: str  # the good end's configuration fingerprint
-    ends: Mapping[str, str]  # b<block>/<end> -> node
+    ends: Mapping[str, str]  # end_name -> node
+    settled: Mapping[int, Settled] = field(default_factory=dict)  # block -> (look, why)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "good": self.good, "ends": dict(sorted(self.ends.items()))}
+        doc: dict[str, Any] = {"schema": SCHEMA, "good": self.good,
+                               "ends": dict(sorted(self.ends.items()))}
+        if self.settled:  # (full ends: the index as before looks)
+            doc["settled"] = {str(b): {"look": look, "settled_by": why}
+                              for b, (look, why) in sorted(self.settled.items())}
+        return doc
 
     @classmethod
     def from_json(cls, doc: Any) -> EndsIndex:
@@ -74,7 +97,21 @@ class EndsIndex:
         ends = {str(k): str(v) for k, v in dict(doc.get("ends") or {}).items()}
         for name in ends:
             parse_name(name)
-        return cls(str(doc.get("good")), ends)
+        settled: dict[int, Settled] = {}
+        for block, looked in dict(doc.get("settled") or {}).items():
+            look = looked.get("look") if isinstance(looked, dict) else None
+            if not str(block).isdigit() or look not in (1, 2):
+                raise BisectError(f"an ends index whose block `{block}` settled at no look",
+                                  "the nodes must run the same dsv4bisect as the driver")
+            why = looked.get("settled_by")
+            settled[int(block)] = (int(look), None if why is None else str(why))
+        return cls(str(doc.get("good")), ends, settled)
+
+    def sendable(self, name: str) -> bool:
+        """Whether `name` is an end a node may judge with: of a block not settled yet, or of
+        the look that settled it (the other look's ends are never used again)."""
+        block, _end, look = parse_name(name)
+        return look is None or self.settled.get(block, (look, None))[0] == look
 
 
 def _read_index(root: Path) -> EndsIndex | None:
@@ -103,12 +140,15 @@ def _archive(root: Path, index: EndsIndex) -> bytes:
 
 
 def pack_ends(ends_dir: Path, names: Iterable[str], *, good: str, node: str) -> bytes | None:
-    """The ends `names` a node measured under `ends_dir`, as one archive; None when there is
-    none to send."""
+    """The ends `names` a node measured under `ends_dir`, as one archive, with the settled
+    look of their blocks (`settled.json`, where the node wrote one); None when there is none
+    to send."""
     names = sorted({n for n in names if (ends_dir / n / "run.json").is_file()})
     if not names:
         return None
-    return _archive(ends_dir, EndsIndex(good, {n: node for n in names}))
+    blocks = {parse_name(n).block for n in names}
+    settled = {b: s for b in sorted(blocks) if (s := read_settled(ends_dir, b)) is not None}
+    return _archive(ends_dir, EndsIndex(good, {n: node for n in names}, settled))
 
 
 def unpack_ends(data: bytes, directory: Path) -> EndsIndex:
@@ -123,23 +163,26 @@ def unpack_ends(data: bytes, directory: Path) -> EndsIndex:
 
 def adopt(runner: EngineRunner, data: bytes, directory: Path) -> list[str]:
     """On a node: unpack the driver's ends into `directory` (kept: a verdict's evidence may
-    point at them) and install them in `runner` (`adopt_ends`), per seed block the good end's
-    pair first, then the bad end. Returns the ends the runner installed."""
+    point at them) and install them in `runner` (`adopt_ends`), per seed block and look the
+    good end's pair first, then the bad end, each with the block's settled look. Returns the
+    ends the runner installed."""
     index = unpack_ends(data, directory)
-    by_block: dict[int, dict[str, str]] = {}
+    by_look: dict[tuple[int, int | None], dict[str, str]] = {}
     for name, node in index.ends.items():
-        block, end = parse_name(name)
-        by_block.setdefault(block, {})[end] = node
+        block, end, look = parse_name(name)
+        by_look.setdefault((block, look), {})[end] = node
     installed: list[str] = []
-    for block, ends in sorted(by_block.items()):
-        runs = {end: ProbeRun.load(directory / end_name(block, end)) for end in ends}
+    for (block, look), ends in sorted(by_look.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        runs = {end: ProbeRun.load(directory / end_name(block, end, look)) for end in ends}
+        both = {"look": look, "settled": index.settled.get(block),
+                "good_fingerprint": index.good}
         if "baseline" in ends or "baseline-repeat" in ends:
             installed += runner.adopt_ends(
                 block, runs.get("baseline"), runs.get("baseline-repeat"), None,
-                good_fingerprint=index.good, source=ends.get("baseline") or ends["baseline-repeat"])
+                source=ends.get("baseline") or ends["baseline-repeat"], **both)
         if "bad" in ends:
-            installed += runner.adopt_ends(block, None, None, runs["bad"],
-                                           good_fingerprint=index.good, source=ends["bad"])
+            installed += runner.adopt_ends(block, None, None, runs["bad"], source=ends["bad"],
+                                           **both)
     return installed
 
 
@@ -175,7 +218,7 @@ class DriverEnds:
                     shutil.rmtree(self.root / name, ignore_errors=True)  # a half-kept copy
                     shutil.move(str(tmp / name), str(self.root / name))
                 ends = {**have.ends, **{n: got.ends[n] for n in new}}
-                index = EndsIndex(have.good, ends)
+                index = EndsIndex(have.good, ends, {**got.settled, **have.settled})
                 # the index names only ends fully in place
                 write_json(self.root / INDEX, index.to_json())
                 return new
@@ -183,13 +226,18 @@ class DriverEnds:
                 shutil.rmtree(tmp, ignore_errors=True)
 
     def pack(self, exclude: Iterable[str] = ()) -> tuple[frozenset[str], bytes | None]:
-        """The ends the driver has and `exclude` lacks, as one archive (None: nothing new)."""
+        """The ends the driver has and `exclude` lacks, as one archive with the settled looks
+        of their blocks (None: nothing new). Of a settled block only the ends of its settled
+        look go (`EndsIndex.sendable`)."""
         with self._lock:
             index = _read_index(self.root)
             if index is None:
                 return frozenset(), None
             skip = set(exclude)
-            sent = EndsIndex(index.good, {n: m for n, m in index.ends.items() if n not in skip})
-            if not sent.ends:
+            ends = {n: m for n, m in index.ends.items() if n not in skip and index.sendable(n)}
+            if not ends:
                 return frozenset(), None
+            blocks = {parse_name(n).block for n in ends}
+            sent = EndsIndex(index.good, ends,
+                             {b: s for b, s in index.settled.items() if b in blocks})
             return frozenset(sent.ends), _archive(self.root, sent)

@@ -194,6 +194,7 @@ class NodeTrial:
     shards: int = 1  # nodes its probe was split across
     launched: bool = False  # its node launched the trial's own engine (hot mode)
     look: int = 0  # a bad end of two looks: the one that settled its block (1, 2); else 0
+    look2_s: float = 0.0  # of `seconds`, the bad end's look 2 (after its look-1 verdict)
 
 
 @dataclass(frozen=True)
@@ -329,14 +330,15 @@ class NodePool:
         launches (or switches) and sends its share of the accuracy requests at once, waits for
         the good end's run (the driver sends it when the good end's trial is done, after
         `good_done` seconds), then scores its share of the drift transcripts
-        (`drift_fraction` of the probe)."""
+        (`drift_fraction` of the probe; look 1 keeps every drift transcript), and where its
+        look 1 does not settle the block, probes look 2 after that verdict (`look2_s`)."""
         out = []
         for t in bad_end:
             drift = self.trackers[t.node].costs.probe_s * self._sequential.drift_fraction \
                 / t.shards
-            ahead = t.seconds - drift
-            out += [replace(t, seconds=ahead),
-                    replace(t, seconds=drift, start_s=max(ahead, good_done))]
+            ahead = t.seconds - drift - t.look2_s
+            out += [replace(t, seconds=ahead, look2_s=0.0),
+                    replace(t, seconds=drift + t.look2_s, start_s=max(ahead, good_done))]
         return out
 
     def _group(self, subset: frozenset[str], size: int) -> list[int]:
@@ -375,10 +377,10 @@ class NodePool:
         for node in group:
             tracker = self.trackers[node]
             sequential = tracker.costs.sequential and not end
-            seconds = _shard(tracker, subset, fails, block, len(group),
-                             node == group[0] and not lent, look == 2)
-            out.append(NodeTrial(node, seconds, sequential, index, 0.0, len(group),
-                                 tracker.launched_last, look))
+            first, second = _shard(tracker, subset, fails, block, len(group),
+                                   node == group[0] and not lent, look == 2, node == group[0])
+            out.append(NodeTrial(node, first + second, sequential, index, 0.0, len(group),
+                                 tracker.launched_last, look, second))
         if subset == self.everything and block == 0 and self._sequential.sequential:
             for node in group:  # their later trials: the sequential trial probe
                 self.trackers[node].costs = self._sequential
@@ -387,20 +389,23 @@ class NodePool:
 
 
 def _shard(tracker: CostTracker, subset: frozenset[str], like_bad: float | bool, block: int,
-           shards: int, primary: bool, look2: bool = False) -> float:
+           shards: int, primary: bool, look2: bool = False, own: bool = True
+           ) -> tuple[float, float]:
     """Charge one node's shard: its own engine (launch or switch) and 1/`shards` of the probe,
     at the driver's seed block `block` (the node's own count of this subset's trials would miss
     those run on other nodes). A baseline the trial measures on the way: the good end's trial
     shards it (it is its probe); any other trial's node (`primary`) measures it whole on its own
     engine while the replicas wait (HotEngineRunner: replicas serve the trial's configuration
     only), so a replica's shard does not charge it. `look2`: the bad end's look 1 did not
-    settle its block (each shard then probes its share of both ends again, full size)."""
+    settle its block: the trial's own node (`own`) probes the good end again whole, then every
+    shard its share of the bad end at the full tier (`CostTracker.charge_parts`: the seconds
+    to the look-1 verdict and those of look 2)."""
     tracker.seen[subset] = block
     judged_in = 0 if tracker.costs.sequential and subset != tracker.everything else block
     lent = set() if primary or not subset else {judged_in} - tracker.baselines
     tracker.baselines |= lent
     try:
-        return tracker.charge(subset, like_bad, shards, look2)
+        return tracker.charge_parts(subset, like_bad, shards, look2, own)
     finally:
         tracker.baselines -= lent
 

@@ -18,7 +18,8 @@ The policy priced here is the one the driver follows:
   With the ends' two looks (`looks`, bisect/end_looks.py) a block's ends are first probed at
   `look1_fraction` (the A/A repeat `look1_aa_fraction`), and both again at full size in their
   engines where the bad end's look 1 does not settle (`charge(..., look2=True)`; a quote takes
-  `look2_chance` of it).
+  `look2_chance` of it). A sharded bad end's look 2 shards the bad end's probe only: the good
+  end's is measured whole on the trial's own node (`_look2`).
 * **Seed blocks.** The n-th trial of a configuration uses seed block n. A full-size paired
   probe judges it against the good end's baseline *of that block*: the first trial in a new
   block measures that baseline first (the good end's engine, full probe + A/A), so a re-test is
@@ -181,7 +182,7 @@ class CostTracker:
         return self.copy().charge(subset, p_fail)
 
     def charge(self, subset: frozenset[str], like_bad: float | bool, shards: int = 1,
-               look2: bool | None = None) -> float:
+               look2: bool | None = None, own: bool = True) -> float:
         """Run the next trial of `subset` (like the bad end with probability / truth
         `like_bad`): advance the state, return its seconds (expected where a probability).
         `shards`: this node runs 1/shards of the trial's probe (a sharded probe on several
@@ -189,7 +190,14 @@ class CostTracker:
         node's, whole (only the good end's trial shards its baseline: it is its probe).
         `look2`: the bad end's look 1 did not settle its block, so both ends are probed again
         at the full tier (None: at `look2_chance`, the quotes' expectation; ignored where
-        `looks` is off or `subset` is not the bad end)."""
+        `looks` is off or `subset` is not the bad end). `own`: this node is the trial's own,
+        not a replica serving a share of its probe (`_look2`)."""
+        return sum(self.charge_parts(subset, like_bad, shards, look2, own))
+
+    def charge_parts(self, subset: frozenset[str], like_bad: float | bool, shards: int = 1,
+                     look2: bool | None = None, own: bool = True) -> tuple[float, float]:
+        """`charge`, in its two parts: the seconds up to the trial's first verdict, and those
+        of the bad end's look 2 after it (0 but for a bad end whose look 1 did not settle)."""
         c = self.costs
         end = is_end(subset, self.everything)
         # a re-test draws the next seed block; a sequential trial's re-test draws other
@@ -207,21 +215,27 @@ class CostTracker:
         if subset or not c.paired:
             seconds += self._engine(self._state(subset)) + self._probe(
                 subset, float(like_bad)) / shards
-        if c.looks and subset == self.everything:
-            seconds += self._look2(look2, shards)
-        self.spent_s += seconds
-        return seconds
+        second = (self._look2(look2, shards, own) if c.looks and subset == self.everything
+                  else 0.0)
+        self.spent_s += seconds + second
+        return seconds, second
 
-    def _look2(self, drawn: bool | None, shards: int) -> float:
-        """Both ends again at the full tier after a look 1 that did not settle: the good end's
-        baseline and A/A repeat in its engine, then the bad end back in its own."""
+    def _look2(self, drawn: bool | None, shards: int, own: bool) -> float:
+        """Both ends again at the full tier after a look 1 that did not settle: on the trial's
+        own node the good end's baseline and A/A repeat whole in its engine (the trial's
+        replicas serve the bad end's configuration only: HotEngineRunner), then its share of
+        the bad end back in its own; a replica (`own` False) serves its share of the bad end
+        in the engine it was switched to for the trial."""
         c = self.costs
-        probes = c.probe_s * (2 + c.aa_fraction) / shards
+        bad = c.probe_s / shards
+        good = c.probe_s * (1 + c.aa_fraction) if own else 0.0
         if drawn is None:  # a quote: the engines as they are, at the chance
-            return c.look2_chance * (probes + 2 * c.switch_s)
+            return c.look2_chance * (good + bad + 2 * c.switch_s * own)
         if not drawn:
             return 0.0
-        return self._engine(frozenset()) + self._engine(self._state(self.everything)) + probes
+        if not own:
+            return bad
+        return self._engine(frozenset()) + self._engine(self._state(self.everything)) + good + bad
 
     def confirmation(self, like_bad: float | bool) -> float:
         """The fresh confirmation after FOUND (hot mode): one fresh launch of the good end plus

@@ -34,6 +34,7 @@ ENDS = ("baseline", "baseline-repeat", "bad")
 
 
 SETTLED = "settled.json"
+Settled = tuple[int, str | None]  # the look that settled a block's ends, and why
 
 
 def end_name(block: int, end: str, look: int | None = None) -> str:
@@ -46,7 +47,7 @@ def write_settled(root: Path, block: int, look: int, settled_by: str | None) -> 
     write_json(root / f"b{block}" / SETTLED, {"look": look, "settled_by": settled_by})
 
 
-def read_settled(root: Path, block: int) -> tuple[int, str | None] | None:
+def read_settled(root: Path, block: int) -> Settled | None:
     """The look that settled `block`'s ends and why (`write_settled`); None: not settled."""
     path = root / f"b{block}" / SETTLED
     if not path.is_file():
@@ -119,14 +120,20 @@ class EndsBook:
 
     def adopt(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
               bad: ProbeRun | None, *, looks: Mapping[int, ProbeSpec], good: str,
-              good_fingerprint: str, source: str) -> list[str]:
+              good_fingerprint: str, source: str, look: int | None = None,
+              settled: Settled | None = None) -> list[str]:
         """Install ends of seed block `block` measured by `source` (another node of this
-        bisect); returns the ends installed (`b<block>/<end>`). Ends already here are kept (its
-        own measurement, or an earlier adoption). The good end's baseline and A/A repeat come as
+        bisect); returns the ends installed (`end_name`). Ends already here are kept (its own
+        measurement, or an earlier adoption). The good end's baseline and A/A repeat come as
         a pair. `looks`: the spec of each look of the block's ends (one entry with full ends);
-        an adopted run's spec names its look, and a bad end is installed with the good end's
-        pair of its own look. A run of another probe spec, seed block or good end (`good`:
-        this runner's) is a ConfigError naming `source`."""
+        `look`: the look the runs are of, as their names say (`b<block>/look<k>/<end>`; None:
+        full ends' names, `b<block>/<end>`, whose spec names the look); a bad end is installed
+        with the good end's pair of its own look. `settled`: the look that settled the block
+        and why, where the node that probed its bad end said so (`settled.json`): a block not
+        settled here takes that look, its trials that look's spec, and a good end of the other
+        look measured here gives way to the settled one (it is never judged against again).
+        A run of another probe spec, seed block, good end (`good`: this runner's) or look is a
+        ConfigError naming `source`."""
         if (base is None) != (repeat is None):
             raise ConfigError(f"the ends of seed block {block} from {source} hold the good "
                               "end's baseline without its A/A repeat (or the reverse)",
@@ -135,25 +142,23 @@ class EndsBook:
             raise ConfigError(f"the ends of seed block {block} from {source} were measured on "
                               f"good end {good_fingerprint[:12]}, this runner's is {good[:12]}",
                               "every node must resolve the same good end as the driver")
-        # a spec that is both looks (full ends; a tier whose look 1 keeps every case) is look
-        # 1, as a block measured here starts: the first look of a hash names it
-        want: dict[str, int] = {}
-        for look, s in sorted(looks.items()):
-            want.setdefault(s.replace(seed_block=block).spec_hash(), look)
-        look_of: dict[str, int] = {}
-        for end, run in (("baseline", base), ("baseline-repeat", repeat), ("bad", bad)):
-            if run is None:
-                continue
-            if run.spec.seed_block != block or run.spec.spec_hash() not in want:
-                raise ConfigError(f"the {end} of seed block {block} from {source} is a probe of "
-                                  f"seed block {run.spec.seed_block}, spec {run.spec.spec_hash()}"
-                                  f" (this runner probes spec {' or '.join(sorted(want))})",
-                                  "every node must run the driver's dsv4bisect and probe tier")
-            look_of[end] = want[run.spec.spec_hash()]
+        look_of = _looks_of(block, {"baseline": base, "baseline-repeat": repeat, "bad": bad},
+                            looks, look, source)
         if base is not None and look_of["baseline"] != look_of["baseline-repeat"]:
             raise ConfigError(f"the good end of seed block {block} from {source} holds runs of "
                               "two looks", "send the baseline and A/A repeat of one look")
+        other = [k for k in look_of.values() if settled is not None and k != settled[0]]
+        if settled is not None and other:
+            raise ConfigError(f"the ends of seed block {block} from {source} are of look "
+                              f"{other[0]}, the block settled at look {settled[0]}",
+                              "send the ends of the look that settled the block")
         ends = self.block(block)
+        if settled is not None and ends.bad is None:  # settled elsewhere, not here
+            if ends.known and ends.look != settled[0]:
+                ends.baseline = ends.repeat = None  # of a look the block's trials never use
+                for end in ENDS[:2]:
+                    ends.came_from.pop(end, None)
+            ends.look, ends.settled_by = settled
         installed: list[str] = []
         if not ends.known and base is not None:
             ends.baseline, ends.repeat = base, repeat
@@ -168,4 +173,33 @@ class EndsBook:
             ends.look = look_of["bad"]
             installed.append("bad")
         ends.came_from.update({end: source for end in installed})
-        return [end_name(block, end) for end in installed]
+        return [end_name(block, end, look) for end in installed]
+
+
+def _looks_of(block: int, runs: Mapping[str, ProbeRun | None], looks: Mapping[int, ProbeSpec],
+              look: int | None, source: str) -> dict[str, int]:
+    """The look of each adopted run of `block` (end -> look): the one its name says (`look`),
+    whose spec it must be, else the one its spec is. A spec that is both looks (full ends; a
+    tier whose look 1 keeps every case) is look 1, as a block measured here starts: the first
+    look of a hash names it."""
+    want: dict[str, int] = {}
+    for k, s in sorted(looks.items()):
+        if look is None or k == look:
+            want.setdefault(s.replace(seed_block=block).spec_hash(), k)
+    if not want:
+        raise ConfigError(f"the ends of seed block {block} from {source} are named look "
+                          f"{look}, this runner probes looks {sorted(looks)}",
+                          "every node must run the driver's dsv4bisect and probe tier")
+    look_of: dict[str, int] = {}
+    for end, run in runs.items():
+        if run is None:
+            continue
+        if run.spec.seed_block != block or run.spec.spec_hash() not in want:
+            named = "" if look is None else f" look {look}"
+            raise ConfigError(f"the {end} of seed block {block}{named} from {source} is a probe "
+                              f"of seed block {run.spec.seed_block}, spec "
+                              f"{run.spec.spec_hash()} (this runner probes spec "
+                              f"{' or '.join(sorted(want))})",
+                              "every node must run the driver's dsv4bisect and probe tier")
+        look_of[end] = want[run.spec.spec_hash()]
+    return look_of

@@ -142,7 +142,9 @@ class EngineRunner(TrialRunner):
         return None
 
     def adopt_ends(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
-                   bad: ProbeRun | None, *, good_fingerprint: str, source: str) -> list[str]:
+                   bad: ProbeRun | None, *, good_fingerprint: str, source: str,
+                   look: int | None = None, settled: tuple[int, str | None] | None = None
+                   ) -> list[str]:
         """Fresh launches judge each trial against its own ends: nothing to adopt."""
         return []
 

@@ -55,7 +55,7 @@ from dsv4bisect import env as envvars
 from dsv4bisect.bisect import end_looks
 from dsv4bisect.bisect.trials import ends_book
 from dsv4bisect.bisect.trials.end_probes import EndProbes
-from dsv4bisect.bisect.trials.ends_book import BlockEnds, EndsBook
+from dsv4bisect.bisect.trials.ends_book import BlockEnds, EndsBook, Settled
 from dsv4bisect.bisect.trials.engine_pool import EnginePool, HotEngine, new_dir, with_env
 from dsv4bisect.bisect.trials.engine_runner import (
     EngineRunner,
@@ -235,13 +235,16 @@ class HotEngineRunner(EngineRunner):
         return self._pool.up
 
     def adopt_ends(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
-                   bad: ProbeRun | None, *, good_fingerprint: str, source: str) -> list[str]:
+                   bad: ProbeRun | None, *, good_fingerprint: str, source: str,
+                   look: int | None = None, settled: Settled | None = None) -> list[str]:
         """Install ends of seed block `block` measured by `source` (another node of this
-        bisect) for the next trials (`EndsBook.adopt`); returns the ends installed."""
-        looks = {look: self.look_spec(block, look) for look in (1, 2)}
+        bisect) for the next trials (`EndsBook.adopt`: `look`, the look their names say;
+        `settled`, the look that settled the block); returns the ends installed."""
+        looks = {k: self.look_spec(block, k) for k in (1, 2)}
         return self._ends.adopt(block, base, repeat, bad, looks=looks,
                                 good=self.good_cfg.fingerprint,
-                                good_fingerprint=good_fingerprint, source=source)
+                                good_fingerprint=good_fingerprint, source=source, look=look,
+                                settled=settled)
 
     def _trial(self, patches: dict[str, str], block: int, trial_dir: Path, fresh: bool,
                replicas: tuple[str, ...] = ()) -> TrialResult:

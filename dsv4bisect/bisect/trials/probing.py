@@ -11,8 +11,11 @@ the good end's run; the two decide by the same rules (docs/hot-switching.md, doc
   end of its seed block is measured (`policy.sequential`), a full probe before;
 * a sequential trial's re-test (seed block > 0) draws other requests, in another order, against
   the first block's ends; an end's re-test probes its own block at full size;
-* only the ends' full-size probes are split across idle nodes (a sequential trial probe, a few
-  percent of a full one, is shorter than the switch a replica pays: bisect/rounds.py);
+* only the ends' probes are split across idle nodes, each look of the trial's own
+  configuration where the ends are probed in two looks (bisect/end_looks.py; the look-2 good
+  end measured in the bad end's trial runs whole on its node: docs/cluster.md, "Sharding with
+  looks"); a sequential trial probe, a few percent of a full one, is shorter than the switch a
+  replica pays (bisect/rounds.py);
 * in a round with the good end of seed block b, the bad end of block b beside it starts its
   probe ahead of the good end's run (probe/ahead.py) unless the ends run alone.
 """
