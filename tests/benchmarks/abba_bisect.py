@@ -8,8 +8,9 @@ wall-time check: "≥ 1.5× faster, the same culprit in one round with the remed
 Each revision is checked out once as a detached git worktree under `--out` and imported from
 there (kernels/, patches/ and profiles/ linked under the package, as on the GPU box), so neither
 needs installing. Every bisect is `python -m dsv4bisect bisect reference-all --set
-patches.P.variant=V --json` with a fresh cache of its own (`DSV4BISECT_CACHE`: no baseline, no
-trial plan or priors carried between runs), one at a time, per fault in the `--order` given
+patches.P.variant=V --json` with a fresh cache (`DSV4BISECT_CACHE`: no baseline, no trial plan
+or priors carried between runs) and a runs root of its own (a fresh ledger: no trial verdict or
+measured launch time carried from an earlier run), one at a time, per fault in the `--order` given
 (A-B-B-A cancels a load that drifts linearly over the four). Each run's JSON (command,
 revision, exit code, status, culprits, trials, remedy, wall time, the load average before and
 after) goes to `--out/runs.jsonl`; the summary prints per fault the median wall time of each
@@ -47,11 +48,12 @@ def checkout(rev: str, out: Path) -> Path:
     return tree
 
 
-def bisect(tree: Path, fault: str, out: Path) -> dict:
-    """One default bisect of `fault` from `tree`, with a cache of its own."""
+def bisect(tree: Path, fault: str, runs: Path) -> dict:
+    """One default bisect of `fault` from `tree`, with a cache and a runs root (`runs`, whose
+    ledger is the bisect's own) of its own."""
     patch, variant = fault.split(":")
     args = ["bisect", "reference-all", "--set", f"patches.{patch}.variant={variant}",
-            "--out", str(out / "runs"), "--json"]
+            "--out", str(runs), "--json"]
     with tempfile.TemporaryDirectory(prefix="abba-cache-") as cache:
         env = {**os.environ, "PYTHONPATH": str(tree), "DSV4BISECT_CACHE": cache}
         load0, start = os.getloadavg()[0], time.monotonic()
@@ -107,8 +109,12 @@ def main() -> None:
     rows = []
     with (a.out / "runs.jsonl").open("a") as log:
         for fault in a.faults:
-            for which in a.order:
-                row = bisect(trees[which], fault, a.out.resolve())
+            for i, which in enumerate(a.order):
+                runs = a.out.resolve() / "runs" / f"{fault.replace(':', '-')}-{i}{which}"
+                if runs.exists():
+                    sys.exit(f"error: {runs} exists\nhint: give a new --out (a fresh ledger "
+                             "per bisect)")
+                row = bisect(trees[which], fault, runs)
                 print(json.dumps(row), file=log, flush=True)
                 print(f"{fault} {which}: {row['status']} {row['culprits']} {row['wall_s']} s",
                       file=sys.stderr, flush=True)
