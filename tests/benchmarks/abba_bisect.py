@@ -114,6 +114,7 @@ def main() -> None:
                 if runs.exists():
                     sys.exit(f"error: {runs} exists\nhint: give a new --out (a fresh ledger "
                              "per bisect)")
+                runs.parent.mkdir(parents=True, exist_ok=True)
                 row = bisect(trees[which], fault, runs)
                 print(json.dumps(row), file=log, flush=True)
                 print(f"{fault} {which}: {row['status']} {row['culprits']} {row['wall_s']} s",
