@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from dsv4bisect.base.atomic import write_json
 from dsv4bisect.base.bounded import load_json
 from dsv4bisect.bisect.cluster.archive import pack, unpack
-from dsv4bisect.bisect.trials.ends_book import Settled, end_name, read_settled
+from dsv4bisect.bisect.trials.ends_book import (Settled, end_name, parse_settled, read_settled,
+                                                 settled_json)
 from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.probe.run import ProbeRun
 
@@ -85,8 +86,7 @@ class EndsIndex:
         doc: dict[str, Any] = {"schema": SCHEMA, "good": self.good,
                                "ends": dict(sorted(self.ends.items()))}
         if self.settled:  # (full ends: the index as before looks)
-            doc["settled"] = {str(b): {"look": look, "settled_by": why}
-                              for b, (look, why) in sorted(self.settled.items())}
+            doc["settled"] = {str(b): settled_json(s) for b, s in sorted(self.settled.items())}
         return doc
 
     @classmethod
@@ -99,12 +99,11 @@ class EndsIndex:
             parse_name(name)
         settled: dict[int, Settled] = {}
         for block, looked in dict(doc.get("settled") or {}).items():
-            look = looked.get("look") if isinstance(looked, dict) else None
-            if not str(block).isdigit() or look not in (1, 2):
+            one = parse_settled(looked)
+            if not str(block).isdigit() or one is None:
                 raise BisectError(f"an ends index whose block `{block}` settled at no look",
                                   "the nodes must run the same dsv4bisect as the driver")
-            why = looked.get("settled_by")
-            settled[int(block)] = (int(look), None if why is None else str(why))
+            settled[int(block)] = one
         return cls(str(doc.get("good")), ends, settled)
 
     def sendable(self, name: str) -> bool:

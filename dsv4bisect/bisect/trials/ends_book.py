@@ -42,9 +42,24 @@ def end_name(block: int, end: str, look: int | None = None) -> str:
     return f"b{block}/{end}" if look is None else f"b{block}/look{look}/{end}"
 
 
+def settled_json(settled: Settled) -> dict[str, Any]:
+    """A settled look as `settled.json` and the shared ends' index hold it."""
+    look, settled_by = settled
+    return {"look": look, "settled_by": settled_by}
+
+
+def parse_settled(doc: Any) -> Settled | None:
+    """`settled_json` read back; None where `doc` names no look (the caller says whose fault)."""
+    look = doc.get("look") if isinstance(doc, dict) else None
+    if look not in (1, 2):
+        return None
+    why = doc.get("settled_by")
+    return int(look), None if why is None else str(why)
+
+
 def write_settled(root: Path, block: int, look: int, settled_by: str | None) -> None:
     """Record under `root` (`ends_dir`) which look settled seed block `block`'s ends."""
-    write_json(root / f"b{block}" / SETTLED, {"look": look, "settled_by": settled_by})
+    write_json(root / f"b{block}" / SETTLED, settled_json((look, settled_by)))
 
 
 def read_settled(root: Path, block: int) -> Settled | None:
@@ -52,12 +67,11 @@ def read_settled(root: Path, block: int) -> Settled | None:
     path = root / f"b{block}" / SETTLED
     if not path.is_file():
         return None
-    doc: Any = load_json(path, "run")
-    look = doc.get("look") if isinstance(doc, dict) else None
-    if look not in (1, 2):
+    settled = parse_settled(load_json(path, "run"))
+    if settled is None:
         raise ConfigError(f"`{path}` names no look of the ends",
                           f"delete `{path.parent}`: its ends are measured again")
-    return int(look), doc.get("settled_by")
+    return settled
 
 
 def ends_dir(trial_dir: Path) -> Path:

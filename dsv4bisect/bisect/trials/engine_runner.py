@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.question import base_sets, patch_overrides
+from dsv4bisect.bisect.trials.ends_book import Settled
 from dsv4bisect.bisect.trials.reproduce import ReproduceLine, trial_line
 from dsv4bisect.bisect.trials.runner import CRASH, TrialResult, TrialRunner
 from dsv4bisect.config.engine_config import EngineConfig
@@ -143,8 +144,7 @@ class EngineRunner(TrialRunner):
 
     def adopt_ends(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
                    bad: ProbeRun | None, *, good_fingerprint: str, source: str,
-                   look: int | None = None, settled: tuple[int, str | None] | None = None
-                   ) -> list[str]:
+                   look: int | None = None, settled: Settled | None = None) -> list[str]:
         """Fresh launches judge each trial against its own ends: nothing to adopt."""
         return []
 
