@@ -301,7 +301,8 @@ def main() -> None:
                     help="every engine's device (the profiles' own is auto)")
     ap.add_argument("--jobs", type=int, default=1, help="rows measured at once")
     ap.add_argument("--bisect", action="store_true", help="also bisect every fault (slow)")
-    ap.add_argument("--bisect-rows", nargs="+", default=(), help="bisect only these faults")
+    ap.add_argument("--bisect-rows", nargs="+", default=(),
+                    help="bisect these faults (listed in --rows or not)")
     ap.add_argument("--no-seed", action="store_true",
                     help="the shared good end's baseline is already cached (carried in): start "
                          "every row at once instead of the first alone")
@@ -321,8 +322,11 @@ def main() -> None:
         where = Where(a.device, _commit(a.commit))
         jobs = [(row, precision, "run") for row in rows for precision in a.precision]
         # the bisects first: they are the long ones (longest first keeps the pool busy)
-        jobs[:0] = [(row, precision, "bisect") for row in rows for precision in a.precision
-                    if row.kind == "fault" and (a.bisect or row.label in a.bisect_rows)]
+        # --bisect-rows names its faults whether or not --rows lists them, so one call can
+        # bisect a fault without measuring its `run` row again
+        jobs[:0] = [(row, precision, "bisect") for row in ROWS for precision in a.precision
+                    if row.kind == "fault"
+                    and ((a.bisect and row in rows) or row.label in a.bisect_rows)]
         _measure_all(jobs, a.jobs, not a.no_seed, lambda j: measure(j[0], j[1], a.tier, a.out, j[2], where))
     print(table(a.from_dirs or [a.out], a.precision, rows))
 
