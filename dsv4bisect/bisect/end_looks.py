@@ -20,7 +20,9 @@ model are whole at look 1 already, but the facts are not (on the smoke tier's lo
 p = 0.06): a bisect on facts must not become a bisect on drift because look 1 was small.
 
 Otherwise (a PASS, a WARN, a FAIL whose accuracy evidence is between the two rates) both
-ends are probed again at the full tier (look 2), judged by the probe's own rule as before: a bad end that passes says BAD-END-PASSES only on the whole evidence.
+ends go on to the full tier (look 2: only the cases look 1 did not keep are probed, look 1's
+requests complete the run, probe/looks.py), judged by the probe's own rule as before: a bad
+end that passes says BAD-END-PASSES only on the whole evidence.
 The trials of a block then replay the cases of the look that settled it.
 """
 

@@ -200,12 +200,16 @@ def check_same_spec(spec: ProbeSpec, ref: ProbeSpec) -> None:
 
 def collect(url: str, spec: ProbeSpec, *, reference_run: ProbeRun | None = None,
             api_key: str | None = None, on_progress: Progress | None = None,
-            model: str | None = None, shard: Shard | None = None) -> ProbeRun:
+            model: str | None = None, shard: Shard | None = None,
+            skip: frozenset[str] = frozenset()) -> ProbeRun:
     """Probe the server at `url`; with `reference_run`, replay its cases and drift transcripts.
 
     `model` overrides the served model name (default: the first id of /v1/models). `shard`:
     run only that shard's cases (probe/shards.py; the run keeps every case, so that the shards'
-    merge can check they all built the same ones).
+    merge can check they all built the same ones). `skip`: case ids whose requests another run
+    already holds (an earlier look of the same ends: probe/looks.py `extend` adds them); no
+    request of theirs is sent, and a fresh baseline scores its null model only on the drift
+    transcripts it probed.
     """
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
@@ -221,6 +225,8 @@ def collect(url: str, spec: ProbeSpec, *, reference_run: ProbeRun | None = None,
         t_build = time.perf_counter() - t0
         warm = warmup_phase(client, spec, server, notes)
         mine = None if shard is None else shard_cases(spec, cases, shard)
+        if skip:
+            mine = (mine if mine is not None else {c.case_id for c in cases}) - skip
         rows, drift, throughput = _run_cases(client, spec, cases, reference_run, notes,
                                              on_progress, mine)
         null = null_arms(client, spec, drift, notes) if reference_run is None else []
@@ -303,8 +309,8 @@ def _rescore(client: ProbeClient, spec: ProbeSpec, rec: DriftRecord,
 
 def collect_sharded(urls: Sequence[str], spec: ProbeSpec, *,
                     reference_run: ProbeRun | None = None, api_key: str | None = None,
-                    on_progress: Progress | None = None, model: str | None = None
-                    ) -> ProbeRun:
+                    on_progress: Progress | None = None, model: str | None = None,
+                    skip: frozenset[str] = frozenset()) -> ProbeRun:
     """`collect` split across replicas of one configuration (probe/shards.py): shard i on
     `urls[i]`, all at once, merged into the run one server makes. `urls[0]` is the caller's own
     engine: a shard whose replica fails (its node or engine lost) is re-run, whole, there
@@ -315,7 +321,7 @@ def collect_sharded(urls: Sequence[str], spec: ProbeSpec, *,
     def one(i: int, url: str) -> ProbeRun:
         return collect(url, spec, reference_run=reference_run, api_key=api_key, model=model,
                        on_progress=on_progress if url == urls[0] else None,
-                       shard=Shard(i, count))
+                       shard=Shard(i, count), skip=skip)
 
     with ThreadPoolExecutor(count) as pool:
         futures = [pool.submit(one, i, u) for i, u in enumerate(urls)]

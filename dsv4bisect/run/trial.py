@@ -247,19 +247,20 @@ def probe_progress(on_event: EventSink, label: str) -> Callable[[ProbeProgress],
 def collect_on(arm: EngineArm, spec: ProbeSpec, reference: ProbeRun | None,
                api_key: str | None, on_progress: Callable[[ProbeProgress], None],
                prepare: Callable[[], object] = lambda: None,
-               replicas: Sequence[str] = ()) -> ProbeRun:
+               replicas: Sequence[str] = (), skip: frozenset[str] = frozenset()) -> ProbeRun:
     """One probe collect on `arm`'s engine; `prepare` runs first, inside the arm's probe (the
     hot runner's switch: a crash there is the probe's crash). `replicas`: urls of other
-    engines in the same configuration the probe is sharded across (`collect_sharded`)."""
+    engines in the same configuration the probe is sharded across (`collect_sharded`);
+    `skip`: case ids an earlier look already probed (`collect`)."""
 
     def work(url: str) -> ProbeRun:
         prepare()
         if replicas:
             return collect_sharded([url, *replicas], spec, reference_run=reference,
                                    api_key=api_key, model=arm.cfg.served_model_name,
-                                   on_progress=on_progress)
+                                   on_progress=on_progress, skip=skip)
         return collect(url, spec, reference_run=reference, api_key=api_key,
-                       model=arm.cfg.served_model_name, on_progress=on_progress)
+                       model=arm.cfg.served_model_name, on_progress=on_progress, skip=skip)
 
     return arm.probe(work)
 

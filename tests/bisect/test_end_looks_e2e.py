@@ -109,9 +109,13 @@ def test_a_bad_end_that_passes_at_look_1_is_probed_at_the_full_tier(cli, tmp_pat
     assert bad["verdict"] == "PASS"
     assert bad["details"]["end_look"] == 2 and bad["details"]["settled_by"] is None
     smoke = tier_spec("smoke")
-    # look 1's bad end, then the full tier's good-end pair (or a cache hit) and bad end
-    assert bad["details"]["requests"] >= _requests(look_spec(smoke, 1)) + _requests(smoke)
+    # look 1's bad end, then the rest of the full tier's good-end pair (or a cache hit) and
+    # bad end: look 1's requests are not sent again but complete the look-2 runs
+    look1, full = _requests(look_spec(smoke, 1)), _requests(smoke)
+    assert bad["details"]["requests"] >= full
     ends = Path(report["run_dir"]) / "ends" / "b0"
+    look2_bad = json.loads((ends / "look2" / "bad" / "run.json").read_text())
+    assert any(n.startswith(f"look: {look1} of {full} requests") for n in look2_bad["notes"])
     assert json.loads((ends / "settled.json").read_text()) == {"look": 2, "settled_by": None}
     for look in ("look1", "look2"):
         assert (ends / look / "baseline" / "run.json").is_file()

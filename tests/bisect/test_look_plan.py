@@ -26,7 +26,8 @@ EVERYTHING = frozenset(CANDIDATES)
 FULL = StepCosts(launch_s=600, switch_s=90, probe_s=2800, aa_fraction=0.18, sequential=True,
                  like_good_fraction=0.04, like_bad_fraction=0.035, hot=True, pool=1,
                  load_time=frozenset({"a"}), paired=True, drift_fraction=0.007)
-LOOKS = replace(FULL, look1_fraction=0.27, look1_aa_fraction=0.05, look2_chance=0.0)
+LOOKS = replace(FULL, look1_fraction=0.27, look1_aa_fraction=0.05, look2_chance=0.0,
+                look2_fraction=0.75)
 
 
 def _look1(spec):
@@ -74,6 +75,10 @@ def test_look_one_prices_its_share_of_the_computed_tokens_the_polluting_phase_wh
     assert named["ends, look 1"] == c.look1_fraction
     assert named["ends, look 1, A/A repeat"] == c.look1_aa_fraction
     assert named["ends, look 2"] == c.look2_chance
+    # look 2 sends only the cases look 1 did not keep (and the polluting phase again)
+    assert c.look2_fraction == pytest.approx(
+        (full.computed - look.computed + full.warmup_tokens) / (full.computed + full.warmup_tokens))
+    assert named["ends, look 2, each end"] == c.look2_fraction
 
 
 def test_where_look_one_keeps_every_case_the_ends_are_priced_as_the_full_tier():
@@ -118,13 +123,14 @@ def test_a_bad_end_whose_look_one_settles_costs_less_and_one_that_does_not_costs
 
     full = bad_end(FULL, None)
     assert bad_end(LOOKS, False) < full < bad_end(LOOKS, True)
-    # look 2: both ends again at the full tier, each in its engine (a launch: "a" is load-time)
-    assert bad_end(LOOKS, True) - bad_end(LOOKS, False) == pytest.approx(
-        2 * 600 + FULL.probe_s * (2 + FULL.aa_fraction))
+    # look 2: both ends on the cases look 1 did not keep and the A/A repeat's rest, each in
+    # its engine (a launch: "a" is load-time)
+    rest = FULL.probe_s * (2 * LOOKS.look2_fraction + FULL.aa_fraction - LOOKS.look1_aa_fraction)
+    assert bad_end(LOOKS, True) - bad_end(LOOKS, False) == pytest.approx(2 * 600 + rest)
     # a quote prices look 2 at its chance
     quoted = replace(LOOKS, look2_chance=0.5)
     assert bad_end(quoted, None) - bad_end(quoted, False) == pytest.approx(
-        0.5 * (FULL.probe_s * (2 + FULL.aa_fraction) + 2 * 90))
+        0.5 * (rest + 2 * 90))
 
 
 def _setup(costs, look1):
@@ -224,16 +230,18 @@ def test_a_sharded_look_two_probes_the_good_end_whole_on_the_trials_node_after_l
         own, *replicas = sorted({t.node for t in shards}, key=lambda n: n != shards[0].node)
         look2 = {t.node: t.look2_s for t in shards if t.look2_s}
         # the own node: the good end's engine and the bad end's again (launches: "a" is
-        # load-time and one engine is up at once), the good end whole, its share of the bad end
+        # load-time and one engine is up at once), the good end's rest whole (the cases look 1
+        # did not keep, the A/A repeat's rest), its share of the bad end's rest
         shares = len({t.node for t in shards})
-        assert look2[own] == pytest.approx(2 * c.launch_s + c.probe_s * (1 + c.aa_fraction)
-                                           + c.probe_s / shares)
-        assert all(look2[n] == pytest.approx(c.probe_s / shares) for n in replicas)
+        rest = c.probe_s * c.look2_fraction
+        good = rest + c.probe_s * (c.aa_fraction - c.look1_aa_fraction)
+        assert look2[own] == pytest.approx(2 * c.launch_s + good + rest / shares)
+        assert all(look2[n] == pytest.approx(rest / shares) for n in replicas)
         if ends == TOGETHER:  # after the good end's trial: its look-1 verdict needs that run
             good_done = max(t.start_s + t.seconds for t in walls[0][0].trials if t.trial == 0)
             after = [t for t in shards if t.look2_s]
             assert after and all(t.start_s >= good_done for t in after)
-        assert sum(r.wall_s for r in walls[0]) > sum(r.wall_s for r in walls[1]) + c.probe_s
+        assert sum(r.wall_s for r in walls[0]) > sum(r.wall_s for r in walls[1]) + rest
 
 
 @pytest.mark.slow  # two plans of the standard tier on 1, 2 and 4 nodes: ~2-3 min on 2 cores

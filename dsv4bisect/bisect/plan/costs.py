@@ -224,9 +224,15 @@ def _looks(full: ProbeShape, look: ProbeShape | None, lines: list[CostLine]
         f"{look.accuracy_requests} paired answers, the good end right on "
         f"{world.good_accuracy:.0%}, the bad end losing {world.loss_rate:.0%} of them (the "
         f"verdict table's smallest loss), settled at exact McNemar p <= {LOOK1_ALPHA_OVERALL:g}; "
-        "then both ends again at the full tier (the plan draws it per block)"))
+        "then both ends on the rest of the full tier (the plan draws it per block)"))
+    rest = (full.computed - look.computed + full.warmup_tokens) / whole
+    lines.append(CostLine(
+        "ends, look 2, each end", rest, "share",
+        f"the cases look 1 did not keep and the polluting phase again: "
+        f"{(full.computed - look.computed) / 1e6:.1f} M computed prompt tokens; look 1's "
+        "requests are not sent again (probe/looks.py)"))
     return world, {"look1_fraction": fraction, "look1_aa_fraction": look.aa_share * fraction,
-                   "look2_chance": chance}
+                   "look2_chance": chance, "look2_fraction": rest}
 
 
 def _test_cmd_costs(given: Mapping[str, float | None],

@@ -34,8 +34,8 @@ What is modelled, and where the code does it:
   at look 1 (baseline and A/A repeat), then the bad end at look 1; the bad end's look-1
   evidence is drawn in the simulated world (`Setup.look1`, look_world.LookOne: the verdict
   table's smallest loss on look 1's paired answers, judged by `end_looks.settles`) on a stream
-  of its own; where it does not settle, both ends again at the full tier, charged to the bad
-  end's trial (`CostTracker.charge`, look2). The ends' outcomes keep the ends' error rates. The
+  of its own; where it does not settle, both ends on the rest of the full tier (the cases look 1
+  did not keep, `look2_fraction`), charged to the bad end's trial (`CostTracker.charge`, look2). The ends' outcomes keep the ends' error rates. The
   trials replay the cases of the look that settled block 0: priced by the trial probe simulated
   on look 1's grid (look_world.look_trial; its requests are set by its evidence, not the pool,
   so a block settled at look 2 is priced the same).

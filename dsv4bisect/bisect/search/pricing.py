@@ -75,11 +75,14 @@ class StepCosts:
     look1_fraction: float = 1.0
     look1_aa_fraction: float = 0.0
     look2_chance: float = 0.0  # P(look 1 does not settle), the quotes' expectation
+    # look 2's own share of the full probe: the cases look 1 did not keep (and the polluting
+    # phase again); look 1's requests are not sent again (probe/looks.py)
+    look2_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("launch_s", "switch_s", "probe_s", "aa_fraction", "like_good_fraction",
                      "like_bad_fraction", "drift_fraction", "look1_fraction",
-                     "look1_aa_fraction", "look2_chance"):
+                     "look1_aa_fraction", "look2_chance", "look2_fraction"):
             value = getattr(self, name)
             if not value >= 0 or value == float("inf"):
                 raise ValueError(f"{name} is {value}")
@@ -94,7 +97,8 @@ class StepCosts:
 
     def full_ends(self) -> StepCosts:
         """The same costs with the ends probed at the full tier, one look."""
-        return replace(self, look1_fraction=1.0, look1_aa_fraction=0.0, look2_chance=0.0)
+        return replace(self, look1_fraction=1.0, look1_aa_fraction=0.0, look2_chance=0.0,
+                       look2_fraction=1.0)
 
     def to_json(self) -> dict[str, Any]:
         return {"launch_s": self.launch_s, "switch_s": self.switch_s, "probe_s": self.probe_s,
@@ -105,7 +109,8 @@ class StepCosts:
                 "drift_fraction": self.drift_fraction,
                 **({"look1_fraction": self.look1_fraction,
                     "look1_aa_fraction": self.look1_aa_fraction,
-                    "look2_chance": self.look2_chance} if self.looks else {})}
+                    "look2_chance": self.look2_chance,
+                    "look2_fraction": self.look2_fraction} if self.looks else {})}
 
     @property
     def looks(self) -> bool:
@@ -221,14 +226,16 @@ class CostTracker:
         return seconds, second
 
     def _look2(self, drawn: bool | None, shards: int, own: bool) -> float:
-        """Both ends again at the full tier after a look 1 that did not settle: on the trial's
+        """Both ends on the rest of the full tier after a look 1 that did not settle (the
+        cases look 1 did not keep, `look2_fraction`, and the A/A repeat's rest): on the trial's
         own node the good end's baseline and A/A repeat whole in its engine (the trial's
         replicas serve the bad end's configuration only: HotEngineRunner), then its share of
         the bad end back in its own; a replica (`own` False) serves its share of the bad end
         in the engine it was switched to for the trial."""
         c = self.costs
-        bad = c.probe_s / shards
-        good = c.probe_s * (1 + c.aa_fraction) if own else 0.0
+        bad = c.probe_s * c.look2_fraction / shards
+        aa_rest = max(0.0, c.aa_fraction - c.look1_aa_fraction)
+        good = c.probe_s * (c.look2_fraction + aa_rest) if own else 0.0
         if drawn is None:  # a quote: the engines as they are, at the chance
             return c.look2_chance * (good + bad + 2 * c.switch_s * own)
         if not drawn:

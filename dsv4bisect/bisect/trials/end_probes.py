@@ -2,8 +2,8 @@
 baseline and A/A repeat (from the baseline cache, or measured on the engine of λ = ∅), and the
 bad end's looks where the trial policy probes the ends in two (`policy.end_looks`;
 bisect/end_looks.py, docs/bisect.md "Ends that stop when their question is answered"): look 1
-first, and look 2 — both ends again at the full tier — only where the bad end's look-1 verdict
-does not settle the block. The look that settled a block is recorded in its `BlockEnds` and in
+first, and look 2 — both ends at the full tier, sending only the cases look 1 did not keep
+(probe/looks.py) — only where the bad end's look-1 verdict does not settle the block. The look that settled a block is recorded in its `BlockEnds` and in
 `settled.json` beside its runs (`ends/b<block>/look<k>/<end>`), where a resumed bisect finds it;
 with full ends the runs are `ends/b<block>/<end>` as before.
 """
@@ -74,11 +74,13 @@ class EndProbes:
         return ends, measured
 
     def good_end(self, ctx: TrialContext, ends: BlockEnds, trial_dir: Path, *,
-                 report_aa: bool) -> bool:
+                 report_aa: bool, earlier: tuple[ProbeRun | None, ProbeRun | None] = (None, None)
+                 ) -> bool:
         """The good end's baseline and A/A repeat at `ctx.spec` (the block's look), from the
         cache or measured on the engine of λ = ∅ (then `True`). `report_aa`: its A/A verdict
         is the next trial's to report; else (look 2, measured in the bad end's trial) it goes
-        in the trial's details only, not the good end's noise evidence."""
+        in the trial's details only, not the good end's noise evidence. `earlier`: look 1's
+        baseline and repeat, whose cases look 2 does not probe again (probe/looks.py)."""
         block, look = ctx.spec.seed_block, self.look_dir(ends.look)
         root = ends_dir(trial_dir)
         names = end_name(block, "baseline", look), end_name(block, "baseline-repeat", look)
@@ -92,11 +94,11 @@ class EndProbes:
         eng = self.engine_for(ctx, self.good, trial_dir)
         ctx.probed_in = eng
         fresh = eng.fresh_in(self.good)  # not an engine launched in another set of λ = ∅
-        base = self.probes.collect(ctx, eng, self.good, None, "baseline",
-                                   good_end=True).save(root / names[0])
+        base = self.probes.collect(ctx, eng, self.good, None, "baseline", good_end=True,
+                                   earlier=earlier[0]).save(root / names[0])
         ref, _subset = cache.repeat_reference(base)
-        repeat = self.probes.collect(ctx, eng, self.good, ref, "A/A repeat",
-                                     good_end=True).save(root / names[1])
+        repeat = self.probes.collect(ctx, eng, self.good, ref, "A/A repeat", good_end=True,
+                                     earlier=earlier[1]).save(root / names[1])
         ends.baseline, ends.repeat = base, repeat
         aa = aa_verdict(base, repeat).verdict
         if report_aa:
@@ -140,10 +142,11 @@ class EndProbes:
                     verdict: V.Verdict, cand: ProbeRun, trial_dir: Path
                     ) -> tuple[V.Verdict, ProbeRun, int]:
         """Whether the bad end's look-1 `verdict` (of `cand`) settles the block's ends
-        (`end_looks.settles`: the block keeps look 1), else both ends probed again at the full
-        tier (look 2: the good end's pair from the cache or measured, then the bad end), whose
-        verdict is the trial's. Returns the verdict, the bad end's run and the requests the
-        trial sent (the look-2 good end's included)."""
+        (`end_looks.settles`: the block keeps look 1), else both ends at the full tier (look 2:
+        the good end's pair from the cache or measured, then the bad end; each sends only the
+        requests of the cases look 1 did not keep, look 1's own are added: probe/looks.py),
+        whose verdict is the trial's. Returns the verdict, the bad end's run and the requests
+        the trial sent (the look-2 good end's included)."""
         block = ctx.spec.seed_block
         requests = len(cand.rows)
         why = end_looks.settles(verdict)
@@ -155,15 +158,18 @@ class EndProbes:
             ends.settled_by = why  # settled, or look 1 is the whole tier
             return verdict, cand, requests
         self.on_event(Notice(f"the bad end's first look ({requests} requests, "
-                             f"{verdict.verdict}) does not settle the ends: both ends are "
-                             "probed at the full tier"))
-        cand.save(trial_dir / "candidate-look1")
+                             f"{verdict.verdict}) does not settle the ends: both ends go on "
+                             "to the full tier (the cases look 1 did not keep)"))
+        look1 = cand.save(trial_dir / "candidate-look1")
+        earlier = (ends.baseline, ends.repeat)
         ctx.spec, ends.look = full, 2
-        if self.good_end(ctx, ends, trial_dir, report_aa=False):
-            requests += sum(len(r.rows) for r in (ends.baseline, ends.repeat) if r)
+        if self.good_end(ctx, ends, trial_dir, report_aa=False, earlier=earlier):
+            requests += sum(len(r.rows) - len(e.rows) if e is not None else len(r.rows)
+                            for r, e in zip((ends.baseline, ends.repeat), earlier) if r)
         assert ends.baseline is not None
         eng = self.engine_for(ctx, patches, trial_dir)
         ctx.probed_in = eng
         cand = self.probes.collect(ctx, eng, patches, ends.baseline, "bad end (full tier)",
-                                   good_end=False)
-        return judge(ends.baseline, ends.repeat, cand), cand, requests + len(cand.rows)
+                                   good_end=False, earlier=look1)
+        requests += len(cand.rows) - len(look1.rows)
+        return judge(ends.baseline, ends.repeat, cand), cand, requests

@@ -20,6 +20,7 @@ from dsv4bisect.errors import Dsv4BisectError
 from dsv4bisect.policy import TrialPolicy
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.computed import run_computed
+from dsv4bisect.probe.looks import earlier_cases, extend
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.run.events import EventSink, Notice
@@ -83,16 +84,20 @@ class TrialProbes:
         return out
 
     def collect(self, ctx: TrialContext, eng: HotEngine, patches: Mapping[str, str],
-                reference: ProbeRun | None, label: str, *, good_end: bool) -> ProbeRun:
-        """A full-size probe of `patches` (`reference`: the good end's run it replays)."""
+                reference: ProbeRun | None, label: str, *, good_end: bool,
+                earlier: ProbeRun | None = None) -> ProbeRun:
+        """A full-size probe of `patches` (`reference`: the good end's run it replays);
+        `earlier`: the same configuration's run of an earlier look of its ends, whose cases are
+        not probed again but added (probe/looks.py)."""
         progress = probe_progress(self.on_event, label)
         replicas = ctx.replicas if dict(patches) == ctx.patches else ()  # in this configuration
+        skip = earlier_cases(earlier) if earlier is not None else frozenset()
         run = self.timed(ctx, eng, patches, lambda: collect_on(
             eng.arm, ctx.spec, reference, self.api_key, progress,
-            lambda: self.switch(ctx, eng, patches), replicas), good_end=good_end)
+            lambda: self.switch(ctx, eng, patches), replicas, skip), good_end=good_end)
         ctx.sharded = ctx.sharded or bool(replicas)
         ctx.costs["computed_tokens"] += run_computed(run.rows)
-        return run
+        return run if earlier is None else extend(earlier, run)
 
     def sequential(self, ctx: TrialContext, eng: HotEngine, patches: Mapping[str, str],
                    ends: tuple[ProbeRun, ProbeRun | None, ProbeRun], draw: int) -> Any:
