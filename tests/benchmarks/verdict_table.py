@@ -295,7 +295,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--precision", nargs="+", default=["deployment", "exact"],
                     choices=["deployment", "exact"])
-    ap.add_argument("--rows", nargs="+", help="only these row labels")
+    ap.add_argument("--rows", nargs="*",
+                    help="only these row labels (none: no `run` row, e.g. only --bisect-rows)")
     ap.add_argument("--tier", default="smoke")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="every engine's device (the profiles' own is auto)")
@@ -316,7 +317,7 @@ def main() -> None:
     unknown = [x for x in [*(a.rows or ()), *a.bisect_rows] if x not in labels]
     if unknown:
         sys.exit(f"error: unknown row {unknown[0]!r}\nhint: rows are {sorted(labels)}")
-    rows = tuple(r for r in ROWS if not a.rows or r.label in a.rows)
+    rows = tuple(r for r in ROWS if a.rows is None or r.label in a.rows)
     if a.from_dirs is None:
         a.out.mkdir(parents=True, exist_ok=True)
         where = Where(a.device, _commit(a.commit))
