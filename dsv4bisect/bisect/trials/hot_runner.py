@@ -119,6 +119,7 @@ class HotEngineRunner(EngineRunner):
                                    fingerprint=self.fingerprint)
         self._end_probes = EndProbes(self._ends, self._probes, spec=self.spec, policy=policy,
                                      good=self.good, good_fingerprint=self.good_cfg.fingerprint,
+                                     bad_fingerprint=self.config(self.bad).fingerprint,
                                      use_cache=use_cache, engine_for=self._engine_for,
                                      on_event=on_event)
         self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
@@ -288,6 +289,7 @@ class HotEngineRunner(EngineRunner):
                                              .came_from.items())),
                        shards=1 + len(ctx.replicas) if ctx.sharded else 1,
                        relaunched=self._pool.take_relaunches(), **ctx.looks,
+                       **self._from_run(patches, ctx.spec.seed_block),
                        **{k: round(v, 3) for k, v in ctx.costs.items()})
         return TrialResult(verdict=verdict.verdict, signature=signature_of(verdict),
                            duration_s=time.perf_counter() - t0, details=details,
@@ -295,14 +297,26 @@ class HotEngineRunner(EngineRunner):
                            error_rates=verdict.error_rates, requests=requests)
 
     # -- the ends ------------------------------------------------------------------------------
+    def _from_run(self, patches: Mapping[str, str], block: int) -> dict[str, str]:
+        """An end's trial of a block whose ends a failing `run` measured: that run's directory
+        (`ends_from_run`, in its details)."""
+        from_run = self._ends.block(block).from_run
+        if from_run is None or not self.probing.is_end(patches):
+            return {}
+        return {"ends_from_run": str(from_run[1].source_run)}
+
     # -- probing -------------------------------------------------------------------------------
     def _probe(self, ctx: TrialContext, patches: dict[str, str], ends: BlockEnds,
                measured_base: bool, fresh_eng: HotEngine | None, trial_dir: Path,
                draw: int) -> Probed:
         base, repeat, bad = ends.baseline, ends.repeat, ends.bad
         assert base is not None
+        if ends.from_run is not None and self.probing.is_bad(patches) and fresh_eng is None:
+            return self._end_probes.cached_bad_end(ctx, ends, trial_dir)
+        # the good end measured in a fresh launch: here, on another node, or by a `run`
         probe = self.probing.probe(
-            patches, good_end_fresh=measured_base or ends.adopted("baseline"),
+            patches, good_end_fresh=(measured_base or ends.adopted("baseline")
+                                     or ends.from_run is not None),
             bad_known=bad is not None, confirmation=fresh_eng is not None)
         if probe is Probe.AA_CHECK:
             # The ∅ end check: the good end was just measured twice in a fresh launch (here,
