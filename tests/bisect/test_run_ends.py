@@ -95,3 +95,46 @@ def test_no_cache_probes_the_ends(tmp_path) -> None:
     probes, ctx, trial_dir, _ = _ends(tmp_path, use_cache=False)
     with pytest.raises(Probed):
         probes.ends_for(ctx, trial_dir)
+
+
+# -- the plan: block 0's ends at no probe time where the cache holds them ----------------------
+def test_cached_ends_cost_nothing_and_no_trial_pays_block_0s_good_end() -> None:
+    from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape
+    from dsv4bisect.bisect.search.pricing import CostTracker
+
+    everything = frozenset({"a", "b", "c"})
+    made = "2026-12-06T13:55:00+00:00"
+    cached = plan_costs("reference", probe_shape(SMOKE), given={}, ends_cached=made)
+    plain = plan_costs("reference", probe_shape(SMOKE), given={})
+    (line,) = [ln for ln in cached.lines if ln.name == "ends of seed block 0"]
+    assert line.value == 0.0 and f"cached by a run at {made}" in line.source
+    assert not [ln for ln in plain.lines if ln.name == "ends of seed block 0"]
+    with_run, without = CostTracker(cached.costs, everything), CostTracker(plain.costs, everything)
+    assert with_run.charge(frozenset(), 0.0) == 0.0 < without.charge(frozenset(), 0.0)
+    assert with_run.charge(everything, 1.0) == 0.0 < without.charge(everything, 1.0)
+    assert with_run.launches == 0
+    # a trial between the ends: its engine and probe, never the good end's baseline
+    fresh = CostTracker(cached.costs, everything)
+    alone = fresh.charge(frozenset({"a"}), 0.5)
+    assert 0 < alone < CostTracker(plain.costs, everything).charge(frozenset({"a"}), 0.5)
+    # the bad end's re-test (seed block 1) measures its block's ends as before
+    assert with_run.charge(everything, 1.0) > 0
+    assert cached.costs.to_json()["ends0_cached"] is True
+    assert "ends0_cached" not in plain.costs.to_json()
+
+
+def test_the_runs_candidate_is_the_bad_end_with_its_inert_patches_on() -> None:
+    # trtllm-clamp is inert on the embedded engine: the bisect leaves it out (at the good end's
+    # state at both ends), the run's candidate has it on; its measurement is the bad end's
+    from dsv4bisect.bisect.question import patch_overrides, resolve_question
+    from dsv4bisect.bisect.setup import bad_end, run_bad_end
+    from dsv4bisect.config.resolve import Overrides, resolve
+    from dsv4bisect.run.ends import resolve_ends
+
+    sets = ("patches.mma-decode.variant=swa-ring-stale",)
+    q = resolve_question("reference-all", Overrides(sets=sets))
+    assert [name for name, _ in q.left_out] == ["trtllm-clamp"]
+    run = resolve_ends("reference-all", Overrides(sets=sets)).candidate
+    assert bad_end(q).get("trtllm-clamp") != run_bad_end(q).get("trtllm-clamp") == "alpha"
+    as_run = resolve("reference-all", patch_overrides(run_bad_end(q), tuple(q.sets)))
+    assert as_run.fingerprint == run.fingerprint

@@ -90,7 +90,9 @@ HOT_POLICY = TrialPolicy(hot=True, sequential=True)  # a hot runner's, unless it
 class HotEngineRunner(EngineRunner):
     """`EngineRunner` with hot switching (see the module docstring). `good`, `bad`: the patch
     sets of the two ends as the search names them (`BisectSpec.patches_for`); `policy`: the
-    bisect's trial policy (its sequential probe, how it counts a WARN, how it judges drift)."""
+    bisect's trial policy (its sequential probe, how it counts a WARN, how it judges drift);
+    `run_bad`: the bad end as `run` of the profile measures it, where it differs from `bad` in
+    patches left out as inert (whose cached candidate serves as the bad end: end_probes.py)."""
 
     hot = True
 
@@ -99,10 +101,13 @@ class HotEngineRunner(EngineRunner):
                  tier: str | None = None, use_cache: bool = True, pool: int | None = None,
                  policy: TrialPolicy = HOT_POLICY,
                  error_rates: tuple[float, float] = TRIAL_ERROR_RATES,
-                 good_config: str | None = None, on_event: EventSink = ignore) -> None:
+                 good_config: str | None = None, run_bad: Mapping[str, str] | None = None,
+                 on_event: EventSink = ignore) -> None:
         super().__init__(profile, good, sets=sets, tier=tier, use_cache=use_cache,
                          good_config=good_config, on_event=on_event)
         self.bad = dict(bad)
+        # the bad end as a failing `run` measured it (its inert left-out patches on)
+        self.run_bad = dict(run_bad) if run_bad is not None else self.bad
         self.load_time = frozenset(load_time)
         self.policy, self.error_rates = policy, error_rates
         self.probing = ProbingPolicy(self.good, self.bad, policy)
@@ -119,7 +124,7 @@ class HotEngineRunner(EngineRunner):
                                    fingerprint=self.fingerprint)
         self._end_probes = EndProbes(self._ends, self._probes, spec=self.spec, policy=policy,
                                      good=self.good, good_fingerprint=self.good_cfg.fingerprint,
-                                     bad_fingerprint=self.config(self.bad).fingerprint,
+                                     bad_fingerprint=self.config(self.run_bad).fingerprint,
                                      use_cache=use_cache, engine_for=self._engine_for,
                                      on_event=on_event)
         self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
