@@ -18,7 +18,7 @@ FAULT = "patches.mma-decode.variant=swa-ring-stale"
 
 
 def test_a_bisect_after_a_failing_run_sends_no_request_for_block_0s_ends(cli, tmp_path) -> None:
-    runs = tmp_path / "runs"
+    runs = tmp_path  # --out: run directories go under an existing directory
     r = cli("run", "reference-all", "--set", FAULT, "--json", "--out", runs / "run",
             cwd=tmp_path, timeout=1500)
     assert r.returncode == 1, r.stderr[-4000:]  # FAIL

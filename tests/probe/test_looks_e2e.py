@@ -82,8 +82,8 @@ def test_a_run_of_another_block_or_without_a_kept_case_is_not_restricted(runs, s
     whole, look1, rest = runs
     with pytest.raises(ConfigError, match="seed block"):
         restrict(whole, LOOK1.replace(seed_block=1))
-    with pytest.raises(ConfigError, match="lacks case"):
-        restrict(rest, LOOK1)  # the rest holds none of look 1's accuracy cases
+    with pytest.raises(ConfigError, match="lacks request"):
+        restrict(rest, LOOK1)  # the rest holds no request of look 1's accuracy cases
     with pytest.raises(ConfigError, match="another probe spec"):
         restrict(whole, LOOK1.replace(lengths=(512,)))
     # an A/A repeat covers a subset of the cases: restricted, it keeps the kept ones it has
