@@ -138,3 +138,27 @@ def test_the_runs_candidate_is_the_bad_end_with_its_inert_patches_on() -> None:
     assert bad_end(q).get("trtllm-clamp") != run_bad_end(q).get("trtllm-clamp") == "alpha"
     as_run = resolve("reference-all", patch_overrides(run_bad_end(q), tuple(q.sets)))
     assert as_run.fingerprint == run.fingerprint
+
+
+def test_a_bad_end_started_ahead_sends_nothing_where_a_run_measured_it(tmp_path) -> None:
+    from dsv4bisect.bisect.question import resolve_question
+    from dsv4bisect.bisect.setup import bad_end, run_bad_end
+    from dsv4bisect.bisect.trials.hot_runner import HotEngineRunner
+    from dsv4bisect.config.resolve import Overrides
+
+    q = resolve_question("reference-all", Overrides(sets=("patches.mma-decode.variant=swa-ring-stale",)))
+    runner = HotEngineRunner(q.profile, q.good, bad_end(q), sets=tuple(q.sets),
+                             run_bad=run_bad_end(q))
+    assert runner.spec == SMOKE
+    key = cache.BaselineKey.of(runner.good_cfg.fingerprint, SMOKE)
+    cache.store(key, *_saved_baseline(tmp_path / "run1"))
+    entry, _ = cache.lookup(key)
+    cand = LOSER.save(tmp_path / "run1" / "candidate")
+    candidate_cache.store(cache.BaselineKey.of(runner.config(run_bad_end(q)).fingerprint, SMOKE),
+                          Path(str(cand.path)), entry)
+    trial_dir = tmp_path / "bisect" / "trials" / "001"
+    try:  # no engine is launched: the ends are the run's
+        assert runner.ahead(bad_end(q), 0, trial_dir) == 0
+        assert runner.engines_up == () and runner.launches == 0
+    finally:
+        runner.close()

@@ -194,7 +194,12 @@ class HotEngineRunner(EngineRunner):
         run. Returns the rows sent; 0 where it could not (an engine that cannot serve, a lost
         replica: the trial then probes from the start, as without it)."""
         with self._run_lock:
-            ctx = TrialContext(self.look_spec(seed_block, self._ends.block(seed_block).look),
+            block = self._ends.block(seed_block)
+            if seed_block == 0 and (block.from_run is not None or (
+                    not block.known and self._end_probes.run_ends(
+                        block, ends_book.ends_dir(trial_dir)))):
+                return 0  # the ends a failing `run` measured: nothing to probe ahead
+            ctx = TrialContext(self.look_spec(seed_block, block.look),
                                replicas=tuple(replicas), patches=dict(patches))
             key = (self.fingerprint(patches), seed_block)
             self._ends.keep_ahead(key, None)
