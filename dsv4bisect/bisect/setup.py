@@ -28,9 +28,6 @@ from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
 from dsv4bisect.bisect.search.hypotheses import tier_weights
 from dsv4bisect.bisect.search.pricing import StepCosts
 from dsv4bisect.bisect.spec import BisectSpec
-from dsv4bisect.run import baseline as baseline_cache
-from dsv4bisect.run import candidate_cache
-from dsv4bisect.run.baseline import BaselineKey
 from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.trials.runner import Runner
@@ -40,6 +37,9 @@ from dsv4bisect.config.schema import BisectSettings
 from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.policy import DriftRule, Executor, TrialPolicy, WarnAs
 from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
+from dsv4bisect.run import baseline as baseline_cache
+from dsv4bisect.run import candidate_cache
+from dsv4bisect.run.baseline import BaselineKey
 from dsv4bisect.run.events import EventSink, ignore
 from dsv4bisect.run.session import DEFAULT_PROFILE
 
@@ -133,7 +133,8 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
     policy = trial_policy(asked, cfg, rounds)
     request = RunnerRequest(
         question.profile, question.good, tuple(question.sets), asked.tier, asked.use_cache,
-        bad=bad_end(question), run_bad=run_bad_end(question), load_time=tuple(question.load_time), policy=policy,
+        bad=bad_end(question), run_bad=run_bad_end(question),
+        load_time=tuple(question.load_time), policy=policy,
         # its working directory is recorded: `--resume` from elsewhere runs it there too
         test_cmd=asked.test_cmd, test_cwd=os.getcwd() if asked.test_cmd is not None else None,
         ray_address=asked.ray_address or cfg.ray_address, node_resource=cfg.node_resource,
