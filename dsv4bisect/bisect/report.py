@@ -470,6 +470,7 @@ def _report_json(view: BisectView) -> dict[str, Any]:
                     "signature": s.signature, "source": s.source, "attempts": s.attempts,
                     "duration_s": s.duration_s, "scores": _scores(s.details),
                     "baseline_cached": s.details.get("baseline_cached"),
+                    "bad_end_cached": bool(s.details.get("bad_end_cached")),
                     "mode": s.details.get("mode"), "fresh_launch": s.details.get("fresh_launch"),
                     "requests": s.details.get("requests"), "node": _node(s.details),
                     "trial_run_dir": s.details.get("run_dir"), "ledger_trial": s.trial_id,
@@ -558,6 +559,7 @@ def _render_markdown(view: BisectView, plot_note: str | None = None) -> str:
     for s in view.steps:
         dur = f"{s.duration_s:.1f} s" if s.duration_s is not None else "-"
         cached = " (baseline cached)" if s.details.get("baseline_cached") else ""
+        cached += " (bad end cached by a run)" if s.details.get("bad_end_cached") else ""
         lines.append(f"| {s.step} | {_set(s.subset)} | {s.seed_block} | {run_word(s)} | "
                      f"{counted_text(view, s)} | {s.signature or '-'} | {_score_text(s.details)} | "
                      f"{s.details.get('requests', '-')} | {_mode(s.details)} | "

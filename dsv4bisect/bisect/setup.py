@@ -37,6 +37,9 @@ from dsv4bisect.config.schema import BisectSettings
 from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.policy import DriftRule, Executor, TrialPolicy, WarnAs
 from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
+from dsv4bisect.run import baseline as baseline_cache
+from dsv4bisect.run import candidate_cache
+from dsv4bisect.run.baseline import BaselineKey
 from dsv4bisect.run.events import EventSink, ignore
 from dsv4bisect.run.session import DEFAULT_PROFILE
 
@@ -130,7 +133,8 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
     policy = trial_policy(asked, cfg, rounds)
     request = RunnerRequest(
         question.profile, question.good, tuple(question.sets), asked.tier, asked.use_cache,
-        bad=bad_end(question), load_time=tuple(question.load_time), policy=policy,
+        bad=bad_end(question), run_bad=run_bad_end(question),
+        load_time=tuple(question.load_time), policy=policy,
         # its working directory is recorded: `--resume` from elsewhere runs it there too
         test_cmd=asked.test_cmd, test_cwd=os.getcwd() if asked.test_cmd is not None else None,
         ray_address=asked.ray_address or cfg.ray_address, node_resource=cfg.node_resource,
@@ -145,7 +149,7 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
     measured, durations, details = _history(runner, asked.ledger)
     noise, where = _noise(measured, asked.false_fail, asked.false_pass)
     costs = _costs(engine, question, noise, details, durations, asked.costs, policy.hot,
-                   policy.end_looks)
+                   policy.end_looks, _ends_cached(engine, question) if asked.use_cache else None)
     spec = BisectSpec(
         candidates=question.candidates, good=question.good, bad=question.bad, noise=noise,
         confidence=asked.confidence if asked.confidence is not None else cfg.confidence,
@@ -203,6 +207,22 @@ def bad_end(q: Question) -> dict[str, str]:
     return spec.patches_for(frozenset(q.candidates))
 
 
+def run_bad_end(q: Question) -> dict[str, str]:
+    """The bad end as `run` of the profile measures it: `bad_end` with the patches the question
+    left out as inert at their bad-end state (the bisect holds them at the good end's: they
+    change nothing here), whose cached candidate is then the bisect's bad end (docs/bisect.md,
+    "The ends a failing run already measured")."""
+    out = bad_end(q)
+    for name, why in q.left_out:
+        if not why.startswith("inert"):
+            continue  # held at the good end's state on purpose: another configuration
+        if name in q.bad:
+            out[name] = q.bad[name]
+        else:
+            out.pop(name, None)
+    return out
+
+
 def tier_priors(q: Question) -> dict[str, float]:
     """Prior weights by patch tier and setting tier, with the profile's `bisect.priors` over
     them."""
@@ -236,9 +256,22 @@ def _noise(measured: NoiseEstimate | None, ff: float | None,
     return noise, "default" if ff is None and fp is None else "partly given"
 
 
+def _ends_cached(runner: EngineRunner | None, q: Question) -> str | None:
+    """When the `run` that cached seed block 0's ends for this bisect made them (a hot
+    runner's: bisect/trials/end_probes.py `run_ends` installs them); None: not both cached."""
+    if runner is None or not runner.hot:
+        return None
+    key = BaselineKey.of(runner.good_cfg.fingerprint, runner.spec.replace(seed_block=0))
+    good, _ = baseline_cache.lookup(key)
+    bad = BaselineKey(runner.config(run_bad_end(q)).fingerprint, key.spec_hash, 0)
+    cand, _ = candidate_cache.lookup(bad, good)
+    return cand.created_at if cand is not None else None
+
+
 def _costs(runner: EngineRunner | None, q: Question, noise: Noise,
            details: list[dict[str, Any]], durations: list[float],
-           given: dict[str, float | None], hot: bool, looks: bool) -> PlanCosts:
+           given: dict[str, float | None], hot: bool, looks: bool,
+           ends_cached: str | None = None) -> PlanCosts:
     """Every cost the plan and the priced design use, each with its source (plan/costs.py):
     given; else measured in the ledger for this probe; else assumed per engine kind and tier."""
     if runner is None:  # a test command: nothing to assume about an engine
@@ -252,4 +285,5 @@ def _costs(runner: EngineRunner | None, q: Question, noise: Noise,
     return plan_costs(engine, probe_shape(runner.spec), given=given, details=details,
                       load_time=tuple(q.load_time), hot=hot, noise=noise,
                       sequential=sequential_from_probe(look or runner.spec, trial) if hot
-                      else None, look1=probe_shape(look) if look else None)
+                      else None, look1=probe_shape(look) if look else None,
+                      ends_cached=ends_cached)

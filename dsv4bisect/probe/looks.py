@@ -10,6 +10,12 @@ own requests, drift records and null model: the run one probe of the full tier m
 evidence a group-sequential test accumulates (look 2's answers are look 1's and the new ones).
 The rows come in the order an unsharded full probe sends them, so every comparison stays paired
 by (case, arm, concurrency) as before.
+
+`restrict` goes the other way: the run of the full tier cut to the cases a look keeps (a full-tier
+baseline a failing `run` cached, served as the bisect's look-1 good end; bisect/trials/
+end_probes.py). A case's requests depend on the spec's arms and levels and on the case alone
+(probe/tasks.py), which both looks share, so the cut holds exactly the requests a probe of the
+look sends; only their batch mates at a level above 1 were others.
 """
 
 from __future__ import annotations
@@ -18,9 +24,12 @@ from dataclasses import replace
 from typing import Any
 
 from dsv4bisect.errors import ConfigError
+from dsv4bisect.probe.grid import kept_case_ids
 from dsv4bisect.probe.run import ProbeRun, RowKey, row_key
+from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.probe.tasks import tasks_of
 
+_RESTRICT_HINT = "restrict a run of the full tier at the look's seed and seed block"
 _HINT = "complete a look with the earlier look of the same ends (same spec seed and seed block)"
 
 
@@ -64,6 +73,43 @@ def extend(earlier: ProbeRun, later: ProbeRun) -> ProbeRun:
     return replace(later, rows=tuple(sorted(rows.values(), key=lambda r: order[row_key(r)])),
                    drift=tuple(drift), null=tuple(null), notes=notes, timing=timing,
                    throughput=_throughput(earlier, later), path=None)
+
+
+def restrict(run: ProbeRun, spec: ProbeSpec, *, whole: bool = True) -> ProbeRun:
+    """`run` (a probe of the full tier) cut to the cases `spec` (a look of it) keeps: their
+    requests, drift records and null model (drift cases are always kept), as `spec`'s run.
+    `whole`: the run holds every case the look keeps (an A/A repeat covers a subset of them:
+    False). Refuses a run of another seed or seed block, or one that lacks a kept case (with
+    `whole`) or a request of a kept case."""
+    if (run.spec.seed, run.spec.seed_block) != (spec.seed, spec.seed_block):
+        raise ConfigError("the run to restrict was probed with another seed or seed block",
+                          _RESTRICT_HINT)
+    if run.spec.replace(case_share=spec.case_share).spec_hash() != spec.spec_hash():
+        raise ConfigError("the run to restrict is of another probe spec than the look's",
+                          _RESTRICT_HINT)
+    kept = kept_case_ids(spec)
+    cases = tuple(c for c in run.cases if c.family == "drift" or kept is None
+                  or c.case_id in kept)
+    missing = sorted((kept or frozenset()) - {c.case_id for c in cases})
+    if whole and missing:
+        raise ConfigError(f"the run to restrict lacks case {missing[0]} of the look "
+                          f"({len(missing)} missing)", _RESTRICT_HINT)
+    have = run.rows_by_key()
+    want = [row_key({"case_id": c.case_id, "arm": arm, "concurrency": level})
+            for c, arm, level in tasks_of(spec, list(cases))]
+    lost, wanted = [k for k in want if k not in have], set(want)
+    if lost:
+        raise ConfigError(f"the run to restrict lacks request {lost[0]} of a kept case "
+                          f"({len(lost)} missing)", _RESTRICT_HINT)
+    ids = {c.case_id for c in cases}
+    note = (f"look: {len(want)} of {len(run.rows)} requests ({len(cases)} of {len(run.cases)} "
+            f"cases) of the full tier's run ({run.path or run.url}); its timing and throughput "
+            "are that run's")
+    return replace(run, spec=spec, cases=cases,
+                   rows=tuple(r for r in run.rows if row_key(r) in wanted),
+                   drift=tuple(d for d in run.drift if d.case_id in ids),
+                   null=tuple(n for n in run.null if n[1].case_id in ids),
+                   notes=(*run.notes, note), path=None)
 
 
 def _throughput(earlier: ProbeRun, later: ProbeRun) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -87,10 +88,10 @@ class CachedBaseline:
 
     def install(self, arm_dir: Path, repeat_dir: Path) -> tuple[ProbeRun, ProbeRun | None]:
         """Copy the cached runs (and the logs of the launch that made them) into a run dir."""
-        _copy_tree(self.path / BASELINE, arm_dir, skip=("config.json",))
+        copy_tree(self.path / BASELINE, arm_dir, skip=("config.json",))
         repeat = None
         if (self.path / REPEAT / "run.json").exists():
-            _copy_tree(self.path / REPEAT, repeat_dir)
+            copy_tree(self.path / REPEAT, repeat_dir)
             repeat = ProbeRun.load(repeat_dir)
         return ProbeRun.load(arm_dir), repeat
 
@@ -124,19 +125,31 @@ def lookup(key: BaselineKey) -> tuple[CachedBaseline | None, str | None]:
 
 def store(key: BaselineKey, arm_dir: Path, repeat_dir: Path) -> Path:
     """Copy a finished baseline into the cache (atomically: a reader never sees half of it)."""
+    def fill(tmp: Path) -> dict[str, object]:
+        copy_tree(arm_dir, tmp / BASELINE)
+        copy_tree(repeat_dir, tmp / REPEAT)
+        return {"schema": CACHE_SCHEMA, "key": key.to_dict(), "created_at": now_utc(),
+                "source_run": str(arm_dir.parent.resolve())}
+
+    return write_entry(key.dirname, fill)
+
+
+def now_utc() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_entry(name: str, fill: Callable[[Path], dict[str, object]]) -> Path:
+    """The cache entry `name` (under `cache_root`) written by `fill` into a new directory,
+    with the `meta.json` it returns, then put in place at once (replacing an older entry)."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
-        _copy_tree(arm_dir, tmp / BASELINE)
-        _copy_tree(repeat_dir, tmp / REPEAT)
-        meta = {"schema": CACHE_SCHEMA, "key": key.to_dict(),
-                "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "source_run": str(arm_dir.parent.resolve())}
+        meta = fill(tmp)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        final = root / key.dirname
+        final = root / name
         if final.exists():  # a --no-cache run refreshes the entry
-            old = root / f".old-{key.dirname}-{os.getpid()}"
+            old = root / f".old-{name}-{os.getpid()}"
             os.replace(final, old)
             shutil.rmtree(old, ignore_errors=True)
         os.replace(tmp, final)
@@ -146,6 +159,6 @@ def store(key: BaselineKey, arm_dir: Path, repeat_dir: Path) -> Path:
         raise
 
 
-def _copy_tree(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> None:
+def copy_tree(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> None:
     shutil.copytree(src, dst, dirs_exist_ok=True,
                     ignore=lambda _d, names: [n for n in names if n in skip or n.endswith(".tmp")])

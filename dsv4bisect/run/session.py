@@ -79,7 +79,8 @@ def run(request: RunRequest, on_event: EventSink = ignore) -> RunOutcome:
         good_config=request.good_config)
     record.set("exit", {"warn_as": request.warn_exit, "policy": request.exit_policy})
     on_event(Notice(f"run directory: {run_dir}", run_dir=str(run_dir)))
-    trial = Trial(ends, spec, run_dir, record, Supervisor(), on_event, api_key, request.use_cache)
+    trial = Trial(ends, spec, run_dir, record, Supervisor(), on_event, api_key, request.use_cache,
+                  cache_candidate=True)
     return RunOutcome(run_dir, finish(run_dir, record, trial, judge_trial(trial, record)))
 
 

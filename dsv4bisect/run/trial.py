@@ -29,7 +29,7 @@ from dsv4bisect.probe.runner import ProbeProgress, collect, collect_sharded, jud
 from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.probe.verdict import Verdict
 from dsv4bisect.run import baseline as cache
-from dsv4bisect.run import pipeline
+from dsv4bisect.run import candidate_cache, pipeline
 from dsv4bisect.run.arm import ArmCrashed, Cancelled, EngineArm, Supervisor
 from dsv4bisect.run.crash import cannot_test_verdict, crash_verdict, good_end_crash_verdict
 from dsv4bisect.run.ends import Ends
@@ -67,10 +67,13 @@ class Trial:
     on_event: EventSink
     api_key: str | None
     use_cache: bool
+    # `run`'s trial keeps its candidate for the bisect that follows (run/candidate_cache.py)
+    cache_candidate: bool = False
     base: ProbeRun | None = None
     repeat: ProbeRun | None = None
     cand: ProbeRun | None = None
     arms: dict[str, EngineArm] = field(default_factory=dict)
+    entry: cache.CachedBaseline | None = None  # the baseline's cache entry (reused or stored)
 
     def run(self) -> Verdict:
         for name, cfg in (("baseline", self.ends.good), ("candidate", self.ends.candidate)):
@@ -81,6 +84,8 @@ class Trial:
         except Stop as stop:
             return stop.verdict
         assert self.base is not None and self.cand is not None
+        if self.cache_candidate:
+            self._store_candidate()
         return judge(self.base, self.repeat, self.cand)
 
     def stop(self) -> None:
@@ -100,6 +105,7 @@ class Trial:
             self.record.note(why)
             self.on_event(Notice(why, "warn"))
         if hit is not None:
+            self.entry = hit
             self._reuse(hit)
             self.cand = self._candidate(lambda: self._stage("candidate", self.base))
         elif can_overlap(self.ends.good, self.ends.candidate):
@@ -232,6 +238,27 @@ class Trial:
             self.record.note(f"baseline not cached: {exc}")
             return
         self.record.note(f"baseline cached at {path}")
+        self.entry, _ = cache.lookup(key)
+
+    def _store_candidate(self) -> None:
+        # Like the baseline: only a fresh launch that finished its probe without a crash, on a
+        # server proven to be the candidate's own engine, judged against a cached baseline
+        # (the bisect's bad end is used only beside that very good end).
+        arm = self.arms["candidate"]
+        if self.entry is None or arm.verified is not True or arm.crashes:
+            self.record.note("candidate not cached: " + (
+                "its baseline is not cached" if self.entry is None else
+                "it crashed on the way" if arm.crashes else
+                "the server that answered could not be checked to be its own engine"))
+            return
+        key = cache.BaselineKey.of(self.ends.candidate.fingerprint, self.spec)
+        try:
+            path = candidate_cache.store(key, self.run_dir / "candidate", self.entry)
+        except OSError as exc:
+            self.record.note(f"candidate not cached: {exc}")
+            return
+        self.record.note(f"candidate cached at {path} (a bisect's bad end of seed block "
+                         f"{self.spec.seed_block})")
 
 
 def probe_progress(on_event: EventSink, label: str) -> Callable[[ProbeProgress], None]:

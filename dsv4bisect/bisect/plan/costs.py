@@ -115,12 +115,15 @@ def plan_costs(
     noise: Noise = DEFAULT_NOISE,
     sequential: Sequential | None = None,
     look1: ProbeShape | None = None,
+    ends_cached: str | None = None,
 ) -> PlanCosts:
     """The step costs of a bisect. `engine`: "sglang", "reference", or None for a --test-cmd;
     `given`: --launch-cost / --switch-cost / --probe-cost (None: not given); `details` and
     `durations`: this probe's finished trials in the ledger. `look1`: the ends' look-1 probe
     (`probe_shape(look_spec(spec, 1))`, bisect/end_looks.py) where the ends are probed in two looks; None, or a look
-    that keeps every case, prices full-tier ends."""
+    that keeps every case, prices full-tier ends. `ends_cached`: when the `run` that cached
+    seed block 0's ends (the good end's pair and its candidate, the bad end) made them, where
+    the bisect will use them (the caller looks; None: not cached, or `--no-cache`)."""
     if engine is None:
         return _test_cmd_costs(given, durations)
     lines: list[CostLine] = []
@@ -186,6 +189,11 @@ def plan_costs(
                           seq.source))
     lines.append(CostLine("trial probe, like the bad end", seq.like_bad_fraction, "share",
                           seq.source))
+    if ends_cached is not None:
+        lines.append(CostLine("ends of seed block 0", 0.0, "s",
+                              f"cached by a run at {ends_cached}: its baseline, A/A repeat and "
+                              "candidate are the block's full-tier ends, no request sent "
+                              "(bisect/trials/end_probes.py)"))
     pool = POOL.get(engine, 1)
     lines.append(CostLine("engines kept up", pool, "engines",
                           f"dsv4bisect policy for {kind}" + (": one node" if pool == 1 else "")))
@@ -194,7 +202,8 @@ def plan_costs(
                       like_good_fraction=seq.like_good_fraction,
                       like_bad_fraction=seq.like_bad_fraction, hot=hot, pool=pool,
                       load_time=frozenset(load_time), paired=True,
-                      drift_fraction=shape.drift_share, **looks)
+                      drift_fraction=shape.drift_share, ends0_cached=ends_cached is not None,
+                      **looks)
     return PlanCosts(costs, seq.noise if hot else noise, tuple(lines), world)
 
 

@@ -78,6 +78,10 @@ class StepCosts:
     # look 2's own share of the full probe: the cases look 1 did not keep (and the polluting
     # phase again); look 1's requests are not sent again (probe/looks.py)
     look2_fraction: float = 1.0
+    # seed block 0's ends are in the cache a failing `run` left (the good end's pair and the
+    # run's candidate, judged against it: bisect/trials/end_probes.py `run_ends`): their
+    # trials send no request and launch nothing, and no trial pays block 0's good end
+    ends0_cached: bool = False
 
     def __post_init__(self) -> None:
         for name in ("launch_s", "switch_s", "probe_s", "aa_fraction", "like_good_fraction",
@@ -110,7 +114,8 @@ class StepCosts:
                 **({"look1_fraction": self.look1_fraction,
                     "look1_aa_fraction": self.look1_aa_fraction,
                     "look2_chance": self.look2_chance,
-                    "look2_fraction": self.look2_fraction} if self.looks else {})}
+                    "look2_fraction": self.look2_fraction} if self.looks else {}),
+                **({"ends0_cached": True} if self.ends0_cached else {})}
 
     @property
     def looks(self) -> bool:
@@ -164,7 +169,8 @@ class CostTracker:
     def __init__(self, costs: StepCosts, everything: frozenset[str]) -> None:
         self.costs, self.everything = costs, everything
         self.slots: EngineSlots[frozenset[str]] = EngineSlots(costs.pool)
-        self.baselines: set[int] = set()  # seed blocks whose good-end baseline is measured
+        # seed blocks whose good-end baseline is measured (block 0's a run's, where cached)
+        self.baselines: set[int] = {0} if costs.ends0_cached else set()
         self.seen: Counter[frozenset[str]] = Counter()
         self.spent_s = 0.0
         self.launches = 0
@@ -209,6 +215,8 @@ class CostTracker:
         # requests against the first block's ends (HotEngineRunner), an end's needs its own
         block = 0 if c.sequential and not end else self.seen[subset]
         self.seen[subset] += 1
+        if c.ends0_cached and end and block == 0:  # the ends a failing `run` measured
+            return 0.0, 0.0
         seconds = 0.0
         if c.paired and block not in self.baselines:
             good = c.probe_s * ((c.look1_fraction + c.look1_aa_fraction) if c.looks

@@ -6,6 +6,15 @@ first, and look 2 — both ends at the full tier, sending only the cases look 1 
 (probe/looks.py) — only where the bad end's look-1 verdict does not settle the block. The look that settled a block is recorded in its `BlockEnds` and in
 `settled.json` beside its runs (`ends/b<block>/look<k>/<end>`), where a resumed bisect finds it;
 with full ends the runs are `ends/b<block>/<end>` as before.
+
+The ends a failing `run` measured (docs/bisect.md, "The ends a failing run already measured"):
+seed block 0's good end from the baseline cache at the full tier, and where the run also
+cached its candidate (run/candidate_cache.py: the bad end, the same configuration) judged
+against that very baseline entry, both are installed as the block's settled full-tier ends
+(`run_ends`): no request is sent for either, the ∅ end check is their A/A verdict, the bad
+end's trial is `judge` of the cached runs (`cached_bad_end`). A look-1 good end whose own
+entry is missing is the full tier's entry restricted to look 1's cases (probe/looks.py
+`restrict`).
 """
 
 from __future__ import annotations
@@ -14,17 +23,26 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dsv4bisect.bisect import end_looks
-from dsv4bisect.bisect.trials.ends_book import (BlockEnds, EndsBook, end_name, ends_dir,
-                                                 read_settled, write_settled)
+from dsv4bisect.bisect.trials.ends_book import (
+    BlockEnds,
+    EndsBook,
+    end_name,
+    ends_dir,
+    read_settled,
+    write_settled,
+)
 from dsv4bisect.bisect.trials.engine_pool import HotEngine
 from dsv4bisect.bisect.trials.engine_runner import aa_verdict
 from dsv4bisect.bisect.trials.trial_probes import TrialContext, TrialProbes
+from dsv4bisect.errors import ConfigError
 from dsv4bisect.policy import TrialPolicy
 from dsv4bisect.probe import verdict as V
+from dsv4bisect.probe.looks import restrict
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.runner import judge
 from dsv4bisect.probe.spec import ProbeSpec
 from dsv4bisect.run import baseline as cache
+from dsv4bisect.run import candidate_cache
 from dsv4bisect.run.events import EventSink, Notice
 
 EngineFor = Callable[[TrialContext, Mapping[str, str], Path], HotEngine]
@@ -33,13 +51,16 @@ EngineFor = Callable[[TrialContext, Mapping[str, str], Path], HotEngine]
 class EndProbes:
     """The ends of a hot runner's seed blocks, measured: `spec` the runner's probe spec (block
     0), `good` the good end's patches and `good_fingerprint` its configuration's, `engine_for`
-    the runner's engine of a patch set's load-time state (launched if none is up)."""
+    the runner's engine of a patch set's load-time state (launched if none is up);
+    `bad_fingerprint`: the bad end's configuration's (a `run`'s cached candidate)."""
 
     def __init__(self, book: EndsBook, probes: TrialProbes, *, spec: ProbeSpec,
                  policy: TrialPolicy, good: Mapping[str, str], good_fingerprint: str,
-                 use_cache: bool, engine_for: EngineFor, on_event: EventSink) -> None:
+                 bad_fingerprint: str, use_cache: bool, engine_for: EngineFor,
+                 on_event: EventSink) -> None:
         self.book, self.probes, self.spec, self.policy = book, probes, spec, policy
         self.good, self.good_fingerprint, self.use_cache = dict(good), good_fingerprint, use_cache
+        self.bad_fingerprint = bad_fingerprint
         self.engine_for, self.on_event = engine_for, on_event
 
     def look_spec(self, block: int, look: int) -> ProbeSpec:
@@ -63,6 +84,8 @@ class EndProbes:
                    else None)
         if settled is not None:
             ends.look, ends.settled_by = settled
+        elif block == 0 and not ends.known:
+            self.run_ends(ends, root)
         ctx.spec = self.look_spec(block, ends.look)
         if ends.known:
             return ends, False
@@ -91,6 +114,8 @@ class EndProbes:
         if hit is not None:
             ends.baseline, ends.repeat = hit.install(root / names[0], root / names[1])
             return False
+        if self.use_cache and self.full_good_end(ctx.spec, ends, root, names):
+            return False
         eng = self.engine_for(ctx, self.good, trial_dir)
         ctx.probed_in = eng
         fresh = eng.fresh_in(self.good)  # not an engine launched in another set of λ = ∅
@@ -115,6 +140,76 @@ class EndProbes:
             except OSError as exc:
                 self.on_event(Notice(f"baseline not cached: {exc}", "warn"))
         return True
+
+    def full_good_end(self, spec: ProbeSpec, ends: BlockEnds, root: Path,
+                      names: tuple[str, str]) -> bool:
+        """A look's good end (`spec`, named `names`) from the full tier's cache entry (the one
+        a `run` left), restricted to the look's cases (`restrict`); the full pair is installed
+        as look 2's. False where `spec` is the full tier or no entry restricts."""
+        full = spec.replace(case_share=1.0)
+        if full.spec_hash() == spec.spec_hash():
+            return False
+        hit, why = cache.lookup(cache.BaselineKey.of(self.good_fingerprint, full))
+        if why:
+            self.on_event(Notice(why, "warn"))
+        if hit is None:
+            return False
+        block = spec.seed_block
+        base, repeat = hit.install(root / end_name(block, "baseline", 2),
+                                   root / end_name(block, "baseline-repeat", 2))
+        try:
+            ends.baseline = restrict(base, spec).save(root / names[0])
+            ends.repeat = (restrict(repeat, spec, whole=False).save(root / names[1])
+                           if repeat is not None else None)
+        except ConfigError as exc:
+            self.on_event(Notice(f"the full tier's cached baseline {hit.path} does not restrict "
+                                 f"to look 1 ({exc.message}): measured", "warn"))
+            ends.baseline = ends.repeat = None
+            return False
+        self.on_event(Notice(f"the good end's look 1 of seed block {block} is the full tier's "
+                             f"cached baseline ({hit.path}, made {hit.created_at}) restricted "
+                             "to look 1's cases"))
+        return True
+
+    def run_ends(self, ends: BlockEnds, root: Path) -> bool:
+        """Seed block 0's ends from the cache a failing `run` left (module docstring): the
+        good end's full-tier pair and the run's candidate judged against it, installed as
+        the block's settled full-tier ends (`True`); else nothing changes (a candidate of
+        another baseline or a damaged entry: a warning, the ends are probed as before)."""
+        if not self.use_cache:
+            return False
+        full = self.look_spec(0, 2)
+        good, _why = cache.lookup(cache.BaselineKey.of(self.good_fingerprint, full))
+        cand, why = candidate_cache.lookup(
+            cache.BaselineKey.of(self.bad_fingerprint, full), good)
+        if why:
+            self.on_event(Notice(why, "warn"))
+        if good is None or cand is None:
+            return False
+        look = (None if not self.policy.end_looks else
+                1 if self.look_spec(0, 1).spec_hash() == full.spec_hash() else 2)
+        ends.baseline, ends.repeat = good.install(root / end_name(0, "baseline", look),
+                                                  root / end_name(0, "baseline-repeat", look))
+        ends.bad = cand.install(root / end_name(0, "bad", look))
+        ends.from_run = (good, cand)
+        if look is not None:
+            ends.look, ends.settled_by = look, None
+            write_settled(root, 0, look, None)
+        self.on_event(Notice(f"seed block 0's ends are the ones a run measured ({cand.source_run}"
+                             f": baseline made {good.created_at}, bad end {cand.created_at}): "
+                             "no request is sent for them; --no-cache measures them again"))
+        return True
+
+    def cached_bad_end(self, ctx: TrialContext, ends: BlockEnds, trial_dir: Path
+                       ) -> tuple[V.Verdict, ProbeRun, int]:
+        """The bad end's trial of a block whose ends a `run` measured (`run_ends`): its
+        cached run judged against the cached good end, no request sent."""
+        assert ends.from_run is not None and ends.baseline is not None and ends.bad is not None
+        verdict = judge(ends.baseline, ends.repeat, ends.bad)
+        if self.policy.end_looks:
+            ctx.looks.update(end_look=ends.look, settled_by=ends.settled_by)
+        ctx.looks.update(bad_end_cached=True, bad_end_from=ends.from_run[1].source_run)
+        return verdict, ends.bad.save(trial_dir / "candidate"), 0
 
     def bad_end(self, ctx: TrialContext, patches: dict[str, str], ends: BlockEnds,
                 verdict: V.Verdict, cand: ProbeRun, trial_dir: Path

@@ -29,6 +29,8 @@ from dsv4bisect.base.bounded import load_json
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.run import ProbeRun
 from dsv4bisect.probe.spec import ProbeSpec
+from dsv4bisect.run.baseline import CachedBaseline
+from dsv4bisect.run.candidate_cache import CachedCandidate
 
 ENDS = ("baseline", "baseline-repeat", "bad")
 
@@ -91,6 +93,9 @@ class BlockEnds:
     aa: tuple[str, ...] = ()  # the A/A verdict measured here that no trial reported yet
     look: int = 1  # the look the runs above are of (1 until the bad end asks for the full tier)
     settled_by: str | None = None  # end_looks.settles' reason where look 1 settled the ends
+    # the ends a failing `run` measured (seed block 0, full tier; bisect/trials/end_probes.py
+    # `run_ends`): the baseline entry installed as the good end, the candidate as the bad end
+    from_run: tuple[CachedBaseline, CachedCandidate] | None = None
 
     @property
     def known(self) -> bool:

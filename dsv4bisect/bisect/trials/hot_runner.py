@@ -90,7 +90,9 @@ HOT_POLICY = TrialPolicy(hot=True, sequential=True)  # a hot runner's, unless it
 class HotEngineRunner(EngineRunner):
     """`EngineRunner` with hot switching (see the module docstring). `good`, `bad`: the patch
     sets of the two ends as the search names them (`BisectSpec.patches_for`); `policy`: the
-    bisect's trial policy (its sequential probe, how it counts a WARN, how it judges drift)."""
+    bisect's trial policy (its sequential probe, how it counts a WARN, how it judges drift);
+    `run_bad`: the bad end as `run` of the profile measures it, where it differs from `bad` in
+    patches left out as inert (whose cached candidate serves as the bad end: end_probes.py)."""
 
     hot = True
 
@@ -99,10 +101,13 @@ class HotEngineRunner(EngineRunner):
                  tier: str | None = None, use_cache: bool = True, pool: int | None = None,
                  policy: TrialPolicy = HOT_POLICY,
                  error_rates: tuple[float, float] = TRIAL_ERROR_RATES,
-                 good_config: str | None = None, on_event: EventSink = ignore) -> None:
+                 good_config: str | None = None, run_bad: Mapping[str, str] | None = None,
+                 on_event: EventSink = ignore) -> None:
         super().__init__(profile, good, sets=sets, tier=tier, use_cache=use_cache,
                          good_config=good_config, on_event=on_event)
         self.bad = dict(bad)
+        # the bad end as a failing `run` measured it (its inert left-out patches on)
+        self.run_bad = dict(run_bad) if run_bad is not None else self.bad
         self.load_time = frozenset(load_time)
         self.policy, self.error_rates = policy, error_rates
         self.probing = ProbingPolicy(self.good, self.bad, policy)
@@ -119,6 +124,7 @@ class HotEngineRunner(EngineRunner):
                                    fingerprint=self.fingerprint)
         self._end_probes = EndProbes(self._ends, self._probes, spec=self.spec, policy=policy,
                                      good=self.good, good_fingerprint=self.good_cfg.fingerprint,
+                                     bad_fingerprint=self.config(self.run_bad).fingerprint,
                                      use_cache=use_cache, engine_for=self._engine_for,
                                      on_event=on_event)
         self._run_lock = threading.Lock()  # one trial at a time: one engine pool, one node
@@ -188,7 +194,12 @@ class HotEngineRunner(EngineRunner):
         run. Returns the rows sent; 0 where it could not (an engine that cannot serve, a lost
         replica: the trial then probes from the start, as without it)."""
         with self._run_lock:
-            ctx = TrialContext(self.look_spec(seed_block, self._ends.block(seed_block).look),
+            block = self._ends.block(seed_block)
+            if seed_block == 0 and (block.from_run is not None or (
+                    not block.known and self._end_probes.run_ends(
+                        block, ends_book.ends_dir(trial_dir)))):
+                return 0  # the ends a failing `run` measured: nothing to probe ahead
+            ctx = TrialContext(self.look_spec(seed_block, block.look),
                                replicas=tuple(replicas), patches=dict(patches))
             key = (self.fingerprint(patches), seed_block)
             self._ends.keep_ahead(key, None)
@@ -288,6 +299,7 @@ class HotEngineRunner(EngineRunner):
                                              .came_from.items())),
                        shards=1 + len(ctx.replicas) if ctx.sharded else 1,
                        relaunched=self._pool.take_relaunches(), **ctx.looks,
+                       **self._from_run(patches, ctx.spec.seed_block),
                        **{k: round(v, 3) for k, v in ctx.costs.items()})
         return TrialResult(verdict=verdict.verdict, signature=signature_of(verdict),
                            duration_s=time.perf_counter() - t0, details=details,
@@ -295,14 +307,26 @@ class HotEngineRunner(EngineRunner):
                            error_rates=verdict.error_rates, requests=requests)
 
     # -- the ends ------------------------------------------------------------------------------
+    def _from_run(self, patches: Mapping[str, str], block: int) -> dict[str, str]:
+        """An end's trial of a block whose ends a failing `run` measured: that run's directory
+        (`ends_from_run`, in its details)."""
+        from_run = self._ends.block(block).from_run
+        if from_run is None or not self.probing.is_end(patches):
+            return {}
+        return {"ends_from_run": str(from_run[1].source_run)}
+
     # -- probing -------------------------------------------------------------------------------
     def _probe(self, ctx: TrialContext, patches: dict[str, str], ends: BlockEnds,
                measured_base: bool, fresh_eng: HotEngine | None, trial_dir: Path,
                draw: int) -> Probed:
         base, repeat, bad = ends.baseline, ends.repeat, ends.bad
         assert base is not None
+        if ends.from_run is not None and self.probing.is_bad(patches) and fresh_eng is None:
+            return self._end_probes.cached_bad_end(ctx, ends, trial_dir)
+        # the good end measured in a fresh launch: here, on another node, or by a `run`
         probe = self.probing.probe(
-            patches, good_end_fresh=measured_base or ends.adopted("baseline"),
+            patches, good_end_fresh=(measured_base or ends.adopted("baseline")
+                                     or ends.from_run is not None),
             bad_known=bad is not None, confirmation=fresh_eng is not None)
         if probe is Probe.AA_CHECK:
             # The ∅ end check: the good end was just measured twice in a fresh launch (here,

@@ -44,6 +44,9 @@ class RunnerRequest:
     nodes: int | None = None
     ends: str | None = None
     left_out: tuple[tuple[str, str], ...] = ()  # for the report: (patch, why)
+    # the bad end as `run` of the profile measures it: `bad` with the patches left out as
+    # inert at their bad-end state (a failing run's cached candidate: end_probes.run_ends)
+    run_bad: Mapping[str, str] = field(default_factory=dict)
     good_config: str | None = None  # --good-config as given: the trials' Reproduce lines name it
     command: tuple[str, ...] = ()  # the command line, for the report
 
@@ -51,7 +54,8 @@ class RunnerRequest:
         return {**{f.name: getattr(self, f.name) for f in fields(self)},
                 "good": dict(self.good), "sets": list(self.sets), "bad": dict(self.bad),
                 "load_time": list(self.load_time), "policy": self.policy.to_json(),
-                "left_out": [list(x) for x in self.left_out], "command": list(self.command)}
+                "left_out": [list(x) for x in self.left_out], "command": list(self.command),
+                "run_bad": dict(self.run_bad)}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> RunnerRequest:
@@ -64,7 +68,8 @@ class RunnerRequest:
                       "load_time": tuple(doc.get("load_time") or ()),
                       "policy": TrialPolicy.from_json(doc), "nodes": doc.get("nodes") or None,
                       "left_out": tuple(tuple(x) for x in doc.get("left_out") or ()),
-                      "command": tuple(doc.get("command") or ())})
+                      "command": tuple(doc.get("command") or ()),
+                      "run_bad": dict(doc.get("run_bad") or {})})
 
 
 def node_runner(request: RunnerRequest, on_event: EventSink = ignore) -> EngineRunner:
@@ -75,7 +80,7 @@ def node_runner(request: RunnerRequest, on_event: EventSink = ignore) -> EngineR
                                load_time=request.load_time, sets=request.sets,
                                tier=request.tier, use_cache=request.use_cache,
                                policy=request.policy, good_config=request.good_config,
-                               on_event=on_event)
+                               run_bad=request.run_bad or None, on_event=on_event)
     return EngineRunner(request.profile, request.good, sets=request.sets, tier=request.tier,
                         use_cache=request.use_cache, good_config=request.good_config,
                         on_event=on_event)
