@@ -70,6 +70,9 @@ def test_priors_are_off_where_they_cannot_or_should_not_run(cli, tmp_path: Path)
     assert lines[-1].startswith("hint:") and "Traceback" not in forced.stderr
 
 
+# three plans and two microtests (~35 s, CI's heaviest fast test at 2026-12-06): the measuring
+# path stays fast in test_bisect_plan_prints_the_priors
+@pytest.mark.slow
 def test_a_second_plan_takes_the_priors_from_the_cache(cli, tmp_path: Path) -> None:
     first = cli("bisect", "reference-all", "--plan", "--json", cwd=tmp_path)
     second = cli("bisect", "reference-all", "--plan", "--json", cwd=tmp_path)
