@@ -8,6 +8,11 @@ trial probe's asked error rates do to P(correct).
 
     python tests/benchmarks/plan_what_if.py dsv4-flash-tp8-latest-all [--runs 400]
         [--shares 1 0.5 0.25 0.1] [--confidence 0.99] [--trial-rates 0.005 0.005]
+        [--after-run]
+
+`--after-run`: the bisect that follows a failing `run` of the profile, whose seed block 0 ends
+that run left in the cache (`StepCosts.ends0_cached`, as `--plan` prices them when it finds
+both entries: bisect/trials/end_probes.py `run_ends`).
 
 Builds the bisect as `dsv4bisect bisect PROFILE --plan --executor ray --parallel 4` does
 (bisect/setup.py `prepare`: the SGLang defaults, no ledger) and, per share, simulates the
@@ -55,13 +60,16 @@ def main() -> None:
     ap.add_argument("--launch", type=float, help="seconds a launch (default: the plan's)")
     ap.add_argument("--pool", type=int,
                     help="engines kept on a node (default: the plan's; 2: one asleep beside it)")
+    ap.add_argument("--after-run", action="store_true",
+                    help="seed block 0's ends cached by a failing run (StepCosts.ends0_cached)")
     args = ap.parse_args()
     request = BisectRequest(profile=args.profile, parallel=4, executor=Executor.RAY,
                             plan_only=True)
     prep = prepare(ask(request), request)
     assert prep.engine is not None, "an engine bisect"
     plan = replace(prep.setup(), confirm=False)  # the Ray executor cannot launch fresh
-    asked = args.confidence or args.trial_rates or args.launch is not None or args.pool
+    asked = (args.confidence or args.trial_rates or args.launch is not None or args.pool
+             or args.after_run)
     if args.runs == NODE_PLAN_RUNS and LOOK1_SHARE in args.shares and not asked:
         # the plan's own rows back at LOOK1_SHARE
         own = plan_nodes(plan, (1, 4), trials=args.runs, of=PLAN_RUNS)
@@ -74,7 +82,8 @@ def main() -> None:
           f"{trial.false_fail:g} / {trial.false_pass:g}"
           + (f"; search confidence {args.confidence:g}" if args.confidence else "")
           + (f"; launch {args.launch:g} s" if args.launch is not None else "")
-          + (f"; {args.pool} engines a node" if args.pool else ""))
+          + (f"; {args.pool} engines a node" if args.pool else "")
+          + ("; after a failing run (block 0's ends cached)" if args.after_run else ""))
     print(f"{'share':>6}  {'look 1':>6}  {'P(look2)':>8}  {'1 node':>7}  {'p90':>6}  "
           f"{'P(ok)':>6}  {'low':>6}  {'launches':>8}  {'ends':>6}  {'trials':>6}  "
           f"{'4 nodes':>7}  {'p90':>6}  {'floor 1':>7}  {'floor 4':>7}")
@@ -86,6 +95,8 @@ def main() -> None:
             cfg = replace(cfg, costs=replace(
                 cfg.costs, launch_s=cfg.costs.launch_s if args.launch is None else args.launch,
                 pool=args.pool or cfg.costs.pool))
+        if args.after_run:
+            cfg = replace(cfg, costs=replace(cfg.costs, ends0_cached=True))
         one = node_row(cfg, 1, 1, True, True, False, culprits, seeds)
         four = sharded_row(cfg, 4, True, True, culprits, seeds)
         floors = [float(np.mean([floor_run(cfg, k, x, (four.ends or "alone") if k > 1
