@@ -37,9 +37,7 @@ from dsv4bisect.config.schema import BisectSettings
 from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.policy import DriftRule, Executor, TrialPolicy, WarnAs
 from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
-from dsv4bisect.run import baseline as baseline_cache
 from dsv4bisect.run import candidate_cache
-from dsv4bisect.run.baseline import BaselineKey
 from dsv4bisect.run.events import EventSink, ignore
 from dsv4bisect.run.session import DEFAULT_PROFILE
 
@@ -261,11 +259,10 @@ def _ends_cached(runner: EngineRunner | None, q: Question) -> str | None:
     runner's: bisect/trials/end_probes.py `run_ends` installs them); None: not both cached."""
     if runner is None or not runner.hot:
         return None
-    key = BaselineKey.of(runner.good_cfg.fingerprint, runner.spec.replace(seed_block=0))
-    good, _ = baseline_cache.lookup(key)
-    bad = BaselineKey(runner.config(run_bad_end(q)).fingerprint, key.spec_hash, 0)
-    cand, _ = candidate_cache.lookup(bad, good)
-    return cand.created_at if cand is not None else None
+    found, _ = candidate_cache.run_ends(runner.good_cfg.fingerprint,
+                                        runner.config(run_bad_end(q)).fingerprint,
+                                        runner.spec.replace(seed_block=0))
+    return found[1].created_at if found is not None else None
 
 
 def _costs(runner: EngineRunner | None, q: Question, noise: Noise,

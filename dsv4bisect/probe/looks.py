@@ -27,7 +27,7 @@ from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.grid import kept_case_ids
 from dsv4bisect.probe.run import ProbeRun, RowKey, row_key
 from dsv4bisect.probe.spec import ProbeSpec
-from dsv4bisect.probe.tasks import tasks_of
+from dsv4bisect.probe.tasks import request_keys
 
 _RESTRICT_HINT = "restrict a run of the full tier at the look's seed and seed block"
 _HINT = "complete a look with the earlier look of the same ends (same spec seed and seed block)"
@@ -49,8 +49,7 @@ def extend(earlier: ProbeRun, later: ProbeRun) -> ProbeRun:
         if built.get(case.case_id) != case.to_dict():
             raise ConfigError(f"case {case.case_id} of the earlier look is not the later look's",
                               _HINT)
-    order = {row_key({"case_id": c.case_id, "arm": arm, "concurrency": level}): i
-             for i, (c, arm, level) in enumerate(tasks_of(later.spec, list(later.cases)))}
+    order = {key: i for i, key in enumerate(request_keys(later.spec, list(later.cases)))}
     rows: dict[RowKey, dict[str, Any]] = {row_key(r): r for r in later.rows}
     for row in earlier.rows:
         key = row_key(row)
@@ -95,8 +94,7 @@ def restrict(run: ProbeRun, spec: ProbeSpec, *, whole: bool = True) -> ProbeRun:
         raise ConfigError(f"the run to restrict lacks case {missing[0]} of the look "
                           f"({len(missing)} missing)", _RESTRICT_HINT)
     have = run.rows_by_key()
-    want = [row_key({"case_id": c.case_id, "arm": arm, "concurrency": level})
-            for c, arm, level in tasks_of(spec, list(cases))]
+    want = request_keys(spec, list(cases))
     lost, wanted = [k for k in want if k not in have], set(want)
     if lost:
         raise ConfigError(f"the run to restrict lacks request {lost[0]} of a kept case "

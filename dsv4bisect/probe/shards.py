@@ -100,7 +100,7 @@ def merge(runs: Sequence[ProbeRun]) -> ProbeRun:
     """One probe run from the runs of every shard of one probe (any order). Refuses a missing,
     repeated or foreign shard, shards with other cases or specs, and a request in two shards
     or in a shard that does not own its case."""
-    from dsv4bisect.probe.tasks import tasks_of
+    from dsv4bisect.probe.tasks import request_keys
 
     if not runs:
         raise ConfigError("no shard to merge", _HINT)
@@ -121,8 +121,7 @@ def merge(runs: Sequence[ProbeRun]) -> ProbeRun:
                               "every shard must serve the same model, tokenizer and chat "
                               "template")
     owner = assignment(spec, cases, count)
-    order = {row_key({"case_id": c.case_id, "arm": arm, "concurrency": level}): i
-             for i, (c, arm, level) in enumerate(tasks_of(spec, list(cases)))}
+    order = {key: i for i, key in enumerate(request_keys(spec, list(cases)))}
     rows: dict[RowKey, dict[str, Any]] = {}
     for run in runs:
         index = _shard_of(run).index

@@ -28,6 +28,12 @@ def tasks_of(spec: ProbeSpec, cases: list[Case]) -> list[Task]:
     return tasks + [(c, "drift", 1) for c in cases if c.family == "drift"]
 
 
+def request_keys(spec: ProbeSpec, cases: list[Case]) -> list[tuple[str, str, int]]:
+    """Every request of a run as the key that pairs it across runs (probe/run.py `row_key`:
+    case, arm, level), in the order `tasks_of` gives them: what merges and looks sort by."""
+    return [(c.case_id, arm, level) for c, arm, level in tasks_of(spec, cases)]
+
+
 def submission_order(spec: ProbeSpec, level: int, n: int) -> list[int]:
     """The order in which a level's n requests are sent: at level 1 the grid's order, above it a
     shuffle fixed by (seed, seed block, level), so the baseline, its repeat and the candidate

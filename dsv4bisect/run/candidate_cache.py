@@ -28,6 +28,8 @@ from typing import Any
 from dsv4bisect.base.bounded import json_object, load_json
 from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.run import ProbeRun
+from dsv4bisect.probe.spec import ProbeSpec
+from dsv4bisect.run import baseline as baseline_cache
 from dsv4bisect.run.baseline import (
     BaselineKey,
     CachedBaseline,
@@ -93,6 +95,16 @@ def lookup(key: BaselineKey, baseline: CachedBaseline | None
                       f"the good end's is {now}: the bad end is probed")
     return CachedCandidate(key, path, str(meta.get("created_at")), meta.get("source_run"),
                            against), None
+
+
+def run_ends(good_fingerprint: str, bad_fingerprint: str, spec: ProbeSpec
+             ) -> tuple[tuple[CachedBaseline, CachedCandidate] | None, str | None]:
+    """The ends a failing `run` left for a bisect at the full tier `spec` (seed block 0): the
+    good end's baseline entry and the candidate judged against it, or None and why not (None:
+    nothing cached)."""
+    good, _ = baseline_cache.lookup(BaselineKey.of(good_fingerprint, spec))
+    cand, why = lookup(BaselineKey.of(bad_fingerprint, spec), good)
+    return ((good, cand) if good is not None and cand is not None else None), why
 
 
 def store(key: BaselineKey, run_dir: Path, baseline: CachedBaseline) -> Path:

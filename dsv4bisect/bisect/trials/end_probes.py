@@ -179,13 +179,12 @@ class EndProbes:
         if not self.use_cache:
             return False
         full = self.look_spec(0, 2)
-        good, _why = cache.lookup(cache.BaselineKey.of(self.good_fingerprint, full))
-        cand, why = candidate_cache.lookup(
-            cache.BaselineKey.of(self.bad_fingerprint, full), good)
+        found, why = candidate_cache.run_ends(self.good_fingerprint, self.bad_fingerprint, full)
         if why:
             self.on_event(Notice(why, "warn"))
-        if good is None or cand is None:
+        if found is None:
             return False
+        good, cand = found
         look = (None if not self.policy.end_looks else
                 1 if self.look_spec(0, 1).spec_hash() == full.spec_hash() else 2)
         ends.baseline, ends.repeat = good.install(root / end_name(0, "baseline", look),
@@ -259,7 +258,7 @@ class EndProbes:
         earlier = (ends.baseline, ends.repeat)
         ctx.spec, ends.look = full, 2
         if self.good_end(ctx, ends, trial_dir, report_aa=False, earlier=earlier):
-            requests += sum(len(r.rows) - len(e.rows) if e is not None else len(r.rows)
+            requests += sum(len(r.rows) - (len(e.rows) if e else 0)  # look 1's were sent
                             for r, e in zip((ends.baseline, ends.repeat), earlier) if r)
         assert ends.baseline is not None
         eng = self.engine_for(ctx, patches, trial_dir)
