@@ -3,8 +3,21 @@ question (pure; docs/bisect.md, "Ends that stop when their question is answered"
 
 A bisect asks of its ends one thing: is the bad end bad, and how (facts lost, hard signatures,
 drift)? Each seed block's ends are first probed at look 1: the tier's every drift transcript and
-`LOOK1_SHARE` of its accuracy cases (a seeded draw stratified over family and length, the same
-for both ends, so every answer pairs), the good end's baseline and A/A repeat, then the bad end.
+`look1_share(spec)` of its accuracy cases (a seeded draw stratified over family and length, the
+same for both ends, so every answer pairs), the good end's baseline and A/A repeat, then the bad
+end.
+
+How big look 1 is: as small as its question allows. Look 1 keeps the smallest share (in steps
+of 0.01, at most `LOOK1_MAX_SHARE`) whose paired answers settle the smallest loss of facts in the
+verdict table (`SMALLEST_LOSS` of the answers a good end right on 90 % gets right) with
+P(look 2) <= `LOOK2_RISK` (`look2_chance`: the loss spread thin over every cell, no answer
+gained, judged by `settles`). Look 2 costs both ends again (on one node a relaunch of the good
+end and the rest of the tier: over 3000 s on the standard tier), so at 1e-3 it adds a few
+seconds to a bisect's mean. On the standard tier that is 0.06 (168 answers; the trial probe
+simulated on its 160 requests decides at the smallest loss in 74 / 63 of them, never at the
+cap: docs/performance.md). Where no share up to `LOOK1_MAX_SHARE` gets there (smoke: 96 answers
+in the whole tier), look 1 stays at `LOOK1_MAX_SHARE`: a large loss settles there, and a look
+that cannot settle the smallest one costs a quarter of the tier, not more.
 The bad end's look-1 verdict settles the ends when its evidence is one of:
 
 * hard signatures (in >= 2 seeds on cases right in both A/A runs), a non-finite output, a
@@ -28,11 +41,19 @@ The trials of a block then replay the cases of the look that settled it.
 
 from __future__ import annotations
 
-from dsv4bisect.probe import verdict as V
-from dsv4bisect.probe.grid import cells, kept_case_ids
-from dsv4bisect.probe.spec import ProbeSpec
+import functools
+import math
 
-LOOK1_SHARE = 0.25  # of each (family, length) stratum's accuracy cases; drift transcripts whole
+from dsv4bisect.probe import verdict as V
+from dsv4bisect.probe.grid import accuracy_answers, cells, kept_case_ids
+from dsv4bisect.probe.sequential_plan import SMALLEST_LOSS
+from dsv4bisect.probe.spec import ProbeSpec
+from dsv4bisect.probe.stats import mcnemar_one_sided
+
+# of each (family, length) stratum's accuracy cases, at most; drift transcripts whole
+LOOK1_MAX_SHARE = 0.25
+LOOK2_RISK = 1e-3  # P(look 2) look 1 is sized for, at the verdict table's smallest loss
+GOOD_ACCURACY = 0.9  # the good end's accuracy in that world (as the trial probe is priced)
 LOOK1_ALPHA_OVERALL = V.ALPHA_OVERALL / 2
 LOOK1_ALPHA_CELL = V.ALPHA_CELL / 2
 
@@ -43,13 +64,51 @@ def look_spec(spec: ProbeSpec, look: int) -> ProbeSpec:
     it is the full tier itself, hash and all: there is then no second look."""
     if look == 2 or single_look(spec):
         return spec.replace(case_share=1.0)
-    return spec.replace(case_share=LOOK1_SHARE)
+    return spec.replace(case_share=look1_share(spec))
 
 
 def single_look(spec: ProbeSpec) -> bool:
     """Whether look 1 of `spec` keeps every accuracy case (then it is the only look)."""
-    kept = kept_case_ids(spec.replace(case_share=LOOK1_SHARE))
+    kept = kept_case_ids(spec.replace(case_share=look1_share(spec)))
     return kept is None or len(kept) == sum(n for c, n in cells(spec) if c.family != "drift")
+
+
+@functools.lru_cache(maxsize=64)
+def look1_share(spec: ProbeSpec) -> float:
+    """Look 1's share of each stratum's accuracy cases for the tier of `spec`: the smallest
+    (in steps of 0.01) whose paired answers keep P(look 2) at the smallest loss within
+    LOOK2_RISK, else LOOK1_MAX_SHARE (the module docstring). A function of the grid's shape
+    only: both ends, every seed block and the plan get the same share."""
+    full = spec.replace(case_share=1.0, seed_block=0)
+    for step in range(1, round(LOOK1_MAX_SHARE * 100)):
+        share = step / 100
+        if look2_chance(accuracy_answers(full.replace(case_share=share))) <= LOOK2_RISK:
+            return share
+    return LOOK1_MAX_SHARE
+
+
+def look2_chance(pairs: int, good_accuracy: float = GOOD_ACCURACY,
+                 loss_rate: float = SMALLEST_LOSS) -> float:
+    """P(look 1 does not settle) on `pairs` paired answers, the good end right on each with
+    `good_accuracy`, the bad end losing `loss_rate` of those, none gained: the fewest answers
+    lost that settle (`settled`), and the binomial chance of fewer."""
+    least = next((b for b in range(pairs + 1) if settled(b, pairs)), None)
+    if least is None:
+        return 1.0
+    q, n = good_accuracy * loss_rate, pairs
+    # the lower tail summed term by term: 1 - binom_sf would round a 1e-25 chance to 0
+    return min(1.0, sum(math.exp(math.lgamma(n + 1) - math.lgamma(b + 1)
+                                 - math.lgamma(n - b + 1) + b * math.log(q)
+                                 + (n - b) * math.log1p(-q)) for b in range(least)))
+
+
+def settled(lost: int, pairs: int) -> bool:
+    """Whether a bad end's look 1 with `lost` of `pairs` paired answers lost, none gained (the
+    judge's overall rule: probe/judge.py `_overall`), settles its block (`settles`)."""
+    p = mcnemar_one_sided(lost, 0)
+    verdict = V.Verdict(V.FAIL if p < V.ALPHA_OVERALL else V.PASS, (), {},
+                        overall={"n": pairs, "b": lost, "c": 0, "p_value": p})
+    return settles(verdict) is not None
 
 
 def settles(bad: V.Verdict) -> str | None:

@@ -170,6 +170,26 @@ def kept_case_ids(spec: ProbeSpec) -> frozenset[str] | None:
     return frozenset(kept)
 
 
+def answer_conditions(spec: ProbeSpec, family: str) -> list[tuple[str, int]]:
+    """The (arm, concurrency level) each accuracy case of `family` is answered under: the
+    spec's conditions the arm takes, then the thinking arm (needle cases only, level 1)."""
+    conditions = list(spec.conditions()) + ([("think", 1)] if spec.thinking else [])
+    return [(arm, level) for arm, level in conditions
+            if spec.arm_takes(arm, family) and (arm != "think" or family == "needle")]
+
+
+def accuracy_answers(spec: ProbeSpec) -> int:
+    """The paired accuracy answers of a probe of `spec` at its `case_share`: each kept case
+    (`cases_kept` of its stratum) once per condition it is answered under. It does not depend
+    on the seed: every draw of a stratum keeps the same count."""
+    strata: dict[tuple[str, int], int] = {}
+    for cell, n in cells(spec):
+        if cell.family != "drift":
+            strata[cell.family, cell.length] = strata.get((cell.family, cell.length), 0) + n
+    return sum(cases_kept(n, spec.case_share) * len(answer_conditions(spec, family))
+               for (family, _), n in strata.items())
+
+
 def _content(spec: ProbeSpec, vocab: Vocabulary, cell: Cell, rng: random.Random) -> Content:
     if cell.family in ("needle", "drift"):
         return needle_content(rng, vocab, cell.depth, distractors=spec.distractors,

@@ -1,6 +1,6 @@
 """Where a bisect's time goes with the ends' two looks at other shares: the plan's own
-simulation, look 1 at each `case_share` (bisect/end_looks.py; LOOK1_SHARE is what the bisect
-runs), its computed tokens, its world's chance of a look 2 and the trial probe simulated on its
+simulation, look 1 at each `case_share` (bisect/end_looks.py; `look1_share(spec)` is what the
+bisect runs), its computed tokens, its world's chance of a look 2 and the trial probe simulated on its
 grid, as `--plan` prices them (bisect/plan/costs.py, look_world.py). Share 1 is the full tier
 (one look). Also the floor under the other costs (launches, switches, trials) that no look
 moves, and, with --confidence or --trial-rates, what the search's stopping confidence or the
@@ -18,7 +18,8 @@ Builds the bisect as `dsv4bisect bisect PROFILE --plan --executor ray --parallel
 (bisect/setup.py `prepare`: the SGLang defaults, no ledger) and, per share, simulates the
 one-node row and the best four-node sharded row on the plan's culprit sets and outcome streams
 (`parallel_plan.plan_nodes`'s), and the floor (`floor_run`: the ends at look 1 and one trial of
-the culprits). At LOOK1_SHARE the rows are the plan's own (checked against `plan_nodes`).
+the culprits). At the bisect's own share the rows are the plan's own (checked against
+`plan_nodes`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from dsv4bisect.bisect.end_looks import LOOK1_SHARE
+from dsv4bisect.bisect.end_looks import LOOK1_MAX_SHARE, look1_share
 from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape, sequential_from_probe
 from dsv4bisect.bisect.plan.parallel_plan import _row as node_row
 from dsv4bisect.bisect.plan.parallel_plan import floor_run, plan_nodes, sharded_row
@@ -53,7 +54,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("profile")
     ap.add_argument("--runs", type=int, default=NODE_PLAN_RUNS)
-    ap.add_argument("--shares", type=float, nargs="+", default=[1.0, 0.5, LOOK1_SHARE, 0.1])
+    ap.add_argument("--shares", type=float, nargs="+",
+                    help="look 1's shares (default: 1, 0.5, 0.25, the bisect's own)")
     ap.add_argument("--confidence", type=float, help="the search's stopping confidence")
     ap.add_argument("--trial-rates", type=float, nargs=2, metavar=("FF", "FP"),
                     help="the trial probe's asked error rates (default: the hot runner's)")
@@ -70,8 +72,10 @@ def main() -> None:
     plan = replace(prep.setup(), confirm=False)  # the Ray executor cannot launch fresh
     asked = (args.confidence or args.trial_rates or args.launch is not None or args.pool
              or args.after_run)
-    if args.runs == NODE_PLAN_RUNS and LOOK1_SHARE in args.shares and not asked:
-        # the plan's own rows back at LOOK1_SHARE
+    own_share = look1_share(prep.engine.spec)
+    args.shares = args.shares or sorted({1.0, 0.5, LOOK1_MAX_SHARE, own_share}, reverse=True)
+    if args.runs == NODE_PLAN_RUNS and own_share in args.shares and not asked:
+        # the plan's own rows back at the bisect's own share
         own = plan_nodes(plan, (1, 4), trials=args.runs, of=PLAN_RUNS)
     trial = Noise(*(args.trial_rates or TRIAL_ERROR_RATES))
     culprits, seeds = common_draws(plan, max(args.runs, PLAN_RUNS), 0)
@@ -101,7 +105,7 @@ def main() -> None:
         four = sharded_row(cfg, 4, True, True, culprits, seeds)
         floors = [float(np.mean([floor_run(cfg, k, x, (four.ends or "alone") if k > 1
                                            else "alone") for x in culprits])) for k in (1, 4)]
-        if share == LOOK1_SHARE and args.runs == NODE_PLAN_RUNS and not asked:
+        if share == own_share and args.runs == NODE_PLAN_RUNS and not asked:
             assert abs(one.mean_wall_s - own.row(1, True).mean_wall_s) < 1e-6, one
             assert abs(four.mean_wall_s - own.row(4, True, True).mean_wall_s) < 1e-6, four
         phases = _phases(cfg, culprits, seeds)

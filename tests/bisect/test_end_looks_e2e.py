@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dsv4bisect.bisect.end_looks import LOOK1_SHARE, look_spec
+from dsv4bisect.bisect.end_looks import LOOK1_MAX_SHARE, look_spec
 from dsv4bisect.probe import grid
 from dsv4bisect.probe.layout import calibrate
 from dsv4bisect.probe.spec import tier_spec
@@ -68,7 +68,7 @@ def test_a_bad_end_that_loses_facts_settles_at_look_1(cli, tmp_path: Path) -> No
     assert (ends / "look1" / "bad" / "run.json").is_file() and not (ends / "look2").exists()
     # the trials replay the cases of look 1: their spec is look 1's
     saved = json.loads((ends / "look1" / "bad" / "run.json").read_text())
-    assert saved["spec"]["case_share"] == LOOK1_SHARE
+    assert saved["spec"]["case_share"] == LOOK1_MAX_SHARE
 
 
 @pytest.mark.parametrize("variant, culprit", [

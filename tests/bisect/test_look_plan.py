@@ -10,14 +10,14 @@ from dataclasses import replace
 
 import pytest
 
-from dsv4bisect.bisect.end_looks import LOOK1_SHARE, look_spec
+from dsv4bisect.bisect.end_looks import look_spec
 from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape
 from dsv4bisect.bisect.plan.look_world import LookOne, look_cells, look_trial
 from dsv4bisect.bisect.plan.simulate import Setup, common_draws, simulate
 from dsv4bisect.bisect.plan.whole_plan import plan_bisect
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts
-from dsv4bisect.probe.grid import cells
+from dsv4bisect.probe.grid import accuracy_answers, cells
 from dsv4bisect.probe.sequential_plan import plan_trial
 from dsv4bisect.probe.spec import cases_kept, tier_spec
 
@@ -47,7 +47,7 @@ def test_a_look_keeps_its_share_of_every_stratum_and_every_drift_transcript(tier
     spec = tier_spec(tier)
     whole, look = _strata(cells(spec)), _strata(look_cells(_look1(spec)))
     for (family, length), n in whole.items():
-        kept = n if family == "drift" else cases_kept(n, LOOK1_SHARE)
+        kept = n if family == "drift" else cases_kept(n, _look1(spec).case_share)
         assert look[(family, length)] == kept
     assert look_cells(spec) == cells(spec)  # share 1: the tier
     again = look_cells(_look1(spec))
@@ -56,15 +56,24 @@ def test_a_look_keeps_its_share_of_every_stratum_and_every_drift_transcript(tier
     assert _strata(other) == _strata(again)  # another block draws other cells, as many
 
 
+@pytest.mark.parametrize("tier", ["smoke", "standard"])
+@pytest.mark.parametrize("share", [1.0, 0.25, 0.06])
+def test_the_answers_look_one_is_sized_by_are_the_ones_the_plan_prices(tier, share):
+    spec = tier_spec(tier).replace(case_share=share)
+    assert accuracy_answers(spec) == probe_shape(spec).accuracy_requests
+
+
 def test_look_one_prices_its_share_of_the_computed_tokens_the_polluting_phase_whole():
     spec = tier_spec("standard")
     full, look = probe_shape(spec), probe_shape(_look1(spec))
     drift = dict(full.by_condition)["drift"]
     assert dict(look.by_condition)["drift"] == drift  # every drift transcript
     accuracy = full.computed - drift
-    assert look.computed - drift == pytest.approx(accuracy * 21 / 84)  # 21 of 84 per stratum
+    kept = cases_kept(84, _look1(spec).case_share)  # of the 84 cases of every stratum
+    assert kept < 84 / 4  # below a quarter: look 1 is sized by its question (end_looks.py)
+    assert look.computed - drift == pytest.approx(accuracy * kept / 84)
     assert look.warmup_tokens == full.warmup_tokens > 0
-    assert look.accuracy_requests == full.accuracy_requests * 21 // 84
+    assert look.accuracy_requests == full.accuracy_requests * kept // 84
     costs = plan_costs("sglang", full, given={}, look1=look)
     c = costs.costs
     assert c.looks and c.look1_fraction == pytest.approx(
@@ -183,9 +192,10 @@ def test_the_plan_of_an_sglang_profile_prices_its_ends_by_the_two_looks(cli, tmp
     r = cli("bisect", "dsv4-flash-tp8-all", "--plan", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = {c["name"]: c for c in json.loads(r.stdout)["costs"]}
-    assert lines["ends, look 1"]["value"] == pytest.approx(0.266, abs=0.001)
-    assert "17.9 M of 70.3 M computed prompt tokens" in lines["ends, look 1"]["source"]
-    assert lines["ends, look 2"]["value"] < 1e-20  # 588 paired answers settle a 14 % loss
+    assert lines["ends, look 1"]["value"] == pytest.approx(0.0913, abs=0.001)
+    assert "5.5 M of 70.3 M computed prompt tokens" in lines["ends, look 1"]["source"]
+    assert "P(look 2) <= 0.001" in lines["ends, look 1"]["source"]
+    assert lines["ends, look 2"]["value"] < 1e-3  # 168 paired answers settle a 14 % loss
     trial = lines["trial probe, like the bad end"]
     assert "on the cases of the ends' look 1" in trial["source"] and trial["value"] < 0.05
     # the same bisect with its ends at the full tier

@@ -416,7 +416,7 @@ def test_a_ray_bisect_settles_its_ends_at_look_1_and_every_node_judges_with_that
     """The ends' looks travel (docs/cluster.md, "The ends travel"): the bad end's node settles
     seed block 0 at look 1 and sends its look-1 run with the settled look; the other node
     adopts them and judges its trials with look 1's spec, probing neither end again."""
-    from dsv4bisect.bisect.end_looks import LOOK1_SHARE
+    from dsv4bisect.bisect.end_looks import LOOK1_MAX_SHARE
 
     c, _ = cluster
     out = tmp_path / "ray"
@@ -445,5 +445,5 @@ def test_a_ray_bisect_settles_its_ends_at_look_1_and_every_node_judges_with_that
     for t in adopted:
         cand = json.loads((Path(t["details"]["run_dir"]) / "candidate" / "run.json"
                            ).read_text())
-        assert cand["spec"]["case_share"] == LOOK1_SHARE
+        assert cand["spec"]["case_share"] == LOOK1_MAX_SHARE
     assert not engine_pids(scratch())

@@ -10,10 +10,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dsv4bisect.bisect.end_looks import LOOK1_ALPHA_OVERALL
+from dsv4bisect.bisect.end_looks import LOOK1_ALPHA_OVERALL, LOOK1_MAX_SHARE, LOOK2_RISK
 from dsv4bisect.bisect.plan.look_world import LookOne, look_cells
 from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
 from dsv4bisect.bisect.search.pricing import StepCosts
+from dsv4bisect.probe.grid import answer_conditions
 from dsv4bisect.probe.stats import wilson
 
 MIN_MEASURED = 3  # finished trials with a figure before the plan trusts their median
@@ -222,9 +223,11 @@ def _looks(full: ProbeShape, look: ProbeShape | None, lines: list[CostLine]
     lines.append(CostLine(
         "ends, look 1", fraction, "share",
         f"dsv4bisect design (bisect/end_looks.py): each seed block's ends first at "
-        f"{look.case_share:g} of each (family, length) stratum's accuracy cases, every drift "
-        f"transcript and the polluting phase: {look.computed / 1e6:.1f} M of "
-        f"{full.computed / 1e6:.1f} M computed prompt tokens"))
+        f"{look.case_share:g} of each (family, length) stratum's accuracy cases (the smallest "
+        f"share whose paired answers settle the verdict table's smallest loss with P(look 2) "
+        f"<= {LOOK2_RISK:g}, at most {LOOK1_MAX_SHARE:g}), every drift transcript and the "
+        f"polluting phase: {look.computed / 1e6:.1f} M of {full.computed / 1e6:.1f} M computed "
+        "prompt tokens"))
     lines.append(CostLine("ends, look 1, A/A repeat", look.aa_share * fraction, "share",
                           f"{look.aa_share:.2f} of look 1's probe: {look.aa_note}"))
     lines.append(CostLine(
@@ -325,10 +328,6 @@ def probe_shape(spec: Any) -> ProbeShape:
     from dsv4bisect.run.baseline import REPEAT_SHORTEST_LENGTHS
 
     grid = look_cells(spec)  # the cases of the look `spec.case_share`: the tier's at 1
-    # (arm, level) per accuracy request: the conditions, then the thinking arm (needle, level 1)
-    conditions = [(arm, level) for arm, level in spec.conditions()]
-    if spec.thinking:
-        conditions.append(("think", 1))
     by_condition: dict[str, int] = {}
     nominal = computed = drift = repeated = answers = 0
     keep = REPEAT_SHORTEST_LENGTHS.get(spec.tier)
@@ -341,9 +340,7 @@ def probe_shape(spec: Any) -> ProbeShape:
         else:
             asked = [(arm, level, request_computed(arm, cell.length,
                                                    after_cold="cold" in spec.arms_at(level)))
-                     for arm, level in conditions
-                     if spec.arm_takes(arm, cell.family) and (arm != "think"
-                                                              or cell.family == "needle")]
+                     for arm, level in answer_conditions(spec, cell.family)]
         for arm, level, tokens in asked:
             key = "drift" if arm == "drift" else f"{arm}@{level}"
             by_condition[key] = by_condition.get(key, 0) + tokens * n

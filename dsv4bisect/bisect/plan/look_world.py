@@ -12,16 +12,13 @@ simulation's cells hold the counts it gives.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
-from dsv4bisect.bisect.end_looks import settles
-from dsv4bisect.probe import verdict as V
+from dsv4bisect.bisect.end_looks import GOOD_ACCURACY, look2_chance, settled
 from dsv4bisect.probe.grid import Cell, cells, kept_case_ids
 from dsv4bisect.probe.sequential_plan import SMALLEST_LOSS
 from dsv4bisect.probe.spec import ProbeSpec
-from dsv4bisect.probe.stats import mcnemar_one_sided
 
 
 def look_cells(spec: ProbeSpec) -> list[tuple[Cell, int]]:
@@ -82,33 +79,16 @@ class LookOne:
     thin over every cell, is the one where look 2 is likeliest."""
 
     pairs: int
-    good_accuracy: float = 0.9
+    good_accuracy: float = GOOD_ACCURACY
     loss_rate: float = SMALLEST_LOSS
 
     def settles(self, rng: random.Random) -> bool:
         """One bad end's look-1 evidence, drawn: whether it settles the block's ends."""
         lost = sum(rng.random() < self.good_accuracy and rng.random() < self.loss_rate
                    for _ in range(self.pairs))
-        return _settled(lost, self.pairs)
+        return settled(lost, self.pairs)
 
     @property
     def look2_chance(self) -> float:
-        """P(look 1 does not settle): the fewest answers lost that settle, and the binomial
-        chance of fewer."""
-        least = next((b for b in range(self.pairs + 1) if _settled(b, self.pairs)), None)
-        if least is None:
-            return 1.0
-        q, n = self.good_accuracy * self.loss_rate, self.pairs
-        # the lower tail summed term by term: 1 - binom_sf would round a 1e-25 chance to 0
-        return min(1.0, sum(math.exp(math.lgamma(n + 1) - math.lgamma(b + 1)
-                                     - math.lgamma(n - b + 1) + b * math.log(q)
-                                     + (n - b) * math.log1p(-q)) for b in range(least)))
-
-
-def _settled(lost: int, pairs: int) -> bool:
-    """The bad end's look-1 verdict on `lost` of `pairs` paired answers lost, none gained (the
-    judge's overall rule: probe/judge.py `_overall`), through `end_looks.settles`."""
-    p = mcnemar_one_sided(lost, 0)
-    verdict = V.Verdict(V.FAIL if p < V.ALPHA_OVERALL else V.PASS, (), {},
-                        overall={"n": pairs, "b": lost, "c": 0, "p_value": p})
-    return settles(verdict) is not None
+        """P(look 1 does not settle) in this world (`end_looks.look2_chance`)."""
+        return look2_chance(self.pairs, self.good_accuracy, self.loss_rate)

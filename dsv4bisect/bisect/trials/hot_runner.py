@@ -146,8 +146,8 @@ class HotEngineRunner(EngineRunner):
                  "bad": self.config(self.bad).fingerprint if self.policy.drift_relative
                  else None}
         if self.policy.end_looks:  # trials replay the cases of the look that settled the ends
-            rules["end_looks"] = [end_looks.LOOK1_SHARE, end_looks.LOOK1_ALPHA_OVERALL,
-                                  end_looks.LOOK1_ALPHA_CELL]
+            rules["end_looks"] = [self.look_spec(0, 1).case_share,
+                                  end_looks.LOOK1_ALPHA_OVERALL, end_looks.LOOK1_ALPHA_CELL]
         return hashlib.sha256(json.dumps(rules, sort_keys=True).encode()).hexdigest()[:32]
 
     def look_spec(self, block: int, look: int) -> ProbeSpec:
