@@ -37,6 +37,7 @@ from dsv4bisect.config.schema import BisectSettings
 from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.policy import DriftRule, Executor, TrialPolicy, WarnAs
 from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
+from dsv4bisect.run import baseline as baseline_cache
 from dsv4bisect.run import candidate_cache
 from dsv4bisect.run.events import EventSink, ignore
 from dsv4bisect.run.session import DEFAULT_PROFILE
@@ -146,8 +147,11 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
         runner = TestCommandRunner(asked.test_cmd, cwd=request.test_cwd)
     measured, durations, details = _history(runner, asked.ledger)
     noise, where = _noise(measured, asked.false_fail, asked.false_pass)
+    ends_cached = _ends_cached(engine, question) if asked.use_cache else None
+    good_cached = (_good_cached(engine, policy.end_looks)
+                   if asked.use_cache and ends_cached is None else None)
     costs = _costs(engine, question, noise, details, durations, asked.costs, policy.hot,
-                   policy.end_looks, _ends_cached(engine, question) if asked.use_cache else None)
+                   policy.end_looks, ends_cached, good_cached)
     spec = BisectSpec(
         candidates=question.candidates, good=question.good, bad=question.bad, noise=noise,
         confidence=asked.confidence if asked.confidence is not None else cfg.confidence,
@@ -254,6 +258,21 @@ def _noise(measured: NoiseEstimate | None, ff: float | None,
     return noise, "default" if ff is None and fp is None else "partly given"
 
 
+def _good_cached(runner: EngineRunner | None, looks: bool) -> str | None:
+    """When the cached baseline pair that seed block 0's good end will be read from was made
+    (its look 1's own entry, or the full tier's, which a look restricts: EndProbes.good_end);
+    None: the good end is probed."""
+    if runner is None:
+        return None
+    full = runner.spec.replace(seed_block=0)
+    for spec in ([look_spec(full, 1), full] if looks else [full]):
+        hit, _ = baseline_cache.lookup(baseline_cache.BaselineKey.of(
+            runner.good_cfg.fingerprint, spec))
+        if hit is not None:
+            return hit.created_at
+    return None
+
+
 def _ends_cached(runner: EngineRunner | None, q: Question) -> str | None:
     """When the `run` that cached seed block 0's ends for this bisect made them (a hot
     runner's: bisect/trials/end_probes.py `run_ends` installs them); None: not both cached."""
@@ -268,7 +287,7 @@ def _ends_cached(runner: EngineRunner | None, q: Question) -> str | None:
 def _costs(runner: EngineRunner | None, q: Question, noise: Noise,
            details: list[dict[str, Any]], durations: list[float],
            given: dict[str, float | None], hot: bool, looks: bool,
-           ends_cached: str | None = None) -> PlanCosts:
+           ends_cached: str | None = None, good_cached: str | None = None) -> PlanCosts:
     """Every cost the plan and the priced design use, each with its source (plan/costs.py):
     given; else measured in the ledger for this probe; else assumed per engine kind and tier."""
     if runner is None:  # a test command: nothing to assume about an engine
@@ -283,4 +302,4 @@ def _costs(runner: EngineRunner | None, q: Question, noise: Noise,
                       load_time=tuple(q.load_time), hot=hot, noise=noise,
                       sequential=sequential_from_probe(look or runner.spec, trial) if hot
                       else None, look1=probe_shape(look) if look else None,
-                      ends_cached=ends_cached)
+                      ends_cached=ends_cached, good_cached=good_cached)

@@ -8,11 +8,12 @@ trial probe's asked error rates do to P(correct).
 
     python tests/benchmarks/plan_what_if.py dsv4-flash-tp8-latest-all [--runs 400]
         [--shares 1 0.5 0.25 0.1] [--confidence 0.99] [--trial-rates 0.005 0.005]
-        [--after-run]
+        [--after-run] [--good-cached]
 
 `--after-run`: the bisect that follows a failing `run` of the profile, whose seed block 0 ends
 that run left in the cache (`StepCosts.ends0_cached`, as `--plan` prices them when it finds
-both entries: bisect/trials/end_probes.py `run_ends`).
+both entries: bisect/trials/end_probes.py `run_ends`). `--good-cached`: only block 0's good
+end is cached (`StepCosts.good0_cached`, as `--plan` prices it when it finds the baseline).
 
 Builds the bisect as `dsv4bisect bisect PROFILE --plan --executor ray --parallel 4` does
 (bisect/setup.py `prepare`: the SGLang defaults, no ledger) and, per share, simulates the
@@ -64,6 +65,9 @@ def main() -> None:
                     help="engines kept on a node (default: the plan's; 2: one asleep beside it)")
     ap.add_argument("--after-run", action="store_true",
                     help="seed block 0's ends cached by a failing run (StepCosts.ends0_cached)")
+    ap.add_argument("--good-cached", action="store_true",
+                    help="seed block 0's good end alone in the baseline cache "
+                         "(StepCosts.good0_cached)")
     args = ap.parse_args()
     request = BisectRequest(profile=args.profile, parallel=4, executor=Executor.RAY,
                             plan_only=True)
@@ -71,7 +75,7 @@ def main() -> None:
     assert prep.engine is not None, "an engine bisect"
     plan = replace(prep.setup(), confirm=False)  # the Ray executor cannot launch fresh
     asked = (args.confidence or args.trial_rates or args.launch is not None or args.pool
-             or args.after_run)
+             or args.after_run or args.good_cached)
     own_share = look1_share(prep.engine.spec)
     args.shares = args.shares or sorted({1.0, 0.5, LOOK1_MAX_SHARE, own_share}, reverse=True)
     if args.runs == NODE_PLAN_RUNS and own_share in args.shares and not asked:
@@ -87,7 +91,8 @@ def main() -> None:
           + (f"; search confidence {args.confidence:g}" if args.confidence else "")
           + (f"; launch {args.launch:g} s" if args.launch is not None else "")
           + (f"; {args.pool} engines a node" if args.pool else "")
-          + ("; after a failing run (block 0's ends cached)" if args.after_run else ""))
+          + ("; after a failing run (block 0's ends cached)" if args.after_run else "")
+          + ("; block 0's good end cached" if args.good_cached else ""))
     print(f"{'share':>6}  {'look 1':>6}  {'P(look2)':>8}  {'1 node':>7}  {'p90':>6}  "
           f"{'P(ok)':>6}  {'low':>6}  {'launches':>8}  {'ends':>6}  {'trials':>6}  "
           f"{'4 nodes':>7}  {'p90':>6}  {'floor 1':>7}  {'floor 4':>7}")
@@ -101,6 +106,8 @@ def main() -> None:
                 pool=args.pool or cfg.costs.pool))
         if args.after_run:
             cfg = replace(cfg, costs=replace(cfg.costs, ends0_cached=True))
+        if args.good_cached:
+            cfg = replace(cfg, costs=replace(cfg.costs, good0_cached=True))
         one = node_row(cfg, 1, 1, True, True, False, culprits, seeds)
         four = sharded_row(cfg, 4, True, True, culprits, seeds)
         floors = [float(np.mean([floor_run(cfg, k, x, (four.ends or "alone") if k > 1

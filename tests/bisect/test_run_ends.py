@@ -162,3 +162,43 @@ def test_a_bad_end_started_ahead_sends_nothing_where_a_run_measured_it(tmp_path)
         assert runner.engines_up == () and runner.launches == 0
     finally:
         runner.close()
+
+
+def test_a_cached_good_end_alone_is_priced_as_read_from_the_cache(tmp_path) -> None:
+    """An earlier bisect or `run` against the same good end left its baseline pair: block 0's
+    good end is read from the cache (EndProbes.good_end), so `--plan` prices it at no probe and
+    no launch; the bad end is probed and launched as before."""
+    from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape
+    from dsv4bisect.bisect.search.pricing import CostTracker
+    from dsv4bisect.bisect.session import ask
+    from dsv4bisect.bisect.setup import BisectRequest, prepare
+    from dsv4bisect.config.resolve import Overrides
+
+    request = BisectRequest(profile="reference-all", plan_only=True, overrides=Overrides(
+        sets=("patches.mma-decode.variant=swa-ring-stale",)))
+    before = prepare(ask(request), request)
+    assert not before.setup().costs.good0_cached
+    runner = before.engine
+    assert runner is not None and runner.spec == SMOKE
+    cache.store(cache.BaselineKey.of(runner.good_cfg.fingerprint, SMOKE),
+                *_saved_baseline(tmp_path / "run1"))
+    costs = prepare(ask(request), request).setup().costs
+    assert costs.good0_cached and not costs.ends0_cached
+    assert not prepare(ask(request), BisectRequest(
+        profile="reference-all", plan_only=True, use_cache=False,
+        overrides=request.overrides)).setup().costs.good0_cached  # --no-cache probes it
+
+    everything = frozenset({"a", "b"})
+    made = "2026-12-06T16:30:00+00:00"
+    good = plan_costs("sglang", probe_shape(SMOKE), given={}, good_cached=made,
+                      load_time=("a",))
+    plain = plan_costs("sglang", probe_shape(SMOKE), given={}, load_time=("a",))
+    (line,) = [ln for ln in good.lines if ln.name == "good end of seed block 0"]
+    assert line.value == 0.0 and made in line.source
+    with_cache = CostTracker(good.costs, everything)
+    assert with_cache.charge(frozenset(), 0.0) == 0.0 and with_cache.launches == 0
+    # the bad end: its own launch and probe, no good end measured on the way
+    without = CostTracker(plain.costs, everything)
+    without.charge(frozenset(), 0.0)
+    assert with_cache.charge(everything, 1.0) == without.charge(everything, 1.0) > 0
+    assert with_cache.launches == 1 and good.costs.to_json()["good0_cached"] is True

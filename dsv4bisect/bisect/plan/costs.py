@@ -117,6 +117,7 @@ def plan_costs(
     sequential: Sequential | None = None,
     look1: ProbeShape | None = None,
     ends_cached: str | None = None,
+    good_cached: str | None = None,
 ) -> PlanCosts:
     """The step costs of a bisect. `engine`: "sglang", "reference", or None for a --test-cmd;
     `given`: --launch-cost / --switch-cost / --probe-cost (None: not given); `details` and
@@ -124,7 +125,9 @@ def plan_costs(
     (`probe_shape(look_spec(spec, 1))`, bisect/end_looks.py) where the ends are probed in two looks; None, or a look
     that keeps every case, prices full-tier ends. `ends_cached`: when the `run` that cached
     seed block 0's ends (the good end's pair and its candidate, the bad end) made them, where
-    the bisect will use them (the caller looks; None: not cached, or `--no-cache`)."""
+    the bisect will use them (the caller looks; None: not cached, or `--no-cache`).
+    `good_cached`: when the cached baseline pair seed block 0's good end will be read from was
+    made, where the run's ends are not both cached (None: the good end is probed)."""
     if engine is None:
         return _test_cmd_costs(given, durations)
     lines: list[CostLine] = []
@@ -195,6 +198,11 @@ def plan_costs(
                               f"cached by a run at {ends_cached}: its baseline, A/A repeat and "
                               "candidate are the block's full-tier ends, no request sent "
                               "(bisect/trials/end_probes.py)"))
+    elif good_cached is not None:
+        lines.append(CostLine("good end of seed block 0", 0.0, "s",
+                              f"its baseline and A/A repeat cached at {good_cached}: read from "
+                              "the cache, no request sent, its engine not launched "
+                              "(bisect/trials/end_probes.py `good_end`)"))
     pool = POOL.get(engine, 1)
     lines.append(CostLine("engines kept up", pool, "engines",
                           f"dsv4bisect policy for {kind}" + (": one node" if pool == 1 else "")))
@@ -204,7 +212,7 @@ def plan_costs(
                       like_bad_fraction=seq.like_bad_fraction, hot=hot, pool=pool,
                       load_time=frozenset(load_time), paired=True,
                       drift_fraction=shape.drift_share, ends0_cached=ends_cached is not None,
-                      **looks)
+                      good0_cached=good_cached is not None, **looks)
     return PlanCosts(costs, seq.noise if hot else noise, tuple(lines), world)
 
 

@@ -82,6 +82,9 @@ class StepCosts:
     # run's candidate, judged against it: bisect/trials/end_probes.py `run_ends`): their
     # trials send no request and launch nothing, and no trial pays block 0's good end
     ends0_cached: bool = False
+    # seed block 0's good end alone is in the baseline cache (a `run` of another candidate, an
+    # earlier bisect against the same good end): its trial sends no request and launches nothing
+    good0_cached: bool = False
 
     def __post_init__(self) -> None:
         for name in ("launch_s", "switch_s", "probe_s", "aa_fraction", "like_good_fraction",
@@ -115,7 +118,8 @@ class StepCosts:
                     "look1_aa_fraction": self.look1_aa_fraction,
                     "look2_chance": self.look2_chance,
                     "look2_fraction": self.look2_fraction} if self.looks else {}),
-                **({"ends0_cached": True} if self.ends0_cached else {})}
+                **({"ends0_cached": True} if self.ends0_cached else {}),
+                **({"good0_cached": True} if self.good0_cached else {})}
 
     @property
     def looks(self) -> bool:
@@ -169,8 +173,8 @@ class CostTracker:
     def __init__(self, costs: StepCosts, everything: frozenset[str]) -> None:
         self.costs, self.everything = costs, everything
         self.slots: EngineSlots[frozenset[str]] = EngineSlots(costs.pool)
-        # seed blocks whose good-end baseline is measured (block 0's a run's, where cached)
-        self.baselines: set[int] = {0} if costs.ends0_cached else set()
+        # seed blocks whose good-end baseline is measured (block 0's where cached)
+        self.baselines: set[int] = {0} if costs.ends0_cached or costs.good0_cached else set()
         self.seen: Counter[frozenset[str]] = Counter()
         self.spent_s = 0.0
         self.launches = 0
