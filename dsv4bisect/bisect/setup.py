@@ -26,7 +26,7 @@ from dsv4bisect.bisect.plan.whole_plan import WholePlan, plan_bisect
 from dsv4bisect.bisect.question import Question
 from dsv4bisect.bisect.search.design import DEFAULT_NOISE, Noise
 from dsv4bisect.bisect.search.hypotheses import tier_weights
-from dsv4bisect.bisect.search.pricing import StepCosts
+from dsv4bisect.bisect.search.pricing import StepCosts, ends_seconds
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
@@ -109,6 +109,8 @@ class Prepared:
     noise_source: str  # given | measured: ... | default | partly given
     costs: PlanCosts
     spec: BisectSpec
+    # why the ends are probed in one look where the policy would look twice (None: as asked)
+    ends_note: str | None = None
 
     def with_weights(self, weights: dict[str, float]) -> Prepared:
         """The same bisect with these prior weights (the microtest priors applied)."""
@@ -148,10 +150,34 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
     measured, durations, details = _history(runner, asked.ledger)
     noise, where = _noise(measured, asked.false_fail, asked.false_pass)
     ends_cached = _ends_cached(engine, question) if asked.use_cache else None
-    good_cached = (_good_cached(engine, policy.end_looks)
-                   if asked.use_cache and ends_cached is None else None)
-    costs = _costs(engine, question, noise, details, durations, asked.costs, policy.hot,
-                   policy.end_looks, ends_cached, good_cached)
+
+    def costs_of(looks: bool) -> PlanCosts:
+        good_cached = (_good_cached(engine, looks)
+                       if asked.use_cache and ends_cached is None else None)
+        return _costs(engine, question, noise, details, durations, asked.costs, policy.hot,
+                      looks, ends_cached, good_cached)
+
+    costs = costs_of(policy.end_looks)
+    ends_note = None
+    if policy.end_looks and asked.full_ends is None and not cfg.full_ends:
+        # two looks where they are priced cheaper than one (docs/bisect.md, "Ends that stop
+        # when their question is answered": look 2 costs both ends' engines again)
+        full = costs_of(False)
+        everything = frozenset(question.candidates)
+        looks_s = ends_seconds(costs.costs, everything)
+        full_s = ends_seconds(full.costs, everything)
+        if full_s < looks_s:
+            ends_note = (
+                f"one look at the full tier: look 1 would settle the verdict table's smallest "
+                f"loss with P {1 - costs.costs.look2_chance:.2f} only, and look 2 probes both "
+                f"ends again in their engines (expected {looks_s:.0f} s for the ends in two "
+                f"looks, {full_s:.0f} s in one)")
+            policy = replace(policy, full_ends=True)
+            request = replace(request, policy=policy)
+            if engine is not None:
+                engine.close()
+                runner = engine = node_runner(request, on_event)
+            costs = full
     spec = BisectSpec(
         candidates=question.candidates, good=question.good, bad=question.bad, noise=noise,
         confidence=asked.confidence if asked.confidence is not None else cfg.confidence,
@@ -161,7 +187,7 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
         costs=costs.costs,
         # the Ray executor cannot launch fresh: no confirmation to run, price or plan for
         confirm=asked.confirm and policy.executor is not Executor.RAY)
-    return Prepared(question, request, runner, engine, noise, where, costs, spec)
+    return Prepared(question, request, runner, engine, noise, where, costs, spec, ends_note)
 
 
 def trial_policy(asked: BisectRequest, cfg: BisectSettings, rounds: int) -> TrialPolicy:

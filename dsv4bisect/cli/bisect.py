@@ -231,6 +231,9 @@ class BisectFront(BisectDisplay):
         self.question = prep.question
         say_question(prep.question, prep.noise.false_fail, prep.noise.false_pass,
                      prep.noise_source)
+        if prep.ends_note is not None:
+            console().print(f"ends: {prep.ends_note}", style="dim", markup=False,
+                            highlight=False)
 
     def priors(self, prep: Prepared) -> dict[str, float]:
         r = self.request
@@ -307,7 +310,8 @@ def plan_json(prep: Prepared, p: WholePlan, nodes: NodePlan | None) -> dict[str,
         "without_levers": _figures(p.without_levers) if p.without_levers else None,
         "levers": levers, "costs": [line.to_json() for line in costs.lines],
         "load_time": sorted(costs.costs.load_time), "hot": costs.costs.hot,
-        "confirm": spec.confirm, **extra}
+        "confirm": spec.confirm, "ends_looks": costs.costs.looks,
+        **({"ends_note": prep.ends_note} if prep.ends_note else {}), **extra}
 
 
 def plan_text(prep: Prepared, p: WholePlan, nodes: NodePlan | None) -> list[str]:

@@ -272,3 +272,35 @@ def test_the_ray_node_plan_prices_the_ends_two_looks_below_full_ends(cli, tmp_pa
     for key, row in rows["looks"].items():
         assert row["mean_wall_s"] < rows["full"][key]["mean_wall_s"], key
         assert row["p_correct"] >= 0.97, key
+
+
+def test_the_ends_look_twice_only_where_that_is_priced_cheaper():
+    """Look 2 probes both ends again in their engines: on one SGLang node (one engine) that is
+    two launches, so where look 1 cannot settle the smallest loss (smoke: P(look 2) 0.92) one
+    look at the full tier is cheaper, and the bisect takes it, saying why; where look 1 settles
+    (standard), or look 2 only switches (the embedded engine keeps both ends' engines up), the
+    ends look twice."""
+    from dsv4bisect.bisect.search.pricing import ends_seconds
+    from dsv4bisect.bisect.session import ask
+    from dsv4bisect.bisect.setup import BisectRequest, prepare
+
+    def prepared(profile, **kw):
+        request = BisectRequest(profile=profile, plan_only=True, **kw)
+        return prepare(ask(request), request)
+
+    smoke = prepared("dsv4-flash-tp8-latest-all", tier="smoke")
+    assert smoke.request.policy.full_ends and not smoke.spec.costs.looks
+    assert smoke.ends_note is not None and "one look at the full tier" in smoke.ends_note
+    assert smoke.setup().look1 is None
+    embedded = prepared("reference-all")
+    assert embedded.request.policy.end_looks and embedded.ends_note is None
+    asked = prepared("dsv4-flash-tp8-latest-all", tier="smoke", full_ends=True)
+    assert asked.request.policy.full_ends and asked.ends_note is None  # as asked, no note
+    # the price behind the choice: look 2 at its chance, both ends' engines launched again
+    everything = frozenset(CANDIDATES)
+    c = LOOKS  # the standard tier's shares on one SGLang node, look 1 all but sure to settle
+    assert ends_seconds(c, everything) < ends_seconds(c.full_ends(), everything)
+    sure = replace(c, look2_chance=1.0)
+    assert ends_seconds(sure, everything) > ends_seconds(c.full_ends(), everything)
+    assert ends_seconds(sure, everything) - ends_seconds(replace(c, look2_chance=0.0),
+                                                         everything) > 2 * c.launch_s

@@ -166,6 +166,19 @@ class EngineSlots(Generic[K]):
             self.up.remove(key)
 
 
+def ends_seconds(costs: StepCosts, everything: frozenset[str]) -> float:
+    """Expected seconds of seed block 0's two ends, the good end then the bad end, from no
+    engine up: with two looks, look 1 and, at `look2_chance`, look 2 as the runner pays it
+    (both ends' engines again: a launch each where the pool holds one engine)."""
+    def ends(look2: bool) -> float:
+        tracker = CostTracker(costs, everything)
+        return tracker.charge(frozenset(), 0.0) + tracker.charge(everything, 1.0, look2=look2)
+
+    if not costs.looks:
+        return ends(False)
+    return (1 - costs.look2_chance) * ends(False) + costs.look2_chance * ends(True)
+
+
 class CostTracker:
     """The state that prices the next step: engines up (`EngineSlots`), the seed blocks whose
     baseline was measured, and how often each configuration ran."""
