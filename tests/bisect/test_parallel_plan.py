@@ -364,3 +364,23 @@ def test_the_plan_and_the_executor_share_one_choice_of_how_the_ends_run():
     launch = replace(setup, costs=replace(HOT, drift_fraction=0.01))
     assert choose_ends(launch, 4, 2, trials=12, of=12, seed=4) == TOGETHER
     assert choose_ends(launch, 1, 1, trials=12, of=12, seed=4) == ALONE
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_the_ends_a_run_cached_cost_no_node_anything_and_every_node_probes_sequentially(
+        sharded: bool):
+    """Seed block 0's ends a failing `run` cached (`ends0_cached`): the Ray driver sends them
+    with every node's first trial (cluster/shared_ends.py `keep_run`), so both ends of block 0
+    cost nothing on one node each (no replica, the bad end started ahead of nothing), and the
+    next trials are sequential on every node from the next round."""
+    costs = replace(_costs(), launch_s=600, drift_fraction=0.1, ends0_cached=True)
+    pool = NodePool(costs, frozenset("abc"), 4, sharded=sharded, ends=TOGETHER)
+    ends = pool.run_round([(frozenset(), False), (frozenset("abc"), True)])
+    assert [(t.seconds, t.shards) for t in ends.trials] == [(0, 1), (0, 1)]
+    assert ends.wall_s == 0 and pool.launches == 0
+    assert all(pool.has_bad_end(n) for n in range(4))
+    trials = pool.run_round([(frozenset("a"), True), (frozenset("b"), False)])
+    assert all(t.sequential for t in trials.trials)
+    # the bad end's re-test (seed block 1) measures its block's ends as before
+    again = pool.run_round([(frozenset("abc"), True)])
+    assert sum(t.seconds for t in again.trials) > 0
