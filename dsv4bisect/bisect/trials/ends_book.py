@@ -14,8 +14,9 @@ Ends measured on another node of the same bisect are installed with `adopt` (wha
 `HotEngineRunner.adopt_ends` calls; the files travel by cluster/shared_ends.py): checked against
 this runner's probe spec (of either look), seed block and good end, they serve as if measured
 here. So do seed block 0's ends that a failing `run` cached on the Ray driver's machine, sent
-with the run they came from (`FromRun`, as `BlockEnds.from_run` where the cache is local). The ends live as probe-run directories under `ends_dir(trial_dir)`, `b<block>/<end>`
-(full ends) or `b<block>/look<k>/<end>` (two looks, each apart).
+with the run they came from (`FromRun`, as `BlockEnds.from_run` where the cache is local).
+The ends live as probe-run directories under `ends_dir(trial_dir)`, `b<block>/<end>` (full
+ends) or `b<block>/look<k>/<end>` (two looks, each apart).
 """
 
 from __future__ import annotations
