@@ -54,7 +54,7 @@ def separate_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_a_ray_bisect_after_a_failing_run_sends_every_node_the_runs_ends(
         separate_caches: tuple[Cluster, list[Path]], tmp_path: Path) -> None:
     c, caches = separate_caches
-    runs = tmp_path / "runs"
+    runs = tmp_path  # --out: run directories go under an existing directory
     r = run([sys.executable, "-m", "dsv4bisect", "run", *QUESTION, "--json", "--out",
              str(runs / "run")], timeout=900)
     assert json.loads(r.stdout)["verdict"] in ("FAIL", "WARN"), r.stderr[-4000:]
