@@ -88,12 +88,17 @@ class CachedBaseline:
 
     def install(self, arm_dir: Path, repeat_dir: Path) -> tuple[ProbeRun, ProbeRun | None]:
         """Copy the cached runs (and the logs of the launch that made them) into a run dir."""
+        repeated = self.copy(arm_dir, repeat_dir)
+        return ProbeRun.load(arm_dir), ProbeRun.load(repeat_dir) if repeated else None
+
+    def copy(self, arm_dir: Path, repeat_dir: Path) -> bool:
+        """`install`'s files only (the Ray driver ships them as files: cluster/shared_ends.py);
+        whether the entry has its A/A repeat."""
         copy_tree(self.path / BASELINE, arm_dir, skip=("config.json",))
-        repeat = None
-        if (self.path / REPEAT / "run.json").exists():
-            copy_tree(self.path / REPEAT, repeat_dir)
-            repeat = ProbeRun.load(repeat_dir)
-        return ProbeRun.load(arm_dir), repeat
+        if not (self.path / REPEAT / "run.json").exists():
+            return False
+        copy_tree(self.path / REPEAT, repeat_dir)
+        return True
 
 
 def lookup(key: BaselineKey) -> tuple[CachedBaseline | None, str | None]:

@@ -60,8 +60,12 @@ class CachedCandidate:
 
     def install(self, run_dir: Path) -> ProbeRun:
         """Copy the cached run (and its launch's logs) into `run_dir`."""
-        copy_tree(self.path / CANDIDATE, run_dir, skip=("config.json",))
+        self.copy(run_dir)
         return ProbeRun.load(run_dir)
+
+    def copy(self, run_dir: Path) -> None:
+        """`install`'s files only (the Ray driver ships them as files)."""
+        copy_tree(self.path / CANDIDATE, run_dir, skip=("config.json",))
 
 
 def entry_dir(key: BaselineKey) -> Path:

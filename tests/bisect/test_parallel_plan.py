@@ -25,13 +25,16 @@ HOT = StepCosts(launch_s=600, switch_s=90, probe_s=1200, aa_fraction=0.19, seque
                 load_time=frozenset({"a"}), paired=True)
 
 
-def _setup(confirm: bool) -> Setup:
-    return Setup(CANDIDATES, Noise(0.05, 0.05), Noise(0.01, 0.01), HOT, confirm=confirm)
+def _setup(confirm: bool, ends0_cached: bool = False) -> Setup:
+    return Setup(CANDIDATES, Noise(0.05, 0.05), Noise(0.01, 0.01),
+                 replace(HOT, ends0_cached=ends0_cached), confirm=confirm)
 
 
-def test_one_node_is_the_single_node_plan_without_its_confirmation():
-    single = plan_bisect(_setup(confirm=False), trials=20, seed=5)
-    nodes = plan_nodes(_setup(confirm=False), (1,), trials=20, seed=5)
+# (ends0_cached: block 0's ends a failing `run` cached, which every node has from the start)
+@pytest.mark.parametrize("ends0_cached", [False, True])
+def test_one_node_is_the_single_node_plan_without_its_confirmation(ends0_cached: bool):
+    single = plan_bisect(_setup(False, ends0_cached), trials=20, seed=5)
+    nodes = plan_nodes(_setup(False, ends0_cached), (1,), trials=20, seed=5)
     for row, figures in ((nodes.row(1, True), single.with_levers),
                          (nodes.row(1, False), single.without_levers)):
         assert row.mean_wall_s == pytest.approx(figures.mean_wall_s, rel=1e-12)
@@ -44,9 +47,9 @@ def test_one_node_is_the_single_node_plan_without_its_confirmation():
     # The single-node plan of a local bisect also prices the fresh confirmation, which the Ray
     # executor does not run (it cannot launch fresh), so the node plan is the same whether or
     # not its setup asks for one.
-    confirmed = plan_bisect(_setup(confirm=True), trials=20, seed=5).with_levers
+    confirmed = plan_bisect(_setup(True, ends0_cached), trials=20, seed=5).with_levers
     assert confirmed.phase_s["confirmation"] > 0
-    assert plan_nodes(_setup(confirm=True), (1,), trials=20, seed=5) == nodes
+    assert plan_nodes(_setup(True, ends0_cached), (1,), trials=20, seed=5) == nodes
 
 
 def test_the_node_columns_can_take_the_first_draws_of_a_longer_plan():
@@ -364,3 +367,23 @@ def test_the_plan_and_the_executor_share_one_choice_of_how_the_ends_run():
     launch = replace(setup, costs=replace(HOT, drift_fraction=0.01))
     assert choose_ends(launch, 4, 2, trials=12, of=12, seed=4) == TOGETHER
     assert choose_ends(launch, 1, 1, trials=12, of=12, seed=4) == ALONE
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_the_ends_a_run_cached_cost_no_node_anything_and_every_node_probes_sequentially(
+        sharded: bool):
+    """Seed block 0's ends a failing `run` cached (`ends0_cached`): the Ray driver sends them
+    with every node's first trial (cluster/shared_ends.py `keep_run`), so both ends of block 0
+    cost nothing on one node each (no replica, the bad end started ahead of nothing), and the
+    next trials are sequential on every node from the next round."""
+    costs = replace(_costs(), launch_s=600, drift_fraction=0.1, ends0_cached=True)
+    pool = NodePool(costs, frozenset("abc"), 4, sharded=sharded, ends=TOGETHER)
+    ends = pool.run_round([(frozenset(), False), (frozenset("abc"), True)])
+    assert [(t.seconds, t.shards) for t in ends.trials] == [(0, 1), (0, 1)]
+    assert ends.wall_s == 0 and pool.launches == 0
+    assert all(pool.has_bad_end(n) for n in range(4))
+    trials = pool.run_round([(frozenset("a"), True), (frozenset("b"), False)])
+    assert all(t.sequential for t in trials.trials)
+    # the bad end's re-test (seed block 1) measures its block's ends as before
+    again = pool.run_round([(frozenset("abc"), True)])
+    assert sum(t.seconds for t in again.trials) > 0

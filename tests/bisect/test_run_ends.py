@@ -140,22 +140,41 @@ def test_the_runs_candidate_is_the_bad_end_with_its_inert_patches_on() -> None:
     assert as_run.fingerprint == run.fingerprint
 
 
-def test_a_bad_end_started_ahead_sends_nothing_where_a_run_measured_it(tmp_path) -> None:
+def _hot_runner(events: list[Notice] | None = None, use_cache: bool = True):
+    """The hot runner of `reference-all` with a fault at the smoke tier, and its question."""
     from dsv4bisect.bisect.question import resolve_question
     from dsv4bisect.bisect.setup import bad_end, run_bad_end
     from dsv4bisect.bisect.trials.hot_runner import HotEngineRunner
     from dsv4bisect.config.resolve import Overrides
 
-    q = resolve_question("reference-all", Overrides(sets=("patches.mma-decode.variant=swa-ring-stale",)))
+    q = resolve_question("reference-all",
+                         Overrides(sets=("patches.mma-decode.variant=swa-ring-stale",)))
     runner = HotEngineRunner(q.profile, q.good, bad_end(q), sets=tuple(q.sets),
-                             run_bad=run_bad_end(q))
+                             run_bad=run_bad_end(q), use_cache=use_cache,
+                             on_event=events.append if events is not None else lambda _e: None)
     assert runner.spec == SMOKE
+    return runner, q
+
+
+def _cache_runs_ends(runner, q, run_dir: Path) -> cache.CachedBaseline:
+    """What a failing `run` of `q` leaves in the cache: its baseline, its candidate (LOSER)."""
+    from dsv4bisect.bisect.setup import run_bad_end
+
     key = cache.BaselineKey.of(runner.good_cfg.fingerprint, SMOKE)
-    cache.store(key, *_saved_baseline(tmp_path / "run1"))
+    cache.store(key, *_saved_baseline(run_dir))
     entry, _ = cache.lookup(key)
-    cand = LOSER.save(tmp_path / "run1" / "candidate")
+    assert entry is not None
+    cand = LOSER.save(run_dir / "candidate")
     candidate_cache.store(cache.BaselineKey.of(runner.config(run_bad_end(q)).fingerprint, SMOKE),
                           Path(str(cand.path)), entry)
+    return entry
+
+
+def test_a_bad_end_started_ahead_sends_nothing_where_a_run_measured_it(tmp_path) -> None:
+    from dsv4bisect.bisect.setup import bad_end
+
+    runner, q = _hot_runner()
+    _cache_runs_ends(runner, q, tmp_path / "run1")
     trial_dir = tmp_path / "bisect" / "trials" / "001"
     try:  # no engine is launched: the ends are the run's
         assert runner.ahead(bad_end(q), 0, trial_dir) == 0
@@ -202,3 +221,90 @@ def test_a_cached_good_end_alone_is_priced_as_read_from_the_cache(tmp_path) -> N
     without.charge(frozenset(), 0.0)
     assert with_cache.charge(everything, 1.0) == without.charge(everything, 1.0) > 0
     assert with_cache.launches == 1 and good.costs.to_json()["good0_cached"] is True
+
+
+# -- on Ray: the driver sends them to every node (cluster/shared_ends.py `keep_run`) -----------
+def test_the_ray_driver_keeps_a_runs_ends_as_block_0s_settled_ends_of_the_full_tier(
+        tmp_path) -> None:
+    from dsv4bisect.bisect.cluster import shared_ends as se
+
+    events: list[Notice] = []
+    runner, q = _hot_runner(events)
+    entry = _cache_runs_ends(runner, q, tmp_path / "run1")
+    driver = se.DriverEnds(tmp_path / "driver")
+    names = ["b0/look2/baseline", "b0/look2/baseline-repeat", "b0/look2/bad"]
+    assert se.seed_run_ends(driver, runner) == names
+    index = driver.index()
+    assert index is not None and index.good == runner.good_cfg.fingerprint
+    assert index.settled == {0: (2, None)}  # the full tier: the run's spec
+    run = index.from_run[0]
+    assert run.source_run == str((tmp_path / "run1").resolve())
+    assert run.baseline_made == entry.created_at and driver.from_run(0) == run
+    assert set(index.ends) == set(names) and set(index.ends.values()) == {
+        f"run {run.source_run}"}
+    assert (driver.root / "b0" / "look2" / "bad" / "run.json").is_file()
+    assert any("every node is sent them" in e.text for e in events)
+    assert not [e for e in events if e.level == "warn"]
+    # the archive a node gets names the run; a resumed driver keeps them once
+    sent, archive = driver.pack()
+    assert sent == set(names) and archive is not None
+    assert se.unpack_ends(archive, tmp_path / "unpacked").from_run == {0: run}
+    assert se.seed_run_ends(se.DriverEnds(tmp_path / "driver"), runner) == []
+    runner.close()
+
+
+def test_the_ray_driver_refuses_a_candidate_of_another_baseline_with_a_warning(tmp_path) -> None:
+    from dsv4bisect.bisect.cluster import shared_ends as se
+
+    events: list[Notice] = []
+    runner, q = _hot_runner(events)
+    _cache_runs_ends(runner, q, tmp_path / "run1")
+    # the baseline measured again since (`run --no-cache`): the candidate was judged against
+    # another entry, so the nodes measure block 0's ends as before
+    cache.store(cache.BaselineKey.of(runner.good_cfg.fingerprint, SMOKE),
+                *_saved_baseline(tmp_path / "run2"))
+    driver = se.DriverEnds(tmp_path / "driver")
+    assert se.seed_run_ends(driver, runner) == [] and driver.index() is None
+    warned = [e.text for e in events if e.level == "warn"]
+    assert any("judged against the baseline made" in w for w in warned), warned
+    assert driver.from_run(0) is None
+    # --no-cache looks nothing up
+    plain, _ = _hot_runner(events, use_cache=False)
+    assert se.seed_run_ends(driver, plain) == []
+    for r in (runner, plain):
+        r.close()
+
+
+def test_a_node_without_the_cache_judges_block_0_by_the_runs_ends_the_driver_sent(
+        tmp_path, monkeypatch) -> None:
+    """The node side (remote_trial.run_on_node): a node whose own cache is empty adopts the
+    driver's archive; its ∅ end check and its bad end's trial send no request and launch
+    nothing, the bad end's being the cached run judged against the cached good end."""
+    from dsv4bisect.bisect.cluster import shared_ends as se
+    from dsv4bisect.bisect.setup import bad_end
+
+    runner, q = _hot_runner()
+    _cache_runs_ends(runner, q, tmp_path / "run1")
+    driver = se.DriverEnds(tmp_path / "driver")
+    assert se.seed_run_ends(driver, runner)
+    _sent, archive = driver.pack()
+    assert archive is not None
+    monkeypatch.setenv("DSV4BISECT_CACHE", str(tmp_path / "node-cache"))  # another machine's
+    node, _ = _hot_runner()
+    assert node.run_cache() is None
+    scratch = tmp_path / "node" / "bisect"
+    try:
+        assert len(se.adopt(node, archive, scratch / "adopted" / "t0")) == 3
+        good = node.run(dict(q.good), 0, scratch / "trials" / "t0")
+        bad = node.run(bad_end(q), 0, scratch / "trials" / "t1")
+        assert node.launches == 0 and node.engines_up == ()
+    finally:
+        node.close()
+        runner.close()
+    source = str((tmp_path / "run1").resolve())
+    assert good.requests == 0 and good.details["ends_from_run"] == source
+    assert good.details["baseline_cached"] and good.aa_verdicts == ()
+    assert bad.requests == 0 and bad.verdict == "FAIL"
+    assert bad.details["bad_end_cached"] is True and bad.details["bad_end_from"] == source
+    assert bad.details["end_look"] == 2 and bad.details["ends_measured"] == []
+    assert bad.details["ends_from"]["bad"] == f"run {source}"

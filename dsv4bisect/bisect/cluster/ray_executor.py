@@ -16,7 +16,9 @@ ends book is the driver's copy of the ends (cluster/shared_ends.py `DriverEnds`;
 the good end's baseline and A/A repeat and the bad end's run that a node's trial measured come
 back beside its archive, and every later trial request carries the ends its slot's runner does
 not have, which that runner installs before the trial, so no node measures a good end another
-measured, and every node probes sequentially once one ran the bad end); its probing policy is
+measured, and every node probes sequentially once one ran the bad end; seed block 0's ends that
+a failing `run` cached on the driver's machine are in it before the first trial, so no node
+measures them, with no cache of its own: `seed_run_ends`); its probing policy is
 the hot runner's own (trials/probing.py: which trials shard their probe across the round's idle
 slots, which bad end starts ahead of the good end's run).
 
@@ -47,7 +49,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from dsv4bisect.bisect.cluster import remote_trial as rt
-from dsv4bisect.bisect.cluster.shared_ends import DriverEnds
+from dsv4bisect.bisect.cluster.shared_ends import DriverEnds, seed_run_ends
 from dsv4bisect.bisect.cluster.slots import Slot, SlotPool
 from dsv4bisect.bisect.rounds import ALONE
 from dsv4bisect.bisect.trials.engine_runner import EngineRunner
@@ -227,18 +229,27 @@ class RayRunner(TrialRunner):
         here = self._round
         good = self.probing.is_good(patches)
         try:
-            wait = here if here is not None and self.probing.starts_ahead(
+            ends = self._ends_of(trial_dir.parent.parent)
+            # an end of a block whose ends a failing `run` cached probes nothing: no replica
+            # to switch, no probe to start ahead (`DriverEnds.keep_run`)
+            probes = not (self.probing.is_end(patches) and ends is not None
+                          and ends.from_run(seed_block))
+            wait = here if probes and here is not None and self.probing.starts_ahead(
                 patches, seed_block, here.block, self.ends_schedule) else None
-            return self._run(patches, seed_block, trial_dir, here if good else None, wait)
+            return self._run(patches, seed_block, trial_dir, ends, probes,
+                             here if good else None, wait)
         finally:
             if good and here is not None:  # its ends are kept (or it failed): the bad end goes on
                 here.done.set()
 
     def _run(self, patches: dict[str, str], seed_block: int, trial_dir: Path,
-             good_of: _EndsRound | None, wait: _EndsRound | None) -> TrialResult:
-        """One trial on a slot. `good_of`: this is the good end of that round (it says when it
-        has its slot); `wait`: this is the bad end beside it, which starts its probe ahead
-        (`_ahead`) and finishes it with the good end's run."""
+             ends: DriverEnds | None, probes: bool, good_of: _EndsRound | None,
+             wait: _EndsRound | None) -> TrialResult:
+        """One trial on a slot, with the driver's `ends` (None: fresh launches). `probes`:
+        the trial sends requests (not an end of a block a `run` cached). `good_of`: this is
+        the good end of that round (it says when it has its slot); `wait`: this is the bad end
+        beside it, which starts its probe ahead (`_ahead`) and finishes it with the good end's
+        run."""
         cfg = self.local.config(patches)
         trial = rt.NodeTrial(patches, seed_block, cfg.fingerprint, cfg.identity,
                              self.local.probe_hash, trial_dir.parent.parent.name, trial_dir.name)
@@ -246,9 +257,8 @@ class RayRunner(TrialRunner):
         slot = self.slots.acquire(state)
         if good_of is not None:
             good_of.placed.set()
-        ends = self._ends_of(trial_dir.parent.parent)
         # only the ends' full-size probes are split across idle slots (trials/probing.py)
-        helpers = self._helpers(ends, state) if self.probing.is_end(patches) else []
+        helpers = self._helpers(ends, state) if probes and self.probing.is_end(patches) else []
         urls, replicas = self._replicas(slot, helpers, trial) if helpers else ((), {})
         t0 = time.perf_counter()
         try:
@@ -349,11 +359,17 @@ class RayRunner(TrialRunner):
     # -- the ends and the engines the nodes have (docs/cluster.md, "The ends travel") ---------
     def _ends_of(self, run_dir: Path) -> DriverEnds | None:
         """The driver's copy of the bisect's ends (hot runners only: a fresh-launch runner
-        judges against its node's baseline cache)."""
+        judges against its node's baseline cache), with seed block 0's ends from the cache a
+        failing `run` left on this machine where it has them, before the first trial request
+        (`seed_run_ends`)."""
         if not self.hot:
             return None
         with self._lock:
-            return self._driver_ends.setdefault(run_dir, DriverEnds(run_dir))
+            ends = self._driver_ends.get(run_dir)
+            if ends is None:
+                ends = self._driver_ends[run_dir] = DriverEnds(run_dir)
+                seed_run_ends(ends, self.local)
+            return ends
 
     def _state_of(self, patches: Mapping[str, str]) -> str | None:
         """The engine a trial of `patches` runs in on a node (its load-time state), as the

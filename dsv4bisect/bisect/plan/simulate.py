@@ -30,6 +30,12 @@ What is modelled, and where the code does it:
   baseline. Only hot runners share their ends: with fresh launches (`--fresh-launches`, the
   rows without the levers) each node measures its own baselines, as its runner does (the
   node's baseline cache).
+* **The ends a failing `run` cached** (`StepCosts.ends0_cached`: the driver's cache has seed
+  block 0's good end and the run's candidate, setup._ends_cached): the driver has them before
+  the first round and sends them with every node's first trial (RayRunner seeds its ends with
+  them: cluster/shared_ends.py `DriverEnds.keep_run`), so on every node block 0's ends cost
+  nothing (their trials take no replica and start nothing ahead: `NodePool._cached`), no
+  trial pays block 0's good end, and every node probes sequentially from the first round.
 * **The ends' two looks** (bisect/end_looks.py; `StepCosts.looks`): each seed block's good end
   at look 1 (baseline and A/A repeat), then the bad end at look 1; the bad end's look-1
   evidence is drawn in the simulated world (`Setup.look1`, look_world.LookOne: the verdict
@@ -245,7 +251,9 @@ class NodePool:
         self._free: deque[int] = deque(range(nodes))  # free longest first
         self._seen: Counter[frozenset[str]] = Counter()  # the driver's seed blocks
         self._baselines: set[int] = set()  # seed blocks whose good end the driver has
-        self._bad_end = False  # the driver has the bad end's block-0 run
+        # the driver has the bad end's block-0 run: from the start where a failing `run` cached
+        # block 0's ends (`ends0_cached`: RayRunner sends them with every node's first trial)
+        self._bad_end = costs.ends0_cached
 
     @property
     def shards(self) -> bool:
@@ -306,9 +314,11 @@ class NodePool:
         `TOGETHER`), the bad end started ahead of the good end's run (`_after_good`)."""
         (good, good_fails), (bad, bad_fails) = sorted(trials, key=lambda t: len(t[0]))
         size = halves(self.nodes)
+        cached = self._cached(bad)
         first = self._run(0, self._group(good, size), good, good_fails)
-        bad_end = self._run(1, self._group(bad, size), bad, bad_fails, lent=True)
-        return first + self._after_good(bad_end, max(t.seconds for t in first))
+        bad_end = self._run(1, self._group(bad, size), bad, bad_fails, lent=not cached)
+        return first + (bad_end if cached else
+                        self._after_good(bad_end, max(t.seconds for t in first)))
 
     def _one_each(self, trials: Sequence[tuple[frozenset[str], bool]]) -> list[NodeTrial]:
         """Each trial on a node of its own. A bad end beside the good end of its seed block
@@ -318,7 +328,7 @@ class NodePool:
         blocks = [self._seen[s] for s, _ in trials]  # the driver's seed block of each
         good = next((b for (s, _), b in zip(trials, blocks) if not s), None)
         beside = [self._sequential.hot and s == self.everything and b == good
-                  for (s, _), b in zip(trials, blocks)]
+                  and not self._cached(s) for (s, _), b in zip(trials, blocks)]
         ran = [self._run(i, [self._place(subset)], subset, fails, lent=lent)[0]
                for i, ((subset, fails), lent) in enumerate(zip(trials, beside))]
         good_done = next((t.seconds for t, (s, _) in zip(ran, trials) if not s), 0.0)
@@ -344,13 +354,23 @@ class NodePool:
     def _group(self, subset: frozenset[str], size: int) -> list[int]:
         """`size` free nodes, in the order the Ray runner takes them: the trial's own node
         first (`_place`), then those whose engine is up in its load-time state, then the rest,
-        free longest first."""
+        free longest first. An end whose ends a `run` cached (`_cached`) takes its own only."""
         first = self._place(subset)
+        if self._cached(subset):
+            size = 1
         rest = sorted(self._free, key=lambda n: not self.trackers[n].engine_up(subset))
         rest = rest[:size - 1]
         for node in rest:
             self._free.remove(node)
         return [first, *rest]
+
+    def _cached(self, subset: frozenset[str]) -> bool:
+        """Whether `subset` is an end of seed block 0 whose ends a failing `run` cached
+        (`StepCosts.ends0_cached`): the driver has them before the first round and sends them
+        with every node's first trial (RayRunner: `DriverEnds.keep_run`), so its trial probes
+        nothing, on no replica, and starts nothing ahead of the good end."""
+        return (self._sequential.ends0_cached and is_end(subset, self.everything)
+                and self._seen[subset] == 0)
 
     # -- one trial ---------------------------------------------------------------------------
     def _place(self, subset: frozenset[str]) -> int:

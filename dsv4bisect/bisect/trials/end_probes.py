@@ -12,7 +12,10 @@ seed block 0's good end from the baseline cache at the full tier, and where the 
 cached its candidate (run/candidate_cache.py: the bad end, the same configuration) judged
 against that very baseline entry, both are installed as the block's settled full-tier ends
 (`run_ends`): no request is sent for either, the ∅ end check is their A/A verdict, the bad
-end's trial is `judge` of the cached runs (`cached_bad_end`). A look-1 good end whose own
+end's trial is `judge` of the cached runs (`cached_bad_end`). On the Ray executor the driver
+makes the same lookup (`run_cache`) and sends those ends to every node, whose runner adopts
+them with the run they came from (ends_book.py `FromRun`; cluster/shared_ends.py), so its bad
+end's trial is `cached_bad_end` too, with no cache on the node. A look-1 good end whose own
 entry is missing is the full tier's entry restricted to look 1's cases (probe/looks.py
 `restrict`).
 """
@@ -26,6 +29,8 @@ from dsv4bisect.bisect import end_looks
 from dsv4bisect.bisect.trials.ends_book import (
     BlockEnds,
     EndsBook,
+    FromRun,
+    RunCache,
     end_name,
     ends_dir,
     read_settled,
@@ -171,32 +176,43 @@ class EndProbes:
                              "to look 1's cases"))
         return True
 
-    def run_ends(self, ends: BlockEnds, root: Path) -> bool:
-        """Seed block 0's ends from the cache a failing `run` left (module docstring): the
-        good end's full-tier pair and the run's candidate judged against it, installed as
-        the block's settled full-tier ends (`True`); else nothing changes (a candidate of
-        another baseline or a damaged entry: a warning, the ends are probed as before)."""
+    def run_cache(self) -> RunCache | None:
+        """The cache entries a failing `run` left for seed block 0 (`candidate_cache.run_ends`
+        at the full tier) and the look the block's ends are then named by: the full tier's
+        (None with full ends); None where nothing is cached, `--no-cache`, or an entry is
+        refused (a candidate of another baseline, a damaged entry: a warning says why). The
+        Ray driver looks up the same (cluster/shared_ends.py `DriverEnds.keep_run`)."""
         if not self.use_cache:
-            return False
+            return None
         full = self.look_spec(0, 2)
         found, why = candidate_cache.run_ends(self.good_fingerprint, self.bad_fingerprint, full)
         if why:
             self.on_event(Notice(why, "warn"))
         if found is None:
-            return False
-        good, cand = found
+            return None
         look = (None if not self.policy.end_looks else
                 1 if self.look_spec(0, 1).spec_hash() == full.spec_hash() else 2)
-        ends.baseline, ends.repeat = good.install(root / end_name(0, "baseline", look),
-                                                  root / end_name(0, "baseline-repeat", look))
-        ends.bad = cand.install(root / end_name(0, "bad", look))
-        ends.from_run = (good, cand)
+        return RunCache(*found, look)
+
+    def run_ends(self, ends: BlockEnds, root: Path) -> bool:
+        """Seed block 0's ends from the cache a failing `run` left (module docstring): the
+        good end's full-tier pair and the run's candidate judged against it, installed as
+        the block's settled full-tier ends (`True`); else nothing changes (a candidate of
+        another baseline or a damaged entry: a warning, the ends are probed as before)."""
+        run = self.run_cache()
+        if run is None:
+            return False
+        look = run.look
+        ends.baseline, ends.repeat = run.good.install(root / end_name(0, "baseline", look),
+                                                      root / end_name(0, "baseline-repeat", look))
+        ends.bad = run.bad.install(root / end_name(0, "bad", look))
+        ends.from_run = FromRun.of(run)
         if look is not None:
             ends.look, ends.settled_by = look, None
             write_settled(root, 0, look, None)
-        self.on_event(Notice(f"seed block 0's ends are the ones a run measured ({cand.source_run}"
-                             f": baseline made {good.created_at}, bad end {cand.created_at}): "
-                             "no request is sent for them; --no-cache measures them again"))
+        self.on_event(Notice(f"seed block 0's ends are the ones a run measured "
+                             f"({ends.from_run.describe()}): no request is sent for them; "
+                             "--no-cache measures them again"))
         return True
 
     def cached_bad_end(self, ctx: TrialContext, ends: BlockEnds, trial_dir: Path
@@ -207,7 +223,7 @@ class EndProbes:
         verdict = judge(ends.baseline, ends.repeat, ends.bad)
         if self.policy.end_looks:
             ctx.looks.update(end_look=ends.look, settled_by=ends.settled_by)
-        ctx.looks.update(bad_end_cached=True, bad_end_from=ends.from_run[1].source_run)
+        ctx.looks.update(bad_end_cached=True, bad_end_from=ends.from_run.source_run)
         return verdict, ends.bad.save(trial_dir / "candidate"), 0
 
     def bad_end(self, ctx: TrialContext, patches: dict[str, str], ends: BlockEnds,

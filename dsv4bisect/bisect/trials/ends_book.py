@@ -13,8 +13,10 @@ the accuracy parts sent and the seconds they took, kept for the trial that finis
 Ends measured on another node of the same bisect are installed with `adopt` (what
 `HotEngineRunner.adopt_ends` calls; the files travel by cluster/shared_ends.py): checked against
 this runner's probe spec (of either look), seed block and good end, they serve as if measured
-here. The ends live as probe-run directories under `ends_dir(trial_dir)`, `b<block>/<end>`
-(full ends) or `b<block>/look<k>/<end>` (two looks, each apart).
+here. So do seed block 0's ends that a failing `run` cached on the Ray driver's machine, sent
+with the run they came from (`FromRun`, as `BlockEnds.from_run` where the cache is local).
+The ends live as probe-run directories under `ends_dir(trial_dir)`, `b<block>/<end>` (full
+ends) or `b<block>/look<k>/<end>` (two looks, each apart).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from dsv4bisect.base.atomic import write_json
 from dsv4bisect.base.bounded import load_json
@@ -76,6 +78,47 @@ def read_settled(root: Path, block: int) -> Settled | None:
     return settled
 
 
+class RunCache(NamedTuple):
+    """The cache entries a failing `run` left for seed block 0 (run/candidate_cache.py
+    `run_ends`): the good end's baseline entry, the candidate judged against it (the bad end),
+    and the look the block's ends are named by (`end_name`; None: full ends)."""
+
+    good: CachedBaseline
+    bad: CachedCandidate
+    look: int | None
+
+
+@dataclass(frozen=True)
+class FromRun:
+    """The failing `run` whose cached ends a seed block's are (end_probes.py `run_ends`): its
+    run directory and when its baseline entry and its candidate were made. Plain values: they
+    travel with the ends to the Ray executor's nodes (cluster/shared_ends.py)."""
+
+    source_run: str | None
+    baseline_made: str
+    bad_made: str
+
+    @classmethod
+    def of(cls, run: RunCache) -> FromRun:
+        return cls(run.bad.source_run, run.good.created_at, run.bad.created_at)
+
+    def describe(self) -> str:
+        return f"{self.source_run}: baseline made {self.baseline_made}, bad end {self.bad_made}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source_run": self.source_run, "baseline_made": self.baseline_made,
+                "bad_made": self.bad_made}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> FromRun | None:
+        """`to_json` read back; None where `doc` is not one (the caller says whose fault)."""
+        if not isinstance(doc, dict) or not {"baseline_made", "bad_made"} <= set(doc):
+            return None
+        source = doc.get("source_run")
+        return cls(None if source is None else str(source), str(doc["baseline_made"]),
+                   str(doc["bad_made"]))
+
+
 def ends_dir(trial_dir: Path) -> Path:
     """Where the trials of `trial_dir`'s bisect keep the ends (`b<block>/<end>`)."""
     return trial_dir.parent.parent / "ends"
@@ -94,8 +137,9 @@ class BlockEnds:
     look: int = 1  # the look the runs above are of (1 until the bad end asks for the full tier)
     settled_by: str | None = None  # end_looks.settles' reason where look 1 settled the ends
     # the ends a failing `run` measured (seed block 0, full tier; bisect/trials/end_probes.py
-    # `run_ends`): the baseline entry installed as the good end, the candidate as the bad end
-    from_run: tuple[CachedBaseline, CachedCandidate] | None = None
+    # `run_ends`, or adopted from the Ray driver, which found them in its cache): the baseline
+    # entry installed as the good end, the candidate as the bad end
+    from_run: FromRun | None = None
 
     @property
     def known(self) -> bool:
@@ -140,7 +184,7 @@ class EndsBook:
     def adopt(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
               bad: ProbeRun | None, *, looks: Mapping[int, ProbeSpec], good: str,
               good_fingerprint: str, source: str, look: int | None = None,
-              settled: Settled | None = None) -> list[str]:
+              settled: Settled | None = None, from_run: FromRun | None = None) -> list[str]:
         """Install ends of seed block `block` measured by `source` (another node of this
         bisect); returns the ends installed (`end_name`). Ends already here are kept (its own
         measurement, or an earlier adoption). The good end's baseline and A/A repeat come as
@@ -151,6 +195,9 @@ class EndsBook:
         and why, where the node that probed its bad end said so (`settled.json`): a block not
         settled here takes that look, its trials that look's spec, and a good end of the other
         look measured here gives way to the settled one (it is never judged against again).
+        `from_run`: the ends are the ones a failing `run` cached (sent by the Ray driver,
+        cluster/shared_ends.py); once the block's baseline and bad end are both these, its bad
+        end's trial judges the cached run as where the cache is local (`BlockEnds.from_run`).
         A run of another probe spec, seed block, good end (`good`: this runner's) or look is a
         ConfigError naming `source`."""
         if (base is None) != (repeat is None):
@@ -192,6 +239,9 @@ class EndsBook:
             ends.look = look_of["bad"]
             installed.append("bad")
         ends.came_from.update({end: source for end in installed})
+        if from_run is not None and ends.came_from.get("baseline") == source == \
+                ends.came_from.get("bad"):
+            ends.from_run = from_run
         return [end_name(block, end, look) for end in installed]
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.question import base_sets, patch_overrides
-from dsv4bisect.bisect.trials.ends_book import Settled
+from dsv4bisect.bisect.trials.ends_book import FromRun, RunCache, Settled
 from dsv4bisect.bisect.trials.reproduce import ReproduceLine, trial_line
 from dsv4bisect.bisect.trials.runner import CRASH, TrialResult, TrialRunner
 from dsv4bisect.config.engine_config import EngineConfig
@@ -144,9 +144,15 @@ class EngineRunner(TrialRunner):
 
     def adopt_ends(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
                    bad: ProbeRun | None, *, good_fingerprint: str, source: str,
-                   look: int | None = None, settled: Settled | None = None) -> list[str]:
+                   look: int | None = None, settled: Settled | None = None,
+                   from_run: FromRun | None = None) -> list[str]:
         """Fresh launches judge each trial against its own ends: nothing to adopt."""
         return []
+
+    def run_cache(self) -> RunCache | None:
+        """The ends a failing `run` cached for seed block 0 (hot runners install them):
+        fresh launches measure their own."""
+        return None
 
     def run_argv(self, patches: Mapping[str, str], seed_block: int = 0) -> list[str]:
         """`dsv4bisect run` for this patch set against the trial's own good end (the good end

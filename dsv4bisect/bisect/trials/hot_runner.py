@@ -55,7 +55,7 @@ from dsv4bisect import env as envvars
 from dsv4bisect.bisect import end_looks
 from dsv4bisect.bisect.trials import ends_book
 from dsv4bisect.bisect.trials.end_probes import EndProbes
-from dsv4bisect.bisect.trials.ends_book import BlockEnds, EndsBook, Settled
+from dsv4bisect.bisect.trials.ends_book import BlockEnds, EndsBook, FromRun, RunCache, Settled
 from dsv4bisect.bisect.trials.engine_pool import EnginePool, HotEngine, new_dir, with_env
 from dsv4bisect.bisect.trials.engine_runner import (
     EngineRunner,
@@ -247,15 +247,22 @@ class HotEngineRunner(EngineRunner):
 
     def adopt_ends(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
                    bad: ProbeRun | None, *, good_fingerprint: str, source: str,
-                   look: int | None = None, settled: Settled | None = None) -> list[str]:
+                   look: int | None = None, settled: Settled | None = None,
+                   from_run: FromRun | None = None) -> list[str]:
         """Install ends of seed block `block` measured by `source` (another node of this
-        bisect) for the next trials (`EndsBook.adopt`: `look`, the look their names say;
-        `settled`, the look that settled the block); returns the ends installed."""
+        bisect, or the `run` whose cache the driver found: `from_run`) for the next trials
+        (`EndsBook.adopt`: `look`, the look their names say; `settled`, the look that settled
+        the block); returns the ends installed."""
         looks = {k: self.look_spec(block, k) for k in (1, 2)}
         return self._ends.adopt(block, base, repeat, bad, looks=looks,
                                 good=self.good_cfg.fingerprint,
                                 good_fingerprint=good_fingerprint, source=source, look=look,
-                                settled=settled)
+                                settled=settled, from_run=from_run)
+
+    def run_cache(self) -> RunCache | None:
+        """The ends a failing `run` cached for seed block 0, as this runner would install
+        them (`EndProbes.run_cache`; a refused entry warns): what the Ray driver sends."""
+        return self._end_probes.run_cache()
 
     def _trial(self, patches: dict[str, str], block: int, trial_dir: Path, fresh: bool,
                replicas: tuple[str, ...] = ()) -> TrialResult:
@@ -313,7 +320,7 @@ class HotEngineRunner(EngineRunner):
         from_run = self._ends.block(block).from_run
         if from_run is None or not self.probing.is_end(patches):
             return {}
-        return {"ends_from_run": str(from_run[1].source_run)}
+        return {"ends_from_run": str(from_run.source_run)}
 
     # -- probing -------------------------------------------------------------------------------
     def _probe(self, ctx: TrialContext, patches: dict[str, str], ends: BlockEnds,
