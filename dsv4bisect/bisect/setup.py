@@ -152,8 +152,10 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
     ends_cached = _ends_cached(engine, question) if asked.use_cache else None
 
     def costs_of(looks: bool) -> PlanCosts:
-        good_cached = (_good_cached(engine, looks)
-                       if asked.use_cache and ends_cached is None else None)
+        # a cached good end alone does not travel to Ray nodes (a run's ends do: the driver
+        # sends them, cluster/shared_ends.py `keep_run`), so it is priced on this machine only
+        good_cached = (_good_cached(engine, looks) if asked.use_cache and ends_cached is None
+                       and policy.executor is Executor.LOCAL else None)
         return _costs(engine, question, noise, details, durations, asked.costs, policy.hot,
                       looks, ends_cached, good_cached)
 

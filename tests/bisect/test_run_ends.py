@@ -206,6 +206,12 @@ def test_a_cached_good_end_alone_is_priced_as_read_from_the_cache(tmp_path) -> N
     assert not prepare(ask(request), BisectRequest(
         profile="reference-all", plan_only=True, use_cache=False,
         overrides=request.overrides)).setup().costs.good0_cached  # --no-cache probes it
+    from dsv4bisect.policy import Executor
+
+    on_ray = BisectRequest(profile="reference-all", plan_only=True, executor=Executor.RAY,
+                           overrides=request.overrides)
+    # a cached good end alone does not travel to Ray nodes: priced as measured there
+    assert not prepare(ask(on_ray), on_ray).setup().costs.good0_cached
 
     everything = frozenset({"a", "b"})
     made = "2026-12-06T16:30:00+00:00"
