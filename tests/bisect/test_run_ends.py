@@ -185,8 +185,9 @@ def test_a_bad_end_started_ahead_sends_nothing_where_a_run_measured_it(tmp_path)
 
 def test_a_cached_good_end_alone_is_priced_as_read_from_the_cache(tmp_path) -> None:
     """An earlier bisect or `run` against the same good end left its baseline pair: block 0's
-    good end is read from the cache (EndProbes.good_end), so `--plan` prices it at no probe and
-    no launch; the bad end is probed and launched as before."""
+    good end is read from the cache (EndProbes.good_end), so `--plan` prices no A/A repeat for
+    it; its end check still launches its engine and probes it once against the cached pair
+    (HotEngineRunner `_probe`: a cached baseline is not this bisect's fresh measurement)."""
     from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape
     from dsv4bisect.bisect.search.pricing import CostTracker
     from dsv4bisect.bisect.session import ask
@@ -220,13 +221,19 @@ def test_a_cached_good_end_alone_is_priced_as_read_from_the_cache(tmp_path) -> N
     plain = plan_costs("sglang", probe_shape(SMOKE), given={}, load_time=("a",))
     (line,) = [ln for ln in good.lines if ln.name == "good end of seed block 0"]
     assert line.value == 0.0 and made in line.source
-    with_cache = CostTracker(good.costs, everything)
-    assert with_cache.charge(frozenset(), 0.0) == 0.0 and with_cache.launches == 0
-    # the bad end: its own launch and probe, no good end measured on the way
-    without = CostTracker(plain.costs, everything)
-    without.charge(frozenset(), 0.0)
+    with_cache, without = CostTracker(good.costs, everything), CostTracker(plain.costs,
+                                                                            everything)
+    c = good.costs
+    # the end check: a launch and one probe, the A/A repeat saved
+    assert with_cache.charge(frozenset(), 0.0) == pytest.approx(c.launch_s + c.probe_s)
+    assert without.charge(frozenset(), 0.0) == pytest.approx(
+        c.launch_s + c.probe_s * (1 + c.aa_fraction))
+    assert with_cache.launches == 1
+    # the bad end: its own launch and probe, as without the cache
     assert with_cache.charge(everything, 1.0) == without.charge(everything, 1.0) > 0
-    assert with_cache.launches == 1 and good.costs.to_json()["good0_cached"] is True
+    # a re-test of the good end (seed block 1) measures its block's baseline as before
+    assert with_cache.charge(frozenset(), 0.0) == without.charge(frozenset(), 0.0)
+    assert good.costs.to_json()["good0_cached"] is True
 
 
 # -- on Ray: the driver sends them to every node (cluster/shared_ends.py `keep_run`) -----------

@@ -201,8 +201,9 @@ def plan_costs(
     elif good_cached is not None:
         lines.append(CostLine("good end of seed block 0", 0.0, "s",
                               f"its baseline and A/A repeat cached at {good_cached}: read from "
-                              "the cache, no request sent, its engine not launched "
-                              "(bisect/trials/end_probes.py `good_end`)"))
+                              "the cache (bisect/trials/end_probes.py `good_end`); its end "
+                              "check still launches its engine and probes it once against "
+                              "them, so only the A/A repeat is saved"))
     pool = POOL.get(engine, 1)
     lines.append(CostLine("engines kept up", pool, "engines",
                           f"dsv4bisect policy for {kind}" + (": one node" if pool == 1 else "")))

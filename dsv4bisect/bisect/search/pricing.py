@@ -83,7 +83,8 @@ class StepCosts:
     # trials send no request and launch nothing, and no trial pays block 0's good end
     ends0_cached: bool = False
     # seed block 0's good end alone is in the baseline cache (a `run` of another candidate, an
-    # earlier bisect against the same good end): its trial sends no request and launches nothing
+    # earlier bisect against the same good end): no trial measures its baseline and A/A repeat,
+    # and its end check is a re-test against them (its engine and one probe, no A/A repeat)
     good0_cached: bool = False
 
     def __post_init__(self) -> None:
@@ -241,8 +242,10 @@ class CostTracker:
             seconds += self._engine(frozenset()) + good / (1 if subset else shards)
             self.baselines.add(block)
         # a paired good end's trial is its block's baseline (measured now or before); its
-        # verdict is the A/A's
-        if subset or not c.paired:
+        # verdict is the A/A's. One read from the baseline cache (`good0_cached`) is not a
+        # fresh measurement of this bisect: its end check probes the good end again against
+        # it (HotEngineRunner `_probe`: "good end (re-test)"), in its own engine
+        if subset or not c.paired or (c.good0_cached and block == 0):
             seconds += self._engine(self._state(subset)) + self._probe(
                 subset, float(like_bad)) / shards
         second = (self._look2(look2, shards, own) if c.looks and subset == self.everything
