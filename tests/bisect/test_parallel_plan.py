@@ -10,8 +10,8 @@ import pytest
 
 from dsv4bisect.bisect.plan.parallel_plan import choose_ends, node_counts, plan_nodes
 from dsv4bisect.bisect.plan.simulate import NodePool, simulate
-from dsv4bisect.bisect.rounds import ALONE, SCHEDULES, TOGETHER, ends_round, halves
 from dsv4bisect.bisect.plan.whole_plan import Setup, common_draws, plan_bisect
+from dsv4bisect.bisect.rounds import ALONE, SCHEDULES, TOGETHER, ends_round, halves
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.pricing import StepCosts
 from dsv4bisect.errors import BisectError
