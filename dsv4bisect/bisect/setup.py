@@ -38,7 +38,6 @@ from dsv4bisect.errors import BisectError, ConfigError
 from dsv4bisect.policy import DriftRule, Executor, TrialPolicy, WarnAs
 from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
 from dsv4bisect.run import baseline as baseline_cache
-from dsv4bisect.run import candidate_cache
 from dsv4bisect.run.events import EventSink, ignore
 from dsv4bisect.run.session import DEFAULT_PROFILE
 
@@ -149,25 +148,30 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
         runner = TestCommandRunner(asked.test_cmd, cwd=request.test_cwd)
     measured, durations, details = _history(runner, asked.ledger)
     noise, where = _noise(measured, asked.false_fail, asked.false_pass)
-    ends_cached = _ends_cached(engine, question) if asked.use_cache else None
+    run = engine.run_cache() if engine is not None and asked.use_cache else None
+    ends_cached = run.bad.created_at if run is not None else None
 
-    def costs_of(looks: bool) -> PlanCosts:
+    def good_cached(looks: bool) -> str | None:
         # a cached good end alone does not travel to Ray nodes (a run's ends do: the driver
         # sends them, cluster/shared_ends.py `keep_run`), so it is priced on this machine only
-        good_cached = (_good_cached(engine, looks) if asked.use_cache and ends_cached is None
-                       and policy.executor is Executor.LOCAL else None)
+        return (_good_cached(engine, looks) if asked.use_cache and ends_cached is None
+                and policy.executor is Executor.LOCAL else None)
+
+    def costs_of(looks: bool) -> PlanCosts:
         return _costs(engine, question, noise, details, durations, asked.costs, policy.hot,
-                      looks, ends_cached, good_cached)
+                      looks, ends_cached, good_cached(looks))
 
     costs = costs_of(policy.end_looks)
     ends_note = None
     if policy.end_looks and asked.full_ends is None and not cfg.full_ends:
         # two looks where they are priced cheaper than one (docs/bisect.md, "Ends that stop
-        # when their question is answered": look 2 costs both ends' engines again)
-        full = costs_of(False)
+        # when their question is answered": look 2 costs both ends' engines again). The ends'
+        # price needs no trial probe: the full tier's costs are made only where they win
+        one_look = replace(costs.costs.full_ends(),
+                           good0_cached=good_cached(False) is not None)
         everything = frozenset(question.candidates)
         looks_s = ends_seconds(costs.costs, everything)
-        full_s = ends_seconds(full.costs, everything)
+        full_s = ends_seconds(one_look, everything)
         if full_s < looks_s:
             ends_note = (
                 f"one look at the full tier: look 1 would settle the verdict table's smallest "
@@ -179,7 +183,7 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
             if engine is not None:
                 engine.close()
                 runner = engine = node_runner(request, on_event)
-            costs = full
+            costs = costs_of(False)
     spec = BisectSpec(
         candidates=question.candidates, good=question.good, bad=question.bad, noise=noise,
         confidence=asked.confidence if asked.confidence is not None else cfg.confidence,
@@ -299,17 +303,6 @@ def _good_cached(runner: EngineRunner | None, looks: bool) -> str | None:
         if hit is not None:
             return hit.created_at
     return None
-
-
-def _ends_cached(runner: EngineRunner | None, q: Question) -> str | None:
-    """When the `run` that cached seed block 0's ends for this bisect made them (a hot
-    runner's: bisect/trials/end_probes.py `run_ends` installs them); None: not both cached."""
-    if runner is None or not runner.hot:
-        return None
-    found, _ = candidate_cache.run_ends(runner.good_cfg.fingerprint,
-                                        runner.config(run_bad_end(q)).fingerprint,
-                                        runner.spec.replace(seed_block=0))
-    return found[1].created_at if found is not None else None
 
 
 def _costs(runner: EngineRunner | None, q: Question, noise: Noise,

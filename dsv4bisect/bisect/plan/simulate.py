@@ -31,9 +31,9 @@ What is modelled, and where the code does it:
   rows without the levers) each node measures its own baselines, as its runner does (the
   node's baseline cache).
 * **The ends a failing `run` cached** (`StepCosts.ends0_cached`: the driver's cache has seed
-  block 0's good end and the run's candidate, setup._ends_cached): the driver has them before
-  the first round and sends them with every node's first trial (RayRunner seeds its ends with
-  them: cluster/shared_ends.py `DriverEnds.keep_run`), so on every node block 0's ends cost
+  block 0's good end and the run's candidate, `EngineRunner.run_cache` in setup.prepare): the
+  driver has them before the first round and sends them with every node's first trial
+  (RayRunner seeds its ends with them: cluster/shared_ends.py `DriverEnds.keep_run`), so on every node block 0's ends cost
   nothing (their trials take no replica and start nothing ahead: `NodePool._cached`), no
   trial pays block 0's good end, and every node probes sequentially from the first round.
 * **The ends' two looks** (bisect/end_looks.py; `StepCosts.looks`): each seed block's good end
