@@ -1,6 +1,7 @@
 """A cache of one package's PyPI wheels for the tests that read them (never imported, never
 committed): `pip download --no-deps` of every wanted release into a directory outside the
-repository, the missing ones in parallel; a wheel already there is reused. A test may skip only
+repository, each when a test first asks for it (`fetch_all` gets the missing ones in
+parallel); a wheel already there is reused. A test may skip only
 when the package index cannot be reached at all: once the index has answered (a wheel came, or
 pip said a version does not exist), a missing wheel fails the test instead. Used by
 tests/sglang/wheels.py and tests/vllm/vllm_wheels.py."""
@@ -22,7 +23,7 @@ class WheelCache:
         self.package, self.versions, self.env, self.default = package, versions, env, default
         self.workers, self.timeout_s = workers, timeout_s
         self.read: set[str] = set()  # versions whose wheel a test opened
-        self._all: dict[str, tuple[Path | None, str]] | None = None
+        self._got: dict[str, tuple[Path | None, str]] = {}  # per release asked for
 
     def wheel_dir(self) -> Path:
         root = os.environ.get(self.env)
@@ -54,21 +55,24 @@ class WheelCache:
 
     def fetch_all(self) -> dict[str, tuple[Path | None, str]]:
         """Every wanted release's wheel (downloaded in parallel where missing)."""
-        if self._all is None:
-            with ThreadPoolExecutor(max_workers=self.workers) as pool:
-                self._all = dict(zip(self.versions, pool.map(self.download, self.versions)))
-        return self._all
+        missing = [v for v in self.versions if v not in self._got]
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            self._got.update(zip(missing, pool.map(self.download, missing)))
+        return {v: self._got[v] for v in self.versions}
 
     def index_answered(self) -> bool:
-        got = self.fetch_all().values()
+        """Whether a download so far reached the index (a wheel came, or pip said a version
+        does not exist)."""
+        got = self._got.values()
         return any(p is not None for p, _ in got) or \
             any(a in why for _, why in got for a in _ANSWERED)
 
     def fetch_wheel(self, version: str) -> tuple[Path | None, str]:
-        """(wheel path, "") or (None, why it could not be downloaded)."""
-        if version in self.versions:
-            return self.fetch_all()[version]
-        return self.download(version)
+        """(wheel path, "") or (None, why it could not be downloaded): only the release asked
+        for, so a run that reads four releases downloads four wheels."""
+        if version not in self._got:
+            self._got[version] = self.download(version)
+        return self._got[version]
 
     def wheel_of(self, version: str) -> Path:
         """The wheel; skip when the index is unreachable, fail when it answered but this is

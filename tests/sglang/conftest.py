@@ -18,7 +18,7 @@ except ImportError:
 
     dsv4bisect.__path__.append(str(Path(__file__).resolve().parents[2]))
 
-from wheels import HOOK_VERSIONS, READ, VERSIONS, wheel_of  # noqa: E402
+from wheels import HOOK_VERSIONS, READ, VERSIONS, tiered, wheel_of  # noqa: E402
 
 try:  # Triton fixes interpreted vs compiled early: decide before any kernel is built
     import torch
@@ -29,9 +29,10 @@ except ImportError:  # pragma: no cover
     pass
 
 
-@pytest.fixture(scope="session", params=VERSIONS)
+@pytest.fixture(scope="session", params=tiered(VERSIONS))
 def wheel(request: pytest.FixtureRequest) -> Path:
-    """Every verified release's wheel (the static checks)."""
+    """Every verified release's wheel (the static checks; the fast suite's releases are
+    `wheels.FAST_VERSIONS`, the others run in the slow one)."""
     return wheel_of(request.param)
 
 

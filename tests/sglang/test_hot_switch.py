@@ -124,7 +124,7 @@ def test_a_switch_applies_on_every_rank_and_is_refused_for_a_load_time_patch(hoo
 MLA_VAR = "SGLANG_SM120_FLASHMLA_BACKEND"
 # Both homes of flash_mla_sm120.py (0.5.15 srt/layers/attention, 0.5.16+ kernels/ops) and the
 # newest release, whose deepseek_v4.py also reads the variable per call.
-MLA_VERSIONS = ("0.5.15", "0.5.16", VERIFIED[-1])
+MLA_VERSIONS = ("0.5.15", "0.5.16", VERIFIED[-1])  # all in wheels.FAST_VERSIONS
 
 
 @pytest.mark.parametrize("version", MLA_VERSIONS)

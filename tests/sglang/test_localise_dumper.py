@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from wheels import VERSIONS, wheel_of
+from wheels import VERSIONS, tiered, wheel_of
 
 from dsv4bisect.localise.sglang_contract import (
     EXPECTED,
@@ -81,8 +81,7 @@ def test_an_sglang_profile_launches_with_the_dumper_and_graphs_off(tmp_path: Pat
 
 # the first release (imports as it is) and the newest (transport imports cut) in the fast
 # suite, every other verified release in the slow one (~10 s each on the 2-core CPU)
-_DUMP_VERSIONS = [pytest.param(v, marks=() if v in (VERSIONS[0], VERSIONS[-1])
-                               else pytest.mark.slow) for v in VERSIONS]
+_DUMP_VERSIONS = tiered(VERSIONS, fast=(VERSIONS[0], VERSIONS[-1]))
 
 
 @pytest.mark.parametrize("version", _DUMP_VERSIONS)

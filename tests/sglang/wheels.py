@@ -24,6 +24,20 @@ VERSIONS = VERIFIED
 # test_hooks_vs_sglang.py): the two the plugin was built on, the first of the kernels/ops move
 # and the newest.
 HOOK_VERSIONS = ("0.5.13", "0.5.14", "0.5.16", VERIFIED[-1])
+# The releases the fast suite reads (the README's test command, CI): the first verified release,
+# the hooks' (the eras of the code the plugin patches, and the newest) and 0.5.15, the first
+# with the SM120 FlashMLA backend (its first home: tests/sglang/test_hot_switch.py). Every other
+# verified release is checked the same way in the slow suite: the fast one would otherwise
+# download all 13 wheels (266 MB) and run the same checks eight times more (~1 min).
+FAST_VERSIONS = tuple(v for v in VERSIONS if v in {VERSIONS[0], "0.5.15", *HOOK_VERSIONS})
+
+
+def tiered(versions: tuple[str, ...], fast: tuple[str, ...] = FAST_VERSIONS) -> list:
+    """`versions` as pytest parameters, those not in `fast` marked `slow`."""
+    import pytest
+
+    return [pytest.param(v, marks=() if v in fast else pytest.mark.slow) for v in versions]
+
 ENV = "DSV4BISECT_SGLANG_WHEELS"
 CACHE = WheelCache("sglang", VERSIONS, ENV, ".cache/dsv4bisect/sglang-wheels")
 READ = CACHE.read  # versions whose wheel a test opened (printed at the end of the run)
