@@ -246,6 +246,13 @@ def test_a_trial_that_launched_its_own_engine_and_failed_is_the_fresh_confirmati
     assert not t.launched_last  # switched inside the engine of λ = ∅
     t.charge(frozenset({"a", "d"}), True)
     assert t.launched_last  # λ = {a} is not up: launched in {a, d} itself
+    # a good end whose block's baseline another trial measured is that baseline: it starts
+    # nothing, so it is no fresh launch whatever the trial before it was
+    full = CostTracker(replace(SGLANG, sequential=False), frozenset(NAMES))
+    for subset in ((), ("d",), ("d",), ("a", "d")):  # the second {d} measures block 1's
+        full.charge(frozenset(subset), False)
+    assert full.launched_last
+    assert full.charge(frozenset(), False) == 0.0 and not full.launched_last
     # every candidate load-time: every trial launches its own engine, so the culprits' failing
     # trial is always a fresh launch and the confirmation costs nothing more
     every = plan_bisect(replace(setup(), costs=replace(SGLANG, load_time=frozenset(NAMES))),

@@ -229,6 +229,7 @@ class CostTracker:
         of the bad end's look 2 after it (0 but for a bad end whose look 1 did not settle)."""
         c = self.costs
         end = is_end(subset, self.everything)
+        self.launched_last = False  # until this trial's own engine launches (`_engine`)
         # a re-test draws the next seed block; a sequential trial's re-test draws other
         # requests against the first block's ends (HotEngineRunner), an end's needs its own
         block = 0 if c.sequential and not end else self.seen[subset]
