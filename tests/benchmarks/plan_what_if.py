@@ -8,12 +8,15 @@ trial probe's asked error rates do to P(correct).
 
     python tests/benchmarks/plan_what_if.py dsv4-flash-tp8-latest-all [--runs 400]
         [--shares 1 0.5 0.25 0.1] [--confidence 0.99] [--trial-rates 0.005 0.005]
-        [--after-run] [--good-cached]
+        [--after-run] [--good-cached] [--by-class]
 
 `--after-run`: the bisect that follows a failing `run` of the profile, whose seed block 0 ends
 that run left in the cache (`StepCosts.ends0_cached`, as `--plan` prices them when it finds
 both entries: bisect/trials/end_probes.py `run_ends`). `--good-cached`: only block 0's good
 end is cached (`StepCosts.good0_cached`, as `--plan` prices it when it finds the baseline).
+`--by-class`: the one-node row per class of hidden culprit set (a single culprit or a pair, by
+how many of them are load-time), with the fewest launches a bisect can spend on that class under
+its rules (`fewest_launches`).
 
 Builds the bisect as `dsv4bisect bisect PROFILE --plan --executor ray --parallel 4` does
 (bisect/setup.py `prepare`: the SGLang defaults, no ledger) and, per share, simulates the
@@ -65,6 +68,8 @@ def main() -> None:
                     help="engines kept on a node (default: the plan's; 2: one asleep beside it)")
     ap.add_argument("--after-run", action="store_true",
                     help="seed block 0's ends cached by a failing run (StepCosts.ends0_cached)")
+    ap.add_argument("--by-class", action="store_true",
+                    help="the one-node row per class of culprit set, beside its fewest launches")
     ap.add_argument("--good-cached", action="store_true",
                     help="seed block 0's good end alone in the baseline cache "
                          "(StepCosts.good0_cached)")
@@ -115,23 +120,60 @@ def main() -> None:
         if share == own_share and args.runs == NODE_PLAN_RUNS and not asked:
             assert abs(one.mean_wall_s - own.row(1, True).mean_wall_s) < 1e-6, one
             assert abs(four.mean_wall_s - own.row(4, True, True).mean_wall_s) < 1e-6, four
-        phases = _phases(cfg, culprits, seeds)
+        phases, runs = _phases(cfg, culprits, seeds)
         print(f"{share:>6.2f}  {cfg.costs.look1_fraction:>6.3f}  {cfg.costs.look2_chance:>8.3g}  "
               f"{one.mean_wall_s:>7.0f}  {one.p90_wall_s:>6.0f}  {one.p_correct:>6.4f}  "
               f"{one.p_correct_low:>6.4f}  {one.mean_launches:>8.2f}  {phases['ends']:>6.0f}  "
               f"{phases['trials'] + phases['remedy']:>6.0f}  {four.mean_wall_s:>7.0f}  "
               f"{four.p90_wall_s:>6.0f}  {floors[0]:>7.0f}  {floors[1]:>7.0f}", flush=True)
+        if args.by_class:
+            _by_class(cfg, culprits, runs)
 
 
-def _phases(cfg: Setup, culprits, seeds) -> dict[str, float]:
-    """The one-node row's mean seconds per phase (the same simulated bisects)."""
+def _phases(cfg: Setup, culprits, seeds) -> tuple[dict[str, float], list]:
+    """The one-node row's mean seconds per phase, and its simulated bisects (the same ones)."""
     import random
 
     from dsv4bisect.bisect.plan.simulate import PHASES, search_memo, simulate
 
     memo = search_memo(cfg, 1, True)
     runs = [simulate(cfg, 1, c, random.Random(s), True, memo) for c, s in zip(culprits, seeds)]
-    return {p: float(np.mean([r.phase_s[p] for r in runs])) for p in PHASES}
+    return {p: float(np.mean([r.phase_s[p] for r in runs])) for p in PHASES}, runs
+
+
+# The fewest launches a one-engine bisect can spend on a culprit class, by its rules: the ends
+# first (∅, then every load-time candidate's state), a FAIL without each load-time candidate
+# that is not a culprit (∅ again for a call-time culprit; the culprits' own state otherwise), and
+# the remedy check (every candidate but the culprits: the other load-time state where a culprit
+# is load-time); a pair of load-time culprits also needs each alone, and the bad end's state back
+# for the fresh evidence after the lead. With two load-time candidates (docs/performance.md,
+# Part 6, derives each).
+FEWEST_LAUNCHES = {("single", 0): 3, ("single", 1): 4, ("pair", 0): 3, ("pair", 1): 4,
+                   ("pair", 2): 5}
+
+
+def _by_class(cfg: Setup, culprits, runs) -> None:
+    """The one-node row per class of culprit set: single or pair, by its load-time members."""
+    load = cfg.costs.load_time & frozenset(cfg.candidates)
+    classes: dict[tuple[str, int], list[int]] = {}
+    for i, c in enumerate(culprits):
+        classes.setdefault(("single" if len(c) == 1 else "pair", len(c & load)), []).append(i)
+    fewest = FEWEST_LAUNCHES if len(load) == 2 else {}
+    print(f"  {'culprits':<22} {'draws':>5}  {'mean':>6}  {'p90':>6}  {'P(ok)':>6}  "
+          f"{'launches':>8}  {'fewest':>6}  {'trials':>6}")
+    for key in sorted(classes):
+        idx = classes[key]
+        wall = np.array([runs[i].wall_s for i in idx])
+        print(f"  {key[0] + f', {key[1]} load-time':<22} {len(idx):>5}  {wall.mean():>6.0f}  "
+              f"{np.percentile(wall, 90):>6.0f}  {np.mean([runs[i].correct for i in idx]):>6.4f}  "
+              f"{np.mean([runs[i].launches for i in idx]):>8.2f}  "
+              f"{fewest.get(key, float('nan')):>6.0f}  "
+              f"{np.mean([runs[i].trials for i in idx]):>6.1f}")
+    if fewest:
+        floor = np.mean([fewest[("single" if len(c) == 1 else "pair", len(c & load))]
+                         for c in culprits])
+        print(f"  fewest launches over the draws: {floor:.2f}, against "
+              f"{np.mean([r.launches for r in runs]):.2f}")
 
 
 if __name__ == "__main__":
