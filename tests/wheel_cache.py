@@ -1,10 +1,9 @@
 """A cache of one package's PyPI wheels for the tests that read them (never imported, never
 committed): `pip download --no-deps` of every wanted release into a directory outside the
-repository, each when a test first asks for it (`fetch_all` gets the missing ones in
-parallel); a wheel already there is reused. A test may skip only
-when the package index cannot be reached at all: once the index has answered (a wheel came, or
-pip said a version does not exist), a missing wheel fails the test instead. Used by
-tests/sglang/wheels.py and tests/vllm/vllm_wheels.py."""
+repository, each when a test first asks for it (`fetch_all` gets the missing ones in parallel); a
+wheel already there is reused. A test may skip only when the package index cannot be reached at
+all: once the index has answered (a wheel came, or pip said a version does not exist), a missing
+wheel fails the test instead. Used by tests/sglang/wheels.py and tests/vllm/vllm_wheels.py."""
 
 from __future__ import annotations
 
@@ -69,7 +68,7 @@ class WheelCache:
 
     def fetch_wheel(self, version: str) -> tuple[Path | None, str]:
         """(wheel path, "") or (None, why it could not be downloaded): only the release asked
-        for, so a run that reads four releases downloads four wheels."""
+        for, so a run that reads a few releases downloads only their wheels."""
         if version not in self._got:
             self._got[version] = self.download(version)
         return self._got[version]

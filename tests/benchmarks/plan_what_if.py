@@ -16,7 +16,7 @@ both entries: bisect/trials/end_probes.py `run_ends`). `--good-cached`: only blo
 end is cached (`StepCosts.good0_cached`, as `--plan` prices it when it finds the baseline).
 `--by-class`: the one-node row per class of hidden culprit set (a single culprit or a pair, by
 how many of them are load-time), with the fewest launches a bisect can spend on that class under
-its rules (`fewest_launches`).
+its rules (`FEWEST_LAUNCHES`).
 
 Builds the bisect as `dsv4bisect bisect PROFILE --plan --executor ray --parallel 4` does
 (bisect/setup.py `prepare`: the SGLang defaults, no ledger) and, per share, simulates the

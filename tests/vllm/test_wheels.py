@@ -22,10 +22,16 @@ from dsv4bisect.plugin.vllm.facts import extract
 from dsv4bisect.plugin.vllm.tree import open_tree
 
 sys.path.insert(0, str(Path(__file__).parent))
-from vllm_wheels import READ, wheel_of  # noqa: E402
+from vllm_wheels import READ, fetch_all, wheel_of  # noqa: E402
 
 ROOT = Path(__file__).parents[2]
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _every_wheel() -> None:
+    """Every test here reads the wheels: download the missing ones at once, in parallel."""
+    fetch_all()
 
 
 @pytest.mark.parametrize("release", VERIFIED)

@@ -23,4 +23,4 @@ ENV = "DSV4BISECT_VLLM_WHEELS"
 CACHE = WheelCache("vllm", VERSIONS, ENV, ".cache/dsv4bisect/vllm-wheels", workers=5,
                    timeout_s=1800)
 READ = CACHE.read
-fetch_wheel, wheel_of = CACHE.fetch_wheel, CACHE.wheel_of
+fetch_all, fetch_wheel, wheel_of = CACHE.fetch_all, CACHE.fetch_wheel, CACHE.wheel_of
