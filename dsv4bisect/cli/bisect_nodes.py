@@ -85,9 +85,10 @@ def _saving(plan: NodePlan, dur: Callable[[float], str]) -> str:
         return ", ".join(items[:-1]) + " and " * (len(items) > 1) + items[-1]
 
     nodes = listed([str(k) for k in counts])
-    saves = listed([dur(plan.row(k, True).mean_wall_s - plan.row(k, True, True).mean_wall_s)
-                    for k in counts])
-    return (f"sharding saves {saves} with the levers on {nodes} nodes; "
+    gains = [plan.row(k, True).mean_wall_s - plan.row(k, True, True).mean_wall_s
+             for k in counts]  # negative where sharding is priced longer
+    saves = listed([f"{'saves' if g >= 0 else 'costs'} {dur(abs(g))}" for g in gains])
+    return (f"sharding {saves} with the levers on {nodes} nodes; "
             f"with the levers and sharding, {nodes} nodes take "
             f"{listed(shares(True, True))} of one node's wall time (not sharded "
             f"{listed(shares(True, False))}; without any lever, sharded "
