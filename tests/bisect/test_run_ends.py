@@ -46,7 +46,7 @@ def _cache_run(tmp_path: Path, name: str) -> cache.CachedBaseline:
 
 def _ends(tmp_path: Path, policy: TrialPolicy = LOOKS, use_cache: bool = True):
     events: list[Notice] = []
-    probes = EndProbes(EndsBook(), None, spec=SMOKE, policy=policy, good={},  # type: ignore
+    probes = EndProbes(EndsBook(), None, spec=lambda: SMOKE, policy=policy, good={},  # type: ignore
                        good_fingerprint=GOOD, bad_fingerprint=BAD, use_cache=use_cache,
                        engine_for=_engine_for, on_event=events.append)
     trial_dir = tmp_path / "bisect" / "trials" / "001"
@@ -321,3 +321,17 @@ def test_a_node_without_the_cache_judges_block_0_by_the_runs_ends_the_driver_sen
     assert bad.details["bad_end_cached"] is True and bad.details["bad_end_from"] == source
     assert bad.details["end_look"] == 2 and bad.details["ends_measured"] == []
     assert bad.details["ends_from"]["bad"] == f"run {source}"
+
+
+def test_the_runners_spec_is_the_one_its_end_probes_use() -> None:
+    # a runner probes one spec: its trials and its ends' looks (a second copy in the end probes
+    # once left a changed spec judging its trials against ends of the old one)
+    runner, _ = _hot_runner()
+    try:
+        assert runner.look_spec(3, 2) == SMOKE.replace(seed_block=3)
+        unfit = SMOKE.replace(turns=(64,))
+        runner.spec = unfit
+        assert runner.spec == unfit and runner.look_spec(3, 2) == unfit.replace(seed_block=3)
+        assert runner.look_spec(3, 1).turns == (64,)
+    finally:
+        runner.close()

@@ -54,23 +54,25 @@ EngineFor = Callable[[TrialContext, Mapping[str, str], Path], HotEngine]
 
 
 class EndProbes:
-    """The ends of a hot runner's seed blocks, measured: `spec` the runner's probe spec (block
-    0), `good` the good end's patches and `good_fingerprint` its configuration's, `engine_for`
-    the runner's engine of a patch set's load-time state (launched if none is up);
-    `bad_fingerprint`: the bad end's configuration's (a `run`'s cached candidate)."""
+    """The ends of a hot runner's seed blocks, measured: `spec` reads the runner's probe spec
+    (block 0; the runner's own, so a spec set there is the one the ends use), `good` the good
+    end's patches and `good_fingerprint` its configuration's, `engine_for` the runner's engine
+    of a patch set's load-time state (launched if none is up); `bad_fingerprint`: the bad end's
+    configuration's (a `run`'s cached candidate)."""
 
-    def __init__(self, book: EndsBook, probes: TrialProbes, *, spec: ProbeSpec,
+    def __init__(self, book: EndsBook, probes: TrialProbes, *, spec: Callable[[], ProbeSpec],
                  policy: TrialPolicy, good: Mapping[str, str], good_fingerprint: str,
                  bad_fingerprint: str, use_cache: bool, engine_for: EngineFor,
                  on_event: EventSink) -> None:
-        self.book, self.probes, self.spec, self.policy = book, probes, spec, policy
+        # the runner's spec, read where used: one value for its trials and its ends
+        self.book, self.probes, self.spec_of, self.policy = book, probes, spec, policy
         self.good, self.good_fingerprint, self.use_cache = dict(good), good_fingerprint, use_cache
         self.bad_fingerprint = bad_fingerprint
         self.engine_for, self.on_event = engine_for, on_event
 
     def look_spec(self, block: int, look: int) -> ProbeSpec:
         """The spec of `look` of seed block `block`'s ends (the full tier with full ends)."""
-        spec = self.spec.replace(seed_block=block)
+        spec = self.spec_of().replace(seed_block=block)
         return end_looks.look_spec(spec, look) if self.policy.end_looks else spec
 
     def look_dir(self, look: int) -> int | None:

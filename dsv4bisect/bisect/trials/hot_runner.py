@@ -122,8 +122,9 @@ class HotEngineRunner(EngineRunner):
         self._probes = TrialProbes(self._pool, api_key=self.api_key, policy=policy,
                                    error_rates=error_rates, on_event=on_event,
                                    fingerprint=self.fingerprint)
-        self._end_probes = EndProbes(self._ends, self._probes, spec=self.spec, policy=policy,
-                                     good=self.good, good_fingerprint=self.good_cfg.fingerprint,
+        self._end_probes = EndProbes(self._ends, self._probes, spec=lambda: self.spec,
+                                     policy=policy, good=self.good,
+                                     good_fingerprint=self.good_cfg.fingerprint,
                                      bad_fingerprint=self.config(self.run_bad).fingerprint,
                                      use_cache=use_cache, engine_for=self._engine_for,
                                      on_event=on_event)
