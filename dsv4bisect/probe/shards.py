@@ -181,8 +181,12 @@ def _throughput(runs: Sequence[ProbeRun]) -> dict[str, Any]:
 
 def same_content(a: ProbeRun, b: ProbeRun) -> list[str]:
     """What differs between two runs of the same probe, timing fields aside (latency, wall,
-    throughput, start time, url, shard record): empty when equal."""
-    timing = {"latency_s", "ttft_s", "itl_s", "itl_n"}  # when the tokens came, not what
+    throughput, start time, url, shard record) and the prefix cache's accounting: empty when
+    equal."""
+    # when the tokens came, not what; and how much of a prompt the server had cached, which
+    # depends on what else it served (a replica serving half a concurrency level has half of
+    # the level's prompts in its cache), not on what it answered
+    timing = {"latency_s", "ttft_s", "itl_s", "itl_n", "cached_tokens"}
     diffs = []
     if a.spec != b.spec:
         diffs.append("spec")

@@ -16,7 +16,6 @@ from dsv4bisect.errors import ConfigError
 from dsv4bisect.probe.drift import DriftRecord
 from dsv4bisect.probe.grid import Case, Cell
 from dsv4bisect.probe.run import ProbeRun, row_key
-from dsv4bisect.probe.tasks import tasks_of
 from dsv4bisect.probe.shards import (
     Shard,
     assignment,
@@ -27,6 +26,7 @@ from dsv4bisect.probe.shards import (
     split_batch,
 )
 from dsv4bisect.probe.spec import tier_spec
+from dsv4bisect.probe.tasks import tasks_of
 
 FAMILIES = ("needle", "copy", "drift")
 
@@ -115,6 +115,13 @@ def test_the_merge_of_the_shards_is_the_one_node_run(probe, rng) -> None:
     assert same_content(merged, whole) == []
     assert [row_key(r) for r in merged.rows] == [row_key(r) for r in whole.rows]
     assert merged.drift == whole.drift and merged.notes == whole.notes
+    # a replica caches other prompts than the one server did: the same answers, other hits
+    hits = replace(merged, rows=tuple({**r, "cached_tokens": rng.randrange(64)}
+                                      for r in merged.rows))
+    assert same_content(hits, whole) == []
+    wrong = replace(merged, rows=tuple({**r, "correct": not r["correct"]} if i == 0 else r
+                                       for i, r in enumerate(merged.rows)))
+    assert same_content(wrong, whole) == ["rows"]
     assert merged.shard is not None and merged.shard["count"] == count
     assert [p["index"] for p in merged.shard["parts"]] == list(range(count))
     assert merged.server["started_at"] == "t0"
