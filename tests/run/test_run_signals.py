@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from run_helpers import alive, engine_pids, load
+from run_helpers import engine_pids, load
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -46,6 +46,19 @@ def _run_dir(runs: Path) -> Path | None:
     return dirs[0] if dirs else None
 
 
+def _described(pids: set[int]) -> str:
+    """Each PID's state, parent and command line (what survived, for the failure message)."""
+    out = []
+    for pid in sorted(pids):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            out.append(f"{pid} (state {stat[0]}, parent {stat[1]}): {cmd[:160]}")
+        except OSError:
+            out.append(f"{pid} (gone)")
+    return "; ".join(out)
+
+
 def _interrupt_and_check(proc: subprocess.Popen[str], run_dir: Path, sig: int) -> None:
     pids = engine_pids(run_dir)
     assert pids, "no engine process was found for the run"
@@ -54,10 +67,16 @@ def _interrupt_and_check(proc: subprocess.Popen[str], run_dir: Path, sig: int) -
     err = _stderr(proc)
     assert proc.returncode == 130, err
     assert "interrupted" in err, err
-    deadline = time.monotonic() + 5  # init reaps the killed engines
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+    # Survivors are this run's processes (their environment names its receipts directory), not
+    # merely live PIDs: under a loaded machine's process churn a reaped engine's PID can be
+    # another process's a moment later.
+    # init reaps the killed engines; a process stopped with SIGTERM, or one of an engine's
+    # helper processes that leaves when its parent is gone, may take seconds on a loaded machine
+    deadline = time.monotonic() + 15
+    while pids & engine_pids(run_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [p for p in pids if alive(p)], f"engine processes survived the interrupt\n{err}"
+    left = pids & engine_pids(run_dir)
+    assert not left, f"engine processes survived the interrupt: {_described(left)}\n{err}"
     assert not engine_pids(run_dir), err
     doc = load(run_dir / "run.json")
     assert doc["status"] == "interrupted" and doc["exit_code"] == 130, err
