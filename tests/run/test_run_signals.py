@@ -70,9 +70,7 @@ def _interrupt_and_check(proc: subprocess.Popen[str], run_dir: Path, sig: int) -
     # Survivors are this run's processes (their environment names its receipts directory), not
     # merely live PIDs: under a loaded machine's process churn a reaped engine's PID can be
     # another process's a moment later.
-    # init reaps the killed engines; a process stopped with SIGTERM, or one of an engine's
-    # helper processes that leaves when its parent is gone, may take seconds on a loaded machine
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 5  # init reaps the killed engines
     while pids & engine_pids(run_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
     left = pids & engine_pids(run_dir)
