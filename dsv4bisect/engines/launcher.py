@@ -111,6 +111,9 @@ class Launch:
     unverified_why: str | None = None
     _record: GroupRecord | None = None
     _stopping: bool = False
+    # every process as soon as Popen returns it: one an interrupt catches before it is in
+    # `procs` (its record, its event) is still this launch's to stop
+    _spawned: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def __enter__(self) -> Launch:
         try:
@@ -166,6 +169,7 @@ class Launch:
                     list(spec.argv), stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, env=environ, start_new_session=True,
                 )
+                self._spawned.append(popen)
         except OSError:
             if self._record is not None and launch:
                 self._record.failed(launch)
@@ -299,6 +303,11 @@ class Launch:
         """SIGTERM every group, grace, SIGKILL; return once each whole group is gone (bounded
         by GRACE_S + groups.GONE_TIMEOUT_S; what is still alive then is named in an event)."""
         self._stopping = True  # from here on, a signalled exit is ours
+        known = {p.popen.pid for p in self.procs}
+        for popen in [q for q in self._spawned if q.pid not in known]:  # never started: no grace
+            _signal_group(popen, signal.SIGKILL)
+            wait_gone(popen.pid)
+            popen.wait()
         for p in self.procs:
             _signal_group(p.popen, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_S
