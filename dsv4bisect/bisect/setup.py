@@ -157,18 +157,18 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
         return (_good_cached(engine, looks) if asked.use_cache and ends_cached is None
                 and policy.executor is Executor.LOCAL else None)
 
-    def costs_of(looks: bool) -> PlanCosts:
+    def costs_of(looks: bool, good: str | None) -> PlanCosts:
         return _costs(engine, question, noise, details, durations, asked.costs, policy.hot,
-                      looks, ends_cached, good_cached(looks))
+                      looks, ends_cached, good)
 
-    costs = costs_of(policy.end_looks)
+    costs = costs_of(policy.end_looks, good_cached(policy.end_looks))
     ends_note = None
     if policy.end_looks and asked.full_ends is None and not cfg.full_ends:
         # two looks where they are priced cheaper than one (docs/bisect.md, "Ends that stop
         # when their question is answered": look 2 costs both ends' engines again). The ends'
         # price needs no trial probe: the full tier's costs are made only where they win
-        one_look = replace(costs.costs.full_ends(),
-                           good0_cached=good_cached(False) is not None)
+        good_full = good_cached(False)  # one cache lookup for the price and the costs
+        one_look = replace(costs.costs.full_ends(), good0_cached=good_full is not None)
         everything = frozenset(question.candidates)
         looks_s = ends_seconds(costs.costs, everything)
         full_s = ends_seconds(one_look, everything)
@@ -183,7 +183,7 @@ def prepare(question: Question, asked: BisectRequest, on_event: EventSink = igno
             if engine is not None:
                 engine.close()
                 runner = engine = node_runner(request, on_event)
-            costs = costs_of(False)
+            costs = costs_of(False, good_full)
     spec = BisectSpec(
         candidates=question.candidates, good=question.good, bad=question.bad, noise=noise,
         confidence=asked.confidence if asked.confidence is not None else cfg.confidence,

@@ -155,9 +155,10 @@ FEWEST_LAUNCHES = {("single", 0): 3, ("single", 1): 4, ("pair", 0): 3, ("pair", 
 def _by_class(cfg: Setup, culprits, runs) -> None:
     """The one-node row per class of culprit set: single or pair, by its load-time members."""
     load = cfg.costs.load_time & frozenset(cfg.candidates)
+    keys = [("single" if len(c) == 1 else "pair", len(c & load)) for c in culprits]
     classes: dict[tuple[str, int], list[int]] = {}
-    for i, c in enumerate(culprits):
-        classes.setdefault(("single" if len(c) == 1 else "pair", len(c & load)), []).append(i)
+    for i, key in enumerate(keys):
+        classes.setdefault(key, []).append(i)
     fewest = FEWEST_LAUNCHES if len(load) == 2 else {}
     print(f"  {'culprits':<22} {'draws':>5}  {'mean':>6}  {'p90':>6}  {'P(ok)':>6}  "
           f"{'launches':>8}  {'fewest':>6}  {'trials':>6}")
@@ -170,8 +171,7 @@ def _by_class(cfg: Setup, culprits, runs) -> None:
               f"{fewest.get(key, float('nan')):>6.0f}  "
               f"{np.mean([runs[i].trials for i in idx]):>6.1f}")
     if fewest:
-        floor = np.mean([fewest[("single" if len(c) == 1 else "pair", len(c & load))]
-                         for c in culprits])
+        floor = np.mean([fewest[key] for key in keys])
         print(f"  fewest launches over the draws: {floor:.2f}, against "
               f"{np.mean([r.launches for r in runs]):.2f}")
 

@@ -33,9 +33,10 @@ What is modelled, and where the code does it:
 * **The ends a failing `run` cached** (`StepCosts.ends0_cached`: the driver's cache has seed
   block 0's good end and the run's candidate, `EngineRunner.run_cache` in setup.prepare): the
   driver has them before the first round and sends them with every node's first trial
-  (RayRunner seeds its ends with them: cluster/shared_ends.py `DriverEnds.keep_run`), so on every node block 0's ends cost
-  nothing (their trials take no replica and start nothing ahead: `NodePool._cached`), no
-  trial pays block 0's good end, and every node probes sequentially from the first round.
+  (RayRunner seeds its ends with them: cluster/shared_ends.py `DriverEnds.keep_run`), so on
+  every node block 0's ends cost nothing (their trials take no replica and start nothing ahead:
+  `NodePool._cached`), no trial pays block 0's good end, and every node probes sequentially
+  from the first round.
 * **The ends' two looks** (bisect/end_looks.py; `StepCosts.looks`): each seed block's good end
   at look 1 (baseline and A/A repeat), then the bad end at look 1; the bad end's look-1
   evidence is drawn in the simulated world (`Setup.look1`, look_world.LookOne: the verdict
