@@ -22,13 +22,16 @@ Builds the bisect as `dsv4bisect bisect PROFILE --plan --executor ray --parallel
 (bisect/setup.py `prepare`: the SGLang defaults, no ledger) and, per share, simulates the
 one-node row and the best four-node sharded row on the plan's culprit sets and outcome streams
 (`parallel_plan.plan_nodes`'s), and the floor (`floor_run`: the ends at look 1 and one trial of
-the culprits). At the bisect's own share the rows are the plan's own (checked against
+the culprits), and under each row a floor for any search on one node (`_any_search_floor`: the
+ends, the fewest launches the rules need and the trials the information needs at the trial
+probe's error rates). At the bisect's own share the rows are the plan's own (checked against
 `plan_nodes`).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -38,7 +41,8 @@ from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape, sequential_fro
 from dsv4bisect.bisect.plan.parallel_plan import _row as node_row
 from dsv4bisect.bisect.plan.parallel_plan import floor_run, plan_nodes, sharded_row
 from dsv4bisect.bisect.plan.simulate import Setup, common_draws
-from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.search.design import Noise, binary_entropy, capacity, entropy
+from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
 from dsv4bisect.bisect.session import NODE_PLAN_RUNS, PLAN_RUNS, ask
 from dsv4bisect.bisect.setup import BisectRequest, prepare
 from dsv4bisect.policy import Executor
@@ -126,6 +130,7 @@ def main() -> None:
               f"{one.p_correct_low:>6.4f}  {one.mean_launches:>8.2f}  {phases['ends']:>6.0f}  "
               f"{phases['trials'] + phases['remedy']:>6.0f}  {four.mean_wall_s:>7.0f}  "
               f"{four.p90_wall_s:>6.0f}  {floors[0]:>7.0f}  {floors[1]:>7.0f}", flush=True)
+        print(f"        {_any_search_floor(cfg)}", flush=True)
         if args.by_class:
             _by_class(cfg, culprits, runs)
 
@@ -152,10 +157,52 @@ FEWEST_LAUNCHES = {("single", 0): 3, ("single", 1): 4, ("pair", 0): 3, ("pair", 
                    ("pair", 2): 5}
 
 
+def _any_search_floor(cfg: Setup, p_correct: float = 0.99) -> str:
+    """A floor on one node's mean wall for any search and any order of its trials, under these
+    costs and the bisect's rules: the ends at look 1 (`floor_run`), the fewest launches beyond
+    them (FEWEST_LAUNCHES, weighted by the flat prior the plan draws from; without that table
+    none is counted), and the trials the information needs. Each non-end trial pays at least
+    the cheaper trial probe and, unless it is a launch's first, a switch; each launch beyond the
+    ends pays `launch_s` in place of that switch. A binary trial at the trial probe's error
+    rates carries at most the channel's capacity C (design.capacity) about the culprit set, so
+    naming it right with probability `p_correct` takes at least (H - h(Pe) - Pe log2(N - 1)) / C
+    trials in expectation (Fano's inequality over a search with a stopping time), H the
+    prior's entropy over its N culprit sets. The ends, the good end's re-tests and the bad
+    end's carry nothing about which set it is (every set gives the same outcomes there)."""
+    flat = HypothesisSpace(cfg.candidates, cfg.max_order, Priors())
+    prior = np.exp(flat.log_prior[:flat.n_sets])
+    prior /= prior.sum()
+    n = len(prior)
+    miss = 1.0 - p_correct
+    bits = float(entropy(prior)) - float(binary_entropy(np.array(miss))) \
+        - miss * math.log2(n - 1)
+    trials = max(bits, 0.0) / capacity(cfg.trial_noise)
+    c = cfg.costs
+    everything = frozenset(cfg.candidates)
+    load = c.load_time & everything
+    fewest = FEWEST_LAUNCHES if len(load) == 2 else {}
+    ends_launches = 2 if load else 1
+    beyond = sum(float(w) * (fewest.get(_culprit_class(flat.hypothesis(i).members, load),
+                                        ends_launches) - ends_launches)
+                 for i, w in enumerate(prior))
+    trial_s = min(c.like_good_fraction, c.like_bad_fraction) * c.probe_s + c.switch_s
+    ends = floor_run(cfg, 1, everything)
+    floor = ends + trials * trial_s + beyond * (c.launch_s - c.switch_s)
+    return (f"floor for any search, 1 node: {floor:.0f} s = the ends {ends:.0f} s + "
+            f"{trials:.2f} trials x {trial_s:.0f} s + {beyond:.2f} launches beyond the ends x "
+            f"{c.launch_s - c.switch_s:.0f} s ({float(entropy(prior)):.2f} bits over {n} "
+            f"culprit sets, {bits:.2f} needed at P(correct) {p_correct:g}, "
+            f"{capacity(cfg.trial_noise):.3f} bits a trial)")
+
+
+def _culprit_class(culprits: frozenset[str], load: frozenset[str]) -> tuple[str, int]:
+    return ("single" if len(culprits) == 1 else "pair", len(culprits & load))
+
+
 def _by_class(cfg: Setup, culprits, runs) -> None:
     """The one-node row per class of culprit set: single or pair, by its load-time members."""
     load = cfg.costs.load_time & frozenset(cfg.candidates)
-    keys = [("single" if len(c) == 1 else "pair", len(c & load)) for c in culprits]
+    keys = [_culprit_class(c, load) for c in culprits]
     classes: dict[tuple[str, int], list[int]] = {}
     for i, key in enumerate(keys):
         classes.setdefault(key, []).append(i)
