@@ -1,8 +1,8 @@
 """Where a bisect's time goes with the ends' two looks at other shares: the plan's own
 simulation, look 1 at each `case_share` (bisect/end_looks.py; `look1_share(spec)` is what the
-bisect runs), its computed tokens, its world's chance of a look 2 and the trial probe simulated on its
-grid, as `--plan` prices them (bisect/plan/costs.py, look_world.py). Share 1 is the full tier
-(one look). Also the floor under the other costs (launches, switches, trials) that no look
+bisect runs), its computed tokens, its world's chance of a look 2 and the trial probe simulated
+on its grid, as `--plan` prices them (bisect/plan/costs.py, look_world.py). Share 1 is the full
+tier (one look). Also the floor under the other costs (launches, switches, trials) that no look
 moves, and, with --confidence or --trial-rates, what the search's stopping confidence or the
 trial probe's asked error rates do to P(correct).
 
@@ -22,10 +22,10 @@ Builds the bisect as `dsv4bisect bisect PROFILE --plan --executor ray --parallel
 (bisect/setup.py `prepare`: the SGLang defaults, no ledger) and, per share, simulates the
 one-node row and the best four-node sharded row on the plan's culprit sets and outcome streams
 (`parallel_plan.plan_nodes`'s), and the floor (`floor_run`: the ends at look 1 and one trial of
-the culprits), and under each row a floor for any search on one node (`_any_search_floor`: the
-ends, the fewest launches the rules need and the trials the information needs at the trial
-probe's error rates). At the bisect's own share the rows are the plan's own (checked against
-`plan_nodes`).
+the culprits), and under each row a floor for any search on one node and on four
+(`_any_search_floor`: the ends, the launches the rules need and the trials the information
+needs at the trial probe's error rates). At the bisect's own share the rows are the plan's own
+(checked against `plan_nodes`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape, sequential_fro
 from dsv4bisect.bisect.plan.parallel_plan import _row as node_row
 from dsv4bisect.bisect.plan.parallel_plan import floor_run, plan_nodes, sharded_row
 from dsv4bisect.bisect.plan.simulate import Setup, common_draws
+from dsv4bisect.bisect.rounds import ALONE, TOGETHER
 from dsv4bisect.bisect.search.design import Noise, binary_entropy, capacity, entropy
 from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
 from dsv4bisect.bisect.session import NODE_PLAN_RUNS, PLAN_RUNS, ask
@@ -130,7 +131,8 @@ def main() -> None:
               f"{one.p_correct_low:>6.4f}  {one.mean_launches:>8.2f}  {phases['ends']:>6.0f}  "
               f"{phases['trials'] + phases['remedy']:>6.0f}  {four.mean_wall_s:>7.0f}  "
               f"{four.p90_wall_s:>6.0f}  {floors[0]:>7.0f}  {floors[1]:>7.0f}", flush=True)
-        print(f"        {_any_search_floor(cfg)}", flush=True)
+        for k in (1, 4):
+            print(f"        {_any_search_floor(cfg, k)}", flush=True)
         if args.by_class:
             _by_class(cfg, culprits, runs)
 
@@ -157,18 +159,24 @@ FEWEST_LAUNCHES = {("single", 0): 3, ("single", 1): 4, ("pair", 0): 3, ("pair", 
                    ("pair", 2): 5}
 
 
-def _any_search_floor(cfg: Setup, p_correct: float = 0.99) -> str:
-    """A floor on one node's mean wall for any search and any order of its trials, under these
-    costs and the bisect's rules: the ends at look 1 (`floor_run`), the fewest launches beyond
-    them (FEWEST_LAUNCHES, weighted by the flat prior the plan draws from; without that table
-    none is counted), and the trials the information needs. Each non-end trial pays at least
-    the cheaper trial probe and, unless it is a launch's first, a switch; each launch beyond the
-    ends pays `launch_s` in place of that switch. A binary trial at the trial probe's error
-    rates carries at most the channel's capacity C (design.capacity) about the culprit set, so
-    naming it right with probability `p_correct` takes at least (H - h(Pe) - Pe log2(N - 1)) / C
-    trials in expectation (Fano's inequality over a search with a stopping time), H the
-    prior's entropy over its N culprit sets. The ends, the good end's re-tests and the bad
-    end's carry nothing about which set it is (every set gives the same outcomes there)."""
+def _any_search_floor(cfg: Setup, nodes: int = 1, p_correct: float = 0.99) -> str:
+    """A floor on the mean wall on `nodes` nodes for any search and any order of its trials,
+    under these costs and the bisect's rules: the ends at look 1 (`floor_run`; on several
+    nodes under the cheaper of the executor's ends schedules), the launches beyond them, and
+    the trials the information needs. A binary trial at the trial probe's error rates carries
+    at most the channel's capacity C (design.capacity) about the culprit set, so naming it right
+    with probability `p_correct` takes at least (H - h(Pe) - Pe log2(N - 1)) / C trials in
+    expectation (Fano's inequality over a search with a stopping time), H the prior's entropy
+    over its N culprit sets (the flat prior the plan draws from). The ends, the good end's
+    re-tests and the bad end's carry nothing about which set it is (every set gives the same
+    outcomes there). Each non-end trial pays at least the cheaper trial probe and a switch, a
+    launch's first trial `launch_s` in place of the switch. One node: the fewest launches beyond
+    the ends are FEWEST_LAUNCHES's (none counted without that table). K nodes: a round runs at
+    most K trials, each node paying its switch and its share of their probes, so the rounds
+    last at least trials x (switch + probe) / K; a bisect whose culprits need a load-time state
+    the ends left no engine in pays one launch round (with the ends together, ∅ and the bad
+    end's state are up: every culprit set holding a load-time candidate where there are two;
+    with the ends one after the other on every node, every set where there is one)."""
     flat = HypothesisSpace(cfg.candidates, cfg.max_order, Priors())
     prior = np.exp(flat.log_prior[:flat.n_sets])
     prior /= prior.sum()
@@ -180,18 +188,28 @@ def _any_search_floor(cfg: Setup, p_correct: float = 0.99) -> str:
     c = cfg.costs
     everything = frozenset(cfg.candidates)
     load = c.load_time & everything
-    fewest = FEWEST_LAUNCHES if len(load) == 2 else {}
-    ends_launches = 2 if load else 1
-    beyond = sum(float(w) * (fewest.get(_culprit_class(flat.hypothesis(i).members, load),
-                                        ends_launches) - ends_launches)
-                 for i, w in enumerate(prior))
+    sets = [flat.hypothesis(i).members for i in range(n)]
     trial_s = min(c.like_good_fraction, c.like_bad_fraction) * c.probe_s + c.switch_s
-    ends = floor_run(cfg, 1, everything)
-    floor = ends + trials * trial_s + beyond * (c.launch_s - c.switch_s)
-    return (f"floor for any search, 1 node: {floor:.0f} s = the ends {ends:.0f} s + "
-            f"{trials:.2f} trials x {trial_s:.0f} s + {beyond:.2f} launches beyond the ends x "
-            f"{c.launch_s - c.switch_s:.0f} s ({float(entropy(prior)):.2f} bits over {n} "
-            f"culprit sets, {bits:.2f} needed at P(correct) {p_correct:g}, "
+    if nodes == 1:
+        fewest = FEWEST_LAUNCHES if len(load) == 2 else {}
+        own = 2 if load else 1  # the ends' launches
+        launches = {ALONE: sum(float(w) * (fewest.get(_culprit_class(s, load), own) - own)
+                               for w, s in zip(prior, sets))}
+    else:
+        launches = {TOGETHER: sum(float(w) for w, s in zip(prior, sets)
+                                  if s & load and len(load) >= 2),
+                    ALONE: float(bool(load))}
+    floors = {ends: floor_run(cfg, nodes, everything, ends) + trials * trial_s / nodes
+              + beyond * (c.launch_s - c.switch_s) for ends, beyond in launches.items()}
+    ends = min(floors, key=floors.get)
+    unit = "launch rounds" if nodes > 1 else "launches"
+    where = f" ({ends})" if nodes > 1 else ""
+    per = f" / {nodes}" if nodes > 1 else ""
+    return (f"floor for any search, {nodes} node{'s' if nodes > 1 else ''}: "
+            f"{floors[ends]:.0f} s = the ends {floor_run(cfg, nodes, everything, ends):.0f} s"
+            f"{where} + {trials:.2f} trials x {trial_s:.0f} s{per} + {launches[ends]:.2f} {unit} "
+            f"beyond the ends x {c.launch_s - c.switch_s:.0f} s ({float(entropy(prior)):.2f} "
+            f"bits over {n} culprit sets, {bits:.2f} needed at P(correct) {p_correct:g}, "
             f"{capacity(cfg.trial_noise):.3f} bits a trial)")
 
 

@@ -118,6 +118,47 @@ def test_the_pool_stops_the_least_recently_used_engine_as_the_hot_runner_does():
     assert slots.up == ["x"] and slots.make_room() == []
 
 
+def test_a_round_of_several_trials_is_priced_on_the_nodes_engines():
+    """Four nodes, a trial each a round (the Ray executor): a trial takes a free node whose
+    engine holds its load-time state (a switch), else the free node used longest ago (a
+    launch), as RayRunner places it. One node's price runs the same round in its one engine."""
+    costs = replace(SGLANG, paired=False, sequential=False)  # every probe 1200 s
+    four, one = CostTracker(costs, frozenset(NAMES), nodes=4), CostTracker(costs, frozenset(NAMES))
+    for t in (four, one):
+        t.charge(frozenset(), False)  # the ends, a launch each
+        t.charge(frozenset(NAMES), True)
+        t.new_round()
+    abc = frozenset("abc")  # the bad end's load-time state
+    assert four.engines == [frozenset(), abc] and four.launches == 2
+    assert four.charge(abc | {"d"}, False) == 90 + 1200  # the bad end's node
+    assert four.quote(frozenset({"d"}), 0.0) == 90 + 1200  # the good end's node is free
+    assert one.charge(abc | {"d"}, False) == 90 + 1200
+    assert one.quote(frozenset({"d"}), 0.0) == 600 + 1200  # one engine, in `abc` now
+    assert four.charge(frozenset({"d"}), False) == 90 + 1200
+    assert four.charge(frozenset({"e"}), False) == 600 + 1200  # ∅'s node is taken this round
+    assert four.charge(abc | {"e"}, False) == 600 + 1200  # so is the bad end's
+    assert four.launches == 4  # every node taken: a fifth trial starts the next round
+    assert four.charge(frozenset({"f"}), False) == 90 + 1200 and four.launches == 4
+
+
+def test_on_several_nodes_a_single_culprit_needs_a_fresh_look_at_its_sufficiency():
+    """One flipped trial of a candidate alone must not name it on several nodes, where the
+    nodes' prices bring such trials early (docs/performance.md, issue 42, Part 7): the set's
+    sufficiency asks a trial run after it led, as a pair's does. On one node half the log-odds
+    from any trial still do."""
+    trial = Noise(0.01, 0.01)
+    for parallel, found in ((1, True), (2, False)):
+        s = ended(Search(NAMES, noise=FIVE, trial_noise=trial, parallel=parallel))
+        s.record(set(NAMES) - {"a"}, V.PASS, noise=trial)  # `a` is needed
+        assert s.posterior().max() < 0.95
+        s.record({"a"}, V.FAIL, noise=trial)  # the trial that makes {a} lead
+        assert s.top(1)[0][0].members == frozenset({"a"}) and s.posterior().max() >= 0.95
+        assert (s.result().status is Status.FOUND) is found
+    assert frozenset({"a"}) in s.next()  # the fresh look: {a} alone again
+    s.record({"a"}, V.FAIL, noise=trial)
+    assert s.result().status is Status.FOUND and s.result().culprits == frozenset({"a"})
+
+
 def test_a_quote_does_not_move_the_state():
     t = CostTracker(SGLANG, frozenset(NAMES))
     assert t.quote(frozenset(), 0.0) == 3000 and t.launches == 0 and not t.engines

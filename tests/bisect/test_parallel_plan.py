@@ -331,7 +331,9 @@ def test_a_sharded_bisect_finds_the_same_culprits_and_more_nodes_shorten_it():
     one = plan.row(1, True).mean_wall_s
     for k in (2, 4):
         sharded, plain = plan.row(k, True, True), plan.row(k, True, False)
-        assert sharded.mean_wall_s < plain.mean_wall_s < 1.2 * one
+        # (on two nodes the ends together take a node each, as unsharded: it may tie)
+        assert sharded.mean_wall_s <= plain.mean_wall_s < 1.2 * one
+        assert k == 2 or sharded.mean_wall_s < plain.mean_wall_s
         assert sharded.round_size in (k, (k + 1) // 2, 1) and sharded.p_correct >= 0.9
         assert sharded.mean_trials == pytest.approx(sharded.mean_trials)  # a count, not shards
     assert plan.row(4, True, True).mean_wall_s < plan.row(2, True, True).mean_wall_s

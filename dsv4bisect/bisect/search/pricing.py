@@ -11,6 +11,12 @@ The policy priced here is the one the driver follows:
   that launched its engine is a fresh launch's (`launched_last`): when it is the culprits'
   configuration and fails, it is the fresh confirmation, which then costs nothing more. With
   hot mode off every trial is a fresh launch.
+* **Nodes.** A search that proposes K trials a round (the Ray executor, one trial a node) prices
+  them on K nodes' engines (`NodeSlots`): each trial of the round takes a node of its own, one
+  whose engine holds its load-time state where one is free (a switch), else the free node used
+  longest ago (a launch there), as RayRunner places them; the next round starts with every
+  node free (`new_round`). Priced on one node's engines instead, a round's second trial in ∅
+  after one in the bad end's state looked like a launch though another node held ∅.
 * **Probes.** The good end is probed at full size plus its A/A repeat (`aa_fraction` of the full
   probe), and that trial's verdict is the A/A verdict; the bad end at full size; every other
   configuration with the sequential trial probe, whose expected length is `like_good_fraction`
@@ -167,6 +173,65 @@ class EngineSlots(Generic[K]):
             self.up.remove(key)
 
 
+class NodeSlots:
+    """The engines of K nodes as one round of trials meets them: per node an `EngineSlots`
+    pool, and the nodes a trial of the round in flight already took (`busy`). `up` holds the
+    states a trial could switch into now (an engine on a free node)."""
+
+    def __init__(self, nodes: int, size: int) -> None:
+        self.nodes = [EngineSlots[frozenset[str]](size) for _ in range(nodes)]
+        self.last_used = [0] * nodes  # the tick of each node's last trial
+        self.tick = 0
+        self.busy: set[int] = set()
+        self._room: int | None = None  # the node `make_room` cleared for the next `add`
+
+    def copy(self) -> NodeSlots:
+        other = copy.copy(self)
+        other.nodes = [EngineSlots(n.size, n.up) for n in self.nodes]
+        other.last_used, other.busy = list(self.last_used), set(self.busy)
+        return other
+
+    def new_round(self) -> None:
+        self.busy.clear()
+
+    @property
+    def up(self) -> list[frozenset[str]]:
+        out: list[frozenset[str]] = []
+        for node in sorted(self._free(), key=self.last_used.__getitem__):
+            out += [s for s in self.nodes[node].up if s not in out]
+        return out
+
+    def use(self, state: frozenset[str]) -> bool:
+        node = next((n for n in self._free() if state in self.nodes[n].up), None)
+        if node is None:
+            return False
+        self.nodes[node].use(state)
+        self._take(node)
+        return True
+
+    def make_room(self) -> list[frozenset[str]]:
+        self._room = min(self._free(), key=self.last_used.__getitem__)
+        return self.nodes[self._room].make_room()
+
+    def add(self, state: frozenset[str]) -> None:
+        if self._room is None:
+            self.make_room()
+        node, self._room = self._room, None
+        assert node is not None
+        self.nodes[node].add(state)
+        self._take(node)
+
+    def _free(self) -> list[int]:
+        if len(self.busy) == len(self.nodes):  # more trials than nodes: the next round
+            self.busy.clear()
+        return [n for n in range(len(self.nodes)) if n not in self.busy]
+
+    def _take(self, node: int) -> None:
+        self.tick += 1
+        self.last_used[node] = self.tick
+        self.busy.add(node)
+
+
 def ends_seconds(costs: StepCosts, everything: frozenset[str]) -> float:
     """Expected seconds of seed block 0's two ends, the good end then the bad end, from no
     engine up: with two looks, look 1 and, at `look2_chance`, look 2 as the runner pays it
@@ -182,11 +247,13 @@ def ends_seconds(costs: StepCosts, everything: frozenset[str]) -> float:
 
 class CostTracker:
     """The state that prices the next step: engines up (`EngineSlots`), the seed blocks whose
-    baseline was measured, and how often each configuration ran."""
+    baseline was measured, and how often each configuration ran. `nodes`: the trials of a
+    round run one a node on that many nodes (`NodeSlots`)."""
 
-    def __init__(self, costs: StepCosts, everything: frozenset[str]) -> None:
+    def __init__(self, costs: StepCosts, everything: frozenset[str], nodes: int = 1) -> None:
         self.costs, self.everything = costs, everything
-        self.slots: EngineSlots[frozenset[str]] = EngineSlots(costs.pool)
+        self.slots: EngineSlots[frozenset[str]] | NodeSlots = (
+            EngineSlots(costs.pool) if nodes == 1 else NodeSlots(nodes, costs.pool))
         # seed blocks whose good-end baseline is measured (block 0's where cached)
         self.baselines: set[int] = {0} if costs.ends0_cached or costs.good0_cached else set()
         self.seen: Counter[frozenset[str]] = Counter()
@@ -196,14 +263,21 @@ class CostTracker:
 
     def copy(self) -> CostTracker:
         other = copy.copy(self)
-        other.slots = EngineSlots(self.slots.size, self.slots.up)
+        other.slots = (self.slots.copy() if isinstance(self.slots, NodeSlots)
+                       else EngineSlots(self.slots.size, self.slots.up))
         other.baselines, other.seen = set(self.baselines), Counter(self.seen)
         return other
 
     @property
     def engines(self) -> list[frozenset[str]]:
-        """The load-time states whose engine is up, least recently used first."""
+        """The load-time states whose engine is up (on a free node), least recently used
+        first."""
         return list(self.slots.up)
+
+    def new_round(self) -> None:
+        """The next round's trials: every node free again (one node: nothing changes)."""
+        if isinstance(self.slots, NodeSlots):
+            self.slots.new_round()
 
     # -- prices ------------------------------------------------------------------------------
     def quote(self, subset: frozenset[str], p_fail: float) -> float:

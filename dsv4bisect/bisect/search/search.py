@@ -94,7 +94,9 @@ class Search:
         self._post: np.ndarray | None = None  # posterior of the current records
         self._checks_cache: dict[int, tuple[Check, ...]] = {}  # likewise, per hypothesis
         self._loglik = loglik(noise)  # [observed, true]
-        self._tracker = CostTracker(costs or StepCosts(), frozenset(self.space.candidates))
+        # a round's trials priced on the nodes that run them (pricing.py, "Nodes")
+        self._tracker = CostTracker(costs or StepCosts(), frozenset(self.space.candidates),
+                                    nodes=parallel)
         self._set_row = {m.tobytes(): i for i, m in enumerate(self.space.members)}
         # None: from the costs (see `_bad_end_first`)
         self._bad_end_first = _bad_end_first(costs) if bad_end_first is None else bad_end_first
@@ -237,6 +239,7 @@ class Search:
             good_end_established=bool(self.posterior()[-3] <= 1 - self.confidence),
             candidates=self.candidates,
             max_order=self.space.max_order,
+            fresh_sufficiency=self.parallel > 1,
         )
         return confirm.checks_for(self.space.hypothesis(index), evidence)
 
@@ -304,6 +307,7 @@ class Search:
 
     # -- proposals -----------------------------------------------------------------------------
     def _propose(self) -> list[frozenset[str]]:
+        self._tracker.new_round()  # the round's trials have ended: every node free
         k = self.parallel
         if self.max_trials is not None:
             k = min(k, self.max_trials - self.trials_used)
