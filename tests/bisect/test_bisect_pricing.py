@@ -260,6 +260,25 @@ def test_a_priced_search_is_deterministic_given_its_records():
     assert replay.next() == first.next()
 
 
+@pytest.mark.parametrize("parallel", [2, 4])
+def test_a_search_of_several_trials_a_round_resumes_to_the_same_proposals(parallel: int):
+    """A resume replays the records without the rounds' proposals in between: the prices on the
+    nodes' engines follow from the records alone, so the resumed search proposes what the live
+    one did."""
+    rng = random.Random(7)
+    live = Search(NAMES, noise=FIVE, costs=SGLANG, parallel=parallel)
+    culprit, rounds = frozenset({"a", "e"}), 0
+    while (proposals := live.next()) and rounds < 20:
+        rounds += 1
+        for subset in proposals:
+            live.record(subset, oracle_outcome(subset, culprit, FIVE, rng))
+        resumed = Search(NAMES, noise=FIVE, costs=SGLANG, parallel=parallel)
+        for record in live.records:
+            resumed.record(record.subset, record.outcome, record.noise)
+        assert resumed.next() == live.next()
+    assert rounds > 3
+
+
 # -- the whole-bisect plan ---------------------------------------------------------------------
 def test_the_whole_plan_counts_every_phase_and_each_lever_from_one_simulation():
     plan = plan_bisect(setup(), trials=30, seed=2)

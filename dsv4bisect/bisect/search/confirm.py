@@ -117,8 +117,8 @@ def _sufficiency(members: frozenset[str], ev: Evidence, fresh: bool) -> Check:
     full ratio is needed, and the fresh-look rule applies. A search of several trials a round
     asks the same of every set (`Evidence.fresh_sufficiency`): priced on the nodes' engines it
     runs the trials that settle a single early, and one flipped trial among them named a wrong
-    single at 0.96 posterior in 15 of 1200 simulated bisects on two and four nodes, and 1 with
-    the fresh look (docs/bisect.md, "When it stops")."""
+    single at about 0.96 posterior in up to 6 of 400 simulated bisects on two and four nodes,
+    1 of 2400 with the fresh look (docs/bisect.md, "When it stops")."""
     need = math.log10(ev.confidence / (1 - ev.confidence))
     others = [y for y in ev.candidates if y not in members]
     ratio = dict.fromkeys(others, 0.0)

@@ -161,6 +161,9 @@ class Search:
         self._cache, self._post = None, None
         self._checks_cache.clear()
         self._tracker.charge(subset, 0.5)  # the engines and baselines after it (prices only)
+        # every node free again: the engines follow from the records alone, so a resume that
+        # replays them prices the next round as the live search did
+        self._tracker.new_round()
         if outcome == V.CANNOT_TEST:
             self._skipped.add(subset)
             return
@@ -307,7 +310,6 @@ class Search:
 
     # -- proposals -----------------------------------------------------------------------------
     def _propose(self) -> list[frozenset[str]]:
-        self._tracker.new_round()  # the round's trials have ended: every node free
         k = self.parallel
         if self.max_trials is not None:
             k = min(k, self.max_trials - self.trials_used)
