@@ -15,8 +15,9 @@ The policy priced here is the one the driver follows:
   them on K nodes' engines (`NodeSlots`): each trial of the round takes a node of its own, one
   whose engine holds its load-time state where one is free (a switch), else the free node used
   longest ago (a launch there), as RayRunner places them; a recorded trial frees every node
-  again (`new_round`), so the prices follow from the records alone. Priced on one node's engines instead, a round's second trial in ∅
-  after one in the bad end's state looked like a launch though another node held ∅.
+  again (`new_round`), so the prices follow from the records alone. Priced on one node's
+  engines instead, a round's second trial in ∅ after one in the bad end's state looked like a
+  launch though another node held ∅.
 * **Probes.** The good end is probed at full size plus its A/A repeat (`aa_fraction` of the full
   probe), and that trial's verdict is the A/A verdict; the bad end at full size; every other
   configuration with the sequential trial probe, whose expected length is `like_good_fraction`
