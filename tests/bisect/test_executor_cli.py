@@ -105,7 +105,10 @@ def test_plan_for_ray_nodes_prints_the_node_table_without_ray(cli, tmp_path: Pat
         assert r["mean_idle_slots"] > 0 and 0 < r["idle_share"] < 1
         assert got[(k, False)]["mean_wall_s"] < got[(1, False)]["mean_wall_s"]
         assert r["mean_wall_s"] < one["mean_wall_s"]  # the line above
-        assert rows[(k, True, True)]["mean_wall_s"] < r["mean_wall_s"]  # sharding saves
+        # sharding saves; on two nodes the ends together take a node each, as unsharded, and
+        # the two rows tie within a second
+        sharded = rows[(k, True, True)]["mean_wall_s"]
+        assert sharded < r["mean_wall_s"] if k > 2 else sharded < r["mean_wall_s"] + 1.0
         # how the sharded row runs the ends: the schedule the Ray executor then runs
         assert rows[(k, True, True)]["ends"] in ("alone", "together")
         assert rows[(k, True, False)]["ends"] is None
