@@ -482,3 +482,21 @@ def _check_schema(path: Path, found: sqlite3.Row | None) -> None:
 
 
 __all__ = ["Ledger", "NoiseEstimate", "RunRow", "StepRow", "TrialKey", "TrialRow"]
+
+
+def ledger_holding(run_dir: Path, recorded: Path, run_id: str) -> Path:
+    """The ledger that holds bisect run `run_id` of `run_dir`: the one beside the run directory
+    when it holds the run (a runs root copied or moved keeps its ledger there,
+    `RUNS_ROOT/ledger.sqlite`), else the one the bisect recorded (`--ledger` elsewhere). Every
+    reader of a bisect's directory (its report, `localise`) finds it the same way."""
+    for path in dict.fromkeys((run_dir.parent / recorded.name, recorded)):
+        if not path.is_file():
+            continue
+        try:
+            with Ledger.open_readonly(path) as ledger:
+                ledger.get_run(run_id)
+            return path
+        except BisectError:
+            continue
+    raise BisectError(f"no ledger holds the bisect run `{run_id}` of `{run_dir}`",
+                      f"was {recorded} moved? keep it beside the run directory")

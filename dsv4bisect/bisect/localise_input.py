@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.driver import read_run_file
-from dsv4bisect.bisect.ledger import Ledger
+from dsv4bisect.bisect.ledger import Ledger, ledger_holding
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.errors import BisectError, Dsv4BisectError
 from dsv4bisect.localise.command import bisect_command, shell
@@ -33,20 +33,10 @@ def _moved(path: Path, recorded_root: Path, root: Path) -> Path:
 
 
 def _read_run(root: Path, recorded: Path, run_id: str) -> tuple[Any, list[Any]]:
-    """The run and its trials: from the ledger beside the run directory when it holds the run
-    (a runs root copied or moved keeps its ledger there, `RUNS_ROOT/ledger.sqlite`), else from
-    the one the bisect recorded (`--ledger` elsewhere)."""
-    for path in dict.fromkeys((root.parent / recorded.name, recorded)):
-        if not path.is_file():
-            continue
-        try:
-            with Ledger.open_readonly(path) as ledger:
-                run = ledger.get_run(run_id)
-                return run, ledger.trials(run.id)
-        except BisectError:
-            continue
-    raise BisectError(f"no ledger holds the bisect run `{run_id}` of `{root}`",
-                      f"was {recorded} moved? keep it beside the run directory")
+    """The run and its trials, from the ledger that holds it (`ledger_holding`)."""
+    with Ledger.open_readonly(ledger_holding(root, recorded, run_id)) as ledger:
+        run = ledger.get_run(run_id)
+        return run, ledger.trials(run.id)
 
 
 def read_bisect(run_dir: str | Path) -> BisectInput:
