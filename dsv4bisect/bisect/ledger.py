@@ -489,9 +489,12 @@ def ledger_holding(run_dir: Path, recorded: Path, run_id: str) -> Path:
     when it holds the run (a runs root copied or moved keeps its ledger there,
     `RUNS_ROOT/ledger.sqlite`), else the one the bisect recorded (`--ledger` elsewhere). Every
     reader of a bisect's directory (its report, `localise`) finds it the same way."""
-    for path in dict.fromkeys((run_dir.parent / recorded.name, recorded)):
-        if not path.is_file():
-            continue
+    paths = [p for p in dict.fromkeys((run_dir.parent / recorded.name, recorded)) if p.is_file()]
+    if not paths:
+        raise BisectError(f"the ledger `{recorded}` does not exist",
+                          "was it moved or deleted? keep it beside the run directory "
+                          "(RUNS_ROOT/ledger.sqlite); reading a bisect creates nothing")
+    for path in paths:
         try:
             with Ledger.open_readonly(path) as ledger:
                 ledger.get_run(run_id)

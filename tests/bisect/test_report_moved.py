@@ -25,6 +25,6 @@ def test_a_copied_runs_root_is_read_from_the_ledger_beside_it(tmp_path: Path) ->
     assert view.ledger == str(beside) and view.steps and view.result["status"] == "found"
     beside.unlink()
     if not recorded.is_file():  # nowhere else: one error that says what to do
-        with pytest.raises(BisectError, match="no ledger holds the bisect run") as err:
+        with pytest.raises(BisectError, match="does not exist") as err:
             load_bisect(run_dir)
         assert "keep it beside the run directory" in str(err.value.hint)
