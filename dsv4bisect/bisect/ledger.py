@@ -484,9 +484,9 @@ def _check_schema(path: Path, found: sqlite3.Row | None) -> None:
 __all__ = ["Ledger", "NoiseEstimate", "RunRow", "StepRow", "TrialKey", "TrialRow"]
 
 
-def ledger_holding(run_dir: Path, recorded: Path, run_id: str) -> Path:
-    """The ledger that holds bisect run `run_id` of `run_dir`: the one beside the run directory
-    when it holds the run (a runs root copied or moved keeps its ledger there,
+def open_holding(run_dir: Path, recorded: Path, run_id: str) -> Ledger:
+    """The ledger that holds bisect run `run_id` of `run_dir`, opened read-only: the one beside
+    the run directory when it holds the run (a runs root copied or moved keeps its ledger there,
     `RUNS_ROOT/ledger.sqlite`), else the one the bisect recorded (`--ledger` elsewhere). Every
     reader of a bisect's directory (its report, `localise`) finds it the same way."""
     paths = [p for p in dict.fromkeys((run_dir.parent / recorded.name, recorded)) if p.is_file()]
@@ -495,11 +495,12 @@ def ledger_holding(run_dir: Path, recorded: Path, run_id: str) -> Path:
                           "was it moved or deleted? keep it beside the run directory "
                           "(RUNS_ROOT/ledger.sqlite); reading a bisect creates nothing")
     for path in paths:
+        ledger = Ledger.open_readonly(path)
         try:
-            with Ledger.open_readonly(path) as ledger:
-                ledger.get_run(run_id)
-            return path
+            ledger.get_run(run_id)
         except BisectError:
+            ledger.close()
             continue
+        return ledger
     raise BisectError(f"no ledger holds the bisect run `{run_id}` of `{run_dir}`",
                       f"was {recorded} moved? keep it beside the run directory")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bisect.bisect.driver import read_run_file
-from dsv4bisect.bisect.ledger import Ledger, ledger_holding
+from dsv4bisect.bisect.ledger import open_holding
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.errors import BisectError, Dsv4BisectError
 from dsv4bisect.localise.command import bisect_command, shell
@@ -33,8 +33,8 @@ def _moved(path: Path, recorded_root: Path, root: Path) -> Path:
 
 
 def _read_run(root: Path, recorded: Path, run_id: str) -> tuple[Any, list[Any]]:
-    """The run and its trials, from the ledger that holds it (`ledger_holding`)."""
-    with Ledger.open_readonly(ledger_holding(root, recorded, run_id)) as ledger:
+    """The run and its trials, from the ledger that holds it (`open_holding`)."""
+    with open_holding(root, recorded, run_id) as ledger:
         run = ledger.get_run(run_id)
         return run, ledger.trials(run.id)
 

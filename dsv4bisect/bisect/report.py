@@ -20,7 +20,7 @@ from typing import Any
 
 from dsv4bisect.bisect.driver import read_run_file
 from dsv4bisect.bisect.events import result_json
-from dsv4bisect.bisect.ledger import Ledger, ledger_holding
+from dsv4bisect.bisect.ledger import open_holding
 from dsv4bisect.bisect.search.design import Noise, capacity
 from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.errors import Dsv4BisectError
@@ -70,8 +70,8 @@ class BisectView:
 def load_bisect(run_dir: str | Path) -> BisectView:
     root = Path(run_dir)
     info = read_run_file(root)
-    path = ledger_holding(root, Path(info["ledger"]), info["run_id"])  # moved with its runs
-    with Ledger.open_readonly(path) as ledger:  # a report writes nothing
+    # the ledger beside a moved runs root, else the recorded one; a report writes nothing
+    with open_holding(root, Path(info["ledger"]), info["run_id"]) as ledger:
         run = ledger.get_run(info["run_id"])
         rows = ledger.trials(run.id)
         steps = ledger.steps(run.id)
@@ -102,7 +102,7 @@ def load_bisect(run_dir: str | Path) -> BisectView:
             s.trial_id or None))
     relaunched = [r.details.get("relaunched") for r in rows]
     return BisectView(root, run.id, dict(info.get("request") or {}), spec, run.status, result,
-                      tuple(views), len(rows), history, str(path),
+                      tuple(views), len(rows), history, str(ledger.path),
                       tuple(str(w) for ws in relaunched if isinstance(ws, list) for w in ws))
 
 

@@ -1,5 +1,5 @@
 """A bisect's directory read after its runs root was copied or moved: its report finds the
-ledger beside it, as `localise` does (bisect/ledger.py `ledger_holding`)."""
+ledger beside it, as `localise` does (bisect/ledger.py `open_holding`)."""
 
 from __future__ import annotations
 
