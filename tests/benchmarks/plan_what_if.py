@@ -199,14 +199,15 @@ def _any_search_floor(cfg: Setup, nodes: int = 1, p_correct: float = 0.99) -> st
         launches = {TOGETHER: sum(float(w) for w, s in zip(prior, sets)
                                   if s & load and len(load) >= 2),
                     ALONE: float(bool(load))}
-    floors = {ends: floor_run(cfg, nodes, everything, ends) + trials * trial_s / nodes
-              + beyond * (c.launch_s - c.switch_s) for ends, beyond in launches.items()}
+    ends_s = {ends: floor_run(cfg, nodes, everything, ends) for ends in launches}
+    floors = {ends: ends_s[ends] + trials * trial_s / nodes + beyond * (c.launch_s - c.switch_s)
+              for ends, beyond in launches.items()}
     ends = min(floors, key=floors.get)
     unit = "launch rounds" if nodes > 1 else "launches"
     where = f" ({ends})" if nodes > 1 else ""
     per = f" / {nodes}" if nodes > 1 else ""
     return (f"floor for any search, {nodes} node{'s' if nodes > 1 else ''}: "
-            f"{floors[ends]:.0f} s = the ends {floor_run(cfg, nodes, everything, ends):.0f} s"
+            f"{floors[ends]:.0f} s = the ends {ends_s[ends]:.0f} s"
             f"{where} + {trials:.2f} trials x {trial_s:.0f} s{per} + {launches[ends]:.2f} {unit} "
             f"beyond the ends x {c.launch_s - c.switch_s:.0f} s ({float(entropy(prior)):.2f} "
             f"bits over {n} culprit sets, {bits:.2f} needed at P(correct) {p_correct:g}, "

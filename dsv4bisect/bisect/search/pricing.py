@@ -169,6 +169,9 @@ class EngineSlots(Generic[K]):
     def add(self, key: K) -> None:
         self.up.append(key)
 
+    def copy(self) -> EngineSlots[K]:
+        return EngineSlots(self.size, self.up)
+
     def remove(self, key: K) -> None:
         if key in self.up:
             self.up.remove(key)
@@ -188,7 +191,7 @@ class NodeSlots:
 
     def copy(self) -> NodeSlots:
         other = copy.copy(self)
-        other.nodes = [EngineSlots(n.size, n.up) for n in self.nodes]
+        other.nodes = [n.copy() for n in self.nodes]
         other.last_used, other.busy = list(self.last_used), set(self.busy)
         return other
 
@@ -264,8 +267,7 @@ class CostTracker:
 
     def copy(self) -> CostTracker:
         other = copy.copy(self)
-        other.slots = (self.slots.copy() if isinstance(self.slots, NodeSlots)
-                       else EngineSlots(self.slots.size, self.slots.up))
+        other.slots = self.slots.copy()
         other.baselines, other.seen = set(self.baselines), Counter(self.seen)
         return other
 
