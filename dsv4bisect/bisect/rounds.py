@@ -52,3 +52,14 @@ def halves(nodes: int) -> int:
     """Nodes each end takes in a `TOGETHER` round: its own and an equal share of the other
     idle ones (RayRunner.begin_round: K // 2; with K odd one node waits)."""
     return max(1, nodes // 2)
+
+
+def end_nodes(schedule: str | None, parallel: int) -> int:
+    """Of the search's `parallel` nodes (one trial each), those an end's trial takes as the
+    search prices it (search/pricing.py `NodeSlots.spread`): every one with the ends `ALONE`,
+    half of them `TOGETHER`, one where the executor does not shard (None)."""
+    if schedule is None:
+        return 1
+    if schedule not in SCHEDULES:
+        raise ValueError(f"ends schedule `{schedule}`")
+    return parallel if schedule == ALONE else halves(parallel)

@@ -132,14 +132,18 @@ def _start(prep: Prepared, request: BisectRequest, profile: str, front: Front) -
     from dsv4bisect.bisect.ledger import Ledger
 
     ensure_runs_root(request.runs_root)
-    stored, runner, parallel = prep.request, prep.runner, prep.spec.parallel
+    stored, runner, spec = prep.request, prep.runner, prep.spec
+    parallel = spec.parallel
     if prep.engine is not None:
         if stored.policy.shard:  # the ends' schedule the node plan prices lower (docs/cluster.md)
             from dsv4bisect.bisect.plan.parallel_plan import choose_ends
+            from dsv4bisect.bisect.rounds import end_nodes
 
             stored = replace(stored, ends=choose_ends(prep.setup(), stored.nodes or parallel,
                                                       parallel, trials=NODE_PLAN_RUNS,
                                                       of=PLAN_RUNS))
+            # the search prices the ends on the nodes the executor lays them out on
+            spec = replace(spec, end_nodes=end_nodes(stored.ends, parallel))
         runner = executor_runner(prep.engine, stored, parallel, preflight=request.preflight)
     elif stored.policy.executor is not Executor.LOCAL:
         raise BisectError("--executor ray runs engine trials; a --test-cmd runs on this "
@@ -149,7 +153,7 @@ def _start(prep: Prepared, request: BisectRequest, profile: str, front: Front) -
         run_dir = new_run_dir(request.runs_root, "bisect-" + Path(profile).stem,
                               runner.probe_hash)
         outcome = _drive(runner, run_dir, front, lambda emit: start_bisect(
-            prep.spec, runner, ledger, run_dir, emit, request=stored.to_json(),
+            spec, runner, ledger, run_dir, emit, request=stored.to_json(),
             policy=stored.policy))
     return _report(outcome)
 

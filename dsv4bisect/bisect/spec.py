@@ -45,11 +45,17 @@ class BisectSpec:
     trial_noise: Noise | None = None
     costs: StepCosts | None = None
     confirm: bool = True  # the fresh confirmation after FOUND in hot mode (--no-confirm: off)
+    # of the `parallel` nodes, those an end's trial takes where the executor shards the ends
+    # (bisect/rounds.py `end_nodes`; steers the design's prices only)
+    end_nodes: int = 1
 
     def __post_init__(self) -> None:
         # the search's own check, here too: a bad setting is reported before anything runs
         validate_settings(self.candidates, self.noise, self.confidence, self.max_trials,
                           self.parallel, self.max_order, self.design_discount)
+        if not 1 <= self.end_nodes <= self.parallel:
+            raise BisectError(f"an end on {self.end_nodes} of {self.parallel} nodes",
+                              "end_nodes is between 1 and parallel")
         for name in self.candidates:
             if self.good.get(name) == self.bad.get(name):
                 raise BisectError(
@@ -81,6 +87,7 @@ class BisectSpec:
             trial_noise=self.trial_noise,
             costs=self.costs,
             confirm=self.confirm,
+            end_nodes=self.end_nodes,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -100,6 +107,7 @@ class BisectSpec:
             "trial_noise": _noise_json(self.trial_noise),
             "costs": self.costs.to_json() if self.costs is not None else None,
             "confirm": self.confirm,
+            "end_nodes": self.end_nodes,
         }
 
     @classmethod
@@ -135,6 +143,7 @@ class BisectSpec:
             trial_noise=_noise_of(data.get("trial_noise")),
             costs=StepCosts.from_json(data["costs"]) if data.get("costs") else None,
             confirm=data.get("confirm", True),
+            end_nodes=data.get("end_nodes", 1),  # a ledger of before it: one node
         )
 
     def dumps(self) -> str:

@@ -17,6 +17,7 @@ from dsv4bisect.bisect.search.hypotheses import tier_weights
 from dsv4bisect.bisect.search.pricing import CostTracker, EngineSlots, StepCosts
 from dsv4bisect.bisect.search.search import Search, Status
 from dsv4bisect.bisect.spec import BisectSpec
+from dsv4bisect.errors import BisectError
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.spec import tier_spec
 
@@ -141,22 +142,104 @@ def test_a_round_of_several_trials_is_priced_on_the_nodes_engines():
     assert four.charge(frozenset({"f"}), False) == 90 + 1200 and four.launches == 4
 
 
-def test_on_several_nodes_a_single_culprit_needs_a_fresh_look_at_its_sufficiency():
-    """One flipped trial of a candidate alone must not name it on several nodes, where the
-    nodes' prices bring such trials early (docs/performance.md, issue 42, Part 7): the set's
-    sufficiency asks a trial run after it led, as a pair's does. On one node half the log-odds
-    from any trial still do."""
+def test_the_ends_hold_the_nodes_the_executor_lays_them_out_on():
+    """Sharded ends (bisect/rounds.py): together, the good end on half the nodes and the bad
+    end on the other half; alone, each on every node; unsharded, each on a node of its own.
+    So after the ends together a round of four trials switches on all four nodes; priced as if
+    each end held one node, two of them launched. With no load-time candidate both ends leave
+    ∅ up, on two nodes, not one."""
+    costs = replace(SGLANG, paired=False, sequential=False)  # every probe 1200 s
+    abc, switch, launch = frozenset("abc"), 90 + 1200, 600 + 1200
+
+    def after_ends(end_nodes: int, costs: StepCosts = costs, nodes: int = 4) -> CostTracker:
+        tracker = CostTracker(costs, frozenset(NAMES), nodes=nodes, end_nodes=end_nodes)
+        for end in (frozenset(), frozenset(NAMES)):
+            tracker.charge(end, bool(end))
+            tracker.new_round()
+        return tracker
+
+    together = after_ends(2)
+    four = (frozenset({"d"}), frozenset({"e"}), abc | {"d"}, abc | {"e"})
+    assert [together.charge(s, False) for s in four] == [switch] * 4
+    alone = after_ends(4)  # every node ran ∅, then the bad end
+    assert [alone.charge(abc | {x}, False) for x in "def"] == [switch] * 3
+    assert alone.charge(frozenset({"d"}), False) == launch
+    one_each = after_ends(1)
+    assert [one_each.charge(frozenset(x), False) for x in "de"] == [switch, launch]
+    flat = after_ends(1, replace(costs, load_time=frozenset()), nodes=2)
+    assert [flat.charge(frozenset(x), False) for x in "de"] == [switch, switch]
+
+
+# a node of the seed's deployment: two of six candidates need a launch, trial probes are short
+NODE = StepCosts(launch_s=600, switch_s=90, probe_s=2816, aa_fraction=0.18, sequential=True,
+                 like_good_fraction=0.042, like_bad_fraction=0.036, hot=True, pool=1,
+                 load_time=frozenset({"a", "b"}), paired=True)
+
+
+def four_nodes_after(history: str) -> Search:
+    """A search of four trials a round on four nodes, the ends run together (each on two
+    nodes), then `history`: space-separated subsets, `+` failed, `-` passed."""
     trial = Noise(0.01, 0.01)
-    for parallel, found in ((1, True), (2, False)):
-        s = ended(Search(NAMES, noise=FIVE, trial_noise=trial, parallel=parallel))
+    search = ended(Search(NAMES, noise=FIVE, trial_noise=trial, costs=NODE, parallel=4,
+                          end_nodes=2, confidence=0.99))
+    for word in history.split():
+        search.record(frozenset(word[:-1]), V.FAIL if word[-1] == "+" else V.PASS, noise=trial)
+    return search
+
+
+def launches(search: Search, subsets: list[frozenset[str]]) -> list[frozenset[str]]:
+    """The subsets of a round that launch an engine, on the search's nodes as they are."""
+    tracker, out = search._tracker.copy(), []
+    for subset in subsets:
+        if not tracker.engine_up(subset):
+            out.append(subset)
+        tracker.charge(subset, 0.5)
+    return out
+
+
+def test_on_four_nodes_a_round_does_not_wait_for_a_launch_that_switches_match():
+    """A round lasts as long as its longest trial, so one launch holds all four nodes up by
+    it. Here the greedy round's fourth trial launches (both nodes of the bad end's state are
+    taken) for no more information than four switches give in a third of the time."""
+    search = four_nodes_after("abc- abde- cdf- ef+")
+    greedy, switches = search._round(4, switches_only=False), search._round(4, switches_only=True)
+    assert launches(search, greedy.subsets) and switches.bits >= 0.9 * greedy.bits
+    proposed = search.next()
+    assert proposed == switches.subsets and len(proposed) == 4
+    assert launches(search, proposed) == []
+
+
+def test_a_round_that_must_launch_launches_what_the_answer_needs_together():
+    """{a, d} or {b, d}: only an engine with one of a, b (both load-time) tells them apart. A
+    launch in a round that already waits for one costs the round what a switch would, so both
+    launch in one round, not one a round."""
+    search = four_nodes_after("abc- abde+ cdf- ef- abd+ abe- de- cdef-")
+    assert {h.members for h, _ in search.top(2)} == {frozenset("ad"), frozenset("bd")}
+    proposed = search.next()
+    assert {frozenset("ad"), frozenset("bd")} <= set(launches(search, proposed))
+
+
+def test_a_single_culprit_of_engine_trials_needs_a_fresh_look_at_its_sufficiency():
+    """One flipped trial of a candidate alone must not name it where sequential trial probes
+    or several nodes bring such trials early (docs/performance.md, issue 42, Parts 7 and 8:
+    on one node 6 of 400 simulated bisects of `dsv4-flash-tp8-all` named a wrong single that
+    way): the set's sufficiency asks a trial run after it led, as a pair's does. A test
+    command's search on one node keeps half the log-odds from any trial."""
+    trial = Noise(0.01, 0.01)
+    plain = ended(Search(NAMES, noise=FIVE, trial_noise=trial))
+    plain.record(set(NAMES) - {"a"}, V.PASS, noise=trial)
+    plain.record({"a"}, V.FAIL, noise=trial)
+    assert plain.result().status is Status.FOUND
+    for parallel, costs in ((1, SGLANG), (2, None)):
+        s = ended(Search(NAMES, noise=FIVE, trial_noise=trial, parallel=parallel, costs=costs))
         s.record(set(NAMES) - {"a"}, V.PASS, noise=trial)  # `a` is needed
         assert s.posterior().max() < 0.95
         s.record({"a"}, V.FAIL, noise=trial)  # the trial that makes {a} lead
         assert s.top(1)[0][0].members == frozenset({"a"}) and s.posterior().max() >= 0.95
-        assert (s.result().status is Status.FOUND) is found
-    assert frozenset({"a"}) in s.next()  # the fresh look: {a} alone again
-    s.record({"a"}, V.FAIL, noise=trial)
-    assert s.result().status is Status.FOUND and s.result().culprits == frozenset({"a"})
+        assert s.result().status is not Status.FOUND
+        assert frozenset({"a"}) in s.next()  # the fresh look: {a} alone again
+        s.record({"a"}, V.FAIL, noise=trial)
+        assert s.result().status is Status.FOUND and s.result().culprits == frozenset({"a"})
 
 
 def test_a_quote_does_not_move_the_state():
@@ -166,14 +249,17 @@ def test_a_quote_does_not_move_the_state():
 
 def test_costs_round_trip_through_the_spec_and_a_version_1_spec_still_reads():
     spec = BisectSpec(NAMES, {}, {n: "on" for n in NAMES}, trial_noise=Noise(0.02, 0.03),
-                      costs=SGLANG, confirm=False)
+                      costs=SGLANG, confirm=False, parallel=4, end_nodes=2)
     again = BisectSpec.from_json(spec.to_json())
     assert again == spec and again.search().costs == SGLANG
+    assert again.search()._tracker.end_nodes == 2  # a resume prices the ends' nodes the same
     old = {**spec.to_json(), "version": 1}
-    for key in ("trial_noise", "costs", "confirm"):
+    for key in ("trial_noise", "costs", "confirm", "end_nodes"):
         old.pop(key)
     v1 = BisectSpec.from_json(old)
-    assert v1.costs is None and v1.trial_noise is None and v1.confirm
+    assert v1.costs is None and v1.trial_noise is None and v1.confirm and v1.end_nodes == 1
+    with pytest.raises(BisectError, match="an end on 5 of 4 nodes"):
+        replace(spec, end_nodes=5)
 
 
 def test_each_assumed_cost_says_so_and_a_given_or_measured_one_wins():
@@ -266,13 +352,14 @@ def test_a_search_of_several_trials_a_round_resumes_to_the_same_proposals(parall
     nodes' engines follow from the records alone, so the resumed search proposes what the live
     one did."""
     rng = random.Random(7)
-    live = Search(NAMES, noise=FIVE, costs=SGLANG, parallel=parallel)
+    live = Search(NAMES, noise=FIVE, costs=SGLANG, parallel=parallel, end_nodes=parallel // 2)
     culprit, rounds = frozenset({"a", "e"}), 0
     while (proposals := live.next()) and rounds < 20:
         rounds += 1
         for subset in proposals:
             live.record(subset, oracle_outcome(subset, culprit, FIVE, rng))
-        resumed = Search(NAMES, noise=FIVE, costs=SGLANG, parallel=parallel)
+        resumed = Search(NAMES, noise=FIVE, costs=SGLANG, parallel=parallel,
+                         end_nodes=parallel // 2)
         for record in live.records:
             resumed.record(record.subset, record.outcome, record.noise)
         assert resumed.next() == live.next()

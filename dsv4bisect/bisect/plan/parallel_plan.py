@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dsv4bisect.bisect.rounds import ALONE, SCHEDULES
 from dsv4bisect.bisect.plan.simulate import (
     NodePool,
     NodeRun,
@@ -24,6 +23,7 @@ from dsv4bisect.bisect.plan.simulate import (
     search_memo,
     simulate,
 )
+from dsv4bisect.bisect.rounds import ALONE, SCHEDULES, end_nodes
 from dsv4bisect.errors import BisectError
 from dsv4bisect.probe.stats import wilson
 
@@ -159,10 +159,10 @@ def _row(cfg: Setup, nodes: int, size: int, levers: bool, priced: bool, sharded:
          ends: str = ALONE) -> NodeFigures:
     """One row: `size` proposals a round (the search's `parallel`) on `nodes` nodes; sharded,
     the ends run as `ends` says (bisect/rounds.py)."""
-    memo = search_memo(cfg, size, priced)
+    shards = sharded and cfg.costs.hot and cfg.costs.sequential  # NodePool.shards
+    memo = search_memo(cfg, size, priced, end_nodes(ends if shards else None, size))
     runs = [simulate(cfg, nodes, c, random.Random(s), priced, memo, sharded, size, ends)
             for c, s in zip(culprits, seeds)]
-    shards = sharded and cfg.costs.hot and cfg.costs.sequential  # NodePool.shards
     return _figures(nodes, levers, sharded, size, runs, ends if shards else None)
 
 

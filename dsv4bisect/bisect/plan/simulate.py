@@ -42,7 +42,11 @@ What is modelled, and where the code does it:
   evidence is drawn in the simulated world (`Setup.look1`, look_world.LookOne: the verdict
   table's smallest loss on look 1's paired answers, judged by `end_looks.settles`) on a stream
   of its own; where it does not settle, both ends on the rest of the full tier (the cases look 1
-  did not keep, `look2_fraction`), charged to the bad end's trial (`CostTracker.charge`, look2). The ends' outcomes keep the ends' error rates. The
+  did not keep, `look2_fraction`), charged to the bad end's trial (`CostTracker.charge`, look2).
+  A bad end that look 1 settles fails: settling is the drawn loss of facts established at half
+  the probe's error rate (end_looks.py), so flipping it to a PASS at the ends' rates would
+  contradict the world it was drawn in. A bad end that goes on to look 2, and the good end's
+  A/A verdict, keep the ends' error rates (the search weighs every end at them). The
   trials replay the cases of the look that settled block 0: priced by the trial probe simulated
   on look 1's grid (look_world.look_trial; its requests are set by its evidence, not the pool,
   so a block settled at look 2 is priced the same).
@@ -92,7 +96,7 @@ import numpy as np
 from dsv4bisect.bisect import remedy as rem
 from dsv4bisect.bisect.plan.look_world import LookOne
 from dsv4bisect.bisect.plan.search_memo import MemoSearch, SearchMemo
-from dsv4bisect.bisect.rounds import ALONE, ends_round, halves
+from dsv4bisect.bisect.rounds import ALONE, end_nodes, ends_round, halves
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
 from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts, is_end
@@ -125,12 +129,14 @@ class Setup:
         if self.costs.looks and self.look1 is None:
             raise ValueError("the ends are priced in two looks but look 1's world is not given")
 
-    def search(self, *, priced: bool, parallel: int = 1) -> Search:
-        """The search this bisect runs (`priced=False`: the unpriced design)."""
+    def search(self, *, priced: bool, parallel: int = 1, end_nodes: int = 1) -> Search:
+        """The search this bisect runs (`priced=False`: the unpriced design); `end_nodes`: the
+        nodes an end's sharded trial takes (rounds.end_nodes)."""
         return Search(self.candidates, noise=self.noise, confidence=self.confidence,
                       max_trials=self.max_trials, parallel=parallel, max_order=self.max_order,
                       priors=Priors(weights=dict(self.weights)), trial_noise=self.trial_noise,
-                      costs=self.costs if priced else None, confirm=self.confirm)
+                      costs=self.costs if priced else None, confirm=self.confirm,
+                      end_nodes=end_nodes)
 
     def without(self, levers: Sequence[str]) -> Setup:
         """The same bisect with `levers` off."""
@@ -448,9 +454,10 @@ class NodeRun:
         return sum(r.wall_s for r in self.rounds) + self.phase_s["confirmation"]
 
 
-def search_memo(cfg: Setup, nodes: int, priced: bool) -> SearchMemo:
+def search_memo(cfg: Setup, nodes: int, priced: bool, end_nodes: int = 1) -> SearchMemo:
     """The memo that every simulated bisect of this configuration shares (search_memo.py)."""
-    return SearchMemo(lambda: cfg.search(priced=priced, parallel=nodes), (cfg, nodes, priced))
+    return SearchMemo(lambda: cfg.search(priced=priced, parallel=nodes, end_nodes=end_nodes),
+                      (cfg, nodes, priced, end_nodes))
 
 
 def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Random,
@@ -467,17 +474,18 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
     size = nodes if round_size is None else round_size
     if not 1 <= size <= nodes:
         raise ValueError(f"{size} proposals a round on {nodes} nodes")
-    if memo is None:
-        search: Search | MemoSearch = cfg.search(priced=priced, parallel=size)
-    elif memo.key != (cfg, size, priced):
-        raise ValueError("the search memo was made for another configuration")
-    else:
-        search = memo.search()
     # the looks' draws have a stream of their own: the outcome stream stays the one of the
     # same bisect with full-tier ends (common random numbers)
     looks = random.Random(repr(rng.getstate()))
     pool = NodePool(cfg.costs, everything, nodes, sharded, ends,
                     (lambda: cfg.look1.settles(looks)) if cfg.look1 is not None else None)
+    spread = end_nodes(pool.schedule, size)  # the nodes the search prices an end's trial on
+    if memo is None:
+        search: Search | MemoSearch = cfg.search(priced=priced, parallel=size, end_nodes=spread)
+    elif memo.key != (cfg, size, priced, spread):
+        raise ValueError("the search memo was made for another configuration")
+    else:
+        search = memo.search()
     rounds: list[Round] = []
     phase = dict.fromkeys(PHASES, 0.0)
     fresh_fails: set[frozenset[str]] = set()  # failed in an engine launched for them (hot)
@@ -495,6 +503,8 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
             sequential = shards[0].sequential
             noise = cfg.trial_noise if sequential else cfg.noise
             outcome = oracle_outcome(subset, culprits, noise, rng)
+            if shards[0].look == 1:  # look 1 settled it: the world's loss of facts, established
+                outcome = V.FAIL
             if all(t.launched for t in shards) and outcome == V.FAIL:
                 fresh_fails.add(subset)
             out.append((subset, outcome, sequential))

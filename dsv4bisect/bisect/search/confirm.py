@@ -68,7 +68,8 @@ class Evidence:
     candidates: tuple[str, ...]
     max_order: int
     # every culprit set's sufficiency asks the full ratio and a fresh look, not only the
-    # largest order's: a search of several trials a round (`_sufficiency`)
+    # largest order's: a search of several trials a round, or of sequential trial probes
+    # (`_sufficiency`)
     fresh_sufficiency: bool = False
 
     def log10_lr(self, record: Record) -> np.ndarray:
@@ -114,11 +115,12 @@ def _sufficiency(members: frozenset[str], ev: Evidence, fresh: bool) -> Check:
     the prior can favour C so much that the posterior reaches the confidence with no trial that
     tells them apart (a single against its pair at n = 64, noiseless): half the log-odds must
     come from the data. At the largest order nothing in the model competes from above, so the
-    full ratio is needed, and the fresh-look rule applies. A search of several trials a round
-    asks the same of every set (`Evidence.fresh_sufficiency`): priced on the nodes' engines it
-    runs the trials that settle a single early, and one flipped trial among them named a wrong
-    single at about 0.96 posterior in up to 6 of 400 simulated bisects on two and four nodes,
-    1 of 2400 with the fresh look (docs/bisect.md, "When it stops")."""
+    full ratio is needed, and the fresh-look rule applies. A search of several trials a round,
+    or of sequential trial probes (an engine's hot trials), asks the same of every set
+    (`Evidence.fresh_sufficiency`): one flipped trial among those that settle a single named a
+    wrong single at about 0.96 posterior in up to 6 of 400 simulated bisects on two and four
+    nodes, and on one node of `dsv4-flash-tp8-all`, whose trials wait for no launch; none or
+    1 in 2400 with the fresh look (docs/bisect.md, "When it stops")."""
     need = math.log10(ev.confidence / (1 - ev.confidence))
     others = [y for y in ev.candidates if y not in members]
     ratio = dict.fromkeys(others, 0.0)

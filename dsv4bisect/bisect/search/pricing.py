@@ -17,7 +17,10 @@ The policy priced here is the one the driver follows:
   longest ago (a launch there), as RayRunner places them; a recorded trial frees every node
   again (`new_round`), so the prices follow from the records alone. Priced on one node's
   engines instead, a round's second trial in ∅ after one in the bad end's state looked like a
-  launch though another node held ∅.
+  launch though another node held ∅. Where the executor shards the ends (bisect/rounds.py),
+  an end's trial takes `end_nodes` of them (`NodeSlots.spread`: half the nodes each with the
+  ends together, every node with the ends alone), so after the ends the search knows which
+  nodes hold ∅ and which the bad end's state.
 * **Probes.** The good end is probed at full size plus its A/A repeat (`aa_fraction` of the full
   probe), and that trial's verdict is the A/A verdict; the bad end at full size; every other
   configuration with the sequential trial probe, whose expected length is `like_good_fraction`
@@ -213,6 +216,21 @@ class NodeSlots:
         self._take(node)
         return True
 
+    def spread(self, state: frozenset[str], count: int) -> bool:
+        """An end's trial sharded across `count` nodes (bisect/rounds.py): its engine on the
+        `count` free nodes used longest ago, as the executor lays the ends out (`TOGETHER`: the
+        good end on one half, the bad end on the other; `ALONE`: each on every node). Whether
+        the first of them, the trial's own, had it up."""
+        chosen = sorted(self._free(), key=self.last_used.__getitem__)[:count]
+        ups = []
+        for node in chosen:
+            ups.append(self.nodes[node].use(state))
+            if not ups[-1]:
+                self.nodes[node].make_room()
+                self.nodes[node].add(state)
+            self._take(node)
+        return ups[0]
+
     def make_room(self) -> list[frozenset[str]]:
         self._room = min(self._free(), key=self.last_used.__getitem__)
         return self.nodes[self._room].make_room()
@@ -252,10 +270,13 @@ def ends_seconds(costs: StepCosts, everything: frozenset[str]) -> float:
 class CostTracker:
     """The state that prices the next step: engines up (`EngineSlots`), the seed blocks whose
     baseline was measured, and how often each configuration ran. `nodes`: the trials of a
-    round run one a node on that many nodes (`NodeSlots`)."""
+    round run one a node on that many nodes (`NodeSlots`); `end_nodes` of them run an end's
+    trial, its probe sharded (`NodeSlots.spread`)."""
 
-    def __init__(self, costs: StepCosts, everything: frozenset[str], nodes: int = 1) -> None:
+    def __init__(self, costs: StepCosts, everything: frozenset[str], nodes: int = 1,
+                 end_nodes: int = 1) -> None:
         self.costs, self.everything = costs, everything
+        self.end_nodes = end_nodes  # of the K nodes, those an end's sharded trial takes
         self.slots: EngineSlots[frozenset[str]] | NodeSlots = (
             EngineSlots(costs.pool) if nodes == 1 else NodeSlots(nodes, costs.pool))
         # seed blocks whose good-end baseline is measured (block 0's where cached)
@@ -317,15 +338,17 @@ class CostTracker:
         if c.paired and block not in self.baselines:
             good = c.probe_s * ((c.look1_fraction + c.look1_aa_fraction) if c.looks
                                 else 1 + c.aa_fraction)
-            seconds += self._engine(frozenset()) + good / (1 if subset else shards)
+            # the good end's trial is its baseline: sharded like an end's
+            seconds += (self._engine(frozenset(), 0 if subset else self.end_nodes)
+                        + good / (1 if subset else shards))
             self.baselines.add(block)
         # a paired good end's trial is its block's baseline (measured now or before); its
         # verdict is the A/A's. One read from the baseline cache (`good0_cached`) is not a
         # fresh measurement of this bisect: its end check probes the good end again against
         # it (HotEngineRunner `_probe`: "good end (re-test)"), in its own engine
         if subset or not c.paired or (c.good0_cached and block == 0):
-            seconds += self._engine(self._state(subset)) + self._probe(
-                subset, float(like_bad)) / shards
+            seconds += self._engine(self._state(subset), self.end_nodes if end else 0
+                                    ) + self._probe(subset, float(like_bad)) / shards
         second = (self._look2(look2, shards, own) if c.looks and subset == self.everything
                   else 0.0)
         self.spent_s += seconds + second
@@ -362,8 +385,15 @@ class CostTracker:
     def _state(self, subset: frozenset[str]) -> frozenset[str]:
         return subset & self.costs.load_time
 
-    def _engine(self, state: frozenset[str]) -> float:
-        """Seconds to have the engine of `state` ready (and the pool after it)."""
+    def _engine(self, state: frozenset[str], spread: int = 0) -> float:
+        """Seconds to have the engine of `state` ready (and the pool after it). `spread`: an
+        end's trial, on that many nodes of several (`NodeSlots.spread`: the nodes used longest
+        ago, as the executor lays the ends out, not the free one that holds the state)."""
+        if spread and self.costs.hot and isinstance(self.slots, NodeSlots):
+            up = self.slots.spread(state, spread)
+            self.launched_last = not up
+            self.launches += not up
+            return self.costs.switch_s if up else self.costs.launch_s
         up = self.costs.hot and self.slots.use(state)
         self.launched_last = self.costs.hot and not up
         if up:

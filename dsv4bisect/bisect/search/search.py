@@ -20,12 +20,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from dsv4bisect.bisect.search import confirm
 from dsv4bisect.bisect.search.confirm import Check, loglik
-from dsv4bisect.bisect.search.design import Noise, RoundDesign, capacity, entropy, flips
+from dsv4bisect.bisect.search.design import (
+    CREDIT_INFO_SHARE,
+    Noise,
+    RoundDesign,
+    capacity,
+    entropy,
+    flips,
+)
 from dsv4bisect.bisect.search.hypotheses import (
     BAD_END_PASSES,
     GOOD_END_FAILS,
@@ -53,6 +61,8 @@ _BETWEEN_RATIO = 2.0
 # its own, for the confirmation) counts for it. The priced design credits at most this share of
 # a trial's price.
 _MAX_CREDIT = 0.9
+# a round of switches only replaces the greedy round when its bits per second are this much higher
+_RATE_TIE = 1e-9
 
 
 class Search:
@@ -73,10 +83,14 @@ class Search:
         costs: StepCosts | None = None,
         bad_end_first: bool | None = None,
         confirm: bool = True,
+        end_nodes: int = 1,
     ) -> None:
         validate_settings(
             candidates, noise, confidence, max_trials, parallel, max_order, design_discount
         )
+        if not 1 <= end_nodes <= parallel:
+            raise BisectError(f"an end on {end_nodes} of {parallel} nodes",
+                              "end_nodes is between 1 and parallel")
         self.noise, self.confidence = noise, confidence
         self.max_trials, self.parallel = max_trials, parallel
         self.design_discount = design_discount
@@ -94,10 +108,14 @@ class Search:
         self._post: np.ndarray | None = None  # posterior of the current records
         self._checks_cache: dict[int, tuple[Check, ...]] = {}  # likewise, per hypothesis
         self._loglik = loglik(noise)  # [observed, true]
-        # a round's trials priced on the nodes that run them (pricing.py, "Nodes")
+        # a round's trials priced on the nodes that run them (pricing.py, "Nodes"); an end's
+        # sharded trial on `end_nodes` of them (bisect/rounds.py `end_nodes`)
         self._tracker = CostTracker(costs or StepCosts(), frozenset(self.space.candidates),
-                                    nodes=parallel)
+                                    nodes=parallel, end_nodes=end_nodes)
         self._set_row = {m.tobytes(): i for i, m in enumerate(self.space.members)}
+        # every set's sufficiency asks a fresh look where one flipped trial could settle a
+        # single early: several trials a round, or the sequential trial probe (confirm.py)
+        self._fresh_sufficiency = parallel > 1 or bool(costs and costs.sequential)
         # None: from the costs (see `_bad_end_first`)
         self._bad_end_first = _bad_end_first(costs) if bad_end_first is None else bad_end_first
 
@@ -242,7 +260,7 @@ class Search:
             good_end_established=bool(self.posterior()[-3] <= 1 - self.confidence),
             candidates=self.candidates,
             max_order=self.space.max_order,
-            fresh_sufficiency=self.parallel > 1,
+            fresh_sufficiency=self._fresh_sufficiency,
         )
         return confirm.checks_for(self.space.hypothesis(index), evidence)
 
@@ -320,24 +338,51 @@ class Search:
         lead = self._confirming()
         if lead is not None:
             return self._propose_checks(lead, k)
-        tracker = self._tracker.copy()  # the prices after the round's earlier subsets
         if not self._ends_known:
+            tracker = self._tracker.copy()  # the prices after the round's earlier subsets
             design = RoundDesign(self.space, self.posterior(), self.noise)
             return self._propose_ends(design, k, tracker)
+        free = self._round(k, switches_only=False)
+        if k == 1 or self.costs is None or not self.costs.hot:
+            return free.subsets
+        # several trials a round in hot engines: a round lasts as long as its longest trial,
+        # so one launch holds every node up by the launch. Built again of switches only, it
+        # runs instead where its information per second of the round is higher and it asks
+        # nearly as much (a weak round of switches only puts off a launch the answer needs)
+        switches = self._round(k, switches_only=True)
+        if (switches.subsets and switches.rate > free.rate * (1 + _RATE_TIE)
+                and switches.bits >= CREDIT_INFO_SHARE * free.bits):
+            return switches.subsets
+        return free.subsets
+
+    def _round(self, k: int, switches_only: bool) -> _Round:
+        """The greedy round of up to `k` trials (`switches_only`: each in an engine up on a
+        free node), with its joint information and expected wall seconds. A launch in a round
+        that already waits for one is priced as a switch: the round lasts the launch anyway."""
+        tracker = self._tracker.copy()  # the prices after the round's earlier subsets
         design = RoundDesign(self.space, self._design_posterior(), self.trial_noise)
         out: list[frozenset[str]] = []
+        bits = wall = 0.0
         avoid = self._skipped_masks()
+
+        def fits(mask: np.ndarray) -> bool:
+            return not switches_only or tracker.engine_up(self.space.subset(mask))
+
         for _ in range(k):
-            options = self._options(design, tracker)
-            price = self._pricer(design, tracker)
+            options = [o for o in self._options(design, tracker) if fits(o)]
+            price = self._pricer(design, tracker, wall)
             choice = design.choose(options, avoid, price)
             if choice is None and avoid:  # route around skipped subsets: one-element changes
-                choice = design.choose([f for o in options for f in flips(o)], avoid, price)
+                choice = design.choose([f for o in options for f in flips(o) if fits(f)],
+                                       avoid, price)
             if choice is None:
                 break
+            subset = self.space.subset(choice)
+            bits = design.info_of(choice)
+            wall = max(wall, tracker.quote(subset, design.p_fail(choice)))
             self._commit(design, tracker, choice)
-            out.append(self.space.subset(choice))
-        return out
+            out.append(subset)
+        return _Round(out, bits, wall)
 
     def _propose_checks(self, lead: int, k: int) -> list[frozenset[str]]:
         """The next trials of the confirm phase. A check "C minus x passes" is spoken for by any
@@ -425,13 +470,14 @@ class Search:
         design.commit(mask)
         tracker.charge(self.space.subset(mask), 0.5)
 
-    def _pricer(self, design: RoundDesign,
-                tracker: CostTracker) -> Callable[[np.ndarray], tuple[float, float]] | None:
+    def _pricer(self, design: RoundDesign, tracker: CostTracker, waits: float = 0.0
+                ) -> Callable[[np.ndarray], tuple[float, float]] | None:
         """Expected seconds of a trial of a subset, and its credit (None: the unpriced design).
         Two trials the bisect runs anyway are credited with the chance that this is that trial:
         the bad end without the likely culprit set (the remedy check), and, in hot mode, a
         first trial of a culprit set that launches its own engine (a FAIL there is the fresh
-        confirmation, driver.py)."""
+        confirmation, driver.py). `waits`: how long the round's earlier trials already last;
+        where that is a launch, another launch costs the round what a switch would."""
         if self.costs is None:
             return None
         post = self.posterior()
@@ -441,6 +487,8 @@ class Search:
         def price(mask: np.ndarray) -> tuple[float, float]:
             subset = self.space.subset(mask)
             seconds = tracker.quote(subset, design.p_fail(mask))
+            if waits >= self.costs.launch_s and not tracker.engine_up(subset):
+                seconds -= self.costs.launch_s - self.costs.switch_s
             if tracker.seen[subset]:
                 return seconds, 0.0  # each counts the first trial only
             row = self._set_row.get((everything - mask).tobytes())
@@ -513,6 +561,20 @@ class Search:
             return False
         post = self.posterior()
         return float(post[-3] + post[-2]) <= 1 - self.confidence
+
+
+@dataclass(frozen=True)
+class _Round:
+    """A round the search could propose: its subsets, their joint information (bits) and the
+    expected seconds of its longest trial."""
+
+    subsets: list[frozenset[str]]
+    bits: float
+    wall_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.bits / max(self.wall_s, 1e-9)
 
 
 def _bad_end_first(costs: StepCosts | None) -> bool:
