@@ -133,6 +133,7 @@ def main() -> None:
               f"{four.p90_wall_s:>6.0f}  {floors[0]:>7.0f}  {floors[1]:>7.0f}", flush=True)
         for k in (1, 4):
             print(f"        {_any_search_floor(cfg, k)}", flush=True)
+            print(f"        {_any_search_floor(cfg, k, fresh_look=True)}", flush=True)
         if args.by_class:
             _by_class(cfg, culprits, runs)
 
@@ -159,7 +160,8 @@ FEWEST_LAUNCHES = {("single", 0): 3, ("single", 1): 4, ("pair", 0): 3, ("pair", 
                    ("pair", 2): 5}
 
 
-def _any_search_floor(cfg: Setup, nodes: int = 1, p_correct: float = 0.99) -> str:
+def _any_search_floor(cfg: Setup, nodes: int = 1, p_correct: float = 0.99,
+                      fresh_look: bool = False) -> str:
     """A floor on the mean wall on `nodes` nodes for any search and any order of its trials,
     under these costs and the bisect's rules: the ends at look 1 (`floor_run`; on several
     nodes under the cheaper of the executor's ends schedules), the launches beyond them, and
@@ -170,26 +172,52 @@ def _any_search_floor(cfg: Setup, nodes: int = 1, p_correct: float = 0.99) -> st
     over its N culprit sets (the flat prior the plan draws from). The ends, the good end's
     re-tests and the bad end's carry nothing about which set it is (every set gives the same
     outcomes there). Each non-end trial pays at least the cheaper trial probe and a switch, a
-    launch's first trial `launch_s` in place of the switch. One node: the fewest launches beyond
+    launch's first trial `launch_s` in place of the switch.
+
+    `fresh_look`: also the rules' fresh look (search/confirm.py), the trials a set needs after
+    it first led at the search's confidence, in a world whose culprits are drawn from the
+    search's own prior (its tier weights). There the posterior is calibrated, so that lead is
+    right with P >= the confidence and Fano bounds the trials before it at 1 - confidence; the
+    fresh trials come after. In the plan's flat world the search's prior is not the world's, so
+    this is not a floor there (a search with another prior could lead early and look afresh on
+    trials that also inform); it is what a search that knows the world's prior cannot beat. One node: the fewest launches beyond
     the ends are FEWEST_LAUNCHES's (none counted without that table). K nodes: a round runs at
     most K trials, each node paying its switch and its share of their probes, so the rounds
     last at least trials x (switch + probe) / K; a bisect whose culprits need a load-time state
     the ends left no engine in pays one launch round (with the ends together, ∅ and the bad
     end's state are up: every culprit set holding a load-time candidate where there are two;
     with the ends one after the other on every node, every set where there is one)."""
-    flat = HypothesisSpace(cfg.candidates, cfg.max_order, Priors())
+    flat = HypothesisSpace(cfg.candidates, cfg.max_order,
+                           Priors(weights=dict(cfg.weights)) if fresh_look else Priors())
     prior = np.exp(flat.log_prior[:flat.n_sets])
     prior /= prior.sum()
     n = len(prior)
+
+    def fano(miss: float) -> float:  # bits a search must gather to name the set, wrong at `miss`
+        return max(float(entropy(prior)) - float(binary_entropy(np.array(miss)))
+                   - miss * math.log2(n - 1), 0.0)
+
     miss = 1.0 - p_correct
-    bits = float(entropy(prior)) - float(binary_entropy(np.array(miss))) \
-        - miss * math.log2(n - 1)
-    trials = max(bits, 0.0) / capacity(cfg.trial_noise)
+    bits = fano(miss)
     c = cfg.costs
     everything = frozenset(cfg.candidates)
     load = c.load_time & everything
     sets = [flat.hypothesis(i).members for i in range(n)]
     trial_s = min(c.like_good_fraction, c.like_bad_fraction) * c.probe_s + c.switch_s
+    # The rules' fresh look (search/confirm.py): a set is reported only after trials run since
+    # it first led at the search's confidence: one holding it and no other candidate
+    # (sufficiency; for a single only where engine trials or several nodes ask it) and one per
+    # member x holding C minus x and not x, each a configuration of its own.
+    fresh_single = bool(c.sequential or nodes > 1)
+
+    def fresh(size: int) -> int:
+        return (size if size > 1 else 0) + (1 if size == cfg.max_order or fresh_single else 0)
+
+    most = max(fresh(len(s)) for s in sets)
+    after = (sum(float(w) * fresh(len(s)) for w, s in zip(prior, sets)) - most * miss
+             if fresh_look else 0.0)
+    led = fano(1.0 - cfg.confidence) / capacity(cfg.trial_noise) if fresh_look else 0.0
+    trials = max(bits / capacity(cfg.trial_noise), led + after)
     if nodes == 1:
         fewest = FEWEST_LAUNCHES if len(load) == 2 else {}
         own = 2 if load else 1  # the ends' launches
@@ -199,19 +227,35 @@ def _any_search_floor(cfg: Setup, nodes: int = 1, p_correct: float = 0.99) -> st
         launches = {TOGETHER: sum(float(w) for w, s in zip(prior, sets)
                                   if s & load and len(load) >= 2),
                     ALONE: float(bool(load))}
+    # on K nodes the fresh trials take a round of their own after the lead's
+    search_s = (trials * trial_s if nodes == 1 else
+                max(bits / capacity(cfg.trial_noise) * trial_s / nodes,
+                    led * trial_s / nodes + (1.0 - miss) * trial_s * fresh_look))
     ends_s = {ends: floor_run(cfg, nodes, everything, ends) for ends in launches}
-    floors = {ends: ends_s[ends] + trials * trial_s / nodes + beyond * (c.launch_s - c.switch_s)
+    floors = {ends: ends_s[ends] + search_s + beyond * (c.launch_s - c.switch_s)
               for ends, beyond in launches.items()}
     ends = min(floors, key=floors.get)
     unit = "launch rounds" if nodes > 1 else "launches"
     where = f" ({ends})" if nodes > 1 else ""
     per = f" / {nodes}" if nodes > 1 else ""
-    return (f"floor for any search, {nodes} node{'s' if nodes > 1 else ''}: "
+    cap = capacity(cfg.trial_noise)
+    if not fresh_look:
+        search = f"{trials:.2f} trials x {trial_s:.0f} s{per}"
+        why = f"{bits:.2f} needed at P(correct) {p_correct:g}, {cap:.3f} bits a trial"
+        title = "floor for any search"
+    else:
+        search = (f"{trials:.2f} trials x {trial_s:.0f} s" if nodes == 1 else
+                  f"{search_s:.0f} s of rounds (the lead's {led:.2f} trials x {trial_s:.0f} s"
+                  f"{per}, then a round of its fresh look)")
+        why = (f"{fano(1.0 - cfg.confidence):.2f} by the first lead at confidence "
+               f"{cfg.confidence:g} = {led:.2f} trials at {cap:.3f} bits a trial, then "
+               f"{after:.2f} fresh-look trials")
+        title = "with the rules' fresh look, culprits from the search's own prior"
+    return (f"{title}, {nodes} node{'s' if nodes > 1 else ''}: "
             f"{floors[ends]:.0f} s = the ends {ends_s[ends]:.0f} s"
-            f"{where} + {trials:.2f} trials x {trial_s:.0f} s{per} + {launches[ends]:.2f} {unit} "
+            f"{where} + {search} + {launches[ends]:.2f} {unit} "
             f"beyond the ends x {c.launch_s - c.switch_s:.0f} s ({float(entropy(prior)):.2f} "
-            f"bits over {n} culprit sets, {bits:.2f} needed at P(correct) {p_correct:g}, "
-            f"{capacity(cfg.trial_noise):.3f} bits a trial)")
+            f"bits over {n} culprit sets, {why})")
 
 
 def _culprit_class(culprits: frozenset[str], load: frozenset[str]) -> tuple[str, int]:
