@@ -226,7 +226,8 @@ def test_a_single_culprit_of_engine_trials_needs_a_fresh_look_at_its_sufficiency
     way): the set's sufficiency asks a trial run after it led, as a pair's does. A test
     command's search on one node keeps half the log-odds from any trial."""
     trial = Noise(0.01, 0.01)
-    plain = ended(Search(NAMES, noise=FIVE, trial_noise=trial))
+    test_cmd = StepCosts(probe_s=60.0)  # what a --test-cmd bisect prices: whole calls
+    plain = ended(Search(NAMES, noise=FIVE, trial_noise=trial, costs=test_cmd))
     plain.record(set(NAMES) - {"a"}, V.PASS, noise=trial)
     plain.record({"a"}, V.FAIL, noise=trial)
     assert plain.result().status is Status.FOUND
