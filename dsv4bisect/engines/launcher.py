@@ -24,8 +24,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +45,7 @@ GRACE_S = 10.0
 POLL_S = 0.25
 HEALTH_TIMEOUT_S = 30.0  # an idle engine's ready path (SGLang's: one token generated)
 EXIT_WAIT_S = 3.0  # after a failed request: how long a dying engine gets to be seen as exited
+_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # held back while a spawn is in flight
 EventFn = Callable[[str, str, str], None]  # (role, state, last log line)
 
 
@@ -164,7 +167,7 @@ class Launch:
                    envvars.ROLE: spec.role, envvars.RECEIPTS: str(self.receipts_dir.resolve()),
                    "PYTHONUNBUFFERED": "1", **({envvars.LAUNCH: launch} if launch else {})}
         try:
-            with open(log_path, "ab") as log:
+            with open(log_path, "ab") as log, _interrupts_after():
                 popen = subprocess.Popen(  # argv list, never a shell
                     list(spec.argv), stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, env=environ, start_new_session=True,
@@ -362,6 +365,29 @@ def _answers(url: str, timeout: float = 5) -> bool:
         return requests.get(url, timeout=timeout).status_code == 200
     except requests.RequestException:
         return False
+
+
+@contextmanager
+def _interrupts_after() -> Iterator[None]:
+    """SIGINT and SIGTERM held back until the block is done, then delivered to the handlers
+    that were in place. A Ctrl-C that lands inside `subprocess.Popen` after the fork (on a
+    loaded machine, while the parent waits to hear that the child's exec succeeded) raises
+    there, and Popen never returns the child: it runs on in its own session, and no stop()
+    knows it. Held back, the interrupt comes once the child is in `_spawned`. Main thread only
+    (Python runs signal handlers there; elsewhere nothing is raised inside Popen)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
+                for sig in _HELD_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(caught):
+            signal.raise_signal(sig)
 
 
 def _exited(popen: subprocess.Popen[bytes], timeout: float) -> bool:

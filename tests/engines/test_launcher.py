@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -210,3 +211,28 @@ def test_a_host_that_is_not_this_machine_leaves_the_launch_unverified(
         assert launch.verified is False
         assert launch.unverified_why and "not an address of this machine" in \
             launch.unverified_why
+
+
+def test_a_ctrl_c_inside_the_spawn_stops_the_child_it_had_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a loaded machine a Ctrl-C can land inside `subprocess.Popen` after the fork, while
+    the parent waits to hear the child's exec succeeded: raised there, Popen never returns the
+    child, and it outlived the interrupted run (tests/run/test_run_signals.py, under load).
+    Here the interrupt lands at the end of Popen, the child already running: it is held back
+    until the launch knows the child, then stops it."""
+    argv = [sys.executable, "-c", "import time; time.sleep(600)"]
+    cfg = resolve(_command_profile(tmp_path, argv))
+    real = subprocess.Popen
+    started: list[int] = []
+
+    def popen_then_ctrl_c(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        child = real(*args, **kwargs)  # type: ignore[call-overload]
+        started.append(child.pid)
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs before Popen would return
+        return child
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_ctrl_c)
+    launch = Launch(cfg, tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt):
+        launch.__enter__()
+    assert started and not _alive(started[0])
