@@ -379,8 +379,9 @@ def _interrupts_after() -> Iterator[None]:
         yield
         return
     caught: list[int] = []
+    # a handler not installed from Python (getsignal: None) could not be put back: not held
     previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
-                for sig in _HELD_SIGNALS}
+                for sig in _HELD_SIGNALS if signal.getsignal(sig) is not None}
     try:
         yield
     finally:
