@@ -52,10 +52,7 @@ class BisectSpec:
     def __post_init__(self) -> None:
         # the search's own check, here too: a bad setting is reported before anything runs
         validate_settings(self.candidates, self.noise, self.confidence, self.max_trials,
-                          self.parallel, self.max_order, self.design_discount)
-        if not 1 <= self.end_nodes <= self.parallel:
-            raise BisectError(f"an end on {self.end_nodes} of {self.parallel} nodes",
-                              "end_nodes is between 1 and parallel")
+                          self.parallel, self.max_order, self.design_discount, self.end_nodes)
         for name in self.candidates:
             if self.good.get(name) == self.bad.get(name):
                 raise BisectError(

@@ -20,6 +20,7 @@ from dsv4bisect.bisect.plan.simulate import (
     Setup,
     available_levers,
     common_draws,
+    pool_schedule,
     search_memo,
     simulate,
 )
@@ -159,11 +160,11 @@ def _row(cfg: Setup, nodes: int, size: int, levers: bool, priced: bool, sharded:
          ends: str = ALONE) -> NodeFigures:
     """One row: `size` proposals a round (the search's `parallel`) on `nodes` nodes; sharded,
     the ends run as `ends` says (bisect/rounds.py)."""
-    shards = sharded and cfg.costs.hot and cfg.costs.sequential  # NodePool.shards
-    memo = search_memo(cfg, size, priced, end_nodes(ends if shards else None, size))
+    schedule = pool_schedule(cfg.costs, sharded, ends)
+    memo = search_memo(cfg, size, priced, end_nodes(schedule, size))
     runs = [simulate(cfg, nodes, c, random.Random(s), priced, memo, sharded, size, ends)
             for c, s in zip(culprits, seeds)]
-    return _figures(nodes, levers, sharded, size, runs, ends if shards else None)
+    return _figures(nodes, levers, sharded, size, runs, schedule)
 
 
 def _figures(nodes: int, levers: bool, sharded: bool, size: int,

@@ -237,6 +237,13 @@ class Round:
         return self.nodes * self.wall_s - sum(t.seconds for t in self.trials)
 
 
+def pool_schedule(costs: StepCosts, sharded: bool, ends: str) -> str | None:
+    """The ends schedule a pool of these costs runs (`rounds.ends_round`): `ends` where it
+    shards them (the Ray runner shards only with hot runners that probe sequentially:
+    RayRunner.shard), else None."""
+    return ends if sharded and costs.hot and costs.sequential else None
+
+
 class NodePool:
     """K nodes as the Ray executor keeps them (see the module docstring): a queue of free
     slots, and per node the engines, baselines and bad end its runner has. `sharded`: a trial
@@ -264,14 +271,13 @@ class NodePool:
 
     @property
     def shards(self) -> bool:
-        """Whether this pool shards the ends (the Ray runner shards only with hot runners
-        that probe sequentially: RayRunner.shard)."""
-        return self.sharded and self._sequential.hot and self._sequential.sequential
+        """Whether this pool shards the ends (`pool_schedule`)."""
+        return self.schedule is not None
 
     @property
     def schedule(self) -> str | None:
         """The ends schedule of `rounds.ends_round` (None: this pool does not shard)."""
-        return self.ends if self.shards else None
+        return pool_schedule(self._sequential, self.sharded, self.ends)
 
     @property
     def launches(self) -> int:

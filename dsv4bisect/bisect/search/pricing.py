@@ -389,17 +389,17 @@ class CostTracker:
         """Seconds to have the engine of `state` ready (and the pool after it). `spread`: an
         end's trial, on that many nodes of several (`NodeSlots.spread`: the nodes used longest
         ago, as the executor lays the ends out, not the free one that holds the state)."""
-        if spread and self.costs.hot and isinstance(self.slots, NodeSlots):
-            up = self.slots.spread(state, spread)
-            self.launched_last = not up
-            self.launches += not up
-            return self.costs.switch_s if up else self.costs.launch_s
-        up = self.costs.hot and self.slots.use(state)
+        slots = self.slots
+        if spread and self.costs.hot and isinstance(slots, NodeSlots):
+            # the engine is up on each node the end takes now, launched where it was not
+            up, placed = slots.spread(state, spread), True
+        else:
+            up, placed = self.costs.hot and slots.use(state), False
         self.launched_last = self.costs.hot and not up
         if up:
             return self.costs.switch_s
         self.launches += 1
-        if self.costs.hot:
+        if self.costs.hot and not placed:
             self.slots.make_room()
             self.slots.add(state)
         return self.costs.launch_s

@@ -86,11 +86,9 @@ class Search:
         end_nodes: int = 1,
     ) -> None:
         validate_settings(
-            candidates, noise, confidence, max_trials, parallel, max_order, design_discount
+            candidates, noise, confidence, max_trials, parallel, max_order, design_discount,
+            end_nodes,
         )
-        if not 1 <= end_nodes <= parallel:
-            raise BisectError(f"an end on {end_nodes} of {parallel} nodes",
-                              "end_nodes is between 1 and parallel")
         self.noise, self.confidence = noise, confidence
         self.max_trials, self.parallel = max_trials, parallel
         self.design_discount = design_discount
@@ -343,8 +341,8 @@ class Search:
             design = RoundDesign(self.space, self.posterior(), self.noise)
             return self._propose_ends(design, k, tracker)
         free = self._round(k, switches_only=False)
-        if k == 1 or self.costs is None or not self.costs.hot:
-            return free.subsets
+        if k == 1 or self.costs is None or not self.costs.hot or not free.launches:
+            return free.subsets  # (a round that launches nothing is its own switch round)
         # several trials a round in hot engines: a round lasts as long as its longest trial,
         # so one launch holds every node up by the launch. Built again of switches only, it
         # runs instead where its information per second of the round is higher and it asks
@@ -363,6 +361,7 @@ class Search:
         design = RoundDesign(self.space, self._design_posterior(), self.trial_noise)
         out: list[frozenset[str]] = []
         bits = wall = 0.0
+        launches = False
         avoid = self._skipped_masks()
 
         def fits(mask: np.ndarray) -> bool:
@@ -380,9 +379,10 @@ class Search:
             subset = self.space.subset(choice)
             bits = design.info_of(choice)
             wall = max(wall, tracker.quote(subset, design.p_fail(choice)))
+            launches = launches or not tracker.engine_up(subset)
             self._commit(design, tracker, choice)
             out.append(subset)
-        return _Round(out, bits, wall)
+        return _Round(out, bits, wall, launches)
 
     def _propose_checks(self, lead: int, k: int) -> list[frozenset[str]]:
         """The next trials of the confirm phase. A check "C minus x passes" is spoken for by any
@@ -571,6 +571,7 @@ class _Round:
     subsets: list[frozenset[str]]
     bits: float
     wall_s: float
+    launches: bool  # a trial of it launches an engine
 
     @property
     def rate(self) -> float:

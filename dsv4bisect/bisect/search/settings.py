@@ -17,6 +17,7 @@ def validate_settings(
     parallel: int,
     max_order: int,
     design_discount: float,
+    end_nodes: int = 1,
 ) -> None:
     if not candidates:
         raise BisectError("no candidate patches to bisect", "the good and bad ends are equal")
@@ -29,6 +30,9 @@ def validate_settings(
         raise BisectError("max_trials must allow the two end checks", "use at least 2")
     if parallel < 1:
         raise BisectError(f"parallel is {parallel}", "use at least 1")
+    if not 1 <= end_nodes <= parallel:
+        raise BisectError(f"an end on {end_nodes} of {parallel} nodes",
+                          "end_nodes is between 1 and parallel")
     if not 1 <= max_order <= 3:
         raise BisectError(f"max_order {max_order} is not 1, 2 or 3", "use 1, 2 or 3")
     check_size(len(candidates), max_order)
