@@ -349,22 +349,44 @@ def test_a_priced_search_is_deterministic_given_its_records():
 
 @pytest.mark.parametrize("parallel", [2, 4])
 def test_a_search_of_several_trials_a_round_resumes_to_the_same_proposals(parallel: int):
-    """A resume replays the records without the rounds' proposals in between: the prices on the
-    nodes' engines follow from the records alone, so the resumed search proposes what the live
-    one did."""
+    """A resume asks for each round and takes its outcomes from the ledger (driver.py), so the
+    resumed search meets the nodes' engines as the live one did and proposes what it did; a
+    replay of the records alone that marks where each round began (the plan's memo) too."""
     rng = random.Random(7)
-    live = Search(NAMES, noise=FIVE, costs=SGLANG, parallel=parallel, end_nodes=parallel // 2)
-    culprit, rounds = frozenset({"a", "e"}), 0
-    while (proposals := live.next()) and rounds < 20:
-        rounds += 1
-        for subset in proposals:
-            live.record(subset, oracle_outcome(subset, culprit, FIVE, rng))
-        resumed = Search(NAMES, noise=FIVE, costs=SGLANG, parallel=parallel,
-                         end_nodes=parallel // 2)
-        for record in live.records:
-            resumed.record(record.subset, record.outcome, record.noise)
-        assert resumed.next() == live.next()
-    assert rounds > 3
+    make = lambda: Search(NAMES, noise=FIVE, costs=SGLANG, parallel=parallel,  # noqa: E731
+                          end_nodes=parallel // 2)
+    live, rounds = make(), []
+    while (proposals := live.next()) and len(rounds) < 20:
+        rounds.append([(s, oracle_outcome(s, frozenset({"a", "e"}), FIVE, rng))
+                       for s in proposals])
+        for subset, outcome in rounds[-1]:
+            live.record(subset, outcome)
+        resumed, replayed = make(), make()
+        for done in rounds:
+            resumed.next()
+            replayed.begin_round()
+            for subset, outcome in done:
+                resumed.record(subset, outcome)
+                replayed.record(subset, outcome)
+        assert resumed.next() == replayed.next() == live.next()
+    assert len(rounds) > 3
+
+
+def test_a_round_leaves_the_engines_its_trials_left_on_their_nodes():
+    """Four nodes after the ends together (∅ on two, the bad end's load-time state {a, b} on
+    two), a round of four trials, three in {a}: each takes a node of its own, as the executor
+    places them, so after it no node holds ∅ or {a, b} and a trial in either launches. Freeing
+    every node after each record instead had the second and third {a} trials switch on the
+    first one's node, and the search went on pricing ∅ and {a, b} as up (in the plan's pair
+    {a, c}-like draws it then proposed checks that launched where it priced switches)."""
+    search = ended(Search(NAMES, noise=FIVE, costs=NODE, parallel=4, end_nodes=2))
+    assert set(search._tracker.engines) == {frozenset(), frozenset("ab")}
+    search.begin_round()
+    for subset in ("ac", "bd", "ae", "af"):
+        search.record(frozenset(subset), V.PASS)
+    search.begin_round()
+    assert set(search._tracker.engines) == {frozenset("a"), frozenset("b")}
+    assert not search._tracker.engine_up(frozenset("d"))  # ∅: a launch now
 
 
 # -- the whole-bisect plan ---------------------------------------------------------------------

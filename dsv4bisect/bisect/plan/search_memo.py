@@ -19,8 +19,10 @@ from dsv4bisect.bisect.search.records import Record
 from dsv4bisect.bisect.search.results import SearchResult
 from dsv4bisect.bisect.search.search import Search
 
-# one recorded trial: (subset, outcome, the error rates its verdict holds to or None)
-Step = tuple[frozenset[str], str, Noise | None]
+# one recorded trial: (subset, outcome, the error rates its verdict holds to or None), or ROUND:
+# a round began there (`Search.begin_round`: the engines its trials meet on several nodes)
+Step = tuple[frozenset[str], str, Noise | None] | str
+ROUND = "round"
 
 
 class SearchMemo:
@@ -49,12 +51,19 @@ class MemoSearch:
     def _search(self) -> Search:
         if self._live is None:
             live = self._memo._make()
-            for subset, outcome, noise in self._history:
-                live.record(subset, outcome, noise)
+            for step in self._history:
+                if step == ROUND:
+                    live.begin_round()
+                else:
+                    live.record(*step)
             self._live = live
         return self._live
 
     def next(self) -> list[frozenset[str]]:
+        if not self._history or self._history[-1] != ROUND:
+            self._history.append(ROUND)  # as `Search.next` begins a round
+            if self._live is not None:
+                self._live.begin_round()
         key = tuple(self._history)
         got = self._memo._next.get(key)
         if got is None:
@@ -71,7 +80,7 @@ class MemoSearch:
 
     @property
     def records(self) -> tuple[Record, ...]:
-        return tuple(Record(s, o, n) for s, o, n in self._history)
+        return tuple(Record(*step) for step in self._history if step != ROUND)
 
     def result(self) -> SearchResult:
         key = tuple(self._history)

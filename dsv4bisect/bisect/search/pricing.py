@@ -14,8 +14,10 @@ The policy priced here is the one the driver follows:
 * **Nodes.** A search that proposes K trials a round (the Ray executor, one trial a node) prices
   them on K nodes' engines (`NodeSlots`): each trial of the round takes a node of its own, one
   whose engine holds its load-time state where one is free (a switch), else the free node used
-  longest ago (a launch there), as RayRunner places them; a recorded trial frees every node
-  again (`new_round`), so the prices follow from the records alone. Priced on one node's
+  longest ago (a launch there), as RayRunner places them; the next round frees every node
+  again (`new_round`, called as the search begins a round: `Search.begin_round`), so a round's
+  recorded trials leave the engines the executor left, each launch on a node of its own.
+  Priced on one node's
   engines instead, a round's second trial in ∅ after one in the bad end's state looked like a
   launch though another node held ∅. Where the executor shards the ends (bisect/rounds.py),
   an end's trial takes `end_nodes` of them (`NodeSlots.spread`: half the nodes each with the

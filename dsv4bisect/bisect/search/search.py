@@ -103,6 +103,7 @@ class Search:
         self._ends_known = False
         self._confident_since: dict[int, int] = {}  # hypothesis -> first record after it led
         self._cache: tuple[int, list[frozenset[str]]] | None = None
+        self._round_at = 0  # records before the round in flight began (`begin_round`)
         self._post: np.ndarray | None = None  # posterior of the current records
         self._checks_cache: dict[int, tuple[Check, ...]] = {}  # likewise, per hypothesis
         self._loglik = loglik(noise)  # [observed, true]
@@ -176,10 +177,9 @@ class Search:
         self._records.append(Record(subset, outcome, noise))
         self._cache, self._post = None, None
         self._checks_cache.clear()
-        self._tracker.charge(subset, 0.5)  # the engines and baselines after it (prices only)
-        # every node free again: the engines follow from the records alone, so a resume that
-        # replays them prices the next round as the live search did
-        self._tracker.new_round()
+        # the engines and baselines after it (prices only); on several nodes it took a node of
+        # its own in the round in flight (`begin_round`), as the executor placed it
+        self._tracker.charge(subset, 0.5)
         if outcome == V.CANNOT_TEST:
             self._skipped.add(subset)
             return
@@ -193,11 +193,23 @@ class Search:
             self._confident_since.setdefault(lead, len(self._records))
 
     def next(self) -> list[frozenset[str]]:
-        """Up to `parallel` subsets to test next; empty when the search is over."""
+        """Up to `parallel` subsets to test next, one round; empty when the search is over.
+        The trials recorded after it are that round's (`begin_round`)."""
         if self._cache is None or self._cache[0] != len(self._records):
+            self.begin_round()
             proposals = self._propose() if self._stop_reason() is None else []
             self._cache = (len(self._records), proposals)
         return list(self._cache[1])
+
+    def begin_round(self) -> None:
+        """The trials recorded from now on ran in one round, each on a node of its own (the
+        executor's placement, `NodeSlots`): every node is free again. `next` and
+        `singles_to_test` call it, so a resume that asks for each round as the driver does
+        (driver._search_rounds) prices the engines as the live search did; a replay of the
+        records alone calls it where the rounds began. One node: nothing changes."""
+        if self._round_at != len(self._records):
+            self._round_at = len(self._records)
+            self._tracker.new_round()
 
     def result(self) -> SearchResult:
         post = self.posterior()
@@ -309,6 +321,7 @@ class Search:
     def singles_to_test(self) -> list[frozenset[str]]:
         """After the remedy check failed twice (another culprit remains, driver.py): the
         candidates not yet run alone. Recorded, they let the result name several culprits."""
+        self.begin_round()
         return self._singles_pending()
 
     def _singles_pending(self) -> list[frozenset[str]]:
