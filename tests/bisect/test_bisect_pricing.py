@@ -219,6 +219,26 @@ def test_a_round_that_must_launch_launches_what_the_answer_needs_together():
     assert {frozenset("ad"), frozenset("bd")} <= set(launches(search, proposed))
 
 
+def test_the_checks_of_a_lead_take_the_nodes_whose_engines_they_can_switch_into():
+    """Four nodes, ∅ up on two and the bad end's state {a, b} on two; the lead {d, e} asks
+    three checks: {d, e} alone (∅ only), "{e} passes" ({e} or {a, b, e}) and "{d} passes"
+    ({d} or {a, b, d}). Each check took the engine up at the round's start, so all three went
+    to ∅, and the third launched on a node of {a, b}, holding the round up by a launch. Placed
+    one by one, the check with one configuration first, the third runs in {a, b}: a switch."""
+    trial = Noise(0.01, 0.01)
+    search = ended(Search(NAMES, noise=FIVE, trial_noise=trial, costs=NODE, parallel=4,
+                          end_nodes=2, confidence=0.99))
+    for round_ in ("abcf- abcd-", "abce- abdef+", "abcde+ abcdf-", "abcef- abcde+"):
+        search.begin_round()  # each round in the bad end's two nodes: ∅'s two stay up
+        for word in round_.split():
+            search.record(frozenset(word[:-1]), V.FAIL if word[-1] == "+" else V.PASS,
+                          noise=trial)
+    assert search.top(1)[0][0].members == frozenset("de")
+    proposed = search.next()
+    assert {frozenset("de"), frozenset("e")} <= set(proposed)
+    assert frozenset("abd") in proposed and launches(search, proposed) == []
+
+
 def test_a_single_culprit_of_engine_trials_needs_a_fresh_look_at_its_sufficiency():
     """One flipped trial of a candidate alone must not name it where sequential trial probes
     or several nodes bring such trials early (docs/performance.md, issue 42, Parts 7 and 8:

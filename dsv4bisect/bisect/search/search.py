@@ -412,17 +412,28 @@ class Search:
         tracker = self._tracker
         rest = frozenset(self.candidates) - hyp.members  # the bad end without the lead
         remedy_state = self._remedy_state(hyp)
-        picks = []  # one configuration per check: hot now, else in the remedy's state
-        for opts in self._check_options(lead):
-            pick = next((o for o in opts if tracker.engine_up(o)), None)
+        picks: list[frozenset[str]] = []  # one per check: hot now, else in the remedy's state
+        # several nodes: each pick takes a node of the round, the checks with the fewest
+        # configurations first, so a check whose state's nodes the earlier picks took runs in
+        # another engine that is up where it can, not a launch
+        options = self._check_options(lead)
+        placed = tracker
+        if self.parallel > 1:
+            placed, options = tracker.copy(), sorted(options, key=len)
+        for opts in options:
+            pick = next((o for o in opts if placed.engine_up(o)), None)
             if pick is None and remedy_state is not None:
                 pick = next((o for o in opts if o & self._load == remedy_state), None)
-            picks.append(opts[0] if pick is None else pick)
+            pick = opts[0] if pick is None else pick
+            if pick not in picks:
+                picks.append(pick)
+                if placed is not tracker:
+                    placed.charge(pick, 0.5)
         if (picks and hyp.is_set and rest and not tracker.seen[rest] and tracker.engine_up(rest)
                 and not any(tracker.engine_up(p) for p in picks)):
             return [rest]
         picks.sort(key=lambda p: (not tracker.engine_up(p), p != hyp.members))  # stable
-        out = list(dict.fromkeys(picks))[:k]
+        out = picks[:k]
         if (0 < len(out) < k and hyp.is_set and rest and not tracker.seen[rest]
                 and rest not in out and rest not in self._skipped):
             # a slot the checks leave idle runs the remedy check now (driver._remedy counts
