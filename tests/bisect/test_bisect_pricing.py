@@ -239,6 +239,28 @@ def test_the_checks_of_a_lead_take_the_nodes_whose_engines_they_can_switch_into(
     assert frozenset("abd") in proposed and launches(search, proposed) == []
 
 
+def test_a_check_whose_engine_this_round_takes_waits_for_the_next_round_not_a_launch():
+    """Two nodes, one in {a} and one in {b} after a round of launches; the lead {a, d} asks
+    {a, d} alone and "{a} passes", both only in {a}, and "{d} passes" ({b, d} in {b}). The
+    second check in {a} would launch on {b}'s node, holding the round up by a launch and
+    stopping the engine "{d} passes" switches into; it waits a round instead, when {a}'s node
+    is free again (a switch)."""
+    trial = Noise(0.01, 0.01)
+    search = ended(Search(NAMES, noise=FIVE, trial_noise=trial, costs=NODE, parallel=2,
+                          end_nodes=1, confidence=0.99))
+    for round_ in ("abc- abef-", "abdf+ abce-", "acd+ bcdf-", "acd+ bcdf-"):
+        search.begin_round()
+        for word in round_.split():
+            search.record(frozenset(word[:-1]), V.FAIL if word[-1] == "+" else V.PASS,
+                          noise=trial)
+    assert search.top(1)[0][0].members == frozenset("ad")
+    search.begin_round()
+    assert set(search._tracker.engines) == {frozenset("a"), frozenset("b")}
+    proposed = search.next()
+    assert proposed == [frozenset("ad"), frozenset("bd")]
+    assert launches(search, proposed) == []
+
+
 def test_a_single_culprit_of_engine_trials_needs_a_fresh_look_at_its_sufficiency():
     """One flipped trial of a candidate alone must not name it where sequential trial probes
     or several nodes bring such trials early (docs/performance.md, issue 42, Parts 7 and 8:

@@ -412,27 +412,38 @@ class Search:
         tracker = self._tracker
         rest = frozenset(self.candidates) - hyp.members  # the bad end without the lead
         remedy_state = self._remedy_state(hyp)
-        picks: list[frozenset[str]] = []  # one per check: hot now, else in the remedy's state
-        # several nodes: each pick takes a node of the round, the checks with the fewest
-        # configurations first, so a check whose state's nodes the earlier picks took runs in
-        # another engine that is up where it can, not a launch
+        # one configuration per check: in an engine up now (`hot`), else in the remedy's
+        # load-time state or the check's own (`cold`, a launch). On several nodes each hot pick
+        # takes a node of the round, the checks with the fewest configurations first, so a
+        # check whose engine's nodes the earlier ones took switches into another engine that
+        # is up where it can, and waits for the next round where it cannot
+        hot: list[frozenset[str]] = []
+        cold: list[frozenset[str]] = []
         options = self._check_options(lead)
         placed = tracker
         if self.parallel > 1:
-            placed, options = tracker.copy(), sorted(options, key=len)
+            placed, options = tracker.copy(), sorted(
+                options, key=lambda opts: (len(opts), opts[0] != hyp.members))
         for opts in options:
             pick = next((o for o in opts if placed.engine_up(o)), None)
-            if pick is None and remedy_state is not None:
+            if pick is not None:
+                if pick not in hot:
+                    hot.append(pick)
+                    if placed is not tracker:
+                        placed.charge(pick, 0.5)
+                continue
+            if placed is not tracker and any(tracker.engine_up(o) for o in opts):
+                continue  # its engine's nodes are this round's: a switch in the next one
+            if remedy_state is not None:
                 pick = next((o for o in opts if o & self._load == remedy_state), None)
             pick = opts[0] if pick is None else pick
-            if pick not in picks:
-                picks.append(pick)
-                if placed is not tracker:
-                    placed.charge(pick, 0.5)
-        if (picks and hyp.is_set and rest and not tracker.seen[rest] and tracker.engine_up(rest)
-                and not any(tracker.engine_up(p) for p in picks)):
+            if pick not in cold and pick not in hot:
+                cold.append(pick)
+        if (cold and not hot and hyp.is_set and rest and not tracker.seen[rest]
+                and tracker.engine_up(rest)):
             return [rest]
-        picks.sort(key=lambda p: (not tracker.engine_up(p), p != hyp.members))  # stable
+        picks = [p for group in (hot, cold)
+                 for p in sorted(group, key=lambda p: p != hyp.members)]  # stable
         out = picks[:k]
         if (0 < len(out) < k and hyp.is_set and rest and not tracker.seen[rest]
                 and rest not in out and rest not in self._skipped):
