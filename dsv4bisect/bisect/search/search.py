@@ -3,7 +3,8 @@
 `Search` keeps a posterior over culprit sets (singles, interacting pairs, optionally triples)
 and three catch-alls (hypotheses.py), proposes subsets by expected information per launch
 (design.py), and is deterministic given its records: replaying the same records into a fresh
-`Search` gives the same proposals, which is how the driver resumes.
+`Search` gives the same proposals, which is how the driver resumes (with several trials a
+round, asking for each round as it replays them: `begin_round`).
 
 Phases: `ends` (∅ and the full set, repeated under noise until they are known to differ;
 only ∅ when no trial is judged against a measurement of the bad end: see `_bad_end_first`),
