@@ -395,8 +395,10 @@ def test_a_search_of_several_trials_a_round_resumes_to_the_same_proposals(parall
     resumed search meets the nodes' engines as the live one did and proposes what it did; a
     replay of the records alone that marks where each round began (the plan's memo) too."""
     rng = random.Random(7)
-    make = lambda: Search(NAMES, noise=FIVE, costs=SGLANG, parallel=parallel,  # noqa: E731
-                          end_nodes=parallel // 2)
+    def make() -> Search:
+        return Search(NAMES, noise=FIVE, costs=SGLANG, parallel=parallel,
+                      end_nodes=parallel // 2)
+
     live, rounds = make(), []
     while (proposals := live.next()) and len(rounds) < 20:
         rounds.append([(s, oracle_outcome(s, frozenset({"a", "e"}), FIVE, rng))
@@ -419,8 +421,8 @@ def test_a_round_leaves_the_engines_its_trials_left_on_their_nodes():
     two), a round of four trials, three in {a}: each takes a node of its own, as the executor
     places them, so after it no node holds ∅ or {a, b} and a trial in either launches. Freeing
     every node after each record instead had the second and third {a} trials switch on the
-    first one's node, and the search went on pricing ∅ and {a, b} as up (in the plan's pair
-    {a, c}-like draws it then proposed checks that launched where it priced switches)."""
+    first one's node, and the search went on pricing ∅ and {a, b} as up: the checks of a pair
+    with one load-time member were then priced as switches and launched."""
     search = ended(Search(NAMES, noise=FIVE, costs=NODE, parallel=4, end_nodes=2))
     assert set(search._tracker.engines) == {frozenset(), frozenset("ab")}
     search.begin_round()

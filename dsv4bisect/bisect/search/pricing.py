@@ -17,9 +17,8 @@ The policy priced here is the one the driver follows:
   longest ago (a launch there), as RayRunner places them; the next round frees every node
   again (`new_round`, called as the search begins a round: `Search.begin_round`), so a round's
   recorded trials leave the engines the executor left, each launch on a node of its own.
-  Priced on one node's
-  engines instead, a round's second trial in ∅ after one in the bad end's state looked like a
-  launch though another node held ∅. Where the executor shards the ends (bisect/rounds.py),
+  Priced on one node's engines instead, a round's second trial in ∅ after one in the bad end's
+  state looked like a launch though another node held ∅. Where the executor shards the ends (bisect/rounds.py),
   an end's trial takes `end_nodes` of them (`NodeSlots.spread`: half the nodes each with the
   ends together, every node with the ends alone), so after the ends the search knows which
   nodes hold ∅ and which the bad end's state.
