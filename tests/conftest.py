@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -65,9 +66,30 @@ def run_dsv4bisect(*args: str | Path, cwd: Path | None = None, timeout: float = 
     `python`: what runs instead of `-m dsv4bisect` (e.g. `-c` code that hides a package);
     `env`: variables set for it on top of this process's (None: unset)."""
     full = {**os.environ, "NO_COLOR": "1", **(env or {})}
-    return subprocess.run([sys.executable, *python, *map(str, args)], cwd=cwd,
+    with subprocess.Popen([sys.executable, *python, *map(str, args)], cwd=cwd,
                           env={k: v for k, v in full.items() if v is not None},
-                          capture_output=True, text=True, timeout=timeout, check=False)
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:  # its timeout, or the suite's Ctrl-C
+            _interrupt(proc)
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+CLI_STOP_GRACE_S = 60.0  # a CLI's engines stopping after its SIGINT (they drain, then exit)
+
+
+def _interrupt(proc: subprocess.Popen[str]) -> None:
+    """Stop a CLI the way a user's Ctrl-C does, then SIGKILL it after `CLI_STOP_GRACE_S`. Its
+    engines run in sessions of their own, so a SIGKILL alone (subprocess.run's) would leave
+    them up for the rest of the suite, for a `--resume` that never comes."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.communicate(timeout=CLI_STOP_GRACE_S)
+    except BaseException:
+        proc.kill()
+        proc.communicate()
 
 
 @pytest.fixture
