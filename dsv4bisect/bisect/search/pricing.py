@@ -18,10 +18,10 @@ The policy priced here is the one the driver follows:
   again (`new_round`, called as the search begins a round: `Search.begin_round`), so a round's
   recorded trials leave the engines the executor left, each launch on a node of its own.
   Priced on one node's engines instead, a round's second trial in ∅ after one in the bad end's
-  state looked like a launch though another node held ∅. Where the executor shards the ends (bisect/rounds.py),
-  an end's trial takes `end_nodes` of them (`NodeSlots.spread`: half the nodes each with the
-  ends together, every node with the ends alone), so after the ends the search knows which
-  nodes hold ∅ and which the bad end's state.
+  state looked like a launch though another node held ∅. Where the executor shards the ends
+  (bisect/rounds.py), an end's trial takes `end_nodes` of them (`NodeSlots.spread`: half the
+  nodes each with the ends together, every node with the ends alone), so after the ends the
+  search knows which nodes hold ∅ and which the bad end's state.
 * **Probes.** The good end is probed at full size plus its A/A repeat (`aa_fraction` of the full
   probe), and that trial's verdict is the A/A verdict; the bad end at full size; every other
   configuration with the sequential trial probe, whose expected length is `like_good_fraction`

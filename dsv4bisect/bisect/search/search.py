@@ -421,19 +421,19 @@ class Search:
         hot: list[frozenset[str]] = []
         cold: list[frozenset[str]] = []
         options = self._check_options(lead)
-        placed = tracker
-        if self.parallel > 1:
-            placed, options = tracker.copy(), sorted(
-                options, key=lambda opts: (len(opts), opts[0] != hyp.members))
+        several = self.parallel > 1
+        placed = tracker.copy() if several else tracker  # the round's nodes as picks take them
+        if several:
+            options.sort(key=lambda opts: (len(opts), opts[0] != hyp.members))
         for opts in options:
             pick = next((o for o in opts if placed.engine_up(o)), None)
             if pick is not None:
                 if pick not in hot:
                     hot.append(pick)
-                    if placed is not tracker:
+                    if several:
                         placed.charge(pick, 0.5)
                 continue
-            if placed is not tracker and any(tracker.engine_up(o) for o in opts):
+            if several and any(tracker.engine_up(o) for o in opts):
                 continue  # its engine's nodes are this round's: a switch in the next one
             if remedy_state is not None:
                 pick = next((o for o in opts if o & self._load == remedy_state), None)
