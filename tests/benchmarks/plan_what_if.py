@@ -8,7 +8,7 @@ trial probe's asked error rates do to P(correct).
 
     python tests/benchmarks/plan_what_if.py dsv4-flash-tp8-latest-all [--runs 400]
         [--shares 1 0.5 0.25 0.1] [--confidence 0.99] [--trial-rates 0.005 0.005]
-        [--after-run] [--good-cached] [--by-class]
+        [--after-run] [--good-cached] [--by-class] [--exact] [--noiseless]
 
 `--after-run`: the bisect that follows a failing `run` of the profile, whose seed block 0 ends
 that run left in the cache (`StepCosts.ends0_cached`, as `--plan` prices them when it finds
@@ -16,7 +16,11 @@ both entries: bisect/trials/end_probes.py `run_ends`). `--good-cached`: only blo
 end is cached (`StepCosts.good0_cached`, as `--plan` prices it when it finds the baseline).
 `--by-class`: the one-node row per class of hidden culprit set (a single culprit or a pair, by
 how many of them are load-time), with the fewest launches a bisect can spend on that class under
-its rules (`FEWEST_LAUNCHES`).
+its rules (`FEWEST_LAUNCHES`). `--exact`: also the exact floor on one node (bisect/plan/
+exact_floor.py: the optimum of the same problem with noiseless trials, by dynamic programming, at
+P(correct) 1 and at the plan's 0.99; about 90 s for a profile of six candidates, two load-time).
+`--noiseless`: the world's verdicts and the search's model without errors (the ends' and the
+trials' costs as priced): what the search's choices alone spend over the exact floor.
 
 Builds the bisect as `dsv4bisect bisect PROFILE --plan --executor ray --parallel 4` does
 (bisect/setup.py `prepare`: the SGLang defaults, no ledger) and, per share, simulates the
@@ -38,6 +42,7 @@ import numpy as np
 
 from dsv4bisect.bisect.end_looks import LOOK1_MAX_SHARE, look1_share
 from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape, sequential_from_probe
+from dsv4bisect.bisect.plan.exact_floor import exact_floor
 from dsv4bisect.bisect.plan.parallel_plan import _row as node_row
 from dsv4bisect.bisect.plan.parallel_plan import floor_run, plan_nodes, sharded_row
 from dsv4bisect.bisect.plan.simulate import Setup, common_draws
@@ -75,6 +80,10 @@ def main() -> None:
                     help="seed block 0's ends cached by a failing run (StepCosts.ends0_cached)")
     ap.add_argument("--by-class", action="store_true",
                     help="the one-node row per class of culprit set, beside its fewest launches")
+    ap.add_argument("--exact", action="store_true",
+                    help="the exact floor on one node (noiseless trials, dynamic programming)")
+    ap.add_argument("--noiseless", action="store_true",
+                    help="verdicts without errors, in the world and in the search's model")
     ap.add_argument("--good-cached", action="store_true",
                     help="seed block 0's good end alone in the baseline cache "
                          "(StepCosts.good0_cached)")
@@ -85,7 +94,7 @@ def main() -> None:
     assert prep.engine is not None, "an engine bisect"
     plan = replace(prep.setup(), confirm=False)  # the Ray executor cannot launch fresh
     asked = (args.confidence or args.trial_rates or args.launch is not None or args.pool
-             or args.after_run or args.good_cached)
+             or args.after_run or args.good_cached or args.noiseless)
     own_share = look1_share(prep.engine.spec)
     args.shares = args.shares or sorted({1.0, 0.5, LOOK1_MAX_SHARE, own_share}, reverse=True)
     if args.runs == NODE_PLAN_RUNS and own_share in args.shares and not asked:
@@ -102,7 +111,8 @@ def main() -> None:
           + (f"; launch {args.launch:g} s" if args.launch is not None else "")
           + (f"; {args.pool} engines a node" if args.pool else "")
           + ("; after a failing run (block 0's ends cached)" if args.after_run else "")
-          + ("; block 0's good end cached" if args.good_cached else ""))
+          + ("; block 0's good end cached" if args.good_cached else "")
+          + ("; noiseless verdicts" if args.noiseless else ""))
     print(f"{'share':>6}  {'look 1':>6}  {'P(look2)':>8}  {'1 node':>7}  {'p90':>6}  "
           f"{'P(ok)':>6}  {'low':>6}  {'launches':>8}  {'ends':>6}  {'trials':>6}  "
           f"{'4 nodes':>7}  {'p90':>6}  {'floor 1':>7}  {'floor 4':>7}")
@@ -118,6 +128,8 @@ def main() -> None:
             cfg = replace(cfg, costs=replace(cfg.costs, ends0_cached=True))
         if args.good_cached:
             cfg = replace(cfg, costs=replace(cfg.costs, good0_cached=True))
+        if args.noiseless:
+            cfg = replace(cfg, noise=Noise(0.0, 0.0), trial_noise=Noise(0.0, 0.0))
         one = node_row(cfg, 1, 1, True, True, False, culprits, seeds)
         four = sharded_row(cfg, 4, True, True, culprits, seeds)
         floors = [float(np.mean([floor_run(cfg, k, x, (four.ends or "alone") if k > 1
@@ -134,6 +146,9 @@ def main() -> None:
         for k in (1, 4):
             print(f"        {_any_search_floor(cfg, k)}", flush=True)
             print(f"        {_any_search_floor(cfg, k, fresh_look=True)}", flush=True)
+            if k == 1 and args.exact:  # one engine a node (the table's state is one)
+                print(f"        {exact_floor(cfg).line()}" if cfg.costs.pool == 1 else
+                      "        exact floor: one engine a node only", flush=True)
         if args.by_class:
             _by_class(cfg, culprits, runs)
 

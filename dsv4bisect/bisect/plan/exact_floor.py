@@ -1,0 +1,194 @@
+"""The least any search can spend on one node: the exact optimum of the bisect's problem with
+noiseless trials (pure; docs/performance.md, issue 42 Part 10).
+
+The plan's world (simulate.py) hides a culprit set C drawn from the flat prior over the sets of
+up to `max_order` candidates; a trial of subset S fails iff C <= S, its verdict flipped at the
+trial probe's error rates. A trial costs its engine (a hot switch where the engine up holds S's
+load-time state, else a launch; one engine on the node) and its probe: the trial probe's share
+like the bad end where C <= S, like the good end otherwise (`CostTracker.charge`). The bisect's
+rules add the ends first (`floor_run`: both at look 1) and the remedy check, the bad end
+without the named set, which a trial the search already ran on it answers (remedy.py).
+
+With noiseless trials this is a finite decision problem over (the culprit sets still
+consistent, the load-time state up, the sets whose remedy configuration was tested), solved
+exactly by dynamic programming. Any search on noisy trials is a policy of the noiseless
+problem too (it can flip the verdicts with a coin of its own: same costs, same chance of naming
+the right set), so the noiseless optimum is a floor under every search and every stopping rule.
+A search may still name a wrong set with probability `miss`; a policy of the noiseless problem
+that may stop early is bounded by Lagrangian relaxation: for every price `lam` on naming a wrong
+set, E[seconds] >= V(lam) - miss * lam, V(lam) the optimum of seconds + lam * P(wrong).
+
+What it leaves out, each of which only adds: the noise itself (the repeats and the fresh look a
+search needs to be right at 1 % trial errors), look 2 of the ends, the confirmation. One engine
+a node (`pool` 1): with more engines the state would be a set of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dsv4bisect.bisect.plan.parallel_plan import floor_run
+from dsv4bisect.bisect.plan.simulate import Setup
+from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
+
+NONE_UP = -1  # no engine on the node (the ends came from a cache)
+# prices on a wrong name tried for the bound at P(correct) < 1, in units of the mean trial
+LAMBDA_STEPS = (2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0)
+
+
+@dataclass(frozen=True)
+class ExactFloor:
+    ends_s: float  # the ends at look 1 (floor_run)
+    certain_s: float  # ends + the noiseless optimum that always names the right set
+    bound_s: float  # ends + the floor for any search right with P >= 1 - miss
+    miss: float
+    price: float  # the price on a wrong name that gave `bound_s`
+    trials: float  # of the certain optimum, the remedy check included, beyond the ends
+    launches: float  # of the certain optimum, beyond the ends
+    states: int  # of the certain optimum's table
+
+    def line(self) -> str:
+        return (f"exact floor, noiseless trials, 1 node: {self.bound_s:.0f} s at P(correct) "
+                f">= {1 - self.miss:g} (price {self.price:.0f} s on a wrong name), "
+                f"{self.certain_s:.0f} s always right = the ends {self.ends_s:.0f} s + "
+                f"{self.certain_s - self.ends_s:.0f} s ({self.trials:.2f} trials, the remedy "
+                f"check among them, {self.launches:.2f} launches beyond the ends; "
+                f"{self.states} states)")
+
+
+class _Problem:
+    """The noiseless problem on bitmasks: candidate i is bit i of a subset, culprit set h bit h
+    of a mask of sets."""
+
+    def __init__(self, setup: Setup, sets: Sequence[frozenset[str]], prior: Sequence[float]):
+        c = setup.costs
+        if c.pool != 1:
+            raise ValueError("the exact floor prices one engine a node")
+        bit = {name: 1 << i for i, name in enumerate(setup.candidates)}
+        self.all = (1 << len(setup.candidates)) - 1
+        self.load = sum(bit[n] for n in c.load_time if n in bit)
+        self.sets = [sum(bit[n] for n in s) for s in sets]
+        self.prior = list(prior)
+        self.costs = c
+        fraction = ((c.like_good_fraction, c.like_bad_fraction) if c.sequential else (1.0, 1.0))
+        self.good_s, self.bad_s = (c.probe_s * f for f in fraction)
+        # every subset but the two ends, which every set answers alike
+        self.tests = [(s, self._fails(s), self._remedy_of(s)) for s in range(1, self.all)]
+        self.mass = functools.cache(self._mass)  # a set of culprit sets' prior mass
+
+    def _fails(self, subset: int) -> int:
+        return sum(1 << h for h, members in enumerate(self.sets) if members & ~subset == 0)
+
+    def _remedy_of(self, subset: int) -> int:
+        """The sets whose remedy configuration (the bad end without them) `subset` is."""
+        return sum(1 << h for h, members in enumerate(self.sets) if self.all & ~members == subset)
+
+    def engine_s(self, up: int, state: int) -> float:
+        c = self.costs
+        return c.switch_s if c.hot and up == state else c.launch_s
+
+    def _mass(self, mask: int) -> float:
+        return sum(p for h, p in enumerate(self.prior) if mask >> h & 1)
+
+    def solve(self, price: float) -> tuple[float, dict]:
+        """V(price) from every start a bisect's ends can leave, and the table of choices."""
+        choice: dict[tuple[int, int, int], tuple] = {}
+
+        @functools.cache
+        def value(mask: int, up: int, done: int) -> float:
+            m = self.mass(mask)
+            best, best_choice = math.inf, None
+            for h in range(len(self.sets)):  # stop, naming h, then its remedy check
+                if not mask >> h & 1:
+                    continue
+                wrong = m - self.prior[h]  # 0 where h is the only set left
+                cost = price * wrong if wrong > 0 else 0.0
+                rest = self.all & ~self.sets[h]
+                if rest and not done >> h & 1:
+                    cost += m * self.engine_s(up, rest & self.load)
+                    cost += sum(self.prior[g] * (self.bad_s if self.sets[g] & ~rest == 0
+                                                 else self.good_s)
+                                for g in range(len(self.sets)) if mask >> g & 1)
+                if cost < best:
+                    best, best_choice = cost, ("stop", h)
+            if mask & (mask - 1):  # two sets or more: a trial may split them
+                seen = set()
+                for subset, fails, remedy_of in self.tests:
+                    f = mask & fails
+                    if f in (0, mask):
+                        continue
+                    state, tested = subset & self.load, done | (remedy_of & mask)
+                    if (f, state, tested) in seen:
+                        continue
+                    seen.add((f, state, tested))
+                    p = mask & ~f
+                    cost = (m * self.engine_s(up, state) + self.mass(f) * self.bad_s
+                            + self.mass(p) * self.good_s)
+                    if cost >= best:
+                        continue
+                    cost += value(f, state, tested & f)
+                    if cost >= best:
+                        continue
+                    cost += value(p, state, tested & p)
+                    if cost < best:
+                        best, best_choice = cost, ("trial", subset, f, p, state, tested)
+            choice[(mask, up, done)] = best_choice
+            return best
+
+        full = (1 << len(self.sets)) - 1
+        starts = [NONE_UP] if self.costs.ends0_cached else [self.load, 0]
+        values = {up: value(full, up, 0) for up in starts}  # the bad end or the good end last
+        start = min(values, key=values.get)
+        choice["start"] = start
+        return values[start], choice
+
+    def walk(self, choice: dict, h: int) -> tuple[int, int, int]:
+        """The trials and launches of the solved policy when `h` is the culprit set, and the
+        set it names."""
+        mask, up, done = (1 << len(self.sets)) - 1, choice["start"], 0
+        trials = launches = 0
+        while True:
+            step = choice[(mask, up, done)]
+            if step[0] == "stop":
+                named = step[1]
+                rest = self.all & ~self.sets[named]
+                if rest and not done >> named & 1:
+                    trials += 1
+                    launches += self.engine_s(up, rest & self.load) == self.costs.launch_s
+                return trials, launches, named
+            _, _, f, _, state, tested = step
+            trials += 1
+            launches += self.engine_s(up, state) == self.costs.launch_s
+            mask = f if f >> h & 1 else mask & ~f
+            up, done = state, tested & mask
+
+
+def exact_floor(setup: Setup, miss: float = 0.01) -> ExactFloor:
+    """The floor under any search on one node for `setup`'s world (the module docstring)."""
+    space = HypothesisSpace(setup.candidates, setup.max_order, Priors())  # the world's prior
+    prior = np.exp(space.log_prior[: space.n_sets])
+    prior = prior / prior.sum()
+    sets = [space.hypothesis(i).members for i in range(space.n_sets)]
+    problem = _Problem(setup, sets, [float(p) for p in prior])
+    ends = floor_run(setup, 1, frozenset(setup.candidates))
+    certain, choice = problem.solve(math.inf)
+    trials = launches = 0.0
+    for h, p in enumerate(problem.prior):
+        n_trials, n_launches, named = problem.walk(choice, h)
+        assert named == h, "the certain optimum names the culprit set"
+        trials += p * n_trials
+        launches += p * n_launches
+    unit = problem.good_s + setup.costs.switch_s
+    bound, price = certain, math.inf
+    if miss > 0:
+        bounds = {step * unit: problem.solve(step * unit)[0] - miss * step * unit
+                  for step in LAMBDA_STEPS}
+        price = max(bounds, key=bounds.get)
+        bound = min(bounds[price], certain)
+    return ExactFloor(ends, ends + certain, ends + bound, float(miss), price, trials, launches,
+                      len([k for k in choice if k != "start"]))
