@@ -147,10 +147,11 @@ def main() -> None:
             print(f"        {_any_search_floor(cfg, k)}", flush=True)
             print(f"        {_any_search_floor(cfg, k, fresh_look=True)}", flush=True)
             if k == 1 and args.exact:  # one engine a node (the table's state is one)
-                print(f"        {exact_floor(cfg).line()}" if cfg.costs.pool == 1 else
+                exact = exact_floor(cfg) if cfg.costs.pool == 1 else None
+                print(f"        {exact.line()}" if exact else
                       "        exact floor: one engine a node only", flush=True)
         if args.by_class:
-            _by_class(cfg, culprits, runs)
+            _by_class(cfg, culprits, runs, exact if args.exact else None)
 
 
 def _phases(cfg: Setup, culprits, seeds) -> tuple[dict[str, float], list]:
@@ -195,8 +196,9 @@ def _any_search_floor(cfg: Setup, nodes: int = 1, p_correct: float = 0.99,
     right with P >= the confidence and Fano bounds the trials before it at 1 - confidence; the
     fresh trials come after. In the plan's flat world the search's prior is not the world's, so
     this is not a floor there (a search with another prior could lead early and look afresh on
-    trials that also inform); it is what a search that knows the world's prior cannot beat. One node: the fewest launches beyond
-    the ends are FEWEST_LAUNCHES's (none counted without that table). K nodes: a round runs at
+    trials that also inform); it is what a search that knows the world's prior cannot beat.
+    One node: the fewest launches beyond the ends are FEWEST_LAUNCHES's (none counted without
+    that table). K nodes: a round runs at
     most K trials, each node paying its switch and its share of their probes, so the rounds
     last at least trials x (switch + probe) / K; a bisect whose culprits need a load-time state
     the ends left no engine in pays one launch round (with the ends together, ∅ and the bad
@@ -277,24 +279,33 @@ def _culprit_class(culprits: frozenset[str], load: frozenset[str]) -> tuple[str,
     return ("single" if len(culprits) == 1 else "pair", len(culprits & load))
 
 
-def _by_class(cfg: Setup, culprits, runs) -> None:
-    """The one-node row per class of culprit set: single or pair, by its load-time members."""
+def _by_class(cfg: Setup, culprits, runs, exact=None) -> None:
+    """The one-node row per class of culprit set: single or pair, by its load-time members;
+    with `exact` (an ExactFloor), the certain optimum's trials and launches beyond the ends
+    per class, weighted by the world's prior."""
     load = cfg.costs.load_time & frozenset(cfg.candidates)
     keys = [_culprit_class(c, load) for c in culprits]
     classes: dict[tuple[str, int], list[int]] = {}
     for i, key in enumerate(keys):
         classes.setdefault(key, []).append(i)
     fewest = FEWEST_LAUNCHES if len(load) == 2 else {}
+    optimum: dict[tuple[str, int], np.ndarray] = {}  # prior, trials, launches beyond the ends
+    for members, p, n_trials, n_launches in exact.per_set if exact else ():
+        key = _culprit_class(members, load)
+        optimum[key] = optimum.get(key, np.zeros(3)) + (p, p * n_trials, p * n_launches)
     print(f"  {'culprits':<22} {'draws':>5}  {'mean':>6}  {'p90':>6}  {'P(ok)':>6}  "
-          f"{'launches':>8}  {'fewest':>6}  {'trials':>6}")
+          f"{'launches':>8}  {'fewest':>6}  {'trials':>6}"
+          + ("  optimum beyond the ends: trials, launches" if exact else ""))
     for key in sorted(classes):
         idx = classes[key]
         wall = np.array([runs[i].wall_s for i in idx])
+        share, trials, launches = optimum.get(key, (1.0, np.nan, np.nan))
+        best = f"  {trials / share:>6.2f}  {launches / share:>4.2f}" if exact else ""
         print(f"  {key[0] + f', {key[1]} load-time':<22} {len(idx):>5}  {wall.mean():>6.0f}  "
               f"{np.percentile(wall, 90):>6.0f}  {np.mean([runs[i].correct for i in idx]):>6.4f}  "
               f"{np.mean([runs[i].launches for i in idx]):>8.2f}  "
               f"{fewest.get(key, float('nan')):>6.0f}  "
-              f"{np.mean([runs[i].trials for i in idx]):>6.1f}")
+              f"{np.mean([runs[i].trials for i in idx]):>6.1f}{best}")
     if fewest:
         floor = np.mean([fewest[key] for key in keys])
         print(f"  fewest launches over the draws: {floor:.2f}, against "

@@ -51,6 +51,9 @@ class ExactFloor:
     trials: float  # of the certain optimum, the remedy check included, beyond the ends
     launches: float  # of the certain optimum, beyond the ends
     states: int  # of the certain optimum's table
+    # per culprit set of the world's prior: (the set, its prior, the certain optimum's trials and
+    # launches beyond the ends when it is the culprit set)
+    per_set: tuple[tuple[frozenset[str], float, int, int], ...] = ()
 
     def line(self) -> str:
         return (f"exact floor, noiseless trials, 1 node: {self.bound_s:.0f} s at P(correct) "
@@ -177,12 +180,13 @@ def exact_floor(setup: Setup, miss: float = 0.01) -> ExactFloor:
     problem = _Problem(setup, sets, [float(p) for p in prior])
     ends = floor_run(setup, 1, frozenset(setup.candidates))
     certain, choice = problem.solve(math.inf)
-    trials = launches = 0.0
+    per_set = []
     for h, p in enumerate(problem.prior):
         n_trials, n_launches, named = problem.walk(choice, h)
         assert named == h, "the certain optimum names the culprit set"
-        trials += p * n_trials
-        launches += p * n_launches
+        per_set.append((sets[h], p, n_trials, n_launches))
+    trials = sum(p * n for _, p, n, _ in per_set)
+    launches = sum(p * n for _, p, _, n in per_set)
     unit = problem.good_s + setup.costs.switch_s
     bound, price = certain, math.inf
     if miss > 0:
@@ -191,4 +195,4 @@ def exact_floor(setup: Setup, miss: float = 0.01) -> ExactFloor:
         price = max(bounds, key=bounds.get)
         bound = min(bounds[price], certain)
     return ExactFloor(ends, ends + certain, ends + bound, float(miss), price, trials, launches,
-                      len([k for k in choice if k != "start"]))
+                      len([k for k in choice if k != "start"]), tuple(per_set))
