@@ -37,7 +37,8 @@ from dsv4bisect.bisect.plan.simulate import Setup
 from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
 
 NONE_UP = -1  # no engine on the node (the ends came from a cache)
-# prices on a wrong name tried for the bound at P(correct) < 1, in units of the mean trial
+# prices on a wrong name tried for the bound at P(correct) < 1, in units of one switched trial
+# that passes (a switch and the trial probe like the good end)
 LAMBDA_STEPS = (2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0)
 
 
