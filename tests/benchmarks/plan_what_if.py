@@ -8,7 +8,7 @@ trial probe's asked error rates do to P(correct).
 
     python tests/benchmarks/plan_what_if.py dsv4-flash-tp8-latest-all [--runs 400]
         [--shares 1 0.5 0.25 0.1] [--confidence 0.99] [--trial-rates 0.005 0.005]
-        [--after-run] [--good-cached] [--by-class] [--exact] [--noiseless]
+        [--after-run] [--good-cached] [--by-class] [--exact] [--noiseless] [--genie]
 
 `--after-run`: the bisect that follows a failing `run` of the profile, whose seed block 0 ends
 that run left in the cache (`StepCosts.ends0_cached`, as `--plan` prices them when it finds
@@ -21,6 +21,9 @@ exact_floor.py: the optimum of the same problem with noiseless trials, by dynami
 P(correct) 1 and at the plan's 0.99; about 90 s for a profile of six candidates, two load-time).
 `--noiseless`: the world's verdicts and the search's model without errors (the ends' and the
 trials' costs as priced): what the search's choices alone spend over the exact floor.
+`--genie`: also the floor on one node at the trial probe's own error rate (exact_floor.py
+`noisy_floor`: the genie's bound, at a price of 16 switched trials on a wrong name; slow: see
+docs/performance.md, issue 42 Part 10, for its time on `latest-all`).
 
 Builds the bisect as `dsv4bisect bisect PROFILE --plan --executor ray --parallel 4` does
 (bisect/setup.py `prepare`: the SGLang defaults, no ledger) and, per share, simulates the
@@ -42,7 +45,7 @@ import numpy as np
 
 from dsv4bisect.bisect.end_looks import LOOK1_MAX_SHARE, look1_share
 from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape, sequential_from_probe
-from dsv4bisect.bisect.plan.exact_floor import exact_floor
+from dsv4bisect.bisect.plan.exact_floor import exact_floor, noisy_floor
 from dsv4bisect.bisect.plan.parallel_plan import _row as node_row
 from dsv4bisect.bisect.plan.parallel_plan import floor_run, plan_nodes, sharded_row
 from dsv4bisect.bisect.plan.simulate import Setup, common_draws
@@ -82,6 +85,8 @@ def main() -> None:
                     help="the one-node row per class of culprit set, beside its fewest launches")
     ap.add_argument("--exact", action="store_true",
                     help="the exact floor on one node (noiseless trials, dynamic programming)")
+    ap.add_argument("--genie", action="store_true",
+                    help="the floor on one node at the trial probe's error rate (slow)")
     ap.add_argument("--noiseless", action="store_true",
                     help="verdicts without errors, in the world and in the search's model")
     ap.add_argument("--good-cached", action="store_true",
@@ -150,6 +155,11 @@ def main() -> None:
                 exact = exact_floor(cfg) if cfg.costs.pool == 1 else None
                 print(f"        {exact.line()}" if exact else
                       "        exact floor: one engine a node only", flush=True)
+            if k == 1 and args.genie and cfg.costs.pool == 1:
+                floor, price, states = noisy_floor(cfg)
+                print(f"        floor at the trial probe's {cfg.trial_noise.false_fail:g} error "
+                      f"rate (the genie's), 1 node: {floor:.0f} s at P(correct) >= 0.99 (price "
+                      f"{price:.0f} s on a wrong name; {states} states)", flush=True)
         if args.by_class:
             _by_class(cfg, culprits, runs, exact if args.exact else None)
 

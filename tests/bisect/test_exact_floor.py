@@ -12,7 +12,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dsv4bisect.bisect.plan.exact_floor import exact_floor
+from dsv4bisect.bisect.plan.exact_floor import (
+    _genie_value,
+    _problem,
+    _Symmetry,
+    exact_floor,
+    noisy_floor,
+)
 from dsv4bisect.bisect.plan.parallel_plan import floor_run
 from dsv4bisect.bisect.plan.simulate import Setup, search_memo, simulate
 from dsv4bisect.bisect.search.design import Noise
@@ -120,3 +126,48 @@ def test_the_plans_own_search_never_beats_the_floor():
         wrong += w * np.mean([not r.correct for r in runs])
     floor = exact_floor(setup, miss=wrong)
     assert floor.bound_s <= wall
+
+
+def _small(load_time: str = "a"):
+    setup = _setup("abcd", replace(HOT, load_time=frozenset(load_time)))
+    return setup, _problem(setup)
+
+
+@pytest.mark.parametrize("price", [500.0, 4000.0])
+def test_the_genie_without_noise_is_the_noiseless_table(price):
+    setup, problem = _small()
+    genie, _ = _genie_value(problem, price, 0.0, None)
+    assert genie == pytest.approx(problem.solve(price)[0])
+
+
+@pytest.mark.parametrize("load_time", ["", "a", "ab"])
+def test_states_equal_under_the_candidates_symmetry_share_one_entry(load_time):
+    setup, problem = _small(load_time)
+    whole, states = _genie_value(problem, 3000.0, 0.01, None)
+    shared, fewer = _genie_value(problem, 3000.0, 0.01, _Symmetry(problem, 4))
+    assert shared == pytest.approx(whole)
+    assert fewer < states
+
+
+def test_noise_raises_the_floor():
+    setup, problem = _small()
+    for price in (1000.0, 4000.0):
+        assert _genie_value(problem, price, 0.01, None)[0] > problem.solve(price)[0]
+
+
+def test_the_plans_own_search_never_beats_the_genies_floor():
+    """As above, at the plan's trial error rate (1 % either way): the search is one of the
+    policies the genie's bound holds for."""
+    setup = _setup("abcd", replace(HOT, load_time=frozenset("a")))
+    space = HypothesisSpace(setup.candidates, setup.max_order, Priors())
+    weights = np.exp(space.log_prior[: space.n_sets])
+    weights = weights / weights.sum()
+    memo = search_memo(setup, 1, True)
+    wall = wrong = 0.0
+    for i, w in enumerate(weights):
+        culprits = space.hypothesis(i).members
+        runs = [simulate(setup, 1, culprits, random.Random(seed), True, memo) for seed in range(8)]
+        wall += w * np.mean([r.wall_s for r in runs])
+        wrong += w * np.mean([not r.correct for r in runs])
+    floor, _, _ = noisy_floor(setup, miss=wrong, prices=(4.0, 16.0, 64.0))
+    assert exact_floor(setup, miss=wrong).bound_s < floor <= wall

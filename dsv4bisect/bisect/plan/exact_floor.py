@@ -21,11 +21,22 @@ set, E[seconds] >= V(lam) - miss * lam, V(lam) the optimum of seconds + lam * P(
 What it leaves out, each of which only adds: the noise itself (the repeats and the fresh look a
 search needs to be right at 1 % trial errors), look 2 of the ends, the confirmation. One engine
 a node (`pool` 1): with more engines the state would be a set of them.
+
+`noisy_floor` puts the noise back, for trials that err at one rate eps either way, with a genie
+that keeps the problem finite: the search sees the real noisy verdicts, and the genie tells it of
+every flip after the first one (and then the culprit set). A search that ignores the genie is
+the real one, so the genie's optimum is a floor under it too. Before the genie speaks, every
+culprit set consistent with all verdicts has weight prior x (1 - eps)^t, every one at odds with
+exactly one verdict prior x eps (1 - eps)^(t-1), whichever verdict it was, and every other is
+out (its second flip would have been told): the belief is two masks of sets. States equal under a
+permutation of the candidates that keeps the load-time ones (the flat prior and the costs do not
+tell them apart) share one entry of the table.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -172,13 +183,150 @@ class _Problem:
             up, done = state, tested & mask
 
 
-def exact_floor(setup: Setup, miss: float = 0.01) -> ExactFloor:
-    """The floor under any search on one node for `setup`'s world (the module docstring)."""
+class _Symmetry:
+    """The permutations of the candidates that keep the load-time set, acting on masks of culprit
+    sets (7 bits at a time, by table) and on engine states; `canon` is a state's least image."""
+
+    CHUNK = 7
+
+    def __init__(self, problem: _Problem, candidates: int):
+        load = [i for i in range(candidates) if problem.load >> i & 1]
+        hot = [i for i in range(candidates) if not problem.load >> i & 1]
+        index = {members: h for h, members in enumerate(problem.sets)}
+        self.tables, self.states = [], []
+        for a, b in itertools.product(itertools.permutations(load), itertools.permutations(hot)):
+            sigma = dict(zip(load + hot, a + b, strict=True))
+
+            def image(subset: int, sigma=sigma) -> int:
+                return sum(1 << sigma[i] for i in range(candidates) if subset >> i & 1)
+
+            tau = [index[image(members)] for members in problem.sets]
+            if any(abs(problem.prior[h] - problem.prior[tau[h]]) > 1e-12 for h in range(len(tau))):
+                continue  # a prior that tells them apart: not a symmetry
+            self.tables.append([[sum(1 << tau[c * self.CHUNK + k] for k in range(self.CHUNK)
+                                     if v >> k & 1 and c * self.CHUNK + k < len(tau))
+                                 for v in range(1 << self.CHUNK)]
+                                for c in range(-(-len(tau) // self.CHUNK))])
+            self.states.append([image(m) for m in range(1 << candidates)])
+
+    def _map(self, table: list[list[int]], mask: int) -> int:
+        out, chunk = 0, 0
+        while mask:
+            out |= table[chunk][mask & ((1 << self.CHUNK) - 1)]
+            mask >>= self.CHUNK
+            chunk += 1
+        return out
+
+    def canon(self, mask0: int, mask1: int, up: int, done: int) -> tuple[int, int, int, int]:
+        return min((self._map(t, mask0), self._map(t, mask1), s[up] if up >= 0 else up,
+                    self._map(t, done)) for t, s in zip(self.tables, self.states, strict=True))
+
+
+def _genie_value(problem: _Problem, price: float, eps: float, symmetry: _Symmetry | None
+                 ) -> tuple[float, int]:
+    """The genie's optimum of seconds + price x P(wrong) from the ends (the module docstring),
+    and the states of its table. A belief's masks: `mask0` at one with every verdict, `mask1` at
+    odds with one; weights are kept relative, prior x (1 - eps) and prior x eps, each step
+    scaling both children by (1 - eps)."""
+    prior, sets, n_sets = problem.prior, problem.sets, len(problem.sets)
+
+    @functools.cache
+    def weight(mask0: int, mask1: int) -> float:
+        return (1 - eps) * problem.mass(mask0) + eps * problem.mass(mask1)
+
+    table: dict[tuple[int, int, int, int], float] = {}
+
+    def value(mask0: int, mask1: int, up: int, done: int) -> float:
+        key = (symmetry.canon(mask0, mask1, up, done) if symmetry
+               else (mask0, mask1, up, done))
+        if key not in table:
+            table[key] = compute(*key)
+        return table[key]
+
+    def compute(mask0: int, mask1: int, up: int, done: int) -> float:
+        both, total = mask0 | mask1, weight(mask0, mask1)
+        best = math.inf
+        for h in range(n_sets):  # stop, naming h, then its remedy check
+            if not both >> h & 1:
+                continue
+            cost = price * (total - (1 - eps if mask0 >> h & 1 else eps) * prior[h])
+            rest = problem.all & ~sets[h]
+            if rest and not done >> h & 1:
+                cost += total * problem.engine_s(up, rest & problem.load)
+                cost += sum((1 - eps if mask0 >> g & 1 else eps) * prior[g]
+                            * (problem.bad_s if sets[g] & ~rest == 0 else problem.good_s)
+                            for g in range(n_sets) if both >> g & 1)
+            best = min(best, cost)
+        if mask1 == 0 and both & (both - 1) == 0:
+            return best  # one set, no flip yet to fear
+        seen = set()
+        for subset, fails, remedy_of in problem.tests:
+            f0, f1, p0, p1 = mask0 & fails, mask1 & fails, mask0 & ~fails, mask1 & ~fails
+            # a FAIL keeps the sets that fail the trial and moves the others at one with every
+            # verdict to the one-flip mask; the one-flip sets that pass it leave (a second flip)
+            fail, passed = (f0, f1 | p0), (p0, p1 | f0)
+            state, tested = subset & problem.load, done | (remedy_of & both)
+            if (fail, passed, state, tested) in seen:
+                continue
+            seen.add((fail, passed, state, tested))
+            cost = (total * problem.engine_s(up, state) + weight(f0, f1) * problem.bad_s
+                    + weight(p0, p1) * problem.good_s)
+            if (mask0, mask1) in (fail, passed):  # one outcome gives this belief back:
+                # V <= (cost + (1 - eps) V(the other)) / eps, never near the best where
+                # price < (a trial) / eps
+                if eps == 0 or cost / eps >= best:
+                    continue
+                other = passed if fail == (mask0, mask1) else fail
+                rest_s = (1 - eps) * value(*other, state, tested & (other[0] | other[1]))
+                best = min(best, (cost + rest_s) / eps)
+                continue
+            for child in (fail, passed):
+                if cost >= best:
+                    break
+                if child[0] | child[1]:
+                    cost += (1 - eps) * value(*child, state, tested & (child[0] | child[1]))
+            best = min(best, cost)
+        return best
+
+    full = (1 << n_sets) - 1
+    starts = [NONE_UP] if problem.costs.ends0_cached else [problem.load, 0]
+    # the relative weights start at prior x (1 - eps): the first step's scale
+    return min(value(full, 0, up, 0) for up in starts) / (1 - eps), len(table)
+
+
+def noisy_floor(setup: Setup, miss: float = 0.01, prices: tuple[float, ...] = (16.0,),
+                symmetric: bool = True) -> tuple[float, float, int]:
+    """The floor under any search on one node at the trial probe's error rate (one rate either
+    way), right with P >= 1 - miss: the genie's bound (the module docstring), at the best of
+    `prices` (in units of one switched trial that passes). The ends, then the bound, the price
+    and the states of its table."""
+    rate = setup.trial_noise
+    if rate.false_fail != rate.false_pass:
+        raise ValueError("the genie's floor takes one error rate either way")
+    problem = _problem(setup)
+    symmetry = _Symmetry(problem, len(setup.candidates)) if symmetric else None
+    unit = problem.good_s + setup.costs.switch_s
+    best = (-math.inf, 0.0, 0)
+    for step in prices:
+        value, states = _genie_value(problem, step * unit, rate.false_fail, symmetry)
+        best = max(best, (value - miss * step * unit, step * unit, states))
+    ends = floor_run(setup, 1, frozenset(setup.candidates))
+    return ends + best[0], best[1], best[2]
+
+
+def _problem(setup: Setup) -> _Problem:
     space = HypothesisSpace(setup.candidates, setup.max_order, Priors())  # the world's prior
     prior = np.exp(space.log_prior[: space.n_sets])
     prior = prior / prior.sum()
     sets = [space.hypothesis(i).members for i in range(space.n_sets)]
-    problem = _Problem(setup, sets, [float(p) for p in prior])
+    return _Problem(setup, sets, [float(p) for p in prior])
+
+
+def exact_floor(setup: Setup, miss: float = 0.01) -> ExactFloor:
+    """The floor under any search on one node for `setup`'s world (the module docstring)."""
+    problem = _problem(setup)
+    sets = [frozenset(n for i, n in enumerate(setup.candidates) if m >> i & 1)
+            for m in problem.sets]
     ends = floor_run(setup, 1, frozenset(setup.candidates))
     certain, choice = problem.solve(math.inf)
     per_set = []
