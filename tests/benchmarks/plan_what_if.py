@@ -22,8 +22,8 @@ P(correct) 1 and at the plan's 0.99; about 90 s for a profile of six candidates,
 `--noiseless`: the world's verdicts and the search's model without errors (the ends' and the
 trials' costs as priced): what the search's choices alone spend over the exact floor.
 `--genie`: also the floor on one node at the trial probe's own error rate (exact_floor.py
-`noisy_floor`: the genie's bound, at a price of 16 switched trials on a wrong name; slow: see
-docs/performance.md, issue 42 Part 10, for its time on `latest-all`).
+`noisy_floor`: the genie's bound, at 16000 s on a wrong name; slow: docs/performance.md, issue
+42 Part 10, gives its time on `latest-all`).
 
 Builds the bisect as `dsv4bisect bisect PROFILE --plan --executor ray --parallel 4` does
 (bisect/setup.py `prepare`: the SGLang defaults, no ledger) and, per share, simulates the

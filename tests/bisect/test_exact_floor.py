@@ -129,20 +129,20 @@ def test_the_plans_own_search_never_beats_the_floor():
 
 
 def _small(load_time: str = "a"):
-    setup = _setup("abcd", replace(HOT, load_time=frozenset(load_time)))
-    return setup, _problem(setup)
+    """The noiseless table of four candidates."""
+    return _problem(_setup("abcd", replace(HOT, load_time=frozenset(load_time))))
 
 
 @pytest.mark.parametrize("price", [500.0, 4000.0])
 def test_the_genie_without_noise_is_the_noiseless_table(price):
-    setup, problem = _small()
+    problem = _small()
     genie, _ = _genie_value(problem, price, 0.0, None)
     assert genie == pytest.approx(problem.solve(price)[0])
 
 
 @pytest.mark.parametrize("load_time", ["", "a", "ab"])
 def test_states_equal_under_the_candidates_symmetry_share_one_entry(load_time):
-    setup, problem = _small(load_time)
+    problem = _small(load_time)
     whole, states = _genie_value(problem, 3000.0, 0.01, None)
     shared, fewer = _genie_value(problem, 3000.0, 0.01, _Symmetry(problem, 4))
     assert shared == pytest.approx(whole)
@@ -150,7 +150,7 @@ def test_states_equal_under_the_candidates_symmetry_share_one_entry(load_time):
 
 
 def test_noise_raises_the_floor():
-    setup, problem = _small()
+    problem = _small()
     for price in (1000.0, 4000.0):
         assert _genie_value(problem, price, 0.01, None)[0] > problem.solve(price)[0]
 
@@ -169,5 +169,5 @@ def test_the_plans_own_search_never_beats_the_genies_floor():
         runs = [simulate(setup, 1, culprits, random.Random(seed), True, memo) for seed in range(8)]
         wall += w * np.mean([r.wall_s for r in runs])
         wrong += w * np.mean([not r.correct for r in runs])
-    floor, _, _ = noisy_floor(setup, miss=wrong, prices=(4.0, 16.0, 64.0))
+    floor, _, _ = noisy_floor(setup, miss=wrong, prices=(1000.0, 4000.0, 16000.0))
     assert exact_floor(setup, miss=wrong).bound_s < floor <= wall
