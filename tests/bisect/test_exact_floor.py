@@ -109,11 +109,9 @@ def test_ends_from_a_cache_leave_no_engine_up():
     assert cached.launches >= 1  # the first trial launches, whatever it is
 
 
-def test_the_plans_own_search_never_beats_the_floor():
-    """The plan's search, simulated on every culprit set of the world's prior with noisy
-    trials, weighted by that prior, spends at least the floor at its own rate of wrong names:
-    the floor prices trials as the plan's `CostTracker` does."""
-    setup = _setup("abcd", replace(HOT, load_time=frozenset("a")))
+def _plans_search(setup: Setup) -> tuple[float, float]:
+    """The plan's search on one node, simulated 8 times on every culprit set of the world's
+    prior with noisy trials and weighted by that prior: its mean wall and P(wrong)."""
     space = HypothesisSpace(setup.candidates, setup.max_order, Priors())
     weights = np.exp(space.log_prior[: space.n_sets])
     weights = weights / weights.sum()
@@ -124,6 +122,15 @@ def test_the_plans_own_search_never_beats_the_floor():
         runs = [simulate(setup, 1, culprits, random.Random(seed), True, memo) for seed in range(8)]
         wall += w * np.mean([r.wall_s for r in runs])
         wrong += w * np.mean([not r.correct for r in runs])
+    return wall, wrong
+
+
+def test_the_plans_own_search_never_beats_the_floor():
+    """The plan's search, simulated on every culprit set of the world's prior with noisy
+    trials, weighted by that prior, spends at least the floor at its own rate of wrong names:
+    the floor prices trials as the plan's `CostTracker` does."""
+    setup = _setup("abcd", replace(HOT, load_time=frozenset("a")))
+    wall, wrong = _plans_search(setup)
     floor = exact_floor(setup, miss=wrong)
     assert floor.bound_s <= wall
 
@@ -159,15 +166,6 @@ def test_the_plans_own_search_never_beats_the_genies_floor():
     """As above, at the plan's trial error rate (1 % either way): the search is one of the
     policies the genie's bound holds for."""
     setup = _setup("abcd", replace(HOT, load_time=frozenset("a")))
-    space = HypothesisSpace(setup.candidates, setup.max_order, Priors())
-    weights = np.exp(space.log_prior[: space.n_sets])
-    weights = weights / weights.sum()
-    memo = search_memo(setup, 1, True)
-    wall = wrong = 0.0
-    for i, w in enumerate(weights):
-        culprits = space.hypothesis(i).members
-        runs = [simulate(setup, 1, culprits, random.Random(seed), True, memo) for seed in range(8)]
-        wall += w * np.mean([r.wall_s for r in runs])
-        wrong += w * np.mean([not r.correct for r in runs])
+    wall, wrong = _plans_search(setup)
     floor, _, _ = noisy_floor(setup, miss=wrong, prices=(1000.0, 4000.0, 16000.0))
     assert exact_floor(setup, miss=wrong).bound_s < floor <= wall
