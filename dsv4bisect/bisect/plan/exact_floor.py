@@ -257,8 +257,8 @@ def _genie_value(problem: _Problem, price: float, eps: float, symmetry: _Symmetr
                             * (problem.bad_s if sets[g] & ~rest == 0 else problem.good_s)
                             for g in range(n_sets) if both >> g & 1)
             best = min(best, cost)
-        if mask1 == 0 and both & (both - 1) == 0:
-            return best  # one set, no flip yet to fear
+        if both & (both - 1) == 0:
+            return best  # one set left: no trial can tell it from another
         seen = set()
         # the most even splits in the engine up first: a good best early prunes the rest
         order = sorted(problem.tests, key=lambda t: (
