@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +87,7 @@ class _Problem:
         bit = {name: 1 << i for i, name in enumerate(setup.candidates)}
         self.all = (1 << len(setup.candidates)) - 1
         self.load = sum(bit[n] for n in c.load_time if n in bit)
+        self.members = list(sets)
         self.sets = [sum(bit[n] for n in s) for s in sets]
         self.prior = list(prior)
         self.costs = c
@@ -110,6 +111,25 @@ class _Problem:
     def _mass(self, mask: int) -> float:
         return sum(p for h, p in enumerate(self.prior) if mask >> h & 1)
 
+    @property
+    def starts(self) -> list[int]:
+        """The engine up after the ends: the bad end's or the good end's state (whichever ran
+        last), none where they came from a cache."""
+        return [NONE_UP] if self.costs.ends0_cached else [self.load, 0]
+
+    def remedy_s(self, named: int, up: int, done: int, present: int,
+                 weigh: Callable[[int], float]) -> float:
+        """Seconds of the remedy check of set `named` (the bad end without it) over the sets
+        `present`, each weighed by `weigh`: its engine and its probe, like the bad end where
+        the set is in it. 0 where a trial already ran it, or nothing is left to switch off."""
+        rest = self.all & ~self.sets[named]
+        if not rest or done >> named & 1:
+            return 0.0
+        engine = self.engine_s(up, rest & self.load)
+        return sum(weigh(g) * (engine + (self.bad_s if self.sets[g] & ~rest == 0
+                                         else self.good_s))
+                   for g in range(len(self.sets)) if present >> g & 1)
+
     def solve(self, price: float) -> tuple[float, dict]:
         """V(price) from every start a bisect's ends can leave, and the table of choices."""
         choice: dict[tuple[int, int, int], tuple] = {}
@@ -122,13 +142,8 @@ class _Problem:
                 if not mask >> h & 1:
                     continue
                 wrong = m - self.prior[h]  # 0 where h is the only set left
-                cost = price * wrong if wrong > 0 else 0.0
-                rest = self.all & ~self.sets[h]
-                if rest and not done >> h & 1:
-                    cost += m * self.engine_s(up, rest & self.load)
-                    cost += sum(self.prior[g] * (self.bad_s if self.sets[g] & ~rest == 0
-                                                 else self.good_s)
-                                for g in range(len(self.sets)) if mask >> g & 1)
+                cost = ((price * wrong if wrong > 0 else 0.0)
+                        + self.remedy_s(h, up, done, mask, self.prior.__getitem__))
                 if cost < best:
                     best, best_choice = cost, ("stop", h)
             if mask & (mask - 1):  # two sets or more: a trial may split them
@@ -156,8 +171,7 @@ class _Problem:
             return best
 
         full = (1 << len(self.sets)) - 1
-        starts = [NONE_UP] if self.costs.ends0_cached else [self.load, 0]
-        values = {up: value(full, up, 0) for up in starts}  # the bad end or the good end last
+        values = {up: value(full, up, 0) for up in self.starts}
         start = min(values, key=values.get)
         choice["start"] = start
         return values[start], choice
@@ -228,7 +242,7 @@ def _genie_value(problem: _Problem, price: float, eps: float, symmetry: _Symmetr
     and the states of its table. A belief's masks: `mask0` at one with every verdict, `mask1` at
     odds with one; weights are kept relative, prior x (1 - eps) and prior x eps, each step
     scaling both children by (1 - eps)."""
-    prior, sets, n_sets = problem.prior, problem.sets, len(problem.sets)
+    prior, n_sets = problem.prior, len(problem.sets)
 
     @functools.cache
     def weight(mask0: int, mask1: int) -> float:
@@ -245,17 +259,16 @@ def _genie_value(problem: _Problem, price: float, eps: float, symmetry: _Symmetr
 
     def compute(mask0: int, mask1: int, up: int, done: int) -> float:
         both, total = mask0 | mask1, weight(mask0, mask1)
+
+        def weigh(g: int) -> float:
+            return (1 - eps if mask0 >> g & 1 else eps) * prior[g]
+
         best = math.inf
         for h in range(n_sets):  # stop, naming h, then its remedy check
             if not both >> h & 1:
                 continue
-            cost = price * (total - (1 - eps if mask0 >> h & 1 else eps) * prior[h])
-            rest = problem.all & ~sets[h]
-            if rest and not done >> h & 1:
-                cost += total * problem.engine_s(up, rest & problem.load)
-                cost += sum((1 - eps if mask0 >> g & 1 else eps) * prior[g]
-                            * (problem.bad_s if sets[g] & ~rest == 0 else problem.good_s)
-                            for g in range(n_sets) if both >> g & 1)
+            cost = (price * (total - weigh(h))
+                     + problem.remedy_s(h, up, done, both, weigh))
             best = min(best, cost)
         if both & (both - 1) == 0:
             return best  # one set left: no trial can tell it from another
@@ -308,9 +321,8 @@ def _genie_value(problem: _Problem, price: float, eps: float, symmetry: _Symmetr
         return min(price * (total - heaviest), total * trial_s)
 
     full = (1 << n_sets) - 1
-    starts = [NONE_UP] if problem.costs.ends0_cached else [problem.load, 0]
     # the relative weights start at prior x (1 - eps): the first step's scale
-    return min(value(full, 0, up, 0) for up in starts) / (1 - eps), len(table)
+    return min(value(full, 0, up, 0) for up in problem.starts) / (1 - eps), len(table)
 
 
 # seconds on a wrong name for the genie's bound: where `dsv4-flash-tp8-all`'s peaks (8000 s:
@@ -348,15 +360,13 @@ def _problem(setup: Setup) -> _Problem:
 def exact_floor(setup: Setup, miss: float = 0.01) -> ExactFloor:
     """The floor under any search on one node for `setup`'s world (the module docstring)."""
     problem = _problem(setup)
-    sets = [frozenset(n for i, n in enumerate(setup.candidates) if m >> i & 1)
-            for m in problem.sets]
     ends = floor_run(setup, 1, frozenset(setup.candidates))
     certain, choice = problem.solve(math.inf)
     per_set = []
     for h, p in enumerate(problem.prior):
         n_trials, n_launches, named = problem.walk(choice, h)
         assert named == h, "the certain optimum names the culprit set"
-        per_set.append((sets[h], p, n_trials, n_launches))
+        per_set.append((problem.members[h], p, n_trials, n_launches))
     trials = sum(p * n for _, p, n, _ in per_set)
     launches = sum(p * n for _, p, _, n in per_set)
     unit = problem.good_s + setup.costs.switch_s
