@@ -22,8 +22,8 @@ P(correct) 1 and at the plan's 0.99; about 90 s for a profile of six candidates,
 `--noiseless`: the world's verdicts and the search's model without errors (the ends' and the
 trials' costs as priced): what the search's choices alone spend over the exact floor.
 `--genie`: also the floor on one node at the trial probe's own error rate (exact_floor.py
-`noisy_floor`: the genie's bound, at 16000 s on a wrong name; slow: docs/performance.md, issue
-42 Part 10, gives its time on `latest-all`).
+`noisy_floor`: the genie's bound, at 16000 s on a wrong name), by genie_floor.c (a C compiler
+needed; about 3 minutes for `latest-all`, 5.1 M states).
 
 Builds the bisect as `dsv4bisect bisect PROFILE --plan --executor ray --parallel 4` does
 (bisect/setup.py `prepare`: the SGLang defaults, no ledger) and, per share, simulates the
@@ -39,13 +39,16 @@ from __future__ import annotations
 
 import argparse
 import math
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
+from genie_floor import compile_program, genie_floors
 
 from dsv4bisect.bisect.end_looks import LOOK1_MAX_SHARE, look1_share
 from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape, sequential_from_probe
-from dsv4bisect.bisect.plan.exact_floor import exact_floor, noisy_floor
+from dsv4bisect.bisect.plan.exact_floor import GENIE_PRICES, exact_floor
 from dsv4bisect.bisect.plan.parallel_plan import _row as node_row
 from dsv4bisect.bisect.plan.parallel_plan import floor_run, plan_nodes, sharded_row
 from dsv4bisect.bisect.plan.simulate import Setup, common_draws
@@ -93,6 +96,9 @@ def main() -> None:
                     help="seed block 0's good end alone in the baseline cache "
                          "(StepCosts.good0_cached)")
     args = ap.parse_args()
+    if args.genie:  # the genie's table in C (genie_floor.c): the Python one takes hours
+        folder = tempfile.TemporaryDirectory(prefix="genie-")  # removed at exit
+        genie_binary = compile_program(Path(folder.name))
     request = BisectRequest(profile=args.profile, parallel=4, executor=Executor.RAY,
                             plan_only=True)
     prep = prepare(ask(request), request)
@@ -156,7 +162,8 @@ def main() -> None:
                 print(f"        {exact.line()}" if exact else
                       "        exact floor: one engine a node only", flush=True)
             if k == 1 and args.genie and cfg.costs.pool == 1:
-                floor, price, states = noisy_floor(cfg)
+                _, rows = genie_floors(cfg, GENIE_PRICES, genie_binary)
+                price, floor, _, states, _ = max(rows, key=lambda r: r[1])
                 print(f"        floor at the trial probe's {cfg.trial_noise.false_fail:g} error "
                       f"rate (the genie's), 1 node: {floor:.0f} s at P(correct) >= 0.99 (price "
                       f"{price:.0f} s on a wrong name; {states} states)", flush=True)

@@ -7,7 +7,10 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import shutil
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -169,3 +172,33 @@ def test_the_plans_own_search_never_beats_the_genies_floor():
     wall, wrong = _plans_search(setup)
     floor, _, _ = noisy_floor(setup, miss=wrong, prices=(1000.0, 4000.0, 16000.0))
     assert exact_floor(setup, miss=wrong).bound_s < floor <= wall
+
+
+@pytest.fixture(scope="module")
+def genie_program(tmp_path_factory):
+    """tests/benchmarks/genie_floor.c compiled: the genie's table in C, for six candidates."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import genie_floor
+
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler")
+    return genie_floor, genie_floor.compile_program(tmp_path_factory.mktemp("genie"))
+
+
+@pytest.mark.parametrize(("candidates", "load_time", "symmetric"),
+                         [("abcd", "", True), ("abcd", "a", True), ("abcd", "ab", False),
+                          pytest.param("abcde", "ab", True, marks=pytest.mark.slow)])  # ~7 min
+def test_the_c_genie_is_the_python_genie(genie_program, candidates, load_time, symmetric):
+    """The benchmark's C table (the one fast enough for six candidates) gives the Python
+    table's value, with and without the symmetry, from the ends' engines and from a cache."""
+    genie_floor, binary = genie_program
+    for cached in (False, True):
+        costs = replace(HOT, load_time=frozenset(load_time), ends0_cached=cached)
+        problem = _problem(_setup(candidates, costs))
+        symmetry = _Symmetry(problem, len(candidates)) if symmetric else None
+        for price in (1000.0, 16000.0):
+            text = genie_floor.problem_text(problem, symmetry, 0.01, price)
+            value, states = genie_floor.run_program(binary, text)
+            mine, _ = _genie_value(problem, price, 0.01, symmetry)
+            assert value == pytest.approx(mine, rel=1e-9)
+            assert states > 0

@@ -208,6 +208,7 @@ class _Symmetry:
         hot = [i for i in range(candidates) if not problem.load >> i & 1]
         index = {members: h for h, members in enumerate(problem.sets)}
         self.tables, self.states = [], []
+        self.taus: list[list[int]] = []  # each permutation's image of the culprit sets' indices
         for a, b in itertools.product(itertools.permutations(load), itertools.permutations(hot)):
             sigma = dict(zip(load + hot, a + b, strict=True))
 
@@ -217,6 +218,7 @@ class _Symmetry:
             tau = [index[image(members)] for members in problem.sets]
             if any(abs(problem.prior[h] - problem.prior[tau[h]]) > 1e-12 for h in range(len(tau))):
                 continue  # a prior that tells them apart: not a symmetry
+            self.taus.append(tau)
             self.tables.append([[sum(1 << tau[c * self.CHUNK + k] for k in range(self.CHUNK)
                                      if v >> k & 1 and c * self.CHUNK + k < len(tau))
                                  for v in range(1 << self.CHUNK)]

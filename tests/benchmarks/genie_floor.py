@@ -1,0 +1,149 @@
+"""The genie's floor on one node at the trial probe's own error rate (bisect/plan/exact_floor.py
+`noisy_floor`, docs/performance.md issue 42 Part 10), computed by genie_floor.c: the same
+recursion over the same states, which the Python table needs hours for on a profile of six
+candidates (`dsv4-flash-tp8-latest-all`).
+
+    python tests/benchmarks/genie_floor.py dsv4-flash-tp8-latest-all [--prices 16000 8000]
+        [--share 0.06] [--launch 600] [--trial-rate 0.01] [--check]
+
+Builds the plan's bisect as `plan_what_if.py` does (`dsv4bisect bisect PROFILE --plan
+--executor ray --parallel 4`, look 1 at `--share`, the bisect's own by default), writes its
+noiseless problem (`exact_floor._problem`) and the candidates' symmetry on the C program's
+stdin, compiles the program with the system's C compiler (`cc -O2`) into a temporary folder and
+prints, per price on a wrong name, the floor: the ends (`floor_run`) + the genie's optimum -
+miss x price, and the best of them. `--check` also runs the Python table on the same problem
+and stops with an error where the two differ (for problems the Python table finishes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from dsv4bisect.bisect.end_looks import look1_share
+from dsv4bisect.bisect.plan.exact_floor import (
+    GENIE_PRICES,
+    _genie_value,
+    _Problem,
+    _problem,
+    _Symmetry,
+)
+from dsv4bisect.bisect.plan.parallel_plan import floor_run
+from dsv4bisect.bisect.plan.simulate import Setup
+from dsv4bisect.bisect.search.design import Noise
+from dsv4bisect.bisect.session import ask
+from dsv4bisect.bisect.setup import BisectRequest, prepare
+from dsv4bisect.policy import Executor
+from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
+
+SOURCE = Path(__file__).with_name("genie_floor.c")
+
+
+def problem_text(problem: _Problem, symmetry: _Symmetry | None, eps: float, price: float) -> str:
+    """The problem as genie_floor.c reads it (its header comment)."""
+    c = problem.costs
+    n_states = problem.all + 1
+    trial_s = c.switch_s + min(problem.good_s, problem.bad_s)
+    header = (f"{len(problem.sets)} {n_states} {eps!r} {price!r} {c.switch_s!r} "
+              f"{c.launch_s!r} {int(c.hot)} {problem.good_s!r} {problem.bad_s!r} {trial_s!r}")
+    lines = [header,
+             " ".join(repr(p) for p in problem.prior),
+             f"{len(problem.starts)} " + " ".join(str(s) for s in problem.starts)]
+    for members in problem.sets:
+        rest = problem.all & ~members
+        fails = sum(1 << g for g, other in enumerate(problem.sets) if other & ~rest == 0)
+        lines.append(f"{int(rest != 0)} {rest & problem.load} {fails}")
+    lines.append(str(len(problem.tests)))
+    lines += [f"{subset & problem.load} {fails} {remedy_of}"
+              for subset, fails, remedy_of in problem.tests]
+    perms = list(zip(symmetry.taus, symmetry.states, strict=True)) if symmetry else []
+    lines.append(str(len(perms)))
+    lines += [" ".join(map(str, tau)) + " " + " ".join(map(str, states))
+              for tau, states in perms]
+    return "\n".join(lines) + "\n"
+
+
+def compile_program(folder: Path) -> Path:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        sys.exit("error: no C compiler on PATH\nhint: install gcc (the genie's table is C)")
+    binary = folder / "genie_floor"
+    subprocess.run([cc, "-O2", "-o", str(binary), str(SOURCE), "-lm"], check=True)
+    return binary
+
+
+def run_program(binary: Path, text: str) -> tuple[float, int]:
+    out = subprocess.run([str(binary)], input=text, capture_output=True, text=True, check=True)
+    _, value, _, states = out.stdout.split()
+    return float(value), int(states)
+
+
+def genie_floors(cfg: Setup, prices, binary: Path, miss: float = 0.01, check: bool = False):
+    """Per price: (price, the floor, the genie's optimum, its states, seconds to compute)."""
+    eps = cfg.trial_noise.false_fail
+    if cfg.trial_noise.false_pass != eps:
+        raise ValueError("the genie's floor takes one error rate either way")
+    problem = _problem(cfg)
+    symmetry = _Symmetry(problem, len(cfg.candidates))
+    ends = floor_run(cfg, 1, frozenset(cfg.candidates))
+    rows = []
+    for price in prices:
+        start = time.monotonic()
+        value, states = run_program(binary, problem_text(problem, symmetry, eps, price))
+        took = time.monotonic() - start
+        if check:
+            sys.setrecursionlimit(max(sys.getrecursionlimit(), 100_000))
+            mine, _ = _genie_value(problem, price, eps, symmetry)
+            if not math.isclose(mine, value, rel_tol=1e-9, abs_tol=1e-6):
+                sys.exit(f"error: the C table gives {value!r}, the Python table {mine!r}")
+        rows.append((price, ends + value - miss * price, value, states, took))
+    return ends, rows
+
+
+def main() -> None:
+    # plan_what_if imports this module: its builder of the plan's bisect comes in here
+    from plan_what_if import at_share
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("profile")
+    ap.add_argument("--prices", type=float, nargs="+", default=list(GENIE_PRICES),
+                    help="seconds on a wrong name (any gives a floor; the best is kept)")
+    ap.add_argument("--share", type=float, help="look 1's share (default: the bisect's own)")
+    ap.add_argument("--launch", type=float, help="seconds a launch (default: the plan's)")
+    ap.add_argument("--trial-rate", type=float,
+                    help="the trial probe's error rate, either way (default: the plan's)")
+    ap.add_argument("--check", action="store_true", help="also the Python table (slow)")
+    args = ap.parse_args()
+    request = BisectRequest(profile=args.profile, parallel=4, executor=Executor.RAY,
+                            plan_only=True)
+    prep = prepare(ask(request), request)
+    assert prep.engine is not None, "an engine bisect"
+    plan = replace(prep.setup(), confirm=False)
+    share = args.share or look1_share(prep.engine.spec)
+    rates = (args.trial_rate, args.trial_rate) if args.trial_rate else TRIAL_ERROR_RATES
+    cfg = at_share(plan, prep.engine.spec, share, prep.question.load_time, Noise(*rates))
+    if args.launch is not None:
+        cfg = replace(cfg, costs=replace(cfg.costs, launch_s=args.launch))
+    with tempfile.TemporaryDirectory() as folder:
+        binary = compile_program(Path(folder))
+        ends, rows = genie_floors(cfg, args.prices, binary, check=args.check)
+    c = cfg.costs
+    print(f"{args.profile}: launch {c.launch_s:.0f} s, switch {c.switch_s:.0f} s, look 1 at "
+          f"{share:g}, trial errors {cfg.trial_noise.false_fail:g} either way; the ends "
+          f"{ends:.0f} s")
+    for price, floor, value, states, took in rows:
+        print(f"  price {price:.0f} s on a wrong name: floor {floor:.0f} s at P(correct) >= 0.99 "
+              f"(the genie's optimum {value:.0f} s beyond the ends; {states} states, {took:.0f} s)")
+    best = max(rows, key=lambda r: r[1])
+    print(f"floor at the trial probe's error rate, 1 node: {best[1]:.0f} s (price {best[0]:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
