@@ -22,8 +22,8 @@ P(correct) 1 and at the plan's 0.99; about 90 s for a profile of six candidates,
 `--noiseless`: the world's verdicts and the search's model without errors (the ends' and the
 trials' costs as priced): what the search's choices alone spend over the exact floor.
 `--genie`: also the floor on one node at the trial probe's own error rate (exact_floor.py
-`noisy_floor`: the genie's bound, at 16000 s on a wrong name), by genie_floor.c (a C compiler
-needed; about 3 minutes for `latest-all`, 5.1 M states).
+`noisy_floor`: the genie's bound, the best of `GENIE_PRICES` on a wrong name), by
+genie_floor.c (a C compiler needed; about 5 minutes for `latest-all`, 5.1 M states a price).
 
 Builds the bisect as `dsv4bisect bisect PROFILE --plan --executor ray --parallel 4` does
 (bisect/setup.py `prepare`: the SGLang defaults, no ledger) and, per share, simulates the

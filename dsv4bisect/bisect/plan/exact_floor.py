@@ -327,9 +327,11 @@ def _genie_value(problem: _Problem, price: float, eps: float, symmetry: _Symmetr
     return min(value(full, 0, up, 0) for up in problem.starts) / (1 - eps), len(table)
 
 
-# seconds on a wrong name for the genie's bound: where `dsv4-flash-tp8-all`'s peaks (8000 s:
-# 2044 s, 16000 s: 2059 s, 32000 s: 1931 s); any price gives a valid floor
-GENIE_PRICES = (16000.0,)
+# seconds on a wrong name for the genie's bound, where the issue's profiles peak (docs/
+# performance.md, issue 42 Part 11): `dsv4-flash-tp8-latest-all` at 6000 s (3656 s; 3630 s at
+# 4000 s, 3653 s at 8000 s), `dsv4-flash-tp8-all` at 16000 s (2059 s; 2044 s at 8000 s); any
+# price gives a valid floor
+GENIE_PRICES = (6000.0, 16000.0)
 
 
 def noisy_floor(setup: Setup, miss: float = 0.01, prices: tuple[float, ...] = GENIE_PRICES,
