@@ -30,7 +30,9 @@ culprit set consistent with all verdicts has weight prior x (1 - eps)^t, every o
 exactly one verdict prior x eps (1 - eps)^(t-1), whichever verdict it was, and every other is
 out (its second flip would have been told): the belief is two masks of sets. States equal under a
 permutation of the candidates that keeps the load-time ones (the flat prior and the costs do not
-tell them apart) share one entry of the table.
+tell them apart) share one entry of the table. This table takes hours for six candidates
+(5.1 M states); tests/benchmarks/genie_floor.c is the same recursion in C, minutes (docs/
+performance.md, issue 42 Part 11).
 """
 
 from __future__ import annotations
