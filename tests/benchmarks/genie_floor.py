@@ -1,5 +1,5 @@
 """The genie's floor on one node at the trial probe's own error rate (bisect/plan/exact_floor.py
-`noisy_floor`, docs/performance.md issue 42 Part 10), computed by genie_floor.c: the same
+`genie_floors`, docs/performance.md issue 42 Parts 10 and 11), computed by genie_floor.c: the same
 recursion over the same states, which the Python table needs hours for on a profile of six
 candidates (`dsv4-flash-tp8-latest-all`).
 
@@ -7,11 +7,11 @@ candidates (`dsv4-flash-tp8-latest-all`).
         [--share 0.06] [--launch 600] [--trial-rate 0.01] [--check]
 
 Builds the plan's bisect as `plan_what_if.py` does (`dsv4bisect bisect PROFILE --plan
---executor ray --parallel 4`, look 1 at `--share`, the bisect's own by default), writes its
-noiseless problem (`exact_floor._problem`) and the candidates' symmetry on the C program's
-stdin, compiles the program with the system's C compiler (`cc -O2`) into a temporary folder and
-prints, per price on a wrong name, the floor: the ends (`floor_run`) + the genie's optimum -
-miss x price, and the best of them. `--check` also runs the Python table on the same problem
+--executor ray --parallel 4`, look 1 at `--share`, the bisect's own by default), compiles the
+program with the system's C compiler (`cc -O2`) into a temporary folder and runs
+`exact_floor.genie_floors` with it as the genie's table (`c_solver`: each price's problem and
+the candidates' symmetry written on its stdin). Prints, per price on a wrong name, the floor
+(the ends + the genie's optimum - miss x price), and the best of them. `--check` also runs the Python table on the same problem
 and stops with an error where the two differ (for problems the Python table finishes).
 """
 
@@ -32,15 +32,11 @@ from dsv4bisect.bisect.plan.exact_floor import (
     GENIE_PRICES,
     _genie_value,
     _Problem,
-    _problem,
     _Symmetry,
+    genie_floors,
 )
 from dsv4bisect.bisect.plan.parallel_plan import floor_run
-from dsv4bisect.bisect.plan.simulate import Setup
 from dsv4bisect.bisect.search.design import Noise
-from dsv4bisect.bisect.session import ask
-from dsv4bisect.bisect.setup import BisectRequest, prepare
-from dsv4bisect.policy import Executor
 from dsv4bisect.probe.sequential import TRIAL_ERROR_RATES
 
 SOURCE = Path(__file__).with_name("genie_floor.c")
@@ -87,33 +83,29 @@ def run_program(binary: Path, text: str) -> tuple[float, int]:
     return float(value), int(states)
 
 
-def genie_floors(cfg: Setup, prices, binary: Path, miss: float = 0.01, check: bool = False):
-    """Per price: (price, the floor, the genie's optimum, its states, seconds to compute)."""
-    eps = cfg.trial_noise.false_fail
-    if cfg.trial_noise.false_pass != eps:
-        raise ValueError("the genie's floor takes one error rate either way")
-    problem = _problem(cfg)
-    if len(problem.sets) > MAX_SETS:
-        raise ValueError(f"{len(problem.sets)} culprit sets: genie_floor.c holds {MAX_SETS}")
-    symmetry = _Symmetry(problem, len(cfg.candidates))
-    ends = floor_run(cfg, 1, frozenset(cfg.candidates))
-    rows = []
-    for price in prices:
+def c_solver(binary: Path, seconds: list[float] | None = None, check: bool = False):
+    """The genie's table by the compiled program, as `exact_floor.genie_floors` calls it;
+    `seconds` gets each run's time; `check`: the Python table too, an error where they differ."""
+    def solve(problem: _Problem, price: float, eps: float, symmetry: _Symmetry | None
+              ) -> tuple[float, int]:
+        if len(problem.sets) > MAX_SETS:
+            raise ValueError(f"{len(problem.sets)} culprit sets: genie_floor.c holds {MAX_SETS}")
         start = time.monotonic()
         value, states = run_program(binary, problem_text(problem, symmetry, eps, price))
-        took = time.monotonic() - start
+        if seconds is not None:
+            seconds.append(time.monotonic() - start)
         if check:
             sys.setrecursionlimit(max(sys.getrecursionlimit(), 100_000))
             mine, _ = _genie_value(problem, price, eps, symmetry)
             if not math.isclose(mine, value, rel_tol=1e-9, abs_tol=1e-6):
                 sys.exit(f"error: the C table gives {value!r}, the Python table {mine!r}")
-        rows.append((price, ends + value - miss * price, value, states, took))
-    return ends, rows
+        return value, states
+    return solve
 
 
 def main() -> None:
     # plan_what_if imports this module: its builder of the plan's bisect comes in here
-    from plan_what_if import at_share
+    from plan_what_if import at_share, the_plan
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("profile")
@@ -125,29 +117,25 @@ def main() -> None:
                     help="the trial probe's error rate, either way (default: the plan's)")
     ap.add_argument("--check", action="store_true", help="also the Python table (slow)")
     args = ap.parse_args()
-    request = BisectRequest(profile=args.profile, parallel=4, executor=Executor.RAY,
-                            plan_only=True)
-    prep = prepare(ask(request), request)
-    assert prep.engine is not None, "an engine bisect"
-    plan = replace(prep.setup(), confirm=False)
+    plan, prep = the_plan(args.profile)
     share = args.share or look1_share(prep.engine.spec)
     rates = (args.trial_rate, args.trial_rate) if args.trial_rate else TRIAL_ERROR_RATES
     cfg = at_share(plan, prep.engine.spec, share, prep.question.load_time, Noise(*rates))
     if args.launch is not None:
         cfg = replace(cfg, costs=replace(cfg.costs, launch_s=args.launch))
+    seconds: list[float] = []
     with tempfile.TemporaryDirectory() as folder:
-        binary = compile_program(Path(folder))
-        ends, rows = genie_floors(cfg, args.prices, binary, check=args.check)
+        solve = c_solver(compile_program(Path(folder)), seconds, args.check)
+        rows = genie_floors(cfg, prices=tuple(args.prices), solve=solve)
     c = cfg.costs
     print(f"{args.profile}: launch {c.launch_s:.0f} s, switch {c.switch_s:.0f} s, look 1 at "
           f"{share:g}, trial errors {cfg.trial_noise.false_fail:g} either way; the ends "
-          f"{ends:.0f} s")
-    for price, floor, value, states, took in rows:
+          f"{floor_run(cfg, 1, frozenset(cfg.candidates)):.0f} s")
+    for (price, floor, states), took in zip(rows, seconds, strict=True):
         print(f"  price {price:.0f} s on a wrong name: floor {floor:.0f} s at P(correct) >= 0.99 "
-              f"(beyond the ends, the genie's optimum of seconds + price x P(wrong) {value:.0f} s; "
-              f"{states} states, {took:.0f} s)")
-    best = max(rows, key=lambda r: r[1])
-    print(f"floor at the trial probe's error rate, 1 node: {best[1]:.0f} s (price {best[0]:.0f} s)")
+              f"({states} states, {took:.0f} s)")
+    price, floor, _ = max(rows, key=lambda row: row[1])
+    print(f"floor at the trial probe's error rate, 1 node: {floor:.0f} s (price {price:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -44,11 +44,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from genie_floor import compile_program, genie_floors
+from genie_floor import c_solver, compile_program
 
 from dsv4bisect.bisect.end_looks import LOOK1_MAX_SHARE, look1_share
 from dsv4bisect.bisect.plan.costs import plan_costs, probe_shape, sequential_from_probe
-from dsv4bisect.bisect.plan.exact_floor import GENIE_PRICES, exact_floor
+from dsv4bisect.bisect.plan.exact_floor import exact_floor, noisy_floor
 from dsv4bisect.bisect.plan.parallel_plan import _row as node_row
 from dsv4bisect.bisect.plan.parallel_plan import floor_run, plan_nodes, sharded_row
 from dsv4bisect.bisect.plan.simulate import Setup, common_draws
@@ -68,6 +68,15 @@ def at_share(plan: Setup, spec, share: float, load_time, trial: Noise) -> Setup:
                        hot=True, noise=plan.noise, sequential=sequential_from_probe(look, trial),
                        look1=probe_shape(look))
     return replace(plan, costs=costs.costs, trial_noise=costs.trial_noise, look1=costs.look1)
+
+
+def the_plan(profile: str):
+    """The bisect `dsv4bisect bisect PROFILE --plan --executor ray --parallel 4` plans, and
+    its preparation (bisect/setup.py `prepare`: the SGLang defaults, no ledger)."""
+    request = BisectRequest(profile=profile, parallel=4, executor=Executor.RAY, plan_only=True)
+    prep = prepare(ask(request), request)
+    assert prep.engine is not None, "an engine bisect"
+    return replace(prep.setup(), confirm=False), prep  # the Ray executor cannot launch fresh
 
 
 def main() -> None:
@@ -99,11 +108,7 @@ def main() -> None:
     if args.genie:  # the genie's table in C (genie_floor.c): the Python one takes hours
         folder = tempfile.TemporaryDirectory(prefix="genie-")  # removed at exit
         genie_binary = compile_program(Path(folder.name))
-    request = BisectRequest(profile=args.profile, parallel=4, executor=Executor.RAY,
-                            plan_only=True)
-    prep = prepare(ask(request), request)
-    assert prep.engine is not None, "an engine bisect"
-    plan = replace(prep.setup(), confirm=False)  # the Ray executor cannot launch fresh
+    plan, prep = the_plan(args.profile)
     asked = (args.confidence or args.trial_rates or args.launch is not None or args.pool
              or args.after_run or args.good_cached or args.noiseless)
     own_share = look1_share(prep.engine.spec)
@@ -162,8 +167,7 @@ def main() -> None:
                 print(f"        {exact.line()}" if exact else
                       "        exact floor: one engine a node only", flush=True)
             if k == 1 and args.genie and cfg.costs.pool == 1:
-                _, rows = genie_floors(cfg, GENIE_PRICES, genie_binary)
-                price, floor, _, states, _ = max(rows, key=lambda r: r[1])
+                floor, price, states = noisy_floor(cfg, solve=c_solver(genie_binary))
                 print(f"        floor at the trial probe's {cfg.trial_noise.false_fail:g} error "
                       f"rate (the genie's), 1 node: {floor:.0f} s at P(correct) >= 0.99 (price "
                       f"{price:.0f} s on a wrong name; {states} states)", flush=True)

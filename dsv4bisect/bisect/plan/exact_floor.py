@@ -336,23 +336,37 @@ def _genie_value(problem: _Problem, price: float, eps: float, symmetry: _Symmetr
 GENIE_PRICES = (6000.0, 16000.0)
 
 
-def noisy_floor(setup: Setup, miss: float = 0.01, prices: tuple[float, ...] = GENIE_PRICES,
-                symmetric: bool = True) -> tuple[float, float, int]:
-    """The floor under any search on one node at the trial probe's error rate (one rate either
-    way), right with P >= 1 - miss: the genie's bound (the module docstring), at the best of
-    `prices` (seconds on a wrong name). The ends plus the bound, the price and the states of its
-    table."""
+# the genie's table: (problem, price, error rate, symmetry or None) -> (V(price), states)
+GenieSolver = Callable[["_Problem", float, float, "_Symmetry | None"], tuple[float, int]]
+
+
+def genie_floors(setup: Setup, miss: float = 0.01, prices: tuple[float, ...] = GENIE_PRICES,
+                 symmetric: bool = True, solve: GenieSolver | None = None
+                 ) -> list[tuple[float, float, int]]:
+    """Per price on a wrong name: (the price, the floor under any search on one node at the
+    trial probe's error rate (one rate either way) right with P >= 1 - miss, which is the ends
+    plus the genie's bound (the module docstring), the states of its table). `solve`: the
+    genie's table (default `_genie_value`; tests/benchmarks/genie_floor.c is the same in C)."""
     rate = setup.trial_noise
     if rate.false_fail != rate.false_pass:
         raise ValueError("the genie's floor takes one error rate either way")
     problem = _problem(setup)
     symmetry = _Symmetry(problem, len(setup.candidates)) if symmetric else None
-    best = (-math.inf, 0.0, 0)
-    for price in prices:
-        value, states = _genie_value(problem, price, rate.false_fail, symmetry)
-        best = max(best, (value - miss * price, price, states))
     ends = floor_run(setup, 1, frozenset(setup.candidates))
-    return ends + best[0], best[1], best[2]
+    rows = []
+    for price in prices:
+        value, states = (solve or _genie_value)(problem, price, rate.false_fail, symmetry)
+        rows.append((price, ends + value - miss * price, states))
+    return rows
+
+
+def noisy_floor(setup: Setup, miss: float = 0.01, prices: tuple[float, ...] = GENIE_PRICES,
+                symmetric: bool = True, solve: GenieSolver | None = None
+                ) -> tuple[float, float, int]:
+    """The best of `genie_floors`: the floor, its price and the states of its table."""
+    price, floor, states = max(genie_floors(setup, miss, prices, symmetric, solve),
+                               key=lambda row: row[1])
+    return floor, price, states
 
 
 def _problem(setup: Setup) -> _Problem:
