@@ -4,7 +4,7 @@
  * program against the Python table on the problems small enough for both.
  *
  * Input (whitespace-separated numbers, as genie_floor.py `problem_text` writes them):
- *   n_sets n_states eps price switch_s launch_s hot good_s bad_s trial_s
+ *   n_sets n_states eps price switch_s launch_s hot good_s bad_s
  *   prior[n_sets]
  *   n_starts starts[n_starts]                    (an engine state, -1: none up)
  *   per set h: rest_nonempty remedy_state remedy_fails   (the bad end without h)
@@ -203,7 +203,8 @@ int main(void) {
     n_sets = read_int(); n_states = read_int();
     need(n_sets > 0 && n_sets <= MAX_SETS && n_states > 0 && n_states <= 256);
     eps = read_double(); price = read_double(); switch_s = read_double(); launch_s = read_double();
-    hot = read_int(); good_s = read_double(); bad_s = read_double(); trial_s = read_double();
+    hot = read_int(); good_s = read_double(); bad_s = read_double();
+    trial_s = switch_s + (good_s < bad_s ? good_s : bad_s); /* the cheapest trial: least's unit */
     for (int h = 0; h < n_sets; h++) prior[h] = read_double();
     n_starts = read_int();
     need(n_starts > 0 && n_starts <= 8);

@@ -47,9 +47,8 @@ def problem_text(problem: _Problem, symmetry: _Symmetry | None, eps: float, pric
     """The problem as genie_floor.c reads it (its header comment)."""
     c = problem.costs
     n_states = problem.all + 1
-    trial_s = c.switch_s + min(problem.good_s, problem.bad_s)
     header = (f"{len(problem.sets)} {n_states} {eps!r} {price!r} {c.switch_s!r} "
-              f"{c.launch_s!r} {int(c.hot)} {problem.good_s!r} {problem.bad_s!r} {trial_s!r}")
+              f"{c.launch_s!r} {int(c.hot)} {problem.good_s!r} {problem.bad_s!r}")
     lines = [header,
              " ".join(repr(p) for p in problem.prior),
              f"{len(problem.starts)} " + " ".join(str(s) for s in problem.starts)]
