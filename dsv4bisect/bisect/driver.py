@@ -16,15 +16,16 @@ configuration that only failed to test, which it tries again: `_decide`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from dsv4bisect.base import atomic
 from dsv4bisect.base.bounded import load_json
 from dsv4bisect.base.storage import resume_hint, storage_failure
+from dsv4bisect.bisect import end_looks
 from dsv4bisect.bisect import remedy as rem
 from dsv4bisect.bisect.events import (
     Event,
@@ -36,7 +37,7 @@ from dsv4bisect.bisect.events import (
 )
 from dsv4bisect.bisect.evidence import record_noise_evidence
 from dsv4bisect.bisect.ledger import Ledger, NoiseEstimate, StepRow, TrialKey
-from dsv4bisect.bisect.rounds import ends_round
+from dsv4bisect.bisect.rounds import BESIDE, ends_round
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.search import Search, SearchResult, Status
 from dsv4bisect.bisect.spec import BisectSpec
@@ -101,6 +102,29 @@ class _Decision:
     trial_id: int | None
     reused: bool
     noise: Noise | None = None  # the error rates the verdict holds to, where it states them
+    # a bad end's trial whose look 1 established its loss (end_looks.settles: accuracy or
+    # signatures), so a trial probed at that look beside it misses the loss no more often
+    settled_at_look1: bool = False
+
+
+def beside_rates(slots: Sequence[_Slot], decisions: Sequence[_Decision],
+                 everything: frozenset[str], noise: Noise) -> list[_Decision]:
+    """The round's decisions, each trial beside the ends (bisect/rounds.py BESIDE: a full probe
+    of the ends' look, started with them) holding to that look's rates where the bad end of its
+    seed block, in the same round, established its loss at look 1: its false pass is look 1's
+    chance of missing the smallest loss of the verdict table (`end_looks.LOOK2_RISK`, what look
+    1 is sized for), its false fail the bisect's for a full probe (`noise`). Where the bad
+    end's look 1 did not settle, the loss is smaller than look 1 is sized for, and they keep the
+    bisect's full-probe rates (no stated rates), as every other trial does."""
+    out = list(decisions)
+    settled = {s.seed_block for s, d in zip(slots, decisions)
+               if s.subset == everything and d.settled_at_look1}
+    goods = {s.seed_block for s in slots if not s.subset}
+    for i, (slot, decision) in enumerate(zip(slots, decisions)):
+        if (slot.subset and slot.subset != everything and slot.seed_block in settled & goods
+                and decision.noise is None and decision.outcome in (V.PASS, V.FAIL)):
+            out[i] = replace(decision, noise=Noise(noise.false_fail, end_looks.LOOK2_RISK))
+    return out
 
 
 def start_bisect(
@@ -297,7 +321,11 @@ class _Driver:
                 slots.append(self._slot(step, subset, seen[subset]))
                 seen[subset] += 1  # a re-test in this bisect draws the next seed block
                 step += 1
-            for slot, decision in zip(slots, self._run_round(slots, pool)):
+            decisions = self._run_round(slots, pool)
+            if schedule == BESIDE:
+                decisions = beside_rates(slots, decisions,
+                                         frozenset(self.spec.candidates), search.noise)
+            for slot, decision in zip(slots, decisions):
                 search.record(slot.subset, decision.outcome, noise=decision.noise)
                 self.ledger.put_step(
                     self.run_id,
@@ -420,7 +448,10 @@ class _Driver:
             reused = done.id not in self.launched
             rates = done.details.get("error_rates")
             noise = Noise(*rates) if rates else None
-            return _Decision(self._outcome(done.verdict), done.signature, done.id, reused, noise)
+            settled = (done.details.get("end_look") == 1
+                       and done.details.get("settled_by") in end_looks.LOSS_SETTLES)
+            return _Decision(self._outcome(done.verdict), done.signature, done.id, reused, noise,
+                             settled)
         attempts = [a for a in self.ledger.attempts(self.run_id, slot.key)
                     if a.id in self.launched or (slot.subset and a.signature == CRASH)]
         if len(attempts) < 2:

@@ -53,6 +53,8 @@ from dsv4bisect.probe.stats import mcnemar_one_sided
 # of each (family, length) stratum's accuracy cases, at most; drift transcripts whole
 LOOK1_MAX_SHARE = 0.25
 LOOK2_RISK = 1e-3  # P(look 2) look 1 is sized for, at the verdict table's smallest loss
+# what a settled look 1 established of the bad end: a loss of facts (`settles`), not a crash
+LOSS_SETTLES = ("signatures", "accuracy")
 GOOD_ACCURACY = 0.9  # the good end's accuracy in that world (as the trial probe is priced)
 LOOK1_ALPHA_OVERALL = V.ALPHA_OVERALL / 2
 LOOK1_ALPHA_CELL = V.ALPHA_CELL / 2

@@ -137,13 +137,16 @@ def _start(prep: Prepared, request: BisectRequest, profile: str, front: Front) -
     if prep.engine is not None:
         if stored.policy.shard:  # the ends' schedule the node plan prices lower (docs/cluster.md)
             from dsv4bisect.bisect.plan.parallel_plan import choose_ends
-            from dsv4bisect.bisect.rounds import end_nodes
+            from dsv4bisect.bisect.rounds import BESIDE, end_nodes
 
-            stored = replace(stored, ends=choose_ends(prep.setup(), stored.nodes or parallel,
-                                                      parallel, trials=NODE_PLAN_RUNS,
-                                                      of=PLAN_RUNS))
-            # the search prices the ends on the nodes the executor lays them out on
-            spec = replace(spec, end_nodes=end_nodes(stored.ends, parallel))
+            asked = prep.question.bisect.ends  # the profile's bisect.ends, else the plan's
+            stored = replace(stored, ends=asked if asked != "auto" else choose_ends(
+                prep.setup(), stored.nodes or parallel, parallel, trials=NODE_PLAN_RUNS,
+                of=PLAN_RUNS))
+            # the search prices the ends on the nodes the executor lays them out on, and
+            # fills the first round's other nodes where it runs trials beside them
+            spec = replace(spec, end_nodes=end_nodes(stored.ends, parallel),
+                           beside_ends=stored.ends == BESIDE)
         runner = executor_runner(prep.engine, stored, parallel, preflight=request.preflight)
     elif stored.policy.executor is not Executor.LOCAL:
         raise BisectError("--executor ray runs engine trials; a --test-cmd runs on this "

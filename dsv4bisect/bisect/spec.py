@@ -48,6 +48,8 @@ class BisectSpec:
     # of the `parallel` nodes, those an end's trial takes where the executor shards the ends
     # (bisect/rounds.py `end_nodes`; steers the design's prices only)
     end_nodes: int = 1
+    # the executor runs the first round's other proposals beside the ends (rounds.py BESIDE)
+    beside_ends: bool = False
 
     def __post_init__(self) -> None:
         # the search's own check, here too: a bad setting is reported before anything runs
@@ -85,6 +87,7 @@ class BisectSpec:
             costs=self.costs,
             confirm=self.confirm,
             end_nodes=self.end_nodes,
+            beside_ends=self.beside_ends,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -105,6 +108,7 @@ class BisectSpec:
             "costs": self.costs.to_json() if self.costs is not None else None,
             "confirm": self.confirm,
             "end_nodes": self.end_nodes,
+            "beside_ends": self.beside_ends,
         }
 
     @classmethod
@@ -141,6 +145,7 @@ class BisectSpec:
             costs=StepCosts.from_json(data["costs"]) if data.get("costs") else None,
             confirm=data.get("confirm", True),
             end_nodes=data.get("end_nodes", 1),  # a ledger of before it: one node
+            beside_ends=data.get("beside_ends", False),
         )
 
     def dumps(self) -> str:

@@ -320,6 +320,9 @@ class BisectSettings(Strict):
     ray_address: str | None = None  # HEAD:6379; default: RAY_ADDRESS or the local `ray start`
     # A custom Ray resource each node offers one unit of: one trial slot holds a whole node.
     node_resource: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")] | None = None
+    # How a sharding executor runs the ends (bisect/rounds.py, docs/cluster.md): auto = the
+    # schedule the node plan prices lower for these nodes and costs
+    ends: Literal["auto", "alone", "together", "beside"] = "auto"
 
 
 class Profile(Strict):

@@ -447,3 +447,51 @@ def test_a_ray_bisect_settles_its_ends_at_look_1_and_every_node_judges_with_that
                            ).read_text())
         assert cand["spec"]["case_share"] == LOOK1_MAX_SHARE
     assert not engine_pids(scratch())
+
+
+@pytest.fixture
+def cluster3() -> Iterator[Cluster]:
+    """A head and two more nodes, one trial slot each (as `cluster`)."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {SLOT: 1}})
+    for _ in range(2):
+        c.add_node(num_cpus=1, resources={SLOT: 1})
+    c.wait_for_nodes()
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+@pytest.mark.slow  # a hot bisect on three nodes: about 7 embedded launches, 3-5 minutes
+@pytest.mark.timeout(1800)
+def test_trials_beside_the_ends_start_with_them_on_nodes_of_their_own(
+        cluster3: Cluster, tmp_path: Path) -> None:
+    """`bisect.ends=beside` (bisect/rounds.py BESIDE, docs/cluster.md "Trials beside the
+    ends"): the first round runs each end on one node, unsharded, and the search's first trial
+    on the third; that trial launches and sends its requests while the good end runs, as the
+    bad end does, is judged against the good end's run (no baseline of its own), and the
+    bisect names the culprit the other schedules name."""
+    out = tmp_path / "ray"
+    r = run(argv(cluster3, out, "--no-cache", "--set", "bisect.ends=beside",
+                 question=(*SINGLE[:-1], "3")))
+    assert r.returncode == 0, r.stderr[-4000:]
+    doc = json.loads(r.stdout)
+    assert doc["culprits"] == CULPRIT
+    first = sorted(doc["trials"], key=lambda t: t["step"])[:3]
+    good, bad, beside = first
+    assert not good["subset"] and len(bad["subset"]) == 4
+    assert 0 < len(beside["subset"]) < 4, first
+    assert len({t["node"]["node_id"] for t in first}) == 3
+    for t in first:  # unsharded: no replica serves an end
+        assert not t["node"].get("replicas"), t["node"]
+    # both the bad end and the trial beside it started ahead of the good end's run and
+    # finished once it was back
+    for t in (bad, beside):
+        ahead = t["node"]["ahead"]
+        assert ahead["rows"] > 0 and ahead["started"] < good["node"]["finished"], t["node"]
+        assert ahead["resumed"] >= good["node"]["finished"]
+    rows = {t["step"]: t for t in trials(out) if t["status"] == "done"}
+    side = next(t for t in rows.values() if t["step"] == beside["step"])
+    assert not any("baseline" in n for n in side["details"]["ends_measured"]), side["details"]
+    assert side["details"]["ends_from"].get("baseline") == good["node"]["name"]
+    assert not engine_pids(scratch())

@@ -51,7 +51,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from dsv4bisect.bisect.cluster import remote_trial as rt
 from dsv4bisect.bisect.cluster.shared_ends import DriverEnds, seed_run_ends
 from dsv4bisect.bisect.cluster.slots import Slot, SlotPool
-from dsv4bisect.bisect.rounds import ALONE
+from dsv4bisect.bisect.rounds import ALONE, BESIDE
 from dsv4bisect.bisect.trials.engine_runner import EngineRunner
 from dsv4bisect.bisect.trials.node_runner import RunnerRequest, node_runner
 from dsv4bisect.bisect.trials.probing import ProbingPolicy
@@ -217,12 +217,16 @@ class RayRunner(TrialRunner):
     def begin_round(self, trials: int, good_block: int | None = None) -> None:
         """The driver starts a round of `trials` trials: the slots beyond them are idle for
         the round, so an end (alone in its round, or the two together) takes an equal share of
-        the other slots as replicas; other trials take none (`_helpers`). With the good end of
-        seed block `good_block` in the round, the bad end of that block beside it may start
+        the other slots as replicas; other trials take none (`_helpers`), nor do the ends with
+        trials beside them (`BESIDE`). With the good end of seed block `good_block` in the
+        round, the bad end of that block beside it (with `BESIDE`, every other trial) may start
         its probe ahead of the good end's run (`ProbingPolicy.starts_ahead`) and finishes it
         once that run is back (`_run`)."""
         shard = self.request.policy.shard
-        self._share = max(0, self.slots.live - trials) // max(trials, 1) if shard else 0
+        # with trials beside the ends (BESIDE) the ends run unsharded, each on its own slot,
+        # as the plan prices them; an end alone in its round is still split
+        alone = trials == 1 or self.ends != BESIDE
+        self._share = max(0, self.slots.live - trials) // max(trials, 1) if shard and alone else 0
         self._round = _EndsRound(good_block) if good_block is not None else None
 
     def run(self, patches: dict[str, str], seed_block: int, trial_dir: Path) -> TrialResult:

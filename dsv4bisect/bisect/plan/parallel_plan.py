@@ -24,7 +24,7 @@ from dsv4bisect.bisect.plan.simulate import (
     search_memo,
     simulate,
 )
-from dsv4bisect.bisect.rounds import ALONE, SCHEDULES, end_nodes
+from dsv4bisect.bisect.rounds import ALONE, schedules
 from dsv4bisect.errors import BisectError
 from dsv4bisect.probe.stats import wilson
 
@@ -115,11 +115,12 @@ def plan_nodes(setup: Setup, nodes: Sequence[int] = NODE_COUNTS, *, trials: int 
 
 def sharded_row(cfg: Setup, nodes: int, levers: bool, priced: bool,
                 culprits: Sequence[frozenset[str]], seeds: Sequence[int]) -> NodeFigures:
-    """The sharded row of `nodes` nodes: the ends alone or together (bisect/rounds.py), then K
-    trials a round, or K/2 or one (--nodes K --parallel N), whichever is priced lower."""
+    """The sharded row of `nodes` nodes: the ends alone, together or with trials beside them
+    (bisect/rounds.py), then K trials a round, or K/2 or one (--nodes K --parallel N),
+    whichever is priced lower."""
     return min((_row(cfg, nodes, size, levers, priced, True, culprits, seeds, ends)
                 for size in sorted({nodes, (nodes + 1) // 2, 1}, reverse=True)
-                for ends in SCHEDULES), key=lambda r: r.mean_wall_s)
+                for ends in schedules(size)), key=lambda r: r.mean_wall_s)
 
 
 def choose_ends(setup: Setup, nodes: int, round_size: int, *, trials: int, of: int,
@@ -136,7 +137,7 @@ def choose_ends(setup: Setup, nodes: int, round_size: int, *, trials: int, of: i
     culprits, seeds = culprits[:trials], seeds[:trials]
     priced = True
     return min((_row(setup, nodes, round_size, True, priced, True, culprits, seeds, ends)
-                for ends in SCHEDULES), key=lambda r: r.mean_wall_s).ends or ALONE
+                for ends in schedules(round_size)), key=lambda r: r.mean_wall_s).ends or ALONE
 
 
 def floor_run(setup: Setup, nodes: int, culprits: frozenset[str], ends: str = ALONE) -> float:
@@ -161,7 +162,7 @@ def _row(cfg: Setup, nodes: int, size: int, levers: bool, priced: bool, sharded:
     """One row: `size` proposals a round (the search's `parallel`) on `nodes` nodes; sharded,
     the ends run as `ends` says (bisect/rounds.py)."""
     schedule = pool_schedule(cfg.costs, sharded, ends)
-    memo = search_memo(cfg, size, priced, end_nodes(schedule, size))
+    memo = search_memo(cfg, size, priced, schedule)
     runs = [simulate(cfg, nodes, c, random.Random(s), priced, memo, sharded, size, ends)
             for c, s in zip(culprits, seeds)]
     return _figures(nodes, levers, sharded, size, runs, schedule)

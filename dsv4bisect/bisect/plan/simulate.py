@@ -94,9 +94,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dsv4bisect.bisect import remedy as rem
+from dsv4bisect.bisect.end_looks import LOOK2_RISK
 from dsv4bisect.bisect.plan.look_world import LookOne
 from dsv4bisect.bisect.plan.search_memo import MemoSearch, SearchMemo
-from dsv4bisect.bisect.rounds import ALONE, end_nodes, ends_round, halves
+from dsv4bisect.bisect.rounds import ALONE, BESIDE, end_nodes, ends_round, halves
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.hypotheses import HypothesisSpace, Priors
 from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts, is_end
@@ -129,14 +130,16 @@ class Setup:
         if self.costs.looks and self.look1 is None:
             raise ValueError("the ends are priced in two looks but look 1's world is not given")
 
-    def search(self, *, priced: bool, parallel: int = 1, end_nodes: int = 1) -> Search:
+    def search(self, *, priced: bool, parallel: int = 1, end_nodes: int = 1,
+               beside_ends: bool = False) -> Search:
         """The search this bisect runs (`priced=False`: the unpriced design); `end_nodes`: the
-        nodes an end's sharded trial takes (rounds.end_nodes)."""
+        nodes an end's sharded trial takes (rounds.end_nodes); `beside_ends`: its first
+        round's other proposals run beside the ends (rounds.BESIDE)."""
         return Search(self.candidates, noise=self.noise, confidence=self.confidence,
                       max_trials=self.max_trials, parallel=parallel, max_order=self.max_order,
                       priors=Priors(weights=dict(self.weights)), trial_noise=self.trial_noise,
                       costs=self.costs if priced else None, confirm=self.confirm,
-                      end_nodes=end_nodes)
+                      end_nodes=end_nodes, beside_ends=beside_ends)
 
     def without(self, levers: Sequence[str]) -> Setup:
         """The same bisect with `levers` off."""
@@ -318,6 +321,8 @@ class NodePool:
         if len(trials) == 1 and is_end(trials[0][0], self.everything):
             (subset, fails), = trials
             return self._run(0, self._group(subset, self.nodes), subset, fails)
+        if self.schedule == BESIDE:
+            return self._one_each(trials)  # the ends unsharded, what is beside them too
         if len(trials) == 2 and all(is_end(s, self.everything) for s, _ in trials):
             return self._together(trials)
         return self._one_each(trials)
@@ -337,11 +342,13 @@ class NodePool:
         """Each trial on a node of its own. A bad end beside the good end of its seed block
         (hot runners, which share their ends) is started ahead of the good end's run and
         judged against it (`_after_good`), as RayRunner runs it; no node of it measures a
-        baseline of its own."""
+        baseline of its own. With the trials beside the ends (`BESIDE`), every other trial of
+        the good end's round is started ahead the same way (ProbingPolicy.starts_ahead)."""
         blocks = [self._seen[s] for s, _ in trials]  # the driver's seed block of each
         good = next((b for (s, _), b in zip(trials, blocks) if not s), None)
-        beside = [self._sequential.hot and s == self.everything and b == good
-                  and not self._cached(s) for (s, _), b in zip(trials, blocks)]
+        also = self.schedule == BESIDE  # the trials beside the ends
+        beside = [self._sequential.hot and b == good and not self._cached(s) and (
+            s == self.everything or (also and bool(s))) for (s, _), b in zip(trials, blocks)]
         ran = [self._run(i, [self._place(subset)], subset, fails, lent=lent)[0]
                for i, ((subset, fails), lent) in enumerate(zip(trials, beside))]
         good_done = next((t.seconds for t, (s, _) in zip(ran, trials) if not s), 0.0)
@@ -460,10 +467,14 @@ class NodeRun:
         return sum(r.wall_s for r in self.rounds) + self.phase_s["confirmation"]
 
 
-def search_memo(cfg: Setup, nodes: int, priced: bool, end_nodes: int = 1) -> SearchMemo:
-    """The memo that every simulated bisect of this configuration shares (search_memo.py)."""
-    return SearchMemo(lambda: cfg.search(priced=priced, parallel=nodes, end_nodes=end_nodes),
-                      (cfg, nodes, priced, end_nodes))
+def search_memo(cfg: Setup, nodes: int, priced: bool, schedule: str | None = None
+                ) -> SearchMemo:
+    """The memo that every simulated bisect of this configuration shares (search_memo.py), its
+    search told how the executor runs the ends (`schedule`, bisect/rounds.py; None: unsharded)."""
+    spread, beside = end_nodes(schedule, nodes), schedule == BESIDE
+    return SearchMemo(lambda: cfg.search(priced=priced, parallel=nodes, end_nodes=spread,
+                                         beside_ends=beside),
+                      (cfg, nodes, priced, spread, beside))
 
 
 def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Random,
@@ -486,9 +497,11 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
     pool = NodePool(cfg.costs, everything, nodes, sharded, ends,
                     (lambda: cfg.look1.settles(looks)) if cfg.look1 is not None else None)
     spread = end_nodes(pool.schedule, size)  # the nodes the search prices an end's trial on
+    beside = pool.schedule == BESIDE
     if memo is None:
-        search: Search | MemoSearch = cfg.search(priced=priced, parallel=size, end_nodes=spread)
-    elif memo.key != (cfg, size, priced, spread):
+        search: Search | MemoSearch = cfg.search(priced=priced, parallel=size, end_nodes=spread,
+                                                 beside_ends=beside)
+    elif memo.key != (cfg, size, priced, spread, beside):
         raise ValueError("the search memo was made for another configuration")
     else:
         search = memo.search()
@@ -497,28 +510,38 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
     fresh_fails: set[frozenset[str]] = set()  # failed in an engine launched for them (hot)
 
     def run(subsets: list[frozenset[str]], name: str | None = None
-            ) -> list[tuple[frozenset[str], str, bool]]:
+            ) -> list[tuple[frozenset[str], str, Noise | None]]:
+        """The round's (subset, outcome, the rates the driver records it at: None for the
+        search's own full-probe rates)."""
         subsets = ends_round(subsets, everything, pool.schedule)
         done = pool.run_round([(s, culprits <= s) for s in subsets])
         rounds.append(done)
         ends = any(is_end(s, everything) for s in subsets)
         phase[name or ("ends" if ends else "trials")] += done.wall_s
+        # trials beside the ends, where the bad end's look 1 beside them settled its block,
+        # hold to that look's rates (driver.beside_rates)
+        settled = pool.schedule == BESIDE and frozenset() in subsets and any(
+            t.look == 1 for t in done.trials if subsets[t.trial] == everything)
+        look1_rates = Noise(cfg.noise.false_fail, LOOK2_RISK) if settled else None
         out = []
         for i, subset in enumerate(subsets):
             shards = [t for t in done.trials if t.trial == i]
             sequential = shards[0].sequential
-            noise = cfg.trial_noise if sequential else cfg.noise
-            outcome = oracle_outcome(subset, culprits, noise, rng)
+            if sequential:
+                rates: Noise | None = cfg.trial_noise
+            else:  # a full probe: the search's own rates, or look 1's beside a settled bad end
+                rates = None if is_end(subset, everything) else look1_rates
+            outcome = oracle_outcome(subset, culprits, rates or cfg.noise, rng)
             if shards[0].look == 1:  # look 1 settled it: the world's loss of facts, established
                 outcome = V.FAIL
             if all(t.launched for t in shards) and outcome == V.FAIL:
                 fresh_fails.add(subset)
-            out.append((subset, outcome, sequential))
+            out.append((subset, outcome, rates))
         return out
 
     while proposals := search.next():
-        for subset, outcome, sequential in run(proposals):
-            search.record(subset, outcome, cfg.trial_noise if sequential else None)
+        for subset, outcome, rates in run(proposals):
+            search.record(subset, outcome, rates)
     result = search.result()
     trials = 0
     if result.status is Status.FOUND and result.culprits:

@@ -406,9 +406,13 @@ class CostTracker:
         return self.costs.launch_s
 
     def _probe(self, subset: frozenset[str], like_bad: float) -> float:
-        if is_end(subset, self.everything):  # full size, or look 1's share
-            return self.costs.probe_s * self.costs.look1_fraction
-        return self.costs.probe_s * self._fraction(like_bad)
+        c = self.costs
+        # an end: full size, or look 1's share; so is any trial probed before its block's bad
+        # end is known where the ends look twice (the block's look: end_probes.ends_for), as
+        # the trials beside the ends are (bisect/rounds.py BESIDE)
+        if is_end(subset, self.everything) or (c.looks and not c.sequential):
+            return c.probe_s * c.look1_fraction
+        return c.probe_s * self._fraction(like_bad)
 
     def _fraction(self, like_bad: float) -> float:
         c = self.costs

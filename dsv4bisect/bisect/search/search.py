@@ -43,7 +43,7 @@ from dsv4bisect.bisect.search.hypotheses import (
     HypothesisSpace,
     Priors,
 )
-from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts
+from dsv4bisect.bisect.search.pricing import CostTracker, StepCosts, is_end
 from dsv4bisect.bisect.search.records import Record
 from dsv4bisect.bisect.search.results import SearchResult, Status, describe
 from dsv4bisect.bisect.search.settings import validate_settings
@@ -85,6 +85,7 @@ class Search:
         bad_end_first: bool | None = None,
         confirm: bool = True,
         end_nodes: int = 1,
+        beside_ends: bool = False,
     ) -> None:
         validate_settings(
             candidates, noise, confidence, max_trials, parallel, max_order, design_discount,
@@ -118,6 +119,9 @@ class Search:
         self._fresh_sufficiency = parallel > 1 or bool(costs and costs.sequential)
         # None: from the costs (see `_bad_end_first`)
         self._bad_end_first = _bad_end_first(costs) if bad_end_first is None else bad_end_first
+        # the executor runs a round's other proposals beside the ends (bisect/rounds.py BESIDE):
+        # the first round's free nodes get trials, not more copies of the ends
+        self._beside_ends = beside_ends
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -450,8 +454,42 @@ class Search:
                 and rest not in out and rest not in self._skipped):
             # a slot the checks leave idle runs the remedy check now (driver._remedy counts
             # the search's own trials of it first), not in a round of its own after them
-            out.append(rest)
+            if not self._beside_ends:
+                out.append(rest)
+            else:
+                out = self._with_remedy(out, rest, options, k)
         return out
+
+    def _with_remedy(self, picks: list[frozenset[str]], rest: frozenset[str],
+                     options: list[list[frozenset[str]]], k: int) -> list[frozenset[str]]:
+        """A round of checks `picks` with the remedy check `rest` in an idle slot, where the
+        ends ran one node each with trials beside them (`BESIDE`): every load-time state the
+        bisect met is then up on some node, so a remedy check that would launch into a round
+        of switches (holding every node up by the launch) waits for a round where it
+        switches. It joins where it switches on a node the checks leave free, or the round
+        launches anyway; else the round is placed with the remedy first where every check
+        still switches; else it waits (measured: docs/performance.md, issue 42 Part 12)."""
+        placed = self._tracker.copy()
+        launches = False
+        for pick in picks:
+            launches = launches or not placed.engine_up(pick)
+            placed.charge(pick, 0.5)
+        if launches or placed.engine_up(rest):
+            return [*picks, rest]
+        placed = self._tracker.copy()
+        if not placed.engine_up(rest):
+            return picks
+        placed.charge(rest, 0.5)
+        out = [rest]
+        for opts in options:
+            if any(o in out for o in opts):
+                continue
+            pick = next((o for o in opts if placed.engine_up(o)), None)
+            if pick is None:
+                return picks
+            placed.charge(pick, 0.5)
+            out.append(pick)
+        return out if len(out) <= k else picks
 
     def _remedy_state(self, hyp: Hypothesis) -> frozenset[str] | None:
         """The load-time state of the remedy check's configuration (the bad end without `hyp`)
@@ -494,8 +532,15 @@ class Search:
         for end in out:
             self._commit(design, tracker, self.space.mask(end))
         while len(out) < k:
-            choice = design.choose([self.space.mask(e) for e in ends], self._skipped_masks(),
-                                   self._pricer(design, tracker))
+            # beside the ends (BESIDE), once both are proposed: the round design's best trials
+            # at the prior, the ends' outcomes among what it expects; else more of the ends (a
+            # sharding executor splits their probes across the nodes: rounds.ends_round)
+            if self._beside_ends and not self._records and set(ends) <= set(out):
+                options = [o for o in self._options(design, tracker)
+                           if not is_end(self.space.subset(o), ends[1])]
+            else:
+                options = [self.space.mask(e) for e in ends]
+            choice = design.choose(options, self._skipped_masks(), self._pricer(design, tracker))
             if choice is None:
                 break
             self._commit(design, tracker, choice)

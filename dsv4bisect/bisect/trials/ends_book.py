@@ -181,6 +181,9 @@ class EndsBook:
     def take_ahead(self, key: tuple[str, int]) -> Ahead | None:
         return self._ahead.pop(key, None)
 
+    def has_ahead(self, key: tuple[str, int]) -> bool:
+        return key in self._ahead
+
     def adopt(self, block: int, base: ProbeRun | None, repeat: ProbeRun | None,
               bad: ProbeRun | None, *, looks: Mapping[int, ProbeSpec], good: str,
               good_fingerprint: str, source: str, look: int | None = None,

@@ -17,7 +17,11 @@ the good end's run; the two decide by the same rules (docs/hot-switching.md, doc
   looks"); a sequential trial probe, a few percent of a full one, is shorter than the switch a
   replica pays (bisect/rounds.py);
 * in a round with the good end of seed block b, the bad end of block b beside it starts its
-  probe ahead of the good end's run (probe/ahead.py) unless the ends run alone.
+  probe ahead of the good end's run (probe/ahead.py) unless the ends run alone; with the
+  trials beside the ends (`BESIDE`), so does every other trial of that round. Such a trial
+  comes before its block's bad end is known, so it is probed at the block's look like an end
+  (a full probe of look 1's cases: trials/end_probes.py `ends_for`) and judged against the
+  good end's run.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from dsv4bisect.bisect.rounds import ALONE
+from dsv4bisect.bisect.rounds import ALONE, BESIDE
 from dsv4bisect.policy import DEFAULT_POLICY, TrialPolicy
 
 
@@ -76,8 +80,9 @@ class ProbingPolicy:
     def starts_ahead(self, patches: Mapping[str, str], block: int, good_block: int | None,
                      schedule: str | None) -> bool:
         """Whether a trial of `patches` at `block` is the bad end beside the good end of its
-        block (`good_block`: the good end's seed block in the round, if any), whose probe
-        starts ahead of the good end's run: hot runners only (they share their ends), and not
-        where the ends run alone (`schedule`, bisect/rounds.py)."""
-        return (self.policy.hot and schedule != ALONE and good_block == block
-                and self.is_bad(patches))
+        block (`good_block`: the good end's seed block in the round, if any), or with
+        `BESIDE` any other trial of that round, whose probe starts ahead of the good end's run:
+        hot runners only (they share their ends), and not where the ends run alone
+        (`schedule`, bisect/rounds.py)."""
+        beside = self.is_bad(patches) or (schedule == BESIDE and not self.is_good(patches))
+        return self.policy.hot and schedule != ALONE and good_block == block and beside
