@@ -16,7 +16,7 @@ from dsv4bisect.bisect.rounds import BESIDE, TOGETHER, end_nodes, ends_round, sc
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.pricing import StepCosts
 from dsv4bisect.bisect.search.search import Search
-from dsv4bisect.bisect.trials.probing import ProbingPolicy
+from dsv4bisect.bisect.trials.probing import Probe, ProbingPolicy
 from dsv4bisect.bisect.trials.runner import TrialResult
 from dsv4bisect.policy import TrialPolicy
 from dsv4bisect.probe import verdict as V
@@ -71,6 +71,10 @@ def test_a_trial_beside_the_ends_starts_ahead_of_the_good_ends_run_as_the_bad_en
     assert not policy.starts_ahead(beside, 1, 0, BESIDE)  # not beside its block's good end
     assert not policy.starts_ahead({}, 0, 0, BESIDE)  # the good end itself
     assert policy.starts_ahead(dict.fromkeys(NAMES, "on"), 0, 0, BESIDE)
+    # it finishes the probe it started (the ends' look) even where the bad end came back first
+    known = {"good_end_fresh": True, "bad_known": True, "confirmation": False}
+    assert policy.probe(beside, **known, ahead=True) is Probe.FULL
+    assert policy.probe(beside, **known) is Probe.SEQUENTIAL
 
 
 def test_the_plan_runs_the_trials_beside_the_ends_within_the_ends_round():

@@ -332,14 +332,11 @@ class HotEngineRunner(EngineRunner):
         if ends.from_run is not None and self.probing.is_bad(patches) and fresh_eng is None:
             return self._end_probes.cached_bad_end(ctx, ends, trial_dir)
         # the good end measured in a fresh launch: here, on another node, or by a `run`
-        # a trial beside the ends (bisect/rounds.py BESIDE) started its probe ahead, at the
-        # block's look, before the bad end was known: it finishes that probe, whether or not
-        # the bad end came back first
-        ahead = self._ends.has_ahead((self.fingerprint(patches), draw))
         probe = self.probing.probe(
             patches, good_end_fresh=(measured_base or ends.adopted("baseline")
                                      or ends.from_run is not None),
-            bad_known=bad is not None and not ahead, confirmation=fresh_eng is not None)
+            bad_known=bad is not None, confirmation=fresh_eng is not None,
+            ahead=self._ends.has_ahead((self.fingerprint(patches), draw)))
         if probe is Probe.AA_CHECK:
             # The ∅ end check: the good end was just measured twice in a fresh launch (here,
             # or on the node these ends came from, whose trial reported the A/A verdict).

@@ -67,13 +67,16 @@ class ProbingPolicy:
         return 0 if reuse else block
 
     def probe(self, patches: Mapping[str, str], *, good_end_fresh: bool, bad_known: bool,
-              confirmation: bool) -> Probe:
+              confirmation: bool, ahead: bool = False) -> Probe:
         """What a trial of `patches` probes: `good_end_fresh`, its block's good end was just
         measured in a fresh launch (here, or on the node it was adopted from); `bad_known`, its
-        block's bad end is measured; `confirmation`, the fresh launch that confirms culprits."""
+        block's bad end is measured; `confirmation`, the fresh launch that confirms culprits;
+        `ahead`, its probe started ahead of the good end's run (`starts_ahead`: a trial beside
+        the ends started it at the block's look before the bad end was known, and finishes it
+        so, whether or not the bad end came back first)."""
         if self.is_good(patches) and good_end_fresh and not confirmation:
             return Probe.AA_CHECK
-        if bad_known and not self.is_bad(patches) and self.policy.sequential:
+        if bad_known and not ahead and not self.is_bad(patches) and self.policy.sequential:
             return Probe.SEQUENTIAL
         return Probe.FULL
 
