@@ -2,9 +2,10 @@
 
 A sharding executor (the Ray runner with hot runners that probe sequentially: `RayRunner.ends`)
 runs the ends (∅ and the full set) proposed by the search in a round of their own, their
-full-size probes split across the nodes, and every other trial on a node of its own, unsharded
+full-size probes split across the nodes (or, `BESIDE`, unsharded with the search's first trials
+beside them), and every other trial on a node of its own, unsharded
 (a trial probe, a few percent of a full probe, is shorter than the switch a second node would
-pay to serve part of it). The ends are most of a bisect, and there are two ways to run them:
+pay to serve part of it). The ends are most of a bisect, and there are three ways to run them:
 
 * `ALONE`: the first end proposed alone in its round, across every node, the search asked again
   after it; so the good end on all K nodes, then the bad end on all K;
