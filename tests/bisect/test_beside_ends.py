@@ -16,6 +16,7 @@ from dsv4bisect.bisect.rounds import BESIDE, TOGETHER, end_nodes, ends_round, sc
 from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.bisect.search.pricing import StepCosts
 from dsv4bisect.bisect.search.search import Search
+from dsv4bisect.bisect.spec import BisectSpec
 from dsv4bisect.bisect.trials.probing import Probe, ProbingPolicy
 from dsv4bisect.bisect.trials.runner import TrialResult
 from dsv4bisect.policy import TrialPolicy
@@ -124,22 +125,43 @@ class EndsBesideRunner(EndsAloneRunner):
     ends_schedule = BESIDE
 
 
+class KeptSpec(BisectSpec):
+    """The bisect's settings, keeping the search the driver builds from them (to read what it
+    recorded)."""
+
+    def search(self) -> Search:
+        made = super().search()
+        SEARCHES.append(made)
+        return made
+
+
+SEARCHES: list[Search] = []
+
+
 def test_the_driver_runs_the_trials_beside_the_ends_in_the_ends_round(tmp_path):
     """--parallel 4 with BESIDE: the first round is the good end, the bad end and two trials,
     the runner told the good end's seed block (both the bad end and the trials start ahead of
-    it), then rounds of up to four trials; the same culprits as the ends alone."""
+    it), then rounds of up to four trials; the same culprits as the ends alone. The bad end's
+    look 1 settled on accuracy, so the two trials beside it are recorded at look 1's rates."""
     runner = EndsBesideRunner({"a", "d"})
     everything = frozenset(DRIVER_NAMES)
     runner.verdicts = {everything: [TrialResult(V.FAIL, duration_s=1.0, details={
         "end_look": 1, "settled_by": "accuracy"})]}
+    base = spec(parallel=4, beside_ends=True, end_nodes=1, noise=FIVE)
+    kept = KeptSpec(**{f: getattr(base, f) for f in base.__dataclass_fields__})
+    SEARCHES.clear()
     with Ledger.open(tmp_path / "ledger.sqlite") as ledger:
-        out = start_bisect(spec(parallel=4, beside_ends=True, end_nodes=1), runner, ledger,
-                           tmp_path / "run")
+        out = start_bisect(kept, runner, ledger, tmp_path / "run")
     assert out.result.culprits == {"a", "d"}
     assert runner.rounds[0] == 4 and runner.good_blocks[0] == 0
     first = [s for s, _ in runner.calls[:4]]
     assert {frozenset(), everything} <= set(first)
-    assert all(0 < len(s) < len(DRIVER_NAMES) for s in first if s not in (frozenset(), everything))
+    beside = [s for s in first if s not in (frozenset(), everything)]
+    assert len(beside) == 2 and all(0 < len(s) < len(DRIVER_NAMES) for s in beside)
+    records = SEARCHES[-1].records
+    assert [r.noise for r in records[:4] if r.subset in beside] == \
+        [Noise(FIVE.false_fail, LOOK2_RISK)] * 2
+    assert all(r.noise is None for r in records[4:])  # later trials: the runner's own rates
 
 
 def test_the_plan_prices_trials_beside_the_ends_on_four_nodes():
