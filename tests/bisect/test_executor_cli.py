@@ -109,8 +109,10 @@ def test_plan_for_ray_nodes_prints_the_node_table_without_ray(cli, tmp_path: Pat
         # the two rows tie within a second
         sharded = rows[(k, True, True)]["mean_wall_s"]
         assert sharded < r["mean_wall_s"] if k > 2 else sharded < r["mean_wall_s"] + 1.0
-        # how the sharded row runs the ends: the schedule the Ray executor then runs
-        assert rows[(k, True, True)]["ends"] in ("alone", "together")
+        # how the sharded row runs the ends: the schedule the Ray executor then runs (trials
+        # beside the ends need a third node)
+        assert rows[(k, True, True)]["ends"] in ("alone", "together", "beside")
+        assert k >= 3 or rows[(k, True, True)]["ends"] != "beside"
         assert rows[(k, True, False)]["ends"] is None
     assert not (tmp_path / "runs").exists()
 
