@@ -177,3 +177,46 @@ def test_the_plan_prices_trials_beside_the_ends_on_four_nodes():
             for c, s in zip(culprits, seeds)]
     assert sum(r.correct for r in runs) >= 38
     assert all(r.rounds[0].count == 4 for r in runs)
+
+
+def after_beside_round() -> Search:
+    """Four nodes after a first round with the ends and two trials beside them: ∅, the bad
+    end's state {a, b}, {a} and {b} up, one node each."""
+    made = search(beside=True)
+    made.begin_round()
+    for subset, outcome in ((frozenset(), V.PASS), (EVERYTHING, V.FAIL),
+                            (frozenset("acdef"), V.PASS), (frozenset("bcdef"), V.FAIL)):
+        made.record(subset, outcome)
+    made.begin_round()
+    assert sorted(map(sorted, made._tracker.engines)) == [[], ["a"], ["a", "b"], ["b"]]
+    return made
+
+
+def launched(made: Search, subsets: list[frozenset[str]]) -> list[frozenset[str]]:
+    """The subsets of a round that launch, on the search's nodes as they are."""
+    tracker, out = made._tracker.copy(), []
+    for subset in subsets:
+        if not tracker.engine_up(subset):
+            out.append(subset)
+        tracker.charge(subset, 0.5)
+    return out
+
+
+def test_the_remedy_check_waits_rather_than_launch_into_a_round_of_switches():
+    """The lead {c, d}: its checks switch, one of them in the bad end's state, the remedy
+    check's too ({a, b, e, f}). Appended after them it would launch on another node and hold
+    the round up by the launch; placed first it takes the bad end's node and the check moves to
+    {a}; where the check has no other engine, the remedy check waits a round. It joins where
+    the checks leave the bad end's node free, and in a round that launches anyway."""
+    made = after_beside_round()
+    cd, abc, rest = frozenset("cd"), frozenset("abc"), frozenset("abef")
+    options = [[cd], [abc, frozenset("ac"), frozenset("bc")]]
+    assert launched(made, [cd, abc, rest]) == [rest]  # today's fill: a launch
+    placed = made._with_remedy([cd, abc], rest, options, 4)
+    assert set(placed) == {rest, cd, frozenset("ac")} and launched(made, placed) == []
+    assert made._with_remedy([cd, abc], rest, [[cd], [abc]], 4) == [cd, abc]
+    free = [cd, frozenset("acd")]  # the bad end's node left free: the remedy switches there
+    assert made._with_remedy(free, rest, [[cd], [frozenset("acd")]], 4) == [*free, rest]
+    launching = [cd, frozenset("c")]  # two checks in ∅, one node of it: the round launches
+    assert launched(made, launching) == [frozenset("c")]
+    assert made._with_remedy(launching, rest, [[cd], [frozenset("c")]], 4) == [*launching, rest]
