@@ -23,6 +23,7 @@ from dsv4bisect.policy import TrialPolicy
 from dsv4bisect.probe import verdict as V
 from tests.bisect.test_bisect_driver import NAMES as DRIVER_NAMES
 from tests.bisect.test_bisect_driver import EndsAloneRunner, spec
+from tests.bisect.test_bisect_pricing import launches
 
 NAMES = ("a", "b", "c", "d", "e", "f")
 EVERYTHING = frozenset(NAMES)
@@ -192,16 +193,6 @@ def after_beside_round() -> Search:
     return made
 
 
-def launched(made: Search, subsets: list[frozenset[str]]) -> list[frozenset[str]]:
-    """The subsets of a round that launch, on the search's nodes as they are."""
-    tracker, out = made._tracker.copy(), []
-    for subset in subsets:
-        if not tracker.engine_up(subset):
-            out.append(subset)
-        tracker.charge(subset, 0.5)
-    return out
-
-
 def test_the_remedy_check_waits_rather_than_launch_into_a_round_of_switches():
     """The lead {c, d}: its checks switch, one of them in the bad end's state, the remedy
     check's too ({a, b, e, f}). Appended after them it would launch on another node and hold
@@ -211,12 +202,12 @@ def test_the_remedy_check_waits_rather_than_launch_into_a_round_of_switches():
     made = after_beside_round()
     cd, abc, rest = frozenset("cd"), frozenset("abc"), frozenset("abef")
     options = [[cd], [abc, frozenset("ac"), frozenset("bc")]]
-    assert launched(made, [cd, abc, rest]) == [rest]  # today's fill: a launch
+    assert launches(made, [cd, abc, rest]) == [rest]  # today's fill: a launch
     placed = made._with_remedy([cd, abc], rest, options, 4)
-    assert set(placed) == {rest, cd, frozenset("ac")} and launched(made, placed) == []
+    assert set(placed) == {rest, cd, frozenset("ac")} and launches(made, placed) == []
     assert made._with_remedy([cd, abc], rest, [[cd], [abc]], 4) == [cd, abc]
     free = [cd, frozenset("acd")]  # the bad end's node left free: the remedy switches there
     assert made._with_remedy(free, rest, [[cd], [frozenset("acd")]], 4) == [*free, rest]
     launching = [cd, frozenset("c")]  # two checks in ∅, one node of it: the round launches
-    assert launched(made, launching) == [frozenset("c")]
+    assert launches(made, launching) == [frozenset("c")]
     assert made._with_remedy(launching, rest, [[cd], [frozenset("c")]], 4) == [*launching, rest]
