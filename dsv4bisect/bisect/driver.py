@@ -123,7 +123,7 @@ def beside_rates(slots: Sequence[_Slot], decisions: Sequence[_Decision],
     for i, (slot, decision) in enumerate(zip(slots, decisions)):
         if (slot.subset and slot.subset != everything and slot.seed_block in settled & goods
                 and decision.noise is None and decision.outcome in (V.PASS, V.FAIL)):
-            out[i] = replace(decision, noise=Noise(noise.false_fail, end_looks.LOOK2_RISK))
+            out[i] = replace(decision, noise=end_looks.beside_trial_rates(noise))
     return out
 
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import functools
 import math
 
+from dsv4bisect.bisect.search.design import Noise
 from dsv4bisect.probe import verdict as V
 from dsv4bisect.probe.grid import accuracy_answers, cells, kept_case_ids
 from dsv4bisect.probe.sequential_plan import SMALLEST_LOSS
@@ -134,3 +135,11 @@ def settles(bad: V.Verdict) -> str | None:
     if not by_accuracy and not failed_cells:
         return "other"  # a crash, a non-finite output: the FAIL is not a count's
     return None
+
+
+def beside_trial_rates(full: Noise) -> Noise:
+    """The rates a trial beside the ends (bisect/rounds.py BESIDE) holds to where the bad end's
+    look 1 beside it settled on a loss: it misses that loss no more often than look 1 is sized
+    to (`LOOK2_RISK`), and fails a good configuration at the bisect's full-probe rate (`full`).
+    The driver records it so (driver.beside_rates), the plan's world draws it so."""
+    return Noise(full.false_fail, LOOK2_RISK)

@@ -94,7 +94,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dsv4bisect.bisect import remedy as rem
-from dsv4bisect.bisect.end_looks import LOOK2_RISK
+from dsv4bisect.bisect.end_looks import beside_trial_rates
 from dsv4bisect.bisect.plan.look_world import LookOne
 from dsv4bisect.bisect.plan.search_memo import MemoSearch, SearchMemo
 from dsv4bisect.bisect.rounds import ALONE, BESIDE, end_nodes, ends_round, halves
@@ -522,7 +522,7 @@ def simulate(cfg: Setup, nodes: int, culprits: frozenset[str], rng: random.Rando
         # hold to that look's rates (driver.beside_rates)
         settled = pool.schedule == BESIDE and frozenset() in subsets and any(
             t.look == 1 for t in done.trials if subsets[t.trial] == everything)
-        look1_rates = Noise(cfg.noise.false_fail, LOOK2_RISK) if settled else None
+        look1_rates = beside_trial_rates(cfg.noise) if settled else None
         out = []
         for i, subset in enumerate(subsets):
             shards = [t for t in done.trials if t.trial == i]
