@@ -331,12 +331,13 @@ class HotEngineRunner(EngineRunner):
         assert base is not None
         if ends.from_run is not None and self.probing.is_bad(patches) and fresh_eng is None:
             return self._end_probes.cached_bad_end(ctx, ends, trial_dir)
+        ahead = (self.fingerprint(patches), draw)  # a probe started ahead, kept under it
         # the good end measured in a fresh launch: here, on another node, or by a `run`
         probe = self.probing.probe(
             patches, good_end_fresh=(measured_base or ends.adopted("baseline")
                                      or ends.from_run is not None),
             bad_known=bad is not None, confirmation=fresh_eng is not None,
-            ahead=self._ends.has_ahead((self.fingerprint(patches), draw)))
+            ahead=self._ends.has_ahead(ahead))
         if probe is Probe.AA_CHECK:
             # The ∅ end check: the good end was just measured twice in a fresh launch (here,
             # or on the node these ends came from, whose trial reported the A/A verdict).
@@ -349,7 +350,7 @@ class HotEngineRunner(EngineRunner):
             outcome = self._probes.sequential(ctx, eng, patches, (base, repeat, bad), draw)
             saved = outcome.save(trial_dir / "candidate")
             return saved.as_verdict(), saved.run, saved.decision.requests
-        started = self._ends.take_ahead((self.fingerprint(patches), draw))
+        started = self._ends.take_ahead(ahead)
         label = ("good end (re-test)" if self.probing.is_good(patches) else
                  "bad end" if self.probing.is_bad(patches) else "candidate")
         cand = (self._probes.finish_ahead(ctx, eng, patches, base, started)
